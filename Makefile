@@ -1,0 +1,33 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Both create .venv and install
+# everything into it. PyTorch is installed first and pinned, so no CUDA build is pulled in on a
+# CPU machine; override TORCH for another build (e.g. TORCH="torch --index-url ...").
+VENV   ?= .venv
+PYTHON ?= python3
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.torch: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	touch $@
+
+install: $(VENV)/.torch
+	$(BIN)/pip install -q -e ".[plot]"
+
+install-test: $(VENV)/.torch
+	$(BIN)/pip install -q -e ".[test]"
+
+demo: install
+	$(BIN)/tformer demo
+
+test: install-test
+	$(BIN)/ruff check tformer tests benchmarks
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

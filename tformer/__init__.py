@@ -1,0 +1,13 @@
+"""tformer: the transformer family in one PyTorch library and one command-line tool."""
+
+from tformer.checkpoint import load
+from tformer.config import PRESETS, ConfigError, ModelConfig
+from tformer.generation import generate
+from tformer.models import DecoderLM, Model, ModelOutput, build_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS", "ConfigError", "DecoderLM", "Model", "ModelConfig", "ModelOutput",
+    "build_model", "generate", "load", "__version__",
+]

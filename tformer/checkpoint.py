@@ -1,0 +1,143 @@
+"""Checkpoint folders: config.json + model.safetensors (+ tokenizer.json), written atomically.
+
+Weights never travel by pickle. A folder is written under a temporary name and renamed into
+place, so a crash leaves either the old checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tformer.config import ModelConfig
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_NAME = "tokenizer.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing, unreadable, or does not match its config."""
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename.
+
+    On error the temporary folder is removed and ``path`` is left as it was.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir()
+    try:
+        yield temporary
+        for file in temporary.iterdir():
+            _fsync(file)
+        previous = target.parent / f".{target.name}.old-{os.getpid()}"
+        if target.exists():
+            os.replace(target, previous)
+        os.replace(temporary, target)
+        shutil.rmtree(previous, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def _fsync(file: Path) -> None:
+    if file.is_file():
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def save_model(model, path: str | Path, format: str = "tformer") -> Path:
+    """Save ``model`` as a checkpoint folder in tformer's format (or Hugging Face's: ``format="hf"``)."""
+    if format == "hf":
+        from tformer.interop import save_hf
+
+        return save_hf(model, path)
+    if format != "tformer":
+        raise ValueError(f"format={format!r} is not one of tformer, hf")
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
+             if name not in model.tied_parameters()}
+    with atomic_directory(path) as folder:
+        config = {"tformer_format": FORMAT_VERSION, **model.config.to_dict()}
+        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        if getattr(model, "tokenizer", None) is not None:
+            model.tokenizer.save(folder / TOKENIZER_NAME)
+    return Path(path)
+
+
+def read_config(path: str | Path) -> dict:
+    """The parsed config.json of a checkpoint folder, with a clear error when it is not one."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a checkpoint folder (no such directory)")
+    config_file = folder / CONFIG_NAME
+    if not config_file.is_file():
+        raise CheckpointError(f"{folder}: not a checkpoint folder (no {CONFIG_NAME})")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_file}: not valid JSON ({error})") from None
+
+
+def load(path: str | Path, device: str | torch.device = "cpu"):
+    """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
+    ``model_type``) into a model in eval mode, with its tokenizer attached when it has one."""
+    folder = Path(path)
+    raw = read_config(folder)
+    if "model_type" in raw and "tformer_format" not in raw:
+        from tformer.interop import load_hf
+
+        return load_hf(folder, device=device)
+    raw.pop("tformer_format", None)
+    config = ModelConfig.from_dict(raw)
+    from tformer.models import model_class
+
+    model = model_class(config)(config)
+    weights_file = folder / WEIGHTS_NAME
+    if not weights_file.is_file():
+        raise CheckpointError(f"{folder}: no {WEIGHTS_NAME}")
+    load_state(model, load_file(str(weights_file)), source=str(weights_file))
+    model.tokenizer = load_attached_tokenizer(folder)
+    return model.to(device).eval()
+
+
+def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error."""
+    expected = {name: tensor for name, tensor in model.state_dict().items() if name not in model.tied_parameters()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected: {', '.join(unexpected)}")
+        raise CheckpointError(f"{source}: weights do not match the config ({'; '.join(parts)})")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=False)
+
+
+def load_attached_tokenizer(folder: Path):
+    """The tokenizer saved in a checkpoint folder, or None."""
+    if not (folder / TOKENIZER_NAME).is_file():
+        return None
+    from tformer.tokenizers import load as load_tokenizer
+
+    return load_tokenizer(folder / TOKENIZER_NAME)

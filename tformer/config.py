@@ -1,0 +1,243 @@
+"""ModelConfig: one frozen dataclass that describes every architecture, plus named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURES = ("decoder",)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every switch of the shared transformer core and the sizes of one model.
+
+    Fields left as ``None`` are derived at construction: ``num_kv_heads`` defaults to
+    ``num_heads`` (plain multi-head attention), ``d_ff`` to ``4 * d_model`` (or the
+    Llama-style ``8/3 * d_model`` rounded up to a multiple of 64 for gated activations),
+    ``head_dim`` to ``d_model // num_heads`` and ``norm_bias`` to ``bias``.
+    """
+
+    architecture: str = "decoder"
+    vocab_size: int = 50257
+    max_seq_len: int = 1024
+    d_model: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    d_ff: int | None = None
+    activation: str = "gelu_tanh"
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    norm_bias: bool | None = None
+    positional: str = "learned"
+    rope_theta: float = 10000.0
+    relative_num_buckets: int = 32
+    relative_max_distance: int = 128
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    bias: bool = True
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False
+    initializer_range: float = 0.02
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=True)
+
+    def __post_init__(self) -> None:
+        self._check_choices()
+        self._check_sizes()
+        derived = {
+            "num_kv_heads": self.num_heads if self.num_kv_heads is None else self.num_kv_heads,
+            "head_dim": self.d_model // self.num_heads if self.head_dim is None else self.head_dim,
+            "d_ff": self._default_d_ff() if self.d_ff is None else self.d_ff,
+            "norm_bias": self.bias if self.norm_bias is None else self.norm_bias,
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        self._check_heads()
+
+    # ---- validation -------------------------------------------------------------------------
+
+    def _check_choices(self) -> None:
+        for name, allowed in (
+            ("architecture", ARCHITECTURES),
+            ("activation", ACTIVATIONS),
+            ("norm", NORMS),
+            ("norm_position", NORM_POSITIONS),
+            ("positional", POSITIONALS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+
+    def _check_sizes(self) -> None:
+        for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
+            _require_positive_int(name, getattr(self, name))
+        for name in ("num_kv_heads", "head_dim", "d_ff"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive_int(name, value)
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name}={value!r} must be a number in [0, 1)")
+        if not self.norm_eps > 0:
+            raise ConfigError(f"norm_eps={self.norm_eps!r} must be > 0")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ConfigError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
+            )
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size})")
+
+    def _check_heads(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
+                "(equal: multi-head, a divisor: grouped-query, 1: multi-query)"
+            )
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} must be even for positional='rope'")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"d_model={self.d_model} must be even for positional='sinusoidal'")
+
+    def _default_d_ff(self) -> int:
+        if self.activation in ("swiglu", "geglu"):
+            return 64 * -(-(8 * self.d_model // 3) // 64)
+        return 4 * self.d_model
+
+    # ---- derived facts ----------------------------------------------------------------------
+
+    @property
+    def gated(self) -> bool:
+        """Whether the feed-forward is a gated linear unit (two input projections)."""
+        return self.activation in ("swiglu", "geglu")
+
+    # ---- (de)serialisation ------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown ModelConfig field(s): {', '.join(unknown)}; "
+                f"known fields: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> ModelConfig:
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed; derived fields are re-derived unless given."""
+        base = {f.name: getattr(self, f.name) for f in fields(self)}
+        base.update(_underived(self))
+        base.update(changes)
+        return ModelConfig(**base)
+
+
+def _underived(config: ModelConfig) -> dict[str, Any]:
+    """The derived fields reset to None where they still hold their derived default."""
+    reset: dict[str, Any] = {}
+    if config.num_kv_heads == config.num_heads:
+        reset["num_kv_heads"] = None
+    if config.head_dim == config.d_model // config.num_heads:
+        reset["head_dim"] = None
+    if config.d_ff == config._default_d_ff():
+        reset["d_ff"] = None
+    if config.norm_bias == config.bias:
+        reset["norm_bias"] = None
+    return reset
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive integer")
+
+
+# ---- presets -------------------------------------------------------------------------------
+
+PRESETS: dict[str, ModelConfig] = {
+    # GPT-2 small: 124,439,808 parameters with the tied LM head.
+    "gpt2": ModelConfig(
+        vocab_size=50257, max_seq_len=1024, d_model=768, num_layers=12, num_heads=12,
+        activation="gelu_tanh", norm="layernorm", positional="learned", bias=True,
+        tie_embeddings=True, bos_token_id=50256, eos_token_id=50256,
+    ),
+    # A Llama-shaped small decoder: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases.
+    "llama-small": ModelConfig(
+        vocab_size=32000, max_seq_len=2048, d_model=512, num_layers=8, num_heads=8,
+        num_kv_heads=2, activation="swiglu", norm="rmsnorm", norm_eps=1e-6, positional="rope",
+        bias=False, tie_embeddings=False,
+    ),
+    # A few million parameters: trains on a laptop CPU in minutes (the demo's model).
+    "gpt-mini": ModelConfig(
+        vocab_size=256, max_seq_len=256, d_model=192, num_layers=6, num_heads=6,
+        activation="gelu_tanh", positional="learned", dropout=0.0,
+    ),
+    # For tests: tiny and fast.
+    "gpt-nano": ModelConfig(
+        vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,
+        activation="gelu_tanh", positional="learned",
+    ),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The preset called ``name``; an unknown name lists the known ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}"
+        ) from None
+
+
+def resolve_config(config_or_preset: ModelConfig | str, **overrides: Any) -> ModelConfig:
+    """A ModelConfig from a config or a preset name, with field overrides applied."""
+    if isinstance(config_or_preset, str):
+        config = get_preset(config_or_preset)
+    elif isinstance(config_or_preset, ModelConfig):
+        config = config_or_preset
+    else:
+        raise ConfigError(
+            f"expected a ModelConfig or a preset name, got {type(config_or_preset).__name__}"
+        )
+    if not overrides:
+        return config
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+    return config.replace(**overrides)

@@ -1,0 +1,5 @@
+"""Decoding strategies."""
+
+from tformer.generation.generate import generate
+
+__all__ = ["generate"]

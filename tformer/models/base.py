@@ -1,0 +1,72 @@
+"""What every tformer model shares: its config, an optional tokenizer, weight initialisation,
+parameter counting and saving."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tformer.config import ModelConfig
+
+
+class Model(nn.Module):
+    """Base class of tformer models. Subclasses build their layers from ``config``."""
+
+    config: ModelConfig
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tokenizer: Any = None
+
+    # ---- parameters --------------------------------------------------------------------------
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Trainable parameters, each shared tensor counted once."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
+        return total
+
+    def tied_parameters(self) -> dict[str, str]:
+        """Parameter names that are views of another parameter: {alias: source}. Saved once."""
+        return {}
+
+    def init_weights(self) -> None:
+        """GPT-2 style: normal(0, initializer_range) weights, zero biases, unit norms; the
+        projections that write into the residual stream scaled by 1/sqrt(2 * num_layers)."""
+        std = self.config.initializer_range
+        residual_std = std / math.sqrt(2 * self.config.num_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                is_residual_out = name.endswith("attention.out_proj") or name.endswith("feedforward.out_proj")
+                nn.init.normal_(module.weight, 0.0, residual_std if is_residual_out else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm":
+                if getattr(module, "weight", None) is not None:
+                    nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    # ---- saving ------------------------------------------------------------------------------
+
+    def save(self, path: str | Path, format: str = "tformer") -> Path:
+        """Write a checkpoint folder: config.json, model.safetensors, tokenizer.json if attached."""
+        from tformer.checkpoint import save_model
+
+        return save_model(self, path, format=format)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype

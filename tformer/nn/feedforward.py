@@ -1,0 +1,42 @@
+"""The position-wise feed-forward network: two projections around an activation, or a gated
+linear unit (SwiGLU / GeGLU) whose gate and value projections are one fused matrix."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+}
+
+
+class FeedForward(nn.Module):
+    """``out_proj(act(in_proj(x)))``, or for gated kinds ``out_proj(act(gate) * up)``.
+
+    For gated kinds ``in_proj`` has 2 * d_ff outputs: the gate first, then the up projection.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool = True) -> None:
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation={activation!r} is not one of {', '.join(_ACTIVATIONS)}")
+        self.gated = activation in ("swiglu", "geglu")
+        self.activation = _ACTIVATIONS[activation]
+        self.in_proj = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
+        self.out_proj = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, T, D) -> (B, T, D)."""
+        hidden = self.in_proj(x)
+        if self.gated:
+            gate, up = hidden.chunk(2, dim=-1)
+            hidden = self.activation(gate) * up
+        else:
+            hidden = self.activation(hidden)
+        return self.out_proj(hidden)

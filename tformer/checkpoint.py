@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tformer.config import ModelConfig
+from tformer.errors import TformerError
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -24,7 +25,7 @@ TOKENIZER_NAME = "tokenizer.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TformerError):
     """A checkpoint folder is missing, unreadable, or does not match its config."""
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tformer.errors import TformerError
+
 ARCHITECTURES = ("decoder",)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
@@ -15,7 +17,7 @@ NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
 
-class ConfigError(ValueError):
+class ConfigError(TformerError):
     """A configuration value is invalid; the message names the field and what is allowed."""
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tformer.errors import TformerError
 from tformer.tokenizers.char import CharTokenizer
 
 
-class TokenizerError(ValueError):
+class TokenizerError(TformerError):
     """A tokenizer file is missing, unreadable or of an unknown kind."""
 
 

@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["demo", "info"]
+COMMANDS = ["demo", "info", "plot", "train"]
 
 
 class UsageError(TformerError):

@@ -119,3 +119,23 @@ def is_collective_failure(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(
         marker in text for marker in ("gloo", "nccl", "connection", "timed out", "timeout", "peer")
     )
+
+
+def on_main_process(action, context: ProcessContext):
+    """Run ``action()`` on the main process only (a write); the others wait for it and, if it
+    failed, raise too instead of waiting for a collective that will never come."""
+    error: BaseException | None = None
+    result = None
+    if context.is_main:
+        try:
+            result = action()
+        except Exception as caught:  # shared with the other processes, then re-raised
+            error = caught
+    if context.is_distributed:
+        message = None if error is None else (str(error).splitlines() or [type(error).__name__])[0]
+        message = all_gather_objects(message, context)[0]
+        if error is None and message is not None:
+            raise TrainingError(f"the main process failed: {message}")
+    if error is not None:
+        raise error
+    return result

@@ -46,7 +46,9 @@ class Reporter:
     def log(self, record: dict) -> None:
         """Write one record (``step`` + metrics) to metrics.jsonl and TensorBoard."""
         if self.metrics_file is not None:
-            self.metrics_file.write(json.dumps(record) + "\n")
+            finite = {name: None if isinstance(value, float) and not math.isfinite(value) else value
+                      for name, value in record.items()}  # strict JSON: a NaN loss is written as null
+            self.metrics_file.write(json.dumps(finite) + "\n")
         if self.tensorboard is not None:
             for name, value in record.items():
                 if name != "step" and isinstance(value, (int, float)) and math.isfinite(value):

@@ -27,12 +27,11 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
     context = distributed.join_process_group(config.device, config.dist_timeout_s)
     say = echo if context.is_main else (lambda text: None)
     try:
-        if context.is_main:
-            preflight.check_writable(out)
-            existing = checkpoints.list_checkpoints(out)
-            if resume is None and existing:
-                raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
-                                    "continue it with --resume auto, or choose another --out")
+        preflight.check_writable(out)  # every process checks: none may wait for a failed peer
+        existing = checkpoints.list_checkpoints(out)
+        if resume is None and existing:
+            raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
+                                "continue it with --resume auto, or choose another --out")
         data = load_language_model_data(recipe.data)
         recipe = recipe.with_vocab_size(data.vocab_size)
         torch.manual_seed(config.seed)  # every process builds the same initial weights
@@ -55,9 +54,10 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
                 say(f"resumed from step {step} ({trainer.resumed_from})")
             else:
                 say(f"no checkpoint in {out} yet: starting at step 0")
-        if context.is_main:
-            write_recipe(out, recipe)
-        return trainer.train()
+        distributed.on_main_process(lambda: write_recipe(out, recipe), context)
+        result = trainer.train()
+        distributed.barrier(context)  # nobody leaves the group while a peer still talks to it
+        return result
     finally:
         distributed.leave_process_group()
 

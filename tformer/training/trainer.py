@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -302,9 +303,11 @@ class Trainer:
                         break
         except Exception as error:
             if context.is_distributed and distributed.is_collective_failure(error):
+                cause = (str(error).splitlines() or [""])[0]
+                cause = cause if len(cause) <= 160 else cause[:157] + "..."
                 raise TrainingError(
-                    f"rank {context.rank}: lost the other processes at step {self.step} "
-                    f"({str(error).splitlines()[0][:200]}); a peer died or hung past training.dist_timeout_s"
+                    f"rank {context.rank}: lost the other processes at step {self.step}: a peer died or hung "
+                    f"past training.dist_timeout_s ({cause})"
                 ) from None
             raise
         finally:
@@ -368,28 +371,27 @@ class Trainer:
 
     def _prepare_out_dir(self) -> None:
         """Before the first step: writable folder, enough disk, no debris, no stale run."""
-        out = self.out_dir
-        if self.context.is_main:
-            preflight.check_writable(out)
-            preflight.check_disk_space(out, sum(p.numel() for p in self.model.parameters()))
-            checkpoints.clean_debris(out)
-            if self.resumed_from is None:
-                existing = checkpoints.list_checkpoints(out)
-                if existing and not self.overwrite:
-                    raise TrainingError(
-                        f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
-                        "resume it with --resume auto, or choose another output folder"
-                    )
-                for stale in (out / checkpoints.CHECKPOINTS_DIR, out / "tensorboard"):
-                    if stale.is_dir():
-                        import shutil
+        distributed.on_main_process(self._prepare_out_dir_on_main, self.context)
 
-                        shutil.rmtree(stale)
-                (out / METRICS_NAME).unlink(missing_ok=True)
-            else:
-                truncate_metrics(out, self.step)
-            (out / "training_config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
-        distributed.barrier(self.context)
+    def _prepare_out_dir_on_main(self) -> None:
+        out = self.out_dir
+        preflight.check_writable(out)
+        preflight.check_disk_space(out, sum(p.numel() for p in self.model.parameters()))
+        checkpoints.clean_debris(out)
+        if self.resumed_from is None:
+            existing = checkpoints.list_checkpoints(out)
+            if existing and not self.overwrite:
+                raise TrainingError(
+                    f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
+                    "resume it with --resume auto, or choose another output folder"
+                )
+            for stale in (out / checkpoints.CHECKPOINTS_DIR, out / "tensorboard"):
+                if stale.is_dir():
+                    shutil.rmtree(stale)
+            (out / METRICS_NAME).unlink(missing_ok=True)
+        else:
+            truncate_metrics(out, self.step)
+        (out / "training_config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
 
     def full_state(self, with_optimizer: bool = True) -> tuple[dict, dict | None]:
         """Unsharded model weights (tied copies left out) and optimizer state keyed by
@@ -427,7 +429,8 @@ class Trainer:
         model_state, optimizer_state = self.full_state()
         rng_states = distributed.all_gather_objects(_rng_state(), self.context)
         folder = checkpoints.step_folder(self.out_dir, self.step)
-        if self.context.is_main:
+
+        def write() -> None:
             if reporter is not None:
                 reporter.flush()
             rng_tensors = {}
@@ -442,27 +445,28 @@ class Trainer:
             except OSError as error:
                 raise TrainingError(f"cannot write checkpoint {folder}: {error.strerror or error}") from None
             checkpoints.remove_old_checkpoints(self.out_dir, self.config.keep_last)
-        distributed.barrier(self.context)
+
+        distributed.on_main_process(write, self.context)
         return folder
 
     def save_best(self) -> None:
         """checkpoints/best: the model at the best evaluation so far (a loadable model folder)."""
         model_state, _ = self.full_state(with_optimizer=False)
-        if self.context.is_main:
+
+        def write() -> None:
             folder = self.out_dir / checkpoints.CHECKPOINTS_DIR / checkpoints.BEST_NAME
             with atomic_directory(folder) as temporary:
                 write_model_files(temporary, self.model.config, model_state, self.model.tokenizer)
                 (temporary / "best.json").write_text(json.dumps(
                     {"step": self.step, self.config.early_stopping_metric: self.best_value}) + "\n")
-        distributed.barrier(self.context)
+
+        distributed.on_main_process(write, self.context)
 
     def save_final_model(self) -> None:
         """The run folder itself becomes a model folder: config.json, model.safetensors, tokenizer."""
         model_state, _ = self.full_state(with_optimizer=False)
-        if self.context.is_main:
-            write_files_into(self.out_dir, lambda folder: write_model_files(
-                folder, self.model.config, model_state, self.model.tokenizer))
-        distributed.barrier(self.context)
+        distributed.on_main_process(lambda: write_files_into(self.out_dir, lambda folder: write_model_files(
+            folder, self.model.config, model_state, self.model.tokenizer)), self.context)
 
     def resume(self, spec: str | Path = "auto") -> int:
         """Restore the state of a checkpoint: ``auto`` (this run folder's newest, or nothing when
@@ -474,9 +478,8 @@ class Trainer:
             set_optimizer_state_dict,
         )
 
-        if self.out_dir is not None and self.context.is_main:
-            checkpoints.clean_debris(self.out_dir)
-        distributed.barrier(self.context)
+        if self.out_dir is not None:
+            distributed.on_main_process(lambda: checkpoints.clean_debris(self.out_dir), self.context)
         folder = checkpoints.resolve_resume(spec, self.out_dir)
         if folder is None:
             return 0

@@ -161,7 +161,8 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self._lr_in_optimizer = lr
-        self.forward_module.train()
+        if not self.model.training:
+            self.forward_module.train()
         accumulate = config.grad_accum_steps
         loss_sum = None
         for micro in range(accumulate):

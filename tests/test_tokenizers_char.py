@@ -24,7 +24,7 @@ def test_ids_are_unk_then_sorted_characters(chars):
     assert chars.id_to_token(0) == "<unk>" and chars.unk_token_id == 0
     assert [chars.id_to_token(i) for i in range(1, chars.vocab_size)] == sorted(set(TEXT))
     assert chars.encode("Speak") == [chars.token_to_id(c) for c in "Speak"]
-    assert chars.encode("Speak§") [-1] == 0
+    assert chars.encode("Speak§")[-1] == 0
     assert chars.decode(chars.encode("Speak§")) == "Speak<unk>"
     assert chars.decode(chars.encode("Speak§"), skip_special_tokens=True) == "Speak"
 
@@ -57,7 +57,8 @@ def test_tokenizer_json_loads_in_hugging_face_with_same_ids(chars, tmp_path):
 
 
 def test_legacy_char_layout_still_loads(tmp_path):
-    legacy = {"version": "1.0", "model": {"type": "Char", "vocab": ["<unk>", "\n", " ", "a", "b"], "unk_token": "<unk>"}}
+    legacy = {"version": "1.0",
+              "model": {"type": "Char", "vocab": ["<unk>", "\n", " ", "a", "b"], "unk_token": "<unk>"}}
     (tmp_path / "tokenizer.json").write_text(json.dumps(legacy))
     tokenizer = load(tmp_path / "tokenizer.json")
     assert tokenizer.encode("ab \nz") == [3, 4, 2, 1, 0]

@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["info"]
+COMMANDS = ["info", "tokenizer", "tokenize"]
 
 
 class UsageError(TformerError):

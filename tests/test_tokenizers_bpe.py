@@ -240,3 +240,23 @@ def test_llama3_style_pattern_and_ignore_merges_match_hugging_face(small_bpe, tm
 def test_bpe_from_bad_merges_names_the_merge():
     with pytest.raises(TokenizerError, match=r"merge 0 \('a' 'q'\): 'q' is not in the vocabulary"):
         BPETokenizer({"a": 0, "b": 1, "ab": 2}, [("a", "q")])
+
+
+def test_added_tokens_match_hugging_face(gpt2, hf_gpt2, tmp_path):
+    """Added tokens (plain, special, whitespace-stripping, whole-word) split text exactly as in
+    `tokenizers`, and survive a tokenizer.json round trip in both directions."""
+    tokenizers = pytest.importorskip("tokenizers")
+    hf_gpt2.backend_tokenizer.save(str(tmp_path / "gpt2.json"))
+    theirs = tokenizers.Tokenizer.from_file(str(tmp_path / "gpt2.json"))
+    theirs.add_tokens(["<tool>", "fox jumps", tokenizers.AddedToken("<mask>", lstrip=True, rstrip=True),
+                       tokenizers.AddedToken("cat", single_word=True)])
+    theirs.add_special_tokens(["<|im_start|>"])
+    theirs.save(str(tmp_path / "added.json"))
+    ours = load(tmp_path / "added.json")
+    text = ("the fox jumps<tool>over <mask>  dogs; a cat, concatenate cats cat\n<|im_start|>user "
+            "<|endoftext|>  <mask>\t" + unicode_sample())
+    assert ours.encode(text) == theirs.encode(text).ids
+    assert ours.decode(ours.encode(text)) == theirs.decode(theirs.encode(text).ids, skip_special_tokens=False)
+    assert ours.special_token_ids == {50256, ours.token_to_id("<|im_start|>")}
+    ours.save(tmp_path / "ours.json")
+    assert tokenizers.Tokenizer.from_file(str(tmp_path / "ours.json")).encode(text).ids == ours.encode(text)

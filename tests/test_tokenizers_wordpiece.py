@@ -134,3 +134,22 @@ def test_cased_vocab_option_and_tokenizer_config(bert, tmp_path):
     cased = load(tmp_path)
     assert cased.tokenize("Hello") != bert.tokenize("Hello")  # "H" is not lower-cased, so not "hello"
     assert load(tmp_path, lowercase=True).encode("Hello") == bert.encode("Hello")
+
+
+def test_added_tokens_match_hugging_face(bert, hf_bert, tmp_path):
+    """Added tokens are matched after normalization (so "HELLO WORLD" finds "Hello World"),
+    special ones in the raw text; ids, tokens and decoding as in `tokenizers`."""
+    tokenizers = pytest.importorskip("tokenizers")
+    hf_bert.backend_tokenizer.save(str(tmp_path / "bert.json"))
+    theirs = tokenizers.Tokenizer.from_file(str(tmp_path / "bert.json"))
+    ours = load(tmp_path / "bert.json")
+    for tokenizer in (ours, theirs):
+        tokenizer.add_tokens(["Hello World", "<tool>", "ünï"])
+    theirs.add_special_tokens([tokenizers.AddedToken("<sp>", special=True, normalized=False)])
+    ours.add_special_tokens(["<sp>"])
+    for text in ["hello world and HELLO WORLD<tool> x<sp>y ÜNÏ ünïcode", *SENTENCES[:4]]:
+        encoding = theirs.encode(text)
+        assert ours.encode(text) == encoding.ids
+        assert ours.tokenize(text, add_special_tokens=True) == encoding.tokens
+        assert ours.decode(encoding.ids) == theirs.decode(encoding.ids, skip_special_tokens=False)
+        assert ours.decode(encoding.ids, skip_special_tokens=True) == theirs.decode(encoding.ids)

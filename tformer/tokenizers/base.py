@@ -95,9 +95,11 @@ class Tokenizer:
         return token_id if token_id is not None else self._model_token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str | None:
-        """The vocabulary string of ``token_id``, or None when no token has it."""
-        added = self._added.get(token_id)
-        return added.content if added is not None else self._model_id_to_token(token_id)
+        """The vocabulary string of ``token_id``, or None when no token has it. An added token
+        matched after normalization reads as normalized ("hello world" for "Hello World" in a
+        lower-casing tokenizer), as in Hugging Face."""
+        added = self._added_text.get(token_id)
+        return added if added is not None else self._model_id_to_token(token_id)
 
     def get_vocab(self) -> dict[str, int]:
         """Every token with its id, added tokens included."""
@@ -191,6 +193,8 @@ class Tokenizer:
 
     def _refresh_added(self) -> None:
         self._added_ids = {token.content: token_id for token_id, token in self._added.items()}
+        self._added_text = {token_id: self._normalize(token.content) if token.normalized else token.content
+                            for token_id, token in self._added.items()}
         self._special_ids = frozenset(token_id for token_id, token in self._added.items() if token.special)
         splitter = AddedTokenSplitter(self._added, self._normalize)
         self._splitter = None if splitter.empty else splitter

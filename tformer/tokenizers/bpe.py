@@ -109,8 +109,8 @@ class BPETokenizer(Tokenizer):
         table = [b""] * self._vocab_size
         for token_id, token in self._id_to_token.items():
             table[token_id] = token_bytes(token)
-        for token_id, token in self._added.items():
-            table[token_id] = token_bytes(token.content)
+        for token_id, text in self._added_text.items():
+            table[token_id] = token_bytes(text)
         self._decode_table = table
 
     def _encode_normalized(self, text: str) -> list[int]:

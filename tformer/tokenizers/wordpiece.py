@@ -130,7 +130,7 @@ class WordPieceTokenizer(Tokenizer):
         WordPiece decoder) the space before "." "," "?" "!" and contractions removed."""
         pieces = []
         for index, token_id in enumerate(ids):
-            token = self.id_to_token(token_id)
+            token = self.id_to_token(token_id) or ""  # an id with no token (a gap in the vocabulary)
             if index > 0:
                 token = token[len(self.prefix):] if token.startswith(self.prefix) else " " + token
             if self.decoder_cleanup:

@@ -8,17 +8,15 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, pairwise
 from pathlib import Path
 from typing import Any
 
-from tformer.tokenizers.added_tokens import AddedToken, AddedTokenSplitter, parse_special_tokens
+from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
 from tformer.tokenizers.base import Tokenizer
 from tformer.tokenizers.byte_level import BYTE_TO_CHAR, GPT2_PATTERN, PreTokenizer, to_byte_chars, token_bytes
-from tformer.tokenizers.corpus import TextsOrFiles, iter_texts
+from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.merge_training import learn_merges
 from tformer.tokenizers.normalizers import Normalizer
@@ -252,7 +250,6 @@ class BPETokenizer(Tokenizer):
         if not isinstance(vocab_size, int) or vocab_size < minimum:
             raise TokenizerError(f"vocab_size={vocab_size} is too small: a byte-level BPE needs the 256 byte tokens "
                                  f"plus {len(specials)} special tokens, at least {minimum}")
-        started = time.perf_counter()
         word_counts = count_words(texts_or_files, PreTokenizer(pattern), specials)
         vocab = [*specials, *sorted(BYTE_TO_CHAR)]  # bytes in code point order, as Hugging Face does
         first_byte = len(specials)
@@ -260,36 +257,18 @@ class BPETokenizer(Tokenizer):
         byte_ids = [byte_id[byte] for byte in range(256)]
         words = [[byte_ids[byte] for byte in word.encode("utf-8")] for word in word_counts]
         counts = list(word_counts.values())
-        bar = _progress_bar(progress, vocab_size - len(vocab), "merges")
+        bar = training_progress(progress, vocab_size - len(vocab), "merges")
         merges = learn_merges(words, counts, vocab, vocab_size, min_frequency, str.__add__,
                               on_merge=None if bar is None else bar.update)
         if bar is not None:
             bar.close()
-        tokenizer = cls(
+        return cls(
             {token: token_id for token_id, token in enumerate(vocab)},
             [(vocab[left], vocab[right]) for left, right in merges],
             added_tokens={token_id: AddedToken(token) for token_id, token in enumerate(specials)},
             roles=roles,
             pattern=pattern,
         )
-        tokenizer.training_seconds = time.perf_counter() - started
-        return tokenizer
-
-
-def count_words(texts_or_files: TextsOrFiles, split, specials: Sequence[str], normalize=None) -> Counter:
-    """How often each pre-tokenized word occurs in the corpus (special tokens left out)."""
-    splitter = AddedTokenSplitter({index: AddedToken(token) for index, token in enumerate(specials)}, str)
-    counts: Counter = Counter()
-    any_text = False
-    for text in iter_texts(texts_or_files):
-        any_text = any_text or bool(text)
-        for piece, token_id in splitter.split(text):
-            if token_id is None:
-                counts.update(split(piece if normalize is None else normalize(piece)))
-    if not counts:
-        raise TokenizerError("empty corpus: the training texts hold no words" if any_text
-                             else "empty corpus: no text to train on")
-    return counts
 
 
 def read_merges(path: Path) -> list[tuple[str, str]]:
@@ -332,11 +311,3 @@ def _check_vocab(vocab: Mapping[str, int]) -> dict[str, int]:
             raise TokenizerError(f"vocab ids must be unique: {seen[token_id]!r} and {token!r} both have id {token_id}")
         seen[token_id] = token
     return dict(vocab)
-
-
-def _progress_bar(enabled: bool, total: int, unit: str):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=max(total, 0), unit=f" {unit}", desc="training", leave=False)

@@ -4,7 +4,6 @@ the `tokenizers` library reads it with the same ids; tformer's older "Char" layo
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -53,10 +52,10 @@ class CharTokenizer(Tokenizer):
         progress: bool = False,
     ) -> CharTokenizer:
         """The distinct characters of the corpus in code point order; with ``vocab_size``, only
-        the most frequent characters that fit beside the special tokens."""
+        the most frequent characters that fit beside the special tokens. (``progress`` is
+        accepted like the other trainers'; counting characters needs no progress bar.)"""
         specials, _ = parse_special_tokens(special_tokens)
         counts: Counter = Counter()
-        started = time.perf_counter()
         for text in iter_texts(texts_or_files):
             counts.update(text)
         for token in specials:
@@ -70,9 +69,7 @@ class CharTokenizer(Tokenizer):
                 raise TokenizerError(f"vocab_size={vocab_size} is too small: it must exceed the "
                                      f"{len(specials)} special tokens")
             chars = sorted(sorted(counts, key=lambda char: (-counts[char], char))[:room])
-        tokenizer = cls(chars, special_tokens)
-        tokenizer.training_seconds = time.perf_counter() - started
-        return tokenizer
+        return cls(chars, special_tokens)
 
     @property
     def _model_size(self) -> int:

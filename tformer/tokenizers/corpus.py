@@ -1,14 +1,16 @@
 """Reading a training or tokenization corpus: in-memory texts and files (plain or .gz), in
 chunks of about a megabyte cut where no word can straddle the cut, so encoding a file chunk
-by chunk gives exactly the ids of encoding it whole."""
+by chunk gives exactly the ids of encoding it whole; and counting its words for training."""
 
 from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+from tformer.tokenizers.added_tokens import AddedToken, AddedTokenSplitter
 from tformer.tokenizers.errors import TokenizerError
 
 CHUNK_CHARS = 1 << 20
@@ -72,3 +74,30 @@ def _safe_cut(text: str) -> int:
             return index
         index = text.rfind(" ", 0, index)
     return 0
+
+
+def count_words(texts_or_files: TextsOrFiles, split: Callable[[str], list[str]], specials: Sequence[str],
+                normalize: Callable[[str], str] | None = None) -> Counter:
+    """How often each word (``split`` of the ``normalize``d text) occurs in the corpus; special
+    tokens found in the text are left out, so training never learns pieces of them."""
+    splitter = AddedTokenSplitter({index: AddedToken(token) for index, token in enumerate(specials)}, str)
+    counts: Counter = Counter()
+    any_text = False
+    for text in iter_texts(texts_or_files):
+        any_text = any_text or bool(text)
+        for piece, token_id in splitter.split(text):
+            if token_id is None:
+                counts.update(split(piece if normalize is None else normalize(piece)))
+    if not counts:
+        raise TokenizerError("empty corpus: the training texts hold no words" if any_text
+                             else "empty corpus: no text to train on")
+    return counts
+
+
+def training_progress(enabled: bool, total: int, unit: str):
+    """A tqdm bar on stderr for a training loop, or None when disabled."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=max(total, 0), unit=f" {unit}", desc="training", leave=False)

@@ -6,7 +6,6 @@ the vocabulary becomes "[UNK]" as a whole. Pairs come out as ``[CLS] a [SEP] b [
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -14,8 +13,8 @@ from typing import Any
 
 from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
 from tformer.tokenizers.base import Tokenizer
-from tformer.tokenizers.bpe import CACHE_LIMIT, _progress_bar, count_words
-from tformer.tokenizers.corpus import TextsOrFiles
+from tformer.tokenizers.bpe import CACHE_LIMIT
+from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.merge_training import learn_merges
 from tformer.tokenizers.normalizers import WHITE_SPACE, BertNormalizer, Normalizer
@@ -198,7 +197,6 @@ class WordPieceTokenizer(Tokenizer):
             raise TokenizerError("WordPiece needs an unknown token: include '[UNK]' in special_tokens")
         normalizer = BertNormalizer(lowercase=lowercase, strip_accents=strip_accents)
         pre_tokenizer = BertPreTokenizer()
-        started = time.perf_counter()
         word_counts = count_words(texts_or_files, pre_tokenizer, specials, normalize=normalizer)
         char_counts: Counter = Counter()
         for word, count in word_counts.items():
@@ -222,12 +220,12 @@ class WordPieceTokenizer(Tokenizer):
             if all(piece in token_ids for piece in pieces):  # words with a dropped rare character stay [UNK]
                 words.append([token_ids[piece] for piece in pieces])
                 counts.append(count)
-        bar = _progress_bar(progress, vocab_size - len(vocab), "merges")
+        bar = training_progress(progress, vocab_size - len(vocab), "merges")
         learn_merges(words, counts, vocab, vocab_size, min_frequency, _join_pieces,
                      on_merge=None if bar is None else bar.update)
         if bar is not None:
             bar.close()
-        tokenizer = cls(
+        return cls(
             vocab,
             unk_token=roles["unk"],
             lowercase=lowercase,
@@ -235,8 +233,6 @@ class WordPieceTokenizer(Tokenizer):
             added_tokens={token_id: AddedToken(token) for token_id, token in enumerate(specials)},
             roles=roles,
         )
-        tokenizer.training_seconds = time.perf_counter() - started
-        return tokenizer
 
 
 def _join_pieces(left: str, right: str) -> str:

@@ -170,18 +170,20 @@ class Tokenizer:
         return self._add(list(tokens), special=False)
 
     def _add(self, contents: list[str], special: bool) -> int:
-        created = 0
         for content in contents:
             if not isinstance(content, str) or not content:
                 raise TokenizerError(f"an added token must be a non-empty str, got {content!r}")
+        created = 0
+        for content in dict.fromkeys(contents):
             token_id = self.token_to_id(content)
             if token_id is None:
-                token_id = self._vocab_size
+                token_id = self._vocab_size + created
                 created += 1
             elif token_id in self._added and self._added[token_id].special == special:
                 continue
             self._added[token_id] = AddedToken(content, special=special, normalized=not special)
-            self._refresh_added()
+            self._added_ids[content] = token_id
+        self._refresh_added()
         self._clear_cache()
         return created
 

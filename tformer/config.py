@@ -242,4 +242,10 @@ def resolve_config(config_or_preset: ModelConfig | str, **overrides: Any) -> Mod
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+    if "vocab_size" in overrides:
+        # The preset's special-token ids belong to its own vocabulary; drop those the new one cannot hold.
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(config, name)
+            if name not in overrides and value is not None and value >= overrides["vocab_size"]:
+                overrides[name] = None
     return config.replace(**overrides)

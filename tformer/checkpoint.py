@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -117,22 +117,37 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
 
 def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error."""
-    expected = {name: tensor for name, tensor in model.state_dict().items() if name not in model.tied_parameters()}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    expected = {name: tensor.shape for name, tensor in model.state_dict().items()
+                if name not in model.tied_parameters()}
+    check_weights(expected, {name: tensor.shape for name, tensor in state.items()}, source)
+    model.load_state_dict(state, strict=False)
+
+
+def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], source: str) -> None:
+    """Raise CheckpointError unless ``found`` has exactly the ``expected`` tensor names and shapes.
+
+    The message lists missing and unexpected names (the first few of each), or names the first
+    tensor whose shape differs together with both shapes.
+    """
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing: {', '.join(missing)}")
+            parts.append(f"missing: {_name_list(missing)}")
         if unexpected:
-            parts.append(f"unexpected: {', '.join(unexpected)}")
+            parts.append(f"unexpected: {_name_list(unexpected)}")
         raise CheckpointError(f"{source}: weights do not match the config ({'; '.join(parts)})")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
+    for name, shape in found.items():
+        if tuple(shape) != tuple(expected[name]):
             raise CheckpointError(
-                f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
+                f"{source}: {name} has shape {tuple(shape)}, the config expects {tuple(expected[name])}"
             )
-    model.load_state_dict(state, strict=False)
+
+
+def _name_list(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
 def load_attached_tokenizer(folder: Path):

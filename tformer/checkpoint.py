@@ -126,8 +126,8 @@ def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
 def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], source: str) -> None:
     """Raise CheckpointError unless ``found`` has exactly the ``expected`` tensor names and shapes.
 
-    The message lists missing and unexpected names (the first few of each), or names the first
-    tensor whose shape differs together with both shapes.
+    The message lists missing and unexpected names (the first 20 of each), or names the first
+    tensor (in name order) whose shape differs, with both shapes.
     """
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
@@ -138,7 +138,7 @@ def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Seq
         if unexpected:
             parts.append(f"unexpected: {_name_list(unexpected)}")
         raise CheckpointError(f"{source}: weights do not match the config ({'; '.join(parts)})")
-    for name, shape in found.items():
+    for name, shape in sorted(found.items()):
         if tuple(shape) != tuple(expected[name]):
             raise CheckpointError(
                 f"{source}: {name} has shape {tuple(shape)}, the config expects {tuple(expected[name])}"

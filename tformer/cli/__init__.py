@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["info"]
+COMMANDS = ["info", "convert"]
 
 
 class UsageError(TformerError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,6 +55,20 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def write_files_into(target: Path, write) -> None:
+    """Write files into an existing folder (a run folder with logs beside the checkpoint):
+    ``write`` fills a temporary folder, then each file is renamed into place, the config last,
+    so a reader never sees a config without its weights."""
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target))
+    try:
+        write(staging)
+        for file in sorted(staging.iterdir(), key=lambda f: f.name == CONFIG_NAME):
+            _fsync(file)
+            os.replace(file, target / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _fsync(file: Path) -> None:
     if file.is_file():
         with open(file, "rb") as handle:
@@ -70,12 +85,21 @@ def save_model(model, path: str | Path, format: str = "tformer") -> Path:
         raise ValueError(f"format={format!r} is not one of tformer, hf")
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
              if name not in model.tied_parameters()}
-    with atomic_directory(path) as folder:
-        config = {"tformer_format": FORMAT_VERSION, **model.config.to_dict()}
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    config_text = json.dumps({"tformer_format": FORMAT_VERSION, **model.config.to_dict()}, indent=2, sort_keys=True)
+    tokenizer = getattr(model, "tokenizer", None)
+
+    def write(folder: Path) -> None:
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-        if getattr(model, "tokenizer", None) is not None:
-            model.tokenizer.save(folder / TOKENIZER_NAME)
+        if tokenizer is not None:
+            tokenizer.save(folder / TOKENIZER_NAME)
+        (folder / CONFIG_NAME).write_text(config_text + "\n")
+
+    target = Path(path)
+    if target.is_dir() and any(target.iterdir()):
+        write_files_into(target, write)
+    else:
+        with atomic_directory(target) as folder:
+            write(folder)
     return Path(path)
 
 

@@ -277,9 +277,10 @@ def test_convert_refuses_an_existing_destination_unless_told(tmp_path, capsys):
     (tmp_path / "taken" / "keep.txt").write_text("mine")
     assert cli_main(["convert", str(tmp_path / "hf"), str(tmp_path / "taken"), "--to", "tformer"]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
-    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["keep.txt"]
     assert cli_main(["convert", str(tmp_path / "hf"), str(tmp_path / "taken"), "--to", "tformer", "--overwrite"]) == 0
-    assert not (tmp_path / "taken" / "keep.txt").exists()
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"  # a run folder's other files stay
+    assert "tformer_format" in json.loads((tmp_path / "taken" / "config.json").read_text())
 
 
 def test_dtype_is_kept_on_save_and_loading_gives_float32(tmp_path):

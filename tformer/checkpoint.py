@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -94,13 +94,22 @@ def save_model(model, path: str | Path, format: str = "tformer") -> Path:
             tokenizer.save(folder / TOKENIZER_NAME)
         (folder / CONFIG_NAME).write_text(config_text + "\n")
 
+    return write_checkpoint_folder(path, write)
+
+
+def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Let ``write`` fill the checkpoint folder ``path`` (it writes config.json last).
+
+    A new or empty folder appears whole, in one rename; into a folder that already holds other
+    files (a run folder with logs) each file is renamed into place, the config last.
+    """
     target = Path(path)
     if target.is_dir() and any(target.iterdir()):
         write_files_into(target, write)
     else:
         with atomic_directory(target) as folder:
             write(folder)
-    return Path(path)
+    return target
 
 
 def read_config(path: str | Path) -> dict:

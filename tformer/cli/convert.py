@@ -18,7 +18,10 @@ def register(subparsers) -> None:
     parser.add_argument("source", metavar="SRC", help="a checkpoint folder (tformer or Hugging Face format)")
     parser.add_argument("destination", metavar="DST", help="the folder to write")
     parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
-    parser.add_argument("--overwrite", action="store_true", help="replace DST if it already exists")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="write into DST even if it exists (its checkpoint files are replaced, other files kept)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -27,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     destination = Path(args.destination)
     if destination.exists() and not args.overwrite:
-        raise UsageError(f"{destination} already exists; pass --overwrite to replace it")
+        raise UsageError(f"{destination} already exists; pass --overwrite to write into it")
     model = tformer.load(args.source)
     model.save(destination, format=args.to)
     print(f"wrote {destination} ({args.to} format, {type(model).__name__}, {model.num_parameters():,} parameters)")

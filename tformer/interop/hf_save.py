@@ -7,7 +7,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from tformer.checkpoint import CONFIG_NAME, atomic_directory
+from tformer.checkpoint import CONFIG_NAME, write_checkpoint_folder
 from tformer.interop.families import family_for_config
 from tformer.interop.hf_files import SAFETENSORS_NAME
 from tformer.interop.hf_load import HF_TOKENIZER_NAME
@@ -20,16 +20,20 @@ def save_hf(model: Model, path: str | Path) -> Path:
     format for the family that represents its config (GPT-2 or Llama), in the model's dtype.
 
     Raises CheckpointError, before writing anything, when no family represents the config.
-    The folder appears whole or not at all.
+    Written like tformer's own checkpoints (``write_checkpoint_folder``): a new folder appears
+    whole or not at all; into an existing one, config.json is replaced last.
     """
     family = family_for_config(model.config)
     rules = weight_rules(family.modules, model)
     state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
     hf_state = tformer_to_hf(state, rules)
     hf_config = {**family.config_to_hf(model.config), "dtype": str(model.dtype).removeprefix("torch.")}
-    with atomic_directory(path) as folder:
-        (folder / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    tokenizer = getattr(model, "tokenizer", None)
+
+    def write(folder: Path) -> None:
         save_file(hf_state, str(folder / SAFETENSORS_NAME), metadata={"format": "pt"})
-        if getattr(model, "tokenizer", None) is not None:
-            model.tokenizer.save(folder / HF_TOKENIZER_NAME)
-    return Path(path)
+        if tokenizer is not None:
+            tokenizer.save(folder / HF_TOKENIZER_NAME)
+        (folder / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+
+    return write_checkpoint_folder(path, write)

@@ -23,7 +23,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> Model:
     weights) into a tformer model in eval mode, float32, with its tokenizer attached if it has one.
 
     Raises CheckpointError for an unsupported family or feature, missing or unexpected weights,
-    or a shape that does not match the config; the model is only built and filled when all pass.
+    or a shape that does not match the config; weights are copied only after every check passed.
     """
     folder = Path(path)
     raw = read_config(folder)
@@ -32,7 +32,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> Model:
     family = family_for_model_type(raw.get("model_type"))
     try:
         config = family.config_from_hf(raw)
-    except TformerError as error:
+    except (TformerError, TypeError, ValueError) as error:  # unsupported features, values of the wrong type
         raise CheckpointError(f"{folder / CONFIG_NAME}: {error}") from None
 
     model = model_class(config)(config)

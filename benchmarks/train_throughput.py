@@ -133,7 +133,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     print(f"matmul peak: fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s (2048^3, median of 7)\n")
-    header = f"{'shape':<6}{'precision':<10}{'tformer tok/s':>14}{'HF tok/s':>10}{'ratio':>7}{'tformer MFU':>13}{'HF MFU':>8}"
+    header = (f"{'shape':<6}{'precision':<10}{'tformer tok/s':>14}{'HF tok/s':>10}{'ratio':>7}"
+              f"{'tformer MFU':>13}{'HF MFU':>8}")
     print(header)
     print("-" * len(header))
     results = {}

@@ -61,7 +61,7 @@ class TransformerBlock(nn.Module):
             self.cross_attention = mha(cross=True)
         self.feedforward_norm = norm()
         self.feedforward = FeedForward(config.d_model, config.d_ff, config.activation, config.feedforward_bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
     def forward(
         self, x: Tensor, context: AttentionContext, cache: LayerCache | None = None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,6 +55,20 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def write_files_into(target: Path, write) -> None:
+    """Write files into an existing folder (a run folder with logs beside the checkpoint):
+    ``write`` fills a temporary folder, then each file is renamed into place, the config last,
+    so a reader never sees a config without its weights."""
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target))
+    try:
+        write(staging)
+        for file in sorted(staging.iterdir(), key=lambda f: f.name == CONFIG_NAME):
+            _fsync(file)
+            os.replace(file, target / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _fsync(file: Path) -> None:
     if file.is_file():
         with open(file, "rb") as handle:
@@ -70,13 +85,31 @@ def save_model(model, path: str | Path, format: str = "tformer") -> Path:
         raise ValueError(f"format={format!r} is not one of tformer, hf")
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
              if name not in model.tied_parameters()}
-    with atomic_directory(path) as folder:
-        config = {"tformer_format": FORMAT_VERSION, **model.config.to_dict()}
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    config_text = json.dumps({"tformer_format": FORMAT_VERSION, **model.config.to_dict()}, indent=2, sort_keys=True)
+    tokenizer = getattr(model, "tokenizer", None)
+
+    def write(folder: Path) -> None:
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-        if getattr(model, "tokenizer", None) is not None:
-            model.tokenizer.save(folder / TOKENIZER_NAME)
-    return Path(path)
+        if tokenizer is not None:
+            tokenizer.save(folder / TOKENIZER_NAME)
+        (folder / CONFIG_NAME).write_text(config_text + "\n")
+
+    return write_checkpoint_folder(path, write)
+
+
+def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Let ``write`` fill the checkpoint folder ``path`` (it writes config.json last).
+
+    A new or empty folder appears whole, in one rename; into a folder that already holds other
+    files (a run folder with logs) each file is renamed into place, the config last.
+    """
+    target = Path(path)
+    if target.is_dir() and any(target.iterdir()):
+        write_files_into(target, write)
+    else:
+        with atomic_directory(target) as folder:
+            write(folder)
+    return target
 
 
 def read_config(path: str | Path) -> dict:
@@ -117,22 +150,37 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
 
 def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error."""
-    expected = {name: tensor for name, tensor in model.state_dict().items() if name not in model.tied_parameters()}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    expected = {name: tensor.shape for name, tensor in model.state_dict().items()
+                if name not in model.tied_parameters()}
+    check_weights(expected, {name: tensor.shape for name, tensor in state.items()}, source)
+    model.load_state_dict(state, strict=False)
+
+
+def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], source: str) -> None:
+    """Raise CheckpointError unless ``found`` has exactly the ``expected`` tensor names and shapes.
+
+    The message lists missing and unexpected names (the first 20 of each), or names the first
+    tensor (in name order) whose shape differs, with both shapes.
+    """
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing: {', '.join(missing)}")
+            parts.append(f"missing: {_name_list(missing)}")
         if unexpected:
-            parts.append(f"unexpected: {', '.join(unexpected)}")
+            parts.append(f"unexpected: {_name_list(unexpected)}")
         raise CheckpointError(f"{source}: weights do not match the config ({'; '.join(parts)})")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
+    for name, shape in sorted(found.items()):
+        if tuple(shape) != tuple(expected[name]):
             raise CheckpointError(
-                f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
+                f"{source}: {name} has shape {tuple(shape)}, the config expects {tuple(expected[name])}"
             )
-    model.load_state_dict(state, strict=False)
+
+
+def _name_list(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
 def load_attached_tokenizer(folder: Path):

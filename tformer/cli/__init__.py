@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["info", "tokenizer", "tokenize"]
+COMMANDS = ["convert", "demo", "info", "tokenize", "tokenizer"]
 
 
 class UsageError(TformerError):

@@ -1,4 +1,5 @@
-"""Data for training: language-model token files (and, later, datasets and collators)."""
+"""Data for training: corpora (``corpus``), language-model batches (``lm``) and token files
+(``token_file``: a tokenized corpus on disk, memory-mapped by the training loop)."""
 
 from tformer.data.token_file import (
     TokenFileError,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
@@ -13,6 +12,7 @@ from tformer.models.base import Model
 from tformer.models.output import ModelOutput
 from tformer.nn.attention import KVCache, build_mask
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
+from tformer.nn.losses import next_token_loss
 from tformer.nn.norm import build_norm
 from tformer.nn.position import positional_from_config, positions_from_mask
 
@@ -24,7 +24,7 @@ class DecoderLM(Model):
         super().__init__(config)
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.positional = positional_from_config(config, causal=True)
-        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.embedding_dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (
@@ -142,11 +142,3 @@ class DecoderLM(Model):
                 f"{self.config.max_seq_len} tokens"
             )
 
-
-def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy of predicting labels[:, t + 1] from logits[:, t]; -100 is ignored.
-
-    Shifting the labels (not the logits) avoids copying the (B, T, V) logits.
-    """
-    shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), -100)], dim=1)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), shifted.reshape(-1), ignore_index=-100)

@@ -1,0 +1,121 @@
+"""The reference and fused attention paths agree, and masks/caches behave."""
+
+import pytest
+import torch
+
+from tformer.nn.attention import (
+    KVCache,
+    MultiHeadAttention,
+    additive_mask,
+    attention,
+    attention_reference,
+    build_mask,
+    causal_mask,
+)
+
+B, TQ, TK, DH = 2, 5, 7, 8
+
+
+def relative_error(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def qkv(heads=4, kv_heads=4, tq=TQ, tk=TK):
+    return (torch.randn(B, heads, tq, DH), torch.randn(B, kv_heads, tk, DH), torch.randn(B, kv_heads, tk, DH))
+
+
+def padding(lengths, total):
+    return (torch.arange(total)[None, :] >= total - torch.tensor(lengths)[:, None]).long()  # left padding
+
+
+MASK_CASES = {
+    "none": lambda: (None, False, TQ, TK),
+    "causal-square": lambda: (None, True, TK, TK),
+    "causal-offset": lambda: (build_mask(TQ, TK, causal=True)[0], False, TQ, TK),
+    "padding": lambda: (build_mask(TQ, TK, causal=False, attention_mask=padding([7, 4], TK))[0], False, TQ, TK),
+    "causal+padding": lambda: (build_mask(TQ, TK, causal=True, attention_mask=padding([7, 5], TK))[0], False, TQ, TK),
+    "bias": lambda: (torch.randn(1, 4, TQ, TK), False, TQ, TK),
+    "bias+causal+padding": lambda: (
+        build_mask(TQ, TK, causal=True, attention_mask=padding([6, 7], TK), position_bias=torch.randn(B, 4, TQ, TK))[0],
+        False, TQ, TK,
+    ),
+}
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("case", list(MASK_CASES))
+def test_fast_path_matches_reference(case, kv_heads):
+    mask, is_causal, tq, tk = MASK_CASES[case]()
+    q, k, v = qkv(4, kv_heads, tq, tk)
+    fast, _ = attention(q, k, v, mask=mask, is_causal=is_causal)
+    reference, weights = attention_reference(q, k, v, mask=mask, is_causal=is_causal)
+    assert relative_error(fast, reference) <= 1e-5
+    assert torch.all(weights >= 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), rtol=0, atol=1e-6)
+
+
+def test_need_weights_returns_the_reference_weights():
+    q, k, v = qkv()
+    out, weights = attention(q, k, v, need_weights=True)
+    assert weights.shape == (B, 4, TQ, TK)
+    torch.testing.assert_close(out, weights @ v)
+
+
+def test_fully_masked_rows_stay_finite():
+    q, k, v = qkv(tq=TK)
+    mask = build_mask(TK, TK, causal=True, attention_mask=padding([2, 7], TK))[0]
+    out, _ = attention(q, k, v, mask=mask)
+    assert torch.isfinite(out).all()
+
+
+def test_is_causal_with_unequal_lengths_is_refused():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="explicit mask"):
+        attention(q, k, v, is_causal=True)
+
+
+def test_causal_mask_offset_lets_the_last_queries_see_the_cache():
+    allowed = causal_mask(2, 5)
+    assert allowed.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    assert additive_mask(allowed, torch.float32)[0, 4] == torch.finfo(torch.float32).min
+
+
+def test_cross_attention_and_masks():
+    mha = MultiHeadAttention(16, num_heads=4, num_kv_heads=2, cross=True)
+    x, context = torch.randn(B, 3, 16), torch.randn(B, 6, 16)
+    out, weights = mha(x, context=context, need_weights=True)
+    assert out.shape == (B, 3, 16) and weights.shape == (B, 4, 3, 6)
+    mask = build_mask(3, 6, causal=False, attention_mask=padding([6, 2], 6))[0]
+    _, weights = mha(x, context=context, mask=mask, need_weights=True)
+    assert torch.all(weights[1, :, :, :4] == 0)
+
+
+def test_kv_parameters_shrink_by_the_group_factor():
+    def kv_params(kv_heads):
+        mha = MultiHeadAttention(64, num_heads=8, num_kv_heads=kv_heads, bias=False)
+        return mha.qkv_proj.weight.shape[0] - 64  # rows beyond the queries: keys + values
+
+    assert kv_params(8) == 128 and kv_params(2) == 128 // 4 and kv_params(1) == 128 // 8
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_incremental_cache_equals_full_pass(kv_heads):
+    mha = MultiHeadAttention(32, num_heads=4, num_kv_heads=kv_heads).eval()
+    x = torch.randn(B, 9, 32)
+    full, _ = mha(x, is_causal=True)
+    cache = KVCache(B, kv_heads, 16, 8)
+    first, _ = mha(x[:, :4], is_causal=True, cache=cache)
+    outputs = [first]
+    for t in range(4, 9):
+        mask, _ = build_mask(1, t + 1, causal=True)
+        step, _ = mha(x[:, t : t + 1], mask=mask, cache=cache)
+        outputs.append(step)
+    assert relative_error(torch.cat(outputs, 1), full) <= 1e-5
+    assert cache.length == 9
+    assert cache.nbytes() == 2 * B * kv_heads * 16 * 8 * 4
+
+
+def test_cache_overflow_is_a_clear_error():
+    cache = KVCache(1, 1, 2, 4)
+    with pytest.raises(ValueError, match="overflow"):
+        cache.append(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))

@@ -1,0 +1,71 @@
+"""Checkpoint folders: save/load identity, atomic writes, clear errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import tformer
+from tformer.checkpoint import CheckpointError, atomic_directory
+from tformer.tokenizers import CharTokenizer
+
+
+@pytest.mark.parametrize("preset_overrides", [{}, {"positional": "rope", "num_kv_heads": 2, "tie_embeddings": False}])
+def test_save_then_load_gives_identical_logits(tmp_path, preset_overrides):
+    model = tformer.build_model("gpt-nano", **preset_overrides).eval()
+    model.tokenizer = CharTokenizer.train("hello world")
+    model.save(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors",
+                                                                     "tokenizer.json"]
+    loaded = tformer.load(tmp_path / "ckpt")
+    ids = torch.randint(0, 64, (2, 9))
+    assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert loaded.config == model.config
+    assert loaded.tokenizer.encode("hello") == model.tokenizer.encode("hello")
+    if model.config.tie_embeddings:
+        assert loaded.lm_head.weight is loaded.token_embedding.weight
+
+
+def test_failed_write_leaves_the_old_checkpoint(tmp_path):
+    target = tmp_path / "ckpt"
+    tformer.build_model("gpt-nano").save(target)
+    before = (target / "model.safetensors").read_bytes()
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as folder:
+            (folder / "model.safetensors").write_bytes(b"partial")
+            raise RuntimeError("crash mid-write")
+    assert (target / "model.safetensors").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_saving_into_a_run_folder_keeps_other_files(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    tformer.build_model("gpt-nano").save(tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
+    assert tformer.load(tmp_path).num_parameters() > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(CheckpointError, match="no such directory"):
+        tformer.load(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="no config.json"):
+        tformer.load(tmp_path)
+    model = tformer.build_model("gpt-nano")
+    model.save(tmp_path / "a")
+    weights = load_file(str(tmp_path / "a" / "model.safetensors"))
+    weights["blocks.0.attention.qkv_proj.weight"] = torch.zeros(3, 3)
+    save_file(weights, str(tmp_path / "a" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"blocks.0.attention.qkv_proj.weight has shape \(3, 3\), "
+                                               r"the config expects \(96, 32\)"):
+        tformer.load(tmp_path / "a")
+    del weights["blocks.0.attention.qkv_proj.weight"]
+    save_file(weights, str(tmp_path / "a" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="missing: blocks.0.attention.qkv_proj.weight"):
+        tformer.load(tmp_path / "a")
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    config["norm"] = "batchnorm"
+    (tmp_path / "a" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(tformer.ConfigError, match="norm='batchnorm' is not one of layernorm, rmsnorm"):
+        tformer.load(tmp_path / "a")

@@ -1,0 +1,56 @@
+"""ModelConfig: validation names the field, JSON round trip, presets."""
+
+import pytest
+
+from tformer import ConfigError, ModelConfig, build_model
+from tformer.config import PRESETS, resolve_config
+
+
+def test_gpt2_preset_has_124m_parameters():
+    assert build_model("gpt2").num_parameters() == 124_439_808
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"d_model": 500, "num_heads": 8}, "d_model=500 is not divisible by num_heads=8"),
+        ({"num_heads": 8, "num_kv_heads": 3}, "num_kv_heads=3 must divide num_heads=8"),
+        ({"activation": "tanh"}, "activation='tanh' is not one of relu, gelu"),
+        ({"norm_position": "middle"}, "norm_position='middle' is not one of pre, post"),
+        ({"positional": "xpos"}, "positional='xpos' is not one of"),
+        ({"dropout": 1.5}, "dropout=1.5 must be a number in [0, 1)"),
+        ({"vocab_size": 0}, "vocab_size=0 must be a positive integer"),
+        ({"eos_token_id": 10**6}, "eos_token_id=1000000 must be a token id"),
+    ],
+)
+def test_bad_config_names_the_field(fields, message):
+    with pytest.raises(ConfigError) as error:
+        ModelConfig(**fields)
+    assert message in str(error.value)
+
+
+def test_json_round_trip_keeps_every_field():
+    for config in PRESETS.values():
+        assert ModelConfig.from_json(config.to_json()) == config
+
+
+def test_unknown_field_is_named():
+    with pytest.raises(ConfigError, match="unknown ModelConfig field"):
+        ModelConfig.from_dict({"d_modle": 3})
+    with pytest.raises(ConfigError, match="unknown preset 'gpt5'; presets: "):
+        resolve_config("gpt5")
+
+
+def test_derived_fields_follow_overrides():
+    config = resolve_config("gpt-nano", d_model=64)
+    assert config.d_ff == 256 and config.head_dim == 16
+    assert resolve_config("llama-small").d_ff == 1408
+    assert resolve_config("gpt-nano", d_ff=100).d_ff == 100
+
+
+def test_smaller_vocabulary_drops_preset_token_ids_it_cannot_hold():
+    config = resolve_config("gpt2", vocab_size=8192)
+    assert config.eos_token_id is None and config.bos_token_id is None
+    assert resolve_config("gpt2", vocab_size=60000).eos_token_id == 50256
+    with pytest.raises(ConfigError, match="eos_token_id=9000"):
+        resolve_config("gpt2", vocab_size=8192, eos_token_id=9000)

@@ -1,0 +1,86 @@
+"""The first training loop, schedules and batches."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import tformer
+from tformer.data.lm import random_crops, split_tokens, unigram_cross_entropy
+from tformer.training.optim import parameter_groups
+from tformer.training.schedules import learning_rate
+from tformer.training.trainer import Trainer, TrainingConfig, TrainingError
+
+
+def test_warmup_cosine_matches_its_formula():
+    kwargs = dict(schedule="cosine", lr=1e-3, warmup_steps=10, max_steps=110, min_lr=1e-4)
+    assert learning_rate(0, **kwargs) == pytest.approx(1e-4)
+    assert learning_rate(9, **kwargs) == pytest.approx(1e-3)
+    assert learning_rate(60, **kwargs) == pytest.approx(1e-4 + 0.5 * (1 + math.cos(math.pi * 0.5)) * 9e-4)
+    assert learning_rate(110, **kwargs) == pytest.approx(1e-4)
+
+
+def test_inverse_sqrt_matches_the_2017_formula():
+    for step in (0, 99, 3999, 10000):
+        s = step + 1
+        expected = 512**-0.5 * min(s**-0.5, s * 4000**-1.5)
+        assert learning_rate(step, schedule="inverse_sqrt", lr=1.0, warmup_steps=4000, max_steps=0,
+                             d_model=512) == pytest.approx(expected)
+
+
+def test_no_weight_decay_on_norms_biases_and_embeddings():
+    model = tformer.build_model("gpt-nano")
+    decay, no_decay = parameter_groups(model, 0.1)
+    decayed = {id(p) for p in decay["params"]}
+    assert id(model.blocks[0].attention.qkv_proj.weight) in decayed
+    assert id(model.token_embedding.weight) not in decayed
+    assert id(model.blocks[0].attention_norm.weight) not in decayed
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    tokens = torch.arange(1000)
+    a = random_crops(tokens, 4, 16, seed=1, step=7)
+    b = random_crops(tokens, 4, 16, seed=1, step=7)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[0][:, 1:], a[1][:, :-1])
+    assert not torch.equal(a[0], random_crops(tokens, 4, 16, seed=1, step=8)[0])
+
+
+def test_unigram_baseline_and_split():
+    train, evaluation = split_tokens(torch.tensor([0, 0, 1, 1, 0, 0, 1, 1, 0, 1]), 0.2)
+    assert train.numel() == 8
+    assert unigram_cross_entropy(train, evaluation, 2) == pytest.approx(math.log(2))
+
+
+def test_trainer_learns_and_writes_a_run_folder(tmp_path):
+    torch.manual_seed(0)
+    text_tokens = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7] * 200)
+    model = tformer.build_model("gpt-nano", vocab_size=8)
+    config = TrainingConfig(max_steps=60, batch_size=8, seq_len=16, lr=1e-2, min_lr=1e-3, warmup_steps=5, eval_every=30,
+                            eval_batches=2)
+    result = Trainer(model, config, text_tokens, text_tokens, out_dir=tmp_path, progress=False).train()
+    assert result.final_eval_loss < 0.1
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 60 and {"step", "train_loss", "lr", "tokens_per_s"} <= set(lines[0])
+    assert "eval_loss" in lines[29]
+    loaded = tformer.load(tmp_path)
+    ids = torch.tensor([[0, 1, 2, 3]])
+    assert torch.equal(loaded(ids).logits, model.eval()(ids).logits)
+
+
+def test_bad_training_settings_are_named():
+    with pytest.raises(TrainingError, match="training.schedule='cosin' is not one of"):
+        TrainingConfig(schedule="cosin")
+    with pytest.raises(TrainingError, match="training.max_steps=0"):
+        TrainingConfig(max_steps=0)
+
+
+def test_non_finite_loss_stops_training():
+    model = tformer.build_model("gpt-nano", vocab_size=8)
+    with torch.no_grad():
+        model.token_embedding.weight.fill_(float("nan"))
+    trainer = Trainer(model, TrainingConfig(max_steps=3, batch_size=2, seq_len=8), torch.arange(8).repeat(10),
+                      progress=False)
+    with pytest.raises(TrainingError, match="loss became nan at step 0"):
+        trainer.train()

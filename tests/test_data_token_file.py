@@ -93,11 +93,16 @@ def test_tokenized_file_equals_encoding_the_whole_text(tmp_path, bpe):
     assert header["text_bytes"] == len(text.encode("utf-8")) + len("second document")
 
 
+GPT4_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 @pytest.mark.parametrize("make", [
     lambda: WordPieceTokenizer.train(CORPUS, vocab_size=120),
     lambda: CharTokenizer.train(CORPUS + unicode_sample()),
+    lambda: BPETokenizer.train(CORPUS, vocab_size=300, pattern=GPT4_PATTERN),
 ])
-def test_chunked_encoding_is_exact_for_wordpiece_and_chars(tmp_path, make):
+def test_chunked_encoding_is_exact_for_other_tokenizers(tmp_path, make):
     tokenizer = make()
     text = CORPUS + unicode_sample()
     (tmp_path / "a.txt").write_text(text, encoding="utf-8")

@@ -260,7 +260,7 @@ class Tokenizer:
                                      f"the template adds {specials} special tokens")
         encode_text = self._encode_text
         if pairs is None and budget is None and not (add_special_tokens and self.template.adds_tokens):
-            ids_rows = [encode_text(text) for text in texts]  # the common case, kept lean
+            ids_rows = self._encode_texts(texts)  # the common case, kept lean
             type_rows = [[0] * len(row) for row in ids_rows] if with_types else []
         else:
             ids_rows, type_rows = [], []
@@ -306,6 +306,10 @@ class Tokenizer:
         if token_id is None:
             raise TokenizerError(f"the template uses {token!r}, which is not in the vocabulary")
         return token_id
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each of ``texts`` (already checked to be str); subclasses may speed it up."""
+        return [self._encode_text(text) for text in texts]
 
     def _encode_text(self, text: str, what: str = "text") -> list[int]:
         """Ids of one text: added tokens found first, the model encodes what lies between."""

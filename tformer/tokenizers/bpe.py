@@ -114,9 +114,12 @@ class BPETokenizer(Tokenizer):
     def _encode_normalized(self, text: str) -> list[int]:
         if self.add_prefix_space and text and not text.startswith(" "):
             text = " " + text
-        words = self._split(text)
+        return self._encode_words(self._split(text))
+
+    def _encode_words(self, words: list[str]) -> list[int]:
+        """The ids of pre-tokenized words, each merged once and then remembered."""
         cache = self._cache
-        try:  # all words seen before: one C-level pass
+        try:  # every word seen before: one C-level pass
             return list(chain.from_iterable(map(cache.__getitem__, words)))
         except KeyError:
             pass
@@ -127,6 +130,24 @@ class BPETokenizer(Tokenizer):
             if word not in cache:
                 cache[word] = encode_word(word)
         return list(chain.from_iterable(map(cache.__getitem__, words)))
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """``encode_batch``'s loop with the usual case (no normalizer, no prefix space, no added
+        token in the text) inlined: the ids of ``_encode_text``, with less overhead per text."""
+        if self.normalizer is not None or self.add_prefix_space:
+            return super()._encode_texts(texts)
+        split, splitter, lookup = self._split, self._splitter, self._cache.__getitem__
+        rows = []
+        for text in texts:
+            if splitter is not None and splitter.could_match(text):
+                rows.append(self._encode_text(text))
+                continue
+            words = split(text)
+            try:
+                rows.append(list(chain.from_iterable(map(lookup, words))))
+            except KeyError:
+                rows.append(self._encode_words(words))
+        return rows
 
     def _encode_word(self, word: str) -> list[int]:
         """The ids of one pre-tokenized word: its bytes, merged lowest rank first (leftmost

@@ -256,6 +256,8 @@ def test_added_tokens_match_hugging_face(gpt2, hf_gpt2, tmp_path):
     text = ("the fox jumps<tool>over <mask>  dogs; a cat, concatenate cats cat\n<|im_start|>user "
             "<|endoftext|>  <mask>\t" + unicode_sample())
     assert ours.encode(text) == theirs.encode(text).ids
+    lines = text.splitlines()
+    assert ours.encode_batch(lines).input_ids == [encoding.ids for encoding in theirs.encode_batch(lines)]
     assert ours.decode(ours.encode(text)) == theirs.decode(theirs.encode(text).ids, skip_special_tokens=False)
     assert ours.special_token_ids == {50256, ours.token_to_id("<|im_start|>")}
     ours.save(tmp_path / "ours.json")

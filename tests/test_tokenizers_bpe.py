@@ -196,8 +196,10 @@ def test_gpt2_file_layouts_load_the_same(gpt2, tmp_path):
     from_folder = load(tmp_path)
     from_vocab_file = load(tmp_path / "vocab.json")
     from_gpt2_file = load(GPT2_DIR / "encoder.json")
+    from_merges_file = load(tmp_path / "merges.txt")
     text = unicode_sample()
     assert from_folder.encode(text) == from_vocab_file.encode(text) == from_gpt2_file.encode(text) == gpt2.encode(text)
+    assert from_merges_file.encode(text) == gpt2.encode(text)
 
 
 def test_gpt2_tokenizer_json_both_directions(gpt2, hf_gpt2, tmp_path):

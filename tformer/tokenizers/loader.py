@@ -41,7 +41,12 @@ def load(path: str | Path, lowercase: bool | None = None) -> Tokenizer:
         raise TokenizerError(f"{path}: no tokenizer in this folder (looked for {_LOOKED_FOR})")
     if not path.exists():
         raise TokenizerError(f"{path}: no such tokenizer file or folder")
-    if path.suffix == ".txt" and path.name != "merges.txt":
+    if path.name in ("merges.txt", "vocab.bpe"):
+        vocab_name = "vocab.json" if path.name == "merges.txt" else "encoder.json"
+        if not (path.parent / vocab_name).is_file():
+            raise TokenizerError(f"{path}: BPE merges without their vocabulary ({vocab_name} beside them)")
+        return BPETokenizer.from_gpt2_files(path.parent / vocab_name, path)
+    if path.suffix == ".txt":
         return WordPieceTokenizer.from_vocab_file(path, _lowercase_for(path, lowercase))
     if path.suffix == ".json":
         return _load_json_file(path)

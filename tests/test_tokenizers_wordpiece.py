@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from shared_data import BERT_DIR, require, unicode_sample
+from shared_data import BERT_DIR, require, tinyshakespeare, unicode_sample
 
 from tformer.tokenizers import TokenizerError, WordPieceTokenizer, load
 from tformer.tokenizers.normalizers import BertNormalizer
@@ -95,6 +95,16 @@ def test_bert_pairs_identical_to_hugging_face(bert, hf_bert):
     assert bert.encode(*PAIRS[0]) == theirs["input_ids"][0]
     # "[CLS] who was jim henson ? [SEP]" then "jim henson was a puppet ##eer . [SEP]"
     assert ours["token_type_ids"][0] == [0] * 7 + [1] * 8
+
+
+def test_bert_identical_to_hugging_face_on_tinyshakespeare(bert, hf_bert):
+    text = tinyshakespeare()
+    assert bert.encode(text) == hf_bert.backend_tokenizer.encode(text).ids
+    lines = text.splitlines()[:5000]
+    theirs = hf_bert.backend_tokenizer.encode_batch(list(zip(lines[::2], lines[1::2], strict=False)))
+    ours = bert.encode_batch(lines[::2], lines[1::2])
+    assert ours.input_ids == [encoding.ids for encoding in theirs]
+    assert ours.token_type_ids == [encoding.type_ids for encoding in theirs]
 
 
 def test_bert_known_ids(bert):

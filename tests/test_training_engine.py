@@ -206,3 +206,30 @@ def test_compiled_training_matches_eager():
     _, eager = run(max_steps=3)
     _, compiled = run(max_steps=3, compile=True)
     assert compiled.final_eval_loss == pytest.approx(eager.final_eval_loss, rel=1e-4)
+
+
+def test_recipes_train_on_token_files_from_tformer_tokenize(tmp_path):
+    from tformer.data import tokenize_files
+    from tformer.training.recipe import recipe_from_dict
+    from tformer.training.run import train_recipe
+
+    text = "all the world's a stage, and all the men and women merely players. " * 60
+    (tmp_path / "corpus.txt").write_text(text)
+    tokenizer = CharTokenizer.train(text)
+    tokenizer.save(tmp_path / "tok.json")
+    tokenize_files(tokenizer, [tmp_path / "corpus.txt"], tmp_path / "data.bin", progress=False)
+    raw = {"model": {"preset": "gpt-nano", "max_seq_len": 16},
+           "data": {"train": "data.bin", "tokenizer": "tok.json"},
+           "training": {"max_steps": 3, "batch_size": 2, "eval_every": 3, "eval_batches": 1}}
+    recipe = recipe_from_dict(raw, base_dir=tmp_path)
+    data = load_language_model_data(recipe.data)
+    assert isinstance(data.train, np.memmap) and data.vocab_size == tokenizer.vocab_size
+    result = train_recipe(recipe, tmp_path / "run", progress=False, echo=lambda line: None)
+    assert result.steps == 3
+    assert tformer.load(tmp_path / "run").tokenizer.vocab_size == tokenizer.vocab_size
+    assert "[data]" in (tmp_path / "run" / "recipe.toml").read_text()
+
+    CharTokenizer.train("other characters entirely: xyz").save(tmp_path / "other.json")
+    raw["data"]["tokenizer"] = "other.json"
+    with pytest.raises(Exception, match="made with another tokenizer"):
+        load_language_model_data(recipe_from_dict(raw, base_dir=tmp_path).data)

@@ -1,8 +1,9 @@
 """Where a language model's training tokens come from: the ``[data]`` section of a recipe.
 
 Raw UTF-8 text (``.txt``, or gzip-compressed ``.gz``) is tokenized at load time, with a
-character tokenizer trained on it or a saved ``tokenizer.json``; token files (``.npy``) are
-memory-mapped and read only where a batch falls.
+character tokenizer trained on it or a saved ``tokenizer.json``. Token files are memory-mapped
+and read only where a batch falls: those ``tformer tokenize`` writes (``data.bin`` with its
+``data.bin.json`` header) and plain ``.npy`` arrays of ids.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from tformer.data.lm import Tokens, num_tokens, split_tokens
+from tformer.data.token_file import TokenFileError, header_path, read_token_file, read_token_header
 from tformer.errors import TformerError
 
-DATA_FORMATS = ("auto", "text", "npy")
+DATA_FORMATS = ("auto", "text", "tokens", "npy")
 
 
 class DataError(TformerError):
@@ -37,7 +39,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, str) or not self.train:
-            raise DataError("data.train is required: a text file (.txt, .txt.gz) or a token file (.npy)")
+            raise DataError("data.train is required: a text file (.txt, .txt.gz) or a token file "
+                            "(tformer tokenize's .bin, or .npy)")
         if self.format not in DATA_FORMATS:
             raise DataError(f"data.format={self.format!r} is not one of {', '.join(DATA_FORMATS)}")
         fraction = self.eval_fraction
@@ -54,9 +57,12 @@ class DataConfig:
             raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use \"char\" or a tokenizer.json path)")
 
     def file_format(self, path: str) -> str:
+        """text, tokens (a .bin with its .json header) or npy: as set, or by the file's name."""
         if self.format != "auto":
             return self.format
-        return "npy" if path.endswith(".npy") else "text"
+        if path.endswith(".npy"):
+            return "npy"
+        return "tokens" if header_path(path).is_file() else "text"
 
 
 @dataclass
@@ -78,28 +84,33 @@ class LanguageModelData:
 def load_language_model_data(config: DataConfig) -> LanguageModelData:
     """Read, tokenize and split the data a DataConfig names."""
     config.check_files()
-    texts: dict[str, str] = {}
-    arrays: dict[str, Tokens] = {}
-    for key in ("train", "eval"):
-        path = getattr(config, key)
-        if path is None:
-            continue
-        if config.file_format(path) == "npy":
-            arrays[key] = _memory_map(path, key)
-        else:
-            texts[key] = read_text(path, key)
-    if texts and arrays:
+    formats = {key: config.file_format(getattr(config, key)) for key in ("train", "eval") if getattr(config, key)}
+    if len({kind == "text" for kind in formats.values()}) > 1:
         raise DataError("data.train and data.eval must both be text or both be token files")
-
-    tokenizer = _tokenizer_for(config, "".join(texts.values()) if texts else None)
-    if texts:
+    vocab_size = None
+    if formats["train"] == "text":
+        texts = {key: read_text(getattr(config, key), key) for key in formats}
+        tokenizer = _tokenizer_for(config, "".join(texts.values()))
         tokens = {key: encode_text(tokenizer, text) for key, text in texts.items()}
     else:
-        tokens = arrays
+        tokenizer = _tokenizer_for(config, None)
+        tokens = {}
+        for key, kind in formats.items():
+            path = getattr(config, key)
+            if kind == "npy":
+                tokens[key] = _memory_map(path, key)
+                continue
+            try:
+                tokens[key] = read_token_file(path, tokenizer)
+                header_vocab = read_token_header(path)["vocab_size"]
+            except TokenFileError as error:
+                raise DataError(f"data.{key}: {error}") from None
+            vocab_size = max(vocab_size or 0, header_vocab)
     train, evaluation = tokens["train"], tokens.get("eval")
     if evaluation is None and config.eval_fraction > 0:
         train, evaluation = split_tokens(train, config.eval_fraction)
-    vocab_size = tokenizer.vocab_size if tokenizer is not None else None
+    if tokenizer is not None:
+        vocab_size = tokenizer.vocab_size
     described = f"{Path(config.train).name}: {num_tokens(train):,} training tokens"
     if evaluation is not None:
         described += f", {num_tokens(evaluation):,} evaluation tokens"
@@ -140,7 +151,7 @@ def encode_text(tokenizer, text: str):
 def _tokenizer_for(config: DataConfig, text: str | None):
     if config.tokenizer == "char":
         if text is None:
-            return None  # token files carry ids already; the model's vocab_size must be given
+            return None  # token files carry ids already (and their vocabulary size)
         from tformer.tokenizers import CharTokenizer
 
         return CharTokenizer.train(text)

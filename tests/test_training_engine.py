@@ -82,7 +82,7 @@ def test_metrics_jsonl_has_the_named_metrics_and_the_run_folder_loads(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert {"step", "train_loss", "lr", "tokens_per_s"} <= set(records[0])
-    assert {"eval_loss", "eval_ppl"} <= set(records[2])
+    assert {"eval_loss", "eval_ppl", "eval_accuracy"} <= set(records[2]) and 0 <= records[2]["eval_accuracy"] <= 1
     assert records[2]["eval_ppl"] == pytest.approx(np.exp(records[2]["eval_loss"]))
     assert result.final_eval_loss == records[-1]["eval_loss"]
     loaded = tformer.load(tmp_path)

@@ -14,7 +14,8 @@ from tformer.training.schedules import SCHEDULES
 PRECISIONS = ("fp32", "bf16", "fp16")
 DISTRIBUTED_MODES = ("ddp", "fsdp")
 DEVICES = ("auto", "cpu", "cuda")
-EARLY_STOPPING_METRICS = ("eval_loss", "eval_ppl")
+EARLY_STOPPING_METRICS = ("eval_loss", "eval_ppl", "eval_accuracy")
+HIGHER_IS_BETTER = ("eval_accuracy",)
 
 
 class TrainingError(TformerError):

@@ -27,7 +27,7 @@ from tformer.checkpoint import atomic_directory, write_files_into, write_model_f
 from tformer.data.lm import num_tokens, random_crops
 from tformer.nn.losses import token_cross_entropy
 from tformer.training import checkpoints, distributed, preflight
-from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.config import HIGHER_IS_BETTER, TrainingConfig, TrainingError
 from tformer.training.optim import build_optimizer
 from tformer.training.reporting import METRICS_NAME, Reporter, truncate_metrics
 from tformer.training.schedules import learning_rate
@@ -220,10 +220,16 @@ class Trainer:
 
     # ---- evaluation ------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self) -> float | None:
-        """Mean loss over ``eval_batches`` fixed random crops of the evaluation tokens (the same
-        crops at every evaluation), batches grouped into few forward passes."""
+        """Mean loss over the evaluation crops (see ``evaluate_metrics``), or None without eval data."""
+        metrics = self.evaluate_metrics()
+        return None if metrics is None else metrics["eval_loss"]
+
+    @torch.no_grad()
+    def evaluate_metrics(self) -> dict[str, float] | None:
+        """Loss, perplexity and next-token accuracy over ``eval_batches`` fixed random crops of
+        the evaluation tokens (the same crops at every evaluation), batches grouped into few
+        forward passes; every process takes its rows of each batch."""
         if self.eval_tokens is None:
             return None
         config, context = self.config, self.context
@@ -231,7 +237,7 @@ class Trainer:
         per_pass = max(1, min(config.eval_batches, EVAL_LOGITS_BUDGET // (config.batch_size * self.seq_len * vocab)))
         module = self.forward_module
         module.eval()
-        total = torch.zeros((), dtype=torch.float64, device=context.device)
+        sums = torch.zeros(2, dtype=torch.float64, device=context.device)  # loss x batches, correct tokens
         for first in range(0, config.eval_batches, per_pass):
             crops = [random_crops(self.eval_tokens, config.batch_size, self.seq_len, config.seed + 1, index,
                                   rank=context.rank, world_size=context.world_size)
@@ -240,10 +246,14 @@ class Trainer:
             targets = torch.cat([c[1] for c in crops]).to(context.device)
             with self.autocast():
                 logits = module(inputs).logits
-            total += token_cross_entropy(logits, targets).double() * len(crops)
+            sums[0] += token_cross_entropy(logits, targets).double() * len(crops)
+            sums[1] += (logits.argmax(dim=-1) == targets).sum()
         module.train()
-        distributed.all_reduce_sum(total, context)
-        return total.item() / (config.eval_batches * context.world_size)
+        distributed.all_reduce_sum(sums, context)
+        batches = config.eval_batches * context.world_size
+        loss = sums[0].item() / batches
+        return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 700.0)),
+                "eval_accuracy": sums[1].item() / (batches * config.batch_size * self.seq_len)}
 
     # ---- the run ---------------------------------------------------------------------------------
 
@@ -283,12 +293,13 @@ class Trainer:
                                   "tokens_per_s": rate, "grad_norm": outcome.grad_norm}
                         window_seconds, window_steps, window_loss = 0.0, 0, 0.0
                         if evaluate:
-                            eval_loss = self.evaluate()
-                            if eval_loss is not None:
-                                record["eval_loss"] = eval_loss
-                                record["eval_ppl"] = math.exp(min(eval_loss, 700.0))
+                            metrics = self.evaluate_metrics()
+                            if metrics is not None:
+                                record.update(metrics)
+                                eval_loss = metrics["eval_loss"]
                                 reporter.message(f"step {self.step:>7}  train loss {loss:.4f}  eval loss "
-                                                 f"{eval_loss:.4f}  ppl {record['eval_ppl']:.2f}")
+                                                 f"{eval_loss:.4f}  ppl {metrics['eval_ppl']:.2f}  "
+                                                 f"accuracy {metrics['eval_accuracy']:.3f}")
                         history.append(record)
                         reporter.log(record)
                         if evaluate and eval_loss is not None and self._track_best(record):
@@ -334,8 +345,9 @@ class Trainer:
     def _track_best(self, record: dict) -> bool:
         """Update the best metric (saving checkpoints/best); True when early stopping is due."""
         config = self.config
+        sign = -1.0 if config.early_stopping_metric in HIGHER_IS_BETTER else 1.0
         value = record[config.early_stopping_metric]
-        if self.best_value is None or value < self.best_value - config.early_stopping_min_delta:
+        if self.best_value is None or sign * value < sign * self.best_value - config.early_stopping_min_delta:
             self.best_value, self.best_step = value, self.step
             self.evals_without_improvement = 0
             if self.out_dir is not None and config.save_best:
@@ -419,7 +431,9 @@ class Trainer:
             "tokens_seen": self.step * self.tokens_per_step, "best_value": self.best_value,
             "best_step": self.best_step, "best_metric": self.config.early_stopping_metric,
             "evals_without_improvement": self.evals_without_improvement, "skipped_steps": self.skipped_steps,
-            "lr": self.learning_rate(max(self.step - 1, 0)),
+            "scheduler": {"schedule": self.config.schedule, "lr": self.config.lr, "min_lr": self.config.min_lr,
+                          "warmup_steps": self.config.warmup_steps, "max_steps": self.config.max_steps,
+                          "next_lr": self.learning_rate(self.step)},
             "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),
             "training_config": asdict(self.config),
         }

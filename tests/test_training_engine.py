@@ -233,3 +233,38 @@ def test_recipes_train_on_token_files_from_tformer_tokenize(tmp_path):
     raw["data"]["tokenizer"] = "other.json"
     with pytest.raises(Exception, match="made with another tokenizer"):
         load_language_model_data(recipe_from_dict(raw, base_dir=tmp_path).data)
+
+
+class FakeThreads:
+    """Stands in for torch's thread count, with a step time per count."""
+
+    def __init__(self, monkeypatch, seconds_by_count):
+        from tformer.training import threads
+
+        self.count, self.seconds_by_count = 2, seconds_by_count
+        monkeypatch.setattr(threads.torch, "get_num_threads", lambda: self.count)
+        monkeypatch.setattr(threads.torch, "set_num_threads", lambda n: setattr(self, "count", n))
+
+    def run(self, tuner, steps):
+        used = []
+        for _ in range(steps):
+            tuner.before_step()
+            used.append(self.count)
+            tuner.after_step(self.seconds_by_count[self.count])
+        return used
+
+
+@pytest.mark.parametrize("seconds, settles_on", [({1: 0.070, 2: 0.040}, 2), ({1: 0.063, 2: 1.8}, 1),
+                                                  ({1: 0.050, 2: 0.048}, 1)])
+def test_the_thread_tuner_keeps_the_faster_count_and_rarely_retries_the_slower(monkeypatch, seconds, settles_on):
+    from tformer.training.threads import ThreadTuner
+
+    fake = FakeThreads(monkeypatch, seconds)
+    tuner = ThreadTuner(default_threads=2)
+    used = fake.run(tuner, 2000)
+    assert used[-1] == settles_on
+    slower = 2 if settles_on == 1 else 1
+    assert used.count(slower) <= 8 + 5 * 4  # the first comparison, then a few short re-tries
+    if seconds[2] > 2 * seconds[1]:
+        assert used.count(2) <= 5  # a hopeless trial ends after one step
+    assert (settles_on == 2) == bool(tuner.changes)

@@ -64,6 +64,7 @@ class TrainingConfig:
     precision: str = "fp32"
     compile: bool = False
     device: str = "auto"
+    threads: int = 0  # CPU threads; 0 = measured: PyTorch's default or 1, whichever is faster now
     # processes (under torchrun)
     distributed: str = "ddp"
     dist_timeout_s: float = 300.0
@@ -73,7 +74,8 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches", "log_every"):
             _require_int(name, getattr(self, name), minimum=1)
-        for name in ("warmup_steps", "checkpoint_every", "keep_last", "early_stopping_patience", "skip_nonfinite"):
+        for name in ("warmup_steps", "checkpoint_every", "keep_last", "early_stopping_patience", "skip_nonfinite",
+                     "threads"):
             _require_int(name, getattr(self, name), minimum=0)
         _require_int("seed", self.seed, minimum=0)
         if self.seq_len is not None:

@@ -46,8 +46,8 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         trainer = Trainer(model, config, data.train, data.eval, out_dir=out, progress=progress)
         say(f"training   {config.max_steps} steps of {trainer.tokens_per_step:,} tokens "
             f"({config.batch_size} x {trainer.seq_len} x {config.grad_accum_steps} accumulated x "
-            f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}, "
-            f"{config.precision}")
+            f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
+            f"{_threads(trainer)}, {config.precision}")
         if resume is not None:
             step = trainer.resume(resume)
             if trainer.resumed_from is not None:
@@ -69,3 +69,12 @@ def write_recipe(out: Path, recipe: Recipe) -> Path:
     temporary.write_text(recipe.to_toml(), encoding="utf-8")
     os.replace(temporary, path)
     return path
+
+
+def _threads(trainer: Trainer) -> str:
+    if trainer.context.device.type != "cpu":
+        return ""
+    count = torch.get_num_threads()
+    if trainer.thread_tuner is not None:
+        return f" with 1 or {count} threads (whichever is faster, measured as it runs)"
+    return f" with {count} thread{'s' if count > 1 else ''}"

@@ -32,6 +32,7 @@ from tformer.training.optim import build_optimizer
 from tformer.training.reporting import METRICS_NAME, Reporter, truncate_metrics
 from tformer.training.schedules import learning_rate
 from tformer.training.signals import StopRequest
+from tformer.training.threads import ThreadTuner
 
 __all__ = ["Trainer", "TrainingConfig", "TrainingError", "TrainingResult"]
 
@@ -114,6 +115,11 @@ class Trainer:
         )
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
+        self.thread_tuner = None
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        elif self.context.device.type == "cpu" and not config.deterministic and torch.get_num_threads() > 1:
+            self.thread_tuner = ThreadTuner(torch.get_num_threads())
         self.tokens_per_step = config.batch_size * self.seq_len * config.grad_accum_steps * self.context.world_size
 
         # The state a checkpoint holds besides weights and optimizer.
@@ -275,9 +281,15 @@ class Trainer:
         try:
             with StopRequest() as stop:
                 while self.step < config.max_steps:
+                    if self.thread_tuner is not None:
+                        self.thread_tuner.before_step()
                     step_started = time.perf_counter()
                     outcome = self.train_step(stop_requested=stop.requested is not None)
                     elapsed = time.perf_counter() - step_started
+                    if self.thread_tuner is not None:
+                        self.thread_tuner.after_step(elapsed)
+                        while self.thread_tuner.changes:
+                            reporter.message(f"step {self.step + 1}: using {self.thread_tuner.changes.pop(0)}")
                     train_seconds += elapsed
                     if not outcome.finite:
                         self._handle_nonfinite(outcome, reporter)

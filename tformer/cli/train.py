@@ -46,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     code = 130 if result.stopped == "interrupted" else 0
     if int(os.environ.get("RANK", "0")) != 0:
         return code  # only the main process reports
+    if result.steps == result.start_step:
+        print(f"nothing to train: the run is at step {result.steps} and training.max_steps is "
+              f"{recipe.training.max_steps} (raise it with --set training.max_steps=N)")
+        return code
     evaluated = f", eval loss {result.final_eval_loss:.4f}" if result.final_eval_loss is not None else ""
     best = f" (best {result.best_eval:.4f} at step {result.best_step})" if result.best_eval is not None else ""
     print(f"{result.stopped} at step {result.steps}: train loss {result.final_train_loss:.4f}{evaluated}{best}; "

@@ -54,6 +54,7 @@ class TrainingResult:
     best_eval: float | None = None
     best_step: int | None = None
     checkpoint: Path | None = None
+    start_step: int = 0
 
 
 @dataclass
@@ -351,7 +352,7 @@ class Trainer:
             seconds=time.perf_counter() - started,
             tokens_per_second=steps_done * self.tokens_per_step / max(train_seconds, 1e-9),
             history=history, stopped=stopped, best_eval=self.best_value, best_step=self.best_step,
-            checkpoint=checkpoint,
+            checkpoint=checkpoint, start_step=start_step,
         )
 
     def _track_best(self, record: dict) -> bool:

@@ -268,3 +268,16 @@ def test_the_thread_tuner_keeps_the_faster_count_and_rarely_retries_the_slower(m
     if seconds[2] > 2 * seconds[1]:
         assert used.count(2) <= 5  # a hopeless trial ends after one step
     assert (settles_on == 2) == bool(tuner.changes)
+
+
+def test_evaluation_windows_spread_over_the_whole_split_and_split_across_processes():
+    from tformer.data.lm import spaced_windows
+
+    tokens = torch.arange(1000)
+    batches = [spaced_windows(tokens, 4, 16, index, 5) for index in range(5)]
+    starts = torch.cat([inputs[:, 0] for inputs, _ in batches])
+    assert starts[0] == 0 and starts[-1] == 1000 - 17 and bool((starts.diff() > 0).all())
+    assert torch.equal(batches[2][1], batches[2][0] + 1)  # targets are the inputs shifted by one
+    for index in range(5):  # 2 processes with batch 2 = 1 process with batch 4, row for row
+        halves = [spaced_windows(tokens, 2, 16, index, 5, rank=rank, world_size=2)[0] for rank in (0, 1)]
+        assert torch.equal(torch.cat(halves), batches[index][0])

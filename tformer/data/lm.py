@@ -52,6 +52,29 @@ def random_crops(
     return windows[:, :-1], windows[:, 1:]
 
 
+def spaced_windows(
+    tokens: Tokens, batch_size: int, length: int, index: int, num_batches: int, *, rank: int = 0,
+    world_size: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """Batch ``index`` of ``num_batches`` (global) batches of windows spread evenly over the
+    whole sequence: an evaluation set that represents all of a held-out split and does not
+    depend on any seed. Like ``random_crops``, N processes with batch b get the rows one
+    process with batch N*b gets."""
+    num = num_tokens(tokens)
+    if num < length + 2:
+        raise ValueError(f"the data has {num} tokens; a sequence length of {length} needs at least {length + 2}")
+    total_rows = num_batches * world_size * batch_size
+    first = (index * world_size + rank) * batch_size
+    rows = torch.arange(first, first + batch_size)
+    starts = rows * (num - length - 1) // max(total_rows - 1, 1)
+    index_tensor = starts[:, None] + torch.arange(length + 1)  # (B, length + 1)
+    if isinstance(tokens, Tensor):
+        windows = tokens[index_tensor].long()
+    else:
+        windows = torch.from_numpy(np.asarray(tokens[index_tensor.numpy()]).astype(np.int64, copy=False))
+    return windows[:, :-1], windows[:, 1:]
+
+
 def split_tokens(tokens: Tokens, eval_fraction: float) -> tuple[Tokens, Tokens]:
     """The first (1 - eval_fraction) of the tokens for training, the rest for evaluation."""
     if not 0.0 < eval_fraction < 1.0:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tformer.checkpoint import atomic_directory, write_files_into, write_model_files
-from tformer.data.lm import num_tokens, random_crops
+from tformer.data.lm import num_tokens, random_crops, spaced_windows
 from tformer.nn.losses import token_cross_entropy
 from tformer.training import checkpoints, distributed, preflight
 from tformer.training.config import HIGHER_IS_BETTER, TrainingConfig, TrainingError
@@ -234,9 +234,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate_metrics(self) -> dict[str, float] | None:
-        """Loss, perplexity and next-token accuracy over ``eval_batches`` fixed random crops of
-        the evaluation tokens (the same crops at every evaluation), batches grouped into few
-        forward passes; every process takes its rows of each batch."""
+        """Loss, perplexity and next-token accuracy over ``eval_batches`` batches of windows
+        spread evenly over the evaluation tokens (the same windows at every evaluation and for
+        every seed), batches grouped into few forward passes; every process takes its rows."""
         if self.eval_tokens is None:
             return None
         config, context = self.config, self.context
@@ -246,8 +246,8 @@ class Trainer:
         module.eval()
         sums = torch.zeros(2, dtype=torch.float64, device=context.device)  # loss x batches, correct tokens
         for first in range(0, config.eval_batches, per_pass):
-            crops = [random_crops(self.eval_tokens, config.batch_size, self.seq_len, config.seed + 1, index,
-                                  rank=context.rank, world_size=context.world_size)
+            crops = [spaced_windows(self.eval_tokens, config.batch_size, self.seq_len, index, config.eval_batches,
+                                    rank=context.rank, world_size=context.world_size)
                      for index in range(first, min(first + per_pass, config.eval_batches))]
             inputs = torch.cat([c[0] for c in crops]).to(context.device)
             targets = torch.cat([c[1] for c in crops]).to(context.device)

@@ -187,7 +187,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
-    step = int(stdout.split("interrupted: saved step ")[1].split()[0])
+    step = int(stdout.split("interrupted at step ")[1].split(":")[0])
     assert 0 < step < 100000
     assert (run / "checkpoints" / f"step-{step:08d}" / "trainer_state.json").is_file()
     assert tformer.load(run).config.d_model == 32

@@ -271,61 +271,33 @@ class Trainer:
             self._prepare_out_dir()
         reporter = Reporter(self.out_dir, config.max_steps, self.step, enabled=context.is_main,
                             progress=self.progress)
+        window = _Window(self.tokens_per_step)
         history: list[dict] = []
         started = time.perf_counter()
-        train_seconds = 0.0
-        window_seconds, window_steps, window_loss = 0.0, 0, 0.0
-        rate = 0.0
-        loss, eval_loss, stopped = math.nan, None, "completed"
         start_step = self.step
+        loss, eval_loss, stopped = math.nan, None, "completed"
         last_saved = self.step if self.resumed_from is not None else None  # resumed: that step is on disk
         try:
             with StopRequest() as stop:
-                while self.step < config.max_steps:
-                    if self.thread_tuner is not None:
-                        self.thread_tuner.before_step()
-                    step_started = time.perf_counter()
-                    outcome = self.train_step(stop_requested=stop.requested is not None)
-                    elapsed = time.perf_counter() - step_started
-                    if self.thread_tuner is not None:
-                        self.thread_tuner.after_step(elapsed)
-                        while self.thread_tuner.changes:
-                            reporter.message(f"step {self.step + 1}: using {self.thread_tuner.changes.pop(0)}")
-                    train_seconds += elapsed
-                    if not outcome.finite:
-                        self._handle_nonfinite(outcome, reporter)
-                    self.step += 1
+                while self.step < config.max_steps and stopped == "completed":
+                    outcome = self._timed_step(stop.requested is not None, window, reporter)
                     loss = outcome.loss
-                    window_seconds += elapsed
-                    window_steps += 1
-                    window_loss += loss
-                    rate = window_steps * self.tokens_per_step / max(window_seconds, 1e-9)
                     evaluate = self.step % config.eval_every == 0 or self.step == config.max_steps
-                    if window_steps >= config.log_every or evaluate or outcome.stop_requested:
-                        record = {"step": self.step, "train_loss": window_loss / window_steps, "lr": outcome.lr,
-                                  "tokens_per_s": rate, "grad_norm": outcome.grad_norm}
-                        window_seconds, window_steps, window_loss = 0.0, 0, 0.0
+                    if window.steps >= config.log_every or evaluate or outcome.stop_requested:
+                        record = window.record(self.step, outcome)
                         if evaluate:
-                            metrics = self.evaluate_metrics()
-                            if metrics is not None:
-                                record.update(metrics)
-                                eval_loss = metrics["eval_loss"]
-                                reporter.message(f"step {self.step:>7}  train loss {loss:.4f}  eval loss "
-                                                 f"{eval_loss:.4f}  ppl {metrics['eval_ppl']:.2f}  "
-                                                 f"accuracy {metrics['eval_accuracy']:.3f}")
+                            eval_loss = self._evaluate_into(record, reporter) or eval_loss
                         history.append(record)
                         reporter.log(record)
-                        if evaluate and eval_loss is not None and self._track_best(record):
+                        if evaluate and "eval_loss" in record and self._track_best(record, reporter):
                             stopped = "early_stopping"
-                    reporter.advance(1, loss, outcome.lr, rate)
+                    reporter.advance(1, loss, outcome.lr, window.smoothed_rate)
                     if outcome.stop_requested:
                         stopped = "interrupted"
                     due = config.checkpoint_every and self.step % config.checkpoint_every == 0
                     if self.out_dir is not None and (due or stopped != "completed"):
                         self.save_checkpoint(reporter)
                         last_saved = self.step
-                    if stopped != "completed":
-                        break
         except Exception as error:
             if context.is_distributed and distributed.is_collective_failure(error):
                 cause = (str(error).splitlines() or [""])[0]
@@ -344,22 +316,51 @@ class Trainer:
             checkpoint = checkpoints.step_folder(self.out_dir, self.step)
             self.save_final_model()
         if stopped == "interrupted" and context.is_main:
-            print(f"interrupted: saved step {self.step}"
-                  + (f" to {checkpoint}; continue with --resume auto" if checkpoint else ""), flush=True)
-        steps_done = self.step - start_step
+            where = f": saved to {checkpoint}; continue with --resume auto" if checkpoint else ""
+            print(f"interrupted at step {self.step}{where}", flush=True)
         return TrainingResult(
             steps=self.step, final_train_loss=loss, final_eval_loss=eval_loss,
             seconds=time.perf_counter() - started,
-            tokens_per_second=steps_done * self.tokens_per_step / max(train_seconds, 1e-9),
+            tokens_per_second=(self.step - start_step) * self.tokens_per_step / max(window.train_seconds, 1e-9),
             history=history, stopped=stopped, best_eval=self.best_value, best_step=self.best_step,
             checkpoint=checkpoint, start_step=start_step,
         )
 
-    def _track_best(self, record: dict) -> bool:
+    def _timed_step(self, stop_requested: bool, window: _Window, reporter: Reporter) -> StepOutcome:
+        """One step, timed (for tokens/s and the thread tuner), the step counter advanced."""
+        tuner = self.thread_tuner
+        if tuner is not None:
+            tuner.before_step()
+        started = time.perf_counter()
+        outcome = self.train_step(stop_requested=stop_requested)
+        elapsed = time.perf_counter() - started
+        if tuner is not None:
+            tuner.after_step(elapsed)
+            while tuner.changes:
+                reporter.message(f"step {self.step + 1}: using {tuner.changes.pop(0)}")
+        if not outcome.finite:
+            self._handle_nonfinite(outcome, reporter)
+        self.step += 1
+        window.add(outcome.loss, elapsed)
+        return outcome
+
+    def _evaluate_into(self, record: dict, reporter: Reporter) -> float | None:
+        """Add the evaluation metrics to ``record`` and print them; the eval loss, or None."""
+        metrics = self.evaluate_metrics()
+        if metrics is None:
+            return None
+        record.update(metrics)
+        reporter.message(f"step {self.step:>7}  train loss {record['train_loss']:.4f}  eval loss "
+                         f"{metrics['eval_loss']:.4f}  ppl {metrics['eval_ppl']:.2f}  "
+                         f"accuracy {metrics['eval_accuracy']:.3f}")
+        return metrics["eval_loss"]
+
+    def _track_best(self, record: dict, reporter: Reporter) -> bool:
         """Update the best metric (saving checkpoints/best); True when early stopping is due."""
         config = self.config
-        sign = -1.0 if config.early_stopping_metric in HIGHER_IS_BETTER else 1.0
-        value = record[config.early_stopping_metric]
+        name = config.early_stopping_metric
+        sign = -1.0 if name in HIGHER_IS_BETTER else 1.0
+        value = record[name]
         if self.best_value is None or sign * value < sign * self.best_value - config.early_stopping_min_delta:
             self.best_value, self.best_step = value, self.step
             self.evals_without_improvement = 0
@@ -367,7 +368,12 @@ class Trainer:
                 self.save_best()
             return False
         self.evals_without_improvement += 1
-        return config.early_stopping and self.evals_without_improvement >= config.early_stopping_patience
+        if config.early_stopping and self.evals_without_improvement >= config.early_stopping_patience:
+            reporter.message(f"early stopping: {name} has not improved by more than {config.early_stopping_min_delta} "
+                             f"in {self.evals_without_improvement} evaluations (best {self.best_value:.4f} at step "
+                             f"{self.best_step})")
+            return True
+        return False
 
     def _handle_nonfinite(self, outcome: StepOutcome, reporter: Reporter) -> None:
         """Skip the step (not applied) up to ``skip_nonfinite`` times; then stop with the state
@@ -554,6 +560,33 @@ class Trainer:
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
+
+
+class _Window:
+    """Steps since the last metrics record: mean loss and training-only throughput."""
+
+    def __init__(self, tokens_per_step: int) -> None:
+        self.tokens_per_step = tokens_per_step
+        self.steps, self.seconds, self.loss_sum = 0, 0.0, 0.0
+        self.train_seconds = 0.0  # the whole run's time in training steps
+        self.rate = 0.0  # tokens/s over this window
+        self.smoothed_rate = 0.0  # tokens/s, exponentially smoothed over steps (for the bar)
+
+    def add(self, loss: float, seconds: float) -> None:
+        self.steps += 1
+        self.seconds += seconds
+        self.loss_sum += loss
+        self.train_seconds += seconds
+        self.rate = self.steps * self.tokens_per_step / max(self.seconds, 1e-9)
+        step_rate = self.tokens_per_step / max(seconds, 1e-9)
+        self.smoothed_rate = step_rate if not self.smoothed_rate else 0.95 * self.smoothed_rate + 0.05 * step_rate
+
+    def record(self, step: int, outcome: StepOutcome) -> dict:
+        """The metrics record of this window, which then starts anew."""
+        record = {"step": step, "train_loss": self.loss_sum / self.steps, "lr": outcome.lr,
+                  "tokens_per_s": self.rate, "grad_norm": outcome.grad_norm}
+        self.steps, self.seconds, self.loss_sum = 0, 0.0, 0.0
+        return record
 
 
 def _rng_state() -> dict:

@@ -96,6 +96,12 @@ def test_the_resolved_recipe_reads_back_to_the_same_configs(tmp_path):
     assert again.model.vocab_size == 77 and again.vocab_size_given
 
 
+def test_a_preset_with_special_tokens_follows_the_tokenizers_vocabulary(tmp_path):
+    recipe = load_recipe(write(tmp_path, BASE.replace('"gpt-nano"', '"gpt2"').replace("d_model = 48", "d_model = 64")))
+    assert recipe.model.bos_token_id == 50256
+    assert recipe.with_vocab_size(66).model.bos_token_id is None
+
+
 def test_vocab_size_comes_from_the_tokenizer_unless_the_recipe_sets_it(tmp_path):
     recipe = load_recipe(write(tmp_path, BASE))
     assert recipe.with_vocab_size(30).model.vocab_size == 30

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tformer.config import ConfigError, ModelConfig, get_preset
+from tformer.config import ConfigError, ModelConfig, resolve_config
 from tformer.data.sources import DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.training.config import TrainingConfig, TrainingError
@@ -56,7 +56,7 @@ class Recipe:
             return self
         if vocab_size is None:
             raise RecipeError(f"{self.source}: [model] vocab_size is needed: [data] has no tokenizer to take it from")
-        model = _build(self.source, "model", lambda: self.model.replace(vocab_size=vocab_size))
+        model = _build(self.source, "model", lambda: resolve_config(self.model, vocab_size=vocab_size))
         return dataclasses.replace(self, model=model, vocab_size_given=True)
 
     def to_toml(self) -> str:
@@ -129,8 +129,7 @@ def recipe_from_dict(
     def make_model() -> ModelConfig:
         if preset is None:
             return ModelConfig(**model_values)
-        base = get_preset(preset)
-        return base.replace(**model_values) if model_values else base
+        return resolve_config(preset, **model_values)  # a preset's special-token ids follow a new vocab_size
 
     model = _build(source, "model", make_model)
     data = _build(source, "data", lambda: DataConfig(**data_values))

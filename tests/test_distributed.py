@@ -90,13 +90,18 @@ def test_two_processes_match_one_with_twice_the_batch_and_checkpoints_move_betwe
     assert_close(losses(ddp), losses(single))
     assert_close(losses(fsdp), losses(single))
 
-    # A 2-process checkpoint continues in 1 process, a 1-process one in 2 (with the same global batch).
+    # A 2-process checkpoint continues in 1 process, a 1-process one in 2, a sharded one sharded
+    # (with the same global batch): the continuations agree.
     resumed_in_one = train(recipe, ddp, "--resume", "auto", "--set", "training.max_steps=7",
                            "--set", "training.batch_size=4")
     assert "resumed from step 5" in resumed_in_one.stdout
     resumed_in_two = train(recipe, single, "--resume", "auto", "--set", "training.max_steps=7", processes=2)
     assert "resumed from step 5" in resumed_in_two.stdout
     assert_close(losses(ddp), losses(single))
+    resumed_sharded = train(recipe, fsdp, "--resume", "auto", "--set", "training.max_steps=7",
+                            "--set", "training.distributed=fsdp", processes=2)
+    assert "resumed from step 5" in resumed_sharded.stdout
+    assert_close(losses(fsdp), losses(single))
     assert tformer.load(fsdp).config.d_model == 32
     assert tformer.load(ddp).config.d_model == 32
 

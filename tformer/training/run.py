@@ -59,6 +59,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         distributed.barrier(context)  # nobody leaves the group while a peer still talks to it
         return result
     finally:
+        trainer = model = None  # freed before the process group goes (see leave_process_group)
         distributed.leave_process_group()
 
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
           f"width {model.config.d_model}, context {seq_len}")
     print(f"training    {args.steps} steps of {config.batch_size} x {seq_len} characters on "
           f"{torch.get_num_threads()} CPU threads")
-    result = Trainer(model, config, train_tokens, eval_tokens, out_dir=out).train()
+    result = Trainer(model, config, train_tokens, eval_tokens, out_dir=out, overwrite=True).train()
     plot = plot_training_curves(result.history, out / "loss_curve.png", title=f"{args.model} on {source}")
 
     print(f"\neval loss   {result.final_eval_loss:.3f} nats/char "

@@ -7,6 +7,10 @@ against fp32 and bf16 matrix-multiply peaks measured in the same run.
 
     python benchmarks/train_throughput.py                 # both shapes, fp32 and bf16
     python benchmarks/train_throughput.py --shapes b --steps 10
+
+On a CPU without native bf16 matrix units (no AVX512-BF16 / AMX: PyTorch then multiplies bf16
+matrices with a generic kernel, several times slower than fp32), bf16 rows run only a few steps,
+and a shape whose estimated bf16 step exceeds --max-bf16-step-seconds is skipped with the estimate.
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--steps", type=int, default=12, help="measured steps per model (default 12)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--max-bf16-step-seconds", type=float, default=120.0)
     args = parser.parse_args()
 
     torch.set_float32_matmul_precision("highest")
@@ -132,7 +137,10 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    print(f"matmul peak: fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s (2048^3, median of 7)\n")
+    print(f"matmul peak: fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s (2048^3, median of 7)")
+    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    print(f"native bf16 matmul (oneDNN, AVX512-BF16/AMX): {'yes' if native_bf16 else 'no'}; "
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}\n")
     header = (f"{'shape':<6}{'precision':<10}{'tformer tok/s':>14}{'HF tok/s':>10}{'ratio':>7}"
               f"{'tformer MFU':>13}{'HF MFU':>8}")
     print(header)
@@ -141,7 +149,15 @@ def main() -> None:
     for key in args.shapes:
         shape = Shape(**SHAPES[key])
         for precision in args.precisions.split(","):
-            rates = measure(shape, precision, args.steps, args.warmup)
+            steps, warmup = args.steps, args.warmup
+            if precision == "bf16" and not native_bf16:
+                estimate = shape.flops_per_token() * shape.tokens / (peaks["bf16"] * 1e9)
+                if estimate > args.max_bf16_step_seconds:
+                    print(f"{key:<6}{precision:<10}skipped: one step would take about {estimate:.0f} s per model "
+                          f"at the measured bf16 peak (limit --max-bf16-step-seconds {args.max_bf16_step_seconds:.0f})")
+                    continue
+                steps, warmup = min(steps, 3), 1
+            rates = measure(shape, precision, steps, warmup)
             results[key, precision] = rates
             flops = shape.flops_per_token()
             print(f"{key:<6}{precision:<10}{rates['tformer']:>14,.0f}{rates['hf']:>10,.0f}"

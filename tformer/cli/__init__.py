@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["demo", "info"]
+COMMANDS = ["demo", "generate", "info"]
 
 
 class UsageError(TformerError):

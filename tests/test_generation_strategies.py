@@ -235,6 +235,12 @@ def test_streaming_yields_the_tokens_as_they_come():
     tformer.generate(model, prompt, 9, streamer=received.append)
     assert torch.equal(torch.cat(received, 1), expected[:, 4:])
     assert torch.is_grad_enabled()  # the stream's inference mode does not leak into the caller
+    training = tformer.build_model("gpt-nano")
+    early = stream_generate(training, prompt, 9)
+    next(early)
+    assert not training.training
+    early.close()
+    assert training.training and early.output.sequences.shape == (2, 5)
 
 
 def test_text_streamer_prints_the_new_text():

@@ -135,6 +135,11 @@ class TokenStream:
                 self.output = self._generation.output()
                 raise
 
+    def close(self) -> None:
+        """Stop early: the models go back to the mode they were in; ``output`` holds what was made."""
+        self._chunks.close()
+        self.output = self._generation.output()
+
 
 class _Generation:
     """One call: checked settings, the output buffer, the sessions and the chosen strategy."""

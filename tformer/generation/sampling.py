@@ -38,13 +38,18 @@ class TokenChooser:
     eos_ids: Tensor | None = None  # (E,) ids that end a sequence
     min_new_tokens: int = 0
 
-    def scores(self, logits: Tensor, generated: int) -> Tensor:
+    def scores(self, logits: Tensor, generated: int, consecutive: bool = False) -> Tensor:
         """Processed float scores (B, V) for the token after ``generated`` new ones: logits with
         end-of-sequence forbidden while ``generated < min_new_tokens``, then (sampling only)
-        divided by the temperature and filtered by top-k and top-p (-inf = never chosen)."""
+        divided by the temperature and filtered by top-k and top-p (-inf = never chosen).
+
+        ``consecutive``: the rows are successive positions of one sequence, row i coming after
+        ``generated + i`` new tokens (speculative decoding's verification)."""
         scores = logits.float()
         if generated < self.min_new_tokens and self.eos_ids is not None:
-            scores = scores.index_fill(-1, self.eos_ids, float("-inf"))
+            early = self.min_new_tokens - generated if consecutive else scores.shape[0]
+            forbidden = scores[:early].index_fill(-1, self.eos_ids, float("-inf"))
+            scores = torch.cat([forbidden, scores[early:]]) if early < scores.shape[0] else forbidden
         if not self.do_sample:
             return scores
         if self.temperature != 1.0:

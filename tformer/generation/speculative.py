@@ -49,8 +49,7 @@ def speculative_decode(
             feed = token[:, None]
 
         verify = torch.cat([target_pending, *(d[:, None] for d in drafts)], dim=1)  # (1, k + 1)
-        target_logits = target.extend(verify)[0]  # (k + 1, V)
-        target_scores = [chooser.scores(target_logits[i : i + 1], run.generated + i) for i in range(k + 1)]
+        target_scores = chooser.scores(target.extend(verify)[0], run.generated, consecutive=True)  # (k + 1, V)
         if chooser.do_sample:
             accepted, new_token = _accept_sampled(drafts, draft_probabilities, target_scores, generator)
         else:
@@ -70,11 +69,11 @@ def speculative_decode(
         committed = [*drafts[:accepted], new_token]
         start = run.length
         finished = False
-        for token, scores in zip(committed, target_scores, strict=False):
+        for i, token in enumerate(committed):
             run.sequences[:, run.length] = token
             run.length += 1
             if run.scores is not None:
-                run.scores.append(scores)
+                run.scores.append(target_scores[i : i + 1])
             if run.stop.active and bool(run.stop.hits(run.sequences, run.length)[0]):
                 finished = True
                 break
@@ -83,9 +82,9 @@ def speculative_decode(
             return
 
 
-def _accept_greedy(drafts: list[Tensor], target_scores: list[Tensor]) -> tuple[int, Tensor]:
+def _accept_greedy(drafts: list[Tensor], target_scores: Tensor) -> tuple[int, Tensor]:
     """Accept drafts while they are the target's argmax; the target's argmax follows."""
-    choices = torch.cat([scores.argmax(-1) for scores in target_scores])  # (k + 1,)
+    choices = target_scores.argmax(-1)  # (k + 1,)
     if drafts:
         matches = (torch.cat(drafts) == choices[:-1]).long()
         accepted = int(matches.cumprod(0).sum())
@@ -97,14 +96,14 @@ def _accept_greedy(drafts: list[Tensor], target_scores: list[Tensor]) -> tuple[i
 def _accept_sampled(
     drafts: list[Tensor],
     draft_probabilities: list[Tensor],
-    target_scores: list[Tensor],
+    target_scores: Tensor,
     generator: torch.Generator | None,
 ) -> tuple[int, Tensor]:
     """The accept / reject rule: keep draft d with probability min(1, p(d) / q(d)); on the first
     rejection draw from normalize(max(0, p - q)); after k acceptances draw from p."""
     device = target_scores[0].device
     for i, (token, q) in enumerate(zip(drafts, draft_probabilities, strict=True)):
-        p = target_scores[i].softmax(-1)  # (1, V)
+        p = target_scores[i : i + 1].softmax(-1)  # (1, V)
         u = torch.rand(1, generator=generator, device=device)
         if bool(u * q[0, token] < p[0, token]):
             continue
@@ -112,5 +111,5 @@ def _accept_sampled(
         total = residual.sum()
         weights = residual / total if bool(total > 0) else p
         return i, torch.multinomial(weights, 1, generator=generator)[:, 0]
-    bonus = target_scores[len(drafts)].softmax(-1)
+    bonus = target_scores[len(drafts) :].softmax(-1)
     return len(drafts), torch.multinomial(bonus, 1, generator=generator)[:, 0]

@@ -183,7 +183,10 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--speculative-tokens", type=int, default=200)
     parser.add_argument("--draft-tokens", default="3,4,6", help="draft lengths to measure (default: 3,4,6)")
+    parser.add_argument("--threads", type=int, help="CPU threads for both libraries (default: torch's default)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
           f"load average at start {os.getloadavg()[0]:.1f}")

@@ -1,8 +1,18 @@
-import pytest
-import torch
+"""Tests run single-threaded: they check behaviour on tiny tensors, where a second OpenMP thread
+buys nothing and, on a busy machine, spin-waiting threads slow small ops down by 10x or more.
+Set before torch is imported so subprocesses (CLI, torchrun) inherit it."""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_threads():
+def _seed():
     torch.manual_seed(0)
     yield

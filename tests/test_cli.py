@@ -24,7 +24,9 @@ def test_demo_trains_saves_plots_and_samples(tmp_path, capsys):
     data = tmp_path / "text.txt"
     data.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     out = tmp_path / "run"
-    assert main(["demo", "--steps", "30", "--out", str(out), "--data", str(data), "--sample-tokens", "20"]) == 0
+    args = ["demo", "--steps", "30", "--out", str(out), "--data", str(data), "--sample-tokens", "20",
+            "--model", "gpt-nano"]
+    assert main(args) == 0
     printed = capsys.readouterr().out
     assert "unigram baseline" in printed and "sample" in printed
     assert {"config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "loss_curve.png"} <= {
@@ -46,6 +48,7 @@ def test_info_prints_config_and_parameters(tmp_path, capsys):
     [
         (["info", "/nonexistent/ckpt"], "not a checkpoint folder"),
         (["demo", "--steps", "0"], "--steps=0 must be a positive integer"),
+        (["demo", "--model", "gpt5"], "unknown preset 'gpt5'"),
         (["demo", "--data", "/nonexistent.txt"], "/nonexistent.txt: no such file"),
     ],
 )

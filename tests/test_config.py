@@ -46,3 +46,11 @@ def test_derived_fields_follow_overrides():
     assert config.d_ff == 256 and config.head_dim == 16
     assert resolve_config("llama-small").d_ff == 1408
     assert resolve_config("gpt-nano", d_ff=100).d_ff == 100
+
+
+def test_smaller_vocabulary_drops_preset_token_ids_it_cannot_hold():
+    config = resolve_config("gpt2", vocab_size=8192)
+    assert config.eos_token_id is None and config.bos_token_id is None
+    assert resolve_config("gpt2", vocab_size=60000).eos_token_id == 50256
+    with pytest.raises(ConfigError, match="eos_token_id=9000"):
+        resolve_config("gpt2", vocab_size=8192, eos_token_id=9000)

@@ -1,5 +1,6 @@
 """tformer: the transformer family in one PyTorch library and one command-line tool."""
 
+from tformer import tokenizers
 from tformer.checkpoint import load
 from tformer.config import PRESETS, ConfigError, ModelConfig
 from tformer.generation import generate, stream_generate
@@ -9,5 +10,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PRESETS", "ConfigError", "DecoderLM", "Model", "ModelConfig", "ModelOutput",
-    "build_model", "generate", "load", "stream_generate", "__version__",
+    "build_model", "generate", "load", "stream_generate", "tokenizers", "__version__",
 ]

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -94,13 +94,22 @@ def save_model(model, path: str | Path, format: str = "tformer") -> Path:
             tokenizer.save(folder / TOKENIZER_NAME)
         (folder / CONFIG_NAME).write_text(config_text + "\n")
 
+    return write_checkpoint_folder(path, write)
+
+
+def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Let ``write`` fill the checkpoint folder ``path`` (it writes config.json last).
+
+    A new or empty folder appears whole, in one rename; into a folder that already holds other
+    files (a run folder with logs) each file is renamed into place, the config last.
+    """
     target = Path(path)
     if target.is_dir() and any(target.iterdir()):
         write_files_into(target, write)
     else:
         with atomic_directory(target) as folder:
             write(folder)
-    return Path(path)
+    return target
 
 
 def read_config(path: str | Path) -> dict:
@@ -141,22 +150,37 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
 
 def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error."""
-    expected = {name: tensor for name, tensor in model.state_dict().items() if name not in model.tied_parameters()}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    expected = {name: tensor.shape for name, tensor in model.state_dict().items()
+                if name not in model.tied_parameters()}
+    check_weights(expected, {name: tensor.shape for name, tensor in state.items()}, source)
+    model.load_state_dict(state, strict=False)
+
+
+def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], source: str) -> None:
+    """Raise CheckpointError unless ``found`` has exactly the ``expected`` tensor names and shapes.
+
+    The message lists missing and unexpected names (the first 20 of each), or names the first
+    tensor (in name order) whose shape differs, with both shapes.
+    """
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing: {', '.join(missing)}")
+            parts.append(f"missing: {_name_list(missing)}")
         if unexpected:
-            parts.append(f"unexpected: {', '.join(unexpected)}")
+            parts.append(f"unexpected: {_name_list(unexpected)}")
         raise CheckpointError(f"{source}: weights do not match the config ({'; '.join(parts)})")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
+    for name, shape in sorted(found.items()):
+        if tuple(shape) != tuple(expected[name]):
             raise CheckpointError(
-                f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
+                f"{source}: {name} has shape {tuple(shape)}, the config expects {tuple(expected[name])}"
             )
-    model.load_state_dict(state, strict=False)
+
+
+def _name_list(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
 def load_attached_tokenizer(folder: Path):

@@ -28,7 +28,9 @@ class ModelConfig:
     Fields left as ``None`` are derived at construction: ``num_kv_heads`` defaults to
     ``num_heads`` (plain multi-head attention), ``d_ff`` to ``4 * d_model`` (or the
     Llama-style ``8/3 * d_model`` rounded up to a multiple of 64 for gated activations),
-    ``head_dim`` to ``d_model // num_heads`` and ``norm_bias`` to ``bias``.
+    ``head_dim`` to ``d_model // num_heads``, and ``norm_bias``, ``attention_bias`` and
+    ``feedforward_bias`` (the biases of the norms, of the attention projections and of the
+    feed-forward projections) to ``bias``.
     """
 
     architecture: str = "decoder"
@@ -52,6 +54,8 @@ class ModelConfig:
     dropout: float = 0.0
     attention_dropout: float = 0.0
     bias: bool = True
+    attention_bias: bool | None = None
+    feedforward_bias: bool | None = None
     tie_embeddings: bool = True
     scale_embeddings: bool = False
     initializer_range: float = 0.02
@@ -68,6 +72,8 @@ class ModelConfig:
             "head_dim": self.d_model // self.num_heads if self.head_dim is None else self.head_dim,
             "d_ff": self._default_d_ff() if self.d_ff is None else self.d_ff,
             "norm_bias": self.bias if self.norm_bias is None else self.norm_bias,
+            "attention_bias": self.bias if self.attention_bias is None else self.attention_bias,
+            "feedforward_bias": self.bias if self.feedforward_bias is None else self.feedforward_bias,
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -178,8 +184,9 @@ def _underived(config: ModelConfig) -> dict[str, Any]:
         reset["head_dim"] = None
     if config.d_ff == config._default_d_ff():
         reset["d_ff"] = None
-    if config.norm_bias == config.bias:
-        reset["norm_bias"] = None
+    for name in ("norm_bias", "attention_bias", "feedforward_bias"):
+        if getattr(config, name) == config.bias:
+            reset[name] = None
     return reset
 
 
@@ -242,4 +249,10 @@ def resolve_config(config_or_preset: ModelConfig | str, **overrides: Any) -> Mod
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+    if "vocab_size" in overrides:
+        # The preset's special-token ids belong to its own vocabulary; drop those the new one cannot hold.
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(config, name)
+            if name not in overrides and value is not None and value >= overrides["vocab_size"]:
+                overrides[name] = None
     return config.replace(**overrides)

@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["demo", "generate", "info"]
+COMMANDS = ["convert", "demo", "generate", "info", "tokenize", "tokenizer"]
 
 
 class UsageError(TformerError):

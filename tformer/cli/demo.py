@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     parser.add_argument("--data", help="train on this UTF-8 text file instead of the built-in corpus")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text the sample continues")
     parser.add_argument("--sample-tokens", type=int, default=300, help="characters to sample (default: 300)")
+    parser.add_argument("--model", default="gpt-mini", help="a decoder preset (default: gpt-mini)")
     parser.add_argument("--seed", type=int, default=1337)
     parser.set_defaults(run=run)
 
@@ -51,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     train_tokens, eval_tokens = split_tokens(tokens, eval_fraction=0.1)
     baseline = unigram_cross_entropy(train_tokens, eval_tokens, tokenizer.vocab_size)
 
-    model = tformer.build_model("gpt-mini", vocab_size=tokenizer.vocab_size)
+    model = tformer.build_model(args.model, vocab_size=tokenizer.vocab_size)
     model.tokenizer = tokenizer
-    seq_len = 128
+    seq_len = min(128, model.config.max_seq_len)
     if train_tokens.numel() < seq_len + 2 or eval_tokens.numel() < seq_len + 2:
         raise UsageError(f"{source}: too little text; the demo needs at least {10 * (seq_len + 2)} characters")
     config = TrainingConfig(
@@ -62,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     print(f"corpus      {source}: {len(text):,} characters, {tokenizer.vocab_size} distinct")
-    print(f"model       gpt-mini: {model.num_parameters():,} parameters, {model.config.num_layers} layers, "
+    print(f"model       {args.model}: {model.num_parameters():,} parameters, {model.config.num_layers} layers, "
           f"width {model.config.d_model}, context {seq_len}")
     print(f"training    {args.steps} steps of {config.batch_size} x {seq_len} characters on "
           f"{torch.get_num_threads()} CPU threads")
     result = Trainer(model, config, train_tokens, eval_tokens, out_dir=out).train()
-    plot = plot_training_curves(result.history, out / "loss_curve.png", title=f"gpt-mini on {source}")
+    plot = plot_training_curves(result.history, out / "loss_curve.png", title=f"{args.model} on {source}")
 
     print(f"\neval loss   {result.final_eval_loss:.3f} nats/char "
           f"(unigram baseline {baseline:.3f}: a model that ignores context)")

@@ -24,7 +24,7 @@ class DecoderLM(Model):
         super().__init__(config)
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.positional = positional_from_config(config, causal=True)
-        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.embedding_dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (

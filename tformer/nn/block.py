@@ -50,7 +50,7 @@ class TransformerBlock(nn.Module):
         def mha(cross: bool) -> MultiHeadAttention:
             return MultiHeadAttention(
                 config.d_model, config.num_heads, config.num_kv_heads, config.head_dim,
-                bias=config.bias, dropout=config.attention_dropout, cross=cross,
+                bias=config.attention_bias, dropout=config.attention_dropout, cross=cross,
             )
 
         self.attention_norm = norm()
@@ -60,8 +60,8 @@ class TransformerBlock(nn.Module):
             self.cross_attention_norm = norm()
             self.cross_attention = mha(cross=True)
         self.feedforward_norm = norm()
-        self.feedforward = FeedForward(config.d_model, config.d_ff, config.activation, config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.feedforward = FeedForward(config.d_model, config.d_ff, config.activation, config.feedforward_bias)
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
     def forward(
         self, x: Tensor, context: AttentionContext, cache: LayerCache | None = None

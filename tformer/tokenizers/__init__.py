@@ -1,33 +1,35 @@
-"""Tokenizers and the one loader for their files."""
+"""Tokenizers: byte-level BPE (GPT-2), WordPiece (BERT) and characters, trainable, exact against
+the vocabularies people already have, and stored as Hugging Face ``tokenizer.json``.
+
+``load(path)`` reads any supported file or folder; ``train(kind, corpus, vocab_size)`` learns
+a new one. Every tokenizer has ``encode``, ``decode``, ``encode_batch``, ``save``, ``vocab_size``."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from tformer.errors import TformerError
+from tformer.tokenizers.added_tokens import SPECIAL_ROLES, AddedToken
+from tformer.tokenizers.base import Tokenizer
+from tformer.tokenizers.batch import BatchEncoding
+from tformer.tokenizers.bpe import BPETokenizer
 from tformer.tokenizers.char import CharTokenizer
+from tformer.tokenizers.corpus import TextsOrFiles
+from tformer.tokenizers.errors import TokenizerError
+from tformer.tokenizers.loader import from_dict, load
+from tformer.tokenizers.wordpiece import WordPieceTokenizer
+
+KINDS: dict[str, type[Tokenizer]] = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer, "char": CharTokenizer}
 
 
-class TokenizerError(TformerError):
-    """A tokenizer file is missing, unreadable or of an unknown kind."""
+def train(kind: str, texts_or_files: TextsOrFiles, vocab_size: int | None = None, **options) -> Tokenizer:
+    """Train a tokenizer of ``kind`` ("bpe", "wordpiece" or "char") on str texts and/or Path
+    files; ``options`` go to that class's ``train`` (min_frequency, special_tokens, ...)."""
+    if kind not in KINDS:
+        raise TokenizerError(f"unknown tokenizer kind {kind!r}; known: {', '.join(KINDS)}")
+    if vocab_size is None and kind != "char":
+        raise TokenizerError(f"training a {kind} tokenizer needs vocab_size")
+    return KINDS[kind].train(texts_or_files, vocab_size, **options)
 
 
-def load(path: str | Path):
-    """Load a tokenizer from a ``tokenizer.json`` file or a folder holding one."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
-        raise TokenizerError(f"{path}: no tokenizer file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise TokenizerError(f"{path}: not a readable tokenizer.json ({error})") from None
-    kind = data.get("model", {}).get("type") if isinstance(data, dict) else None
-    if kind == "Char":
-        return CharTokenizer.from_dict(data)
-    raise TokenizerError(f"{path}: unknown tokenizer model type {kind!r}; known: Char")
-
-
-__all__ = ["CharTokenizer", "TokenizerError", "load"]
+__all__ = [
+    "KINDS", "SPECIAL_ROLES", "AddedToken", "BPETokenizer", "BatchEncoding", "CharTokenizer", "Tokenizer",
+    "TokenizerError", "WordPieceTokenizer", "from_dict", "load", "train",
+]

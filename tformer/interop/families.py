@@ -1,0 +1,34 @@
+"""The Hugging Face families tformer reads and writes, found by ``model_type`` or by config."""
+
+from __future__ import annotations
+
+from tformer.checkpoint import CheckpointError
+from tformer.config import ModelConfig
+from tformer.interop.family import Family
+from tformer.interop.gpt2 import GPT2Family
+from tformer.interop.llama import LlamaFamily
+
+FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2Family(), LlamaFamily())}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+
+
+def family_for_model_type(model_type: object) -> Family:
+    """The family of a config.json's ``model_type``; an unsupported one names the supported ones."""
+    try:
+        return FAMILIES[model_type]
+    except (KeyError, TypeError):
+        raise CheckpointError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        ) from None
+
+
+def family_for_config(config: ModelConfig) -> Family:
+    """The first family that can represent ``config``; otherwise an error saying what each lacks."""
+    reasons = {}
+    for model_type, family in FAMILIES.items():
+        mismatches = family.mismatches(config)
+        if not mismatches:
+            return family
+        reasons[model_type] = ", ".join(mismatches)
+    details = "; ".join(f"as {model_type}: {why}" for model_type, why in reasons.items())
+    raise CheckpointError(f"this model has no Hugging Face equivalent ({details})")

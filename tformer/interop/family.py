@@ -1,0 +1,98 @@
+"""What a Hugging Face model family must say to be loaded and saved by tformer.
+
+A family translates its ``config.json`` to a ``ModelConfig`` and back, says which tformer
+configs it can represent, and maps tformer's modules onto its own tensor names
+(``ModuleMap``). Everything else (reading files, checking names and shapes, fusing and
+splitting matrices, writing folders) is shared and lives beside this module.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from tformer.checkpoint import CheckpointError
+from tformer.config import ModelConfig
+from tformer.interop.weight_map import ModuleMap
+
+
+class Family(ABC):
+    """One Hugging Face ``model_type`` as seen by tformer (subclasses fill in the class attributes)."""
+
+    model_type: ClassVar[str]
+    architecture_class: ClassVar[str]  # the HF class written to config.json's "architectures"
+    base_prefix: ClassVar[str]  # prefix of the base model's tensors inside the LM class ("model.")
+    modules: ClassVar[Mapping[str, ModuleMap]]  # tformer module path -> HF module(s)
+    ignored_names: ClassVar[tuple[str, ...]] = ()  # regexes: buffers some files carry, not weights
+
+    @abstractmethod
+    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
+        """The ModelConfig of a parsed config.json; CheckpointError for what tformer cannot run."""
+
+    @abstractmethod
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        """The config.json fields of this family for ``config`` (which ``mismatches`` accepted)."""
+
+    @abstractmethod
+    def mismatches(self, config: ModelConfig) -> list[str]:
+        """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can."""
+
+    def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        """The HF tensors named as the LM class names them, without buffers and ignored duplicates.
+
+        Files saved from the bare base model (GPT-2 on the Hub) lack ``base_prefix``; old files
+        carry attention-mask or rotary buffers; a tied checkpoint may repeat the embedding as
+        ``lm_head.weight``, which Hugging Face ignores too.
+        """
+        state = dict(hf_state)
+        if state and not any(name.startswith(self.base_prefix) for name in state):
+            state = {name if name.startswith("lm_head.") else self.base_prefix + name: t for name, t in state.items()}
+        ignored = [re.compile(pattern) for pattern in self.ignored_names]
+        state = {name: t for name, t in state.items() if not any(p.search(name) for p in ignored)}
+        if config.tie_embeddings:
+            state.pop("lm_head.weight", None)
+        return state
+
+
+def hf_field(raw: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``raw[key]``, or ``default`` (the HF config class's default) when absent or null."""
+    value = raw.get(key)
+    return default if value is None else value
+
+
+def translated(model_type: str, key: str, value: Any, table: Mapping[Any, Any]) -> Any:
+    """``table[value]``, or a CheckpointError naming the field, its value and the supported ones."""
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        supported = ", ".join(repr(choice) for choice in table)
+        raise CheckpointError(
+            f"{model_type} {key}={value!r} is not supported by tformer (supported: {supported})"
+        ) from None
+
+
+def require(model_type: str, key: str, value: Any, supported: Any) -> None:
+    """A CheckpointError unless ``value == supported``: a feature tformer does not implement."""
+    if value != supported:
+        raise CheckpointError(
+            f"{model_type} {key}={value!r} is not supported by tformer (supported: {supported!r})"
+        )
+
+
+def differences(config: ModelConfig, required: Mapping[str, Any]) -> list[str]:
+    """``field=value (needs X)`` for each field of ``config`` that differs from ``required``.
+
+    A required value may be a tuple of allowed values.
+    """
+    found = []
+    for name, needed in required.items():
+        value = getattr(config, name)
+        allowed = needed if isinstance(needed, tuple) else (needed,)
+        if value not in allowed:
+            wanted = " or ".join(repr(choice) for choice in allowed)
+            found.append(f"{name}={value!r} (needs {wanted})")
+    return found

@@ -1,0 +1,138 @@
+"""Llama (``model_type: llama``): RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head.
+
+Hugging Face keeps ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj`` apart;
+tformer stacks them into ``qkv_proj`` and ``in_proj``. Both use the half-split rotary layout
+(``rotate_half``), so query and key rows need no permutation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tformer.checkpoint import CheckpointError
+from tformer.config import ModelConfig
+from tformer.interop.family import Family, differences, hf_field, require, translated
+from tformer.interop.weight_map import ModuleMap
+
+# HF ``hidden_act`` (applied to the gate) <-> tformer's gated activation.
+ACTIVATIONS_FROM_HF = {"silu": "swiglu", "gelu": "geglu"}
+ACTIVATIONS_TO_HF = {"swiglu": "silu", "geglu": "gelu"}
+ROPE_TYPES = ("default",)
+
+
+class LlamaFamily(Family):
+    model_type = "llama"
+    architecture_class = "LlamaForCausalLM"
+    base_prefix = "model."
+    modules = {
+        "token_embedding": ModuleMap(("model.embed_tokens",)),
+        "blocks.{i}.attention_norm": ModuleMap(("model.layers.{i}.input_layernorm",)),
+        "blocks.{i}.attention.qkv_proj": ModuleMap(
+            ("model.layers.{i}.self_attn.q_proj", "model.layers.{i}.self_attn.k_proj",
+             "model.layers.{i}.self_attn.v_proj"),
+            fused="qkv",
+        ),
+        "blocks.{i}.attention.out_proj": ModuleMap(("model.layers.{i}.self_attn.o_proj",)),
+        "blocks.{i}.feedforward_norm": ModuleMap(("model.layers.{i}.post_attention_layernorm",)),
+        "blocks.{i}.feedforward.in_proj": ModuleMap(
+            ("model.layers.{i}.mlp.gate_proj", "model.layers.{i}.mlp.up_proj"), fused="gate_up"
+        ),
+        "blocks.{i}.feedforward.out_proj": ModuleMap(("model.layers.{i}.mlp.down_proj",)),
+        "final_norm": ModuleMap(("model.norm",)),
+        "lm_head": ModuleMap(("lm_head",)),
+    }
+    # Files written by older transformers versions carry the rotary frequencies as a buffer.
+    ignored_names = (r"\.rotary_emb\.inv_freq$",)
+
+    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
+        hidden_size = hf_field(raw, "hidden_size", 4096)
+        num_heads = hf_field(raw, "num_attention_heads", 32)
+        eos_token_ids = raw.get("eos_token_id", 2)
+        extra = {}
+        if isinstance(eos_token_ids, list):
+            extra["eos_token_ids"] = eos_token_ids
+            eos_token_ids = eos_token_ids[0] if eos_token_ids else None
+        return ModelConfig(
+            architecture="decoder",
+            vocab_size=hf_field(raw, "vocab_size", 32000),
+            max_seq_len=hf_field(raw, "max_position_embeddings", 2048),
+            d_model=hidden_size,
+            num_layers=hf_field(raw, "num_hidden_layers", 32),
+            num_heads=num_heads,
+            num_kv_heads=hf_field(raw, "num_key_value_heads", num_heads),
+            head_dim=hf_field(raw, "head_dim", hidden_size // num_heads),
+            d_ff=hf_field(raw, "intermediate_size", 11008),
+            activation=translated("llama", "hidden_act", hf_field(raw, "hidden_act", "silu"), ACTIVATIONS_FROM_HF),
+            norm="rmsnorm",
+            norm_position="pre",
+            norm_eps=hf_field(raw, "rms_norm_eps", 1e-6),
+            positional="rope",
+            rope_theta=float(rope_theta(raw)),
+            attention_dropout=hf_field(raw, "attention_dropout", 0.0),
+            bias=False,
+            attention_bias=hf_field(raw, "attention_bias", False),
+            feedforward_bias=hf_field(raw, "mlp_bias", False),
+            tie_embeddings=hf_field(raw, "tie_word_embeddings", False),
+            initializer_range=hf_field(raw, "initializer_range", 0.02),
+            pad_token_id=raw.get("pad_token_id"),
+            bos_token_id=raw.get("bos_token_id", 1),
+            eos_token_id=eos_token_ids,
+            extra=extra,
+        )
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        return {
+            "architectures": [self.architecture_class],
+            "model_type": self.model_type,
+            "vocab_size": config.vocab_size,
+            "max_position_embeddings": config.max_seq_len,
+            "hidden_size": config.d_model,
+            "num_hidden_layers": config.num_layers,
+            "num_attention_heads": config.num_heads,
+            "num_key_value_heads": config.num_kv_heads,
+            "head_dim": config.head_dim,
+            "intermediate_size": config.d_ff,
+            "hidden_act": ACTIVATIONS_TO_HF[config.activation],
+            "rms_norm_eps": config.norm_eps,
+            # transformers 5 reads rope_parameters; 4.x reads the top-level rope_theta.
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+            "rope_theta": config.rope_theta,
+            "attention_bias": config.attention_bias,
+            "mlp_bias": config.feedforward_bias,
+            "attention_dropout": config.attention_dropout,
+            "tie_word_embeddings": config.tie_embeddings,
+            "initializer_range": config.initializer_range,
+            "pad_token_id": config.pad_token_id,
+            "bos_token_id": config.bos_token_id,
+            "eos_token_id": config.extra.get("eos_token_ids", config.eos_token_id),
+        }
+
+    def mismatches(self, config: ModelConfig) -> list[str]:
+        return differences(config, {
+            "architecture": "decoder",
+            "positional": "rope",
+            "norm": "rmsnorm",
+            "norm_position": "pre",
+            "activation": tuple(ACTIVATIONS_TO_HF),
+            "scale_embeddings": False,
+        })
+
+
+def rope_theta(raw: Mapping[str, Any]) -> float:
+    """The RoPE base of a Llama config.json, refusing scaled or partial rotary embeddings.
+
+    transformers 5 writes ``rope_parameters``; 4.x wrote ``rope_theta`` and ``rope_scaling``.
+    """
+    parameters = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    if not isinstance(parameters, Mapping):
+        raise CheckpointError(f"llama rope_parameters={parameters!r} is not a JSON object")
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise CheckpointError(
+            f"llama RoPE scaling type {rope_type!r} is not supported by tformer "
+            f"(supported: {', '.join(ROPE_TYPES)}, i.e. unscaled RoPE)"
+        )
+    partial = parameters.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    require("llama", "partial_rotary_factor", partial, 1.0)
+    return parameters.get("rope_theta", hf_field(raw, "rope_theta", 10000.0))

@@ -1,0 +1,255 @@
+"""WordPiece, as in BERT: normalize (lower-case, strip accents, space out Chinese characters),
+cut into words at whitespace and punctuation, then split each word greedily into the longest
+vocabulary pieces from the left, continuations spelled "##piece"; a word with any part not in
+the vocabulary becomes "[UNK]" as a whole. Pairs come out as ``[CLS] a [SEP] b [SEP]`` with
+``token_type_ids`` 0 then 1. Trainable, readable from BERT's ``vocab.txt`` or a tokenizer.json."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
+from tformer.tokenizers.base import Tokenizer
+from tformer.tokenizers.bpe import CACHE_LIMIT
+from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
+from tformer.tokenizers.errors import TokenizerError
+from tformer.tokenizers.merge_training import learn_merges
+from tformer.tokenizers.normalizers import WHITE_SPACE, BertNormalizer, Normalizer
+from tformer.tokenizers.post_processor import Template
+from tformer.tokenizers.pre_tokenizers import BertPreTokenizer, PreTokenizer
+
+BERT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+
+
+class WordPieceTokenizer(Tokenizer):
+    """WordPiece over ``vocab`` (token → id, or tokens in id order). ``lowercase`` and
+    ``strip_accents`` configure BERT's normalizer (accents are stripped when lower-casing unless
+    told otherwise); pass ``normalizer`` / ``pre_tokenizer`` to replace BERT's altogether."""
+
+    kind = "wordpiece"
+    model_input_names = ("input_ids", "token_type_ids", "attention_mask")
+
+    def __init__(
+        self,
+        vocab: Mapping[str, int] | Sequence[str],
+        *,
+        unk_token: str = "[UNK]",
+        continuing_subword_prefix: str = "##",
+        max_input_chars_per_word: int = 100,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        normalizer: Normalizer | None = None,
+        pre_tokenizer: PreTokenizer | None = None,
+        added_tokens: Mapping[int, AddedToken] | None = None,
+        roles: Mapping[str, str] | None = None,
+        template: Template | None = None,
+        decoder_cleanup: bool = True,
+    ) -> None:
+        if not isinstance(vocab, Mapping):
+            vocab = {token: token_id for token_id, token in enumerate(vocab)}
+        self._vocab = dict(vocab)
+        if unk_token not in self._vocab:
+            raise TokenizerError(f"unk_token {unk_token!r} is not in the WordPiece vocabulary")
+        self._id_to_token = {token_id: token for token, token_id in self._vocab.items()}
+        self._size = max(self._id_to_token, default=-1) + 1
+        self._unk_token = unk_token
+        self._unk_id = self._vocab[unk_token]
+        self.prefix = continuing_subword_prefix
+        self.max_input_chars_per_word = max_input_chars_per_word
+        self.normalizer = normalizer if normalizer is not None else BertNormalizer(
+            lowercase=lowercase, strip_accents=strip_accents)
+        self.pre_tokenizer = pre_tokenizer if pre_tokenizer is not None else BertPreTokenizer()
+        self.decoder_cleanup = decoder_cleanup
+        self._cache: dict[str, list[int]] = {}
+        if roles is None and added_tokens is None:
+            added_tokens, roles = _bert_specials(self._vocab)
+        if template is None:
+            roles_given = roles or {}
+            if "cls" in roles_given and "sep" in roles_given:
+                template = Template.bert(roles_given["cls"], roles_given["sep"])
+        super().__init__(added_tokens, roles, template)
+
+    # ---- the model ------------------------------------------------------------------------------
+
+    @property
+    def _model_size(self) -> int:
+        return self._size
+
+    def _model_token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def _model_id_to_token(self, token_id: int) -> str | None:
+        return self._id_to_token.get(token_id)
+
+    def _model_vocab(self) -> dict[str, int]:
+        return dict(self._vocab)
+
+    def _normalize(self, text: str) -> str:
+        return self.normalizer(text)
+
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+
+    def _encode_normalized(self, text: str) -> list[int]:
+        cache = self._cache
+        if len(cache) > CACHE_LIMIT:
+            cache.clear()
+        ids: list[int] = []
+        for word in self.pre_tokenizer(text):
+            word_ids = cache.get(word)
+            if word_ids is None:
+                word_ids = cache[word] = self._split_word(word)
+            ids += word_ids
+        return ids
+
+    def _split_word(self, word: str) -> list[int]:
+        """Greedy longest match from the left; any unmatched remainder makes the word [UNK]."""
+        if len(word) > self.max_input_chars_per_word:
+            return [self._unk_id]
+        vocab, prefix = self._vocab, self.prefix
+        ids: list[int] = []
+        start = 0
+        while start < len(word):
+            for end in range(len(word), start, -1):
+                piece = word[start:end] if start == 0 else prefix + word[start:end]
+                token_id = vocab.get(piece)
+                if token_id is not None:
+                    ids.append(token_id)
+                    start = end
+                    break
+            else:
+                return [self._unk_id]
+        return ids
+
+    def _decode_ids(self, ids: list[int]) -> str:
+        """Tokens joined by spaces, "##" continuations glued on, and (like Hugging Face's
+        WordPiece decoder) the space before "." "," "?" "!" and contractions removed."""
+        pieces = []
+        for index, token_id in enumerate(ids):
+            token = self.id_to_token(token_id) or ""  # an id with no token (a gap in the vocabulary)
+            if index > 0:
+                token = token[len(self.prefix):] if token.startswith(self.prefix) else " " + token
+            if self.decoder_cleanup:
+                token = _cleanup(token)
+            pieces.append(token)
+        return "".join(pieces)
+
+    # ---- tokenizer.json -------------------------------------------------------------------------
+
+    def _json_parts(self) -> dict[str, Any]:
+        return {
+            "normalizer": self.normalizer.to_json(),
+            "pre_tokenizer": self.pre_tokenizer.to_json(),
+            "decoder": {"type": "WordPiece", "prefix": self.prefix, "cleanup": self.decoder_cleanup},
+            "model": {
+                "type": "WordPiece",
+                "unk_token": self._unk_token,
+                "continuing_subword_prefix": self.prefix,
+                "max_input_chars_per_word": self.max_input_chars_per_word,
+                "vocab": dict(sorted(self._vocab.items(), key=lambda item: item[1])),
+            },
+        }
+
+    # ---- other files ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_vocab_file(cls, path: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
+        """BERT's ``vocab.txt``: one token per line, the id is the line number. Its "[PAD]",
+        "[UNK]", "[CLS]", "[SEP]", "[MASK]" become special tokens. ``lowercase`` should match the
+        model (True for "uncased" checkpoints)."""
+        path = Path(path)
+        try:
+            lines = path.read_text(encoding="utf-8").split("\n")
+        except (OSError, UnicodeDecodeError) as error:
+            raise TokenizerError(f"{path}: cannot read the vocabulary ({error})") from None
+        if lines and lines[-1] == "":
+            lines.pop()
+        vocab: dict[str, int] = {}
+        for index, line in enumerate(lines):
+            vocab[line.rstrip("".join(WHITE_SPACE))] = index
+        if "[UNK]" not in vocab:
+            raise TokenizerError(f"{path}: not a WordPiece vocabulary (no [UNK] token)")
+        return cls(vocab, lowercase=lowercase)
+
+    # ---- training -------------------------------------------------------------------------------
+
+    @classmethod
+    def train(
+        cls,
+        texts_or_files: TextsOrFiles,
+        vocab_size: int,
+        min_frequency: int = 2,
+        special_tokens: Iterable[str] | dict[str, str] = BERT_SPECIAL_TOKENS,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        limit_alphabet: int | None = 1000,
+        progress: bool = False,
+    ) -> WordPieceTokenizer:
+        """Learn a WordPiece vocabulary the way Hugging Face does: BPE merges over words spelled
+        ``w ##o ##r ##d``, the merged pieces becoming the vocabulary. Ids: special tokens, then
+        the (at most ``limit_alphabet`` most frequent) characters, their "##" forms, then one
+        token per merge."""
+        specials, roles = parse_special_tokens(special_tokens)
+        if "unk" not in roles:
+            raise TokenizerError("WordPiece needs an unknown token: include '[UNK]' in special_tokens")
+        normalizer = BertNormalizer(lowercase=lowercase, strip_accents=strip_accents)
+        pre_tokenizer = BertPreTokenizer()
+        word_counts = count_words(texts_or_files, pre_tokenizer, specials, normalize=normalizer)
+        char_counts: Counter = Counter()
+        for word, count in word_counts.items():
+            for char in word:
+                char_counts[char] += count
+        kept = sorted(char_counts, key=lambda char: (-char_counts[char], char))[:limit_alphabet]
+        alphabet = sorted(kept)
+        in_alphabet = set(alphabet)
+        continuations = sorted({"##" + char for word in word_counts for char in word[1:] if char in in_alphabet})
+        vocab = list(dict.fromkeys([*specials, *alphabet, *continuations]))
+        if not isinstance(vocab_size, int) or vocab_size < len(vocab):
+            raise TokenizerError(
+                f"vocab_size={vocab_size} is too small: this corpus needs {len(specials)} special tokens plus "
+                f"{len(vocab) - len(specials)} characters and continuations ({len(vocab)}); "
+                f"raise vocab_size or lower limit_alphabet"
+            )
+        token_ids = {token: token_id for token_id, token in enumerate(vocab)}
+        words, counts = [], []
+        for word, count in word_counts.items():
+            pieces = [word[0]] + ["##" + char for char in word[1:]]
+            if all(piece in token_ids for piece in pieces):  # words with a dropped rare character stay [UNK]
+                words.append([token_ids[piece] for piece in pieces])
+                counts.append(count)
+        bar = training_progress(progress, vocab_size - len(vocab), "merges")
+        learn_merges(words, counts, vocab, vocab_size, min_frequency, _join_pieces,
+                     on_merge=None if bar is None else bar.update)
+        if bar is not None:
+            bar.close()
+        return cls(
+            vocab,
+            unk_token=roles["unk"],
+            lowercase=lowercase,
+            strip_accents=strip_accents,
+            added_tokens={token_id: AddedToken(token) for token_id, token in enumerate(specials)},
+            roles=roles,
+        )
+
+
+def _join_pieces(left: str, right: str) -> str:
+    return left + (right[2:] if right.startswith("##") else right)
+
+
+def _bert_specials(vocab: Mapping[str, int]) -> tuple[dict[int, AddedToken], dict[str, str]]:
+    """BERT's five special tokens, those the vocabulary has, as added tokens with their roles."""
+    present = {role: token for role, token in BERT_SPECIAL_TOKENS.items() if token in vocab}
+    return {vocab[token]: AddedToken(token) for token in present.values()}, present
+
+
+_CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+             (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def _cleanup(token: str) -> str:
+    for dirty, clean in _CLEANUPS:
+        token = token.replace(dirty, clean)
+    return token

@@ -50,42 +50,6 @@ def timed(function) -> tuple[float, object]:
 # ---- part 1: tformer vs Hugging Face -------------------------------------------------------------
 
 
-def load_into_tformer(hf_model, folder: Path):
-    """The Hugging Face checkpoint in ``folder`` as a tformer model, through tformer.load when the
-    interop loader is present; until then (issue 6) a clearly marked hand mapping of GPT-2."""
-    hf_model.save_pretrained(folder)
-    try:
-        import tformer.interop  # noqa: F401
-
-        return tformer.load(folder).eval()
-    except ImportError:
-        return _gpt2_fallback(hf_model)
-
-
-def _gpt2_fallback(hf_model):
-    """FALLBACK until tformer.interop lands: GPT-2 weights onto a tformer decoder (Conv1D is (in, out))."""
-    hf = hf_model.config
-    model = tformer.build_model(tformer.ModelConfig(
-        vocab_size=hf.vocab_size, max_seq_len=hf.n_positions, d_model=hf.n_embd, num_layers=hf.n_layer,
-        num_heads=hf.n_head, activation="gelu_tanh", norm_eps=hf.layer_norm_epsilon,
-    ))
-    weights = hf_model.state_dict()
-    state = {"token_embedding.weight": weights["transformer.wte.weight"],
-             "positional.absolute.embedding.weight": weights["transformer.wpe.weight"],
-             "final_norm.weight": weights["transformer.ln_f.weight"],
-             "final_norm.bias": weights["transformer.ln_f.bias"]}
-    modules = [("ln_1", "attention_norm", False), ("attn.c_attn", "attention.qkv_proj", True),
-               ("attn.c_proj", "attention.out_proj", True), ("ln_2", "feedforward_norm", False),
-               ("mlp.c_fc", "feedforward.in_proj", True), ("mlp.c_proj", "feedforward.out_proj", True)]
-    for i in range(hf.n_layer):
-        for theirs, ours, transposed in modules:
-            weight = weights[f"transformer.h.{i}.{theirs}.weight"]
-            state[f"blocks.{i}.{ours}.weight"] = weight.t().contiguous() if transposed else weight
-            state[f"blocks.{i}.{ours}.bias"] = weights[f"transformer.h.{i}.{theirs}.bias"]
-    model.load_state_dict(state, strict=False)
-    return model.eval()
-
-
 def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -95,7 +59,8 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
     hf = GPT2LMHeadModel(config).eval()
     hf.generation_config.eos_token_id = None  # exactly NEW_TOKENS new tokens for both
     with tempfile.TemporaryDirectory() as folder:
-        ours = load_into_tformer(hf, Path(folder))
+        hf.save_pretrained(folder)
+        ours = tformer.load(folder).eval()  # the same weights, through tformer.interop
     prompt = torch.randint(0, config.vocab_size, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(prompt)
 

@@ -26,14 +26,6 @@ VARIANTS = {
 CHUNKS = [(0, 5), (5, 8)] + [(t, t + 1) for t in range(8, 14)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def left_padded_batch():
     ids = torch.randint(0, 61, (3, 14))
     mask = torch.ones(3, 14, dtype=torch.long)

@@ -11,14 +11,6 @@ from tformer.tokenizers import CharTokenizer
 TEXT = "to be or not to be, that is the question.\n"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     folder = tmp_path_factory.mktemp("checkpoints")

@@ -12,43 +12,6 @@ transformers = pytest.importorskip("transformers")
 EOS, PAD = 2, 3  # ids of the config; the tests also end at ids these weights often produce
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def gpt2_fallback_loader(folder):
-    """FALLBACK until the Hugging Face loader (``tformer.interop``, issue 6) is on main: map the
-    saved GPT-2 weights onto a tformer decoder by hand (Conv1D weights are stored (in, out))."""
-    from safetensors.torch import load_file
-
-    hf = transformers.GPT2Config.from_pretrained(folder)
-    model = tformer.build_model(tformer.ModelConfig(
-        vocab_size=hf.vocab_size, max_seq_len=hf.n_positions, d_model=hf.n_embd, num_layers=hf.n_layer,
-        num_heads=hf.n_head, activation="gelu_tanh", norm_eps=hf.layer_norm_epsilon,
-    ))
-    weights = load_file(str(folder / "model.safetensors"))
-    state = {
-        "token_embedding.weight": weights["transformer.wte.weight"],
-        "positional.absolute.embedding.weight": weights["transformer.wpe.weight"],
-        "final_norm.weight": weights["transformer.ln_f.weight"],
-        "final_norm.bias": weights["transformer.ln_f.bias"],
-    }
-    modules = [("ln_1", "attention_norm", False), ("attn.c_attn", "attention.qkv_proj", True),
-               ("attn.c_proj", "attention.out_proj", True), ("ln_2", "feedforward_norm", False),
-               ("mlp.c_fc", "feedforward.in_proj", True), ("mlp.c_proj", "feedforward.out_proj", True)]
-    for i in range(hf.n_layer):
-        for theirs, ours, transposed in modules:
-            weight = weights[f"transformer.h.{i}.{theirs}.weight"]
-            state[f"blocks.{i}.{ours}.weight"] = weight.t() if transposed else weight
-            state[f"blocks.{i}.{ours}.bias"] = weights[f"transformer.h.{i}.{theirs}.bias"]
-    model.load_state_dict(state, strict=False)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     torch.manual_seed(0)
@@ -57,13 +20,7 @@ def models(tmp_path_factory):
     hf = transformers.GPT2LMHeadModel(config).eval()
     folder = tmp_path_factory.mktemp("hf-gpt2")
     hf.save_pretrained(folder)
-    try:
-        import tformer.interop  # noqa: F401
-
-        ours = tformer.load(folder)
-    except ImportError:
-        ours = gpt2_fallback_loader(folder)
-    return hf, ours
+    return hf, tformer.load(folder)  # through tformer.interop
 
 
 def prompts():

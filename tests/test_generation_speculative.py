@@ -12,14 +12,6 @@ import tformer
 from tformer.generation import GenerationError
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def pair(vocab_size=64, scale=0.02, shared=True):
     """A 2-layer target and a 1-layer draft over the same vocabulary: the target cut after its
     first block (so they often agree), or with ``shared=False`` an unrelated random model."""

@@ -19,14 +19,6 @@ from tformer.generation.stopping import StopRule
 from tformer.tokenizers import CharTokenizer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def nano(**overrides):
     return tformer.build_model("gpt-nano", **overrides).eval()
 

@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["convert", "demo", "info", "plot", "tokenize", "tokenizer", "train"]
+COMMANDS = ["convert", "demo", "generate", "info", "plot", "tokenize", "tokenizer", "train"]
 
 
 class UsageError(TformerError):

@@ -1,13 +1,16 @@
-"""Choosing the next token from logits: greedy, or sampling after temperature, top-k and top-p."""
+"""From logits to the next token: forbid end-of-sequence before ``min_new_tokens``, then greedy
+argmax, or sampling after temperature, top-k and top-p (nucleus) filtering, in that order."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 
 def filter_top_k(logits: Tensor, top_k: int) -> Tensor:
-    """Keep the ``top_k`` largest logits of each row (B, V); set the rest to -inf."""
+    """Keep the ``top_k`` largest logits of each row (B, V) (ties with the k-th kept too); -inf elsewhere."""
     if top_k >= logits.shape[-1]:
         return logits
     threshold = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -17,28 +20,49 @@ def filter_top_k(logits: Tensor, top_k: int) -> Tensor:
 def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
     """Keep the smallest set of most probable tokens whose probability reaches ``top_p`` (nucleus)."""
     sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    probabilities = sorted_logits.softmax(-1)
     # A token is dropped when the tokens before it already reach top_p; the top one always stays.
-    drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+    drop_sorted = (probabilities.cumsum(-1) - probabilities) >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
 
-def next_token(
-    logits: Tensor,
-    do_sample: bool,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """(B, V) logits of the last position -> (B,) chosen ids."""
-    if not do_sample:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        logits = filter_top_k(logits, top_k)
-    if top_p is not None and top_p < 1.0:
-        logits = filter_top_p(logits, top_p)
-    probabilities = logits.softmax(dim=-1)
-    return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
+@dataclass(frozen=True)
+class TokenChooser:
+    """How one next token is chosen from a row of logits."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    eos_ids: Tensor | None = None  # (E,) ids that end a sequence
+    min_new_tokens: int = 0
+
+    def scores(self, logits: Tensor, generated: int, consecutive: bool = False) -> Tensor:
+        """Processed float scores (B, V) for the token after ``generated`` new ones: logits with
+        end-of-sequence forbidden while ``generated < min_new_tokens``, then (sampling only)
+        divided by the temperature and filtered by top-k and top-p (-inf = never chosen).
+
+        ``consecutive``: the rows are successive positions of one sequence, row i coming after
+        ``generated + i`` new tokens (speculative decoding's verification)."""
+        scores = logits.float()
+        if generated < self.min_new_tokens and self.eos_ids is not None:
+            early = self.min_new_tokens - generated if consecutive else scores.shape[0]
+            forbidden = scores[:early].index_fill(-1, self.eos_ids, float("-inf"))
+            scores = torch.cat([forbidden, scores[early:]]) if early < scores.shape[0] else forbidden
+        if not self.do_sample:
+            return scores
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
+        if self.top_k is not None:
+            scores = filter_top_k(scores, self.top_k)
+        if self.top_p is not None and self.top_p < 1.0:
+            scores = filter_top_p(scores, self.top_p)
+        return scores
+
+    def choose(self, scores: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """(B, V) processed scores -> (B,) token ids: the argmax, or a draw from softmax(scores)."""
+        if not self.do_sample:
+            return scores.argmax(dim=-1)
+        return torch.multinomial(scores.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+

@@ -1,0 +1,178 @@
+"""Generation speed: tformer beside Hugging Face ``generate`` on the same weights, and speculative
+decoding on a trained target/draft pair.
+
+    python benchmarks/generate_speed.py                 # both parts
+    python benchmarks/generate_speed.py --part hf       # greedy vs Hugging Face only
+    python benchmarks/generate_speed.py --part speculative --pair runs/speculative-pair
+
+Part 1 (greedy, batch 1, a 32-token prompt, 128 new tokens, fp32, CPU) runs, in this one
+process, a randomly initialised Hugging Face ``GPT2LMHeadModel`` of each shape and the same
+weights loaded into tformer: (a) GPT-2's 124M shape, (b) 6 layers, width 384, 6 heads,
+vocabulary 8192. It prints new tokens/s for both, their ratio, tformer without its KV cache,
+and whether the tokens are identical. Runs alternate between the two libraries and the
+median of ``--repeats`` is reported, so both see the same machine load.
+
+Part 2 decodes tinyshakespeare prompts greedily with a 6-layer character-level target, alone
+and with a 1-layer draft (both trained by ``speculative_pair.py`` on first use and saved in
+``--pair``), and prints the speed-up, the acceptance rate and whether the output is identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from speculative_pair import DEFAULT_DATA, SEQ_LEN, load_or_train_pair, read_text  # noqa: E402
+
+import tformer  # noqa: E402
+
+SHAPES = {
+    "a": ("(a) GPT-2 124M: 12 x 768, V=50257", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257)),
+    "b": ("(b) 6 x 384, 6 heads, V=8192", dict(n_embd=384, n_layer=6, n_head=6, vocab_size=8192)),
+}
+PROMPT_LENGTH, NEW_TOKENS = 32, 128
+
+
+def timed(function) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = function()
+    return time.perf_counter() - started, result
+
+
+# ---- part 1: tformer vs Hugging Face -------------------------------------------------------------
+
+
+def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    title, sizes = SHAPES[shape]
+    torch.manual_seed(0)
+    config = GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0, pad_token_id=0, **sizes)
+    hf = GPT2LMHeadModel(config).eval()
+    hf.generation_config.eos_token_id = None  # exactly NEW_TOKENS new tokens for both
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        ours = tformer.load(folder).eval()  # the same weights, through tformer.interop
+    prompt = torch.randint(0, config.vocab_size, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompt)
+
+    def run_hf(new=NEW_TOKENS):
+        with torch.inference_mode():
+            return hf.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+
+    def run_ours(new=NEW_TOKENS, **options):
+        return tformer.generate(ours, prompt, new, eos_token_id=[], **options)
+
+    run_hf(8), run_ours(8)  # warm up both (lazy initialisation, the fast decoder's weight layout)
+    hf_seconds, our_seconds = [], []
+    for _ in range(repeats):  # alternate, so both see the same load
+        seconds, hf_tokens = timed(run_hf)
+        hf_seconds.append(seconds)
+        seconds, our_tokens = timed(run_ours)
+        our_seconds.append(seconds)
+    uncached = None
+    if no_cache:
+        seconds, uncached_tokens = timed(lambda: run_ours(use_cache=False))
+        uncached = NEW_TOKENS / seconds
+        assert torch.equal(uncached_tokens, our_tokens), "tformer without cache gave other tokens"
+    return dict(
+        title=title, parameters=ours.num_parameters(), hf=NEW_TOKENS / statistics.median(hf_seconds),
+        ours=NEW_TOKENS / statistics.median(our_seconds), uncached=uncached,
+        identical=torch.equal(hf_tokens, our_tokens),
+    )
+
+
+# ---- part 2: speculative decoding ----------------------------------------------------------------
+
+
+def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_counts: list[int]) -> None:
+    target, draft = load_or_train_pair(pair, data)
+    tokenizer = target.tokenizer
+    text = read_text(data)
+    held_out = text[int(len(text) * 0.9):]  # the evaluation split the pair never trained on
+    prompts = [torch.tensor([tokenizer.encode(held_out[start : start + PROMPT_LENGTH])])
+               for start in (1000, 20000, 40000, 60000)]
+    if PROMPT_LENGTH + new_tokens > SEQ_LEN:
+        raise SystemExit(f"--speculative-tokens: at most {SEQ_LEN - PROMPT_LENGTH} (the pair's training context)")
+
+    def greedy_all():
+        return [tformer.generate(target, p, new_tokens, eos_token_id=[]) for p in prompts]
+
+    def speculative_all(k):
+        outputs = [tformer.generate(target, p, new_tokens, eos_token_id=[], draft_model=draft, num_draft_tokens=k,
+                                    return_dict=True) for p in prompts]
+        return outputs
+
+    greedy_all(), speculative_all(draft_counts[0])  # warm up
+    total = new_tokens * len(prompts)
+    print(f"\n== speculative decoding: greedy, {len(prompts)} tinyshakespeare prompts of {PROMPT_LENGTH} characters, "
+          f"{new_tokens} new each ==")
+    print(f"target {target.config.num_layers} layers x {target.config.d_model} ({target.num_parameters():,} "
+          f"parameters); draft {draft.config.num_layers} layer x {draft.config.d_model} "
+          f"({draft.num_parameters():,} parameters)")
+    print(f"{'draft tokens':>12} {'target alone tok/s':>19} {'speculative tok/s':>18} {'speed-up':>9} "
+          f"{'acceptance':>11} {'identical':>10}")
+    for k in draft_counts:
+        alone, together = [], []
+        for _ in range(repeats):
+            seconds, greedy = timed(greedy_all)
+            alone.append(seconds)
+            seconds, outputs = timed(lambda k=k: speculative_all(k))
+            together.append(seconds)
+        identical = all(torch.equal(g, o.sequences) for g, o in zip(greedy, outputs, strict=True))
+        acceptance = sum(o.accepted_draft_tokens for o in outputs) / sum(o.draft_tokens for o in outputs)
+        alone_speed, speculative_speed = total / statistics.median(alone), total / statistics.median(together)
+        print(f"{k:>12} {alone_speed:>19.1f} {speculative_speed:>18.1f} {speculative_speed / alone_speed:>8.2f}x "
+              f"{acceptance:>10.1%} {'yes' if identical else 'NO':>10}")
+    sample = tokenizer.decode(outputs[0].sequences[0].tolist())
+    print(f"sample (prompt + greedy continuation): {sample!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["all", "hf", "speculative"], default="all")
+    parser.add_argument("--shapes", default="ab", help="which of the shapes a, b to compare (default: ab)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the median counts")
+    parser.add_argument("--no-cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time tformer without its KV cache (default: yes)")
+    parser.add_argument("--pair", type=Path, default=Path("runs/speculative-pair"),
+                        help="the trained target/draft pair (trained and saved here when missing)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--speculative-tokens", type=int, default=200)
+    parser.add_argument("--draft-tokens", default="3,4,6", help="draft lengths to measure (default: 3,4,6)")
+    parser.add_argument("--threads", type=int, help="CPU threads for both libraries (default: torch's default)")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+          f"load average at start {os.getloadavg()[0]:.1f}")
+    if args.part in ("all", "hf"):
+        import transformers
+
+        print(f"\n== greedy decoding: batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, fp32 CPU; "
+              f"transformers {transformers.__version__}, median of {args.repeats} alternating runs ==")
+        print(f"{'shape':<36} {'params':>8} {'HF tok/s':>9} {'tformer tok/s':>14} {'ratio':>6} "
+              f"{'tformer no-cache tok/s':>23} {'same tokens':>12}")
+        for shape in args.shapes:
+            row = compare_with_hugging_face(shape, args.repeats, args.no_cache)
+            uncached = "-" if row["uncached"] is None else f"{row['uncached']:.1f}"
+            print(f"{row['title']:<36} {row['parameters'] / 1e6:>7.1f}M {row['hf']:>9.1f} {row['ours']:>14.1f} "
+                  f"{row['ours'] / row['hf']:>5.2f}x {uncached:>23} {'yes' if row['identical'] else 'NO':>12}",
+                  flush=True)
+    if args.part in ("all", "speculative"):
+        speculative(args.pair, args.data, args.repeats, args.speculative_tokens,
+                    [int(k) for k in args.draft_tokens.split(",")])
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f} (other processes share this machine's cores)")
+
+
+if __name__ == "__main__":
+    main()

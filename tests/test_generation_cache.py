@@ -1,0 +1,106 @@
+"""KV-cached decoding computes the same logits as a full forward pass, at every step, for every
+attention and position variant, with and without left padding, on the fast path and on the
+model's own forward; rewinding and reordering the cache keep it exact."""
+
+import pytest
+import torch
+from torch import nn
+
+import tformer
+from tformer import ModelConfig, build_model
+from tformer.generation import DecoderSession, cache_bytes_per_token
+from tformer.generation.fast_decoder import FastDecoder, fast_decoder_for
+
+BASE = ModelConfig(vocab_size=61, max_seq_len=48, d_model=32, num_layers=2, num_heads=4)
+VARIANTS = {
+    "mha-learned": dict(positional="learned"),
+    "gqa-rope-llama": dict(positional="rope", norm="rmsnorm", activation="swiglu", num_kv_heads=2, bias=False,
+                           tie_embeddings=False),
+    "mqa-rope": dict(positional="rope", num_kv_heads=1),
+    "alibi": dict(positional="alibi"),
+    "relative": dict(positional="relative"),
+    "sinusoidal-post-norm": dict(positional="sinusoidal", norm_position="post"),
+    "no-positions-geglu-scaled": dict(positional="none", activation="geglu", scale_embeddings=True),
+}
+# Prefill 5 tokens, then a block of 3 (how speculative decoding verifies drafts), then one at a time.
+CHUNKS = [(0, 5), (5, 8)] + [(t, t + 1) for t in range(8, 14)]
+
+
+def left_padded_batch():
+    ids = torch.randint(0, 61, (3, 14))
+    mask = torch.ones(3, 14, dtype=torch.long)
+    mask[0, :4] = 0  # 4 padding tokens before row 0's prompt
+    mask[2, :1] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "model-forward"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@torch.inference_mode()
+def test_cached_logits_equal_full_forward_at_every_step(variant, padded, fast):
+    model = build_model(BASE, **VARIANTS[variant]).eval()
+    ids, mask = left_padded_batch()
+    mask = mask if padded else None
+    session = DecoderSession(model, 3, 14, None if mask is None else mask[:, :5], fast=fast)
+    assert (session.fast is not None) == fast
+    for start, end in CHUNKS:
+        cached = session.extend(ids[:, start:end])
+        full = model(ids[:, :end], attention_mask=None if mask is None else mask[:, :end]).logits[:, start:end]
+        real = torch.ones_like(ids[:, start:end], dtype=torch.bool) if mask is None else mask[:, start:end].bool()
+        torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_truncate_and_reorder_keep_the_cache_exact():
+    model = build_model(BASE, positional="rope", num_kv_heads=2).eval()
+    ids = torch.randint(0, 61, (2, 10))
+    session = DecoderSession(model, 2, 10)
+    session.extend(ids[:, :6])
+    session.extend(torch.randint(0, 61, (2, 3)))  # three drafts, all rejected
+    session.truncate(6)
+    torch.testing.assert_close(session.extend(ids[:, 6:8]), model(ids[:, :8]).logits[:, 6:8], rtol=1e-5, atol=1e-5)
+    session.reorder(torch.tensor([1, 1, 0]))  # beams: row 1 twice, then row 0
+    step = session.extend(ids[[1, 1, 0], 8:9])
+    torch.testing.assert_close(step, model(ids[[1, 1, 0], :9]).logits[:, 8:9], rtol=1e-5, atol=1e-5)
+
+
+def test_cache_bytes_per_token_counts_only_key_value_heads():
+    mha = build_model(BASE)
+    gqa = build_model(BASE, num_kv_heads=2)
+    mqa = build_model(BASE, num_kv_heads=1)
+    assert cache_bytes_per_token(mha) == 2 * 2 * 4 * 8 * 4  # K and V x layers x heads x head_dim x fp32
+    assert cache_bytes_per_token(gqa) * 2 == cache_bytes_per_token(mha)
+    assert cache_bytes_per_token(mqa) * 4 == cache_bytes_per_token(mha)
+    assert cache_bytes_per_token(mha, torch.bfloat16) * 2 == cache_bytes_per_token(mha)
+    session = DecoderSession(gqa, batch_size=3, max_len=20)
+    allocated = sum(layer.self_attention.nbytes() for layer in session.cache)
+    assert allocated == 3 * 20 * cache_bytes_per_token(gqa)
+
+
+def test_fast_decoder_is_rebuilt_when_the_weights_change():
+    model = build_model("gpt-nano").eval()
+    prompt = torch.randint(0, 64, (1, 4))
+    first = fast_decoder_for(model)
+    assert fast_decoder_for(model) is first
+    tformer.generate(model, prompt, 5)
+    with torch.no_grad():
+        model.blocks[0].feedforward.in_proj.weight.mul_(3.0)  # in place: same storage, new version
+    assert fast_decoder_for(model) is not first
+    assert torch.equal(tformer.generate(model, prompt, 12), tformer.generate(model, prompt, 12, use_cache=False))
+
+
+class _ExtraGate(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def test_models_the_fast_path_does_not_know_use_their_own_forward():
+    model = build_model("gpt-nano").eval()
+    model.blocks[1].extra = _ExtraGate()  # a part the fast path has never heard of
+    assert "block 1" in FastDecoder.supports(model)
+    assert fast_decoder_for(model) is None
+    session = DecoderSession(model, 1, 8)
+    assert session.fast is None
+    prompt = torch.randint(0, 64, (2, 4))
+    assert torch.equal(tformer.generate(model, prompt, 8), tformer.generate(model, prompt, 8, use_cache=False))

@@ -1,0 +1,60 @@
+"""The same random weights in Hugging Face ``GPT2LMHeadModel`` and in tformer: greedy decoding and
+beam search give Hugging Face ``generate``'s outputs token for token (and the same scores),
+on a left-padded batch, with one or several end ids, length penalties and early stopping."""
+
+import pytest
+import torch
+
+import tformer
+
+transformers = pytest.importorskip("transformers")
+
+EOS, PAD = 2, 3  # ids of the config; the tests also end at ids these weights often produce
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=64,
+                                     bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD, initializer_range=0.3)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    folder = tmp_path_factory.mktemp("hf-gpt2")
+    hf.save_pretrained(folder)
+    return hf, tformer.load(folder)  # through tformer.interop
+
+
+def prompts():
+    ids = torch.randint(4, 50, (2, 6), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # the second prompt is 4 tokens, left-padded
+    return ids, mask
+
+
+@pytest.mark.parametrize("eos", [[46], [16, 30, 46]], ids=["one-end-id", "three-end-ids"])
+def test_greedy_equals_hugging_face(models, eos):
+    hf, ours = models
+    ids, mask = prompts()
+    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=15, do_sample=False, eos_token_id=eos,
+                           pad_token_id=PAD, min_new_tokens=3, output_scores=True, return_dict_in_generate=True)
+    got = tformer.generate(ours, ids, 15, attention_mask=mask, eos_token_id=eos, pad_token_id=PAD, min_new_tokens=3,
+                           output_scores=True)
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_beams, length_penalty, early_stopping, eos, returned", [
+    (3, 1.0, False, [46], 1),
+    (4, 0.7, True, [16], 2),
+    (4, 1.5, "never", [46, 16], 3),
+    (5, -0.5, False, [EOS, 9, 30], 2),
+])
+def test_beam_search_equals_hugging_face(models, num_beams, length_penalty, early_stopping, eos, returned):
+    hf, ours = models
+    ids, mask = prompts()
+    options = dict(num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
+                   eos_token_id=eos, pad_token_id=PAD, num_return_sequences=returned)
+    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, output_scores=True,
+                           return_dict_in_generate=True, **options)
+    got = tformer.generate(ours, ids, 12, attention_mask=mask, return_dict=True, **options)
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-5, atol=1e-5)

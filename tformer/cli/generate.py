@@ -1,0 +1,90 @@
+"""``tformer generate CKPT --prompt TEXT``: continue a prompt with a checkpoint's model and print
+the text (as it is produced with ``--stream``), then the speed on standard error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="continue a prompt with a checkpoint (greedy, sampling, beam search, speculative)",
+        description="Continue --prompt with the model of a checkpoint folder that has a tokenizer. Greedy by "
+                    "default; --temperature / --top-k / --top-p sample, --num-beams searches, --draft decodes "
+                    "speculatively with a smaller model of the same vocabulary. The text goes to standard "
+                    "output, the speed (new tokens/s) to standard error.",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint folder with a tokenizer.json (tformer or Hugging Face format)")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=100, help="at most this many new tokens (default: 100)")
+    parser.add_argument("--min-new-tokens", type=int, default=0, help="never end before this many (default: 0)")
+    parser.add_argument("--temperature", type=float, help="sample at this temperature (0 = greedy)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most probable tokens")
+    parser.add_argument("--top-p", type=float, help="sample among the most probable tokens holding this mass")
+    parser.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (default: 1)")
+    parser.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="stop once the new text contains TEXT (repeatable)")
+    parser.add_argument("--draft", metavar="CKPT", help="a small checkpoint to draft tokens (speculative decoding)")
+    parser.add_argument("--num-draft-tokens", type=int, default=4, help="tokens drafted per round (default: 4)")
+    parser.add_argument("--stream", action="store_true", help="print the text as it is produced")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import tformer
+    from tformer.cli import UsageError
+    from tformer.generation import TextStreamer
+
+    model = tformer.load(args.checkpoint)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise UsageError(f"{args.checkpoint}: no tokenizer.json; generate needs one to read --prompt")
+    draft = tformer.load(args.draft) if args.draft else None
+    prompt_ids = tokenizer.encode(args.prompt)
+    if not prompt_ids:
+        raise UsageError("--prompt encodes to no tokens; give some text")
+    if args.stream and args.num_beams > 1:
+        raise UsageError("--stream needs --num-beams 1: beam search knows its text only at the end")
+    if args.draft and args.num_beams > 1:
+        raise UsageError("--draft needs --num-beams 1: speculative decoding is greedy or sampling")
+
+    options = dict(
+        min_new_tokens=args.min_new_tokens, temperature=1.0 if args.temperature is None else args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or None, tokenizer=tokenizer,
+    )
+    input_ids = torch.tensor([prompt_ids])
+    started = time.perf_counter()
+    if args.num_beams > 1:
+        output = tformer.generate(model, input_ids, args.max_new_tokens, num_beams=args.num_beams,
+                                  return_dict=True, **options)
+        sys.stdout.write(args.prompt + tokenizer.decode(output.new_tokens[0].tolist()))
+    else:
+        # The stream checks every option when it is made, so errors come before any text.
+        stream = tformer.stream_generate(model, input_ids, args.max_new_tokens, draft_model=draft,
+                                         num_draft_tokens=args.num_draft_tokens, **options)
+        sys.stdout.write(args.prompt)
+        streamer = TextStreamer(tokenizer) if args.stream else None
+        for chunk in stream:
+            if streamer is not None:
+                streamer(chunk)
+        output = stream.output
+        if streamer is not None:
+            streamer.end()
+        else:
+            sys.stdout.write(tokenizer.decode(output.new_tokens[0].tolist()))
+    seconds = time.perf_counter() - started
+    new_count = output.new_tokens.shape[1]
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+    speed = f"{new_count} new tokens in {seconds:.2f} s: {new_count / seconds:.1f} tokens/s"
+    if output.acceptance_rate is not None:
+        speed += (f"; draft acceptance {output.acceptance_rate:.0%} "
+                  f"({output.accepted_draft_tokens}/{output.draft_tokens} drafted tokens)")
+    print(speed, file=sys.stderr)
+    return 0

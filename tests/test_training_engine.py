@@ -281,3 +281,16 @@ def test_evaluation_windows_spread_over_the_whole_split_and_split_across_process
     for index in range(5):  # 2 processes with batch 2 = 1 process with batch 4, row for row
         halves = [spaced_windows(tokens, 2, 16, index, 5, rank=rank, world_size=2)[0] for rank in (0, 1)]
         assert torch.equal(torch.cat(halves), batches[index][0])
+
+
+def test_eval_batches_zero_evaluates_the_whole_split():
+    evaluation = torch.cat([torch.zeros(800, dtype=torch.long), TOKENS[:800]])  # two very different halves
+    trainer = Trainer(tiny_model(), config(eval_batches=0), TOKENS, evaluation, progress=False)
+    trainer.train_step()
+    usable = (evaluation.numel() - 1) // 16 * 16
+    with torch.no_grad():
+        logits = trainer.model.eval()(evaluation[:usable].view(-1, 16)).logits
+    whole = F.cross_entropy(logits.flatten(0, 1), evaluation[1 : usable + 1]).item()
+    assert trainer.evaluate() == pytest.approx(whole, rel=0.01)
+    assert Trainer(tiny_model(), config(eval_batches=1), TOKENS, evaluation, progress=False).evaluate() != \
+        pytest.approx(whole, rel=0.01)  # one batch of 4 windows is not the whole split

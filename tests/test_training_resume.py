@@ -192,7 +192,10 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert (run / "checkpoints" / f"step-{step:08d}" / "trainer_state.json").is_file()
     assert tformer.load(run).config.d_model == 32
 
-    resumed = train(recipe, run, "--resume", "auto", "--set", f"training.max_steps={step + 2}")
+    resumed = subprocess.run(  # the run folder alone is enough: its recipe.toml is used
+        [sys.executable, "-m", "tformer", "train", "--resume", str(run), "--no-progress",
+         "--set", f"training.max_steps={step + 2}"], capture_output=True, text=True, timeout=240, env=environment(),
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from step {step}" in resumed.stdout
     assert "completed at step" in resumed.stdout

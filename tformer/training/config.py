@@ -49,7 +49,7 @@ class TrainingConfig:
     label_smoothing: float = 0.0
     # evaluation and stopping
     eval_every: int = 250
-    eval_batches: int = 20
+    eval_batches: int = 20  # 0 = the whole held-out split
     early_stopping_metric: str = "eval_loss"
     early_stopping_patience: int = 0  # evaluations without improvement before stopping; 0 = never
     early_stopping_min_delta: float = 0.0
@@ -72,10 +72,10 @@ class TrainingConfig:
     log_every: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches", "log_every"):
+        for name in ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "log_every"):
             _require_int(name, getattr(self, name), minimum=1)
-        for name in ("warmup_steps", "checkpoint_every", "keep_last", "early_stopping_patience", "skip_nonfinite",
-                     "threads"):
+        for name in ("eval_batches", "warmup_steps", "checkpoint_every", "keep_last", "early_stopping_patience",
+                     "skip_nonfinite", "threads"):
             _require_int(name, getattr(self, name), minimum=0)
         _require_int("seed", self.seed, minimum=0)
         if self.seq_len is not None:

@@ -236,19 +236,22 @@ class Trainer:
     def evaluate_metrics(self) -> dict[str, float] | None:
         """Loss, perplexity and next-token accuracy over ``eval_batches`` batches of windows
         spread evenly over the evaluation tokens (the same windows at every evaluation and for
-        every seed), batches grouped into few forward passes; every process takes its rows."""
+        every seed; ``eval_batches = 0``: enough windows to cover the whole split), batches
+        grouped into few forward passes; every process takes its rows."""
         if self.eval_tokens is None:
             return None
         config, context = self.config, self.context
+        rows_per_batch = config.batch_size * context.world_size
+        num_batches = config.eval_batches or -(-(num_tokens(self.eval_tokens) - 1) // (self.seq_len * rows_per_batch))
         vocab = self.model.config.vocab_size
-        per_pass = max(1, min(config.eval_batches, EVAL_LOGITS_BUDGET // (config.batch_size * self.seq_len * vocab)))
+        per_pass = max(1, min(num_batches, EVAL_LOGITS_BUDGET // (config.batch_size * self.seq_len * vocab)))
         module = self.forward_module
         module.eval()
         sums = torch.zeros(2, dtype=torch.float64, device=context.device)  # loss x batches, correct tokens
-        for first in range(0, config.eval_batches, per_pass):
-            crops = [spaced_windows(self.eval_tokens, config.batch_size, self.seq_len, index, config.eval_batches,
+        for first in range(0, num_batches, per_pass):
+            crops = [spaced_windows(self.eval_tokens, config.batch_size, self.seq_len, index, num_batches,
                                     rank=context.rank, world_size=context.world_size)
-                     for index in range(first, min(first + per_pass, config.eval_batches))]
+                     for index in range(first, min(first + per_pass, num_batches))]
             inputs = torch.cat([c[0] for c in crops]).to(context.device)
             targets = torch.cat([c[1] for c in crops]).to(context.device)
             with self.autocast():
@@ -257,7 +260,7 @@ class Trainer:
             sums[1] += (logits.argmax(dim=-1) == targets).sum()
         module.train()
         distributed.all_reduce_sum(sums, context)
-        batches = config.eval_batches * context.world_size
+        batches = num_batches * context.world_size
         loss = sums[0].item() / batches
         return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 700.0)),
                 "eval_accuracy": sums[1].item() / (batches * config.batch_size * self.seq_len)}

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speculative_pair import DEFAULT_DATA, SEQ_LEN, load_or_train_pair, read_text  # noqa: E402
 
 import tformer  # noqa: E402
+from tformer.generation.fast_decoder import fast_decoder_for  # noqa: E402
 
 SHAPES = {
     "a": ("(a) GPT-2 124M: 12 x 768, V=50257", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257)),
@@ -78,6 +79,7 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
         hf_seconds.append(seconds)
         seconds, our_tokens = timed(run_ours)
         our_seconds.append(seconds)
+    floor = NEW_TOKENS / statistics.median(timed(lambda: matvec_floor(ours))[0] for _ in range(repeats))
     uncached = None
     if no_cache:
         seconds, uncached_tokens = timed(lambda: run_ours(use_cache=False))
@@ -85,9 +87,23 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
         assert torch.equal(uncached_tokens, our_tokens), "tformer without cache gave other tokens"
     return dict(
         title=title, parameters=ours.num_parameters(), hf=NEW_TOKENS / statistics.median(hf_seconds),
-        ours=NEW_TOKENS / statistics.median(our_seconds), uncached=uncached,
+        ours=NEW_TOKENS / statistics.median(our_seconds), uncached=uncached, floor=floor,
         identical=torch.equal(hf_tokens, our_tokens),
     )
+
+
+def matvec_floor(model) -> None:
+    """Only the matrix-vector products of NEW_TOKENS one-token steps, back to back: every weight
+    read once per token, nothing else. Its speed is the ceiling of any batch-1 decoder here."""
+    weights = fast_decoder_for(model)
+    projections = [p for layer in weights.layers
+                   for p in (layer.qkv, layer.attention_out, layer.feedforward_in, layer.feedforward_out)]
+    projections.append(weights.lm_head)
+    inputs = [torch.randn(1, p.weight_in_out.shape[0]) for p in projections]
+    with torch.inference_mode():
+        for _ in range(NEW_TOKENS):
+            for projection, x in zip(projections, inputs, strict=True):
+                projection(x)
 
 
 # ---- part 2: speculative decoding ----------------------------------------------------------------
@@ -161,13 +177,15 @@ def main() -> None:
         print(f"\n== greedy decoding: batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, fp32 CPU; "
               f"transformers {transformers.__version__}, median of {args.repeats} alternating runs ==")
         print(f"{'shape':<36} {'params':>8} {'HF tok/s':>9} {'tformer tok/s':>14} {'ratio':>6} "
-              f"{'tformer no-cache tok/s':>23} {'same tokens':>12}")
+              f"{'tformer no-cache tok/s':>23} {'same tokens':>12} {'matvec-only tok/s':>18}")
         for shape in args.shapes:
             row = compare_with_hugging_face(shape, args.repeats, args.no_cache)
             uncached = "-" if row["uncached"] is None else f"{row['uncached']:.1f}"
             print(f"{row['title']:<36} {row['parameters'] / 1e6:>7.1f}M {row['hf']:>9.1f} {row['ours']:>14.1f} "
-                  f"{row['ours'] / row['hf']:>5.2f}x {uncached:>23} {'yes' if row['identical'] else 'NO':>12}",
-                  flush=True)
+                  f"{row['ours'] / row['hf']:>5.2f}x {uncached:>23} {'yes' if row['identical'] else 'NO':>12} "
+                  f"{row['floor']:>18.1f}", flush=True)
+        print("matvec-only: just the weight matrix-vector products of the same steps, nothing else; the "
+              "ceiling of batch-1 decoding on this machine")
     if args.part in ("all", "speculative"):
         speculative(args.pair, args.data, args.repeats, args.speculative_tokens,
                     [int(k) for k in args.draft_tokens.split(",")])

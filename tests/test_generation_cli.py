@@ -52,6 +52,15 @@ def test_generate_samples_and_searches_beams(checkpoints, capsys):
     assert capsys.readouterr().out == expected_text(checkpoints, "that", 12, num_beams=3) + "\n"
 
 
+def test_generate_stops_at_a_stop_string(checkpoints, capsys):
+    free = expected_text(checkpoints, "to be", 30)[len("to be"):]
+    stop = free[6:8]
+    assert main(["generate", str(checkpoints / "target"), "--prompt", "to be", "--max-new-tokens", "30",
+                 "--stop", stop]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(stop + "\n") and free.startswith(out[len("to be"):-1])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--temperature", "-1"], "temperature=-1.0 must be a number >= 0"),
     (["--top-p", "2"], r"top_p=2.0 must be a number in (0, 1]"),

@@ -227,10 +227,11 @@ class FastDecoder:
         v = v.view(batch, length, kv_heads, head_dim).transpose(1, 2)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        cache.keys[:, :, past:end] = k
-        cache.values[:, :, past:end] = v
+        cache.keys.narrow(2, past, length).copy_(k)
+        cache.values.narrow(2, past, length).copy_(v)
         out = F.scaled_dot_product_attention(
-            q, cache.keys[:, :, :end], cache.values[:, :, :end], attn_mask=mask, enable_gqa=kv_heads != heads
+            q, cache.keys.narrow(2, 0, end), cache.values.narrow(2, 0, end), attn_mask=mask,
+            enable_gqa=kv_heads != heads,
         )  # (B, H, T, Dh)
         return layer.attention_out(out.transpose(1, 2).reshape(batch * length, heads * head_dim))
 

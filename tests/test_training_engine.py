@@ -294,3 +294,15 @@ def test_eval_batches_zero_evaluates_the_whole_split():
     assert trainer.evaluate() == pytest.approx(whole, rel=0.01)
     assert Trainer(tiny_model(), config(eval_batches=1), TOKENS, evaluation, progress=False).evaluate() != \
         pytest.approx(whole, rel=0.01)  # one batch of 4 windows is not the whole split
+
+
+def test_a_subclass_can_replace_the_objective_for_training_and_evaluation():
+    class HalfLoss(Trainer):
+        def loss_on(self, inputs, targets):
+            return 0.5 * F.cross_entropy(self.forward_module(inputs).logits.flatten(0, 1), targets.flatten())
+
+    plain = Trainer(tiny_model(), config(), TOKENS, TOKENS[:500], progress=False)
+    halved = HalfLoss(tiny_model(), config(), TOKENS, TOKENS[:500], progress=False)
+    assert halved.evaluate() == pytest.approx(0.5 * plain.evaluate(), rel=1e-5)
+    assert "eval_accuracy" not in halved.evaluate_metrics()
+    assert halved.train_step().loss == pytest.approx(0.5 * plain.train_step().loss, rel=1e-5)

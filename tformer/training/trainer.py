@@ -160,6 +160,15 @@ class Trainer:
             return inputs, targets
         return inputs.pin_memory().to(device, non_blocking=True), targets.pin_memory().to(device, non_blocking=True)
 
+    def loss_on(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The objective on one batch, inputs and targets (B, T): next-token cross-entropy, with
+        ``label_smoothing`` while training. Override it for another objective (distillation, ...):
+        training minimises it and evaluation reports its mean as ``eval_loss`` (and ``eval_ppl``;
+        ``eval_accuracy`` only for this built-in objective). Runs under autocast."""
+        logits = self.forward_module(inputs).logits
+        smoothing = self.config.label_smoothing if self.model.training else 0.0
+        return token_cross_entropy(logits, targets, smoothing)
+
     def train_step(self, stop_requested: bool = False) -> StepOutcome:
         """One optimisation step (skipped, not applied, when the loss or gradients are not finite)."""
         config = self.config
@@ -176,8 +185,7 @@ class Trainer:
             inputs, targets = self.batch(self.data_position)
             self.data_position += 1
             with self._gradient_sync(micro == accumulate - 1), self.autocast():
-                logits = self.forward_module(inputs).logits
-                loss = token_cross_entropy(logits, targets, config.label_smoothing)
+                loss = self.loss_on(inputs, targets)
             scaled = loss / accumulate if accumulate > 1 else loss
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
@@ -245,6 +253,7 @@ class Trainer:
         num_batches = config.eval_batches or -(-(num_tokens(self.eval_tokens) - 1) // (self.seq_len * rows_per_batch))
         vocab = self.model.config.vocab_size
         per_pass = max(1, min(num_batches, EVAL_LOGITS_BUDGET // (config.batch_size * self.seq_len * vocab)))
+        builtin_objective = type(self).loss_on is Trainer.loss_on
         module = self.forward_module
         module.eval()
         sums = torch.zeros(2, dtype=torch.float64, device=context.device)  # loss x batches, correct tokens
@@ -255,15 +264,20 @@ class Trainer:
             inputs = torch.cat([c[0] for c in crops]).to(context.device)
             targets = torch.cat([c[1] for c in crops]).to(context.device)
             with self.autocast():
-                logits = module(inputs).logits
-            sums[0] += token_cross_entropy(logits, targets).double() * len(crops)
-            sums[1] += (logits.argmax(dim=-1) == targets).sum()
+                if builtin_objective:  # one forward pass gives the loss and the accuracy
+                    logits = module(inputs).logits
+                    sums[0] += token_cross_entropy(logits, targets).double() * len(crops)
+                    sums[1] += (logits.argmax(dim=-1) == targets).sum()
+                else:
+                    sums[0] += self.loss_on(inputs, targets).double() * len(crops)
         module.train()
         distributed.all_reduce_sum(sums, context)
         batches = num_batches * context.world_size
         loss = sums[0].item() / batches
-        return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 700.0)),
-                "eval_accuracy": sums[1].item() / (batches * config.batch_size * self.seq_len)}
+        metrics = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 700.0))}
+        if builtin_objective:
+            metrics["eval_accuracy"] = sums[1].item() / (batches * config.batch_size * self.seq_len)
+        return metrics
 
     # ---- the run ---------------------------------------------------------------------------------
 
@@ -353,9 +367,9 @@ class Trainer:
         if metrics is None:
             return None
         record.update(metrics)
+        accuracy = f"  accuracy {metrics['eval_accuracy']:.3f}" if "eval_accuracy" in metrics else ""
         reporter.message(f"step {self.step:>7}  train loss {record['train_loss']:.4f}  eval loss "
-                         f"{metrics['eval_loss']:.4f}  ppl {metrics['eval_ppl']:.2f}  "
-                         f"accuracy {metrics['eval_accuracy']:.3f}")
+                         f"{metrics['eval_loss']:.4f}  ppl {metrics['eval_ppl']:.2f}{accuracy}")
         return metrics["eval_loss"]
 
     def _track_best(self, record: dict, reporter: Reporter) -> bool:
@@ -363,6 +377,9 @@ class Trainer:
         config = self.config
         name = config.early_stopping_metric
         sign = -1.0 if name in HIGHER_IS_BETTER else 1.0
+        if name not in record:
+            raise TrainingError(f"training.early_stopping_metric={name!r} is not reported for this objective; "
+                                "use eval_loss or eval_ppl")
         value = record[name]
         if self.best_value is None or sign * value < sign * self.best_value - config.early_stopping_min_delta:
             self.best_value, self.best_step = value, self.step

@@ -22,7 +22,7 @@ TIMED_STEPS = 5  # steps timed per count for a comparison
 FIRST_PROBE_AFTER = 200
 LONGEST_PROBE_INTERVAL = 3200
 MARGIN = 0.9  # the other count wins when at least 10% faster
-HOPELESS = 2.0  # a trial step this many times slower than the current median ends the trial
+HOPELESS = 1.5  # a trial whose best step is this many times slower than the current median ends at once
 
 
 class ThreadTuner:

@@ -66,6 +66,8 @@ def test_projections_split_across_threads_stay_exact(variant):
             full = model(ids[:, :end], attention_mask=mask[:, :end]).logits[:, start:end]
             real = mask[:, start:end].bool()
             torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
+        prompts = torch.randint(0, 61, (3, 6))  # a batch: the prefill's last positions are strided rows
+        assert torch.equal(tformer.generate(model, prompts, 8), tformer.generate(model, prompts, 8, use_cache=False))
     finally:
         torch.set_num_threads(threads)
     assert fast_decoder_for(model).layers[0].qkv.parts == 1  # rebuilt for the new thread count

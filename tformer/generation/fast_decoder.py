@@ -80,7 +80,7 @@ class _Projection:
     def __call__(self, x: Tensor) -> Tensor:
         if self.parts > 1:
             rows = x.shape[0]
-            slices = x.view(rows, self.parts, -1).transpose(0, 1)  # (parts, N, in / parts)
+            slices = x.reshape(rows, self.parts, -1).transpose(0, 1)  # (parts, N, in / parts)
             if self.bias_parts is None:
                 return torch.bmm(slices, self.weight_parts).sum(0)
             return torch.baddbmm(self.bias_parts, slices, self.weight_parts).sum(0)

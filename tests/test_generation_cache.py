@@ -51,14 +51,15 @@ def test_cached_logits_equal_full_forward_at_every_step(variant, padded, fast):
         torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama"])
+@pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama", "sinusoidal-post-norm"])
 @torch.inference_mode()
 def test_projections_split_across_threads_stay_exact(variant):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the fast path then cuts each projection in two (one slice per thread)
     try:
-        model = build_model(BASE.replace(d_model=256), **VARIANTS[variant]).eval()  # big enough to be split
-        assert fast_decoder_for(model).layers[0].qkv.parts == 2
+        model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).eval()  # big enough
+        decoder = fast_decoder_for(model)
+        assert decoder.layers[0].qkv.parts == decoder.lm_head.parts == 2
         ids, mask = left_padded_batch()
         session = DecoderSession(model, 3, 14, mask[:, :5])
         for start, end in CHUNKS:

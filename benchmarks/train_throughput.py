@@ -136,8 +136,11 @@ def main() -> None:
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    print(f"matmul peak: fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s (2048^3, median of 7)")
+    precisions = args.precisions.split(",")
+    peaks = {name: matmul_peak(dtype) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+             if name in precisions}
+    print("matmul peak: " + ", ".join(f"{name} {peak:.1f} GFLOP/s" for name, peak in peaks.items())
+          + " (2048^3, median of 7)")
     native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     print(f"native bf16 matmul (oneDNN, AVX512-BF16/AMX): {'yes' if native_bf16 else 'no'}; "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}\n")
@@ -148,7 +151,7 @@ def main() -> None:
     results = {}
     for key in args.shapes:
         shape = Shape(**SHAPES[key])
-        for precision in args.precisions.split(","):
+        for precision in precisions:
             steps, warmup = args.steps, args.warmup
             if precision == "bf16" and not native_bf16:
                 estimate = shape.flops_per_token() * shape.tokens / (peaks["bf16"] * 1e9)

@@ -85,14 +85,10 @@ def save_model(model, path: str | Path, format: str = "tformer") -> Path:
         raise ValueError(f"format={format!r} is not one of tformer, hf")
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
              if name not in model.tied_parameters()}
-    config_text = json.dumps({"tformer_format": FORMAT_VERSION, **model.config.to_dict()}, indent=2, sort_keys=True)
     tokenizer = getattr(model, "tokenizer", None)
 
     def write(folder: Path) -> None:
-        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-        if tokenizer is not None:
-            tokenizer.save(folder / TOKENIZER_NAME)
-        (folder / CONFIG_NAME).write_text(config_text + "\n")
+        write_model_files(folder, model.config, state, tokenizer)
 
     return write_checkpoint_folder(path, write)
 
@@ -110,6 +106,17 @@ def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> 
         with atomic_directory(target) as folder:
             write(folder)
     return target
+
+
+def write_model_files(folder: Path, config: ModelConfig, state: dict[str, torch.Tensor], tokenizer=None) -> None:
+    """Write model.safetensors (``state``: untied CPU tensors), tokenizer.json when given, then
+    config.json into an existing (usually temporary) folder. The trainer calls this with
+    weights gathered from every process."""
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save(folder / TOKENIZER_NAME)
+    config_text = json.dumps({"tformer_format": FORMAT_VERSION, **config.to_dict()}, indent=2, sort_keys=True)
+    (folder / CONFIG_NAME).write_text(config_text + "\n")
 
 
 def read_config(path: str | Path) -> dict:

@@ -9,7 +9,7 @@ import sys
 
 from tformer.errors import TformerError
 
-COMMANDS = ["convert", "demo", "generate", "info", "tokenize", "tokenizer"]
+COMMANDS = ["convert", "demo", "generate", "info", "plot", "tokenize", "tokenizer", "train"]
 
 
 class UsageError(TformerError):

@@ -54,11 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
     model = tformer.build_model(args.model, vocab_size=tokenizer.vocab_size)
     model.tokenizer = tokenizer
-    seq_len = min(128, model.config.max_seq_len)
+    # Train on the model's whole context: a learned position the sampler reaches must have been trained.
+    seq_len = model.config.max_seq_len
     if train_tokens.numel() < seq_len + 2 or eval_tokens.numel() < seq_len + 2:
         raise UsageError(f"{source}: too little text; the demo needs at least {10 * (seq_len + 2)} characters")
     config = TrainingConfig(
-        max_steps=args.steps, batch_size=16, seq_len=seq_len, lr=2e-3, min_lr=2e-4,
+        max_steps=args.steps, batch_size=max(1, 2048 // seq_len), seq_len=seq_len, lr=2e-3, min_lr=2e-4,
         warmup_steps=min(50, args.steps // 10), eval_every=max(1, args.steps // 6), eval_batches=20,
         seed=args.seed,
     )
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
           f"width {model.config.d_model}, context {seq_len}")
     print(f"training    {args.steps} steps of {config.batch_size} x {seq_len} characters on "
           f"{torch.get_num_threads()} CPU threads")
-    result = Trainer(model, config, train_tokens, eval_tokens, out_dir=out).train()
+    result = Trainer(model, config, train_tokens, eval_tokens, out_dir=out, overwrite=True).train()
     plot = plot_training_curves(result.history, out / "loss_curve.png", title=f"{args.model} on {source}")
 
     print(f"\neval loss   {result.final_eval_loss:.3f} nats/char "

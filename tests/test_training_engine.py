@@ -1,0 +1,296 @@
+"""The training engine in one process: accumulation, label smoothing, precision, NaN stop and
+skip, early stopping, best / keep-last-k checkpoints, refusals before training, metrics, plot."""
+
+import json
+import os
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tformer
+from tformer.cli import main
+from tformer.data.lm import random_crops
+from tformer.data.sources import DataConfig, encode_text, load_language_model_data
+from tformer.tokenizers import CharTokenizer
+from tformer.training import preflight
+from tformer.training import trainer as trainer_module
+from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.optim import build_optimizer
+from tformer.training.trainer import Trainer
+
+TOKENS = torch.tensor([random.Random(0).randrange(16) for _ in range(3000)])
+
+
+def tiny_model(**overrides):
+    torch.manual_seed(0)
+    return tformer.build_model("gpt-nano", vocab_size=16, max_seq_len=16, **overrides)
+
+
+def config(**overrides):
+    settings = dict(max_steps=6, batch_size=4, seq_len=16, lr=3e-3, warmup_steps=2, eval_every=3, eval_batches=2)
+    settings.update(overrides)
+    return TrainingConfig(**settings)
+
+
+def run(tmp_path=None, model=None, **overrides):
+    trainer = Trainer(model or tiny_model(), config(**overrides), TOKENS, TOKENS[:500], out_dir=tmp_path,
+                      progress=False)
+    return trainer, trainer.train()
+
+
+def test_gradient_accumulation_equals_one_big_batch_of_the_same_crops():
+    accumulated = Trainer(tiny_model(), config(batch_size=2, grad_accum_steps=2, grad_clip=0.0), TOKENS,
+                          progress=False)
+    accumulated.train_step()
+    manual = tiny_model()
+    optimizer = build_optimizer(manual, lr=accumulated.learning_rate(0), betas=(0.9, 0.99))
+    crops = [random_crops(TOKENS, 2, 16, seed=1337, step=position) for position in (0, 1)]
+    inputs, targets = torch.cat([c[0] for c in crops]), torch.cat([c[1] for c in crops])
+    F.cross_entropy(manual(inputs).logits.flatten(0, 1), targets.flatten()).backward()
+    optimizer.step()
+    for (name, expected), actual in zip(manual.named_parameters(), accumulated.model.parameters(), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6, msg=name)
+    assert accumulated.data_position == 2
+
+
+def test_label_smoothing_is_applied_to_training_not_to_evaluation():
+    trainer = Trainer(tiny_model(), config(label_smoothing=0.1), TOKENS, TOKENS[:500], progress=False)
+    inputs, targets = random_crops(TOKENS, 4, 16, seed=1337, step=0)
+    with torch.no_grad():
+        logits = trainer.model(inputs).logits.flatten(0, 1)
+    smoothed = F.cross_entropy(logits, targets.flatten(), label_smoothing=0.1).item()
+    assert trainer.train_step().loss == pytest.approx(smoothed, rel=1e-5)
+    plain = Trainer(tiny_model(), config(), TOKENS, TOKENS[:500], progress=False)
+    assert trainer.evaluate() != plain.evaluate()  # the weights moved; the evaluation is plain cross-entropy
+    assert plain.evaluate() == pytest.approx(plain.evaluate())
+
+
+def test_bf16_autocast_trains_on_cpu_and_fp16_needs_a_gpu():
+    _, result = run(precision="bf16", max_steps=12, lr=1e-2)
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+    if not torch.cuda.is_available():
+        with pytest.raises(TrainingError, match="fp16' needs a CUDA device"):
+            run(precision="fp16")
+
+
+def test_metrics_jsonl_has_the_named_metrics_and_the_run_folder_loads(tmp_path):
+    _, result = run(tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert {"step", "train_loss", "lr", "tokens_per_s"} <= set(records[0])
+    assert {"eval_loss", "eval_ppl", "eval_accuracy"} <= set(records[2]) and 0 <= records[2]["eval_accuracy"] <= 1
+    assert records[2]["eval_ppl"] == pytest.approx(np.exp(records[2]["eval_loss"]))
+    assert result.final_eval_loss == records[-1]["eval_loss"]
+    loaded = tformer.load(tmp_path)
+    assert loaded.config.d_model == 32
+    assert main(["plot", str(tmp_path)]) == 0
+    assert (tmp_path / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_needs_a_run_folder(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_best_and_keep_last_k_checkpoints(tmp_path):
+    run(tmp_path, max_steps=10, checkpoint_every=2, keep_last=2, eval_every=2)
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["best", "step-00000008", "step-00000010"]
+    best = json.loads((folder / "best" / "best.json").read_text())
+    assert best["step"] in (2, 4, 6, 8, 10)
+    assert tformer.load(folder / "best").config.num_layers == 2
+    assert tformer.load(folder / "step-00000008").config.num_layers == 2
+
+
+def test_early_stopping_when_the_eval_metric_stops_improving():
+    _, result = run(max_steps=100, schedule="constant", lr=1e-12, warmup_steps=0, eval_every=2,
+                    early_stopping_patience=2, early_stopping_min_delta=0.01)
+    assert result.stopped == "early_stopping"
+    assert result.steps == 6 and result.best_step == 2
+
+
+class InjectNaN:
+    """Make the training loss NaN on the given (1-based) forward calls."""
+
+    def __init__(self, monkeypatch, calls):
+        self.calls, self.count = set(calls), 0
+        self.real = trainer_module.token_cross_entropy
+        monkeypatch.setattr(trainer_module, "token_cross_entropy", self)
+
+    def __call__(self, logits, targets, label_smoothing=0.0):
+        self.count += 1
+        loss = self.real(logits, targets, label_smoothing)
+        return loss * float("nan") if self.count in self.calls else loss
+
+
+def test_a_nan_loss_stops_the_run_with_a_loadable_last_checkpoint(tmp_path, monkeypatch):
+    InjectNaN(monkeypatch, calls=[6])  # one loss per step (no evaluation): the 6th step's is NaN
+    with pytest.raises(TrainingError, match=r"loss became nan at step 5: training stopped; the state before it "
+                                            r"is saved in .*step-00000005") as caught:
+        run(tmp_path, max_steps=20, checkpoint_every=2, eval_every=100)
+    step = int(str(caught.value).split("at step ")[1].split(":")[0])
+    saved = tmp_path / "checkpoints" / f"step-{step:08d}"
+    model = tformer.load(saved)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    state = json.loads((saved / "trainer_state.json").read_text())
+    assert state["step"] == step and state["data_position"] == step
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == step
+
+
+def test_nan_steps_are_skipped_up_to_the_limit(tmp_path, monkeypatch, capsys):
+    InjectNaN(monkeypatch, calls=[2, 4])
+    _, result = run(tmp_path, skip_nonfinite=2, eval_every=100)
+    assert result.stopped == "completed" and result.steps == 6
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train_loss"] is None for r in records] == [False, True, False, True, False, False]
+    assert "step skipped (2 of training.skip_nonfinite=2)" in capsys.readouterr().out
+
+
+def test_a_resume_that_changes_the_model_is_refused_naming_the_fields(tmp_path):
+    run(tmp_path, max_steps=2)
+    changed = Trainer(tiny_model(d_model=48), config(), TOKENS, out_dir=tmp_path, progress=False)
+    with pytest.raises(TrainingError, match=r"the recipe changes the model \(.*d_model 32 -> 48.*\)"):
+        changed.resume("auto")
+
+
+def test_an_existing_run_is_not_overwritten_by_accident(tmp_path):
+    run(tmp_path, max_steps=2)
+    with pytest.raises(TrainingError, match="already holds a run .* resume it with --resume auto"):
+        run(tmp_path, max_steps=2)
+    trainer = Trainer(tiny_model(), config(max_steps=2), TOKENS, out_dir=tmp_path, progress=False, overwrite=True)
+    assert trainer.train().steps == 2
+
+
+def test_an_unwritable_output_folder_is_reported_before_training(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    trainer = Trainer(tiny_model(), config(), TOKENS, out_dir=tmp_path / "file" / "run", progress=False)
+    with pytest.raises(TrainingError, match="exists and is not a folder|cannot write there"):
+        trainer.train()
+    assert trainer.step == 0
+
+
+def test_a_disk_too_small_for_a_checkpoint_is_reported_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    trainer = Trainer(tiny_model(), config(), TOKENS, out_dir=tmp_path, progress=False)
+    with pytest.raises(TrainingError, match="0 MiB free, but a checkpoint of this model needs about"):
+        trainer.train()
+    assert trainer.step == 0 and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_token_files_are_memory_mapped(tmp_path):
+    ids = np.asarray(TOKENS.numpy(), dtype=np.uint16)
+    np.save(tmp_path / "tokens.npy", ids)
+    data = load_language_model_data(DataConfig(train=str(tmp_path / "tokens.npy"), eval_fraction=0.1))
+    assert isinstance(data.train, np.memmap) and data.tokenizer is None
+    inputs, targets = random_crops(data.train, 4, 16, seed=1, step=3)
+    expected = random_crops(torch.from_numpy(ids.astype(np.int64))[: len(data.train)], 4, 16, seed=1, step=3)
+    assert torch.equal(inputs, expected[0]) and torch.equal(targets, expected[1])
+    trainer = Trainer(tiny_model(), config(max_steps=4), data.train, data.eval, progress=False)
+    assert trainer.train().steps == 4
+
+
+def test_fast_character_encoding_matches_the_tokenizer():
+    text = "To be, or not to be: that is the question. Ünïcödé ✓\n" * 20
+    tokenizer = CharTokenizer.train(text[:-30] + "x")
+    assert encode_text(tokenizer, text).tolist() == tokenizer.encode(text)
+
+
+@pytest.mark.skipif(not os.environ.get("TFORMER_TEST_COMPILE"), reason="torch.compile takes ~40 s on a 2-core CPU; "
+                    "set TFORMER_TEST_COMPILE=1 to run")
+def test_compiled_training_matches_eager():
+    _, eager = run(max_steps=3)
+    _, compiled = run(max_steps=3, compile=True)
+    assert compiled.final_eval_loss == pytest.approx(eager.final_eval_loss, rel=1e-4)
+
+
+def test_recipes_train_on_token_files_from_tformer_tokenize(tmp_path):
+    from tformer.data import tokenize_files
+    from tformer.training.recipe import recipe_from_dict
+    from tformer.training.run import train_recipe
+
+    text = "all the world's a stage, and all the men and women merely players. " * 60
+    (tmp_path / "corpus.txt").write_text(text)
+    tokenizer = CharTokenizer.train(text)
+    tokenizer.save(tmp_path / "tok.json")
+    tokenize_files(tokenizer, [tmp_path / "corpus.txt"], tmp_path / "data.bin", progress=False)
+    raw = {"model": {"preset": "gpt-nano", "max_seq_len": 16},
+           "data": {"train": "data.bin", "tokenizer": "tok.json"},
+           "training": {"max_steps": 3, "batch_size": 2, "eval_every": 3, "eval_batches": 1}}
+    recipe = recipe_from_dict(raw, base_dir=tmp_path)
+    data = load_language_model_data(recipe.data)
+    assert isinstance(data.train, np.memmap) and data.vocab_size == tokenizer.vocab_size
+    result = train_recipe(recipe, tmp_path / "run", progress=False, echo=lambda line: None)
+    assert result.steps == 3
+    assert tformer.load(tmp_path / "run").tokenizer.vocab_size == tokenizer.vocab_size
+    assert "[data]" in (tmp_path / "run" / "recipe.toml").read_text()
+
+    CharTokenizer.train("other characters entirely: xyz").save(tmp_path / "other.json")
+    raw["data"]["tokenizer"] = "other.json"
+    with pytest.raises(Exception, match="made with another tokenizer"):
+        load_language_model_data(recipe_from_dict(raw, base_dir=tmp_path).data)
+
+
+class FakeThreads:
+    """Stands in for torch's thread count, with a step time per count."""
+
+    def __init__(self, monkeypatch, seconds_by_count):
+        from tformer.training import threads
+
+        self.count, self.seconds_by_count = 2, seconds_by_count
+        monkeypatch.setattr(threads.torch, "get_num_threads", lambda: self.count)
+        monkeypatch.setattr(threads.torch, "set_num_threads", lambda n: setattr(self, "count", n))
+
+    def run(self, tuner, steps):
+        used = []
+        for _ in range(steps):
+            tuner.before_step()
+            used.append(self.count)
+            tuner.after_step(self.seconds_by_count[self.count])
+        return used
+
+
+@pytest.mark.parametrize("seconds, settles_on", [({1: 0.070, 2: 0.040}, 2), ({1: 0.063, 2: 1.8}, 1),
+                                                  ({1: 0.050, 2: 0.048}, 1)])
+def test_the_thread_tuner_keeps_the_faster_count_and_rarely_retries_the_slower(monkeypatch, seconds, settles_on):
+    from tformer.training.threads import ThreadTuner
+
+    fake = FakeThreads(monkeypatch, seconds)
+    tuner = ThreadTuner(default_threads=2)
+    used = fake.run(tuner, 2000)
+    assert used[-1] == settles_on
+    slower = 2 if settles_on == 1 else 1
+    assert used.count(slower) <= 8 + 5 * 4  # the first comparison, then a few short re-tries
+    if seconds[2] > 2 * seconds[1]:
+        assert used.count(2) <= 5  # a hopeless trial ends after one step
+    assert (settles_on == 2) == bool(tuner.changes)
+
+
+def test_evaluation_windows_spread_over_the_whole_split_and_split_across_processes():
+    from tformer.data.lm import spaced_windows
+
+    tokens = torch.arange(1000)
+    batches = [spaced_windows(tokens, 4, 16, index, 5) for index in range(5)]
+    starts = torch.cat([inputs[:, 0] for inputs, _ in batches])
+    assert starts[0] == 0 and starts[-1] == 1000 - 17 and bool((starts.diff() > 0).all())
+    assert torch.equal(batches[2][1], batches[2][0] + 1)  # targets are the inputs shifted by one
+    for index in range(5):  # 2 processes with batch 2 = 1 process with batch 4, row for row
+        halves = [spaced_windows(tokens, 2, 16, index, 5, rank=rank, world_size=2)[0] for rank in (0, 1)]
+        assert torch.equal(torch.cat(halves), batches[index][0])
+
+
+def test_eval_batches_zero_evaluates_the_whole_split():
+    evaluation = torch.cat([torch.zeros(800, dtype=torch.long), TOKENS[:800]])  # two very different halves
+    trainer = Trainer(tiny_model(), config(eval_batches=0), TOKENS, evaluation, progress=False)
+    trainer.train_step()
+    usable = (evaluation.numel() - 1) // 16 * 16
+    with torch.no_grad():
+        logits = trainer.model.eval()(evaluation[:usable].view(-1, 16)).logits
+    whole = F.cross_entropy(logits.flatten(0, 1), evaluation[1 : usable + 1]).item()
+    assert trainer.evaluate() == pytest.approx(whole, rel=0.01)
+    assert Trainer(tiny_model(), config(eval_batches=1), TOKENS, evaluation, progress=False).evaluate() != \
+        pytest.approx(whole, rel=0.01)  # one batch of 4 windows is not the whole split

@@ -1,0 +1,171 @@
+"""Where a language model's training tokens come from: the ``[data]`` section of a recipe.
+
+Raw UTF-8 text (``.txt``, or gzip-compressed ``.gz``) is tokenized at load time, with a
+character tokenizer trained on it or a saved ``tokenizer.json``. Token files are memory-mapped
+and read only where a batch falls: those ``tformer tokenize`` writes (``data.bin`` with its
+``data.bin.json`` header) and plain ``.npy`` arrays of ids.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tformer.data.lm import Tokens, num_tokens, split_tokens
+from tformer.data.token_file import TokenFileError, header_path, read_token_file, read_token_header
+from tformer.errors import TformerError
+
+DATA_FORMATS = ("auto", "text", "tokens", "npy")
+
+
+class DataError(TformerError):
+    """A data setting or file is invalid; the message names the ``data.`` key and the file."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training data: a ``train`` file, an optional ``eval`` file (else the last
+    ``eval_fraction`` of ``train`` is held out, as nanoGPT splits), the file ``format`` and
+    the ``tokenizer`` ("char" to learn one from the text, or a tokenizer.json path)."""
+
+    train: str = ""
+    eval: str | None = None
+    eval_fraction: float = 0.1
+    format: str = "auto"
+    tokenizer: str = "char"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.train, str) or not self.train:
+            raise DataError("data.train is required: a text file (.txt, .txt.gz) or a token file "
+                            "(tformer tokenize's .bin, or .npy)")
+        if self.format not in DATA_FORMATS:
+            raise DataError(f"data.format={self.format!r} is not one of {', '.join(DATA_FORMATS)}")
+        fraction = self.eval_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
+            raise DataError(f"data.eval_fraction={fraction!r} must be a number in [0, 1)")
+
+    def check_files(self) -> None:
+        """Fail now, before any work, if a named file is missing."""
+        for key in ("train", "eval"):
+            path = getattr(self, key)
+            if path is not None and not Path(path).is_file():
+                raise DataError(f"data.{key}: {path}: no such file")
+        if self.tokenizer != "char" and not Path(self.tokenizer).exists():
+            raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use \"char\" or a tokenizer.json path)")
+
+    def file_format(self, path: str) -> str:
+        """text, tokens (a .bin with its .json header) or npy: as set, or by the file's name."""
+        if self.format != "auto":
+            return self.format
+        if path.endswith(".npy"):
+            return "npy"
+        return "tokens" if header_path(path).is_file() else "text"
+
+
+@dataclass
+class LanguageModelData:
+    """Loaded tokens: ``train`` and optional ``eval`` (tensors or memory-mapped arrays), the
+    tokenizer (or None for token files without one) and the vocabulary size it implies."""
+
+    train: Tokens
+    eval: Tokens | None
+    tokenizer: object | None
+    vocab_size: int | None
+    description: str
+
+    @property
+    def num_train_tokens(self) -> int:
+        return num_tokens(self.train)
+
+
+def load_language_model_data(config: DataConfig) -> LanguageModelData:
+    """Read, tokenize and split the data a DataConfig names."""
+    config.check_files()
+    formats = {key: config.file_format(getattr(config, key)) for key in ("train", "eval") if getattr(config, key)}
+    if len({kind == "text" for kind in formats.values()}) > 1:
+        raise DataError("data.train and data.eval must both be text or both be token files")
+    vocab_size = None
+    if formats["train"] == "text":
+        texts = {key: read_text(getattr(config, key), key) for key in formats}
+        tokenizer = _tokenizer_for(config, "".join(texts.values()))
+        tokens = {key: encode_text(tokenizer, text) for key, text in texts.items()}
+    else:
+        tokenizer = _tokenizer_for(config, None)
+        tokens = {}
+        for key, kind in formats.items():
+            path = getattr(config, key)
+            if kind == "npy":
+                tokens[key] = _memory_map(path, key)
+                continue
+            try:
+                tokens[key] = read_token_file(path, tokenizer)
+                header_vocab = read_token_header(path)["vocab_size"]
+            except TokenFileError as error:
+                raise DataError(f"data.{key}: {error}") from None
+            vocab_size = max(vocab_size or 0, header_vocab)
+    train, evaluation = tokens["train"], tokens.get("eval")
+    if evaluation is None and config.eval_fraction > 0:
+        train, evaluation = split_tokens(train, config.eval_fraction)
+    if tokenizer is not None:
+        vocab_size = tokenizer.vocab_size
+    described = f"{Path(config.train).name}: {num_tokens(train):,} training tokens"
+    if evaluation is not None:
+        described += f", {num_tokens(evaluation):,} evaluation tokens"
+    return LanguageModelData(train, evaluation, tokenizer, vocab_size, described)
+
+
+def read_text(path: str | Path, key: str = "train") -> str:
+    """A UTF-8 text file, gzip-compressed when its name ends in .gz."""
+    file = Path(path)
+    try:
+        raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, EOFError) as error:
+        raise DataError(f"data.{key}: {file}: cannot read ({error})") from None
+    except UnicodeDecodeError as error:
+        raise DataError(f"data.{key}: {file}: not UTF-8 text ({error.reason} at byte {error.start}); "
+                        "token files must end in .npy or set data.format") from None
+    if not text.strip():
+        raise DataError(f"data.{key}: {file}: the file is empty")
+    return text
+
+
+def encode_text(tokenizer, text: str):
+    """Token ids of ``text`` as a 1-D int64 tensor. Character tokenizers take a vectorised path
+    (one lookup per distinct character) that gives the same ids as ``tokenizer.encode``."""
+    import torch
+
+    if getattr(tokenizer, "kind", None) == "char":
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        distinct = np.unique(codes)
+        ids = tokenizer.encode("".join(map(chr, distinct.tolist())))
+        if len(ids) == len(distinct):
+            table = np.asarray(ids, dtype=np.int64)
+            return torch.from_numpy(table[np.searchsorted(distinct, codes)])
+    return torch.tensor(tokenizer.encode(text), dtype=torch.long)
+
+
+def _tokenizer_for(config: DataConfig, text: str | None):
+    if config.tokenizer == "char":
+        if text is None:
+            return None  # token files carry ids already (and their vocabulary size)
+        from tformer.tokenizers import CharTokenizer
+
+        return CharTokenizer.train(text)
+    from tformer.tokenizers import load
+
+    return load(config.tokenizer)
+
+
+def _memory_map(path: str, key: str) -> np.ndarray:
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as error:
+        raise DataError(f"data.{key}: {path}: not a readable .npy token file ({error})") from None
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise DataError(f"data.{key}: {path}: expected a 1-D array of integer token ids, "
+                        f"got shape {array.shape} of {array.dtype}")
+    return array

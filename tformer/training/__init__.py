@@ -1,0 +1,10 @@
+"""Training: recipes (``load_recipe``), the loop (``Trainer``), ``train_recipe`` (what
+``tformer train`` runs), schedules, AdamW groups, checkpoints and several processes."""
+
+from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.recipe import Recipe, RecipeError, load_recipe
+from tformer.training.run import train_recipe
+from tformer.training.trainer import Trainer, TrainingResult
+
+__all__ = ["Recipe", "RecipeError", "Trainer", "TrainingConfig", "TrainingError", "TrainingResult", "load_recipe",
+           "train_recipe"]

@@ -1,0 +1,179 @@
+"""Training checkpoints that survive anything: a run folder's ``checkpoints/step-NNNNNNNN/``
+holds the model (config.json, model.safetensors, tokenizer.json: ``tformer.load`` reads it),
+the optimizer's state and the RNG states (optimizer.safetensors) and, written last,
+trainer_state.json (step, data position, best metric, counters, Python and numpy RNG states).
+
+Each checkpoint is written into a temporary folder and renamed into place, so a process killed
+at any moment leaves only complete checkpoints (and temporary debris that ``clean_debris``
+removes). Tensors travel by safetensors, never by pickle. Optimizer state is keyed by
+parameter name, so checkpoints move between 1 and N processes (DDP or FSDP).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tformer.checkpoint import atomic_directory, read_config, write_model_files
+from tformer.config import ModelConfig
+from tformer.training.config import TrainingError
+
+CHECKPOINTS_DIR = "checkpoints"
+BEST_NAME = "best"
+STATE_NAME = "trainer_state.json"
+OPTIMIZER_NAME = "optimizer.safetensors"
+STATE_FORMAT = 1
+STEP_PATTERN = re.compile(r"^step-(\d+)$")
+# Fields a resumed run may change without changing any weight's shape.
+SHAPE_FREE_FIELDS = ("dropout", "attention_dropout", "initializer_range")
+
+
+def step_folder(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete step checkpoints of a run folder, oldest first."""
+    folder = Path(run_dir) / CHECKPOINTS_DIR
+    found = []
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            match = STEP_PATTERN.match(entry.name)
+            if match and (entry / STATE_NAME).is_file():
+                found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def resolve_resume(spec: str | Path, run_dir: Path | None) -> Path | None:
+    """The checkpoint folder ``--resume`` names: ``auto`` (the run folder's newest complete
+    checkpoint, or None when there is none yet), a checkpoint folder, or a run folder."""
+    if str(spec) == "auto":
+        return None if run_dir is None else latest_checkpoint(run_dir)
+    folder = Path(spec)
+    if (folder / STATE_NAME).is_file():
+        return folder
+    newest = latest_checkpoint(folder)
+    if newest is None:
+        raise TrainingError(f"--resume {spec}: no training checkpoint there (no {STATE_NAME}, no "
+                            f"{CHECKPOINTS_DIR}/step-* folder)")
+    return newest
+
+
+def clean_debris(run_dir: Path) -> None:
+    """Remove what a killed process can leave behind: temporary checkpoint folders, folders
+    half deleted by retention; put back a ``best`` folder caught between its two renames."""
+    for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS_DIR):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            if entry.name.startswith(".") and (".tmp-" in entry.name or entry.name.endswith(".deleting")
+                                               or entry.name.startswith(".staging-")):
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        best = folder / BEST_NAME
+        for old in sorted(folder.glob(f".{BEST_NAME}.old-*")):
+            if not best.exists():
+                os.replace(old, best)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_old_checkpoints(run_dir: Path, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` step checkpoints (all when 0). A folder is renamed away
+    before it is deleted, so an interrupted deletion never looks like a checkpoint."""
+    if keep_last <= 0:
+        return
+    for _, folder in list_checkpoints(run_dir)[:-keep_last]:
+        doomed = folder.parent / f".{folder.name}.deleting"
+        os.replace(folder, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+# ---- writing --------------------------------------------------------------------------------
+
+
+def write_checkpoint(
+    folder: Path, config: ModelConfig, model_state: dict[str, torch.Tensor], tokenizer,
+    optimizer_state: dict | None, trainer_state: dict, rng_tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write one checkpoint folder atomically. ``optimizer_state`` is a full (unsharded)
+    optimizer state dict keyed by parameter name; ``trainer_state`` must be JSON-serialisable."""
+    with atomic_directory(folder) as temporary:
+        write_model_files(temporary, config, model_state, tokenizer)
+        if optimizer_state is not None:
+            tensors, groups = flatten_optimizer_state(optimizer_state)
+            tensors.update(rng_tensors or {})
+            save_file(tensors, str(temporary / OPTIMIZER_NAME), metadata={"format": "pt"})
+            trainer_state = {**trainer_state, "optimizer_param_groups": groups}
+        state_text = json.dumps({"format": STATE_FORMAT, **trainer_state}, indent=1)
+        (temporary / STATE_NAME).write_text(state_text + "\n")
+    return folder
+
+
+def flatten_optimizer_state(optimizer_state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """{"state": {name: {key: tensor}}, "param_groups": [...]} -> flat tensors named
+    ``optimizer/NAME/KEY`` and JSON-ready parameter groups."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, entries in optimizer_state["state"].items():
+        for key, value in entries.items():
+            value = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"optimizer/{name}/{key}"] = value.detach().cpu().contiguous()
+    groups = [{key: (list(value) if isinstance(value, tuple) else value) for key, value in group.items()}
+              for group in optimizer_state["param_groups"]]
+    return tensors, groups
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+
+def read_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict, dict[str, torch.Tensor]]:
+    """(trainer state, model weights, optimizer state {name: {key: tensor}}, RNG tensors)."""
+    folder = Path(folder)
+    try:
+        trainer_state = json.loads((folder / STATE_NAME).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise TrainingError(f"{folder}: not a readable training checkpoint ({error})") from None
+    if trainer_state.get("format") != STATE_FORMAT:
+        raise TrainingError(f"{folder}: {STATE_NAME} has format {trainer_state.get('format')!r}; "
+                            f"this tformer reads format {STATE_FORMAT}")
+    model_state = load_file(str(folder / "model.safetensors"))
+    optimizer_state: dict[str, dict[str, torch.Tensor]] = {}
+    rng_tensors: dict[str, torch.Tensor] = {}
+    if (folder / OPTIMIZER_NAME).is_file():
+        for key, tensor in load_file(str(folder / OPTIMIZER_NAME)).items():
+            if key.startswith("optimizer/"):
+                name, _, entry = key[len("optimizer/"):].rpartition("/")
+                optimizer_state.setdefault(name, {})[entry] = tensor
+            else:
+                rng_tensors[key] = tensor
+    return trainer_state, model_state, optimizer_state, rng_tensors
+
+
+def check_same_shape(folder: Path, config: ModelConfig) -> None:
+    """Refuse to resume when the recipe's model differs from the checkpoint's, naming fields."""
+    saved = read_config(folder)
+    saved.pop("tformer_format", None)
+    current = config.to_dict()
+    differing = [
+        f"{name} {saved.get(name)!r} -> {current.get(name)!r}"
+        for name in sorted(set(saved) | set(current))
+        if name not in SHAPE_FREE_FIELDS and saved.get(name) != current.get(name)
+    ]
+    if differing:
+        raise TrainingError(
+            f"cannot resume from {folder}: the recipe changes the model ({'; '.join(differing)}); "
+            "resume with the checkpoint's model settings or start a new run folder"
+        )

@@ -1,0 +1,124 @@
+"""TrainingConfig: every setting of a training run, validated once at construction.
+
+It is the ``[training]`` section of a recipe, field for field; a message names the field as
+``training.NAME`` and says what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tformer.errors import TformerError
+from tformer.training.schedules import SCHEDULES
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DISTRIBUTED_MODES = ("ddp", "fsdp")
+DEVICES = ("auto", "cpu", "cuda")
+EARLY_STOPPING_METRICS = ("eval_loss", "eval_ppl", "eval_accuracy")
+HIGHER_IS_BETTER = ("eval_accuracy",)
+
+
+class TrainingError(TformerError):
+    """A training setting is invalid, or training cannot go on (a non-finite loss, a dead peer)."""
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How to train: steps, batch, optimiser, schedule, evaluation, checkpoints, precision, processes.
+
+    ``batch_size`` is per process and per micro-step: one optimiser step sees
+    ``batch_size * grad_accum_steps * world_size`` sequences of ``seq_len`` tokens.
+    """
+
+    # steps and batches
+    max_steps: int = 1000
+    batch_size: int = 12
+    seq_len: int | None = None  # defaults to the model's max_seq_len
+    grad_accum_steps: int = 1
+    # optimiser (AdamW, decoupled weight decay)
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    schedule: str = "cosine"
+    weight_decay: float = 0.1
+    decay_embeddings: bool = False  # nanoGPT decays embedding tables too; the default does not
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 turns clipping off
+    label_smoothing: float = 0.0
+    # evaluation and stopping
+    eval_every: int = 250
+    eval_batches: int = 20  # 0 = the whole held-out split
+    early_stopping_metric: str = "eval_loss"
+    early_stopping_patience: int = 0  # evaluations without improvement before stopping; 0 = never
+    early_stopping_min_delta: float = 0.0
+    skip_nonfinite: int = 0  # steps with a NaN/Inf loss to skip before stopping the run
+    # checkpoints
+    checkpoint_every: int = 0  # 0 = only at the end (and on Ctrl-C)
+    keep_last: int = 3  # step checkpoints kept; 0 = keep all
+    save_best: bool = True
+    # reproducibility and speed
+    seed: int = 1337
+    deterministic: bool = False
+    precision: str = "fp32"
+    compile: bool = False
+    device: str = "auto"
+    threads: int = 0  # CPU threads; 0 = measured: PyTorch's default or 1, whichever is faster now
+    # processes (under torchrun)
+    distributed: str = "ddp"
+    dist_timeout_s: float = 300.0
+    # logging
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "log_every"):
+            _require_int(name, getattr(self, name), minimum=1)
+        for name in ("eval_batches", "warmup_steps", "checkpoint_every", "keep_last", "early_stopping_patience",
+                     "skip_nonfinite", "threads"):
+            _require_int(name, getattr(self, name), minimum=0)
+        _require_int("seed", self.seed, minimum=0)
+        if self.seq_len is not None:
+            _require_int("seq_len", self.seq_len, minimum=1)
+        for name, allowed in (
+            ("schedule", SCHEDULES), ("precision", PRECISIONS), ("distributed", DISTRIBUTED_MODES),
+            ("device", DEVICES), ("early_stopping_metric", EARLY_STOPPING_METRICS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise TrainingError(f"training.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("deterministic", "compile", "save_best", "decay_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TrainingError(f"training.{name}={getattr(self, name)!r} must be true or false")
+        _require_number("lr", self.lr, low=0.0, low_open=True)
+        _require_number("min_lr", self.min_lr, low=0.0)
+        _require_number("weight_decay", self.weight_decay, low=0.0)
+        _require_number("beta1", self.beta1, low=0.0, high=1.0)
+        _require_number("beta2", self.beta2, low=0.0, high=1.0)
+        _require_number("eps", self.eps, low=0.0, low_open=True)
+        _require_number("grad_clip", self.grad_clip, low=0.0)
+        _require_number("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
+        _require_number("early_stopping_min_delta", self.early_stopping_min_delta, low=0.0)
+        _require_number("dist_timeout_s", self.dist_timeout_s, low=0.0, low_open=True)
+        if self.schedule in ("cosine", "linear") and self.min_lr > self.lr:
+            raise TrainingError(f"training.min_lr={self.min_lr} must not exceed training.lr={self.lr}")
+
+    @property
+    def early_stopping(self) -> bool:
+        return self.early_stopping_patience > 0
+
+
+def _require_int(name: str, value, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise TrainingError(f"training.{name}={value!r} must be {kind}")
+
+
+def _require_number(name: str, value, low: float, high: float | None = None, low_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (high is None or value < high)
+    if not ok:
+        bound = f"> {low}" if low_open else f">= {low}"
+        if high is not None:
+            bound = f"in [{low}, {high})"
+        raise TrainingError(f"training.{name}={value!r} must be a number {bound}")

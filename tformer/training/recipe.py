@@ -1,0 +1,248 @@
+"""Recipes: a TOML file whose ``[model]``, ``[data]`` and ``[training]`` sections map one to one
+onto ModelConfig (plus an optional ``preset``), DataConfig and TrainingConfig.
+
+Everything is checked here, before any work starts: an unknown section or key, a value of the
+wrong type, or an invalid one is an error naming the section, the key and what is allowed.
+``--set section.key=value`` overrides are applied first. Relative paths in ``[data]`` are
+resolved against the recipe's folder (against the working folder for ``--set`` values).
+A resolved recipe (every field, paths absolute) is written back with ``to_toml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from tformer.config import ConfigError, ModelConfig, resolve_config
+from tformer.data.sources import DataConfig, DataError
+from tformer.errors import TformerError
+from tformer.training.config import TrainingConfig, TrainingError
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig}
+PATH_KEYS = ("train", "eval", "tokenizer")  # [data] keys that name files
+
+
+class RecipeError(TformerError):
+    """A recipe is unreadable or invalid; the message names the file, section and key."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A validated recipe. ``model`` holds a placeholder vocabulary size until the data's
+    tokenizer is known unless the recipe set ``vocab_size`` (``vocab_size_given``)."""
+
+    model: ModelConfig
+    data: DataConfig
+    training: TrainingConfig
+    source: str = "<recipe>"
+    vocab_size_given: bool = False
+
+    def with_vocab_size(self, vocab_size: int | None) -> Recipe:
+        """The recipe with the model's vocabulary fixed: the recipe's own value, else the tokenizer's."""
+        if self.vocab_size_given:
+            if vocab_size is not None and vocab_size > self.model.vocab_size:
+                raise RecipeError(
+                    f"{self.source}: [model] vocab_size={self.model.vocab_size} is smaller than the "
+                    f"tokenizer's {vocab_size} tokens"
+                )
+            return self
+        if vocab_size is None:
+            raise RecipeError(f"{self.source}: [model] vocab_size is needed: [data] has no tokenizer to take it from")
+        model = _build(self.source, "model", lambda: resolve_config(self.model, vocab_size=vocab_size))
+        return dataclasses.replace(self, model=model, vocab_size_given=True)
+
+    def to_toml(self) -> str:
+        """Every field of every section, in TOML, loadable by ``load_recipe``."""
+        lines = ["# The resolved recipe of this run: every setting, data paths absolute.", ""]
+        for section in SECTIONS:
+            lines.append(f"[{section}]")
+            for key, value in dataclasses.asdict(getattr(self, section)).items():
+                if value is None or value == {}:
+                    continue
+                lines.append(f"{key} = {toml_value(value)}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe file."""
+    source = str(path)
+    file = Path(path)
+    if not file.is_file():
+        raise RecipeError(f"{source}: no such recipe file")
+    try:
+        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise RecipeError(f"{source}: not valid TOML ({error})") from None
+    return recipe_from_dict(raw, source=source, base_dir=file.resolve().parent, overrides=overrides)
+
+
+def recipe_from_dict(
+    raw: dict[str, Any], source: str = "<recipe>", base_dir: Path | None = None, overrides=()
+) -> Recipe:
+    """Validate a parsed recipe (sections -> key -> value) after applying ``--set`` overrides."""
+    base_dir = base_dir or Path.cwd()
+    raw = {section: dict(values) if isinstance(values, dict) else values for section, values in raw.items()}
+    from_command_line: set[tuple[str, str]] = set()
+    for override in overrides:
+        section, key, value = parse_override(override)
+        if section not in SECTIONS:
+            raise RecipeError(f"--set {override}: unknown section [{section}]; sections: {', '.join(SECTIONS)}")
+        raw.setdefault(section, {})[key] = value
+        from_command_line.add((section, key))
+
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise RecipeError(f"{source}: unknown section [{section}]; sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise RecipeError(f"{source}: [{section}] must be a table of key = value lines")
+    model_values = dict(raw.get("model", {}))
+    data_values = dict(raw.get("data", {}))
+    training_values = dict(raw.get("training", {}))
+
+    preset = model_values.pop("preset", None)
+    if preset is not None and not isinstance(preset, str):
+        raise RecipeError(f"{source}: [model] preset={preset!r} must be a preset name")
+    _check_keys(source, "model", model_values, extra_allowed=("preset",))
+    _check_keys(source, "data", data_values)
+    _check_keys(source, "training", training_values)
+    _check_types(source, "model", model_values)
+    _check_types(source, "data", data_values)
+    _check_types(source, "training", training_values)
+
+    for key in PATH_KEYS:
+        value = data_values.get(key)
+        if isinstance(value, str) and not (key == "tokenizer" and value == "char"):
+            root = Path.cwd() if ("data", key) in from_command_line else base_dir
+            data_values[key] = str((root / Path(value).expanduser()).resolve())
+
+    vocab_size_given = "vocab_size" in model_values
+
+    def make_model() -> ModelConfig:
+        if preset is None:
+            return ModelConfig(**model_values)
+        return resolve_config(preset, **model_values)  # a preset's special-token ids follow a new vocab_size
+
+    model = _build(source, "model", make_model)
+    data = _build(source, "data", lambda: DataConfig(**data_values))
+    training = _build(source, "training", lambda: TrainingConfig(**training_values))
+    _build(source, "data", data.check_files)
+    if training.seq_len is not None and training.seq_len > model.max_seq_len and model.positional in (
+        "learned", "sinusoidal"
+    ):
+        raise RecipeError(
+            f"{source}: [training] seq_len={training.seq_len} exceeds [model] max_seq_len={model.max_seq_len} "
+            f"of its {model.positional} position table"
+        )
+    if training.seq_len is None:
+        training = dataclasses.replace(training, seq_len=model.max_seq_len)
+    return Recipe(model, data, training, source=source, vocab_size_given=vocab_size_given)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, value); the value is read as a TOML value, or
+    kept as a plain string when it is not one (so paths need no quotes)."""
+    name, equals, value_text = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not equals or not dot or not section or not key:
+        raise RecipeError(f"--set {text}: expected section.key=value, e.g. training.lr=3e-4")
+    try:
+        value = tomllib.loads(f"value = {value_text.strip()}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = value_text.strip()
+    return section, key.strip(), value
+
+
+def toml_value(value: Any) -> str:
+    """One TOML value: booleans, integers, floats (inf/nan too), strings, lists and inline tables."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
+
+
+# ---- checks ---------------------------------------------------------------------------------
+
+
+def _field_types(section: str) -> dict[str, Any]:
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _check_keys(source: str, section: str, values: dict, extra_allowed: tuple[str, ...] = ()) -> None:
+    known = [*_field_types(section), *extra_allowed]
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise RecipeError(
+                f"{source}: [{section}] unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}"
+            )
+
+
+def _check_types(source: str, section: str, values: dict) -> None:
+    types_by_key = _field_types(section)
+    for key, value in values.items():
+        expected = types_by_key[key]
+        if not _matches(value, expected):
+            raise RecipeError(
+                f"{source}: [{section}] {key}={value!r} must be {_describe(expected)}"
+                f" (got {type(value).__name__})"
+            )
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    options = typing.get_args(expected) if isinstance(expected, types.UnionType) else (expected,)
+    for option in options:
+        origin = typing.get_origin(option) or option
+        if option is type(None) and value is None:
+            return True
+        if origin is bool and isinstance(value, bool):
+            return True
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if origin in (str, dict, list, tuple) and isinstance(value, origin):
+            return True
+    return False
+
+
+def _describe(expected: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table"}
+    options = typing.get_args(expected) if isinstance(expected, types.UnionType) else (expected,)
+    described = [names.get(typing.get_origin(o) or o, str(o)) for o in options if o is not type(None)]
+    return " or ".join(described)
+
+
+def _build(source: str, section: str, make):
+    """Run a constructor; its error becomes one line naming the recipe and section."""
+    try:
+        return make()
+    except (ConfigError, TrainingError, DataError, TypeError) as error:
+        message = str(error)
+        if message.startswith(f"{section}."):
+            message = message[len(section) + 1 :]
+        raise RecipeError(f"{source}: [{section}] {message}") from None

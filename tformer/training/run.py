@@ -1,0 +1,81 @@
+"""A recipe run end to end: check the output folder, load the data, build the model, resume
+if asked, save the resolved recipe, train. What ``tformer train`` does, as a function."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tformer.data.sources import load_language_model_data
+from tformer.training import checkpoints, distributed, preflight
+from tformer.training.config import TrainingError
+from tformer.training.recipe import Recipe
+from tformer.training.trainer import Trainer, TrainingResult
+
+RECIPE_NAME = "recipe.toml"
+
+
+def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None, progress: bool = True,
+                 echo: Callable[[str], None] = print) -> TrainingResult:
+    """Train what ``recipe`` describes into the run folder ``out_dir``. ``resume``: None (a
+    fresh run; the folder must not hold one already), ``"auto"`` or a checkpoint/run folder."""
+    out = Path(out_dir)
+    config = recipe.training
+    context = distributed.join_process_group(config.device, config.dist_timeout_s)
+    say = echo if context.is_main else (lambda text: None)
+    try:
+        preflight.check_writable(out)  # every process checks: none may wait for a failed peer
+        existing = checkpoints.list_checkpoints(out)
+        if resume is None and existing:
+            raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
+                                "continue it with --resume auto, or choose another --out")
+        data = load_language_model_data(recipe.data)
+        recipe = recipe.with_vocab_size(data.vocab_size)
+        torch.manual_seed(config.seed)  # every process builds the same initial weights
+        from tformer.models import build_model
+
+        model = build_model(recipe.model)
+        model.tokenizer = data.tokenizer
+        tokenizer = f" ({type(data.tokenizer).__name__}, {data.vocab_size} tokens)" if data.tokenizer else ""
+        say(f"data       {data.description}{tokenizer}")
+        say(f"model      {recipe.model.architecture}: {model.num_parameters():,} parameters, "
+            f"{recipe.model.num_layers} layers, width {recipe.model.d_model}, context {recipe.model.max_seq_len}")
+        trainer = Trainer(model, config, data.train, data.eval, out_dir=out, progress=progress)
+        say(f"training   {config.max_steps} steps of {trainer.tokens_per_step:,} tokens "
+            f"({config.batch_size} x {trainer.seq_len} x {config.grad_accum_steps} accumulated x "
+            f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
+            f"{_threads(trainer)}, {config.precision}")
+        if resume is not None:
+            step = trainer.resume(resume)
+            if trainer.resumed_from is not None:
+                say(f"resumed from step {step} ({trainer.resumed_from})")
+            else:
+                say(f"no checkpoint in {out} yet: starting at step 0")
+        distributed.on_main_process(lambda: write_recipe(out, recipe), context)
+        result = trainer.train()
+        distributed.barrier(context)  # nobody leaves the group while a peer still talks to it
+        return result
+    finally:
+        trainer = model = None  # freed before the process group goes (see leave_process_group)
+        distributed.leave_process_group()
+
+
+def write_recipe(out: Path, recipe: Recipe) -> Path:
+    """Save the resolved recipe as RUN/recipe.toml (atomically)."""
+    path = out / RECIPE_NAME
+    temporary = out / f".{RECIPE_NAME}.tmp-{os.getpid()}"
+    temporary.write_text(recipe.to_toml(), encoding="utf-8")
+    os.replace(temporary, path)
+    return path
+
+
+def _threads(trainer: Trainer) -> str:
+    if trainer.context.device.type != "cpu":
+        return ""
+    count = torch.get_num_threads()
+    if trainer.thread_tuner is not None:
+        return f" with 1 or {count} threads (whichever is faster, measured as it runs)"
+    return f" with {count} thread{'s' if count > 1 else ''}"

@@ -43,9 +43,18 @@ PROMPT_LENGTH, NEW_TOKENS = 32, 128
 
 
 def timed(function) -> tuple[float, object]:
+    """Wall-clock seconds of one call, and its result."""
     started = time.perf_counter()
     result = function()
     return time.perf_counter() - started, result
+
+
+def timed_both(function) -> tuple[float, float, object]:
+    """Wall-clock and CPU seconds (all threads) of one call, and its result. CPU time is what the
+    call itself consumed, which other processes on a busy machine disturb much less."""
+    started, started_cpu = time.perf_counter(), time.process_time()
+    result = function()
+    return time.perf_counter() - started, time.process_time() - started_cpu, result
 
 
 # ---- part 1: tformer vs Hugging Face -------------------------------------------------------------
@@ -73,12 +82,14 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
         return tformer.generate(ours, prompt, new, eos_token_id=[], **options)
 
     run_hf(8), run_ours(8)  # warm up both (lazy initialisation, the fast decoder's weight layout)
-    hf_seconds, our_seconds = [], []
+    hf_seconds, our_seconds, hf_cpu, our_cpu = [], [], [], []
     for _ in range(repeats):  # alternate, so both see the same load
-        seconds, hf_tokens = timed(run_hf)
+        seconds, cpu, hf_tokens = timed_both(run_hf)
         hf_seconds.append(seconds)
-        seconds, our_tokens = timed(run_ours)
+        hf_cpu.append(cpu)
+        seconds, cpu, our_tokens = timed_both(run_ours)
         our_seconds.append(seconds)
+        our_cpu.append(cpu)
     floor = NEW_TOKENS / statistics.median(timed(lambda: matvec_floor(ours))[0] for _ in range(repeats))
     uncached = None
     if no_cache:
@@ -88,6 +99,7 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
     return dict(
         title=title, parameters=ours.num_parameters(), hf=NEW_TOKENS / statistics.median(hf_seconds),
         ours=NEW_TOKENS / statistics.median(our_seconds), uncached=uncached, floor=floor,
+        cpu_ratio=statistics.median(hf_cpu) / statistics.median(our_cpu),
         identical=torch.equal(hf_tokens, our_tokens),
     )
 
@@ -135,19 +147,22 @@ def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_cou
           f"parameters); draft {draft.config.num_layers} layer x {draft.config.d_model} "
           f"({draft.num_parameters():,} parameters)")
     print(f"{'draft tokens':>12} {'target alone tok/s':>19} {'speculative tok/s':>18} {'speed-up':>9} "
-          f"{'acceptance':>11} {'identical':>10}")
+          f"{'CPU-time speed-up':>18} {'acceptance':>11} {'identical':>10}")
     for k in draft_counts:
-        alone, together = [], []
+        alone, together, alone_cpu, together_cpu = [], [], [], []
         for _ in range(repeats):
-            seconds, greedy = timed(greedy_all)
+            seconds, cpu, greedy = timed_both(greedy_all)
             alone.append(seconds)
-            seconds, outputs = timed(lambda k=k: speculative_all(k))
+            alone_cpu.append(cpu)
+            seconds, cpu, outputs = timed_both(lambda k=k: speculative_all(k))
             together.append(seconds)
+            together_cpu.append(cpu)
         identical = all(torch.equal(g, o.sequences) for g, o in zip(greedy, outputs, strict=True))
         acceptance = sum(o.accepted_draft_tokens for o in outputs) / sum(o.draft_tokens for o in outputs)
         alone_speed, speculative_speed = total / statistics.median(alone), total / statistics.median(together)
+        cpu_speed_up = statistics.median(alone_cpu) / statistics.median(together_cpu)
         print(f"{k:>12} {alone_speed:>19.1f} {speculative_speed:>18.1f} {speculative_speed / alone_speed:>8.2f}x "
-              f"{acceptance:>10.1%} {'yes' if identical else 'NO':>10}")
+              f"{cpu_speed_up:>17.2f}x {acceptance:>10.1%} {'yes' if identical else 'NO':>10}", flush=True)
     sample = tokenizer.decode(outputs[0].sequences[0].tolist())
     print(f"sample (prompt + greedy continuation): {sample!r}")
 
@@ -176,15 +191,17 @@ def main() -> None:
 
         print(f"\n== greedy decoding: batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, fp32 CPU; "
               f"transformers {transformers.__version__}, median of {args.repeats} alternating runs ==")
-        print(f"{'shape':<36} {'params':>8} {'HF tok/s':>9} {'tformer tok/s':>14} {'ratio':>6} "
+        print(f"{'shape':<36} {'params':>8} {'HF tok/s':>9} {'tformer tok/s':>14} {'ratio':>6} {'CPU-time ratio':>15} "
               f"{'tformer no-cache tok/s':>23} {'same tokens':>12} {'matvec-only tok/s':>18}")
         for shape in args.shapes:
             row = compare_with_hugging_face(shape, args.repeats, args.no_cache)
             uncached = "-" if row["uncached"] is None else f"{row['uncached']:.1f}"
             print(f"{row['title']:<36} {row['parameters'] / 1e6:>7.1f}M {row['hf']:>9.1f} {row['ours']:>14.1f} "
-                  f"{row['ours'] / row['hf']:>5.2f}x {uncached:>23} {'yes' if row['identical'] else 'NO':>12} "
+                  f"{row['ours'] / row['hf']:>5.2f}x {row['cpu_ratio']:>14.2f}x {uncached:>23} "
+                  f"{'yes' if row['identical'] else 'NO':>12} "
                   f"{row['floor']:>18.1f}", flush=True)
-        print("matvec-only: just the weight matrix-vector products of the same steps, nothing else; the "
+        print("tok/s: new tokens per wall-clock second; CPU-time ratio: the same ratio in CPU seconds used by each.\n"
+              "matvec-only: just the weight matrix-vector products of the same steps, nothing else; the "
               "ceiling of batch-1 decoding on this machine")
     if args.part in ("all", "speculative"):
         speculative(args.pair, args.data, args.repeats, args.speculative_tokens,

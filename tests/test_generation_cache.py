@@ -51,6 +51,29 @@ def test_cached_logits_equal_full_forward_at_every_step(variant, padded, fast):
         torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama", "sinusoidal-post-norm"])
+@torch.inference_mode()
+def test_projections_split_across_threads_stay_exact(variant):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the fast path then cuts each projection in two (one slice per thread)
+    try:
+        model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).eval()  # big enough
+        decoder = fast_decoder_for(model)
+        assert decoder.layers[0].qkv.parts == decoder.lm_head.parts == 2
+        ids, mask = left_padded_batch()
+        session = DecoderSession(model, 3, 14, mask[:, :5])
+        for start, end in CHUNKS:
+            cached = session.extend(ids[:, start:end])
+            full = model(ids[:, :end], attention_mask=mask[:, :end]).logits[:, start:end]
+            real = mask[:, start:end].bool()
+            torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
+        prompts = torch.randint(0, 61, (3, 6))  # a batch: the prefill's last positions are strided rows
+        assert torch.equal(tformer.generate(model, prompts, 8), tformer.generate(model, prompts, 8, use_cache=False))
+    finally:
+        torch.set_num_threads(threads)
+    assert fast_decoder_for(model).layers[0].qkv.parts == 1  # rebuilt for the new thread count
+
+
 @torch.inference_mode()
 def test_truncate_and_reorder_keep_the_cache_exact():
     model = build_model(BASE, positional="rope", num_kv_heads=2).eval()

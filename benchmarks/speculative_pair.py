@@ -1,7 +1,6 @@
 """The target/draft pair of the speculative-decoding benchmark: a 6-layer character-level GPT and
 a 1-layer draft, both trained on tinyshakespeare: the target with the project's Trainer, the
-draft by distillation from it (a short loop below on the project's optimizer, schedule and
-random crops; the Trainer optimises cross-entropy only).
+draft by distillation from it (the Trainer with its objective replaced through ``loss_on``).
 
     python benchmarks/speculative_pair.py [--out runs/speculative-pair] [--target-steps 1500] ...
 
@@ -31,10 +30,8 @@ from pathlib import Path
 import torch
 
 import tformer
-from tformer.data.lm import random_crops, spaced_windows, split_tokens
+from tformer.data.lm import split_tokens
 from tformer.tokenizers import CharTokenizer
-from tformer.training.optim import build_optimizer
-from tformer.training.schedules import learning_rate
 from tformer.training.trainer import Trainer, TrainingConfig
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt.gz"
@@ -52,37 +49,32 @@ def read_text(path: Path) -> str:
         return handle.read()
 
 
+class DistillationTrainer(Trainer):
+    """The Trainer with its objective replaced (``loss_on``) by KL(teacher || student) over the
+    next token, in nats: training minimises it and ``eval_loss`` reports it."""
+
+    def __init__(self, model, config, train_tokens, eval_tokens, teacher: tformer.DecoderLM, **options) -> None:
+        super().__init__(model, config, train_tokens, eval_tokens, **options)
+        self.teacher = teacher.eval()
+
+    def loss_on(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_log_probs = self.teacher(inputs).logits.float().log_softmax(-1).flatten(0, 1)
+        student_log_probs = self.forward_module(inputs).logits.float().log_softmax(-1).flatten(0, 1)
+        return torch.nn.functional.kl_div(student_log_probs, teacher_log_probs, log_target=True,
+                                          reduction="batchmean")
+
+
 def distil(student: tformer.DecoderLM, teacher: tformer.DecoderLM, tokens: torch.Tensor, eval_tokens: torch.Tensor,
-           steps: int, lr: float, seed: int) -> float:
+           steps: int, lr: float, seed: int, out_dir: Path) -> float:
     """Train ``student`` to match ``teacher``'s next-token distribution on random crops of
-    ``tokens``: KL(teacher || student), AdamW, warmup then cosine decay, clipping at 1. Returns
-    the mean KL divergence on evenly spaced windows of ``eval_tokens``."""
-    optimizer = build_optimizer(student, lr, betas=(0.9, 0.99))
-    teacher.eval()
-    student.train()
-    for step in range(steps):
-        rate = learning_rate(step, schedule="cosine", lr=lr, warmup_steps=min(100, steps // 10), max_steps=steps,
-                             min_lr=lr / 10)
-        for group in optimizer.param_groups:
-            group["lr"] = rate
-        inputs, _ = random_crops(tokens, 8, SEQ_LEN, seed, step)
-        loss = _kl_divergence(student, teacher, inputs)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    student.eval()
-    with torch.no_grad():
-        windows = [spaced_windows(eval_tokens, 8, SEQ_LEN, index, 10)[0] for index in range(10)]
-        return sum(float(_kl_divergence(student, teacher, inputs)) for inputs in windows) / len(windows)
-
-
-def _kl_divergence(student, teacher, inputs: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of KL(teacher || student) of the next-token distributions, in nats."""
-    with torch.no_grad():
-        teacher_log_probs = teacher(inputs).logits.float().log_softmax(-1).flatten(0, 1)
-    student_log_probs = student(inputs).logits.float().log_softmax(-1).flatten(0, 1)
-    return torch.nn.functional.kl_div(student_log_probs, teacher_log_probs, log_target=True, reduction="batchmean")
+    ``tokens`` (warmup then cosine decay to lr / 10) and save it as a run folder in ``out_dir``;
+    returns the final KL divergence on the held-out ``eval_tokens``."""
+    config = TrainingConfig(max_steps=steps, batch_size=8, seq_len=SEQ_LEN, lr=lr, min_lr=lr / 10,
+                            warmup_steps=min(100, steps // 10), eval_every=steps, eval_batches=10, seed=seed)
+    trainer = DistillationTrainer(student, config, tokens, eval_tokens, teacher, out_dir=out_dir, progress=False,
+                                  overwrite=True)
+    return trainer.train().final_eval_loss
 
 
 def train_target(tokenizer: CharTokenizer, train_tokens, eval_tokens, steps: int, out: Path,
@@ -108,8 +100,7 @@ def draft_from_text(target: tformer.DecoderLM, train_tokens, eval_tokens, steps:
     draft = tformer.build_model("gpt-mini", vocab_size=target.config.vocab_size, max_seq_len=SEQ_LEN, **DRAFT)
     draft.tokenizer = target.tokenizer
     started = time.perf_counter()
-    kl = distil(draft, target, train_tokens, eval_tokens, steps, lr=3e-3, seed=seed)
-    draft.save(out / "draft-text")
+    kl = distil(draft, target, train_tokens, eval_tokens, steps, lr=3e-3, seed=seed, out_dir=out / "draft-text")
     print(f"distilled draft: {draft.num_parameters():,} parameters, {steps} steps of 8 x {SEQ_LEN} characters, "
           f"eval KL divergence from the target {kl:.3f} nats/char, {time.perf_counter() - started:.0f} s")
     return draft
@@ -132,8 +123,7 @@ def tune_draft(draft: tformer.DecoderLM, target: tformer.DecoderLM, train_tokens
     """Step 3: distil further on the target's greedy continuations of training prompts."""
     started = time.perf_counter()
     continuations = target_continuations(target, train_tokens, count=512, seed=seed)
-    kl = distil(draft, target, continuations, eval_tokens, steps, lr=1e-3, seed=seed)
-    draft.save(out / "draft")
+    kl = distil(draft, target, continuations, eval_tokens, steps, lr=1e-3, seed=seed, out_dir=out / "draft")
     print(f"tuned draft on {continuations.numel():,} characters of the target's greedy continuations: "
           f"{steps} steps, eval KL divergence from the target {kl:.3f} nats/char, "
           f"{time.perf_counter() - started:.0f} s")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tformer.training.trainer import native_bf16_matmul
+
 SHAPES = {
     "a": dict(num_layers=12, d_model=768, num_heads=12, vocab_size=50257, seq_len=256, batch_size=4),
     "b": dict(num_layers=6, d_model=384, num_heads=6, vocab_size=8192, seq_len=256, batch_size=8),
@@ -141,7 +143,7 @@ def main() -> None:
              if name in precisions}
     print("matmul peak: " + ", ".join(f"{name} {peak:.1f} GFLOP/s" for name, peak in peaks.items())
           + " (2048^3, median of 7)")
-    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    native_bf16 = native_bf16_matmul()
     print(f"native bf16 matmul (oneDNN, AVX512-BF16/AMX): {'yes' if native_bf16 else 'no'}; "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}\n")
     header = (f"{'shape':<6}{'precision':<10}{'tformer tok/s':>14}{'HF tok/s':>10}{'ratio':>7}"

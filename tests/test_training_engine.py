@@ -4,6 +4,7 @@ skip, early stopping, best / keep-last-k checkpoints, refusals before training, 
 import json
 import os
 import random
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -69,6 +70,7 @@ def test_label_smoothing_is_applied_to_training_not_to_evaluation():
     assert plain.evaluate() == pytest.approx(plain.evaluate())
 
 
+@pytest.mark.filterwarnings("ignore:training.precision=.bf16. on a CPU without native bf16")
 def test_bf16_autocast_trains_on_cpu_and_fp16_needs_a_gpu():
     _, result = run(precision="bf16", max_steps=12, lr=1e-2)
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
@@ -306,3 +308,13 @@ def test_a_subclass_can_replace_the_objective_for_training_and_evaluation():
     assert halved.evaluate() == pytest.approx(0.5 * plain.evaluate(), rel=1e-5)
     assert "eval_accuracy" not in halved.evaluate_metrics()
     assert halved.train_step().loss == pytest.approx(0.5 * plain.train_step().loss, rel=1e-5)
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch):
+    monkeypatch.setattr(trainer_module, "native_bf16_matmul", lambda: False)
+    with pytest.warns(UserWarning, match="without native bf16"):
+        Trainer(tiny_model(), config(precision="bf16"), TOKENS, progress=False)
+    monkeypatch.setattr(trainer_module, "native_bf16_matmul", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer(tiny_model(), config(precision="bf16"), TOKENS, progress=False)

@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +38,11 @@ from tformer.training.threads import ThreadTuner
 __all__ = ["Trainer", "TrainingConfig", "TrainingError", "TrainingResult"]
 
 EVAL_LOGITS_BUDGET = 2**24  # floats of logits per evaluation forward pass (64 MiB)
+
+
+def native_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (oneDNN with AVX512-BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @dataclass
@@ -100,6 +106,10 @@ class Trainer:
                                     f"{self.seq_len} needs at least {self.seq_len + 2}")
         if config.precision == "fp16" and self.context.device.type != "cuda":
             raise TrainingError("training.precision='fp16' needs a CUDA device (loss scaling); on CPU use 'bf16'")
+        if config.precision == "bf16" and self.context.device.type == "cpu" and not native_bf16_matmul():
+            warnings.warn("training.precision='bf16' on a CPU without native bf16 matrix units (AVX512-BF16 or "
+                          "AMX): PyTorch's fallback multiplies bf16 matrices far slower than fp32 (10x or more); "
+                          "'fp32' is faster here", stacklevel=2)
         if config.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)

@@ -120,7 +120,7 @@ class DecoderLM(Model):
             raise ValueError(f"input_ids must have shape (batch, length), got {tuple(input_ids.shape)}")
         if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.numel():
+        if input_ids.numel() and not torch.compiler.is_compiling():  # value checks sync: skipped when compiled
             low, high = int(input_ids.min()), int(input_ids.max())
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
@@ -135,7 +135,9 @@ class DecoderLM(Model):
                 )
 
     def _check_positions(self, position_ids: Tensor) -> None:
-        if self.positional.has_table and position_ids.numel() and int(position_ids.max()) >= self.config.max_seq_len:
+        if torch.compiler.is_compiling() or not (self.positional.has_table and position_ids.numel()):
+            return
+        if int(position_ids.max()) >= self.config.max_seq_len:
             raise ValueError(
                 f"position {int(position_ids.max())} is beyond max_seq_len={self.config.max_seq_len} "
                 f"of this model's {self.config.positional} position table; use at most "

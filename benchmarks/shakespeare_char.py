@@ -8,7 +8,13 @@ same quantity without the sampling noise), the training tokens/s, and the machin
 average (other processes share its 2 cores). nanoGPT's figures beside them are the ones
 measured on this machine for the tracker issue (104 s, val loss 1.886, about 16,100 tokens/s).
 
-    python benchmarks/shakespeare_char.py [--repeat 3] [--set training.threads=1 ...]
+With ``--peer`` (the default) each repeat also times, as a whole process right after it,
+``plain_gpt_reference.py``: the same settings in a plain PyTorch loop in nanoGPT's manner
+(written here, not nanoGPT's code, with nanoGPT's evaluations and checkpoints). The machine's
+speed drifts over minutes, so the wall-time ratio to this peer, measured alternately, is the
+steadier figure to set beside the issue's 0.8x.
+
+    python benchmarks/shakespeare_char.py [--repeat 3] [--no-peer] [--set training.threads=1 ...]
 """
 
 from __future__ import annotations
@@ -79,21 +85,40 @@ def one_run(extra: list[str]) -> dict:
         }
 
 
+def peer_run() -> float:
+    """Whole-process wall seconds of the plain nanoGPT-manner loop on the same settings."""
+    command = [sys.executable, str(REPO / "benchmarks" / "plain_gpt_reference.py"), "--no-full-validation"]
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"the plain reference failed:\n{result.stdout}\n{result.stderr}")
+    return wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the plain nanoGPT-manner loop after each run (default: on)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args()
     if not DATA.is_file():
         raise SystemExit(f"{DATA} is absent: this benchmark needs ../shared/data/tinyshakespeare beside the project")
     extra = [item for override in args.overrides for item in ("--set", override)]
     runs = []
-    print(f"{'run':>4} {'wall s':>8} {'val loss':>9} {'full val':>9} {'tokens/s':>9} {'steps':>6}  load avg")
+    peer = " peer wall s  ratio" if args.peer else ""
+    print(f"{'run':>4} {'wall s':>8} {'val loss':>9} {'full val':>9} {'tokens/s':>9} {'steps':>6}{peer}  load avg")
     for index in range(args.repeat):
         runs.append(one_run(extra))
         r = runs[-1]
+        if args.peer:
+            r["peer_wall_s"] = peer_run()
+            r["ratio"] = r["wall_s"] / r["peer_wall_s"]
+            peer = f" {r['peer_wall_s']:>11.1f} {r['ratio']:>6.2f}"
         print(f"{index + 1:>4} {r['wall_s']:>8.1f} {r['val_loss']:>9.4f} {r['full_val_loss']:>9.4f} "
-              f"{r['tokens_per_s']:>9,.0f} {r['steps']:>6}  {r['load'][0]:.2f} -> {r['load'][1]:.2f}", flush=True)
+              f"{r['tokens_per_s']:>9,.0f} {r['steps']:>6}{peer}  {r['load'][0]:.2f} -> {os.getloadavg()[0]:.2f}",
+              flush=True)
     median = {key: statistics.median(r[key] for r in runs) for key in ("wall_s", "val_loss", "full_val_loss",
                                                                         "tokens_per_s")}
     print()
@@ -102,6 +127,10 @@ def main() -> None:
         print(f"{name:<22} {row['wall_s']:>8.1f} {row['val_loss']:>9.4f} {row['tokens_per_s']:>9,.0f}")
     print(f"{'target':<22} {'<= ' + str(TARGETS['wall_s']):>8} {'<= ' + str(TARGETS['val_loss']):>9}")
     print(f"full-validation loss (median): {median['full_val_loss']:.4f}")
+    if args.peer:
+        print(f"wall time / plain nanoGPT-manner loop's, same repeat (median): "
+              f"{statistics.median(r['ratio'] for r in runs):.2f} (target 0.80); peer wall (median) "
+              f"{statistics.median(r['peer_wall_s'] for r in runs):.1f} s")
 
 
 if __name__ == "__main__":

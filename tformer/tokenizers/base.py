@@ -422,3 +422,25 @@ def _check_text_list(texts: Sequence[str], what: str) -> list[str]:
         if not isinstance(text, str):
             raise TokenizerError(f"{what}[{index}] must be a str, got {type(text).__name__}")
     return texts
+
+
+class VocabularyTokenizer(Tokenizer):
+    """A tokenizer whose model vocabulary is a token -> id table (BPE, WordPiece)."""
+
+    def _set_vocabulary(self, vocab: Mapping[str, int]) -> None:
+        self._vocab = dict(vocab)
+        self._id_to_token = {token_id: token for token, token_id in self._vocab.items()}
+        self._size = max(self._id_to_token, default=-1) + 1
+
+    @property
+    def _model_size(self) -> int:
+        return self._size
+
+    def _model_token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def _model_id_to_token(self, token_id: int) -> str | None:
+        return self._id_to_token.get(token_id)
+
+    def _model_vocab(self) -> dict[str, int]:
+        return dict(self._vocab)

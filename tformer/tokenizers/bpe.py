@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
-from tformer.tokenizers.base import Tokenizer
+from tformer.tokenizers.base import VocabularyTokenizer
 from tformer.tokenizers.byte_level import BYTE_TO_CHAR, GPT2_PATTERN, PreTokenizer, to_byte_chars, token_bytes
 from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
 from tformer.tokenizers.errors import TokenizerError
@@ -26,7 +26,7 @@ from tformer.tokenizers.post_processor import Template
 CACHE_LIMIT = 200_000
 
 
-class BPETokenizer(Tokenizer):
+class BPETokenizer(VocabularyTokenizer):
     """Byte-level BPE. ``vocab`` maps byte-level token strings ("Ġthe") to ids; ``merges``
     lists ``(left, right)`` pairs by rank. ``pattern`` is the pre-tokenization regex (GPT-2's
     by default). ``ignore_merges`` looks a whole word up in the vocabulary before merging
@@ -48,9 +48,7 @@ class BPETokenizer(Tokenizer):
         add_prefix_space: bool = False,
         normalizer: Normalizer | None = None,
     ) -> None:
-        self._vocab = _check_vocab(vocab)
-        self._id_to_token = {token_id: token for token, token_id in self._vocab.items()}
-        self._size = max(self._id_to_token, default=-1) + 1
+        self._set_vocabulary(_check_vocab(vocab))
         self._byte_ids = [self._vocab.get(char) for char in BYTE_TO_CHAR]
         self._missing_bytes = None in self._byte_ids
         if unk_token is not None and unk_token not in self._vocab:
@@ -78,19 +76,6 @@ class BPETokenizer(Tokenizer):
         super().__init__(added_tokens, roles, template)
 
     # ---- the model ------------------------------------------------------------------------------
-
-    @property
-    def _model_size(self) -> int:
-        return self._size
-
-    def _model_token_to_id(self, token: str) -> int | None:
-        return self._vocab.get(token)
-
-    def _model_id_to_token(self, token_id: int) -> str | None:
-        return self._id_to_token.get(token_id)
-
-    def _model_vocab(self) -> dict[str, int]:
-        return dict(self._vocab)
 
     @property
     def merges(self) -> list[tuple[str, str]]:

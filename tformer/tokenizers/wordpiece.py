@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
-from tformer.tokenizers.base import Tokenizer
+from tformer.tokenizers.base import VocabularyTokenizer
 from tformer.tokenizers.bpe import CACHE_LIMIT
 from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
 from tformer.tokenizers.errors import TokenizerError
@@ -24,7 +24,7 @@ from tformer.tokenizers.pre_tokenizers import BertPreTokenizer, PreTokenizer
 BERT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 
 
-class WordPieceTokenizer(Tokenizer):
+class WordPieceTokenizer(VocabularyTokenizer):
     """WordPiece over ``vocab`` (token → id, or tokens in id order). ``lowercase`` and
     ``strip_accents`` configure BERT's normalizer (accents are stripped when lower-casing unless
     told otherwise); pass ``normalizer`` / ``pre_tokenizer`` to replace BERT's altogether."""
@@ -50,11 +50,9 @@ class WordPieceTokenizer(Tokenizer):
     ) -> None:
         if not isinstance(vocab, Mapping):
             vocab = {token: token_id for token_id, token in enumerate(vocab)}
-        self._vocab = dict(vocab)
-        if unk_token not in self._vocab:
+        if unk_token not in vocab:
             raise TokenizerError(f"unk_token {unk_token!r} is not in the WordPiece vocabulary")
-        self._id_to_token = {token_id: token for token, token_id in self._vocab.items()}
-        self._size = max(self._id_to_token, default=-1) + 1
+        self._set_vocabulary(vocab)
         self._unk_token = unk_token
         self._unk_id = self._vocab[unk_token]
         self.prefix = continuing_subword_prefix
@@ -73,19 +71,6 @@ class WordPieceTokenizer(Tokenizer):
         super().__init__(added_tokens, roles, template)
 
     # ---- the model ------------------------------------------------------------------------------
-
-    @property
-    def _model_size(self) -> int:
-        return self._size
-
-    def _model_token_to_id(self, token: str) -> int | None:
-        return self._vocab.get(token)
-
-    def _model_id_to_token(self, token_id: int) -> str | None:
-        return self._id_to_token.get(token_id)
-
-    def _model_vocab(self) -> dict[str, int]:
-        return dict(self._vocab)
 
     def _normalize(self, text: str) -> str:
         return self.normalizer(text)

@@ -33,7 +33,8 @@ def test_demo_trains_saves_plots_and_samples(tmp_path, capsys):
         p.name for p in out.iterdir()
     }
     assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert tformer.load(out).tokenizer is not None
+    loaded = tformer.load(out)
+    assert loaded.tokenizer is not None and loaded.config.positional == "rope"  # the demo's default
 
 
 def test_info_prints_config_and_parameters(tmp_path, capsys):

@@ -42,14 +42,7 @@ SHAPES = {
 PROMPT_LENGTH, NEW_TOKENS = 32, 128
 
 
-def timed(function) -> tuple[float, object]:
-    """Wall-clock seconds of one call, and its result."""
-    started = time.perf_counter()
-    result = function()
-    return time.perf_counter() - started, result
-
-
-def timed_both(function) -> tuple[float, float, object]:
+def timed(function) -> tuple[float, float, object]:
     """Wall-clock and CPU seconds (all threads) of one call, and its result. CPU time is what the
     call itself consumed, which other processes on a busy machine disturb much less."""
     started, started_cpu = time.perf_counter(), time.process_time()
@@ -84,16 +77,16 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
     run_hf(8), run_ours(8)  # warm up both (lazy initialisation, the fast decoder's weight layout)
     hf_seconds, our_seconds, hf_cpu, our_cpu = [], [], [], []
     for _ in range(repeats):  # alternate, so both see the same load
-        seconds, cpu, hf_tokens = timed_both(run_hf)
+        seconds, cpu, hf_tokens = timed(run_hf)
         hf_seconds.append(seconds)
         hf_cpu.append(cpu)
-        seconds, cpu, our_tokens = timed_both(run_ours)
+        seconds, cpu, our_tokens = timed(run_ours)
         our_seconds.append(seconds)
         our_cpu.append(cpu)
     floor = NEW_TOKENS / statistics.median(timed(lambda: matvec_floor(ours))[0] for _ in range(repeats))
     uncached = None
     if no_cache:
-        seconds, uncached_tokens = timed(lambda: run_ours(use_cache=False))
+        seconds, _, uncached_tokens = timed(lambda: run_ours(use_cache=False))
         uncached = NEW_TOKENS / seconds
         assert torch.equal(uncached_tokens, our_tokens), "tformer without cache gave other tokens"
     return dict(
@@ -151,10 +144,10 @@ def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_cou
     for k in draft_counts:
         alone, together, alone_cpu, together_cpu = [], [], [], []
         for _ in range(repeats):
-            seconds, cpu, greedy = timed_both(greedy_all)
+            seconds, cpu, greedy = timed(greedy_all)
             alone.append(seconds)
             alone_cpu.append(cpu)
-            seconds, cpu, outputs = timed_both(lambda k=k: speculative_all(k))
+            seconds, cpu, outputs = timed(lambda k=k: speculative_all(k))
             together.append(seconds)
             together_cpu.append(cpu)
         identical = all(torch.equal(g, o.sequences) for g, o in zip(greedy, outputs, strict=True))

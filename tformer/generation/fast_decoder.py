@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -97,8 +98,7 @@ class _Layer:
     feedforward_norm: _Norm
     feedforward_in: _Projection
     feedforward_out: _Projection
-    activation: object  # the FeedForward's own activation function
-    gated: bool
+    activate: Callable[[Tensor], Tensor]  # the FeedForward's own activation (gated or not)
 
 
 class FastDecoderUnsupported(Exception):
@@ -129,7 +129,7 @@ class FastDecoder:
         )
         self._rotary_cos = self._rotary_sin = None
         copy = self.device.type == "cpu"
-        self.threads = torch.get_num_threads() if copy else 1
+        self.threads = _layout_threads(self.device)
         self.layers = [self._layer(block, copy) for block in model.blocks]
         self.final_norm = self._norm(model.final_norm) if self.pre_norm else None
         self.lm_head = self._projection(model.lm_head, copy)
@@ -167,7 +167,7 @@ class FastDecoder:
     def is_current_for(self, model: nn.Module) -> bool:
         """Whether this decoder was built from ``model`` and its weights have not changed since."""
         return (self._model() is model and self._sources is not None and self._sources == _parameter_fingerprint(model)
-                and self.threads == (torch.get_num_threads() if self.device.type == "cpu" else 1))
+                and self.threads == _layout_threads(self.device))
 
     @staticmethod
     def _position_table(positional) -> Tensor | None:
@@ -197,8 +197,7 @@ class FastDecoder:
             feedforward_norm=self._norm(block.feedforward_norm),
             feedforward_in=self._projection(block.feedforward.in_proj, copy),
             feedforward_out=self._projection(block.feedforward.out_proj, copy),
-            activation=block.feedforward.activation,
-            gated=block.feedforward.gated,
+            activate=block.feedforward.activate,
         )
 
     # ---- the forward -------------------------------------------------------------------------
@@ -264,13 +263,7 @@ class FastDecoder:
 
     @staticmethod
     def _feedforward(layer: _Layer, h: Tensor) -> Tensor:
-        hidden = layer.feedforward_in(h)
-        if layer.gated:
-            gate, up = hidden.chunk(2, dim=-1)
-            hidden = layer.activation(gate) * up
-        else:
-            hidden = layer.activation(hidden)
-        return layer.feedforward_out(hidden)
+        return layer.feedforward_out(layer.activate(layer.feedforward_in(h)))
 
     def reserve_positions(self, count: int) -> None:
         """Make positions 0 .. count-1 usable (rotary tables); called once per session, so the
@@ -285,6 +278,11 @@ class FastDecoder:
     def _rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin (B, 1, T, Dh) for ``positions`` (B, T) from the reserved table."""
         return self._rotary_cos[positions].unsqueeze(1), self._rotary_sin[positions].unsqueeze(1)
+
+
+def _layout_threads(device: torch.device) -> int:
+    """The thread count CPU projections are split for (one slice per thread); 1 elsewhere."""
+    return torch.get_num_threads() if device.type == "cpu" else 1
 
 
 def _norm_kind(module: nn.Module) -> str | None:

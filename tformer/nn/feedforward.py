@@ -33,10 +33,11 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, T, D) -> (B, T, D)."""
-        hidden = self.in_proj(x)
+        return self.out_proj(self.activate(self.in_proj(x)))
+
+    def activate(self, hidden: Tensor) -> Tensor:
+        """The activation between the projections: (..., d_ff or 2 * d_ff) -> (..., d_ff)."""
         if self.gated:
             gate, up = hidden.chunk(2, dim=-1)
-            hidden = self.activation(gate) * up
-        else:
-            hidden = self.activation(hidden)
-        return self.out_proj(hidden)
+            return self.activation(gate) * up
+        return self.activation(hidden)

@@ -9,6 +9,7 @@ splitting matrices, writing folders) is shared and lives beside this module.
 from __future__ import annotations
 
 import re
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -96,3 +97,37 @@ def differences(config: ModelConfig, required: Mapping[str, Any]) -> list[str]:
             wanted = " or ".join(repr(choice) for choice in allowed)
             found.append(f"{name}={value!r} (needs {wanted})")
     return found
+
+
+def special_token_ids(model_type: str, raw: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``pad_token_id``, ``bos_token_id`` and ``eos_token_id`` of a config.json, each ``raw[key]`` or its
+    ``defaults[key]`` when absent; ids outside the vocabulary dropped (None), with one warning.
+
+    Hugging Face loads such folders: GPT2Config's defaults (50256) sit outside every small vocabulary a
+    test model is made with. ``eos_token_id`` may be a list (Llama 3): its usable ids are kept in order.
+    """
+    vocab_size = hf_field(raw, "vocab_size", defaults["vocab_size"])
+    ids: dict[str, Any] = {}
+    dropped: list[str] = []
+
+    def usable(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
+
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = raw[key] if key in raw else defaults.get(key)
+        if isinstance(value, list):
+            kept = [item for item in value if usable(item)]
+            if len(kept) < len(value):
+                dropped.append(f"{key}={value!r}")
+            ids[key] = kept
+        elif value is None or usable(value):
+            ids[key] = value
+        else:
+            dropped.append(f"{key}={value!r}")
+            ids[key] = None
+    if dropped:
+        warnings.warn(
+            f"{model_type} config.json: {', '.join(dropped)} are outside the vocabulary [0, {vocab_size}): "
+            "ignored (no such token)", stacklevel=5,  # the caller of tformer.load
+        )
+    return ids

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, translated
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
 from tformer.interop.weight_map import ModuleMap
 
 # HF ``activation_function`` <-> tformer activation.
@@ -59,6 +59,7 @@ class GPT2Family(Family):
         for key, supported in UNSUPPORTED_UNLESS.items():
             require("gpt2", key, hf_field(raw, key, supported), supported)
         d_model = hf_field(raw, "n_embd", 768)
+        special = special_token_ids("gpt2", raw, {"vocab_size": 50257, "bos_token_id": 50256, "eos_token_id": 50256})
         return ModelConfig(
             architecture="decoder",
             vocab_size=hf_field(raw, "vocab_size", 50257),
@@ -79,9 +80,7 @@ class GPT2Family(Family):
             bias=True,
             tie_embeddings=hf_field(raw, "tie_word_embeddings", True),
             initializer_range=hf_field(raw, "initializer_range", 0.02),
-            pad_token_id=raw.get("pad_token_id"),
-            bos_token_id=raw.get("bos_token_id"),
-            eos_token_id=raw.get("eos_token_id"),
+            **special,
         )
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, translated
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
 from tformer.interop.weight_map import ModuleMap
 
 # HF ``hidden_act`` (applied to the gate) <-> tformer's gated activation.
@@ -48,7 +48,8 @@ class LlamaFamily(Family):
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
         hidden_size = hf_field(raw, "hidden_size", 4096)
         num_heads = hf_field(raw, "num_attention_heads", 32)
-        eos_token_ids = raw.get("eos_token_id", 2)
+        special = special_token_ids("llama", raw, {"vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2})
+        eos_token_ids = special.pop("eos_token_id")
         extra = {}
         if isinstance(eos_token_ids, list):
             extra["eos_token_ids"] = eos_token_ids
@@ -75,9 +76,8 @@ class LlamaFamily(Family):
             feedforward_bias=hf_field(raw, "mlp_bias", False),
             tie_embeddings=hf_field(raw, "tie_word_embeddings", False),
             initializer_range=hf_field(raw, "initializer_range", 0.02),
-            pad_token_id=raw.get("pad_token_id"),
-            bos_token_id=raw.get("bos_token_id", 1),
             eos_token_id=eos_token_ids,
+            **special,
             extra=extra,
         )
 

@@ -211,11 +211,10 @@ class DecoderSession(ModelSession):
         self.positions = self.padding_mask = self.bias = None
         if self.fast is not None:
             self.fast.reserve_positions(max_len)
-            self.dtype = self.fast.dtype
             self.positions = positions_from_mask(self.attend)  # (B, max_len) true position of each column
             self.bias = getattr(self.fast.positional, "bias", None)  # ALiBi / relative: an additive bias module
             # Additive padding mask for one-token steps (B, 1, 1, max_len); None when nothing is padded.
-            self.padding_mask = additive_mask(self.attend, self.dtype)[:, None, None, :] if self.padded else None
+            self.padding_mask = additive_mask(self.attend, self.fast.dtype)[:, None, None, :] if self.padded else None
 
     def reorder(self, rows: Tensor) -> None:
         super().reorder(rows)
@@ -239,9 +238,9 @@ class DecoderSession(ModelSession):
             allowed = causal_mask(length, end, self.attend.device)[None, None]  # (1, 1, T, end)
             if self.padded:
                 allowed = allowed & self.attend[:, None, None, :end]
-            mask = additive_mask(allowed, self.dtype)
+            mask = additive_mask(allowed, self.fast.dtype)
         if self.bias is not None:
-            bias = self.bias(self.positions[:, past:end], self.positions[:, :end]).to(self.dtype)
+            bias = self.bias(self.positions[:, past:end], self.positions[:, :end]).to(self.fast.dtype)
             mask = bias if mask is None else mask + bias
         return mask
 

@@ -144,3 +144,17 @@ class DecoderLM(Model):
                 f"{self.config.max_seq_len} tokens"
             )
 
+    # ---- generation hooks (the Session protocol: tformer/generation/session.py) --------------------
+    # new_cache (above) and forward(..., cache=...) are hooks too.
+
+    def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None):
+        """A ``GenerationState`` of the prompt as it is: a decoder has nothing to encode, and its steps
+        need nothing but tokens."""
+        from tformer.generation.session import GenerationState  # models do not import generation at load
+
+        return GenerationState(input_ids=input_ids, attention_mask=attention_mask)
+
+    @property
+    def position_limit(self) -> int | None:
+        """The most positions this model takes: ``max_seq_len`` when positions index a table, else None."""
+        return self.config.max_seq_len if self.positional.has_table else None

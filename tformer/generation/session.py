@@ -70,7 +70,7 @@ class DecoderSession:
             attend[:, : attention_mask.shape[1]] = attention_mask.bool()
         self.attend = attend  # (B, max_len) True = a real token
         self.positions = positions_from_mask(attend)  # (B, max_len) true position of each column
-        self.bias = getattr(model.positional, "bias", None)  # ALiBi / relative: an additive bias module
+        self.bias = getattr(model.stack.positional, "bias", None)  # ALiBi / relative: an additive bias module
         # Additive padding mask for one-token steps (B, 1, 1, max_len); None when nothing is padded.
         self.padding_mask = additive_mask(attend, self.dtype)[:, None, None, :] if self.padded else None
 

@@ -226,7 +226,7 @@ def _stop_strings(value: object) -> tuple[str, ...]:
 
 def _check_length(model: nn.Module, role: str, prompt_length: int, max_new_tokens: int) -> None:
     """Models with a position table cannot go past ``max_seq_len`` positions."""
-    limit = model.config.max_seq_len if model.positional.has_table else None
+    limit = model.position_limit
     if limit is not None and prompt_length + max_new_tokens > limit:
         raise GenerationError(
             f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) exceeds "

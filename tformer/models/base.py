@@ -1,5 +1,5 @@
 """What every tformer model shares: its config, an optional tokenizer, weight initialisation,
-parameter counting and saving."""
+parameter counting and saving (loading is ``tformer.hub``'s: it needs every model class)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from tformer.checkpoint import save_checkpoint
 from tformer.config import ModelConfig
+from tformer.interop import save_hf
 
 
 class Model(nn.Module):
@@ -58,10 +60,13 @@ class Model(nn.Module):
     # ---- saving ------------------------------------------------------------------------------
 
     def save(self, path: str | Path, format: str = "tformer") -> Path:
-        """Write a checkpoint folder: config.json, model.safetensors, tokenizer.json if attached."""
-        from tformer.checkpoint import save_model
-
-        return save_model(self, path, format=format)
+        """Write a checkpoint folder: config.json, model.safetensors, tokenizer.json if attached;
+        in tformer's format, or Hugging Face's (``format="hf"``) for the families interop knows."""
+        if format == "hf":
+            return save_hf(self, path)
+        if format != "tformer":
+            raise ValueError(f"format={format!r} is not one of tformer, hf")
+        return save_checkpoint(self, path)
 
     @property
     def device(self) -> torch.device:

@@ -13,6 +13,7 @@ from torch import nn
 from tformer.checkpoint import save_checkpoint
 from tformer.config import ModelConfig
 from tformer.interop import save_hf
+from tformer.nn.stack import TransformerStack
 
 
 class Model(nn.Module):
@@ -67,6 +68,14 @@ class Model(nn.Module):
         if format != "tformer":
             raise ValueError(f"format={format!r} is not one of tformer, hf")
         return save_checkpoint(self, path)
+
+    @property
+    def position_limit(self) -> int | None:
+        """How many positions the model can take when they index a fixed table (learned,
+        sinusoidal: ``max_seq_len``), the smallest over its stacks; None when unbounded."""
+        limits = [module.position_limit for module in self.modules() if isinstance(module, TransformerStack)]
+        limits = [limit for limit in limits if limit is not None]
+        return min(limits) if limits else None
 
     @property
     def device(self) -> torch.device:

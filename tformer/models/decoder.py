@@ -23,7 +23,7 @@ class DecoderLM(Model):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.embedding = TokenEmbedding(config)
+        self.embedding = TokenEmbedding.from_config(config)
         self.stack = TransformerStack(config, causal=True)
         self.lm_head = LMHead(config.d_model, config.vocab_size)
         self.init_weights()
@@ -32,10 +32,6 @@ class DecoderLM(Model):
 
     def tied_parameters(self) -> dict[str, str]:
         return {"lm_head.weight": "embedding.token.weight"} if self.config.tie_embeddings else {}
-
-    @property
-    def position_limit(self) -> int | None:
-        return self.stack.position_limit
 
     def new_cache(
         self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device: torch.device | None = None

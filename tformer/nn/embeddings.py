@@ -15,11 +15,15 @@ class TokenEmbedding(nn.Module):
     """Token table (``token``), scaled by sqrt(d_model) when ``scale_embeddings``, plus segment
     embeddings (``token_type``) when ``type_vocab_size`` > 0. Positions are the stack's."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, vocab_size: int, d_model: int, type_vocab_size: int = 0, scale: bool = False) -> None:
         super().__init__()
-        self.token = nn.Embedding(config.vocab_size, config.d_model)
-        self.token_type = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
-        self.scale = math.sqrt(config.d_model) if config.scale_embeddings else None
+        self.token = nn.Embedding(vocab_size, d_model)
+        self.token_type = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
+        self.scale = math.sqrt(d_model) if scale else None
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> TokenEmbedding:
+        return cls(config.vocab_size, config.d_model, config.type_vocab_size, config.scale_embeddings)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """input_ids (B, T) -> (B, T, D); ``token_type_ids`` (B, T), all 0 when not given."""

@@ -47,9 +47,9 @@ def test_every_module_imports_on_its_own():
         print("FAILED:", " ".join(failures))
         sys.exit(1 if failures else 0)
     """)
-    result = subprocess.run([sys.executable, "-c", script, str(PACKAGE), *MODULES], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-                                              "PATH": "/usr/bin:/bin"})
+    environment = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", script, str(PACKAGE), *MODULES], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env=environment)
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
 
 

@@ -41,17 +41,14 @@ class TransformerStack(nn.Module):
         self.config = config
         self.causal = causal
         self.positional = positional_from_config(config, causal=causal)
-        # BERT normalises embeddings + positions before the first block.
-        self.embedding_norm = (
-            build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias) if config.embedding_norm else None
-        )
+        def norm() -> nn.Module:
+            return build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)
+
+        self.embedding_norm = norm() if config.embedding_norm else None  # BERT: after embeddings + positions
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(TransformerBlock(config, cross_attention) for _ in range(config.num_layers))
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
-        self.final_norm = (
-            build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)
-            if config.norm_position == "pre" else nn.Identity()
-        )
+        self.final_norm = norm() if config.norm_position == "pre" else nn.Identity()
 
     @property
     def position_limit(self) -> int | None:

@@ -60,7 +60,7 @@ class ToyTranslator(RecordsTouches):
         x = self._embedding(source) + self._positions(positions_from_mask(source_mask))
         context = AttentionContext(mask=additive_mask(source_mask.bool(), x.dtype)[:, None, None, :])
         for block in self._encoder:
-            x, _ = block(x, context)
+            x, _, _ = block(x, context)
         return x
 
     # ---- the hooks --------------------------------------------------------------------------
@@ -99,7 +99,7 @@ class ToyTranslator(RecordsTouches):
             if layer is not None and layer.cross_attention is None:  # filled with the encoder's keys/values once
                 layer.cross_attention = KVCache(batch, self._config.num_kv_heads, encoder_output.shape[1],
                                                 self._config.head_dim)
-            x, _ = block(x, context, layer)
+            x, _, _ = block(x, context, layer)
         return ModelOutput(logits=self._head(self._norm(x)))
 
 

@@ -502,7 +502,7 @@ def test_bias_switches_derive_from_bias_and_govern_only_their_projections():
     plain = build_model("gpt-nano", bias=False)
     assert (plain.config.attention_bias, plain.config.feedforward_bias) == (False, False)
     model = build_model("gpt-nano", bias=False, attention_bias=True)
-    block = model.blocks[0]
+    block = model.stack.blocks[0]
     assert block.attention.qkv_proj.bias is not None and block.attention.out_proj.bias is not None
     assert block.feedforward.in_proj.bias is None and block.attention_norm.bias is None
     assert model.config.replace(bias=True).feedforward_bias is True  # derived values follow bias

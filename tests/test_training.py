@@ -33,9 +33,9 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
     model = tformer.build_model("gpt-nano")
     decay, no_decay = parameter_groups(model, 0.1)
     decayed = {id(p) for p in decay["params"]}
-    assert id(model.blocks[0].attention.qkv_proj.weight) in decayed
-    assert id(model.token_embedding.weight) not in decayed
-    assert id(model.blocks[0].attention_norm.weight) not in decayed
+    assert id(model.stack.blocks[0].attention.qkv_proj.weight) in decayed
+    assert id(model.embedding.token.weight) not in decayed
+    assert id(model.stack.blocks[0].attention_norm.weight) not in decayed
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
@@ -79,7 +79,7 @@ def test_bad_training_settings_are_named():
 def test_non_finite_loss_stops_training():
     model = tformer.build_model("gpt-nano", vocab_size=8)
     with torch.no_grad():
-        model.token_embedding.weight.fill_(float("nan"))
+        model.embedding.token.weight.fill_(float("nan"))
     trainer = Trainer(model, TrainingConfig(max_steps=3, batch_size=2, seq_len=8), torch.arange(8).repeat(10),
                       progress=False)
     with pytest.raises(TrainingError, match="loss became nan at step 0"):

@@ -31,7 +31,6 @@ the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -39,6 +38,7 @@ from torch import Tensor, nn
 
 from tformer.generation.fast_decoder import FastDecoder, fast_decoder_for
 from tformer.generation.settings import GenerationError
+from tformer.models.output import GenerationState
 from tformer.nn.attention import KVCache, additive_mask, causal_mask
 from tformer.nn.position import positions_from_mask
 
@@ -56,17 +56,6 @@ class Session(Protocol):
 
     def reorder(self, rows: Tensor) -> None:
         """Keep the rows named by ``rows`` (B',), in that order, repeating as asked."""
-
-
-@dataclass
-class GenerationState:
-    """What ``prepare_generation`` returns: where the decoder starts, and what each step needs."""
-
-    input_ids: Tensor  # (B, T0) the decoder's prompt: a decoder's own, an encoder–decoder's start tokens
-    attention_mask: Tensor | None = None  # (B, T0) 1 = token, 0 = left padding; None: no padding
-    # Keyword arguments of every forward step, each indexed by row (B, ...), reordered with the rows:
-    # e.g. encoder_output (B, S, D) and encoder_attention_mask (B, S).
-    step_inputs: dict[str, Tensor] = field(default_factory=dict)
 
 
 def open_session(

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, field_default, non_default_fields
 from tformer.interop.weight_map import ModuleMap
 
 
@@ -29,6 +29,9 @@ class Family(ABC):
     base_prefix: ClassVar[str]  # prefix of the base model's tensors inside the LM class ("model.")
     modules: ClassVar[Mapping[str, ModuleMap]]  # tformer module path -> HF module(s)
     ignored_names: ClassVar[tuple[str, ...]] = ()  # regexes: buffers some files carry, not weights
+    # The ModelConfig fields this family translates; any other must hold its default (fail closed),
+    # so a switch added to the core later is refused here until the family learns it.
+    handled_fields: ClassVar[frozenset[str]]
 
     @abstractmethod
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
@@ -39,8 +42,18 @@ class Family(ABC):
         """The config.json fields of this family for ``config`` (which ``mismatches`` accepted)."""
 
     @abstractmethod
+    def required_values(self, config: ModelConfig) -> list[str]:
+        """The handled fields whose values this family cannot express, one short phrase each."""
+
     def mismatches(self, config: ModelConfig) -> list[str]:
-        """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can."""
+        """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can:
+        handled fields with values the family lacks, then any field it does not handle set at all."""
+        found = self.required_values(config)
+        for name in non_default_fields(config):
+            if name not in self.handled_fields:
+                default = field_default(type(config), name)
+                found.append(f"{name}={getattr(config, name)!r} (needs {default!r}: not a {self.model_type} setting)")
+        return found
 
     def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
         """The HF tensors named as the LM class names them, without buffers and ignored duplicates.

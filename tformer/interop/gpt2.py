@@ -41,19 +41,25 @@ class GPT2Family(Family):
     architecture_class = "GPT2LMHeadModel"
     base_prefix = "transformer."
     modules = {
-        "token_embedding": ModuleMap(("transformer.wte",)),
-        "positional.absolute.embedding": ModuleMap(("transformer.wpe",)),
-        "blocks.{i}.attention_norm": ModuleMap(("transformer.h.{i}.ln_1",)),
-        "blocks.{i}.attention.qkv_proj": _conv1d("transformer.h.{i}.attn.c_attn"),
-        "blocks.{i}.attention.out_proj": _conv1d("transformer.h.{i}.attn.c_proj"),
-        "blocks.{i}.feedforward_norm": ModuleMap(("transformer.h.{i}.ln_2",)),
-        "blocks.{i}.feedforward.in_proj": _conv1d("transformer.h.{i}.mlp.c_fc"),
-        "blocks.{i}.feedforward.out_proj": _conv1d("transformer.h.{i}.mlp.c_proj"),
-        "final_norm": ModuleMap(("transformer.ln_f",)),
+        "embedding.token": ModuleMap(("transformer.wte",)),
+        "stack.positional.absolute.embedding": ModuleMap(("transformer.wpe",)),
+        "stack.blocks.{i}.attention_norm": ModuleMap(("transformer.h.{i}.ln_1",)),
+        "stack.blocks.{i}.attention.qkv_proj": _conv1d("transformer.h.{i}.attn.c_attn"),
+        "stack.blocks.{i}.attention.out_proj": _conv1d("transformer.h.{i}.attn.c_proj"),
+        "stack.blocks.{i}.feedforward_norm": ModuleMap(("transformer.h.{i}.ln_2",)),
+        "stack.blocks.{i}.feedforward.in_proj": _conv1d("transformer.h.{i}.mlp.c_fc"),
+        "stack.blocks.{i}.feedforward.out_proj": _conv1d("transformer.h.{i}.mlp.c_proj"),
+        "stack.final_norm": ModuleMap(("transformer.ln_f",)),
         "lm_head": ModuleMap(("lm_head",)),
     }
     # The causal-mask buffers that files written by older transformers versions carry.
     ignored_names = (r"\.attn\.bias$", r"\.attn\.masked_bias$")
+    handled_fields = frozenset({
+        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
+        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "dropout",
+        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
+        "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
+    })
 
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
         for key, supported in UNSUPPORTED_UNLESS.items():
@@ -106,7 +112,7 @@ class GPT2Family(Family):
             "eos_token_id": config.eos_token_id,
         }
 
-    def mismatches(self, config: ModelConfig) -> list[str]:
+    def required_values(self, config: ModelConfig) -> list[str]:
         found = differences(config, {
             "architecture": "decoder",
             "positional": "learned",
@@ -118,7 +124,6 @@ class GPT2Family(Family):
             "norm_bias": True,
             "attention_bias": True,
             "feedforward_bias": True,
-            "scale_embeddings": False,
         })
         if config.num_heads * config.head_dim != config.d_model:
             found.append(f"num_heads * head_dim={config.num_heads * config.head_dim} (needs d_model={config.d_model})")

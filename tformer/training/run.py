@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tformer.data.sources import load_language_model_data
+from tformer.models import build_model
 from tformer.training import checkpoints, distributed, preflight
 from tformer.training.config import TrainingError
 from tformer.training.recipe import Recipe
@@ -35,8 +36,6 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         data = load_language_model_data(recipe.data)
         recipe = recipe.with_vocab_size(data.vocab_size)
         torch.manual_seed(config.seed)  # every process builds the same initial weights
-        from tformer.models import build_model
-
         model = build_model(recipe.model)
         model.tokenizer = data.tokenizer
         tokenizer = f" ({type(data.tokenizer).__name__}, {data.vocab_size} tokens)" if data.tokenizer else ""

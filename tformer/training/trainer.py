@@ -95,8 +95,7 @@ class Trainer:
         self.train_tokens = _as_tokens(train_tokens)
         self.eval_tokens = None if eval_tokens is None else _as_tokens(eval_tokens)
         self.seq_len = config.seq_len or model.config.max_seq_len
-        positional = getattr(model, "positional", None)
-        if self.seq_len > model.config.max_seq_len and getattr(positional, "has_table", False):
+        if model.position_limit is not None and self.seq_len > model.position_limit:
             raise TrainingError(
                 f"training.seq_len={self.seq_len} exceeds the model's max_seq_len={model.config.max_seq_len}"
             )

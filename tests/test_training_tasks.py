@@ -14,14 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+from sorted_task import SortedClassifier, SortedOrNot, config
 
 from tformer.training.config import TrainingError
 from tformer.training.recipe import RecipeError, recipe_from_dict
 from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer
-
-sys.path.insert(0, str(Path(__file__).parent))
-from sorted_task import SortedClassifier, SortedOrNot, config  # noqa: E402
 
 SCRIPT = str(Path(__file__).parent / "sorted_task.py")
 

@@ -34,7 +34,12 @@ class LanguageModelling(Task):
     def __init__(self, train_tokens, eval_tokens=None) -> None:
         self.train_tokens = _as_tokens(train_tokens)
         self.eval_tokens = None if eval_tokens is None else _as_tokens(eval_tokens)
-        self.next_token_objective = type(self).loss is LanguageModelling.loss
+
+    @property
+    def next_token_objective(self) -> bool:
+        """Whether the loss is this class's own (not a subclass's): then one forward pass gives
+        the evaluation's loss and accuracy."""
+        return type(self).loss is LanguageModelling.loss
 
     @property
     def metrics(self) -> tuple[str, ...]:

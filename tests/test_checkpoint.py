@@ -69,3 +69,12 @@ def test_load_errors_are_clear(tmp_path):
     (tmp_path / "a" / "config.json").write_text(json.dumps(config))
     with pytest.raises(tformer.ConfigError, match="norm='batchnorm' is not one of layernorm, rmsnorm"):
         tformer.load(tmp_path / "a")
+
+
+def test_tformer_save_is_model_save(tmp_path):
+    model = tformer.build_model("gpt-nano").eval()
+    assert tformer.save(model, tmp_path / "a") == tmp_path / "a"
+    ids = torch.randint(0, 64, (1, 5))
+    assert torch.equal(tformer.load(tmp_path / "a")(ids).logits, model(ids).logits)
+    with pytest.raises(ValueError, match="format='onnx' is not one of tformer, hf"):
+        tformer.save(model, tmp_path / "b", format="onnx")

@@ -104,3 +104,20 @@ def test_nano_model_overfits_one_sequence():
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.05
+
+
+def test_registry_finds_the_decoder_and_refuses_unlisted_architectures():
+    from tformer.models import DecoderLM, model_class, register
+
+    assert model_class(BASE) is DecoderLM
+    with pytest.raises(ValueError, match="architecture 'vision' is not one of decoder"):
+        register("vision")(DecoderLM)
+
+
+def test_parameter_names_follow_embedding_stack_head():
+    model = build_model(BASE)
+    names = [name for name, _ in model.named_parameters()]
+    assert names[:2] == ["embedding.token.weight", "stack.positional.absolute.embedding.weight"]
+    assert "stack.blocks.1.attention.qkv_proj.weight" in names and "stack.final_norm.weight" in names
+    assert model.tied_parameters() == {"lm_head.weight": "embedding.token.weight"}
+    assert model.position_limit == 48 and build_model(BASE.replace(positional="rope")).position_limit is None

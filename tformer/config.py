@@ -107,10 +107,9 @@ class ModelConfig:
                 raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
 
     def _check_family_fields(self) -> None:
-        defaults = {f.name: f.default for f in fields(self)}
         for name, families in FAMILY_FIELDS.items():
             value = getattr(self, name)
-            if self.architecture not in families and value != defaults[name]:
+            if self.architecture not in families and value != field_default(type(self), name):
                 kind = "family" if len(families) == 1 else "families"
                 raise ConfigError(
                     f"{name}={value!r} is a field of the {', '.join(families)} {kind}; "

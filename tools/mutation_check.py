@@ -113,7 +113,7 @@ MUTATIONS = (
     ),
 )
 
-HIDDEN_TRANSFORMERS = '''"""Installed by tools/mutation_check.py --without-transformers: `transformers` is not importable."""
+HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""
 raise ModuleNotFoundError("transformers is hidden by mutation_check --without-transformers", name="transformers")
 '''
 

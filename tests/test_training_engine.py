@@ -1,6 +1,7 @@
 """The training engine in one process: accumulation, label smoothing, precision, NaN stop and
 skip, early stopping, best / keep-last-k checkpoints, refusals before training, metrics, plot."""
 
+import functools
 import json
 import os
 import random
@@ -225,6 +226,22 @@ def test_fast_character_encoding_matches_the_tokenizer():
     text = "To be, or not to be: that is the question. Ünïcödé ✓\n" * 20
     tokenizer = CharTokenizer.train(text[:-30] + "x")
     assert encode_text(tokenizer, text).tolist() == tokenizer.encode(text)
+
+
+def test_a_compiled_training_step_traces_whole_and_matches_eager(monkeypatch):
+    """training.compile=true through torch.compile's tracing and AOT autograd (forward and backward
+    graphs) without inductor's code generation, which takes minutes on a small CPU (the test
+    below, opt-in, runs it): one graph, no graph break, the eager losses. About 5-10 s."""
+    from torch._dynamo.utils import counters
+
+    eager = Trainer(tiny_model(), config(), TOKENS, progress=False)
+    expected = [eager.train_step().loss for _ in range(2)]
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    counters.clear()
+    compiled = Trainer(tiny_model(), config(compile=True), TOKENS, progress=False)
+    assert [compiled.train_step().loss for _ in range(2)] == pytest.approx(expected, rel=1e-6)
+    assert counters["stats"]["unique_graphs"] == 1 and counters["aot_autograd"]["ok"] == 1
+    assert not counters["graph_break"]
 
 
 @pytest.mark.skipif(not os.environ.get("TFORMER_TEST_COMPILE"), reason="torch.compile takes ~40 s on a 2-core CPU; "

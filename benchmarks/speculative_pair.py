@@ -1,6 +1,6 @@
 """The target/draft pair of the speculative-decoding benchmark: a 6-layer character-level GPT and
 a 1-layer draft, both trained on tinyshakespeare: the target with the project's Trainer, the
-draft by distillation from it (the Trainer with its objective replaced through ``loss_on``).
+draft by distillation from it (the Trainer on a language-modelling task whose loss is replaced).
 
     python benchmarks/speculative_pair.py [--out runs/speculative-pair] [--target-steps 1500] ...
 
@@ -32,6 +32,7 @@ import torch
 import tformer
 from tformer.data.lm import split_tokens
 from tformer.tokenizers import CharTokenizer
+from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer, TrainingConfig
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt.gz"
@@ -49,18 +50,19 @@ def read_text(path: Path) -> str:
         return handle.read()
 
 
-class DistillationTrainer(Trainer):
-    """The Trainer with its objective replaced (``loss_on``) by KL(teacher || student) over the
-    next token, in nats: training minimises it and ``eval_loss`` reports it."""
+class Distillation(LanguageModelling):
+    """Language modelling with its objective replaced by KL(teacher || student) over the next
+    token, in nats: training minimises it and ``eval_loss`` reports it."""
 
-    def __init__(self, model, config, train_tokens, eval_tokens, teacher: tformer.DecoderLM, **options) -> None:
-        super().__init__(model, config, train_tokens, eval_tokens, **options)
+    def __init__(self, train_tokens, eval_tokens, teacher: tformer.DecoderLM) -> None:
+        super().__init__(train_tokens, eval_tokens)
         self.teacher = teacher.eval()
 
-    def loss_on(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = batch["input_ids"]
         with torch.no_grad():
             teacher_log_probs = self.teacher(inputs).logits.float().log_softmax(-1).flatten(0, 1)
-        student_log_probs = self.forward_module(inputs).logits.float().log_softmax(-1).flatten(0, 1)
+        student_log_probs = model(inputs).logits.float().log_softmax(-1).flatten(0, 1)
         return torch.nn.functional.kl_div(student_log_probs, teacher_log_probs, log_target=True,
                                           reduction="batchmean")
 
@@ -72,8 +74,8 @@ def distil(student: tformer.DecoderLM, teacher: tformer.DecoderLM, tokens: torch
     returns the final KL divergence on the held-out ``eval_tokens``."""
     config = TrainingConfig(max_steps=steps, batch_size=8, seq_len=SEQ_LEN, lr=lr, min_lr=lr / 10,
                             warmup_steps=min(100, steps // 10), eval_every=steps, eval_batches=10, seed=seed)
-    trainer = DistillationTrainer(student, config, tokens, eval_tokens, teacher, out_dir=out_dir, progress=False,
-                                  overwrite=True)
+    trainer = Trainer(student, config, Distillation(tokens, eval_tokens, teacher), out_dir=out_dir, progress=False,
+                      overwrite=True)
     return trainer.train().final_eval_loss
 
 
@@ -87,7 +89,8 @@ def train_target(tokenizer: CharTokenizer, train_tokens, eval_tokens, steps: int
                             warmup_steps=min(100, steps // 10), eval_every=max(1, steps // 6), eval_batches=10,
                             seed=seed)
     started = time.perf_counter()
-    result = Trainer(model, config, train_tokens, eval_tokens, out_dir=out / "target", progress=False).train()
+    result = Trainer(model, config, LanguageModelling(train_tokens, eval_tokens), out_dir=out / "target",
+                     progress=False).train()
     print(f"trained target: {model.num_parameters():,} parameters, {steps} steps of 8 x {SEQ_LEN} characters, "
           f"eval cross-entropy {result.final_eval_loss:.3f} nats/char, {time.perf_counter() - started:.0f} s")
     return model.eval()

@@ -32,6 +32,7 @@ import tformer  # noqa: E402
 from tformer.data.lm import random_crops  # noqa: E402
 from tformer.training.config import TrainingConfig  # noqa: E402
 from tformer.training.optim import build_optimizer  # noqa: E402
+from tformer.training.tasks import LanguageModelling  # noqa: E402
 from tformer.training.trainer import Trainer  # noqa: E402
 
 VOCAB, CONTEXT, WIDTH, LAYERS, HEADS, BATCH = 66, 64, 128, 4, 4, 12
@@ -112,7 +113,7 @@ def main() -> None:
     tokens = torch.randint(0, VOCAB, (200_000,))
     config = TrainingConfig(max_steps=10**9, batch_size=BATCH, seq_len=CONTEXT, lr=1e-3, warmup_steps=100,
                             decay_embeddings=True)
-    trainer = Trainer(tformer_model(), config, tokens, progress=False)
+    trainer = Trainer(tformer_model(), config, LanguageModelling(tokens), progress=False)
     loops = {
         "trainer": trainer.train_step,
         "bare": bare_loop(tformer_model(), tokens, lambda m, x: m(x).logits),

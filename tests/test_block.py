@@ -27,8 +27,8 @@ def test_block_without_positions_is_permutation_equivariant(norm_position):
     block = TransformerBlock(CONFIG.replace(norm_position=norm_position)).eval()
     x = torch.randn(2, 9, 32)
     permutation = torch.randperm(9)
-    out, _ = block(x, AttentionContext())
-    permuted_out, _ = block(x[:, permutation], AttentionContext())
+    out, _, _ = block(x, AttentionContext())
+    permuted_out, _, _ = block(x[:, permutation], AttentionContext())
     torch.testing.assert_close(permuted_out, out[:, permutation], rtol=1e-5, atol=1e-5)
 
 
@@ -46,7 +46,7 @@ def test_positions_break_permutation_equivariance(positional):
             rotary=scheme.rotary_angles(positions, inputs.dtype),
             mask=scheme.attention_bias(positions, positions),
         )
-        out, _ = block(inputs if absolute is None else inputs + absolute, context)
+        out, _, _ = block(inputs if absolute is None else inputs + absolute, context)
         return out
 
     assert not torch.allclose(run(x[:, permutation]), run(x)[:, permutation], atol=1e-4)
@@ -58,13 +58,13 @@ def test_post_norm_follows_the_2017_order():
     attention_out, _ = block.attention(x)
     h = block.attention_norm(x + attention_out)
     expected = block.feedforward_norm(h + block.feedforward(h))
-    out, _ = block(x, AttentionContext())
+    out, _, _ = block(x, AttentionContext())
     torch.testing.assert_close(out, expected)
 
 
 def test_cross_attention_block_uses_the_context():
     block = TransformerBlock(CONFIG, cross_attention=True).eval()
     x, memory = torch.randn(1, 4, 32), torch.randn(1, 6, 32)
-    a, _ = block(x, AttentionContext(encoder_output=memory))
-    b, _ = block(x, AttentionContext(encoder_output=memory + 1))
+    a, _, _ = block(x, AttentionContext(encoder_output=memory))
+    b, _, _ = block(x, AttentionContext(encoder_output=memory + 1))
     assert a.shape == (1, 4, 32) and not torch.allclose(a, b)

@@ -25,7 +25,7 @@ def test_save_then_load_gives_identical_logits(tmp_path, preset_overrides):
     assert loaded.config == model.config
     assert loaded.tokenizer.encode("hello") == model.tokenizer.encode("hello")
     if model.config.tie_embeddings:
-        assert loaded.lm_head.weight is loaded.token_embedding.weight
+        assert loaded.lm_head.weight is loaded.embedding.token.weight
 
 
 def test_failed_write_leaves_the_old_checkpoint(tmp_path):
@@ -104,14 +104,14 @@ def test_load_errors_are_clear(tmp_path):
     model = tformer.build_model("gpt-nano")
     model.save(tmp_path / "a")
     weights = load_file(str(tmp_path / "a" / "model.safetensors"))
-    weights["blocks.0.attention.qkv_proj.weight"] = torch.zeros(3, 3)
+    weights["stack.blocks.0.attention.qkv_proj.weight"] = torch.zeros(3, 3)
     save_file(weights, str(tmp_path / "a" / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"blocks.0.attention.qkv_proj.weight has shape \(3, 3\), "
+    with pytest.raises(CheckpointError, match=r"stack\.blocks\.0\.attention\.qkv_proj\.weight has shape \(3, 3\), "
                                                r"the config expects \(96, 32\)"):
         tformer.load(tmp_path / "a")
-    del weights["blocks.0.attention.qkv_proj.weight"]
+    del weights["stack.blocks.0.attention.qkv_proj.weight"]
     save_file(weights, str(tmp_path / "a" / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="missing: blocks.0.attention.qkv_proj.weight"):
+    with pytest.raises(CheckpointError, match="missing: stack.blocks.0.attention.qkv_proj.weight"):
         tformer.load(tmp_path / "a")
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     config["norm"] = "batchnorm"

@@ -3,7 +3,7 @@
 import pytest
 
 from tformer import ConfigError, ModelConfig, build_model
-from tformer.config import PRESETS, resolve_config
+from tformer.config import PRESETS, non_default_fields, resolve_config
 
 
 def test_gpt2_preset_has_124m_parameters():
@@ -21,6 +21,8 @@ def test_gpt2_preset_has_124m_parameters():
         ({"dropout": 1.5}, "dropout=1.5 must be a number in [0, 1)"),
         ({"vocab_size": 0}, "vocab_size=0 must be a positive integer"),
         ({"eos_token_id": 10**6}, "eos_token_id=1000000 must be a token id"),
+        ({"type_vocab_size": 2},
+         "type_vocab_size=2 is a field of the encoder family; architecture='decoder' does not use it"),
     ],
 )
 def test_bad_config_names_the_field(fields, message):
@@ -54,3 +56,14 @@ def test_smaller_vocabulary_drops_preset_token_ids_it_cannot_hold():
     assert resolve_config("gpt2", vocab_size=60000).eos_token_id == 50256
     with pytest.raises(ConfigError, match="eos_token_id=9000"):
         resolve_config("gpt2", vocab_size=8192, eos_token_id=9000)
+
+
+def test_family_fields_at_their_default_are_accepted_everywhere():
+    assert ModelConfig(type_vocab_size=0).type_vocab_size == 0
+    assert ModelConfig(embedding_norm=True).embedding_norm  # a stack switch: every family may use it
+
+
+def test_non_default_fields_count_derived_values_as_defaults():
+    assert non_default_fields(ModelConfig()) == []
+    assert non_default_fields(ModelConfig(bias=False)) == ["bias"]  # norm/attention/feed-forward biases follow it
+    assert non_default_fields(ModelConfig(num_heads=6, num_kv_heads=2)) == ["num_heads", "num_kv_heads"]

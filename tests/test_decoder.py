@@ -63,7 +63,7 @@ def test_left_padded_batch_matches_each_prompt_alone(variant):
 
 def test_tied_and_untied_heads():
     tied = build_model(BASE)
-    assert tied.lm_head.weight is tied.token_embedding.weight
+    assert tied.lm_head.weight is tied.embedding.token.weight
     untied = build_model(BASE, tie_embeddings=False)
     assert untied.num_parameters() == tied.num_parameters() + 61 * 32
 

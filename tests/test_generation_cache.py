@@ -108,7 +108,7 @@ def test_fast_decoder_is_rebuilt_when_the_weights_change():
     assert fast_decoder_for(model) is first
     tformer.generate(model, prompt, 5)
     with torch.no_grad():
-        model.blocks[0].feedforward.in_proj.weight.mul_(3.0)  # in place: same storage, new version
+        model.stack.blocks[0].feedforward.in_proj.weight.mul_(3.0)  # in place: same storage, new version
     assert fast_decoder_for(model) is not first
     assert torch.equal(tformer.generate(model, prompt, 12), tformer.generate(model, prompt, 12, use_cache=False))
 
@@ -120,7 +120,7 @@ class _ExtraGate(nn.Module):
 
 def test_models_the_fast_path_does_not_know_use_their_own_forward():
     model = build_model("gpt-nano").eval()
-    model.blocks[1].extra = _ExtraGate()  # a part the fast path has never heard of
+    model.stack.blocks[1].extra = _ExtraGate()  # a part the fast path has never heard of
     assert "block 1" in FastDecoder.supports(model)
     assert fast_decoder_for(model) is None
     session = DecoderSession(model, 1, 8)

@@ -20,7 +20,7 @@ def checkpoints(tmp_path_factory):
     target.tokenizer = tokenizer
     target.save(folder / "target")
     draft = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, num_layers=1)
-    draft.load_state_dict({k: v for k, v in target.state_dict().items() if not k.startswith("blocks.1.")})
+    draft.load_state_dict({k: v for k, v in target.state_dict().items() if not k.startswith("stack.blocks.1.")})
     draft.tokenizer = tokenizer
     draft.save(folder / "draft")
     tformer.build_model("gpt-nano").save(folder / "no-tokenizer")

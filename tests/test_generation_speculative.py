@@ -20,7 +20,7 @@ def pair(vocab_size=64, scale=0.02, shared=True):
     torch.manual_seed(2)
     draft = tformer.build_model("gpt-nano", vocab_size=vocab_size, num_layers=1, initializer_range=scale).eval()
     if shared:
-        draft.load_state_dict({k: v for k, v in target.state_dict().items() if not k.startswith("blocks.1.")})
+        draft.load_state_dict({k: v for k, v in target.state_dict().items() if not k.startswith("stack.blocks.1.")})
     return target, draft
 
 

@@ -504,7 +504,7 @@ def test_bias_switches_derive_from_bias_and_govern_only_their_projections():
     plain = build_model("gpt-nano", bias=False)
     assert (plain.config.attention_bias, plain.config.feedforward_bias) == (False, False)
     model = build_model("gpt-nano", bias=False, attention_bias=True)
-    block = model.blocks[0]
+    block = model.stack.blocks[0]
     assert block.attention.qkv_proj.bias is not None and block.attention.out_proj.bias is not None
     assert block.feedforward.in_proj.bias is None and block.attention_norm.bias is None
     assert model.config.replace(bias=True).feedforward_bias is True  # derived values follow bias
@@ -526,3 +526,32 @@ def test_gpt2_124m_shape(tmp_path):
     difference = max_logit_difference(model, reference, input_ids)
     print(f"max |logit difference| gpt2 124M: {difference:.2e} ({time.perf_counter() - started:.1f} s)")
     assert difference < TOLERANCE
+
+
+# ---- special-token ids outside the vocabulary --------------------------------------------------
+
+
+def test_gpt2_folder_with_default_special_ids_outside_a_small_vocabulary_loads_with_one_warning(tmp_path):
+    """GPT2Config's default bos/eos (50256) do not fit vocab_size=1000: HF loads such a folder, so
+    tformer does too, dropping the unusable ids with one warning, and the logits still match."""
+    torch.manual_seed(0)
+    reference = GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_positions=16, n_embd=32, n_layer=1, n_head=2)).eval()
+    reference.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["bos_token_id"] == 50256
+    with pytest.warns(UserWarning, match=r"bos_token_id=50256, eos_token_id=50256 are outside the vocabulary "
+                                          r"\[0, 1000\)") as caught:
+        model = tformer.load(tmp_path)
+    assert len(caught) == 1 and caught[0].filename == __file__  # one warning, pointing at the caller
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (None, None)
+    ids = torch.randint(0, 1000, (2, 12))
+    with torch.no_grad():
+        difference = (model(ids).logits - reference(ids).logits).abs().max().item()
+    assert difference < TOLERANCE
+
+
+def test_llama_eos_list_keeps_its_ids_inside_the_vocabulary(tmp_path):
+    raw = json.loads(LlamaConfig(**LLAMA_TINY, eos_token_id=[5, 500, 7], bos_token_id=4).to_json_string())
+    llama = family_for_model_type("llama")
+    with pytest.warns(UserWarning, match=r"eos_token_id=\[5, 500, 7\] are outside"):
+        config = llama.config_from_hf(raw)
+    assert (config.bos_token_id, config.eos_token_id, config.extra["eos_token_ids"]) == (4, 5, [5, 7])

@@ -21,6 +21,7 @@ SENTENCES = [
     "Special tokens in text: [CLS] [SEP] [MASK] [PAD] [UNK] stay whole; [cls] does not.",
     "ΟΔΟΣ Ελληνικά, русский ЯЗЫК, İstanbul ǅemal, straße, ﬁne, ½ ²",
     "a" * 101 + " too long for one word, " + "b" * 100 + " just fits",
+    "a\u0378b \u0378 unassigned code points (Cn) are kept and become [UNK]",
     "",
     "   ",
 ]
@@ -56,6 +57,15 @@ def test_bert_normalizer_cleans_spaces_cjk_accents_case():
     assert normalize("ΟΔΟΣ") == "οδοσ"  # accents stripped; "Σ" lowered without final-sigma context
     assert BertNormalizer(lowercase=False)("Héllo") == "Héllo"
     assert BertNormalizer(lowercase=True, strip_accents=False)("Héllo") == "héllo"
+
+
+def test_unassigned_code_points_are_kept_and_become_unk():
+    """U+0378 is unassigned (Cn): Hugging Face keeps it, so the word holding it is [UNK], where
+    control (Cc), format (Cf) and private-use (Co) characters are removed."""
+    assert BertNormalizer()("a\u0378b \u0378 c\u200bd\x07\ue000") == "a\u0378b \u0378 cd"
+    tokenizer = WordPieceTokenizer(["[UNK]", "[CLS]", "[SEP]", "a", "##b"], lowercase=True)
+    assert tokenizer.tokenize("a\u0378b \u0378") == ["[UNK]", "[UNK]"]
+    assert tokenizer.tokenize("a\u200bb") == ["a", "##b"]
 
 
 def test_bert_pre_tokenizer_splits_whitespace_and_each_punctuation():

@@ -10,6 +10,7 @@ import tformer
 from tformer.data.lm import random_crops, split_tokens, unigram_cross_entropy
 from tformer.training.optim import parameter_groups
 from tformer.training.schedules import learning_rate
+from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer, TrainingConfig, TrainingError
 
 
@@ -33,9 +34,9 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
     model = tformer.build_model("gpt-nano")
     decay, no_decay = parameter_groups(model, 0.1)
     decayed = {id(p) for p in decay["params"]}
-    assert id(model.blocks[0].attention.qkv_proj.weight) in decayed
-    assert id(model.token_embedding.weight) not in decayed
-    assert id(model.blocks[0].attention_norm.weight) not in decayed
+    assert id(model.stack.blocks[0].attention.qkv_proj.weight) in decayed
+    assert id(model.embedding.token.weight) not in decayed
+    assert id(model.stack.blocks[0].attention_norm.weight) not in decayed
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
@@ -59,7 +60,8 @@ def test_trainer_learns_and_writes_a_run_folder(tmp_path):
     model = tformer.build_model("gpt-nano", vocab_size=8)
     config = TrainingConfig(max_steps=60, batch_size=8, seq_len=16, lr=1e-2, min_lr=1e-3, warmup_steps=5, eval_every=30,
                             eval_batches=2)
-    result = Trainer(model, config, text_tokens, text_tokens, out_dir=tmp_path, progress=False).train()
+    task = LanguageModelling(text_tokens, text_tokens)
+    result = Trainer(model, config, task, out_dir=tmp_path, progress=False).train()
     assert result.final_eval_loss < 0.1
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 60 and {"step", "train_loss", "lr", "tokens_per_s"} <= set(lines[0])
@@ -76,11 +78,19 @@ def test_bad_training_settings_are_named():
         TrainingConfig(max_steps=0)
 
 
+def test_a_window_longer_than_the_position_table_is_refused_and_rotary_is_not_limited():
+    tokens = LanguageModelling(torch.arange(8).repeat(40))
+    with pytest.raises(TrainingError, match="training.seq_len=80 exceeds the model's max_seq_len=64"):
+        Trainer(tformer.build_model("gpt-nano", vocab_size=8), TrainingConfig(seq_len=80), tokens, progress=False)
+    rotary = tformer.build_model("gpt-nano", vocab_size=8, positional="rope")
+    assert Trainer(rotary, TrainingConfig(seq_len=80), tokens, progress=False).task.seq_len == 80
+
+
 def test_non_finite_loss_stops_training():
     model = tformer.build_model("gpt-nano", vocab_size=8)
     with torch.no_grad():
-        model.token_embedding.weight.fill_(float("nan"))
-    trainer = Trainer(model, TrainingConfig(max_steps=3, batch_size=2, seq_len=8), torch.arange(8).repeat(10),
-                      progress=False)
+        model.embedding.token.weight.fill_(float("nan"))
+    trainer = Trainer(model, TrainingConfig(max_steps=3, batch_size=2, seq_len=8),
+                      LanguageModelling(torch.arange(8).repeat(10)), progress=False)
     with pytest.raises(TrainingError, match="loss became nan at step 0"):
         trainer.train()

@@ -22,6 +22,8 @@ from tformer.training import preflight
 from tformer.training import trainer as trainer_module
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.optim import build_optimizer
+from tformer.training.tasks import LanguageModelling
+from tformer.training.tasks import lm as lm_task
 from tformer.training.trainer import Trainer
 
 RANDOM = random.Random(0)
@@ -40,14 +42,14 @@ def config(**overrides):
 
 
 def run(tmp_path=None, model=None, **overrides):
-    trainer = Trainer(model or tiny_model(), config(**overrides), TOKENS, TOKENS[:500], out_dir=tmp_path,
-                      progress=False)
+    trainer = Trainer(model or tiny_model(), config(**overrides), LanguageModelling(TOKENS, TOKENS[:500]),
+                      out_dir=tmp_path, progress=False)
     return trainer, trainer.train()
 
 
 def test_gradient_accumulation_equals_one_big_batch_of_the_same_crops():
-    accumulated = Trainer(tiny_model(), config(batch_size=2, grad_accum_steps=2, grad_clip=0.0), TOKENS,
-                          progress=False)
+    accumulated = Trainer(tiny_model(), config(batch_size=2, grad_accum_steps=2, grad_clip=0.0),
+                          LanguageModelling(TOKENS), progress=False)
     accumulated.train_step()
     manual = tiny_model()
     optimizer = build_optimizer(manual, lr=accumulated.learning_rate(0), betas=(0.9, 0.99))
@@ -61,7 +63,8 @@ def test_gradient_accumulation_equals_one_big_batch_of_the_same_crops():
 
 
 def test_label_smoothing_is_applied_to_training_not_to_evaluation():
-    trainer = Trainer(tiny_model(), config(label_smoothing=0.3), TOKENS, TOKENS[:500], progress=False)
+    trainer = Trainer(tiny_model(), config(label_smoothing=0.3), LanguageModelling(TOKENS, TOKENS[:500]),
+                      progress=False)
     inputs, targets = random_crops(TOKENS, 4, 16, seed=1337, step=0)
     with torch.no_grad():
         logits = trainer.model(inputs).logits.flatten(0, 1)
@@ -82,7 +85,7 @@ def test_label_smoothing_is_applied_to_training_not_to_evaluation():
 
 @pytest.mark.filterwarnings("ignore:training.precision=.bf16. on a CPU without native bf16")
 def test_bf16_autocast_trains_on_cpu_and_fp16_needs_a_gpu():
-    trainer = Trainer(tiny_model(), config(precision="bf16"), TOKENS, progress=False)
+    trainer = Trainer(tiny_model(), config(precision="bf16"), LanguageModelling(TOKENS), progress=False)
     inputs, targets = random_crops(TOKENS, 4, 16, seed=1337, step=0)
     with torch.no_grad():
         fp32 = F.cross_entropy(trainer.model(inputs).logits.flatten(0, 1), targets.flatten()).item()
@@ -128,8 +131,8 @@ def test_best_and_keep_last_k_checkpoints(tmp_path):
     assert best["step"] == result.best_step == min(evaluations, key=evaluations.get)
     assert best["eval_loss"] == result.best_eval == min(evaluations.values())
     best_model = tformer.load(folder / "best")  # holds the weights of that evaluation
-    assert Trainer(best_model, config(), TOKENS, TOKENS[:500], progress=False).evaluate() == pytest.approx(
-        best["eval_loss"], rel=1e-6)
+    evaluation = Trainer(best_model, config(), LanguageModelling(TOKENS, TOKENS[:500]), progress=False).evaluate()
+    assert evaluation == pytest.approx(best["eval_loss"], rel=1e-6)
     assert tformer.load(folder / "best").config.num_layers == 2
     assert tformer.load(folder / "step-00000008").config.num_layers == 2
 
@@ -146,8 +149,8 @@ class InjectNaN:
 
     def __init__(self, monkeypatch, calls):
         self.calls, self.count = set(calls), 0
-        self.real = trainer_module.token_cross_entropy
-        monkeypatch.setattr(trainer_module, "token_cross_entropy", self)
+        self.real = lm_task.token_cross_entropy
+        monkeypatch.setattr(lm_task, "token_cross_entropy", self)
 
     def __call__(self, logits, targets, label_smoothing=0.0):
         self.count += 1
@@ -181,7 +184,7 @@ def test_nan_steps_are_skipped_up_to_the_limit(tmp_path, monkeypatch, capsys):
 
 def test_a_resume_that_changes_the_model_is_refused_naming_the_fields(tmp_path):
     run(tmp_path, max_steps=2)
-    changed = Trainer(tiny_model(d_model=48), config(), TOKENS, out_dir=tmp_path, progress=False)
+    changed = Trainer(tiny_model(d_model=48), config(), LanguageModelling(TOKENS), out_dir=tmp_path, progress=False)
     with pytest.raises(TrainingError, match=r"the recipe changes the model \(.*d_model 32 -> 48.*\)"):
         changed.resume("auto")
 
@@ -190,13 +193,15 @@ def test_an_existing_run_is_not_overwritten_by_accident(tmp_path):
     run(tmp_path, max_steps=2)
     with pytest.raises(TrainingError, match="already holds a run .* resume it with --resume auto"):
         run(tmp_path, max_steps=2)
-    trainer = Trainer(tiny_model(), config(max_steps=2), TOKENS, out_dir=tmp_path, progress=False, overwrite=True)
+    trainer = Trainer(tiny_model(), config(max_steps=2), LanguageModelling(TOKENS), out_dir=tmp_path, progress=False,
+                      overwrite=True)
     assert trainer.train().steps == 2
 
 
 def test_an_unwritable_output_folder_is_reported_before_training(tmp_path):
     (tmp_path / "file").write_text("not a folder")
-    trainer = Trainer(tiny_model(), config(), TOKENS, out_dir=tmp_path / "file" / "run", progress=False)
+    trainer = Trainer(tiny_model(), config(), LanguageModelling(TOKENS), out_dir=tmp_path / "file" / "run",
+                      progress=False)
     with pytest.raises(TrainingError, match="exists and is not a folder|cannot write there"):
         trainer.train()
     assert trainer.step == 0
@@ -204,7 +209,7 @@ def test_an_unwritable_output_folder_is_reported_before_training(tmp_path):
 
 def test_a_disk_too_small_for_a_checkpoint_is_reported_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
-    trainer = Trainer(tiny_model(), config(), TOKENS, out_dir=tmp_path, progress=False)
+    trainer = Trainer(tiny_model(), config(), LanguageModelling(TOKENS), out_dir=tmp_path, progress=False)
     with pytest.raises(TrainingError, match="0 MiB free, but a checkpoint of this model needs about"):
         trainer.train()
     assert trainer.step == 0 and not (tmp_path / "metrics.jsonl").exists()
@@ -218,7 +223,7 @@ def test_token_files_are_memory_mapped(tmp_path):
     inputs, targets = random_crops(data.train, 4, 16, seed=1, step=3)
     expected = random_crops(torch.from_numpy(ids.astype(np.int64))[: len(data.train)], 4, 16, seed=1, step=3)
     assert torch.equal(inputs, expected[0]) and torch.equal(targets, expected[1])
-    trainer = Trainer(tiny_model(), config(max_steps=4), data.train, data.eval, progress=False)
+    trainer = Trainer(tiny_model(), config(max_steps=4), LanguageModelling(data.train, data.eval), progress=False)
     assert trainer.train().steps == 4
 
 
@@ -234,11 +239,11 @@ def test_a_compiled_training_step_traces_whole_and_matches_eager(monkeypatch):
     below, opt-in, runs it): one graph, no graph break, the eager losses. About 5-10 s."""
     from torch._dynamo.utils import counters
 
-    eager = Trainer(tiny_model(), config(), TOKENS, progress=False)
+    eager = Trainer(tiny_model(), config(), LanguageModelling(TOKENS), progress=False)
     expected = [eager.train_step().loss for _ in range(2)]
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     counters.clear()
-    compiled = Trainer(tiny_model(), config(compile=True), TOKENS, progress=False)
+    compiled = Trainer(tiny_model(), config(compile=True), LanguageModelling(TOKENS), progress=False)
     assert [compiled.train_step().loss for _ in range(2)] == pytest.approx(expected, rel=1e-6)
     assert counters["stats"]["unique_graphs"] == 1 and counters["aot_autograd"]["ok"] == 1
     assert not counters["graph_break"]
@@ -335,25 +340,26 @@ def test_eval_batches_zero_evaluates_the_whole_split():
     the order of the sums. A model trained on zeros finds the zeros easy and the random tail hard,
     so a single batch (4 windows) gives another loss: the comparison has power."""
     evaluation = torch.cat([torch.zeros(1500, dtype=torch.long), TOKENS[:101]])
-    trainer = Trainer(tiny_model(), config(eval_batches=0, lr=1e-2), torch.zeros(3000, dtype=torch.long), evaluation,
-                      progress=False)
+    trainer = Trainer(tiny_model(), config(eval_batches=0, lr=1e-2),
+                      LanguageModelling(torch.zeros(3000, dtype=torch.long), evaluation), progress=False)
     for _ in range(3):
         trainer.train_step()
     with torch.no_grad():
         logits = trainer.model.eval()(evaluation[:1600].view(-1, 16)).logits
     whole = F.cross_entropy(logits.flatten(0, 1), evaluation[1:1601]).item()
     assert trainer.evaluate() == pytest.approx(whole, rel=1e-5)
-    one_batch = Trainer(trainer.model, config(eval_batches=1), TOKENS, evaluation, progress=False).evaluate()
+    one_batch = Trainer(trainer.model, config(eval_batches=1), LanguageModelling(TOKENS, evaluation),
+                        progress=False).evaluate()
     assert one_batch != pytest.approx(whole, rel=2e-3)  # the same weights, 4 windows: not the whole split
 
 
-def test_a_subclass_can_replace_the_objective_for_training_and_evaluation():
-    class HalfLoss(Trainer):
-        def loss_on(self, inputs, targets):
-            return 0.5 * F.cross_entropy(self.forward_module(inputs).logits.flatten(0, 1), targets.flatten())
+def test_a_task_subclass_can_replace_the_objective_for_training_and_evaluation():
+    class HalfLoss(LanguageModelling):
+        def loss(self, model, batch):
+            return 0.5 * F.cross_entropy(model(batch["input_ids"]).logits.flatten(0, 1), batch["targets"].flatten())
 
-    plain = Trainer(tiny_model(), config(), TOKENS, TOKENS[:500], progress=False)
-    halved = HalfLoss(tiny_model(), config(), TOKENS, TOKENS[:500], progress=False)
+    plain = Trainer(tiny_model(), config(), LanguageModelling(TOKENS, TOKENS[:500]), progress=False)
+    halved = Trainer(tiny_model(), config(), HalfLoss(TOKENS, TOKENS[:500]), progress=False)
     assert halved.evaluate() == pytest.approx(0.5 * plain.evaluate(), rel=1e-5)
     assert "eval_accuracy" not in halved.evaluate_metrics()
     assert halved.train_step().loss == pytest.approx(0.5 * plain.train_step().loss, rel=1e-5)
@@ -362,8 +368,8 @@ def test_a_subclass_can_replace_the_objective_for_training_and_evaluation():
 def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch):
     monkeypatch.setattr(trainer_module, "native_bf16_matmul", lambda: False)
     with pytest.warns(UserWarning, match="without native bf16"):
-        Trainer(tiny_model(), config(precision="bf16"), TOKENS, progress=False)
+        Trainer(tiny_model(), config(precision="bf16"), LanguageModelling(TOKENS), progress=False)
     monkeypatch.setattr(trainer_module, "native_bf16_matmul", lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Trainer(tiny_model(), config(precision="bf16"), TOKENS, progress=False)
+        Trainer(tiny_model(), config(precision="bf16"), LanguageModelling(TOKENS), progress=False)

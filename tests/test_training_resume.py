@@ -70,10 +70,11 @@ def on_call(original, before=False):
     return wrapper
 
 import tformer.training.checkpoints as checkpoints
-import tformer.training.trainer as trainer
+import tformer.training.state as state
+import tformer.training.tasks.lm as lm
 
 if point == "forward":
-    trainer.token_cross_entropy = on_call(trainer.token_cross_entropy)
+    lm.token_cross_entropy = on_call(lm.token_cross_entropy)
 elif point == "optimizer":
     checkpoints.save_file = on_call(checkpoints.save_file)
 elif point == "retention":
@@ -88,13 +89,13 @@ elif point == "retention":
         return real_rmtree(path, *args, **kwargs)
     shutil.rmtree = rmtree
 elif point == "final":
-    real_write_files_into = trainer.write_files_into
+    real_write_files_into = state.write_files_into
     def write_files_into(target, write):
         def write_then_die(folder):
             write(folder)
             die()
         return real_write_files_into(target, write_then_die)
-    trainer.write_files_into = write_files_into
+    state.write_files_into = write_files_into
 
 from tformer.cli import main
 sys.exit(main(sys.argv[1:]))

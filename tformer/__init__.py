@@ -1,14 +1,14 @@
 """tformer: the transformer family in one PyTorch library and one command-line tool."""
 
 from tformer import tokenizers
-from tformer.checkpoint import load
 from tformer.config import PRESETS, ConfigError, ModelConfig
-from tformer.generation import generate, stream_generate
+from tformer.generation import GenerationConfig, generate, stream_generate
+from tformer.hub import load, save
 from tformer.models import DecoderLM, Model, ModelOutput, build_model
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PRESETS", "ConfigError", "DecoderLM", "Model", "ModelConfig", "ModelOutput",
-    "build_model", "generate", "load", "stream_generate", "tokenizers", "__version__",
+    "PRESETS", "ConfigError", "DecoderLM", "GenerationConfig", "Model", "ModelConfig", "ModelOutput",
+    "build_model", "generate", "load", "save", "stream_generate", "tokenizers", "__version__",
 ]

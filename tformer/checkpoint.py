@@ -1,5 +1,8 @@
 """Checkpoint folders: config.json + model.safetensors (+ tokenizer.json), written atomically.
 
+This module knows files, not model classes: ``tformer.hub.load`` builds the model and fills it
+through ``load_weights``; ``Model.save`` writes through ``save_checkpoint``.
+
 Weights never travel by pickle. A folder is written under a temporary name and renamed into
 place, so a crash leaves either the old checkpoint or the new one, never half of one.
 """
@@ -19,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from tformer.config import ModelConfig
 from tformer.errors import TformerError
+from tformer.tokenizers import load as load_tokenizer
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -78,14 +82,9 @@ def _fsync(file: Path) -> None:
             os.fsync(handle.fileno())
 
 
-def save_model(model, path: str | Path, format: str = "tformer") -> Path:
-    """Save ``model`` as a checkpoint folder in tformer's format (or Hugging Face's: ``format="hf"``)."""
-    if format == "hf":
-        from tformer.interop import save_hf
-
-        return save_hf(model, path)
-    if format != "tformer":
-        raise ValueError(f"format={format!r} is not one of tformer, hf")
+def save_checkpoint(model, path: str | Path) -> Path:
+    """Save ``model`` (a tformer Model: ``config``, ``state_dict``, ``tied_parameters``, optional
+    ``tokenizer``) as a checkpoint folder in tformer's format."""
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
              if name not in model.tied_parameters()}
     tokenizer = getattr(model, "tokenizer", None)
@@ -136,26 +135,26 @@ def read_config(path: str | Path) -> dict:
         raise CheckpointError(f"{config_file}: not valid JSON ({error})") from None
 
 
-def load(path: str | Path, device: str | torch.device = "cpu"):
-    """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
-    ``model_type``) into a model in eval mode, with its tokenizer attached when it has one."""
-    folder = Path(path)
-    raw = read_config(folder)
-    if "model_type" in raw and "tformer_format" not in raw:
-        from tformer.interop import load_hf
-
-        return load_hf(folder, device=device)
+def config_from_checkpoint(raw: dict) -> ModelConfig:
+    """The ModelConfig of a tformer checkpoint's parsed config.json."""
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{CONFIG_NAME} is not a JSON object")
+    raw = dict(raw)
     raw.pop("tformer_format", None)
-    config = ModelConfig.from_dict(raw)
-    from tformer.models import model_class
+    return ModelConfig.from_dict(raw)
 
-    model = model_class(config)(config)
+
+def is_hf_config(raw: dict) -> bool:
+    """Whether a parsed config.json is Hugging Face's (it names a ``model_type``) rather than tformer's."""
+    return "model_type" in raw and "tformer_format" not in raw
+
+
+def load_weights(model, folder: Path) -> None:
+    """Fill ``model`` from the checkpoint folder's model.safetensors, after checking names and shapes."""
     weights_file = folder / WEIGHTS_NAME
     if not weights_file.is_file():
         raise CheckpointError(f"{folder}: no {WEIGHTS_NAME}")
     load_state(model, load_file(str(weights_file)), source=str(weights_file))
-    model.tokenizer = load_attached_tokenizer(folder)
-    return model.to(device).eval()
 
 
 def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
@@ -197,6 +196,4 @@ def load_attached_tokenizer(folder: Path):
     """The tokenizer saved in a checkpoint folder, or None."""
     if not (folder / TOKENIZER_NAME).is_file():
         return None
-    from tformer.tokenizers import load as load_tokenizer
-
     return load_tokenizer(folder / TOKENIZER_NAME)

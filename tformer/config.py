@@ -16,6 +16,12 @@ NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
+# Fields only some families read: field -> the architectures that use it. Any other family
+# refuses the field unless it holds its default, so a switch never sits in a config unread.
+FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
+    "type_vocab_size": ("encoder",),  # segment (token type) embeddings: BERT's sentence A / B
+}
+
 
 class ConfigError(TformerError):
     """A configuration value is invalid; the message names the field and what is allowed."""
@@ -31,6 +37,10 @@ class ModelConfig:
     ``head_dim`` to ``d_model // num_heads``, and ``norm_bias``, ``attention_bias`` and
     ``feedforward_bias`` (the biases of the norms, of the attention projections and of the
     feed-forward projections) to ``bias``.
+
+    ``architecture`` names the family. ``embedding_norm`` puts a norm after the embeddings and
+    positions (BERT); ``type_vocab_size`` > 0 adds segment embeddings (encoders only: see
+    ``FAMILY_FIELDS``); ``scale_embeddings`` multiplies token embeddings by sqrt(d_model).
     """
 
     architecture: str = "decoder"
@@ -58,6 +68,8 @@ class ModelConfig:
     feedforward_bias: bool | None = None
     tie_embeddings: bool = True
     scale_embeddings: bool = False
+    embedding_norm: bool = False
+    type_vocab_size: int = 0
     initializer_range: float = 0.02
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -66,6 +78,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self._check_choices()
+        self._check_family_fields()
         self._check_sizes()
         derived = {
             "num_kv_heads": self.num_heads if self.num_kv_heads is None else self.num_kv_heads,
@@ -93,6 +106,17 @@ class ModelConfig:
             if value not in allowed:
                 raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
 
+    def _check_family_fields(self) -> None:
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, families in FAMILY_FIELDS.items():
+            value = getattr(self, name)
+            if self.architecture not in families and value != defaults[name]:
+                kind = "family" if len(families) == 1 else "families"
+                raise ConfigError(
+                    f"{name}={value!r} is a field of the {', '.join(families)} {kind}; "
+                    f"architecture={self.architecture!r} does not use it"
+                )
+
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
             _require_positive_int(name, getattr(self, name))
@@ -104,6 +128,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}={value!r} must be a number in [0, 1)")
+        if self.type_vocab_size != 0:
+            _require_positive_int("type_vocab_size", self.type_vocab_size, "0 (no segment embeddings) or ")
         if not self.norm_eps > 0:
             raise ConfigError(f"norm_eps={self.norm_eps!r} must be > 0")
         if self.head_dim is None and self.d_model % self.num_heads:
@@ -172,7 +198,7 @@ class ModelConfig:
         base = {f.name: getattr(self, f.name) for f in fields(self)}
         base.update(_underived(self))
         base.update(changes)
-        return ModelConfig(**base)
+        return type(self)(**base)
 
 
 def _underived(config: ModelConfig) -> dict[str, Any]:
@@ -190,9 +216,24 @@ def _underived(config: ModelConfig) -> dict[str, Any]:
     return reset
 
 
-def _require_positive_int(name: str, value: Any) -> None:
+def field_default(config_type: type[ModelConfig], name: str) -> Any:
+    """The declared default of field ``name`` (None for the derived fields)."""
+    spec = {f.name: f for f in fields(config_type)}[name]
+    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+
+
+def non_default_fields(config: ModelConfig) -> list[str]:
+    """The fields of ``config`` that differ from their defaults; a derived field counts as default
+    while it holds the value derived from the others. Places that honour only some switches (the
+    fast decoder, a Hugging Face family) refuse any of these they do not handle."""
+    underived = _underived(config)
+    return [f.name for f in fields(config)
+            if underived.get(f.name, getattr(config, f.name)) != field_default(type(config), f.name)]
+
+
+def _require_positive_int(name: str, value: Any, alternative: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
+        raise ConfigError(f"{name}={value!r} must be {alternative}a positive integer")
 
 
 # ---- presets -------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.data.corpus import builtin_corpus, read_text_file
     from tformer.data.lm import split_tokens, unigram_cross_entropy
     from tformer.tokenizers import CharTokenizer
+    from tformer.training.tasks import LanguageModelling
     from tformer.training.trainer import Trainer, TrainingConfig
     from tformer.viz.curves import plot_training_curves
 
@@ -73,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
           f"width {model.config.d_model}, context {seq_len}, {args.positional} positions")
     print(f"training    {args.steps} steps of {config.batch_size} x {seq_len} characters on "
           f"{torch.get_num_threads()} CPU threads")
-    result = Trainer(model, config, train_tokens, eval_tokens, out_dir=out, overwrite=True).train()
+    result = Trainer(model, config, LanguageModelling(train_tokens, eval_tokens), out_dir=out, overwrite=True).train()
     plot = plot_training_curves(result.history, out / "loss_curve.png", title=f"{args.model} on {source}")
 
     print(f"\neval loss   {result.final_eval_loss:.3f} nats/char "
           f"(unigram baseline {baseline:.3f}: a model that ignores context)")
-    print(f"speed       {result.tokens_per_second:,.0f} tokens/s, {result.seconds:.0f} s of training")
+    print(f"speed       {result.throughput:,.0f} tokens/s, {result.seconds:.0f} s of training")
     print(f"saved       {out}/ (checkpoint, metrics.jsonl, {plot.name})")
 
     started = time.perf_counter()

@@ -38,8 +38,19 @@ def run(args: argparse.Namespace) -> int:
 
     import tformer
     from tformer.cli import UsageError
-    from tformer.generation import TextStreamer
+    from tformer.generation import GenerationConfig, TextStreamer
 
+    if args.stream and args.num_beams > 1:
+        raise UsageError("--stream needs --num-beams 1: beam search knows its text only at the end")
+    if args.draft and args.num_beams > 1:
+        raise UsageError("--draft needs --num-beams 1: speculative decoding is greedy or sampling")
+    # Every option is checked here, before anything is loaded or printed.
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+        temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, stop_strings=tuple(args.stop), num_beams=args.num_beams,
+        num_draft_tokens=args.num_draft_tokens, return_dict=True,
+    )
     model = tformer.load(args.checkpoint)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
@@ -48,25 +59,16 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise UsageError("--prompt encodes to no tokens; give some text")
-    if args.stream and args.num_beams > 1:
-        raise UsageError("--stream needs --num-beams 1: beam search knows its text only at the end")
-    if args.draft and args.num_beams > 1:
-        raise UsageError("--draft needs --num-beams 1: speculative decoding is greedy or sampling")
 
-    options = dict(
-        min_new_tokens=args.min_new_tokens, temperature=1.0 if args.temperature is None else args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or None, tokenizer=tokenizer,
-    )
     input_ids = torch.tensor([prompt_ids])
     started = time.perf_counter()
-    if args.num_beams > 1:
-        output = tformer.generate(model, input_ids, args.max_new_tokens, num_beams=args.num_beams,
-                                  return_dict=True, **options)
+    if config.num_beams > 1:
+        output = tformer.generate(model, input_ids, generation_config=config, tokenizer=tokenizer)
         sys.stdout.write(args.prompt + tokenizer.decode(output.new_tokens[0].tolist()))
     else:
-        # The stream checks every option when it is made, so errors come before any text.
-        stream = tformer.stream_generate(model, input_ids, args.max_new_tokens, draft_model=draft,
-                                         num_draft_tokens=args.num_draft_tokens, **options)
+        # The stream checks every option against the models when it is made, so errors come before any text.
+        stream = tformer.stream_generate(model, input_ids, generation_config=config, draft_model=draft,
+                                         tokenizer=tokenizer)
         sys.stdout.write(args.prompt)
         streamer = TextStreamer(tokenizer) if args.stream else None
         for chunk in stream:

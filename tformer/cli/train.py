@@ -53,6 +53,6 @@ def run(args: argparse.Namespace) -> int:
     evaluated = f", eval loss {result.final_eval_loss:.4f}" if result.final_eval_loss is not None else ""
     best = f" (best {result.best_eval:.4f} at step {result.best_step})" if result.best_eval is not None else ""
     print(f"{result.stopped} at step {result.steps}: train loss {result.final_train_loss:.4f}{evaluated}{best}; "
-          f"{result.seconds:.1f} s, {result.tokens_per_second:,.0f} tokens/s")
+          f"{result.seconds:.1f} s, {result.throughput:,.0f} {result.unit}/s")
     print(f"run folder {out}  (tformer.load('{out}'), tformer plot {out})")
     return code

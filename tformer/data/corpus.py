@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tformer.errors import TformerError
+
 
 def builtin_corpus() -> str:
     """The English documentation every CPython ships (``pydoc_data.topics``, about 465 KB)."""
@@ -14,8 +16,6 @@ def builtin_corpus() -> str:
 
 def read_text_file(path: str | Path) -> str:
     """A user's UTF-8 text file, with a clear error when it is missing, binary or empty."""
-    from tformer.errors import TformerError
-
     file = Path(path)
     if not file.is_file():
         raise TformerError(f"{file}: no such file")

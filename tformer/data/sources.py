@@ -17,6 +17,8 @@ import numpy as np
 from tformer.data.lm import Tokens, num_tokens, split_tokens
 from tformer.data.token_file import TokenFileError, header_path, read_token_file, read_token_header
 from tformer.errors import TformerError
+from tformer.tokenizers import CharTokenizer
+from tformer.tokenizers import load as load_tokenizer
 
 DATA_FORMATS = ("auto", "text", "tokens", "npy")
 
@@ -152,12 +154,8 @@ def _tokenizer_for(config: DataConfig, text: str | None):
     if config.tokenizer == "char":
         if text is None:
             return None  # token files carry ids already (and their vocabulary size)
-        from tformer.tokenizers import CharTokenizer
-
         return CharTokenizer.train(text)
-    from tformer.tokenizers import load
-
-    return load(config.tokenizer)
+    return load_tokenizer(config.tokenizer)
 
 
 def _memory_map(path: str, key: str) -> np.ndarray:

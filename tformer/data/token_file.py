@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tformer.errors import TformerError
+from tformer.tokenizers.corpus import CHUNK_CHARS, read_file_chunks
 
 FORMAT = "tformer-token-file"
 VERSION = 1
@@ -155,8 +156,6 @@ def tokenize_files(tokenizer, files: Iterable[str | os.PathLike], out: str | os.
     tokenizer's end-of-sequence token (or separator) when ``separate_documents`` and it has
     one. No special tokens are added inside a file. Files are read ``chunk_chars`` characters
     at a time (about 1M by default), cut where the ids cannot change. Returns the header."""
-    from tformer.tokenizers.corpus import CHUNK_CHARS, read_file_chunks
-
     files = [Path(file) for file in files]
     if not files:
         raise TokenFileError("no input files to tokenize")

@@ -2,11 +2,18 @@
 
 from tformer.generation.generate import TokenStream, generate, stream_generate
 from tformer.generation.output import GenerationOutput
-from tformer.generation.session import DecoderSession, cache_bytes_per_token
-from tformer.generation.settings import GenerationError
+from tformer.generation.session import (
+    DecoderSession,
+    GenerationState,
+    ModelSession,
+    Session,
+    cache_bytes_per_token,
+    open_session,
+)
+from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.generation.stream import TextStreamer
 
 __all__ = [
-    "DecoderSession", "GenerationError", "GenerationOutput", "TextStreamer", "TokenStream",
-    "cache_bytes_per_token", "generate", "stream_generate",
+    "DecoderSession", "GenerationConfig", "GenerationError", "GenerationOutput", "GenerationState", "ModelSession",
+    "Session", "TextStreamer", "TokenStream", "cache_bytes_per_token", "generate", "open_session", "stream_generate",
 ]

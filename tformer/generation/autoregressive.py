@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from torch import Tensor
 
 from tformer.generation.run import DecodingRun
-from tformer.generation.session import DecoderSession
+from tformer.generation.session import Session
 
 
-def autoregressive_decode(session: DecoderSession, run: DecodingRun, logits: Tensor) -> Iterator[Tensor]:
+def autoregressive_decode(session: Session, run: DecodingRun, logits: Tensor) -> Iterator[Tensor]:
     """Choose a token from ``logits`` (B, V), feed it back, repeat; yield each (B, 1) token.
 
     Stops after ``max_new_tokens`` or when every row has finished (then-finished rows are

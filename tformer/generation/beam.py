@@ -16,13 +16,13 @@ import torch
 from torch import Tensor
 
 from tformer.generation.run import DecodingRun
-from tformer.generation.session import DecoderSession
+from tformer.generation.session import Session
 
 EXCLUDED = -1.0e9  # the score that takes a candidate out of the running
 
 
 def beam_search(
-    session: DecoderSession,
+    session: Session,
     run: DecodingRun,
     logits: Tensor,
     num_beams: int,

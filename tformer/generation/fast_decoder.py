@@ -12,8 +12,10 @@ transposed views, with no copy). The copies cost one extra model's worth of memo
 change.
 
 It covers the configurations of the shared core it knows (every norm, activation, position
-scheme, MHA/GQA/MQA, pre/post norm, biases or not); ``FastDecoder.supports`` says why a model
-is not covered, and the session then uses the model's own forward. Tests check that both
+scheme, MHA/GQA/MQA, pre/post norm, biases or not): ``HANDLED_FIELDS`` lists the ModelConfig
+fields it honours, and any other field away from its default (a switch added later) keeps a
+model off this path, as does any module it does not know. ``FastDecoder.supports`` says why a
+model is not covered, and the session then uses the model's own forward. Tests check that both
 paths give the same logits at every step.
 """
 
@@ -28,9 +30,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.config import non_default_fields
 from tformer.nn.attention import KVCache
 from tformer.nn.position import apply_rotary
 
+# The ModelConfig fields this path computes exactly. Dropout and initialisation do not act when
+# decoding; token ids and ``extra`` are metadata. Everything else must hold its default.
+HANDLED_FIELDS = frozenset({
+    "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff",
+    "activation", "norm", "norm_position", "norm_eps", "norm_bias", "positional", "rope_theta",
+    "relative_num_buckets", "relative_max_distance", "dropout", "attention_dropout", "bias", "attention_bias",
+    "feedforward_bias", "tie_embeddings", "scale_embeddings", "initializer_range", "pad_token_id",
+    "bos_token_id", "eos_token_id", "extra",
+})
+_MODEL_CHILDREN = {"embedding", "stack", "lm_head"}
+_EMBEDDING_CHILDREN = {"token"}
+_STACK_CHILDREN = {"positional", "dropout", "blocks", "final_norm"}
 _BLOCK_CHILDREN = {"attention_norm", "attention", "feedforward_norm", "feedforward", "dropout"}
 _ATTENTION_CHILDREN = {"qkv_proj", "out_proj"}
 _FEEDFORWARD_CHILDREN = {"in_proj", "out_proj"}
@@ -121,17 +136,18 @@ class FastDecoder:
         self.head_dim = config.head_dim
         self.pre_norm = config.norm_position == "pre"
         self.embedding_scale = math.sqrt(config.d_model) if config.scale_embeddings else None
-        self.token_embedding = model.token_embedding.weight  # (V, D), looked up by row
-        self.positional = model.positional
-        self.position_table = self._position_table(model.positional)
+        stack = model.stack
+        self.token_embedding = model.embedding.token.weight  # (V, D), looked up by row
+        self.positional = stack.positional  # the session asks it for ALiBi / relative biases
+        self.position_table = self._position_table(stack.positional)
         self.inverse_frequencies = (
-            model.positional.rotary.inverse_frequencies if model.positional.kind == "rope" else None
+            stack.positional.rotary.inverse_frequencies if stack.positional.kind == "rope" else None
         )
         self._rotary_cos = self._rotary_sin = None
         copy = self.device.type == "cpu"
         self.threads = _layout_threads(self.device)
-        self.layers = [self._layer(block, copy) for block in model.blocks]
-        self.final_norm = self._norm(model.final_norm) if self.pre_norm else None
+        self.layers = [self._layer(block, copy) for block in stack.blocks]
+        self.final_norm = self._norm(stack.final_norm) if self.pre_norm else None
         self.lm_head = self._projection(model.lm_head, copy)
         self._sources = _parameter_fingerprint(model)
         self._model = weakref.ref(model)
@@ -141,15 +157,26 @@ class FastDecoder:
     @staticmethod
     def supports(model: nn.Module) -> str | None:
         """None when the fast path computes this model exactly, else the reason it does not."""
-        needed = ("config", "token_embedding", "positional", "blocks", "final_norm", "lm_head")
-        missing = [name for name in needed if not hasattr(model, name)]
-        if missing:
-            return f"{type(model).__name__} has no {', '.join(missing)}"
-        if model.positional.kind not in _POSITIONAL_KINDS:
-            return f"positional={model.positional.kind!r}"
+        if not hasattr(model, "config"):
+            return f"{type(model).__name__} has no config"
+        unhandled = [name for name in non_default_fields(model.config) if name not in HANDLED_FIELDS]
+        if unhandled:
+            return "config " + ", ".join(f"{name}={getattr(model.config, name)!r}" for name in unhandled)
+        for owner, children, known in (
+            ("the model", _children(model), _MODEL_CHILDREN),
+            ("the embedding", _children(getattr(model, "embedding", None)), _EMBEDDING_CHILDREN),
+            ("the stack", _children(getattr(model, "stack", None)), _STACK_CHILDREN),
+        ):
+            if children != known:
+                return f"{owner} has parts {sorted(children)} (known: {sorted(known)})"
+        stack = model.stack
+        if not getattr(stack, "causal", False):
+            return "the stack is not causal"
+        if stack.positional.kind not in _POSITIONAL_KINDS:
+            return f"positional={stack.positional.kind!r}"
         if model.lm_head.bias is not None:
             return "the LM head has a bias"
-        for index, block in enumerate(model.blocks):
+        for index, block in enumerate(stack.blocks):
             children = {name for name, _ in block.named_children()}
             if children != _BLOCK_CHILDREN or getattr(block, "cross_attention", None) is not None:
                 return f"block {index} has parts {sorted(children)}"
@@ -160,8 +187,8 @@ class FastDecoder:
             for norm in (block.attention_norm, block.feedforward_norm):
                 if _norm_kind(norm) is None:
                     return f"block {index} has a {type(norm).__name__}"
-        if model.config.norm_position == "pre" and _norm_kind(model.final_norm) is None:
-            return f"final norm is a {type(model.final_norm).__name__}"
+        if model.config.norm_position == "pre" and _norm_kind(stack.final_norm) is None:
+            return f"final norm is a {type(stack.final_norm).__name__}"
         return None
 
     def is_current_for(self, model: nn.Module) -> bool:
@@ -283,6 +310,10 @@ class FastDecoder:
 def _layout_threads(device: torch.device) -> int:
     """The thread count CPU projections are split for (one slice per thread); 1 elsewhere."""
     return torch.get_num_threads() if device.type == "cpu" else 1
+
+
+def _children(module: nn.Module | None) -> set[str]:
+    return set() if module is None else {name for name, _ in module.named_children()}
 
 
 def _norm_kind(module: nn.Module) -> str | None:

@@ -1,14 +1,15 @@
 """``generate`` and ``stream_generate``: the one entry point for decoding new tokens.
 
-It checks the arguments, opens a decoding session per model (key/value cache, positions,
-padding), prefills the prompts and hands over to a strategy: one token per step (greedy or
-sampling), beam search, or speculative decoding with a draft model.
+It checks the options (one ``GenerationConfig``), opens a decoding session per model
+(the prompt prepared, key/value cache, positions, padding), prefills the prompts and hands
+over to a strategy: one token per step (greedy or sampling), beam search, or speculative
+decoding with a draft model. Strategies see only the sessions (``session.Session``).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -18,14 +19,8 @@ from tformer.generation.beam import beam_search
 from tformer.generation.output import GenerationOutput
 from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
-from tformer.generation.session import DecoderSession
-from tformer.generation.settings import (
-    GenerationError,
-    GenerationSettings,
-    check_model,
-    check_prompt,
-    resolve_settings,
-)
+from tformer.generation.session import ModelSession, open_session
+from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model, check_prompt
 from tformer.generation.speculative import speculative_decode
 from tformer.generation.stopping import StopRule
 
@@ -34,32 +29,19 @@ from tformer.generation.stopping import StopRule
 def generate(
     model: nn.Module,
     input_ids: Tensor,
-    max_new_tokens: int = 32,
+    max_new_tokens: int | None = None,
     *,
     attention_mask: Tensor | None = None,
-    do_sample: bool | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    min_new_tokens: int = 0,
-    eos_token_id: int | Sequence[int] | None = None,
-    pad_token_id: int | None = None,
-    stop_strings: str | Sequence[str] | None = None,
-    tokenizer=None,
-    num_beams: int = 1,
-    length_penalty: float = 1.0,
-    early_stopping: bool | str = False,
-    num_return_sequences: int = 1,
+    generation_config: GenerationConfig | None = None,
     draft_model: nn.Module | None = None,
-    num_draft_tokens: int = 4,
+    tokenizer=None,
     streamer: Callable[[Tensor], None] | None = None,
-    output_scores: bool = False,
-    return_dict: bool = False,
-    use_cache: bool = True,
+    **options,
 ) -> Tensor | GenerationOutput:
     """Continue each prompt of ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens.
 
+    The options are the fields of ``GenerationConfig``: pass ``generation_config=``, keyword
+    options (which override its fields), or both; ``max_new_tokens`` given here overrides both.
     Returns the prompts followed by the new tokens, (B * num_return_sequences, T + new), or a
     ``GenerationOutput`` with ``return_dict`` / ``output_scores``.
 
@@ -77,43 +59,57 @@ def generate(
     - ``streamer`` is called with each chunk of new tokens (B, n) as it is produced (then its
       ``end()`` if it has one); see also ``stream_generate``.
     - ``use_cache=False`` re-runs the whole sequence at every step (the slow reference).
+    - An encoder–decoder model takes its source as ``input_ids``; the result holds its
+      decoder's sequences (start tokens, then the new tokens).
     """
     if streamer is not None and not callable(streamer):
         raise GenerationError(
             f"streamer must be callable (it receives each (batch, n) chunk of new tokens), "
             f"got {type(streamer).__name__}"
         )
-    generation = _Generation(
-        model, input_ids, attention_mask, draft_model, streaming=streamer is not None,
-        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id, stop_strings=stop_strings, tokenizer=tokenizer, num_beams=num_beams,
-        length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences,
-        num_draft_tokens=num_draft_tokens, output_scores=output_scores, use_cache=use_cache,
-    )
+    config = _config(generation_config, max_new_tokens, options)
+    generation = _Generation(model, input_ids, attention_mask, config, draft_model, tokenizer,
+                             streaming=streamer is not None)
     for chunk in generation.chunks():
         if streamer is not None:
             streamer(chunk)
     if streamer is not None and callable(getattr(streamer, "end", None)):
         streamer.end()
     output = generation.output()
-    return output if return_dict or output_scores else output.sequences
+    return output if config.return_dict or config.output_scores else output.sequences
 
 
-def stream_generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int = 32, **options) -> TokenStream:
-    """Like ``generate`` (the same keyword options, no beam search), as an iterator over the
-    chunks of new tokens (B, n) as they are produced; its ``output`` holds the
-    GenerationOutput once the iteration has ended."""
-    allowed = {name: parameter.default for name, parameter in inspect.signature(generate).parameters.items()
-               if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("streamer", "return_dict")}
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise TypeError(f"stream_generate got unknown option(s) {', '.join(unknown)}; known: {', '.join(allowed)}")
-    arguments = {**allowed, **options}
+def stream_generate(
+    model: nn.Module,
+    input_ids: Tensor,
+    max_new_tokens: int | None = None,
+    *,
+    attention_mask: Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    draft_model: nn.Module | None = None,
+    tokenizer=None,
+    **options,
+) -> TokenStream:
+    """Like ``generate`` (the same options, no beam search), as an iterator over the chunks of
+    new tokens (B, n) as they are produced; its ``output`` holds the GenerationOutput once the
+    iteration has ended. Every option is checked when the stream is made."""
+    config = _config(generation_config, max_new_tokens, options)
     with torch.inference_mode():
-        generation = _Generation(model, input_ids, arguments.pop("attention_mask"), arguments.pop("draft_model"),
-                                 streaming=True, max_new_tokens=max_new_tokens, **arguments)
+        generation = _Generation(model, input_ids, attention_mask, config, draft_model, tokenizer, streaming=True)
     return TokenStream(generation)
+
+
+def _config(generation_config: GenerationConfig | None, max_new_tokens: int | None, options: dict) -> GenerationConfig:
+    """The call's one config: ``generation_config`` (or the defaults) with the keyword options over it."""
+    if generation_config is None:
+        generation_config = GenerationConfig()
+    elif not isinstance(generation_config, GenerationConfig):
+        raise GenerationError(
+            f"generation_config must be a GenerationConfig, got {type(generation_config).__name__}"
+        )
+    if max_new_tokens is not None:
+        options = {**options, "max_new_tokens": max_new_tokens}
+    return generation_config.replace(**options) if options else generation_config
 
 
 class TokenStream:
@@ -142,79 +138,92 @@ class TokenStream:
 
 
 class _Generation:
-    """One call: checked settings, the output buffer, the sessions and the chosen strategy."""
+    """One call: the checked config, the prepared sessions, the output buffer and the chosen strategy."""
 
-    def __init__(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
-                 draft_model: nn.Module | None, streaming: bool, **arguments) -> None:
+    def __init__(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig,
+                 draft_model: nn.Module | None, tokenizer, streaming: bool) -> None:
         check_model(model)
         check_prompt(model, input_ids, attention_mask)
-        self.settings: GenerationSettings = resolve_settings(
-            model, input_ids, draft_model=draft_model, streaming=streaming, **arguments
-        )
-        settings = self.settings
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        check_call(config, model, input_ids, draft_model, tokenizer, streaming)
+        self.config = config
         self.model, self.draft_model = model, draft_model
-        device = model.lm_head.weight.device
+        device = next(model.parameters()).device
         input_ids = input_ids.to(device=device, dtype=torch.long)
         attention_mask = None if attention_mask is None else attention_mask.to(device)
-        if settings.num_beams == 1 and settings.num_return_sequences > 1:  # independent samples per prompt
-            input_ids = input_ids.repeat_interleave(settings.num_return_sequences, dim=0)
+        if config.num_beams == 1 and config.num_return_sequences > 1:  # independent samples per prompt
+            input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
             if attention_mask is not None:
-                attention_mask = attention_mask.repeat_interleave(settings.num_return_sequences, dim=0)
-        self.input_ids, self.attention_mask = input_ids, attention_mask
-        batch, prompt_length = input_ids.shape
+                attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
 
-        sequences = torch.full((batch, prompt_length + settings.max_new_tokens), settings.pad_id,
+        # The prompts are prepared (an encoder–decoder encodes its source) once, in eval mode.
+        with self._eval_mode():
+            self.session, state = open_session(model, input_ids, attention_mask, config.max_new_tokens,
+                                               use_cache=config.use_cache)
+            self.draft_session: ModelSession | None = None
+            if draft_model is not None:
+                self.draft_session, draft_state = open_session(draft_model, input_ids, attention_mask,
+                                                               config.max_new_tokens, role="draft_model")
+                if not torch.equal(draft_state.input_ids, state.input_ids):
+                    raise GenerationError("draft_model starts its decoder from other tokens than the model")
+        self.prompt = state.input_ids  # (B, T0) the decoder's prompt
+        batch, prompt_length = self.prompt.shape
+
+        pad_id = config.pad_id(model.config)
+        sequences = torch.full((batch, prompt_length + config.max_new_tokens), pad_id,
                                dtype=torch.long, device=device)
-        sequences[:, :prompt_length] = input_ids
-        eos_ids = torch.tensor(settings.eos_ids, dtype=torch.long, device=device) if settings.eos_ids else None
+        sequences[:, :prompt_length] = self.prompt
+        end_ids = config.end_ids(model.config)
+        eos_ids = torch.tensor(end_ids, dtype=torch.long, device=device) if end_ids else None
         generator = None
-        if settings.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(settings.seed)
+        if config.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(config.seed)
         self.run = DecodingRun(
             sequences=sequences,
             prompt_length=prompt_length,
-            max_new_tokens=settings.max_new_tokens,
-            chooser=TokenChooser(settings.do_sample, settings.temperature, settings.top_k, settings.top_p,
-                                 eos_ids, settings.min_new_tokens),
-            stop=StopRule(eos_ids, settings.stop_strings, settings.tokenizer, prompt_length),
-            pad_id=settings.pad_id,
+            max_new_tokens=config.max_new_tokens,
+            chooser=TokenChooser(config.sampling, float(config.temperature), config.top_k,
+                                 None if config.top_p is None else float(config.top_p), eos_ids,
+                                 config.min_new_tokens),
+            stop=StopRule(eos_ids, config.stop_strings, tokenizer, prompt_length),
+            pad_id=pad_id,
             generator=generator,
-            scores=[] if settings.output_scores else None,
+            scores=[] if config.output_scores else None,
         )
         self.beam_result: tuple[Tensor, Tensor] | None = None
 
     def chunks(self) -> Iterator[Tensor]:
         """Decode, yielding each chunk of new tokens; the models are in eval mode meanwhile."""
+        with self._eval_mode():
+            yield from self._decode()
+
+    @contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """The models in eval mode (no dropout) inside, back in the mode they were in after."""
         training = [m for m in (self.model, self.draft_model) if m is not None and m.training]
         for m in training:
             m.eval()
         try:
-            yield from self._decode()
+            yield
         finally:
             for m in training:
                 m.train()
 
     def _decode(self) -> Iterator[Tensor]:
-        settings, run = self.settings, self.run
-        if settings.max_new_tokens == 0:
+        config, run, session = self.config, self.run, self.session
+        if config.max_new_tokens == 0:
             return
-        session = self._session(self.model)
-        if self.draft_model is not None:
-            yield from speculative_decode(session, self._session(self.draft_model), run, settings.num_draft_tokens)
+        if self.draft_session is not None:
+            yield from speculative_decode(session, self.draft_session, run, config.num_draft_tokens)
             return
-        logits = session.extend(self.input_ids, last_only=True)[:, -1]  # prefill: (B, V)
-        if settings.num_beams > 1:
+        logits = session.extend(self.prompt, last_only=True)[:, -1]  # prefill: (B, V)
+        if config.num_beams > 1:
             self.beam_result = beam_search(
-                session, run, logits, settings.num_beams, settings.length_penalty, settings.early_stopping,
-                settings.num_return_sequences,
+                session, run, logits, config.num_beams, float(config.length_penalty), config.early_stopping,
+                config.num_return_sequences,
             )
             return
         yield from autoregressive_decode(session, run, logits)
-
-    def _session(self, model: nn.Module) -> DecoderSession:
-        batch, prompt_length = self.input_ids.shape
-        return DecoderSession(model, batch, prompt_length + self.settings.max_new_tokens, self.attention_mask,
-                              use_cache=self.settings.use_cache)
 
     def output(self) -> GenerationOutput:
         run, speculative = self.run, self.draft_model is not None

@@ -1,24 +1,86 @@
-"""A model's decoding state across steps: key/value cache, each row's positions and padding.
+"""The Session protocol: the only thing decoding strategies talk to, and the hooks a model
+offers so that a session can be opened on it.
 
-Decoding strategies (greedy, sampling, beam search, speculative) talk only to a session:
-``extend`` runs new tokens and returns their logits, ``truncate`` forgets the last tokens
-(rejected drafts), ``reorder`` picks and repeats rows (beams). A decoder-only model gets a
-``DecoderSession``; an encoder–decoder model will get a session that runs its encoder once
-and then steps the decoder the same way.
+Strategies (greedy, sampling, beam search, speculative, streaming) call four things:
+``extend`` runs new tokens after what the session holds and returns their logits,
+``truncate`` forgets the last tokens (rejected drafts), ``reorder`` picks and repeats rows
+(beams), and ``length`` says how many tokens it holds. They never read a model's attributes.
 
-Positions and masks are computed once per session, not per step: the whole row layout
-``(B, max_len)`` is known up front (the prompt's padding, then real tokens only), so a step
-slices its positions from a table and, when nothing is padded, needs no mask at all.
+A model family joins generation by offering these hooks (``DecoderLM`` has them; an
+encoder–decoder implements the same four and nothing else):
+
+- ``config``: its ``ModelConfig`` (``vocab_size``, default ``eos_token_id`` / ``pad_token_id``).
+- ``prepare_generation(input_ids, attention_mask) -> GenerationState``: called once per
+  ``generate`` call. A decoder continues its prompt as it is; an encoder–decoder encodes the
+  source once and returns its decoder's start tokens plus the encoder state every step needs.
+- ``new_cache(batch_size, max_len) -> list[LayerCache]``: one per block, for up to ``max_len``
+  decoder positions. The ``cross_attention`` slot may stay None: the model's forward fills it
+  on its first step (the projected encoder output, computed once).
+- ``forward(input_ids, attention_mask=..., cache=..., **state.step_inputs)``: one step, with
+  ``input_ids`` (B, T) after the cached tokens and ``attention_mask`` (B, cached + T) or None
+  when nothing is padded; returns an object with ``logits`` (B, T, V).
+- ``position_limit``: the most decoder positions it can take (a position table), or None.
+
+``ModelSession`` runs any model through these hooks; reordering moves every row-indexed piece
+of state together: the self-attention caches, the cross-attention caches and the step inputs
+(encoder output, encoder mask). ``DecoderSession`` adds the decoder's fast path: positions and
+masks laid out once per session (the whole row layout ``(B, max_len)`` is known up front: the
+prompt's padding, then real tokens only), and the lean ``FastDecoder`` forward when it covers
+the model.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from tformer.generation.fast_decoder import FastDecoder, fast_decoder_for
-from tformer.nn.attention import additive_mask, causal_mask
+from tformer.generation.settings import GenerationError
+from tformer.models.output import GenerationState
+from tformer.nn.attention import KVCache, additive_mask, causal_mask
 from tformer.nn.position import positions_from_mask
+
+
+class Session(Protocol):
+    """What a decoding strategy may ask of a model's decoding state."""
+
+    length: int  # tokens held per row
+
+    def extend(self, input_ids: Tensor, last_only: bool = False) -> Tensor:
+        """Run ``input_ids`` (B, T) after what the session holds; logits (B, T, V), or (B, 1, V)."""
+
+    def truncate(self, length: int) -> None:
+        """Forget every token after the first ``length``."""
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep the rows named by ``rows`` (B',), in that order, repeating as asked."""
+
+
+def open_session(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int, *,
+    use_cache: bool = True, role: str = "model",
+) -> tuple[ModelSession, GenerationState]:
+    """Prepare the prompt (``prepare_generation``) and open a session for it and ``max_new_tokens`` more.
+
+    A model whose steps need nothing but tokens gets a ``DecoderSession`` (the fast path when
+    it covers the model); any other model a ``ModelSession``."""
+    state = model.prepare_generation(input_ids, attention_mask)
+    batch, prompt_length = state.input_ids.shape
+    limit = model.position_limit
+    if limit is not None and prompt_length + max_new_tokens > limit:
+        raise GenerationError(
+            f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"max_seq_len={limit} of this {role}'s {model.config.positional} position table"
+        )
+    max_len = prompt_length + max_new_tokens
+    if state.step_inputs:
+        session = ModelSession(model, batch, max_len, state.attention_mask, step_inputs=state.step_inputs,
+                               use_cache=use_cache)
+    else:
+        session = DecoderSession(model, batch, max_len, state.attention_mask, use_cache=use_cache)
+    return session, state
 
 
 def cache_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> int:
@@ -33,12 +95,13 @@ def cache_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) ->
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element
 
 
-class DecoderSession:
-    """Decoding state of a DecoderLM for ``batch_size`` rows of up to ``max_len`` tokens each.
+class ModelSession:
+    """Decoding state of any model with the generation hooks: ``batch_size`` rows of up to
+    ``max_len`` decoder tokens each, stepped through the model's own forward.
 
-    ``attention_mask`` (B, T) marks the real tokens of left-padded prompts (None: no padding).
-    With ``use_cache=False`` every step re-runs the whole sequence (the slow reference);
-    ``fast=False`` steps through the model's own forward instead of the lean ``FastDecoder``.
+    ``attention_mask`` (B, T) marks the real tokens of left-padded prompts (None: no padding);
+    ``step_inputs`` go to every forward step (see ``GenerationState``). With ``use_cache=False``
+    every step re-runs the whole decoder sequence (the slow reference).
     """
 
     def __init__(
@@ -48,48 +111,32 @@ class DecoderSession:
         max_len: int,
         attention_mask: Tensor | None = None,
         *,
+        step_inputs: dict[str, Tensor] | None = None,
         use_cache: bool = True,
-        fast: bool = True,
     ) -> None:
         self.model = model
         self.batch_size = batch_size
         self.max_len = max_len
         self.length = 0
-        device = model.lm_head.weight.device
-        self.dtype = model.lm_head.weight.dtype
-        self.fast: FastDecoder | None = fast_decoder_for(model) if fast and use_cache else None
-        if self.fast is not None:
-            self.fast.reserve_positions(max_len)
+        self.step_inputs = dict(step_inputs or {})
+        device = next(model.parameters()).device
         self.cache = model.new_cache(batch_size, max_len) if use_cache else None
         self.tokens = None if use_cache else torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
-
-        # The row layout: which columns are real tokens (prompt padding is not), and positions.
+        # The row layout: which columns are real tokens (the prompt's padding is not).
         self.padded = attention_mask is not None and not bool(attention_mask.bool().all())
         attend = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
         if self.padded:
             attend[:, : attention_mask.shape[1]] = attention_mask.bool()
         self.attend = attend  # (B, max_len) True = a real token
-        self.positions = positions_from_mask(attend)  # (B, max_len) true position of each column
-        self.bias = getattr(model.positional, "bias", None)  # ALiBi / relative: an additive bias module
-        # Additive padding mask for one-token steps (B, 1, 1, max_len); None when nothing is padded.
-        self.padding_mask = additive_mask(attend, self.dtype)[:, None, None, :] if self.padded else None
 
-    # ---- steps -----------------------------------------------------------------------------------
+    # ---- the protocol ------------------------------------------------------------------------------
 
     def extend(self, input_ids: Tensor, last_only: bool = False) -> Tensor:
         """Run ``input_ids`` (B, T) after what the session holds; logits (B, T, V), or (B, 1, V)."""
-        past, length = self.length, input_ids.shape[1]
-        end = past + length
+        past, end = self.length, self.length + input_ids.shape[1]
         if end > self.max_len:
             raise ValueError(f"decoding session overflow: {end} tokens exceed its length {self.max_len}")
-        if self.fast is not None:
-            positions = self.positions[:, past:end]
-            logits = self.fast.forward(input_ids, positions, self._caches(), self._mask(past, end), last_only)
-        elif self.cache is not None:
-            logits = self.model(input_ids, attention_mask=self._model_mask(end), cache=self.cache).logits
-        else:
-            self.tokens[:, past:end] = input_ids
-            logits = self.model(self.tokens[:, :end], attention_mask=self._model_mask(end)).logits[:, past:]
+        logits = self._step(input_ids, past, end, last_only)
         self.length = end
         return logits[:, -1:] if last_only else logits
 
@@ -102,27 +149,74 @@ class DecoderSession:
             cache.length = length
 
     def reorder(self, rows: Tensor) -> None:
-        """Keep the rows named by ``rows`` (B',), in that order, repeating as asked (beam search)."""
+        """Keep the rows named by ``rows`` (B',), in that order, repeating as asked (beam search):
+        self- and cross-attention caches, step inputs and the row layout alike."""
         self.batch_size = rows.shape[0]
         for cache in self._caches():
-            filled = slice(0, cache.length)
-            if cache.keys.shape[0] == rows.shape[0]:
-                cache.keys[:, :, filled] = cache.keys[:, :, filled].index_select(0, rows)
-                cache.values[:, :, filled] = cache.values[:, :, filled].index_select(0, rows)
-            else:
-                cache.keys = cache.keys.index_select(0, rows)
-                cache.values = cache.values.index_select(0, rows)
+            _reorder_filled(cache, rows)
+        for layer in self.cache or ():
+            if layer.cross_attention is not None:
+                layer.cross_attention.reorder(rows)
+        self.step_inputs = {name: value.index_select(0, rows) for name, value in self.step_inputs.items()}
         self.attend = self.attend.index_select(0, rows)
-        self.positions = self.positions.index_select(0, rows)
-        if self.padding_mask is not None:
-            self.padding_mask = self.padding_mask.index_select(0, rows)
         if self.tokens is not None:
             self.tokens = self.tokens.index_select(0, rows)
 
-    # ---- masks -----------------------------------------------------------------------------------
+    # ---- steps ---------------------------------------------------------------------------------------
 
-    def _caches(self):
+    def _step(self, input_ids: Tensor, past: int, end: int, last_only: bool) -> Tensor:
+        """Logits of ``input_ids`` (B, T) at columns past .. end through the model's own forward."""
+        mask = self.attend[:, :end].long() if self.padded else None  # (B, end), or None without padding
+        if self.cache is not None:
+            return self.model(input_ids, attention_mask=mask, cache=self.cache, **self.step_inputs).logits
+        self.tokens[:, past:end] = input_ids
+        return self.model(self.tokens[:, :end], attention_mask=mask, **self.step_inputs).logits[:, past:]
+
+    def _caches(self) -> list[KVCache]:
+        """The self-attention caches, one per block."""
         return [] if self.cache is None else [layer.self_attention for layer in self.cache]
+
+
+class DecoderSession(ModelSession):
+    """A decoder-only model's session: the lean ``FastDecoder`` forward when it covers the model
+    (``fast=False`` or no cache: the model's own forward), with positions and masks laid out once.
+
+    A step slices its positions from the session's table and, when nothing is padded and
+    there is no position bias, a one-token step needs no mask at all.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch_size: int,
+        max_len: int,
+        attention_mask: Tensor | None = None,
+        *,
+        use_cache: bool = True,
+        fast: bool = True,
+    ) -> None:
+        super().__init__(model, batch_size, max_len, attention_mask, use_cache=use_cache)
+        self.fast: FastDecoder | None = fast_decoder_for(model) if fast and use_cache else None
+        self.positions = self.padding_mask = self.bias = None
+        if self.fast is not None:
+            self.fast.reserve_positions(max_len)
+            self.positions = positions_from_mask(self.attend)  # (B, max_len) true position of each column
+            self.bias = getattr(self.fast.positional, "bias", None)  # ALiBi / relative: an additive bias module
+            # Additive padding mask for one-token steps (B, 1, 1, max_len); None when nothing is padded.
+            self.padding_mask = additive_mask(self.attend, self.fast.dtype)[:, None, None, :] if self.padded else None
+
+    def reorder(self, rows: Tensor) -> None:
+        super().reorder(rows)
+        if self.positions is not None:
+            self.positions = self.positions.index_select(0, rows)
+        if self.padding_mask is not None:
+            self.padding_mask = self.padding_mask.index_select(0, rows)
+
+    def _step(self, input_ids: Tensor, past: int, end: int, last_only: bool) -> Tensor:
+        if self.fast is None:
+            return super()._step(input_ids, past, end, last_only)
+        positions = self.positions[:, past:end]
+        return self.fast.forward(input_ids, positions, self._caches(), self._mask(past, end), last_only)
 
     def _mask(self, past: int, end: int) -> Tensor | None:
         """The additive mask (B|1, 1|H, T, end) of the fast path, or None when none is needed."""
@@ -133,12 +227,18 @@ class DecoderSession:
             allowed = causal_mask(length, end, self.attend.device)[None, None]  # (1, 1, T, end)
             if self.padded:
                 allowed = allowed & self.attend[:, None, None, :end]
-            mask = additive_mask(allowed, self.dtype)
+            mask = additive_mask(allowed, self.fast.dtype)
         if self.bias is not None:
-            bias = self.bias(self.positions[:, past:end], self.positions[:, :end]).to(self.dtype)
+            bias = self.bias(self.positions[:, past:end], self.positions[:, :end]).to(self.fast.dtype)
             mask = bias if mask is None else mask + bias
         return mask
 
-    def _model_mask(self, end: int) -> Tensor | None:
-        """The ``attention_mask`` (B, end) the model's own forward wants, or None without padding."""
-        return self.attend[:, :end].long() if self.padded else None
+
+def _reorder_filled(cache: KVCache, rows: Tensor) -> None:
+    """Reorder a self-attention cache's rows; in place over its filled part when the batch keeps its size."""
+    if cache.keys.shape[0] != rows.shape[0]:
+        cache.reorder(rows)
+        return
+    filled = slice(0, cache.length)
+    cache.keys[:, :, filled] = cache.keys[:, :, filled].index_select(0, rows)
+    cache.values[:, :, filled] = cache.values[:, :, filled].index_select(0, rows)

@@ -1,8 +1,14 @@
-"""The arguments of ``generate``, checked once where they enter, with defaults resolved from the
-model's config. Every problem is a ``GenerationError`` naming the argument and what is allowed."""
+"""The options of ``generate`` as one frozen ``GenerationConfig``, checked where they enter, and
+the checks that need the model (token ids against its vocabulary, the draft model). Every
+problem is a ``GenerationError`` naming the option and what is allowed.
+
+A new option is one field of ``GenerationConfig`` plus its check in ``_check``: ``generate``,
+``stream_generate`` and the command line all take the config as it is.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,42 +17,139 @@ from torch import Tensor, nn
 
 from tformer.errors import TformerError
 
+HOOKS = ("config", "prepare_generation", "new_cache", "position_limit")  # what a model offers generation
+
 
 class GenerationError(TformerError):
     """An argument of ``generate`` is invalid; the message names it and what is allowed."""
 
 
 @dataclass(frozen=True)
-class GenerationSettings:
-    """Everything a decoding strategy needs to know besides the model and the prompt."""
+class GenerationConfig:
+    """Every option of one ``generate`` call (Hugging Face's ``GenerationConfig`` names, where one exists).
 
-    max_new_tokens: int
-    min_new_tokens: int
-    do_sample: bool
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    seed: int | None
-    eos_ids: tuple[int, ...]
-    pad_id: int
-    stop_strings: tuple[str, ...]
-    tokenizer: object | None
-    num_beams: int
-    length_penalty: float
-    early_stopping: bool | str
-    num_return_sequences: int
-    num_draft_tokens: int
-    output_scores: bool
-    use_cache: bool
+    Checked and normalised when made (token-id lists and stop strings become tuples);
+    ``replace`` makes a changed copy. Options that depend on the model (end ids within its
+    vocabulary, its default end and pad ids) are resolved per call by ``end_ids``/``pad_id``.
+    """
+
+    max_new_tokens: int = 32
+    min_new_tokens: int = 0  # end ids are forbidden before this many new tokens
+    do_sample: bool | None = None  # None: sample when temperature != 1, top_k or top_p say so
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None  # None: the model config's; () never ends early
+    pad_token_id: int | None = None  # None: the model config's, else the first end id
+    stop_strings: str | tuple[str, ...] = ()
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False or "never"
+    num_return_sequences: int = 1
+    num_draft_tokens: int = 4  # speculative decoding: tokens the draft model proposes per round
+    output_scores: bool = False
+    return_dict: bool = False
+    use_cache: bool = True  # False re-runs the whole sequence each step (the slow reference)
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def replace(self, **changes: object) -> GenerationConfig:
+        """A checked copy with ``changes``; an unknown option is a TypeError that lists the known ones."""
+        known = {field.name for field in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"unknown generation option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def sampling(self) -> bool:
+        """Whether tokens are drawn (else the argmax): ``do_sample``, or implied by the sampling options."""
+        if self.temperature == 0:
+            return False
+        if self.do_sample is None:
+            return self.temperature != 1.0 or self.top_k is not None or self.top_p is not None
+        return self.do_sample
+
+    def end_ids(self, model_config) -> tuple[int, ...]:
+        """The end-of-sequence ids, the model config's by default, each within its vocabulary."""
+        value = model_config.eos_token_id if self.eos_token_id is None else self.eos_token_id
+        return _token_ids("eos_token_id", value, model_config.vocab_size)
+
+    def pad_id(self, model_config) -> int:
+        """The id finished rows are filled with: the option, the config's, else the first end id, else 0."""
+        value = self.pad_token_id
+        if value is None:
+            end_ids = self.end_ids(model_config)
+            value = model_config.pad_token_id if model_config.pad_token_id is not None else (end_ids[0] if end_ids
+                                                                                             else 0)
+        (pad_id,) = _token_ids("pad_token_id", value, model_config.vocab_size)
+        return pad_id
+
+    # ---- the checks, one per option ------------------------------------------------------------
+
+    def _check(self) -> None:
+        _require_int("max_new_tokens", self.max_new_tokens, 0)
+        _require_int("min_new_tokens", self.min_new_tokens, 0)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise GenerationError(f"min_new_tokens={self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}")
+        if self.do_sample is not None and not isinstance(self.do_sample, bool):
+            raise GenerationError(f"do_sample={self.do_sample!r} must be True, False or None")
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise GenerationError(f"temperature={self.temperature!r} must be a number >= 0 (0 = greedy)")
+        if self.top_k is not None:
+            _require_int("top_k", self.top_k, 1)
+        if self.top_p is not None and (not _is_number(self.top_p) or not 0 < self.top_p <= 1):
+            raise GenerationError(f"top_p={self.top_p!r} must be a number in (0, 1]")
+        if self.seed is not None:
+            _require_int("seed", self.seed, 0)
+        if self.eos_token_id is not None and not isinstance(self.eos_token_id, int):  # several: a tuple
+            self._normalise("eos_token_id", _token_ids("eos_token_id", self.eos_token_id, None))
+        elif self.eos_token_id is not None:
+            _token_ids("eos_token_id", self.eos_token_id, None)
+        if self.pad_token_id is not None and (not isinstance(self.pad_token_id, int)
+                                              or isinstance(self.pad_token_id, bool)):
+            raise GenerationError(f"pad_token_id={self.pad_token_id!r} must be one token id")
+        self._normalise("stop_strings", _stop_strings(self.stop_strings))
+        _require_int("num_beams", self.num_beams, 1)
+        _require_int("num_return_sequences", self.num_return_sequences, 1)
+        if not _is_number(self.length_penalty):
+            raise GenerationError(f"length_penalty={self.length_penalty!r} must be a number")
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise GenerationError(f"early_stopping={self.early_stopping!r} must be True, False or 'never'")
+        if self.num_beams > 1:
+            if self.sampling:
+                raise GenerationError(
+                    "sampling (do_sample, temperature, top_k, top_p) cannot be combined with num_beams > 1"
+                )
+            if self.num_return_sequences > self.num_beams:
+                raise GenerationError(
+                    f"num_return_sequences={self.num_return_sequences} exceeds num_beams={self.num_beams}; "
+                    "beam search returns at most num_beams sequences"
+                )
+        elif self.num_return_sequences > 1 and not self.sampling:
+            raise GenerationError(
+                f"num_return_sequences={self.num_return_sequences} needs sampling (do_sample=True) or beam search "
+                "(num_beams >= num_return_sequences); greedy decoding has one answer"
+            )
+        _require_int("num_draft_tokens", self.num_draft_tokens, 1)
+        for name in ("output_scores", "return_dict", "use_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise GenerationError(f"{name}={getattr(self, name)!r} must be True or False")
+
+    def _normalise(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)  # frozen: set once, while being made
 
 
 def check_model(model: object, role: str = "model") -> None:
-    """A model ``generate`` can decode: a tformer decoder (encoder-decoders will join)."""
-    config = getattr(model, "config", None)
-    if not isinstance(model, nn.Module) or config is None or not hasattr(model, "new_cache"):
-        raise GenerationError(f"{role} must be a tformer decoder model (DecoderLM), got {type(model).__name__}")
-    if config.architecture != "decoder":
-        raise GenerationError(f"{role} has architecture={config.architecture!r}; generate supports: decoder")
+    """A model ``generate`` can decode: a module offering the generation hooks (see ``session``)."""
+    missing = [hook for hook in HOOKS if not hasattr(model, hook)] if isinstance(model, nn.Module) else list(HOOKS)
+    if missing:
+        raise GenerationError(
+            f"{role} must be a tformer model with the generation hooks {', '.join(HOOKS)}; "
+            f"{type(model).__name__} lacks {', '.join(missing)}"
+        )
 
 
 def check_prompt(model: nn.Module, input_ids: object, attention_mask: object) -> None:
@@ -80,119 +183,42 @@ def check_prompt(model: nn.Module, input_ids: object, attention_mask: object) ->
         )
 
 
-def resolve_settings(
+def check_call(
+    config: GenerationConfig,
     model: nn.Module,
     input_ids: Tensor,
-    *,
-    max_new_tokens: object,
-    min_new_tokens: object,
-    do_sample: object,
-    temperature: object,
-    top_k: object,
-    top_p: object,
-    seed: object,
-    eos_token_id: object,
-    pad_token_id: object,
-    stop_strings: object,
-    tokenizer: object,
-    num_beams: object,
-    length_penalty: object,
-    early_stopping: object,
-    num_return_sequences: object,
-    draft_model: object,
-    num_draft_tokens: object,
+    draft_model: nn.Module | None,
+    tokenizer: object | None,
     streaming: bool,
-    output_scores: bool,
-    use_cache: bool,
-) -> GenerationSettings:
-    """Check every argument and fill in defaults (end-of-sequence and pad ids from the config)."""
-    config = model.config
-    _require_int("max_new_tokens", max_new_tokens, 0)
-    _require_int("min_new_tokens", min_new_tokens, 0)
-    if min_new_tokens > max_new_tokens:
-        raise GenerationError(f"min_new_tokens={min_new_tokens} exceeds max_new_tokens={max_new_tokens}")
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
-        raise GenerationError(f"temperature={temperature!r} must be a number >= 0 (0 = greedy)")
-    if top_k is not None:
-        _require_int("top_k", top_k, 1)
-    if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise GenerationError(f"top_p={top_p!r} must be a number in (0, 1]")
-    if seed is not None:
-        _require_int("seed", seed, 0)
-    if do_sample is None:
-        do_sample = temperature != 1.0 or top_k is not None or top_p is not None
-    if not isinstance(do_sample, bool):
-        raise GenerationError(f"do_sample={do_sample!r} must be True, False or None")
-    if temperature == 0:
-        do_sample = False
-
-    eos_ids = _token_ids("eos_token_id", config.eos_token_id if eos_token_id is None else eos_token_id,
-                         config.vocab_size)
-    if pad_token_id is None:
-        pad_token_id = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
-    if not isinstance(pad_token_id, int) or isinstance(pad_token_id, bool):
-        raise GenerationError(f"pad_token_id={pad_token_id!r} must be one token id")
-    (pad_id,) = _token_ids("pad_token_id", pad_token_id, config.vocab_size)
-
-    stops = _stop_strings(stop_strings)
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    if stops and tokenizer is None:
+) -> None:
+    """The checks that need more than the options: the model's vocabulary, a tokenizer for stop
+    strings, streaming, and what speculative decoding needs of its draft model."""
+    config.pad_id(model.config)  # checks the end and pad ids against the vocabulary
+    if config.stop_strings and tokenizer is None:
         raise GenerationError("stop_strings need a tokenizer: pass tokenizer= or attach one to the model")
-
-    _require_int("num_beams", num_beams, 1)
-    _require_int("num_return_sequences", num_return_sequences, 1)
-    if not isinstance(length_penalty, (int, float)) or isinstance(length_penalty, bool):
-        raise GenerationError(f"length_penalty={length_penalty!r} must be a number")
-    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
-        raise GenerationError(f"early_stopping={early_stopping!r} must be True, False or 'never'")
-    if num_beams > 1:
-        if do_sample:
-            raise GenerationError(
-                "sampling (do_sample, temperature, top_k, top_p) cannot be combined with num_beams > 1"
-            )
-        if num_return_sequences > num_beams:
-            raise GenerationError(
-                f"num_return_sequences={num_return_sequences} exceeds num_beams={num_beams}; "
-                "beam search returns at most num_beams sequences"
-            )
-        if streaming:
-            raise GenerationError("streaming needs num_beams=1: beam search only knows its sequences at the end")
-    elif num_return_sequences > 1 and not do_sample:
+    if streaming and config.num_beams > 1:
+        raise GenerationError("streaming needs num_beams=1: beam search only knows its sequences at the end")
+    if draft_model is None:
+        return
+    check_model(draft_model, role="draft_model")
+    if draft_model.config.vocab_size != model.config.vocab_size:
         raise GenerationError(
-            f"num_return_sequences={num_return_sequences} needs sampling (do_sample=True) or beam search "
-            "(num_beams >= num_return_sequences); greedy decoding has one answer"
+            f"draft_model has vocab_size={draft_model.config.vocab_size}, the model {model.config.vocab_size}; "
+            "speculative decoding needs the same vocabulary"
         )
+    if config.num_beams > 1:
+        raise GenerationError("speculative decoding (draft_model) cannot be combined with num_beams > 1")
+    if input_ids.shape[0] * config.num_return_sequences != 1:
+        raise GenerationError(
+            f"speculative decoding (draft_model) takes one sequence at a time; got batch size "
+            f"{input_ids.shape[0]} x num_return_sequences {config.num_return_sequences}"
+        )
+    if not config.use_cache:
+        raise GenerationError("speculative decoding (draft_model) needs use_cache=True")
 
-    _require_int("num_draft_tokens", num_draft_tokens, 1)
-    if draft_model is not None:
-        check_model(draft_model, role="draft_model")
-        if draft_model.config.vocab_size != config.vocab_size:
-            raise GenerationError(
-                f"draft_model has vocab_size={draft_model.config.vocab_size}, the model {config.vocab_size}; "
-                "speculative decoding needs the same vocabulary"
-            )
-        if num_beams > 1:
-            raise GenerationError("speculative decoding (draft_model) cannot be combined with num_beams > 1")
-        if input_ids.shape[0] * num_return_sequences != 1:
-            raise GenerationError(
-                f"speculative decoding (draft_model) takes one sequence at a time; got batch size "
-                f"{input_ids.shape[0]} x num_return_sequences {num_return_sequences}"
-            )
-        if not use_cache:
-            raise GenerationError("speculative decoding (draft_model) needs use_cache=True")
 
-    for role, checked in (("model", model), ("draft_model", draft_model)):
-        if checked is not None:
-            _check_length(checked, role, input_ids.shape[1], max_new_tokens)
-
-    return GenerationSettings(
-        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
-        temperature=float(temperature), top_k=top_k, top_p=None if top_p is None else float(top_p), seed=seed,
-        eos_ids=eos_ids, pad_id=pad_id, stop_strings=stops, tokenizer=tokenizer, num_beams=num_beams,
-        length_penalty=float(length_penalty), early_stopping=early_stopping,
-        num_return_sequences=num_return_sequences, num_draft_tokens=num_draft_tokens,
-        output_scores=bool(output_scores), use_cache=bool(use_cache),
-    )
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -200,8 +226,8 @@ def _require_int(name: str, value: object, minimum: int) -> None:
         raise GenerationError(f"{name}={value!r} must be an integer >= {minimum}")
 
 
-def _token_ids(name: str, value: object, vocab_size: int) -> tuple[int, ...]:
-    """One id or several as a tuple, each checked against the vocabulary."""
+def _token_ids(name: str, value: object, vocab_size: int | None) -> tuple[int, ...]:
+    """One id or several as a tuple, each checked against the vocabulary (when known)."""
     if value is None:
         return ()
     ids = [value] if isinstance(value, int) else value
@@ -209,9 +235,11 @@ def _token_ids(name: str, value: object, vocab_size: int) -> tuple[int, ...]:
         ids = ids.flatten().tolist()
     if not isinstance(ids, Sequence) or isinstance(ids, str):
         raise GenerationError(f"{name}={value!r} must be a token id or a list of token ids")
+    upper = float("inf") if vocab_size is None else vocab_size
     for token in ids:
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
-            raise GenerationError(f"{name}={value!r}: {token!r} is not a token id in [0, {vocab_size})")
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < upper:
+            allowed = "a token id >= 0" if vocab_size is None else f"a token id in [0, {vocab_size})"
+            raise GenerationError(f"{name}={value!r}: {token!r} is not {allowed}")
     return tuple(ids)
 
 
@@ -222,13 +250,3 @@ def _stop_strings(value: object) -> tuple[str, ...]:
     if not isinstance(strings, Sequence) or not all(isinstance(s, str) and s for s in strings):
         raise GenerationError(f"stop_strings={value!r} must be a non-empty string or a list of them")
     return tuple(strings)
-
-
-def _check_length(model: nn.Module, role: str, prompt_length: int, max_new_tokens: int) -> None:
-    """Models with a position table cannot go past ``max_seq_len`` positions."""
-    limit = model.config.max_seq_len if model.positional.has_table else None
-    if limit is not None and prompt_length + max_new_tokens > limit:
-        raise GenerationError(
-            f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-            f"max_seq_len={limit} of this {role}'s {model.config.positional} position table"
-        )

@@ -21,11 +21,11 @@ import torch
 from torch import Tensor
 
 from tformer.generation.run import DecodingRun
-from tformer.generation.session import DecoderSession
+from tformer.generation.session import Session
 
 
 def speculative_decode(
-    target: DecoderSession, draft: DecoderSession, run: DecodingRun, num_draft_tokens: int
+    target: Session, draft: Session, run: DecodingRun, num_draft_tokens: int
 ) -> Iterator[Tensor]:
     """Decode one sequence (batch size 1); yield each round's committed tokens (1, n)."""
     chooser, generator = run.chooser, run.generator

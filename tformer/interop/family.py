@@ -9,6 +9,7 @@ splitting matrices, writing folders) is shared and lives beside this module.
 from __future__ import annotations
 
 import re
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, field_default, non_default_fields
 from tformer.interop.weight_map import ModuleMap
 
 
@@ -28,6 +29,9 @@ class Family(ABC):
     base_prefix: ClassVar[str]  # prefix of the base model's tensors inside the LM class ("model.")
     modules: ClassVar[Mapping[str, ModuleMap]]  # tformer module path -> HF module(s)
     ignored_names: ClassVar[tuple[str, ...]] = ()  # regexes: buffers some files carry, not weights
+    # The ModelConfig fields this family translates; any other must hold its default (fail closed),
+    # so a switch added to the core later is refused here until the family learns it.
+    handled_fields: ClassVar[frozenset[str]]
 
     @abstractmethod
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
@@ -38,8 +42,18 @@ class Family(ABC):
         """The config.json fields of this family for ``config`` (which ``mismatches`` accepted)."""
 
     @abstractmethod
+    def required_values(self, config: ModelConfig) -> list[str]:
+        """The handled fields whose values this family cannot express, one short phrase each."""
+
     def mismatches(self, config: ModelConfig) -> list[str]:
-        """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can."""
+        """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can:
+        handled fields with values the family lacks, then any field it does not handle set at all."""
+        found = self.required_values(config)
+        for name in non_default_fields(config):
+            if name not in self.handled_fields:
+                default = field_default(type(config), name)
+                found.append(f"{name}={getattr(config, name)!r} (needs {default!r}: not a {self.model_type} setting)")
+        return found
 
     def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
         """The HF tensors named as the LM class names them, without buffers and ignored duplicates.
@@ -96,3 +110,37 @@ def differences(config: ModelConfig, required: Mapping[str, Any]) -> list[str]:
             wanted = " or ".join(repr(choice) for choice in allowed)
             found.append(f"{name}={value!r} (needs {wanted})")
     return found
+
+
+def special_token_ids(model_type: str, raw: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``pad_token_id``, ``bos_token_id`` and ``eos_token_id`` of a config.json, each ``raw[key]`` or its
+    ``defaults[key]`` when absent; ids outside the vocabulary dropped (None), with one warning.
+
+    Hugging Face loads such folders: GPT2Config's defaults (50256) sit outside every small vocabulary a
+    test model is made with. ``eos_token_id`` may be a list (Llama 3): its usable ids are kept in order.
+    """
+    vocab_size = hf_field(raw, "vocab_size", defaults["vocab_size"])
+    ids: dict[str, Any] = {}
+    dropped: list[str] = []
+
+    def usable(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
+
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = raw[key] if key in raw else defaults.get(key)
+        if isinstance(value, list):
+            kept = [item for item in value if usable(item)]
+            if len(kept) < len(value):
+                dropped.append(f"{key}={value!r}")
+            ids[key] = kept
+        elif value is None or usable(value):
+            ids[key] = value
+        else:
+            dropped.append(f"{key}={value!r}")
+            ids[key] = None
+    if dropped:
+        warnings.warn(
+            f"{model_type} config.json: {', '.join(dropped)} are outside the vocabulary [0, {vocab_size}): "
+            "ignored (no such token)", stacklevel=5,  # the caller of tformer.load
+        )
+    return ids

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, translated
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
 from tformer.interop.weight_map import ModuleMap
 
 # HF ``activation_function`` <-> tformer activation.
@@ -41,24 +41,31 @@ class GPT2Family(Family):
     architecture_class = "GPT2LMHeadModel"
     base_prefix = "transformer."
     modules = {
-        "token_embedding": ModuleMap(("transformer.wte",)),
-        "positional.absolute.embedding": ModuleMap(("transformer.wpe",)),
-        "blocks.{i}.attention_norm": ModuleMap(("transformer.h.{i}.ln_1",)),
-        "blocks.{i}.attention.qkv_proj": _conv1d("transformer.h.{i}.attn.c_attn"),
-        "blocks.{i}.attention.out_proj": _conv1d("transformer.h.{i}.attn.c_proj"),
-        "blocks.{i}.feedforward_norm": ModuleMap(("transformer.h.{i}.ln_2",)),
-        "blocks.{i}.feedforward.in_proj": _conv1d("transformer.h.{i}.mlp.c_fc"),
-        "blocks.{i}.feedforward.out_proj": _conv1d("transformer.h.{i}.mlp.c_proj"),
-        "final_norm": ModuleMap(("transformer.ln_f",)),
+        "embedding.token": ModuleMap(("transformer.wte",)),
+        "stack.positional.absolute.embedding": ModuleMap(("transformer.wpe",)),
+        "stack.blocks.{i}.attention_norm": ModuleMap(("transformer.h.{i}.ln_1",)),
+        "stack.blocks.{i}.attention.qkv_proj": _conv1d("transformer.h.{i}.attn.c_attn"),
+        "stack.blocks.{i}.attention.out_proj": _conv1d("transformer.h.{i}.attn.c_proj"),
+        "stack.blocks.{i}.feedforward_norm": ModuleMap(("transformer.h.{i}.ln_2",)),
+        "stack.blocks.{i}.feedforward.in_proj": _conv1d("transformer.h.{i}.mlp.c_fc"),
+        "stack.blocks.{i}.feedforward.out_proj": _conv1d("transformer.h.{i}.mlp.c_proj"),
+        "stack.final_norm": ModuleMap(("transformer.ln_f",)),
         "lm_head": ModuleMap(("lm_head",)),
     }
     # The causal-mask buffers that files written by older transformers versions carry.
     ignored_names = (r"\.attn\.bias$", r"\.attn\.masked_bias$")
+    handled_fields = frozenset({
+        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
+        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "dropout",
+        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
+        "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
+    })
 
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
         for key, supported in UNSUPPORTED_UNLESS.items():
             require("gpt2", key, hf_field(raw, key, supported), supported)
         d_model = hf_field(raw, "n_embd", 768)
+        special = special_token_ids("gpt2", raw, {"vocab_size": 50257, "bos_token_id": 50256, "eos_token_id": 50256})
         return ModelConfig(
             architecture="decoder",
             vocab_size=hf_field(raw, "vocab_size", 50257),
@@ -79,9 +86,7 @@ class GPT2Family(Family):
             bias=True,
             tie_embeddings=hf_field(raw, "tie_word_embeddings", True),
             initializer_range=hf_field(raw, "initializer_range", 0.02),
-            pad_token_id=raw.get("pad_token_id"),
-            bos_token_id=raw.get("bos_token_id"),
-            eos_token_id=raw.get("eos_token_id"),
+            **special,
         )
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
@@ -107,7 +112,7 @@ class GPT2Family(Family):
             "eos_token_id": config.eos_token_id,
         }
 
-    def mismatches(self, config: ModelConfig) -> list[str]:
+    def required_values(self, config: ModelConfig) -> list[str]:
         found = differences(config, {
             "architecture": "decoder",
             "positional": "learned",
@@ -119,7 +124,6 @@ class GPT2Family(Family):
             "norm_bias": True,
             "attention_bias": True,
             "feedforward_bias": True,
-            "scale_embeddings": False,
         })
         if config.num_heads * config.head_dim != config.d_model:
             found.append(f"num_heads * head_dim={config.num_heads * config.head_dim} (needs d_model={config.d_model})")

@@ -6,17 +6,17 @@ import json
 from pathlib import Path
 
 from safetensors.torch import save_file
+from torch import nn
 
 from tformer.checkpoint import CONFIG_NAME, write_checkpoint_folder
 from tformer.interop.families import family_for_config
 from tformer.interop.hf_files import SAFETENSORS_NAME
 from tformer.interop.hf_load import HF_TOKENIZER_NAME
 from tformer.interop.weight_map import tformer_to_hf, weight_rules
-from tformer.models import Model
 
 
-def save_hf(model: Model, path: str | Path) -> Path:
-    """Write ``model`` as config.json + model.safetensors (+ tokenizer.json) in Hugging Face's
+def save_hf(model: nn.Module, path: str | Path) -> Path:
+    """Write ``model`` (a tformer Model) as config.json + model.safetensors (+ tokenizer.json) in Hugging Face's
     format for the family that represents its config (GPT-2 or Llama), in the model's dtype.
 
     Raises CheckpointError, before writing anything, when no family represents the config.

@@ -12,7 +12,7 @@ from typing import Any
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, translated
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
 from tformer.interop.weight_map import ModuleMap
 
 # HF ``hidden_act`` (applied to the gate) <-> tformer's gated activation.
@@ -26,29 +26,37 @@ class LlamaFamily(Family):
     architecture_class = "LlamaForCausalLM"
     base_prefix = "model."
     modules = {
-        "token_embedding": ModuleMap(("model.embed_tokens",)),
-        "blocks.{i}.attention_norm": ModuleMap(("model.layers.{i}.input_layernorm",)),
-        "blocks.{i}.attention.qkv_proj": ModuleMap(
+        "embedding.token": ModuleMap(("model.embed_tokens",)),
+        "stack.blocks.{i}.attention_norm": ModuleMap(("model.layers.{i}.input_layernorm",)),
+        "stack.blocks.{i}.attention.qkv_proj": ModuleMap(
             ("model.layers.{i}.self_attn.q_proj", "model.layers.{i}.self_attn.k_proj",
              "model.layers.{i}.self_attn.v_proj"),
             fused="qkv",
         ),
-        "blocks.{i}.attention.out_proj": ModuleMap(("model.layers.{i}.self_attn.o_proj",)),
-        "blocks.{i}.feedforward_norm": ModuleMap(("model.layers.{i}.post_attention_layernorm",)),
-        "blocks.{i}.feedforward.in_proj": ModuleMap(
+        "stack.blocks.{i}.attention.out_proj": ModuleMap(("model.layers.{i}.self_attn.o_proj",)),
+        "stack.blocks.{i}.feedforward_norm": ModuleMap(("model.layers.{i}.post_attention_layernorm",)),
+        "stack.blocks.{i}.feedforward.in_proj": ModuleMap(
             ("model.layers.{i}.mlp.gate_proj", "model.layers.{i}.mlp.up_proj"), fused="gate_up"
         ),
-        "blocks.{i}.feedforward.out_proj": ModuleMap(("model.layers.{i}.mlp.down_proj",)),
-        "final_norm": ModuleMap(("model.norm",)),
+        "stack.blocks.{i}.feedforward.out_proj": ModuleMap(("model.layers.{i}.mlp.down_proj",)),
+        "stack.final_norm": ModuleMap(("model.norm",)),
         "lm_head": ModuleMap(("lm_head",)),
     }
     # Files written by older transformers versions carry the rotary frequencies as a buffer.
     ignored_names = (r"\.rotary_emb\.inv_freq$",)
+    # norm_bias: RMSNorm has no bias whatever it says. extra: a Llama 3 list of end-of-sequence ids.
+    handled_fields = frozenset({
+        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
+        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "rope_theta",
+        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
+        "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "extra",
+    })
 
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
         hidden_size = hf_field(raw, "hidden_size", 4096)
         num_heads = hf_field(raw, "num_attention_heads", 32)
-        eos_token_ids = raw.get("eos_token_id", 2)
+        special = special_token_ids("llama", raw, {"vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2})
+        eos_token_ids = special.pop("eos_token_id")
         extra = {}
         if isinstance(eos_token_ids, list):
             extra["eos_token_ids"] = eos_token_ids
@@ -75,9 +83,8 @@ class LlamaFamily(Family):
             feedforward_bias=hf_field(raw, "mlp_bias", False),
             tie_embeddings=hf_field(raw, "tie_word_embeddings", False),
             initializer_range=hf_field(raw, "initializer_range", 0.02),
-            pad_token_id=raw.get("pad_token_id"),
-            bos_token_id=raw.get("bos_token_id", 1),
             eos_token_id=eos_token_ids,
+            **special,
             extra=extra,
         )
 
@@ -108,14 +115,13 @@ class LlamaFamily(Family):
             "eos_token_id": config.extra.get("eos_token_ids", config.eos_token_id),
         }
 
-    def mismatches(self, config: ModelConfig) -> list[str]:
+    def required_values(self, config: ModelConfig) -> list[str]:
         return differences(config, {
             "architecture": "decoder",
             "positional": "rope",
             "norm": "rmsnorm",
             "norm_position": "pre",
             "activation": tuple(ACTIVATIONS_TO_HF),
-            "scale_embeddings": False,
         })
 
 

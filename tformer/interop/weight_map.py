@@ -61,13 +61,14 @@ class WeightRule:
         return [shape[::-1] for shape in shapes] if self.transposed else shapes
 
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+_BLOCK = re.compile(r"\bblocks\.(\d+)\.")  # the layer index of a per-layer module, in any stack
 
 
 def weight_rules(modules: Mapping[str, ModuleMap], model) -> list[WeightRule]:
     """One rule per stored tensor of ``model`` (tied aliases excluded), from a family's module map.
 
-    ``modules`` is keyed by tformer module paths with ``blocks.{i}.`` for per-layer modules.
+    ``modules`` is keyed by tformer module paths with ``blocks.{i}.`` for per-layer modules
+    (``stack.blocks.{i}.attention.qkv_proj``).
     """
     config: ModelConfig = model.config
     tied = model.tied_parameters()
@@ -76,9 +77,9 @@ def weight_rules(modules: Mapping[str, ModuleMap], model) -> list[WeightRule]:
         if name in tied:
             continue
         module, _, parameter = name.rpartition(".")
-        match = _BLOCK.match(module)
+        match = _BLOCK.search(module)
         layer = match.group(1) if match else None
-        key = _BLOCK.sub("blocks.{i}.", module)
+        key = _BLOCK.sub("blocks.{i}.", module, count=1)
         if key not in modules:
             raise KeyError(f"the key map has no entry for tformer module {key!r} (tensor {name})")
         entry = modules[key]

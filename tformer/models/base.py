@@ -1,5 +1,5 @@
 """What every tformer model shares: its config, an optional tokenizer, weight initialisation,
-parameter counting and saving."""
+parameter counting and saving (loading is ``tformer.hub``'s: it needs every model class)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from tformer.checkpoint import save_checkpoint
 from tformer.config import ModelConfig
+from tformer.interop import save_hf
+from tformer.nn.stack import TransformerStack
 
 
 class Model(nn.Module):
@@ -58,10 +61,21 @@ class Model(nn.Module):
     # ---- saving ------------------------------------------------------------------------------
 
     def save(self, path: str | Path, format: str = "tformer") -> Path:
-        """Write a checkpoint folder: config.json, model.safetensors, tokenizer.json if attached."""
-        from tformer.checkpoint import save_model
+        """Write a checkpoint folder: config.json, model.safetensors, tokenizer.json if attached;
+        in tformer's format, or Hugging Face's (``format="hf"``) for the families interop knows."""
+        if format == "hf":
+            return save_hf(self, path)
+        if format != "tformer":
+            raise ValueError(f"format={format!r} is not one of tformer, hf")
+        return save_checkpoint(self, path)
 
-        return save_model(self, path, format=format)
+    @property
+    def position_limit(self) -> int | None:
+        """How many positions the model can take when they index a fixed table (learned,
+        sinusoidal: ``max_seq_len``), the smallest over its stacks; None when unbounded."""
+        limits = [module.position_limit for module in self.modules() if isinstance(module, TransformerStack)]
+        limits = [limit for limit in limits if limit is not None]
+        return min(limits) if limits else None
 
     @property
     def device(self) -> torch.device:

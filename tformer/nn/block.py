@@ -65,31 +65,30 @@ class TransformerBlock(nn.Module):
 
     def forward(
         self, x: Tensor, context: AttentionContext, cache: LayerCache | None = None
-    ) -> tuple[Tensor, list[Tensor]]:
-        """x: (B, T, D) -> (B, T, D), and the attention weights when the context asks for them."""
-        weights: list[Tensor] = []
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x: (B, T, D) -> (B, T, D), and when the context asks for them the self-attention
+        weights (B, H, T, past + T) and the cross-attention weights (B, H, T, S), else None."""
+        weights: list[Tensor | None] = [None, None]  # self, cross
 
         def self_attention(h: Tensor) -> Tensor:
-            out, w = self.attention(
+            out, weights[0] = self.attention(
                 h, mask=context.mask, is_causal=context.is_causal, rotary=context.rotary,
                 cache=None if cache is None else cache.self_attention, need_weights=context.need_weights,
             )
-            weights.extend([] if w is None else [w])
             return out
 
         def cross_attention(h: Tensor) -> Tensor:
-            out, w = self.cross_attention(
+            out, weights[1] = self.cross_attention(
                 h, context=context.encoder_output, mask=context.encoder_mask,
                 cache=None if cache is None else cache.cross_attention, need_weights=context.need_weights,
             )
-            weights.extend([] if w is None else [w])
             return out
 
         x = self._residual(x, self.attention_norm, self_attention)
         if self.cross_attention is not None:
             x = self._residual(x, self.cross_attention_norm, cross_attention)
         x = self._residual(x, self.feedforward_norm, self.feedforward)
-        return x, weights
+        return x, weights[0], weights[1]
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
         if self.pre_norm:

@@ -8,6 +8,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
+from tformer.tokenizers.errors import TokenizerError
+
 SPECIAL_ROLES = ("pad", "bos", "eos", "unk", "cls", "sep", "mask")
 _JSON_ORDER = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
@@ -147,8 +149,6 @@ def infer_roles(contents: Iterable[str]) -> dict[str, str]:
 def parse_special_tokens(special_tokens: Iterable[str] | dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """(contents in order, role → content) from a list of tokens (roles from conventional
     names) or a {role: token} mapping, as trainers accept them."""
-    from tformer.tokenizers.errors import TokenizerError
-
     if isinstance(special_tokens, str):
         raise TokenizerError(f"special_tokens must be a list of str or a {{role: token}} dict, got the str "
                              f"{special_tokens!r}")

@@ -41,7 +41,10 @@ class _CharTable(dict):
 def _bert_clean_rule(char: str, handle_chinese_chars: bool) -> str:
     if char in "\t\n\r":
         return " "
-    if char in ("\x00", "\ufffd") or unicodedata.category(char).startswith("C"):
+    category = unicodedata.category(char)
+    # Control, format, private-use and surrogate characters go; unassigned ones (Cn) stay, as in
+    # Hugging Face's tokenizer, and become [UNK] later.
+    if char in ("\x00", "\ufffd") or (category.startswith("C") and category != "Cn"):
         return ""
     if char in WHITE_SPACE:
         return " "

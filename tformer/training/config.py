@@ -14,8 +14,6 @@ from tformer.training.schedules import SCHEDULES
 PRECISIONS = ("fp32", "bf16", "fp16")
 DISTRIBUTED_MODES = ("ddp", "fsdp")
 DEVICES = ("auto", "cpu", "cuda")
-EARLY_STOPPING_METRICS = ("eval_loss", "eval_ppl", "eval_accuracy")
-HIGHER_IS_BETTER = ("eval_accuracy",)
 
 
 class TrainingError(TformerError):
@@ -50,7 +48,7 @@ class TrainingConfig:
     # evaluation and stopping
     eval_every: int = 250
     eval_batches: int = 20  # 0 = the whole held-out split
-    early_stopping_metric: str = "eval_loss"
+    early_stopping_metric: str = "eval_loss"  # any metric the task reports (the Trainer checks)
     early_stopping_patience: int = 0  # evaluations without improvement before stopping; 0 = never
     early_stopping_min_delta: float = 0.0
     skip_nonfinite: int = 0  # steps with a NaN/Inf loss to skip before stopping the run
@@ -82,10 +80,14 @@ class TrainingConfig:
             _require_int("seq_len", self.seq_len, minimum=1)
         for name, allowed in (
             ("schedule", SCHEDULES), ("precision", PRECISIONS), ("distributed", DISTRIBUTED_MODES),
-            ("device", DEVICES), ("early_stopping_metric", EARLY_STOPPING_METRICS),
+            ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
                 raise TrainingError(f"training.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        metric = self.early_stopping_metric
+        if not isinstance(metric, str) or not metric.startswith("eval_"):
+            raise TrainingError(f"training.early_stopping_metric={metric!r} must name an evaluation metric the task "
+                                "reports, e.g. eval_loss or eval_accuracy")
         for name in ("deterministic", "compile", "save_best", "decay_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TrainingError(f"training.{name}={getattr(self, name)!r} must be true or false")

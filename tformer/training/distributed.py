@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tformer.nn.stack import TransformerStack
 from tformer.training.config import TrainingError
 
 
@@ -84,8 +85,9 @@ def wrap_model(model: nn.Module, context: ProcessContext, mode: str) -> nn.Modul
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in getattr(model, "blocks", []):
-            fully_shard(block)
+        for stack in (module for module in model.modules() if isinstance(module, TransformerStack)):
+            for block in stack.blocks:
+                fully_shard(block)
         fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel

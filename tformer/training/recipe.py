@@ -1,5 +1,6 @@
-"""Recipes: a TOML file whose ``[model]``, ``[data]`` and ``[training]`` sections map one to one
-onto ModelConfig (plus an optional ``preset``), DataConfig and TrainingConfig.
+"""Recipes: a TOML file whose ``[model]``, ``[data]``, ``[training]`` and ``[task]`` sections map one
+to one onto ModelConfig (plus an optional ``preset``), DataConfig, TrainingConfig and TaskConfig
+(``[task]`` may be left out: ``name = "lm"``, next-token language modelling).
 
 Everything is checked here, before any work starts: an unknown section or key, a value of the
 wrong type, or an invalid one is an error naming the section, the key and what is allowed.
@@ -25,8 +26,10 @@ from tformer.config import ConfigError, ModelConfig, resolve_config
 from tformer.data.sources import DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.tasks.registry import TaskConfig
 
-SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig}
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
+                             "task": TaskConfig}
 PATH_KEYS = ("train", "eval", "tokenizer")  # [data] keys that name files
 
 
@@ -42,6 +45,7 @@ class Recipe:
     model: ModelConfig
     data: DataConfig
     training: TrainingConfig
+    task: TaskConfig = TaskConfig()
     source: str = "<recipe>"
     vocab_size_given: bool = False
 
@@ -107,6 +111,7 @@ def recipe_from_dict(
     model_values = dict(raw.get("model", {}))
     data_values = dict(raw.get("data", {}))
     training_values = dict(raw.get("training", {}))
+    task_values = dict(raw.get("task", {}))
 
     preset = model_values.pop("preset", None)
     if preset is not None and not isinstance(preset, str):
@@ -114,9 +119,11 @@ def recipe_from_dict(
     _check_keys(source, "model", model_values, extra_allowed=("preset",))
     _check_keys(source, "data", data_values)
     _check_keys(source, "training", training_values)
+    _check_keys(source, "task", task_values)
     _check_types(source, "model", model_values)
     _check_types(source, "data", data_values)
     _check_types(source, "training", training_values)
+    _check_types(source, "task", task_values)
 
     for key in PATH_KEYS:
         value = data_values.get(key)
@@ -134,6 +141,7 @@ def recipe_from_dict(
     model = _build(source, "model", make_model)
     data = _build(source, "data", lambda: DataConfig(**data_values))
     training = _build(source, "training", lambda: TrainingConfig(**training_values))
+    task = _build(source, "task", lambda: TaskConfig(**task_values))
     _build(source, "data", data.check_files)
     if training.seq_len is not None and training.seq_len > model.max_seq_len and model.positional in (
         "learned", "sinusoidal"
@@ -144,7 +152,7 @@ def recipe_from_dict(
         )
     if training.seq_len is None:
         training = dataclasses.replace(training, seq_len=model.max_seq_len)
-    return Recipe(model, data, training, source=source, vocab_size_given=vocab_size_given)
+    return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

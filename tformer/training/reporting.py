@@ -1,4 +1,4 @@
-"""What a run reports as it goes: a tqdm bar (step, loss, lr, tokens/s, ETA), metrics.jsonl
+"""What a run reports as it goes: a tqdm bar (step, loss, lr, tokens/s or examples/s, ETA), metrics.jsonl
 (one JSON object per line: ``step`` and metrics by name) and TensorBoard when it is installed.
 
 Only the main process reports; the others get a silent reporter. The bar's text is refreshed
@@ -25,8 +25,9 @@ class Reporter:
     """Progress bar, metrics file and TensorBoard writer of one run."""
 
     def __init__(self, out_dir: Path | None, total_steps: int, start_step: int, *, enabled: bool = True,
-                 progress: bool = True, tensorboard: bool = True) -> None:
+                 progress: bool = True, tensorboard: bool = True, unit: str = "tokens") -> None:
         self.enabled = enabled
+        self.rate_label = "tok/s" if unit == "tokens" else f"{unit}/s"
         self.metrics_file = None
         self.tensorboard = None
         self.bar = None
@@ -54,14 +55,14 @@ class Reporter:
                 if name != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     self.tensorboard.add_scalar(name, value, record["step"])
 
-    def advance(self, steps: int, loss: float, lr: float, tokens_per_s: float) -> None:
-        """Move the bar; redraw its loss / lr / tokens-per-second text a few times a second."""
+    def advance(self, steps: int, loss: float, lr: float, rate: float) -> None:
+        """Move the bar; redraw its loss / lr / throughput (units per second) text a few times a second."""
         if self.bar is None:
             return
         now = time.perf_counter()
         if now - self._last_refresh >= REFRESH_SECONDS:
             self._last_refresh = now
-            self.bar.set_postfix_str(f"loss={loss:.4f}, lr={lr:.2e}, tok/s={tokens_per_s:,.0f}", refresh=False)
+            self.bar.set_postfix_str(f"loss={loss:.4f}, lr={lr:.2e}, {self.rate_label}={rate:,.0f}", refresh=False)
         self.bar.update(steps)
 
     def message(self, text: str) -> None:

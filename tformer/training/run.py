@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
-from tformer.data.sources import load_language_model_data
+from tformer.models import build_model
 from tformer.training import checkpoints, distributed, preflight
 from tformer.training.config import TrainingError
 from tformer.training.recipe import Recipe
+from tformer.training.tasks import task_for_recipe
 from tformer.training.trainer import Trainer, TrainingResult
 
 RECIPE_NAME = "recipe.toml"
@@ -32,20 +33,19 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         if resume is None and existing:
             raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
                                 "continue it with --resume auto, or choose another --out")
-        data = load_language_model_data(recipe.data)
+        task, data = task_for_recipe(recipe.task, recipe.data)
         recipe = recipe.with_vocab_size(data.vocab_size)
         torch.manual_seed(config.seed)  # every process builds the same initial weights
-        from tformer.models import build_model
-
         model = build_model(recipe.model)
         model.tokenizer = data.tokenizer
         tokenizer = f" ({type(data.tokenizer).__name__}, {data.vocab_size} tokens)" if data.tokenizer else ""
         say(f"data       {data.description}{tokenizer}")
         say(f"model      {recipe.model.architecture}: {model.num_parameters():,} parameters, "
             f"{recipe.model.num_layers} layers, width {recipe.model.d_model}, context {recipe.model.max_seq_len}")
-        trainer = Trainer(model, config, data.train, data.eval, out_dir=out, progress=progress)
-        say(f"training   {config.max_steps} steps of {trainer.tokens_per_step:,} tokens "
-            f"({config.batch_size} x {trainer.seq_len} x {config.grad_accum_steps} accumulated x "
+        trainer = Trainer(model, config, task, out_dir=out, progress=progress)
+        rows = f"{config.batch_size} x {task.units_per_row}" if task.units_per_row > 1 else f"{config.batch_size}"
+        say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
+            f"({rows} x {config.grad_accum_steps} accumulated x "
             f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
             f"{_threads(trainer)}, {config.precision}")
         if resume is not None:
@@ -54,7 +54,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
                 say(f"resumed from step {step} ({trainer.resumed_from})")
             else:
                 say(f"no checkpoint in {out} yet: starting at step 0")
-        distributed.on_main_process(lambda: write_recipe(out, recipe), context)
+        trainer.state.on_main(lambda: write_recipe(out, recipe))
         result = trainer.train()
         distributed.barrier(context)  # nobody leaves the group while a peer still talks to it
         return result

@@ -1,0 +1,105 @@
+"""The import graph: every tformer module imports on its own in a fresh interpreter; outside
+the command line, no module imports tformer inside a function (a hidden dependency, usually a
+cycle worked around); and the module-level import graph has no cycle."""
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tformer"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py")) if path.name != "__main__.py"}
+
+
+def test_every_module_imports_on_its_own():
+    # One interpreter imports the third-party libraries once, then forks a child per module. The
+    # child starts with no tformer module loaded and a bare ``tformer`` package (its __init__,
+    # which imports everything, not run), so the module's own imports are all that load it.
+    script = textwrap.dedent("""
+        import importlib, os, sys, traceback, types
+        import numpy, safetensors.torch, torch  # noqa: F401  (the heavy third-party imports, shared)
+        failures = []
+        for name in sys.argv[2:]:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    if name != "tformer":
+                        package = types.ModuleType("tformer")
+                        package.__path__ = [sys.argv[1]]
+                        sys.modules["tformer"] = package
+                    importlib.import_module(name)
+                except BaseException:
+                    traceback.print_exc()
+                    os._exit(1)
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                failures.append(name)
+        print("FAILED:", " ".join(failures))
+        sys.exit(1 if failures else 0)
+    """)
+    environment = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", script, str(PACKAGE), *MODULES], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+
+
+def _tformer_imports(tree: ast.AST) -> list[tuple[ast.AST, list[str]]]:
+    """(node, imported tformer module names) for each import statement naming tformer."""
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.split(".")[0] == "tformer"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "tformer":
+            # ``from tformer.x import y`` loads tformer.x.y when y is a module, else tformer.x
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                     for alias in node.names]
+        if names:
+            found.append((node, names))
+    return found
+
+
+def test_no_module_outside_the_cli_imports_tformer_inside_a_function():
+    offenders = []
+    for name, path in MODULES.items():
+        if name.startswith("tformer.cli"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                for node, _ in _tformer_imports(function):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, "imports of tformer inside functions: " + ", ".join(sorted(set(offenders)))
+
+
+def test_module_import_graph_has_no_cycle():
+    graph = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        graph[name] = {target for _, names in _tformer_imports(tree) for target in names if target != name}
+    state: dict[str, str] = {}  # "open" while on the current path, "done" after
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = "open"
+        for target in sorted(graph.get(name, ())):
+            if state.get(target) == "open":
+                return [*path, name, target]
+            if target not in state and (cycle := visit(target, [*path, name])):
+                return cycle
+        state[name] = "done"
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            cycle = visit(name, [])
+            assert cycle is None, "import cycle: " + " -> ".join(cycle[cycle.index(cycle[-1]):])

@@ -1,0 +1,46 @@
+"""Model classes by architecture: ``register`` a family's class, ``model_class`` finds it,
+``build_model`` makes a freshly initialised one from a config or a preset name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tformer.config import ARCHITECTURES, ConfigError, ModelConfig, resolve_config
+from tformer.models.base import Model
+
+MODEL_CLASSES: dict[str, type[Model]] = {}
+
+
+def register(architecture: str) -> Callable[[type[Model]], type[Model]]:
+    """Class decorator: the class implements ``architecture`` (one of config.ARCHITECTURES)."""
+
+    def add(cls: type[Model]) -> type[Model]:
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture {architecture!r} is not one of {', '.join(ARCHITECTURES)} (config.py)")
+        if architecture in MODEL_CLASSES and MODEL_CLASSES[architecture] is not cls:
+            raise ValueError(f"architecture {architecture!r} is already implemented by "
+                             f"{MODEL_CLASSES[architecture].__name__}")
+        MODEL_CLASSES[architecture] = cls
+        return cls
+
+    return add
+
+
+def model_class(config: ModelConfig) -> type[Model]:
+    """The class that implements ``config.architecture``."""
+    try:
+        return MODEL_CLASSES[config.architecture]
+    except KeyError:
+        raise ConfigError(
+            f"architecture={config.architecture!r} has no model class; implemented: {', '.join(MODEL_CLASSES)}"
+        ) from None
+
+
+def build_model(config_or_preset: ModelConfig | str, **overrides: Any) -> Model:
+    """A freshly initialised model from a ModelConfig or a preset name, with field overrides.
+
+    >>> model = build_model("gpt-nano", vocab_size=100)
+    """
+    config = resolve_config(config_or_preset, **overrides)
+    return model_class(config)(config)

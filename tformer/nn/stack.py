@@ -1,0 +1,140 @@
+"""TransformerStack: positions, N TransformerBlocks and the final norm, causal or bidirectional,
+with or without cross-attention to an encoder's hidden states. Every model runs one (or two)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tformer.config import ModelConfig
+from tformer.nn.attention import KVCache, additive_mask, build_mask, padding_mask
+from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
+from tformer.nn.inputs import check_attention_mask, check_positions
+from tformer.nn.norm import build_norm
+from tformer.nn.position import positional_from_config, positions_from_mask
+
+
+@dataclass
+class StackOutput:
+    """``hidden`` (B, T, D) after the final norm; when asked for, per-layer self-attention weights
+    (B, H, T, past + T), per-layer cross-attention weights (B, H, T, S), and hidden states
+    (B, T, D): each block's input, then ``hidden`` (num_layers + 1 in all)."""
+
+    hidden: Tensor
+    attentions: list[Tensor] | None = None
+    cross_attentions: list[Tensor] | None = None
+    hidden_states: list[Tensor] | None = None
+
+
+class TransformerStack(nn.Module):
+    """The shared core after the front end: embedded inputs (B, T, D) -> hidden states (B, T, D).
+
+    ``causal``: each position sees only itself and earlier ones (decoders); otherwise every
+    position sees every unpadded one (encoders), and a relative-position bias is bidirectional.
+    ``cross_attention``: each block also attends to ``encoder_hidden`` (encoder-decoders).
+    """
+
+    def __init__(self, config: ModelConfig, causal: bool, cross_attention: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.causal = causal
+        self.positional = positional_from_config(config, causal=causal)
+        def norm() -> nn.Module:
+            return build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)
+
+        self.embedding_norm = norm() if config.embedding_norm else None  # BERT: after embeddings + positions
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+        self.blocks = nn.ModuleList(TransformerBlock(config, cross_attention) for _ in range(config.num_layers))
+        # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
+        self.final_norm = norm() if config.norm_position == "pre" else nn.Identity()
+
+    @property
+    def position_limit(self) -> int | None:
+        """The number of positions when they index a fixed table (learned, sinusoidal), else None."""
+        return self.positional.max_len if self.positional.has_table else None
+
+    def new_cache(
+        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device, source_len: int | None = None
+    ) -> list[LayerCache]:
+        """Empty key/value caches for ``max_len`` positions; with cross-attention, also for the
+        ``source_len`` encoder positions (filled by the first step, reused after)."""
+        config = self.config
+
+        def kv(length: int) -> KVCache:
+            return KVCache(batch_size, config.num_kv_heads, length, config.head_dim, dtype, device)
+
+        cross = self.blocks[0].cross_attention is not None if len(self.blocks) else False
+        if cross and source_len is None:
+            raise ValueError("a cross-attention stack's cache needs source_len (the encoder's length)")
+        return [LayerCache(kv(max_len), kv(source_len) if cross else None) for _ in range(config.num_layers)]
+
+    def forward(
+        self,
+        x: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+        encoder_hidden: Tensor | None = None,
+        encoder_mask: Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> StackOutput:
+        """x: embedded inputs (B, T, D). ``attention_mask`` (B, past + T), 1 = attend, covers cached
+        positions too; ``position_ids`` (B, T) default to counting attended tokens. ``encoder_hidden``
+        (B, S, D) and ``encoder_mask`` (B, S), 1 = attend, feed cross-attention."""
+        batch, length, _ = x.shape
+        past = 0 if cache is None else cache[0].self_attention.length
+        if attention_mask is not None:
+            check_attention_mask(attention_mask, (batch, past + length))
+        key_positions = _key_positions(batch, past + length, attention_mask, x.device)  # (B, past + T)
+        if position_ids is None:
+            position_ids = key_positions[:, past:]
+        check_positions(position_ids, self.position_limit, self.positional.kind)
+
+        absolute = self.positional.embeddings(position_ids)
+        if absolute is not None:
+            x = x + absolute
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        x = self.dropout(x)
+
+        mask, is_causal = build_mask(
+            length, past + length, causal=self.causal, attention_mask=attention_mask,
+            position_bias=self.positional.attention_bias(position_ids, key_positions),
+            dtype=x.dtype, device=x.device,
+        )
+        context = AttentionContext(
+            mask=mask, is_causal=is_causal, rotary=self.positional.rotary_angles(position_ids, x.dtype),
+            encoder_output=encoder_hidden,
+            encoder_mask=None if encoder_mask is None else additive_mask(padding_mask(encoder_mask), x.dtype),
+            need_weights=output_attentions,
+        )
+        hidden_states: list[Tensor] = []
+        attentions: list[Tensor] = []
+        cross_attentions: list[Tensor] = []
+        for index, block in enumerate(self.blocks):
+            if output_hidden_states:
+                hidden_states.append(x)
+            x, self_weights, cross_weights = block(x, context, None if cache is None else cache[index])
+            if output_attentions:
+                attentions.append(self_weights)
+                if cross_weights is not None:
+                    cross_attentions.append(cross_weights)
+        x = self.final_norm(x)
+        if output_hidden_states:
+            hidden_states.append(x)
+        return StackOutput(
+            hidden=x,
+            attentions=attentions if output_attentions else None,
+            cross_attentions=cross_attentions if output_attentions and cross_attentions else None,
+            hidden_states=hidden_states if output_hidden_states else None,
+        )
+
+
+def _key_positions(batch: int, total: int, attention_mask: Tensor | None, device: torch.device) -> Tensor:
+    """(B, past + T) position of every key: counted over attended tokens when padded."""
+    if attention_mask is not None:
+        return positions_from_mask(attention_mask)
+    return torch.arange(total, device=device).expand(batch, total)

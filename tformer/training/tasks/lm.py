@@ -1,0 +1,119 @@
+"""Next-token language modelling: random crops of a token sequence to train on, windows spread
+evenly over a held-out sequence to evaluate on (loss, perplexity and next-token accuracy from one
+forward pass), throughput in tokens/s."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from tformer.data.lm import num_tokens, random_crops, spaced_windows
+from tformer.nn.losses import token_cross_entropy
+from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.distributed import ProcessContext
+from tformer.training.tasks.base import Batch, Task, perplexity
+
+EVAL_LOGITS_BUDGET = 2**24  # floats of logits per evaluation forward pass (64 MiB)
+
+
+class LanguageModelling(Task):
+    """Train on random crops of ``train_tokens``; evaluate on ``eval_tokens`` (both 1-D token
+    ids: a tensor, a list, or a numpy array, a memory map too). Batches are
+    ``{"input_ids": (B, T), "targets": (B, T)}``, the targets being the inputs shifted by one.
+
+    A subclass that overrides ``loss`` (distillation, ...) is evaluated on that loss: it reports
+    ``eval_loss`` and ``eval_ppl``, not the next-token accuracy.
+    """
+
+    name = "lm"
+    unit = "tokens"
+
+    def __init__(self, train_tokens, eval_tokens=None) -> None:
+        self.train_tokens = _as_tokens(train_tokens)
+        self.eval_tokens = None if eval_tokens is None else _as_tokens(eval_tokens)
+
+    @property
+    def next_token_objective(self) -> bool:
+        """Whether the loss is this class's own (not a subclass's): then one forward pass gives
+        the evaluation's loss and accuracy."""
+        return type(self).loss is LanguageModelling.loss
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return ("eval_loss", "eval_ppl", "eval_accuracy") if self.next_token_objective else ("eval_loss", "eval_ppl")
+
+    def prepare(self, config: TrainingConfig, context: ProcessContext, model: nn.Module) -> None:
+        super().prepare(config, context, model)
+        self.seq_len = config.seq_len or model.config.max_seq_len
+        self.vocab_size = model.config.vocab_size
+        limit = model.position_limit
+        if limit is not None and self.seq_len > limit:
+            raise TrainingError(f"training.seq_len={self.seq_len} exceeds the model's max_seq_len={limit}")
+        for name, tokens in (("training", self.train_tokens), ("evaluation", self.eval_tokens)):
+            if tokens is not None and num_tokens(tokens) < self.seq_len + 2:
+                raise TrainingError(f"the {name} data has {num_tokens(tokens)} tokens; training.seq_len="
+                                    f"{self.seq_len} needs at least {self.seq_len + 2}")
+
+    @property
+    def units_per_row(self) -> int:
+        return self.seq_len
+
+    @property
+    def can_evaluate(self) -> bool:
+        return self.eval_tokens is not None
+
+    def train_batch(self, position: int) -> Batch:
+        inputs, targets = random_crops(
+            self.train_tokens, self.config.batch_size, self.seq_len, self.config.seed, position,
+            rank=self.context.rank, world_size=self.context.world_size,
+        )
+        return {"input_ids": inputs, "targets": targets}
+
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        """Next-token cross-entropy, with ``label_smoothing`` while training."""
+        logits = model(batch["input_ids"]).logits
+        smoothing = self.config.label_smoothing if model.training else 0.0
+        return token_cross_entropy(logits, batch["targets"], smoothing)
+
+    def eval_batches(self) -> Iterator[Batch]:
+        """``eval_batches`` batches of windows spread evenly over the evaluation tokens (the same
+        windows at every evaluation and for every seed; ``eval_batches = 0``: enough windows to
+        cover the whole split), grouped into as few forward passes as the logits budget allows;
+        every process takes its rows."""
+        config, context = self.config, self.context
+        rows_per_batch = config.batch_size * context.world_size
+        num_batches = config.eval_batches or -(-(num_tokens(self.eval_tokens) - 1) // (self.seq_len * rows_per_batch))
+        per_pass = max(1, min(num_batches, EVAL_LOGITS_BUDGET // (config.batch_size * self.seq_len * self.vocab_size)))
+        for first in range(0, num_batches, per_pass):
+            crops = [spaced_windows(self.eval_tokens, config.batch_size, self.seq_len, index, num_batches,
+                                    rank=context.rank, world_size=context.world_size)
+                     for index in range(first, min(first + per_pass, num_batches))]
+            yield {"input_ids": torch.cat([c[0] for c in crops]), "targets": torch.cat([c[1] for c in crops])}
+
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
+        """Loss x batches (each batch weighs the same), correct next tokens, and the counts;
+        the loss and the accuracy from one forward pass."""
+        targets = batch["targets"]
+        batches = targets.shape[0] // self.config.batch_size
+        counts = {"batches": batches, "tokens": targets.numel()}
+        if not self.next_token_objective:
+            return {"loss": self.loss(model, batch).double() * batches, **counts}
+        logits = model(batch["input_ids"]).logits
+        return {"loss": token_cross_entropy(logits, targets).double() * batches,
+                "correct": (logits.argmax(dim=-1) == targets).sum(), **counts}
+
+    def finalise(self, totals: dict[str, float]) -> dict[str, float]:
+        loss = totals["loss"] / totals["batches"]
+        metrics = {"eval_loss": loss, "eval_ppl": perplexity(loss)}
+        if "correct" in totals:
+            metrics["eval_accuracy"] = totals["correct"] / totals["tokens"]
+        return metrics
+
+
+def _as_tokens(tokens):
+    if isinstance(tokens, (torch.Tensor, np.ndarray)):
+        return tokens
+    return torch.as_tensor(tokens, dtype=torch.long)

@@ -1,6 +1,7 @@
 """Checkpoint folders: save/load identity, atomic writes, clear errors."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -37,6 +38,54 @@ def test_failed_write_leaves_the_old_checkpoint(tmp_path):
             raise RuntimeError("crash mid-write")
     assert (target / "model.safetensors").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+class FailingReplace:
+    """``os.replace`` that raises OSError on its ``failing_call``-th call (1-based) and works otherwise:
+    a crash or a full disk between two of a save's renames."""
+
+    def __init__(self, monkeypatch, failing_call):
+        self.real, self.failing_call, self.calls = os.replace, failing_call, 0
+        monkeypatch.setattr(os, "replace", self)
+
+    def __call__(self, source, destination):
+        self.calls += 1
+        if self.calls == self.failing_call:
+            raise OSError(f"injected failure renaming {source} to {destination}")
+        self.real(source, destination)
+
+
+def nano_with_weights(seed):
+    torch.manual_seed(seed)
+    return tformer.build_model("gpt-nano").eval()
+
+
+@pytest.mark.parametrize("failing_call", [1, 2])
+def test_a_replacement_that_fails_at_either_rename_leaves_the_old_checkpoint(tmp_path, monkeypatch, failing_call):
+    """atomic_directory renames the old folder aside, then the new one into place: whichever
+    rename fails, the old checkpoint is still there, whole, and nothing else is left behind."""
+    old = nano_with_weights(1)
+    old.save(tmp_path / "ckpt")
+    replace = FailingReplace(monkeypatch, failing_call)
+    with pytest.raises(OSError, match="injected failure"):
+        with atomic_directory(tmp_path / "ckpt") as folder:
+            (folder / "config.json").write_text("{}")
+            (folder / "model.safetensors").write_bytes(b"new weights")
+    assert replace.calls >= failing_call
+    ids = torch.randint(0, 64, (1, 8))
+    assert torch.equal(tformer.load(tmp_path / "ckpt")(ids).logits, old(ids).logits)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary or set-aside folder
+
+
+def test_a_save_into_a_run_folder_never_shows_a_config_without_its_weights(tmp_path, monkeypatch):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    FailingReplace(monkeypatch, failing_call=2)  # the weights are renamed into place, then the config fails
+    with pytest.raises(OSError, match="injected failure"):
+        nano_with_weights(1).save(tmp_path)
+    assert not (tmp_path / "config.json").exists()  # so the folder is not (yet) a checkpoint
+    with pytest.raises(CheckpointError, match="no config.json"):
+        tformer.load(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "model.safetensors"]
 
 
 def test_saving_into_a_run_folder_keeps_other_files(tmp_path):

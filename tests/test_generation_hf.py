@@ -39,7 +39,7 @@ def test_greedy_equals_hugging_face(models, eos):
     got = tformer.generate(ours, ids, 15, attention_mask=mask, eos_token_id=eos, pad_token_id=PAD, min_new_tokens=3,
                            output_scores=True)
     assert torch.equal(got.sequences, expected.sequences)
-    torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("num_beams, length_penalty, early_stopping, eos, returned", [

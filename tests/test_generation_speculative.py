@@ -92,7 +92,7 @@ def test_speculative_sampling_follows_the_target_distribution():
     assert 0.1 < accepted / drafted < 0.95
 
     def statistic(observed, expected_probabilities):
-        expected = draws * p
+        expected = draws * expected_probabilities
         small = expected < 5
         observed = torch.cat([observed[~small], observed[small].sum()[None]])
         expected_pooled = torch.cat([expected[~small], expected[small].sum()[None]])

@@ -101,6 +101,56 @@ def test_beam_search_with_enough_beams_finds_the_most_probable_sequence(length_p
     torch.testing.assert_close(found.sequences_scores[0], log_probs[best] / new**length_penalty)
 
 
+def reference_beam_search(model, prompt, max_new_tokens, num_beams, length_penalty, eos_ids):
+    """Beam search from its definition, one prompt, every step a full forward pass of every beam
+    (no cache): the best ``K = max(2, 1 + len(eos_ids)) * num_beams`` continuations are ranked by
+    summed log-probability; one that ends (an end id, or the last step) among the top ``num_beams``
+    becomes a hypothesis scored ``sum / generated ** length_penalty``; the best ``num_beams``
+    continuations that do not end run on. It never stops early, which is what
+    ``early_stopping="never"`` promises when the length penalty is positive: a running beam's
+    score can only fall, so its best reachable score is its sum over the longest length.
+    Returns the ``num_beams`` best (score, token list), best first."""
+    keep = max(2, 1 + len(eos_ids)) * num_beams
+    running, hypotheses = [(0.0, list(prompt))], []
+    for generated in range(1, max_new_tokens + 1):
+        candidates = []
+        for score, sequence in running:
+            with torch.no_grad():
+                log_probs = model(torch.tensor([sequence])).logits[0, -1].float().log_softmax(-1).tolist()
+            candidates += [(score + log_prob, sequence + [token]) for token, log_prob in enumerate(log_probs)]
+        candidates = sorted(candidates, key=lambda candidate: -candidate[0])[:keep]
+        running = []
+        for rank, (total, sequence) in enumerate(candidates):
+            if sequence[-1] in eos_ids or generated == max_new_tokens:
+                if rank < num_beams:
+                    hypotheses.append((total / generated**length_penalty, sequence))
+            elif len(running) < num_beams:
+                running.append((total, sequence))
+        hypotheses = sorted(hypotheses, key=lambda hypothesis: -hypothesis[0])[:num_beams]
+    return hypotheses
+
+
+@pytest.mark.parametrize("seed, length_penalty", [(0, 2.0), (5, 0.5)])
+def test_beam_search_never_stopping_early_equals_the_exhaustive_reference(seed, length_penalty):
+    """A batch of two prompts whose beams reorder every step (so a cache that reorders only its
+    keys is caught), with end ids common enough that hypotheses fill up early and a longer one
+    found later still wins (so a bound on the running beams taken at the current length, which
+    stops too soon, is caught)."""
+    vocab, new, num_beams, returned, eos = 12, 8, 3, 2, [1, 2, 3, 4]
+    torch.manual_seed(seed)
+    model = nano(vocab_size=vocab, initializer_range=1.0)
+    prompts = torch.randint(0, vocab, (2, 3), generator=torch.Generator().manual_seed(seed))
+    out = tformer.generate(model, prompts, new, num_beams=num_beams, length_penalty=length_penalty,
+                           early_stopping="never", eos_token_id=eos, pad_token_id=0,
+                           num_return_sequences=returned, return_dict=True)
+    for row, prompt in enumerate(prompts.tolist()):
+        expected = reference_beam_search(model, prompt, new, num_beams, length_penalty, eos)[:returned]
+        for rank, (score, sequence) in enumerate(expected):
+            got = out.sequences[row * returned + rank].tolist()
+            assert got == sequence + [0] * (len(got) - len(sequence)), (row, rank)  # then padding
+            assert out.sequences_scores[row * returned + rank].item() == pytest.approx(score, rel=1e-5, abs=1e-6)
+
+
 def test_beam_search_returns_its_best_sequences_in_order():
     model = nano()
     out = tformer.generate(model, torch.randint(0, 64, (2, 3)), 6, num_beams=4, num_return_sequences=3,

@@ -33,7 +33,9 @@ from tformer.tokenizers import CharTokenizer, TokenizerError  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
-TOLERANCE = 1e-4
+# tformer's logits differ from HF's by 2e-7 to 5e-7 on these tiny models and by 2e-6 on GPT-2 124M
+# (float32 sums in another order); a GELU mapped to its tanh approximation is 7.7e-5 off.
+TOLERANCE = 1e-5
 VOCAB = 97
 GPT2_TINY = dict(vocab_size=VOCAB, n_positions=40, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
 LLAMA_TINY = dict(

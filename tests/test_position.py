@@ -1,5 +1,6 @@
 """Positional schemes have the properties that make them work."""
 
+import pytest
 import torch
 
 from tformer.nn.position import (
@@ -39,6 +40,33 @@ def test_rope_scores_depend_only_on_the_offset():
     torch.testing.assert_close(score(3, 1), score(13, 11), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(score(40, 37), score(7, 4), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(score(3, 1), score(3, 2))
+
+
+def test_rope_rotates_each_pair_counterclockwise_by_position_times_frequency():
+    """Half-split pairs (x[i], x[i + Dh/2]) turn by the angle p * base^(-2i/Dh), counterclockwise:
+    (a, b) -> (a cos - b sin, a sin + b cos), as a 2x2 rotation matrix per pair computes it."""
+    head_dim, base = 8, 10000.0
+    rope = RotaryEmbedding(head_dim, base)
+    x = torch.randn(1, 2, 3, head_dim, dtype=torch.float64)
+    positions = torch.tensor([[0, 1, 7]])
+    cos, sin = rope(positions, dtype=torch.float64)
+    rotated = apply_rotary(x, cos, sin)
+    half = head_dim // 2
+    expected = torch.empty_like(x)
+    for t, position in enumerate(positions[0].tolist()):
+        for i in range(half):
+            angle = torch.tensor(position * base ** (-2 * i / head_dim), dtype=torch.float64)
+            rotation = torch.stack([torch.stack([angle.cos(), -angle.sin()]), torch.stack([angle.sin(), angle.cos()])])
+            pair = torch.stack([x[..., t, i], x[..., t, i + half]], dim=-1)  # (1, 2, 2)
+            turned = pair @ rotation.T
+            expected[..., t, i], expected[..., t, i + half] = turned[..., 0], turned[..., 1]
+    torch.testing.assert_close(rotated, expected, rtol=0, atol=1e-6)
+    # A hard-coded point: (1, 0) in the first pair at position 1 turns by 1 radian.
+    unit = torch.zeros(1, 1, 1, head_dim)
+    unit[..., 0] = 1.0
+    cos, sin = rope(torch.tensor([[1]]))
+    turned = apply_rotary(unit, cos, sin)[0, 0, 0, [0, half]].tolist()
+    assert turned == pytest.approx([0.5403023, 0.8414710], abs=1e-6)  # (cos 1, sin 1)
 
 
 def test_rope_preserves_norms():

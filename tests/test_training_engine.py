@@ -1,6 +1,7 @@
 """The training engine in one process: accumulation, label smoothing, precision, NaN stop and
 skip, early stopping, best / keep-last-k checkpoints, refusals before training, metrics, plot."""
 
+import functools
 import json
 import os
 import random
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 import tformer
 from tformer.cli import main
-from tformer.data.lm import random_crops
+from tformer.data.lm import random_crops, spaced_windows
 from tformer.data.sources import DataConfig, encode_text, load_language_model_data
 from tformer.tokenizers import CharTokenizer
 from tformer.training import preflight
@@ -25,7 +26,8 @@ from tformer.training.tasks import LanguageModelling
 from tformer.training.tasks import lm as lm_task
 from tformer.training.trainer import Trainer
 
-TOKENS = torch.tensor([random.Random(0).randrange(16) for _ in range(3000)])
+RANDOM = random.Random(0)
+TOKENS = torch.tensor([RANDOM.randrange(16) for _ in range(3000)])  # not constant: a model cannot predict it all
 
 
 def tiny_model(**overrides):
@@ -61,20 +63,38 @@ def test_gradient_accumulation_equals_one_big_batch_of_the_same_crops():
 
 
 def test_label_smoothing_is_applied_to_training_not_to_evaluation():
-    trainer = Trainer(tiny_model(), config(label_smoothing=0.1), LanguageModelling(TOKENS, TOKENS[:500]),
+    trainer = Trainer(tiny_model(), config(label_smoothing=0.3), LanguageModelling(TOKENS, TOKENS[:500]),
                       progress=False)
     inputs, targets = random_crops(TOKENS, 4, 16, seed=1337, step=0)
     with torch.no_grad():
         logits = trainer.model(inputs).logits.flatten(0, 1)
-    smoothed = F.cross_entropy(logits, targets.flatten(), label_smoothing=0.1).item()
+    smoothed = F.cross_entropy(logits, targets.flatten(), label_smoothing=0.3).item()
     assert trainer.train_step().loss == pytest.approx(smoothed, rel=1e-5)
-    plain = Trainer(tiny_model(), config(), LanguageModelling(TOKENS, TOKENS[:500]), progress=False)
-    assert trainer.evaluate() != plain.evaluate()  # the weights moved; the evaluation is plain cross-entropy
-    assert plain.evaluate() == pytest.approx(plain.evaluate())
+    # Evaluation of these (trained) weights: plain cross-entropy over the evaluation windows.
+    windows = [spaced_windows(TOKENS[:500], 4, 16, index, 2) for index in range(2)]
+
+    def mean_loss(smoothing):
+        with torch.no_grad():
+            return sum(F.cross_entropy(trainer.model(inputs).logits.flatten(0, 1), targets.flatten(),
+                                       label_smoothing=smoothing).item() for inputs, targets in windows) / 2
+
+    plain = mean_loss(0.0)
+    assert trainer.evaluate() == pytest.approx(plain, rel=1e-5)
+    assert mean_loss(0.3) != pytest.approx(plain, rel=1e-4)  # smoothing changes this loss: the check has power
 
 
 @pytest.mark.filterwarnings("ignore:training.precision=.bf16. on a CPU without native bf16")
 def test_bf16_autocast_trains_on_cpu_and_fp16_needs_a_gpu():
+    trainer = Trainer(tiny_model(), config(precision="bf16"), LanguageModelling(TOKENS), progress=False)
+    inputs, targets = random_crops(TOKENS, 4, 16, seed=1337, step=0)
+    with torch.no_grad():
+        fp32 = F.cross_entropy(trainer.model(inputs).logits.flatten(0, 1), targets.flatten()).item()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = trainer.model(inputs).logits
+        assert logits.dtype == torch.bfloat16
+        bf16 = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()
+    assert bf16 != fp32  # bf16 matrix products round: the two losses differ (by about 1e-5 here)
+    assert trainer.train_step().loss == pytest.approx(bf16, rel=1e-6, abs=0)  # the step ran under bf16 autocast
     _, result = run(precision="bf16", max_steps=12, lr=1e-2)
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
     if not torch.cuda.is_available():
@@ -102,11 +122,17 @@ def test_plot_needs_a_run_folder(tmp_path, capsys):
 
 
 def test_best_and_keep_last_k_checkpoints(tmp_path):
-    run(tmp_path, max_steps=10, checkpoint_every=2, keep_last=2, eval_every=2)
+    _, result = run(tmp_path, max_steps=10, checkpoint_every=2, keep_last=2, eval_every=2)
     folder = tmp_path / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["best", "step-00000008", "step-00000010"]
     best = json.loads((folder / "best" / "best.json").read_text())
-    assert best["step"] in (2, 4, 6, 8, 10)
+    evaluations = {record["step"]: record["eval_loss"] for record in result.history if "eval_loss" in record}
+    assert sorted(evaluations) == [2, 4, 6, 8, 10] and len(set(evaluations.values())) == 5
+    assert best["step"] == result.best_step == min(evaluations, key=evaluations.get)
+    assert best["eval_loss"] == result.best_eval == min(evaluations.values())
+    best_model = tformer.load(folder / "best")  # holds the weights of that evaluation
+    evaluation = Trainer(best_model, config(), LanguageModelling(TOKENS, TOKENS[:500]), progress=False).evaluate()
+    assert evaluation == pytest.approx(best["eval_loss"], rel=1e-6)
     assert tformer.load(folder / "best").config.num_layers == 2
     assert tformer.load(folder / "step-00000008").config.num_layers == 2
 
@@ -207,6 +233,22 @@ def test_fast_character_encoding_matches_the_tokenizer():
     assert encode_text(tokenizer, text).tolist() == tokenizer.encode(text)
 
 
+def test_a_compiled_training_step_traces_whole_and_matches_eager(monkeypatch):
+    """training.compile=true through torch.compile's tracing and AOT autograd (forward and backward
+    graphs) without inductor's code generation, which takes minutes on a small CPU (the test
+    below, opt-in, runs it): one graph, no graph break, the eager losses. About 5-10 s."""
+    from torch._dynamo.utils import counters
+
+    eager = Trainer(tiny_model(), config(), LanguageModelling(TOKENS), progress=False)
+    expected = [eager.train_step().loss for _ in range(2)]
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    counters.clear()
+    compiled = Trainer(tiny_model(), config(compile=True), LanguageModelling(TOKENS), progress=False)
+    assert [compiled.train_step().loss for _ in range(2)] == pytest.approx(expected, rel=1e-6)
+    assert counters["stats"]["unique_graphs"] == 1 and counters["aot_autograd"]["ok"] == 1
+    assert not counters["graph_break"]
+
+
 @pytest.mark.skipif(not os.environ.get("TFORMER_TEST_COMPILE"), reason="torch.compile takes ~40 s on a 2-core CPU; "
                     "set TFORMER_TEST_COMPILE=1 to run")
 def test_compiled_training_matches_eager_without_graph_breaks():
@@ -282,8 +324,6 @@ def test_the_thread_tuner_keeps_the_faster_count_and_rarely_retries_the_slower(m
 
 
 def test_evaluation_windows_spread_over_the_whole_split_and_split_across_processes():
-    from tformer.data.lm import spaced_windows
-
     tokens = torch.arange(1000)
     batches = [spaced_windows(tokens, 4, 16, index, 5) for index in range(5)]
     starts = torch.cat([inputs[:, 0] for inputs, _ in batches])
@@ -295,16 +335,22 @@ def test_evaluation_windows_spread_over_the_whole_split_and_split_across_process
 
 
 def test_eval_batches_zero_evaluates_the_whole_split():
-    evaluation = torch.cat([torch.zeros(800, dtype=torch.long), TOKENS[:800]])  # two very different halves
-    trainer = Trainer(tiny_model(), config(eval_batches=0), LanguageModelling(TOKENS, evaluation), progress=False)
-    trainer.train_step()
-    usable = (evaluation.numel() - 1) // 16 * 16
+    """1601 tokens with batch 4 and windows of 16: eval_batches=0 takes 25 batches whose 100 windows
+    start every 16 tokens, so they tile the split exactly and the loss is the whole split's, up to
+    the order of the sums. A model trained on zeros finds the zeros easy and the random tail hard,
+    so a single batch (4 windows) gives another loss: the comparison has power."""
+    evaluation = torch.cat([torch.zeros(1500, dtype=torch.long), TOKENS[:101]])
+    trainer = Trainer(tiny_model(), config(eval_batches=0, lr=1e-2),
+                      LanguageModelling(torch.zeros(3000, dtype=torch.long), evaluation), progress=False)
+    for _ in range(3):
+        trainer.train_step()
     with torch.no_grad():
-        logits = trainer.model.eval()(evaluation[:usable].view(-1, 16)).logits
-    whole = F.cross_entropy(logits.flatten(0, 1), evaluation[1 : usable + 1]).item()
-    assert trainer.evaluate() == pytest.approx(whole, rel=0.01)
-    one_batch = Trainer(tiny_model(), config(eval_batches=1), LanguageModelling(TOKENS, evaluation), progress=False)
-    assert one_batch.evaluate() != pytest.approx(whole, rel=0.01)  # one batch of 4 windows is not the whole split
+        logits = trainer.model.eval()(evaluation[:1600].view(-1, 16)).logits
+    whole = F.cross_entropy(logits.flatten(0, 1), evaluation[1:1601]).item()
+    assert trainer.evaluate() == pytest.approx(whole, rel=1e-5)
+    one_batch = Trainer(trainer.model, config(eval_batches=1), LanguageModelling(TOKENS, evaluation),
+                        progress=False).evaluate()
+    assert one_batch != pytest.approx(whole, rel=2e-3)  # the same weights, 4 windows: not the whole split
 
 
 def test_a_task_subclass_can_replace_the_objective_for_training_and_evaluation():

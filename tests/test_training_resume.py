@@ -125,6 +125,28 @@ def train(recipe, out, *extra, kill_at=None, timeout=240):
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def latest_checkpoint_step(run) -> int:
+    """The step of the newest complete checkpoint folder in ``run`` (-1 when there is none)."""
+    folder = run / "checkpoints"
+    steps = [int(p.name[5:]) for p in folder.glob("step-*")] if folder.is_dir() else []
+    return max(steps, default=-1)
+
+
+def wait_until(condition, what, process, timeout=120.0):
+    """Poll ``condition`` until it holds; fail loudly, with the run's output, when ``process``
+    exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            stdout, stderr = process.communicate()
+            raise AssertionError(f"the run exited ({process.returncode}) before {what}\n{stdout}\n{stderr}")
+        if time.monotonic() > deadline:
+            process.kill()
+            stdout, stderr = process.communicate()
+            raise AssertionError(f"no {what} after {timeout:.0f} s\n{stdout}\n{stderr}")
+        time.sleep(0.05)
+
+
 def final_weights(run):
     return load_file(str(run / "model.safetensors"))
 
@@ -136,23 +158,27 @@ def test_sigkill_at_any_moment_then_resume_is_bitwise_identical(tmp_path):
 
     run = tmp_path / "run"
     # forward passes: 6 training steps (one each) + an evaluation (one, 2 batches together) ... the 9th is mid-step 8
-    plan = ["optimizer:2", "retention:1", "forward:9", "final:1"]
+    plan = ["optimizer:2", "retention:1", "forward:9", "outside", "final:1"]
     resumed_steps = []
     for index, kill_at in enumerate(plan):
         extra = ["--resume", "auto"] if index else []
+        if kill_at == "outside":  # a SIGKILL from another process, as soon as a (seeded) random checkpoint exists
+            target = random.Random(0).choice([18, 21])
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tformer", "train", str(recipe), "--out", str(run), "--no-progress", *extra],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
+            )
+            wait_until(lambda step=target: latest_checkpoint_step(run) >= step, f"checkpoint of step {target}", process)
+            process.send_signal(signal.SIGKILL)  # it lands wherever the run has got to by now
+            stdout, _ = process.communicate(timeout=60)
+            assert process.returncode in (-signal.SIGKILL, 0)  # 0: it landed after the end
+            resumed_steps.append(int(stdout.split("resumed from step ")[1].split()[0]))
+            continue
         killed = train(recipe, run, *extra, kill_at=kill_at)
         assert killed.returncode == -signal.SIGKILL, (kill_at, killed.stdout, killed.stderr)
         if index:
             assert "resumed from step" in killed.stdout
             resumed_steps.append(int(killed.stdout.split("resumed from step ")[1].split()[0]))
-    # One more kill from outside at a random moment (it may land anywhere, even after the end).
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tformer", "train", str(recipe), "--out", str(run), "--no-progress",
-         "--resume", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment(),
-    )
-    time.sleep(random.uniform(1.0, 4.0))
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
 
     finished = train(recipe, run, "--resume", "auto")
     assert finished.returncode == 0, finished.stderr
@@ -174,22 +200,19 @@ def test_sigkill_at_any_moment_then_resume_is_bitwise_identical(tmp_path):
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    recipe = make_run_folder(tmp_path, max_steps=100000, checkpoint_every=1000)
+    recipe = make_run_folder(tmp_path, max_steps=100000, checkpoint_every=5)
     run = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "tformer", "train", str(recipe), "--out", str(run), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
     )
-    deadline = time.monotonic() + 120
-    while not (run / "recipe.toml").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)  # well into training
+    wait_until(lambda: latest_checkpoint_step(run) >= 5, "checkpoint of step 5", process)  # well into training
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     step = int(stdout.split("interrupted at step ")[1].split(":")[0])
-    assert 0 < step < 100000
+    assert 5 <= step < 100000
     assert (run / "checkpoints" / f"step-{step:08d}" / "trainer_state.json").is_file()
     assert tformer.load(run).config.d_model == 32
 

@@ -38,24 +38,27 @@ class CheckpointError(TformerError):
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename.
 
-    On error the temporary folder is removed and ``path`` is left as it was.
+    On error the temporary folder is removed and ``path`` is left as it was (an old folder
+    already renamed aside is renamed back).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    previous = target.parent / f".{target.name}.old-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
     try:
         yield temporary
         for file in temporary.iterdir():
             _fsync(file)
-        previous = target.parent / f".{target.name}.old-{os.getpid()}"
         if target.exists():
             os.replace(target, previous)
         os.replace(temporary, target)
         shutil.rmtree(previous, ignore_errors=True)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
+        if previous.exists() and not target.exists():
+            os.replace(previous, target)
         raise
 
 

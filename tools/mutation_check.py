@@ -1,0 +1,245 @@
+"""Plant known bugs in a copy of the tree, one at a time, and check that the tests catch each.
+
+Each mutation is a search/replace on one source file and names the tests that guard it. The
+tree (the files git tracks or would track) is copied into a temporary folder, the named tests
+run there once unmutated (they must pass), then once per mutation (they must fail). The table
+says caught / survived and how long each took. The exit status is non-zero when a mutation
+survived, when a search string is not found exactly once (the list went stale), or when the
+unmutated tests fail.
+
+    python tools/mutation_check.py                         # every mutation
+    python tools/mutation_check.py --list                  # their names and tests
+    python tools/mutation_check.py --only rope-rotates-backwards
+    python tools/mutation_check.py --without-transformers  # `transformers` hidden: its tests skip
+
+Slow (minutes), so not part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository root
+    search: str  # must occur exactly once in the file
+    replace: str
+    tests: tuple[str, ...]  # pytest arguments: files, node ids, -k expressions
+    why: str
+
+
+MUTATIONS = (
+    Mutation(
+        "attention-causal-dropped-with-mask", "tformer/nn/attention.py",
+        "        mask = mask + additive_mask(causal_mask(q.shape[-2], k.shape[-2], q.device), mask.dtype)\n",
+        "",
+        ("tests/test_attention.py",),
+        "attention(is_causal=True, mask=...) on the fused path forgets causality",
+    ),
+    Mutation(
+        "beam-never-bound-at-current-length", "tformer/generation/beam.py",
+        'best_length = max_new_tokens if early_stopping == "never"',
+        'best_length = generated if early_stopping == "never"',
+        ("tests/test_generation_strategies.py", "-k", "beam"),
+        'early_stopping="never" bounds a running beam at its current length instead of the longest',
+    ),
+    Mutation(
+        "beam-reorder-skips-values", "tformer/generation/session.py",
+        "    cache.values[:, :, filled] = cache.values[:, :, filled].index_select(0, rows)\n",
+        "",
+        ("tests/test_generation_strategies.py", "-k", "beam"),
+        "beam search reorders the key cache but not the value cache",
+    ),
+    Mutation(
+        "checkpoint-config-renamed-first", "tformer/checkpoint.py",
+        "key=lambda f: f.name == CONFIG_NAME",
+        "key=lambda f: f.name != CONFIG_NAME",
+        ("tests/test_checkpoint.py",),
+        "a save into a run folder renames config.json into place before the weights",
+    ),
+    Mutation(
+        "checkpoint-target-deleted-before-rename", "tformer/checkpoint.py",
+        "            os.replace(target, previous)\n",
+        "            shutil.rmtree(target)\n",
+        ("tests/test_checkpoint.py",),
+        "atomic_directory deletes the old checkpoint before the new one is renamed into place",
+    ),
+    Mutation(
+        "rope-rotates-backwards", "tformer/nn/position.py",
+        "return torch.cat([-second, first], dim=-1)",
+        "return torch.cat([second, -first], dim=-1)",
+        ("tests/test_position.py",),
+        "rotary embeddings rotate each pair clockwise (rotate_half's sign)",
+    ),
+    Mutation(
+        "label-smoothing-in-evaluation", "tformer/training/tasks/lm.py",
+        '"loss": token_cross_entropy(logits, targets).double()',
+        '"loss": token_cross_entropy(logits, targets, self.config.label_smoothing).double()',
+        ("tests/test_training_engine.py", "-k", "label_smoothing"),
+        "evaluation reports the label-smoothed loss",
+    ),
+    Mutation(
+        "best-checkpoint-keeps-the-worst", "tformer/training/trainer.py",
+        "sign = -1.0 if name in self.task.higher_is_better else 1.0",
+        "sign = 1.0 if name in self.task.higher_is_better else -1.0",
+        ("tests/test_training_engine.py", "-k", "best"),
+        "checkpoints/best tracks the worst evaluation",
+    ),
+    Mutation(
+        "bf16-autocast-off", "tformer/training/trainer.py",
+        "return torch.autocast(device_type=self.context.device.type, dtype=dtype)",
+        "return torch.autocast(device_type=self.context.device.type, dtype=dtype, enabled=False)",
+        ("tests/test_training_engine.py", "-k", "bf16"),
+        "precision='bf16' silently trains in fp32",
+    ),
+    Mutation(
+        "interop-exact-gelu-read-as-tanh", "tformer/interop/gpt2.py",
+        '    "gelu": "gelu",\n',
+        '    "gelu": "gelu_tanh",\n',
+        ("tests/test_interop.py", "tests/test_interop_files.py", "-k", "gelu"),
+        "a GPT-2 checkpoint with the exact GELU is mapped to the tanh approximation (7.7e-5 off)",
+    ),
+)
+
+HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""
+raise ModuleNotFoundError("transformers is hidden by mutation_check --without-transformers", name="transformers")
+'''
+
+
+def tree_files(repo: Path) -> list[Path]:
+    """The files git tracks or would track (untracked, not ignored), relative to ``repo``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=repo, capture_output=True, text=True, check=True,
+    ).stdout
+    return [Path(name) for name in listed.split("\0") if name and (repo / name).is_file()]
+
+
+def copy_tree(repo: Path, destination: Path) -> None:
+    """Copy the tree into ``destination``; link ``../shared`` beside it when the repo has one,
+    so tests that read the shared datasets run in the copy as they do in the repo."""
+    for relative in tree_files(repo):
+        target = destination / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(repo / relative, target)
+    shared = repo.parent / "shared"
+    if shared.is_dir():
+        (destination.parent / "shared").symlink_to(shared)
+
+
+def check_search_strings(tree: Path, mutations) -> list[str]:
+    """One line per mutation whose search string does not occur exactly once in its file."""
+    problems = []
+    for mutation in mutations:
+        path = tree / mutation.file
+        if not path.is_file():
+            problems.append(f"{mutation.name}: {mutation.file} does not exist")
+            continue
+        count = path.read_text().count(mutation.search)
+        if count != 1:
+            problems.append(f"{mutation.name}: search string found {count} times in {mutation.file} (needs 1): "
+                            f"{mutation.search!r}")
+    return problems
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], environment: dict[str, str]) -> tuple[int, float, str]:
+    """Run pytest on ``tests`` in ``tree``: exit status, seconds, the last lines of output."""
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        cwd=tree, capture_output=True, text=True, env=environment,
+    )
+    tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+    return result.returncode, time.perf_counter() - started, tail
+
+
+def union_of_selections(mutations) -> list[tuple[str, ...]]:
+    """Each distinct test selection once, in order."""
+    seen: list[tuple[str, ...]] = []
+    for mutation in mutations:
+        if mutation.tests not in seen:
+            seen.append(mutation.tests)
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutation (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and their tests, then exit")
+    parser.add_argument("--without-transformers", action="store_true",
+                        help="hide the transformers package, so tests that need it skip")
+    args = parser.parse_args(argv)
+
+    if args.list:
+        for mutation in MUTATIONS:
+            print(f"{mutation.name:42} {mutation.file:34} {' '.join(mutation.tests)}\n{'':42} {mutation.why}")
+        return 0
+    mutations = MUTATIONS
+    if args.only:
+        unknown = sorted(set(args.only) - {m.name for m in MUTATIONS})
+        if unknown:
+            print(f"unknown mutation(s): {', '.join(unknown)}; see --list", file=sys.stderr)
+            return 2
+        mutations = tuple(m for m in MUTATIONS if m.name in args.only)
+
+    problems = check_search_strings(REPO, mutations)
+    if problems:
+        print("stale mutations (fix the list in tools/mutation_check.py):", *problems, sep="\n  ", file=sys.stderr)
+        return 1
+
+    with tempfile.TemporaryDirectory(prefix="tformer-mutation-") as scratch:
+        tree = Path(scratch) / "repo"
+        copy_tree(REPO, tree)
+        path = [str(tree)]
+        if args.without_transformers:
+            shim = Path(scratch) / "hide-transformers"
+            (shim / "transformers").mkdir(parents=True)
+            (shim / "transformers" / "__init__.py").write_text(HIDDEN_TRANSFORMERS)
+            path.insert(0, str(shim))
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONDONTWRITEBYTECODE": "1"}
+
+        for tests in union_of_selections(mutations):
+            status, seconds, tail = run_tests(tree, tests, environment)
+            print(f"unmutated  {' '.join(tests):60} {'pass' if status == 0 else 'FAIL'}  {seconds:6.1f} s", flush=True)
+            if status != 0:
+                print(f"the unmutated tests fail, so no mutation can be judged:\n{tail}", file=sys.stderr)
+                return 1
+
+        rows, failures = [], 0
+        for mutation in mutations:
+            source = tree / mutation.file
+            original = source.read_text()
+            source.write_text(original.replace(mutation.search, mutation.replace, 1))
+            try:
+                status, seconds, tail = run_tests(tree, mutation.tests, environment)
+            finally:
+                source.write_text(original)
+            verdict = {0: "SURVIVED", 1: "caught"}.get(status, f"ERROR (pytest exit {status})")
+            failures += verdict != "caught"
+            rows.append((mutation.name, verdict, seconds))
+            print(f"{mutation.name:42} {verdict:10} {seconds:6.1f} s", flush=True)
+            if verdict != "caught":
+                print("  " + tail.replace("\n", "\n  "), flush=True)
+
+    mode = " (transformers hidden)" if args.without_transformers else ""
+    print(f"\n{'mutation':42} {'result':10} {'time':>8}{mode}")
+    for name, verdict, seconds in rows:
+        print(f"{name:42} {verdict:10} {seconds:6.1f} s")
+    print(f"{len(rows) - failures} of {len(rows)} caught")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,9 +21,10 @@ downloads anything: the text is read from ``../shared/data/tinyshakespeare/input
 
 Each step's folder gets ``pair-stage.json`` (the steps run, the final evaluation, the seconds)
 only when its training ran to the end. A later run reuses a folder with that record and the
-same step count, and refuses one without it (training there was interrupted). Ctrl-C stops
-the whole script after the Trainer has saved its checkpoint; nothing is printed as trained
-that was not.
+same step count, and refuses one without it (training there was interrupted) unless given
+``--resume``, which continues it from its newest checkpoint (one every 100 steps, and one on
+Ctrl-C). Ctrl-C stops the whole script after the Trainer has saved its checkpoint; nothing is
+printed as trained that was not.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ TARGET = dict(num_layers=6, d_model=256, num_heads=8)
 DRAFT = dict(num_layers=1, d_model=128, num_heads=4)
 BATCH_SIZE = 8
 STAGE_RECORD = "pair-stage.json"  # written into a step's folder once its training has run to the end
+CHECKPOINT_EVERY = 100  # steps; what an interrupted or killed stage resumes from (--resume)
 
 
 def read_text(path: Path) -> str:
@@ -59,11 +61,12 @@ def read_text(path: Path) -> str:
         return handle.read()
 
 
-def finished_stage(folder: Path, steps: int | None) -> dict | None:
+def finished_stage(folder: Path, steps: int | None, resume: bool = False) -> dict | None:
     """The record of a step trained to the end in ``folder`` (``steps`` of them, or any count
-    when None), or None when ``folder`` holds nothing yet. A folder with a run but no record
-    (interrupted, or written by an older version of this script) or with another step count
-    is refused: it is never silently reused."""
+    when None), or None when it is still to train: ``folder`` holds nothing yet, or (with
+    ``resume``) a run without a record, to continue. Otherwise a folder with a run but no
+    record (interrupted, or written by an older version of this script) or with another step
+    count is refused: it is never silently reused."""
     record_path = folder / STAGE_RECORD
     if record_path.is_file():
         record = json.loads(record_path.read_text())
@@ -71,10 +74,10 @@ def finished_stage(folder: Path, steps: int | None) -> dict | None:
             raise SystemExit(f"{folder}: trained for {record['steps']} steps, not the {steps} asked for; ask for "
                              f"{record['steps']}, remove the folder to train it again, or choose another --out")
         return record
-    if folder.exists() and any(folder.iterdir()):
+    if folder.exists() and any(folder.iterdir()) and not resume:
         raise SystemExit(f"{folder}: an incomplete run (no {STAGE_RECORD}: its training was interrupted, or an older "
-                         f"version of this script wrote it); remove the folder to train it again, or choose "
-                         f"another --out")
+                         f"version of this script wrote it); continue it with --resume, remove the folder to train "
+                         f"it again, or choose another --out")
     return None
 
 
@@ -83,9 +86,11 @@ def finish_stage(folder: Path, result, requested_steps: int, seconds: float, **f
     otherwise record the step in ``folder`` and return the record."""
     if result.stopped != "completed" or result.steps != requested_steps:
         print(f"{folder.name}: stopped ({result.stopped}) after {result.steps} of {requested_steps} steps; "
-              f"{folder} is incomplete and a later run refuses it: remove it to train again", file=sys.stderr)
+              f"{folder} is incomplete: continue it with --resume (this script's), or remove it to train again",
+              file=sys.stderr)
         raise SystemExit(130 if result.stopped == "interrupted" else 1)
-    record = dict(steps=result.steps, eval_loss=result.final_eval_loss, seconds=round(seconds, 1), **facts)
+    record = dict(steps=result.steps, resumed_at=result.start_step, eval_loss=result.final_eval_loss,
+                  seconds=round(seconds, 1), **facts)
     (folder / STAGE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -107,49 +112,59 @@ class DistillationTrainer(Trainer):
 
 
 def distil(student: tformer.DecoderLM, teacher: tformer.DecoderLM, tokens: torch.Tensor, eval_tokens: torch.Tensor,
-           steps: int, lr: float, seed: int, out_dir: Path) -> TrainingResult:
+           steps: int, lr: float, seed: int, out_dir: Path, resume: bool) -> TrainingResult:
     """Train ``student`` to match ``teacher``'s next-token distribution on random crops of
     ``tokens`` (warmup then cosine decay to lr / 10) and save it as a run folder in ``out_dir``;
-    its result's ``final_eval_loss`` is the KL divergence on the held-out ``eval_tokens``."""
+    its result's ``final_eval_loss`` is the KL divergence on the held-out ``eval_tokens``. With
+    ``resume``, training continues from the newest checkpoint in ``out_dir`` when there is one."""
     config = TrainingConfig(max_steps=steps, batch_size=BATCH_SIZE, seq_len=SEQ_LEN, lr=lr, min_lr=lr / 10,
-                            warmup_steps=min(100, steps // 10), eval_every=steps, eval_batches=10, seed=seed)
+                            warmup_steps=min(100, steps // 10), eval_every=steps, eval_batches=10,
+                            checkpoint_every=CHECKPOINT_EVERY, seed=seed)
     trainer = DistillationTrainer(student, config, tokens, eval_tokens, teacher, out_dir=out_dir, progress=False,
                                   overwrite=True)
+    if resume:
+        trainer.resume("auto")
     return trainer.train()
 
 
 def report(title: str, folder: Path, record: dict, reused: bool) -> None:
     """One line on a step, every figure from its record: what ran, not what was asked for."""
     where = f"reused from {folder}" if reused else f"saved in {folder}"
+    resumed = record.get("resumed_at")
+    resumed = f" (resumed at step {resumed}: the seconds are the rest's)" if resumed else ""
     print(f"{title}: {record['parameters']:,} parameters, {record['steps']} steps of {record['batch']} characters "
           f"of {record['data']}, eval {record['eval_metric']} {record['eval_loss']:.3f} nats/char, "
-          f"{record['seconds']:.0f} s; {where}", flush=True)
+          f"{record['seconds']:.0f} s{resumed}; {where}", flush=True)
 
 
-def train_target(tokenizer: CharTokenizer, train_tokens, eval_tokens, steps: int, folder: Path,
-                 seed: int) -> tuple[tformer.DecoderLM, dict]:
+def train_target(tokenizer: CharTokenizer, train_tokens, eval_tokens, steps: int, folder: Path, seed: int,
+                 resume: bool) -> tuple[tformer.DecoderLM, dict]:
     """Step 1: the target learns the text with the Trainer (next-character cross-entropy)."""
     torch.manual_seed(seed)
     model = tformer.build_model("gpt-mini", vocab_size=tokenizer.vocab_size, max_seq_len=SEQ_LEN, **TARGET)
     model.tokenizer = tokenizer
     config = TrainingConfig(max_steps=steps, batch_size=BATCH_SIZE, seq_len=SEQ_LEN, lr=1e-3, min_lr=1e-4,
                             warmup_steps=min(100, steps // 10), eval_every=max(1, steps // 6), eval_batches=10,
-                            seed=seed)
+                            checkpoint_every=CHECKPOINT_EVERY, seed=seed)
     started = time.perf_counter()
-    result = Trainer(model, config, train_tokens, eval_tokens, out_dir=folder, progress=False).train()
+    trainer = Trainer(model, config, train_tokens, eval_tokens, out_dir=folder, progress=False)
+    if resume:
+        trainer.resume("auto")
+    result = trainer.train()
     record = finish_stage(folder, result, steps, time.perf_counter() - started, parameters=model.num_parameters(),
                           batch=f"{BATCH_SIZE} x {SEQ_LEN}", data="the text", eval_metric="cross-entropy")
     return model.eval(), record
 
 
-def draft_from_text(target: tformer.DecoderLM, train_tokens, eval_tokens, steps: int, folder: Path,
-                    seed: int) -> tuple[tformer.DecoderLM, dict]:
+def draft_from_text(target: tformer.DecoderLM, train_tokens, eval_tokens, steps: int, folder: Path, seed: int,
+                    resume: bool) -> tuple[tformer.DecoderLM, dict]:
     """Step 2: a fresh draft distilled from the target on the text."""
     torch.manual_seed(seed)
     draft = tformer.build_model("gpt-mini", vocab_size=target.config.vocab_size, max_seq_len=SEQ_LEN, **DRAFT)
     draft.tokenizer = target.tokenizer
     started = time.perf_counter()
-    result = distil(draft, target, train_tokens, eval_tokens, steps, lr=3e-3, seed=seed, out_dir=folder)
+    result = distil(draft, target, train_tokens, eval_tokens, steps, lr=3e-3, seed=seed, out_dir=folder,
+                    resume=resume)
     record = finish_stage(folder, result, steps, time.perf_counter() - started, parameters=draft.num_parameters(),
                           batch=f"{BATCH_SIZE} x {SEQ_LEN}", data="the text",
                           eval_metric="KL divergence from the target")
@@ -169,11 +184,12 @@ def target_continuations(target: tformer.DecoderLM, train_tokens: torch.Tensor, 
 
 
 def tune_draft(draft: tformer.DecoderLM, target: tformer.DecoderLM, train_tokens, eval_tokens, steps: int,
-               folder: Path, seed: int) -> tuple[tformer.DecoderLM, dict]:
+               folder: Path, seed: int, resume: bool) -> tuple[tformer.DecoderLM, dict]:
     """Step 3: distil further on the target's greedy continuations of training prompts."""
     started = time.perf_counter()
     continuations = target_continuations(target, train_tokens, count=512, seed=seed)
-    result = distil(draft, target, continuations, eval_tokens, steps, lr=1e-3, seed=seed, out_dir=folder)
+    result = distil(draft, target, continuations, eval_tokens, steps, lr=1e-3, seed=seed, out_dir=folder,
+                    resume=resume)
     record = finish_stage(folder, result, steps, time.perf_counter() - started, parameters=draft.num_parameters(),
                           batch=f"{BATCH_SIZE} x {SEQ_LEN}",
                           data=f"{continuations.numel():,} characters of the target's greedy continuations",
@@ -182,23 +198,24 @@ def tune_draft(draft: tformer.DecoderLM, target: tformer.DecoderLM, train_tokens
 
 
 def train_pair(out: Path, data: Path = DEFAULT_DATA, target_steps: int = 1500, draft_steps: int = 1500,
-               tune_steps: int = 500, seed: int = 1337) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
+               tune_steps: int = 500, seed: int = 1337,
+               resume: bool = False) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
     """Train and save the pair into ``out/target`` and ``out/draft``, reusing the steps already
     trained to the end with the same step counts (``out/target``, ``out/draft-text``,
-    ``out/draft``); return both models."""
+    ``out/draft``) and, with ``resume``, continuing those interrupted; return both models."""
     threads = torch.get_num_threads()  # the Trainer may pick another count while it trains
     try:
-        return _train_pair(out, data, target_steps, draft_steps, tune_steps, seed)
+        return _train_pair(out, data, target_steps, draft_steps, tune_steps, seed, resume)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_pair(out: Path, data: Path, target_steps: int, draft_steps: int, tune_steps: int,
-                seed: int) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
+def _train_pair(out: Path, data: Path, target_steps: int, draft_steps: int, tune_steps: int, seed: int,
+                resume: bool) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
     folders = {name: out / name for name in ("target", "draft-text", "draft")}
-    records = {"target": finished_stage(folders["target"], target_steps),
-               "draft-text": finished_stage(folders["draft-text"], draft_steps),
-               "draft": finished_stage(folders["draft"], tune_steps)}  # refuse incomplete folders before any work
+    records = {"target": finished_stage(folders["target"], target_steps, resume),  # refused before any work
+               "draft-text": finished_stage(folders["draft-text"], draft_steps, resume),
+               "draft": finished_stage(folders["draft"], tune_steps, resume)}
     reused = {name: record is not None for name, record in records.items()}
     text = read_text(data)
     tokenizer = CharTokenizer.train(text)
@@ -207,7 +224,7 @@ def _train_pair(out: Path, data: Path, target_steps: int, draft_steps: int, tune
         target = tformer.load(folders["target"]).eval()
     else:
         target, records["target"] = train_target(tokenizer, train_tokens, eval_tokens, target_steps,
-                                                 folders["target"], seed)
+                                                 folders["target"], seed, resume)
     report("target", folders["target"], records["target"], reused["target"])
     if reused["draft"]:
         draft = tformer.load(folders["draft"])
@@ -216,10 +233,10 @@ def _train_pair(out: Path, data: Path, target_steps: int, draft_steps: int, tune
             draft = tformer.load(folders["draft-text"])
         else:
             draft, records["draft-text"] = draft_from_text(target, train_tokens, eval_tokens, draft_steps,
-                                                           folders["draft-text"], seed + 1)
+                                                           folders["draft-text"], seed + 1, resume)
         report("draft distilled on the text", folders["draft-text"], records["draft-text"], reused["draft-text"])
         draft, records["draft"] = tune_draft(draft, target, train_tokens, eval_tokens, tune_steps, folders["draft"],
-                                             seed + 2)
+                                             seed + 2, resume)
     report("draft tuned on the target's continuations", folders["draft"], records["draft"], reused["draft"])
     return target, draft
 
@@ -242,11 +259,14 @@ def main() -> None:
     parser.add_argument("--target-steps", type=int, default=1500)
     parser.add_argument("--draft-steps", type=int, default=1500)
     parser.add_argument("--tune-steps", type=int, default=500)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue interrupted steps (folders without pair-stage.json) from their newest "
+                             "checkpoint")
     args = parser.parse_args()
     for name in ("target_steps", "draft_steps", "tune_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
-    train_pair(args.out, args.data, args.target_steps, args.draft_steps, args.tune_steps)
+    train_pair(args.out, args.data, args.target_steps, args.draft_steps, args.tune_steps, resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ Part 1 (greedy, batch 1, a 32-token prompt, 128 new tokens, fp32, CPU) runs, in 
 process, a randomly initialised Hugging Face ``GPT2LMHeadModel`` of each shape and the same
 weights loaded into tformer: (a) GPT-2's 124M shape, (b) 6 layers, width 384, 6 heads,
 vocabulary 8192. It prints new tokens/s for both, their ratio, tformer without its KV cache,
-and whether the tokens are identical. Runs alternate between the two libraries and the
-median of ``--repeats`` is reported, so both see the same machine load.
+the matrix-vector products alone (the ceiling), and whether the tokens are identical. Each of
+``--repeats`` rounds runs every one of these once, in an order that rotates from round to round,
+and the medians are reported, so all see the same machine load.
 
 Part 2 decodes tinyshakespeare prompts greedily with a 6-layer character-level target, alone
 and with a 1-layer draft (both trained by ``speculative_pair.py`` on first use and saved in
-``--pair``), and prints the speed-up, the acceptance rate and whether the output is identical.
+``--pair``; their training records are printed), alternately, and prints the speed-up, the
+acceptance rate and whether the output is identical.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,6 +51,23 @@ def timed(function) -> tuple[float, float, object]:
     started, started_cpu = time.perf_counter(), time.process_time()
     result = function()
     return time.perf_counter() - started, time.process_time() - started_cpu, result
+
+
+def alternated(measurements: dict[str, Callable[[], object]], repeats: int) -> tuple[dict, dict, dict]:
+    """Every measurement once a round for ``repeats`` rounds, the order rotating from round to
+    round so that all see the same machine load: wall and CPU seconds by name, and each one's
+    last result."""
+    names = list(measurements)
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    results = {}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds, cpu_seconds, results[name] = timed(measurements[name])
+            wall[name].append(seconds)
+            cpu[name].append(cpu_seconds)
+    return wall, cpu, results
 
 
 # ---- part 1: tformer vs Hugging Face -------------------------------------------------------------
@@ -74,26 +94,19 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
     def run_ours(new=NEW_TOKENS, **options):
         return tformer.generate(ours, prompt, new, eos_token_id=[], **options)
 
-    run_hf(8), run_ours(8)  # warm up both (lazy initialisation, the fast decoder's weight layout)
-    hf_seconds, our_seconds, hf_cpu, our_cpu = [], [], [], []
-    for _ in range(repeats):  # alternate, so both see the same load
-        seconds, cpu, hf_tokens = timed(run_hf)
-        hf_seconds.append(seconds)
-        hf_cpu.append(cpu)
-        seconds, cpu, our_tokens = timed(run_ours)
-        our_seconds.append(seconds)
-        our_cpu.append(cpu)
-    floor = NEW_TOKENS / statistics.median(timed(lambda: matvec_floor(ours))[0] for _ in range(repeats))
-    uncached = None
+    measurements = {"hf": run_hf, "ours": run_ours, "floor": lambda: matvec_floor(ours)}
     if no_cache:
-        seconds, _, uncached_tokens = timed(lambda: run_ours(use_cache=False))
-        uncached = NEW_TOKENS / seconds
-        assert torch.equal(uncached_tokens, our_tokens), "tformer without cache gave other tokens"
+        measurements["uncached"] = lambda: run_ours(use_cache=False)
+    run_hf(8), run_ours(8), run_ours(8, use_cache=False)  # warm up (lazy initialisation, the fast decoder's layout)
+    wall, cpu, tokens = alternated(measurements, repeats)
+    speed = {name: NEW_TOKENS / statistics.median(values) for name, values in wall.items()}
+    if no_cache:
+        assert torch.equal(tokens["uncached"], tokens["ours"]), "tformer without cache gave other tokens"
     return dict(
-        title=title, parameters=ours.num_parameters(), hf=NEW_TOKENS / statistics.median(hf_seconds),
-        ours=NEW_TOKENS / statistics.median(our_seconds), uncached=uncached, floor=floor,
-        cpu_ratio=statistics.median(hf_cpu) / statistics.median(our_cpu),
-        identical=torch.equal(hf_tokens, our_tokens),
+        title=title, parameters=ours.num_parameters(), hf=speed["hf"], ours=speed["ours"],
+        uncached=speed.get("uncached"), floor=speed["floor"],
+        cpu_ratio=statistics.median(cpu["hf"]) / statistics.median(cpu["ours"]),
+        identical=torch.equal(tokens["hf"], tokens["ours"]),
     )
 
 
@@ -142,18 +155,13 @@ def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_cou
     print(f"{'draft tokens':>12} {'target alone tok/s':>19} {'speculative tok/s':>18} {'speed-up':>9} "
           f"{'CPU-time speed-up':>18} {'acceptance':>11} {'identical':>10}")
     for k in draft_counts:
-        alone, together, alone_cpu, together_cpu = [], [], [], []
-        for _ in range(repeats):
-            seconds, cpu, greedy = timed(greedy_all)
-            alone.append(seconds)
-            alone_cpu.append(cpu)
-            seconds, cpu, outputs = timed(lambda k=k: speculative_all(k))
-            together.append(seconds)
-            together_cpu.append(cpu)
+        wall, cpu, results = alternated({"alone": greedy_all, "together": lambda k=k: speculative_all(k)}, repeats)
+        greedy, outputs = results["alone"], results["together"]
         identical = all(torch.equal(g, o.sequences) for g, o in zip(greedy, outputs, strict=True))
         acceptance = sum(o.accepted_draft_tokens for o in outputs) / sum(o.draft_tokens for o in outputs)
-        alone_speed, speculative_speed = total / statistics.median(alone), total / statistics.median(together)
-        cpu_speed_up = statistics.median(alone_cpu) / statistics.median(together_cpu)
+        alone_speed = total / statistics.median(wall["alone"])
+        speculative_speed = total / statistics.median(wall["together"])
+        cpu_speed_up = statistics.median(cpu["alone"]) / statistics.median(cpu["together"])
         print(f"{k:>12} {alone_speed:>19.1f} {speculative_speed:>18.1f} {speculative_speed / alone_speed:>8.2f}x "
               f"{cpu_speed_up:>17.2f}x {acceptance:>10.1%} {'yes' if identical else 'NO':>10}", flush=True)
     sample = tokenizer.decode(outputs[0].sequences[0].tolist())
@@ -183,7 +191,8 @@ def main() -> None:
         import transformers
 
         print(f"\n== greedy decoding: batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, fp32 CPU; "
-              f"transformers {transformers.__version__}, median of {args.repeats} alternating runs ==")
+              f"transformers {transformers.__version__}; medians of {args.repeats} rounds, each running every column "
+              f"once, in rotating order ==")
         print(f"{'shape':<36} {'params':>8} {'HF tok/s':>9} {'tformer tok/s':>14} {'ratio':>6} {'CPU-time ratio':>15} "
               f"{'tformer no-cache tok/s':>23} {'same tokens':>12} {'matvec-only tok/s':>18}")
         for shape in args.shapes:

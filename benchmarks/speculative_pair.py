@@ -18,12 +18,21 @@ downloads anything: the text is read from ``../shared/data/tinyshakespeare/input
    prompts from the training text: the text it will have to predict when it drafts for greedy
    decoding (what Zhou et al. 2024, DistillSpec, call on-policy data), saved as ``OUT/draft``.
    The benchmark's prompts come from the held-out tenth of the text, which no step sees.
+
+Each step's folder gets ``pair-stage.json`` (the steps run, the final evaluation, the seconds)
+only when its training ran to the end. A later run reuses a folder with that record and the
+same step count, and refuses one without it (training there was interrupted) unless given
+``--resume``, which continues it from its newest checkpoint (one every 100 steps, and one on
+Ctrl-C). Ctrl-C stops the whole script after the Trainer has saved its checkpoint; nothing is
+printed as trained that was not.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
+import sys
 import time
 from pathlib import Path
 
@@ -33,12 +42,15 @@ import tformer
 from tformer.data.lm import split_tokens
 from tformer.tokenizers import CharTokenizer
 from tformer.training.tasks import LanguageModelling
-from tformer.training.trainer import Trainer, TrainingConfig
+from tformer.training.trainer import Trainer, TrainingConfig, TrainingResult
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt.gz"
 SEQ_LEN = 256  # training context; generation in the benchmark stays within it
 TARGET = dict(num_layers=6, d_model=256, num_heads=8)
 DRAFT = dict(num_layers=1, d_model=128, num_heads=4)
+BATCH_SIZE = 8
+STAGE_RECORD = "pair-stage.json"  # written into a step's folder once its training has run to the end
+CHECKPOINT_EVERY = 100  # steps; what an interrupted or killed stage resumes from (--resume)
 
 
 def read_text(path: Path) -> str:
@@ -48,6 +60,40 @@ def read_text(path: Path) -> str:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as handle:
         return handle.read()
+
+
+def finished_stage(folder: Path, steps: int | None, resume: bool = False) -> dict | None:
+    """The record of a step trained to the end in ``folder`` (``steps`` of them, or any count
+    when None), or None when it is still to train: ``folder`` holds nothing yet, or (with
+    ``resume``) a run without a record, to continue. Otherwise a folder with a run but no
+    record (interrupted, or written by an older version of this script) or with another step
+    count is refused: it is never silently reused."""
+    record_path = folder / STAGE_RECORD
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if steps is not None and record["steps"] != steps:
+            raise SystemExit(f"{folder}: trained for {record['steps']} steps, not the {steps} asked for; ask for "
+                             f"{record['steps']}, remove the folder to train it again, or choose another --out")
+        return record
+    if folder.exists() and any(folder.iterdir()) and not resume:
+        raise SystemExit(f"{folder}: an incomplete run (no {STAGE_RECORD}: its training was interrupted, or an older "
+                         f"version of this script wrote it); continue it with --resume, remove the folder to train "
+                         f"it again, or choose another --out")
+    return None
+
+
+def finish_stage(folder: Path, result, requested_steps: int, seconds: float, **facts) -> dict:
+    """Stop the script unless ``result`` (a TrainingResult) ran all ``requested_steps``;
+    otherwise record the step in ``folder`` and return the record."""
+    if result.stopped != "completed" or result.steps != requested_steps:
+        print(f"{folder.name}: stopped ({result.stopped}) after {result.steps} of {requested_steps} steps; "
+              f"{folder} is incomplete: continue it with --resume (this script's), or remove it to train again",
+              file=sys.stderr)
+        raise SystemExit(130 if result.stopped == "interrupted" else 1)
+    record = dict(steps=result.steps, resumed_at=result.start_step, eval_loss=result.final_eval_loss,
+                  seconds=round(seconds, 1), **facts)
+    (folder / STAGE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    return record
 
 
 class Distillation(LanguageModelling):
@@ -68,45 +114,63 @@ class Distillation(LanguageModelling):
 
 
 def distil(student: tformer.DecoderLM, teacher: tformer.DecoderLM, tokens: torch.Tensor, eval_tokens: torch.Tensor,
-           steps: int, lr: float, seed: int, out_dir: Path) -> float:
+           steps: int, lr: float, seed: int, out_dir: Path, resume: bool) -> TrainingResult:
     """Train ``student`` to match ``teacher``'s next-token distribution on random crops of
     ``tokens`` (warmup then cosine decay to lr / 10) and save it as a run folder in ``out_dir``;
-    returns the final KL divergence on the held-out ``eval_tokens``."""
-    config = TrainingConfig(max_steps=steps, batch_size=8, seq_len=SEQ_LEN, lr=lr, min_lr=lr / 10,
-                            warmup_steps=min(100, steps // 10), eval_every=steps, eval_batches=10, seed=seed)
+    its result's ``final_eval_loss`` is the KL divergence on the held-out ``eval_tokens``. With
+    ``resume``, training continues from the newest checkpoint in ``out_dir`` when there is one."""
+    config = TrainingConfig(max_steps=steps, batch_size=BATCH_SIZE, seq_len=SEQ_LEN, lr=lr, min_lr=lr / 10,
+                            warmup_steps=min(100, steps // 10), eval_every=steps, eval_batches=10,
+                            checkpoint_every=CHECKPOINT_EVERY, seed=seed)
     trainer = Trainer(student, config, Distillation(tokens, eval_tokens, teacher), out_dir=out_dir, progress=False,
                       overwrite=True)
-    return trainer.train().final_eval_loss
+    if resume:
+        trainer.resume("auto")
+    return trainer.train()
 
 
-def train_target(tokenizer: CharTokenizer, train_tokens, eval_tokens, steps: int, out: Path,
-                 seed: int) -> tformer.DecoderLM:
+def report(title: str, folder: Path, record: dict, reused: bool) -> None:
+    """One line on a step, every figure from its record: what ran, not what was asked for."""
+    where = f"reused from {folder}" if reused else f"saved in {folder}"
+    resumed = record.get("resumed_at")
+    resumed = f" (resumed at step {resumed}: the seconds are the rest's)" if resumed else ""
+    print(f"{title}: {record['parameters']:,} parameters, {record['steps']} steps of {record['batch']} characters "
+          f"of {record['data']}, eval {record['eval_metric']} {record['eval_loss']:.3f} nats/char, "
+          f"{record['seconds']:.0f} s{resumed}; {where}", flush=True)
+
+
+def train_target(tokenizer: CharTokenizer, train_tokens, eval_tokens, steps: int, folder: Path, seed: int,
+                 resume: bool) -> tuple[tformer.DecoderLM, dict]:
     """Step 1: the target learns the text with the Trainer (next-character cross-entropy)."""
     torch.manual_seed(seed)
     model = tformer.build_model("gpt-mini", vocab_size=tokenizer.vocab_size, max_seq_len=SEQ_LEN, **TARGET)
     model.tokenizer = tokenizer
-    config = TrainingConfig(max_steps=steps, batch_size=8, seq_len=SEQ_LEN, lr=1e-3, min_lr=1e-4,
+    config = TrainingConfig(max_steps=steps, batch_size=BATCH_SIZE, seq_len=SEQ_LEN, lr=1e-3, min_lr=1e-4,
                             warmup_steps=min(100, steps // 10), eval_every=max(1, steps // 6), eval_batches=10,
-                            seed=seed)
+                            checkpoint_every=CHECKPOINT_EVERY, seed=seed)
     started = time.perf_counter()
-    result = Trainer(model, config, LanguageModelling(train_tokens, eval_tokens), out_dir=out / "target",
-                     progress=False).train()
-    print(f"trained target: {model.num_parameters():,} parameters, {steps} steps of 8 x {SEQ_LEN} characters, "
-          f"eval cross-entropy {result.final_eval_loss:.3f} nats/char, {time.perf_counter() - started:.0f} s")
-    return model.eval()
+    trainer = Trainer(model, config, LanguageModelling(train_tokens, eval_tokens), out_dir=folder, progress=False)
+    if resume:
+        trainer.resume("auto")
+    result = trainer.train()
+    record = finish_stage(folder, result, steps, time.perf_counter() - started, parameters=model.num_parameters(),
+                          batch=f"{BATCH_SIZE} x {SEQ_LEN}", data="the text", eval_metric="cross-entropy")
+    return model.eval(), record
 
 
-def draft_from_text(target: tformer.DecoderLM, train_tokens, eval_tokens, steps: int, out: Path,
-                    seed: int) -> tformer.DecoderLM:
+def draft_from_text(target: tformer.DecoderLM, train_tokens, eval_tokens, steps: int, folder: Path, seed: int,
+                    resume: bool) -> tuple[tformer.DecoderLM, dict]:
     """Step 2: a fresh draft distilled from the target on the text."""
     torch.manual_seed(seed)
     draft = tformer.build_model("gpt-mini", vocab_size=target.config.vocab_size, max_seq_len=SEQ_LEN, **DRAFT)
     draft.tokenizer = target.tokenizer
     started = time.perf_counter()
-    kl = distil(draft, target, train_tokens, eval_tokens, steps, lr=3e-3, seed=seed, out_dir=out / "draft-text")
-    print(f"distilled draft: {draft.num_parameters():,} parameters, {steps} steps of 8 x {SEQ_LEN} characters, "
-          f"eval KL divergence from the target {kl:.3f} nats/char, {time.perf_counter() - started:.0f} s")
-    return draft
+    result = distil(draft, target, train_tokens, eval_tokens, steps, lr=3e-3, seed=seed, out_dir=folder,
+                    resume=resume)
+    record = finish_stage(folder, result, steps, time.perf_counter() - started, parameters=draft.num_parameters(),
+                          batch=f"{BATCH_SIZE} x {SEQ_LEN}", data="the text",
+                          eval_metric="KL divergence from the target")
+    return draft, record
 
 
 def target_continuations(target: tformer.DecoderLM, train_tokens: torch.Tensor, count: int, seed: int,
@@ -122,53 +186,72 @@ def target_continuations(target: tformer.DecoderLM, train_tokens: torch.Tensor, 
 
 
 def tune_draft(draft: tformer.DecoderLM, target: tformer.DecoderLM, train_tokens, eval_tokens, steps: int,
-               out: Path, seed: int) -> tformer.DecoderLM:
+               folder: Path, seed: int, resume: bool) -> tuple[tformer.DecoderLM, dict]:
     """Step 3: distil further on the target's greedy continuations of training prompts."""
     started = time.perf_counter()
     continuations = target_continuations(target, train_tokens, count=512, seed=seed)
-    kl = distil(draft, target, continuations, eval_tokens, steps, lr=1e-3, seed=seed, out_dir=out / "draft")
-    print(f"tuned draft on {continuations.numel():,} characters of the target's greedy continuations: "
-          f"{steps} steps, eval KL divergence from the target {kl:.3f} nats/char, "
-          f"{time.perf_counter() - started:.0f} s")
-    return draft
+    result = distil(draft, target, continuations, eval_tokens, steps, lr=1e-3, seed=seed, out_dir=folder,
+                    resume=resume)
+    record = finish_stage(folder, result, steps, time.perf_counter() - started, parameters=draft.num_parameters(),
+                          batch=f"{BATCH_SIZE} x {SEQ_LEN}",
+                          data=f"{continuations.numel():,} characters of the target's greedy continuations",
+                          eval_metric="KL divergence from the target")
+    return draft, record
 
 
 def train_pair(out: Path, data: Path = DEFAULT_DATA, target_steps: int = 1500, draft_steps: int = 1500,
-               tune_steps: int = 500, seed: int = 1337) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
-    """Train and save the pair into ``out/target`` and ``out/draft``, reusing the results of steps
-    already done (``out/target``, ``out/draft-text``); return both models."""
+               tune_steps: int = 500, seed: int = 1337,
+               resume: bool = False) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
+    """Train and save the pair into ``out/target`` and ``out/draft``, reusing the steps already
+    trained to the end with the same step counts (``out/target``, ``out/draft-text``,
+    ``out/draft``) and, with ``resume``, continuing those interrupted; return both models."""
     threads = torch.get_num_threads()  # the Trainer may pick another count while it trains
     try:
-        return _train_pair(out, data, target_steps, draft_steps, tune_steps, seed)
+        return _train_pair(out, data, target_steps, draft_steps, tune_steps, seed, resume)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_pair(out: Path, data: Path, target_steps: int, draft_steps: int, tune_steps: int,
-                seed: int) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
+def _train_pair(out: Path, data: Path, target_steps: int, draft_steps: int, tune_steps: int, seed: int,
+                resume: bool) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
+    folders = {name: out / name for name in ("target", "draft-text", "draft")}
+    records = {"target": finished_stage(folders["target"], target_steps, resume),  # refused before any work
+               "draft-text": finished_stage(folders["draft-text"], draft_steps, resume),
+               "draft": finished_stage(folders["draft"], tune_steps, resume)}
+    reused = {name: record is not None for name, record in records.items()}
     text = read_text(data)
     tokenizer = CharTokenizer.train(text)
     train_tokens, eval_tokens = split_tokens(torch.tensor(tokenizer.encode(text)), eval_fraction=0.1)
-    if (out / "target" / "config.json").is_file():
-        target = tformer.load(out / "target")
-        print(f"using the trained target in {out / 'target'}")
+    if reused["target"]:
+        target = tformer.load(folders["target"]).eval()
     else:
-        target = train_target(tokenizer, train_tokens, eval_tokens, target_steps, out, seed)
-    if (out / "draft-text" / "config.json").is_file():
-        draft = tformer.load(out / "draft-text")
-        print(f"using the draft distilled on the text in {out / 'draft-text'}")
+        target, records["target"] = train_target(tokenizer, train_tokens, eval_tokens, target_steps,
+                                                 folders["target"], seed, resume)
+    report("target", folders["target"], records["target"], reused["target"])
+    if reused["draft"]:
+        draft = tformer.load(folders["draft"])
     else:
-        draft = draft_from_text(target, train_tokens, eval_tokens, draft_steps, out, seed + 1)
-    draft = tune_draft(draft, target, train_tokens, eval_tokens, tune_steps, out, seed + 2)
+        if reused["draft-text"]:
+            draft = tformer.load(folders["draft-text"])
+        else:
+            draft, records["draft-text"] = draft_from_text(target, train_tokens, eval_tokens, draft_steps,
+                                                           folders["draft-text"], seed + 1, resume)
+        report("draft distilled on the text", folders["draft-text"], records["draft-text"], reused["draft-text"])
+        draft, records["draft"] = tune_draft(draft, target, train_tokens, eval_tokens, tune_steps, folders["draft"],
+                                             seed + 2, resume)
+    report("draft tuned on the target's continuations", folders["draft"], records["draft"], reused["draft"])
     return target, draft
 
 
-def load_or_train_pair(out: Path, data: Path = DEFAULT_DATA, **steps) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
-    """The pair saved in ``out`` if both checkpoints are there, else freshly trained."""
-    if (out / "target" / "config.json").is_file() and (out / "draft" / "config.json").is_file():
-        print(f"using the trained pair in {out}")
-        return tformer.load(out / "target"), tformer.load(out / "draft")
-    return train_pair(out, data, **steps)
+def load_or_train_pair(out: Path, data: Path = DEFAULT_DATA) -> tuple[tformer.DecoderLM, tformer.DecoderLM]:
+    """The pair saved in ``out`` when both were trained to the end there (whatever their step
+    counts), else ``train_pair`` with its default step counts."""
+    target, draft = finished_stage(out / "target", None), finished_stage(out / "draft", None)
+    if target is None or draft is None:
+        return train_pair(out, data)
+    report("target", out / "target", target, reused=True)
+    report("draft tuned on the target's continuations", out / "draft", draft, reused=True)
+    return tformer.load(out / "target").eval(), tformer.load(out / "draft")
 
 
 def main() -> None:
@@ -178,8 +261,14 @@ def main() -> None:
     parser.add_argument("--target-steps", type=int, default=1500)
     parser.add_argument("--draft-steps", type=int, default=1500)
     parser.add_argument("--tune-steps", type=int, default=500)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue interrupted steps (folders without pair-stage.json) from their newest "
+                             "checkpoint")
     args = parser.parse_args()
-    train_pair(args.out, args.data, args.target_steps, args.draft_steps, args.tune_steps)
+    for name in ("target_steps", "draft_steps", "tune_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    train_pair(args.out, args.data, args.target_steps, args.draft_steps, args.tune_steps, resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -108,6 +108,11 @@ def test_stack_checks_mask_shape_and_position_table():
     assert core.position_limit == 32 and stack(False, positional="rope").position_limit is None
 
 
+def test_an_encoder_state_is_refused_by_a_stack_without_cross_attention():
+    with pytest.raises(ValueError, match="encoder_hidden given, but this stack has no cross-attention"):
+        stack(True)(torch.randn(1, 4, 32), encoder_hidden=torch.randn(1, 3, 32))
+
+
 def test_segment_embeddings_add_a_learned_vector_per_type():
     embedding = TokenEmbedding(vocab_size=10, d_model=8, type_vocab_size=2)
     ids = torch.tensor([[1, 2, 3]])

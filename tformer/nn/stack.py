@@ -40,7 +40,9 @@ class TransformerStack(nn.Module):
         super().__init__()
         self.config = config
         self.causal = causal
+        self.cross_attention = cross_attention
         self.positional = positional_from_config(config, causal=causal)
+
         def norm() -> nn.Module:
             return build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)
 
@@ -65,7 +67,7 @@ class TransformerStack(nn.Module):
         def kv(length: int) -> KVCache:
             return KVCache(batch_size, config.num_kv_heads, length, config.head_dim, dtype, device)
 
-        cross = self.blocks[0].cross_attention is not None if len(self.blocks) else False
+        cross = self.cross_attention
         if cross and source_len is None:
             raise ValueError("a cross-attention stack's cache needs source_len (the encoder's length)")
         return [LayerCache(kv(max_len), kv(source_len) if cross else None) for _ in range(config.num_layers)]
@@ -84,6 +86,8 @@ class TransformerStack(nn.Module):
         """x: embedded inputs (B, T, D). ``attention_mask`` (B, past + T), 1 = attend, covers cached
         positions too; ``position_ids`` (B, T) default to counting attended tokens. ``encoder_hidden``
         (B, S, D) and ``encoder_mask`` (B, S), 1 = attend, feed cross-attention."""
+        if encoder_hidden is not None and not self.cross_attention:
+            raise ValueError("encoder_hidden given, but this stack has no cross-attention (cross_attention=False)")
         batch, length, _ = x.shape
         past = 0 if cache is None else cache[0].self_attention.length
         if attention_mask is not None:

@@ -1,0 +1,17 @@
+"""Evaluation metrics, independent of any model: classification (accuracy, precision/recall/F1, the
+confusion matrix), entity-level tagging scores equal to seqeval's, and SQuAD v1.1 exact match / F1.
+Only numpy and the standard library are imported."""
+
+from tformer.evaluation.classification import (
+    ClassificationScores,
+    accuracy,
+    classification_scores,
+    confusion_matrix,
+)
+from tformer.evaluation.entities import EntityScores, TagError, entity_counts, entity_scores, entity_spans
+from tformer.evaluation.scores import Scores, precision_recall_f1
+from tformer.evaluation.squad import SquadScores, exact_match, normalize_answer, squad_scores, token_f1
+
+__all__ = ["ClassificationScores", "EntityScores", "Scores", "SquadScores", "TagError", "accuracy",
+           "classification_scores", "confusion_matrix", "entity_counts", "entity_scores", "entity_spans",
+           "exact_match", "normalize_answer", "precision_recall_f1", "squad_scores", "token_f1"]

@@ -12,14 +12,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-_PUNCTUATION = frozenset(string.punctuation)
+_DELETE_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 def normalize_answer(text: str) -> str:
     """The answer as the official script compares it."""
-    text = "".join(character for character in text.lower() if character not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_DELETE_PUNCTUATION)).split())
 
 
 def exact_match(prediction: str, gold: str) -> float:
@@ -30,8 +29,10 @@ def exact_match(prediction: str, gold: str) -> float:
 def token_f1(prediction: str, gold: str) -> float:
     """F1 of the words the normalised answers share (counted with multiplicity); 0.0 when they share
     none (two empty answers included, as in v1.1)."""
-    predicted_words = normalize_answer(prediction).split()
-    gold_words = normalize_answer(gold).split()
+    return _words_f1(normalize_answer(prediction).split(), normalize_answer(gold).split())
+
+
+def _words_f1(predicted_words: list[str], gold_words: list[str]) -> float:
     shared = sum((Counter(predicted_words) & Counter(gold_words)).values())
     if shared == 0:
         return 0.0
@@ -60,9 +61,10 @@ def squad_scores(predictions: Mapping[str, str], gold_answers: Mapping[str, Sequ
         if question_id not in predictions:
             missing += 1
             continue
-        prediction = predictions[question_id]
-        exact_total += max(exact_match(prediction, gold) for gold in golds)
-        f1_total += max(token_f1(prediction, gold) for gold in golds)
+        prediction = normalize_answer(predictions[question_id])
+        normalised_golds = [normalize_answer(gold) for gold in golds]
+        exact_total += max(float(prediction == gold) for gold in normalised_golds)
+        f1_total += max(_words_f1(prediction.split(), gold.split()) for gold in normalised_golds)
     total = len(gold_answers)
     return SquadScores(100.0 * exact_total / total if total else 0.0, 100.0 * f1_total / total if total else 0.0,
                        total, missing)

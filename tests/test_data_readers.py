@@ -61,6 +61,9 @@ def test_pairs_csv_quoting_and_jsonl(tmp_path):
     data = read_classification(jsonl)
     assert data.label_names == ("0", "2", "10")  # integers sort by value, not as strings
     assert data.label_ids() == [1, 2, 0] and [e.line for e in data.examples] == [1, 3, 4]
+    named = write(tmp_path / "reviews.csv", "review,stars\ngreat film,5\n")
+    data = read_classification(named, text_column="review", label_column="stars")
+    assert (data.examples[0].text, data.label_names) == ("great film", ("5",))
     custom = write(tmp_path / "custom.jsonl", '{"q": "is it?", "p": "it is", "y": "yes"}\n')
     data = read_classification(custom, text_column="q", text_pair_column="p", label_column="y")
     assert (data.examples[0].text, data.examples[0].text_pair, data.label_names) == ("is it?", "it is", ("yes",))

@@ -67,6 +67,8 @@ def test_configurable_probabilities():
         mask(ids, replace_with_mask=0.9, replace_with_random=0.3)
     with pytest.raises(TformerError, match="mask_probability=1.5 must be a number in \\[0, 1\\]"):
         mask(ids, mask_probability=1.5)
+    with pytest.raises(TformerError, match="special_ids=\\[0, 1000\\] must lie in the vocabulary \\(0..999\\)"):
+        mask_tokens(ids, torch.Generator(), special_ids=[0, 1000], vocab_size=VOCAB, mask_id=MASK)
     with pytest.raises(TformerError, match="token ids must lie in 0..999, got 0..1000"):
         mask(torch.tensor([[0, 1000]]))
 

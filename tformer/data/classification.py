@@ -88,7 +88,8 @@ def read_classification(
         if len(set(labels)) != len(labels) or not labels:
             raise DataFileError(f"labels={list(labels)} must be distinct names, at least one")
     text = read_data_text(path)
-    records = _json_records(text) if kind == "jsonl" else _table_records(path, text, kind, columns)
+    known = {name for name in (text_column, text_pair_column, label_column) if name} | set(TEXT_COLUMNS)
+    records = _json_records(text) if kind == "jsonl" else _table_records(path, text, kind, columns, known)
     skipped = Skipped()
     examples = []
     declared = set(labels) if labels is not None else None
@@ -145,15 +146,17 @@ def _text(record: dict, column: str) -> str:
     return value.strip()
 
 
-def _table_records(path, text: str, kind: str, columns: Sequence[str] | None) -> Iterator[tuple[int, dict | str]]:
+def _table_records(path, text: str, kind: str, columns: Sequence[str] | None,
+                   known: set[str]) -> Iterator[tuple[int, dict | str]]:
     """(line, {column: value}) for each non-blank row of a TSV/CSV text, or (line, what is wrong) for a
-    row with more fields than the header; a row with fewer lacks the columns it does not reach."""
+    row with more fields than the header; a row with fewer lacks the columns it does not reach. Without
+    ``columns`` the first row is the header, and must name one of the ``known`` columns."""
     rows = _tsv_rows(text) if kind == "tsv" else _csv_rows(path, text)
     header = [name.strip() for name in columns] if columns is not None else None
     for line, fields in rows:
         if header is None:
             header = [name.strip() for name in fields]
-            if not any(name in header for name in TEXT_COLUMNS) and LABEL_COLUMN not in header:
+            if not known & set(header):
                 raise DataFileError(f"{path}:{line}: the first row {fields[:4]} is not a header naming the columns "
                                     f"(e.g. sentence, label); for a file without a header give columns=[...]")
             continue

@@ -37,9 +37,9 @@ def mask_tokens(
     replace_with_random: float = 0.1,
     continuation: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Masked inputs (B, T) and labels (B, T) from ``input_ids`` (B, T), on the generator's device.
-    ``special_ids`` (padding included) are never chosen; ``continuation`` is an optional (vocab_size,)
-    bool table for whole-word masking."""
+    """Masked inputs (B, T) and labels (B, T) from ``input_ids`` (B, T), on their device (the
+    generator's too). ``special_ids`` (padding included) are never chosen; ``continuation`` is an
+    optional (vocab_size,) bool table for whole-word masking."""
     _check_probabilities(mask_probability, replace_with_mask, replace_with_random)
     if input_ids.dim() != 2:
         raise TformerError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
@@ -51,8 +51,11 @@ def mask_tokens(
     if continuation is not None and (continuation.dtype != torch.bool or tuple(continuation.shape) != (vocab_size,)):
         raise TformerError(f"continuation must be a ({vocab_size},) bool table (which ids continue a word), "
                            f"got {continuation.dtype} of shape {tuple(continuation.shape)}")
+    special_ids = [int(index) for index in special_ids]
+    if any(not 0 <= index < vocab_size for index in special_ids):
+        raise TformerError(f"special_ids={special_ids} must lie in the vocabulary (0..{vocab_size - 1})")
     special = torch.zeros(vocab_size, dtype=torch.bool, device=ids.device)
-    special[torch.as_tensor(list(special_ids), dtype=torch.long, device=ids.device)] = True
+    special[torch.tensor(special_ids, dtype=torch.long, device=ids.device)] = True
     replacements = (~special).nonzero().squeeze(1)  # the ids a random replacement may take
     if replacements.numel() == 0:
         raise TformerError("every id of the vocabulary is special; no random replacement is possible")

@@ -8,10 +8,18 @@ from tformer.evaluation.classification import (
     classification_scores,
     confusion_matrix,
 )
-from tformer.evaluation.entities import EntityScores, TagError, entity_counts, entity_scores, entity_spans
+from tformer.evaluation.entities import (
+    EntityScores,
+    TagError,
+    entity_counts,
+    entity_scores,
+    entity_spans,
+    scores_from_counts,
+)
 from tformer.evaluation.scores import Scores, precision_recall_f1
 from tformer.evaluation.squad import SquadScores, exact_match, normalize_answer, squad_scores, token_f1
 
 __all__ = ["ClassificationScores", "EntityScores", "Scores", "SquadScores", "TagError", "accuracy",
            "classification_scores", "confusion_matrix", "entity_counts", "entity_scores", "entity_spans",
-           "exact_match", "normalize_answer", "precision_recall_f1", "squad_scores", "token_f1"]
+           "exact_match", "normalize_answer", "precision_recall_f1", "scores_from_counts", "squad_scores",
+           "token_f1"]

@@ -21,8 +21,7 @@ import torch
 from torch import Tensor
 
 from tformer.errors import TformerError
-
-IGNORE_INDEX = -100
+from tformer.nn.losses import IGNORE_INDEX
 
 
 def mask_tokens(

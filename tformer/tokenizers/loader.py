@@ -15,7 +15,7 @@ from tformer.tokenizers.byte_level import GPT2_PATTERN
 from tformer.tokenizers.char import CHAR_SPLIT, CharTokenizer
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.normalizers import NoNormalizer, normalizer_from_json
-from tformer.tokenizers.post_processor import Template
+from tformer.tokenizers.post_processor import Template, offset_trimming
 from tformer.tokenizers.pre_tokenizers import pre_tokenizer_from_json
 from tformer.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -124,6 +124,10 @@ def _bpe_from_dict(data: dict) -> BPETokenizer:
         raise TokenizerError(f"BPE decoder {decoder.get('type')!r} is not supported; only byte-level BPE "
                              "(decoder ByteLevel) is")
     pattern, add_prefix_space = _byte_level_pre_tokenizer(data.get("pre_tokenizer"))
+    trim_offsets, trim_prefix_space = offset_trimming(data.get("post_processor"))
+    if trim_offsets and trim_prefix_space != add_prefix_space:
+        raise TokenizerError(f"a post_processor trimming offsets with add_prefix_space={trim_prefix_space} after a "
+                             f"pre_tokenizer with add_prefix_space={add_prefix_space} is not supported")
     merges = [tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in model["merges"]]
     added, roles = _added_and_roles(data)
     return BPETokenizer(
@@ -131,6 +135,7 @@ def _bpe_from_dict(data: dict) -> BPETokenizer:
         template=Template.from_json(data.get("post_processor")), pattern=pattern,
         unk_token=model.get("unk_token"), ignore_merges=bool(model.get("ignore_merges")),
         add_prefix_space=add_prefix_space, normalizer=normalizer_from_json(data.get("normalizer")),
+        trim_offsets=trim_offsets,
     )
 
 

@@ -123,3 +123,17 @@ def _items(entries: list[dict], data: dict) -> tuple[Item, ...]:
                                      "only single tokens are supported")
             items.append((tokens[0], int(special.get("type_id", 0))))
     return tuple(items)
+
+
+def offset_trimming(data: dict | None) -> tuple[bool, bool]:
+    """(trim_offsets, add_prefix_space) of the byte-level offset trimming a post-processor does:
+    ByteLevel's or RobertaProcessing's (both trim by default), alone or in a Sequence."""
+    kind = None if data is None else data.get("type")
+    if kind in ("ByteLevel", "RobertaProcessing"):
+        return bool(data.get("trim_offsets", True)), bool(data.get("add_prefix_space", True))
+    if kind == "Sequence":
+        for processor in data.get("processors", []):
+            trim, add_prefix_space = offset_trimming(processor)
+            if trim:
+                return trim, add_prefix_space
+    return False, False

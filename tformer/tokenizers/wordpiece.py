@@ -15,9 +15,10 @@ from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
 from tformer.tokenizers.base import VocabularyTokenizer
 from tformer.tokenizers.bpe import CACHE_LIMIT
 from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
+from tformer.tokenizers.encoding import Offset
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.merge_training import learn_merges
-from tformer.tokenizers.normalizers import WHITE_SPACE, BertNormalizer, Normalizer
+from tformer.tokenizers.normalizers import WHITE_SPACE, Alignment, BertNormalizer, Normalizer
 from tformer.tokenizers.post_processor import Template
 from tformer.tokenizers.pre_tokenizers import BertPreTokenizer, PreTokenizer
 
@@ -75,6 +76,9 @@ class WordPieceTokenizer(VocabularyTokenizer):
     def _normalize(self, text: str) -> str:
         return self.normalizer(text)
 
+    def _normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        return self.normalizer.normalize_aligned(text)
+
     def _clear_cache(self) -> None:
         self._cache.clear()
 
@@ -89,6 +93,29 @@ class WordPieceTokenizer(VocabularyTokenizer):
                 word_ids = cache[word] = self._split_word(word)
             ids += word_ids
         return ids
+
+    def _encode_normalized_with_offsets(self, text: str) -> tuple[list[int], list[Offset], list[int], int]:
+        ids: list[int] = []
+        offsets: list[Offset] = []
+        word_ids: list[int] = []
+        spans = self.pre_tokenizer.spans(text)
+        prefix_length = len(self.prefix)
+        for word_index, (start, end) in enumerate(spans):
+            word = text[start:end]
+            pieces = self._cache.get(word)
+            if pieces is None:
+                pieces = self._split_word(word)
+            ids += pieces
+            word_ids += [word_index] * len(pieces)
+            if pieces == [self._unk_id]:  # the whole word, whichever way it became [UNK]
+                offsets.append((start, end))
+                continue
+            position = start
+            for piece_index, token_id in enumerate(pieces):
+                length = len(self._id_to_token[token_id]) - (prefix_length if piece_index else 0)
+                offsets.append((position, position + length))
+                position += length
+        return ids, offsets, word_ids, len(spans)
 
     def _split_word(self, word: str) -> list[int]:
         """Greedy longest match from the left; any unmatched remainder makes the word [UNK]."""

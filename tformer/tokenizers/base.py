@@ -432,7 +432,8 @@ class Tokenizer:
         if add_special_tokens:
             layout = self.template.single if part_b is None else self.template.pair
         else:
-            layout = ((SEQUENCE_A, 0),) if part_b is None else ((SEQUENCE_A, 0), (SEQUENCE_B, 1))
+            layout = ((SEQUENCE_A, 0),) if part_b is None else (
+                (SEQUENCE_A, 0), (SEQUENCE_B, self.template.plain_pair_type_id))
         ids, type_ids, offsets, word_ids, sequence_ids, special = [], [], [], [], [], []
         for item, type_id in layout:
             if item in (SEQUENCE_A, SEQUENCE_B):
@@ -505,7 +506,7 @@ class Tokenizer:
         type_ids = [0] * len(ids_a)
         if ids_b is None:
             return ids_a, type_ids
-        return ids_a + ids_b, type_ids + [1] * len(ids_b)
+        return ids_a + ids_b, type_ids + [self.template.plain_pair_type_id] * len(ids_b)
 
     def _template_token_id(self, token: str) -> int:
         token_id = self.token_to_id(token)

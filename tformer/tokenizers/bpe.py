@@ -263,7 +263,10 @@ class BPETokenizer(VocabularyTokenizer):
     # ---- tokenizer.json -------------------------------------------------------------------------
 
     def _post_processor_json(self) -> dict:
-        """The template, after ByteLevel's offset trimming when it is on (as RoBERTa's files say)."""
+        """The template, after ByteLevel's offset trimming when it is on (RoBERTa's processing
+        holds the trimming itself)."""
+        if self.template.roberta:
+            return self.template.to_json(self._template_token_id, self.trim_offsets, self.add_prefix_space)
         template = super()._post_processor_json()
         if not self.trim_offsets:
             return template

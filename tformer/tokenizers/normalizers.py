@@ -190,7 +190,8 @@ class UnicodeStep(Normalizer):
 
     def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
         if self.kind not in ("Lowercase", "StripAccents"):  # (de)composition moves characters across others
-            return super().normalize_aligned(text)
+            raise TokenizerError(f"offsets are not supported through the {self.kind} normalizer; they are through "
+                                 "BertNormalizer, Lowercase, StripAccents and none")
         return _aligned_by_character(self._pieces, text)
 
     def to_json(self) -> dict:

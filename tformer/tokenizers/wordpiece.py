@@ -6,6 +6,8 @@ the vocabulary becomes "[UNK]" as a whole. Pairs come out as ``[CLS] a [SEP] b [
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -168,10 +170,12 @@ class WordPieceTokenizer(VocabularyTokenizer):
     # ---- other files ----------------------------------------------------------------------------
 
     @classmethod
-    def from_vocab_file(cls, path: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
+    def from_vocab_file(cls, path: str | Path, lowercase: bool = True,
+                        strip_accents: bool | None = None) -> WordPieceTokenizer:
         """BERT's ``vocab.txt``: one token per line, the id is the line number. Its "[PAD]",
         "[UNK]", "[CLS]", "[SEP]", "[MASK]" become special tokens. ``lowercase`` should match the
-        model (True for "uncased" checkpoints)."""
+        model (True for "uncased" checkpoints); accents are stripped when lower-casing unless
+        ``strip_accents`` says otherwise."""
         path = Path(path)
         try:
             lines = path.read_text(encoding="utf-8").split("\n")
@@ -184,7 +188,44 @@ class WordPieceTokenizer(VocabularyTokenizer):
             vocab[line.rstrip("".join(WHITE_SPACE))] = index
         if "[UNK]" not in vocab:
             raise TokenizerError(f"{path}: not a WordPiece vocabulary (no [UNK] token)")
-        return cls(vocab, lowercase=lowercase)
+        return cls(vocab, lowercase=lowercase, strip_accents=strip_accents)
+
+    def save_vocabulary(self, folder: str | Path) -> Path:
+        """Write BERT's ``vocab.txt`` (one token per line, in id order) and a
+        ``tokenizer_config.json`` with its normalization, into ``folder``: what ``BertTokenizer`` /
+        ``BertTokenizerFast.from_pretrained(folder)`` and ``load(folder)`` read with the same ids.
+        Refused where a vocab.txt cannot say it (another normalizer or pre-tokenizer, added tokens
+        outside the vocabulary, gaps in the ids); ``save`` (tokenizer.json) holds everything."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise TokenizerError(f"cannot save the vocabulary: {folder} is not a folder")
+        normalizer = self.normalizer
+        if not isinstance(normalizer, BertNormalizer) or not isinstance(self.pre_tokenizer, BertPreTokenizer):
+            raise TokenizerError("a vocab.txt holds BERT's normalizer and pre-tokenizer only; this tokenizer has "
+                                 f"{type(normalizer).__name__} and {type(self.pre_tokenizer).__name__}: use save()")
+        implied = WordPieceTokenizer(self._vocab, lowercase=normalizer.lowercase)
+        if (self.prefix != "##" or self._unk_token != "[UNK]" or not normalizer.clean_text
+                or not normalizer.handle_chinese_chars or self.template != implied.template
+                or self._added != implied._added or self._roles != implied._roles):
+            raise TokenizerError("a vocab.txt implies BERT's '##' continuations, '[UNK]', text cleaning, Chinese "
+                                 "characters spaced out, and its five special tokens and template; this tokenizer "
+                                 "differs: use save() (tokenizer.json)")
+        if sorted(self._id_to_token) != list(range(self._size)):
+            raise TokenizerError("a vocab.txt numbers tokens by line; this vocabulary has gaps in its ids")
+        lines = [self._id_to_token[token_id] for token_id in range(self._size)]
+        bad = next((line for line in lines if not line or "\n" in line or line != line.strip()), None)
+        if bad is not None:
+            raise TokenizerError(f"token {bad!r} cannot be written as a line of vocab.txt")
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": normalizer.lowercase,
+                  "strip_accents": normalizer.strip_accents, "tokenize_chinese_chars": normalizer.handle_chinese_chars,
+                  "model_max_length": 512}
+        path = folder / "vocab.txt"
+        for target, text in ((path, "\n".join(lines) + "\n"),
+                             (folder / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")):
+            temporary = target.with_name(target.name + ".tmp")
+            temporary.write_text(text, encoding="utf-8")
+            os.replace(temporary, target)
+        return path
 
     # ---- training -------------------------------------------------------------------------------
 

@@ -422,8 +422,8 @@ class Tokenizer:
         for window_a in windows_a[1:]:
             combined += [(window_a, window_b) for window_b in windows_b]
         combined += [(windows_a[0], window_b) for window_b in windows_b[1:]]
-        encodings = [self._assemble(part_a, window_a, None if part_b is None else part_b, window_b,
-                                    add_special_tokens) for window_a, window_b in combined]
+        encodings = [self._assemble(part_a, window_a, part_b, window_b, add_special_tokens)
+                     for window_a, window_b in combined]
         encodings[0].overflowing = encodings[1:]
         return encodings[0]
 
@@ -468,15 +468,15 @@ class Tokenizer:
         ids: list[int] = []
         offsets: list[Offset] = []
         word_ids: list[int] = []
-        words = 0
+        word_count = 0
         raw_start = 0
         for raw_piece, token_id in raw_pieces:
             raw_end = raw_start + len(raw_piece)
             if token_id is not None:
                 ids.append(token_id)
                 offsets.append((raw_start, raw_end))
-                word_ids.append(words)
-                words += 1
+                word_ids.append(word_count)
+                word_count += 1
                 raw_start = raw_end
                 continue
             normalized, source = self._normalize_aligned(raw_piece)
@@ -488,13 +488,12 @@ class Tokenizer:
                 else:
                     piece_ids, piece_offsets, piece_words, count = self._encode_normalized_with_offsets(piece)
                 ids += piece_ids
-                word_ids += [word + words for word in piece_words]
-                words += count
+                word_ids += [word + word_count for word in piece_words]
+                word_count += count
                 if source is None:
                     offsets += [(raw_start + start + begin, raw_start + start + end) for begin, end in piece_offsets]
-                else:
+                else:  # a token spans from its first character's source to its last one's (none is empty)
                     offsets += [(raw_start + source[start + begin], raw_start + source[start + end - 1] + 1)
-                                if end > begin else (raw_start + _source_at(source, start + begin, len(raw_piece)),) * 2
                                 for begin, end in piece_offsets]
                 start += len(piece)
             raw_start = raw_end
@@ -617,11 +616,6 @@ class Tokenizer:
     def __repr__(self) -> str:
         specials = ", ".join(f"{role}={token!r}" for role, token in self._roles.items())
         return f"{type(self).__name__}(vocab_size={self._vocab_size}{', ' + specials if specials else ''})"
-
-
-def _source_at(source: list[int], index: int, length: int) -> int:
-    """Where an empty span at normalized position ``index`` lies in the original text."""
-    return source[index] if index < len(source) else length
 
 
 def _check_role(role: str) -> None:

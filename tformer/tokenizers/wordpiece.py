@@ -102,11 +102,14 @@ class WordPieceTokenizer(VocabularyTokenizer):
         word_ids: list[int] = []
         spans = self.pre_tokenizer.spans(text)
         prefix_length = len(self.prefix)
+        cache = self._cache
+        if len(cache) > CACHE_LIMIT:
+            cache.clear()
         for word_index, (start, end) in enumerate(spans):
             word = text[start:end]
-            pieces = self._cache.get(word)
+            pieces = cache.get(word)
             if pieces is None:
-                pieces = self._split_word(word)
+                pieces = cache[word] = self._split_word(word)
             ids += pieces
             word_ids += [word_index] * len(pieces)
             if pieces == [self._unk_id]:  # the whole word, whichever way it became [UNK]

@@ -377,3 +377,39 @@ def test_vocab_txt_written_and_read_by_bert_tokenizer_fast(bert, tmp_path):
     cased.add_tokens(["<tool>"])
     with pytest.raises(TokenizerError, match="use save"):
         cased.save_vocabulary(tmp_path)
+
+
+# ---- pre-split words (CoNLL sentences) -------------------------------------------------------------
+
+CONLL_SENTENCES = [
+    (["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."], None),
+    (["Peter", "Blackburn", "U.S.-based", "Héllo", "naïve", "中文", "😀", "don't", ""], None),
+    (["Who", "is", "here", "?"], ["Jim", "Henson", "'s", "Muppets", "were", "here", "in", "1955", "."]),
+]
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta-prefix-space"])
+def test_split_into_words_matches_hugging_face(name, tokenizer_pairs):
+    """Word ids index the given words; offsets are within each word (Hugging Face's rule), which
+    is how a tagger puts a word's label on its first token."""
+    ours, hf = tokenizer_pairs[name]
+    for words, pair in CONLL_SENTENCES:
+        expected = hf(words, pair, is_split_into_words=True, return_offsets_mapping=True, truncation=True,
+                      max_length=12, return_overflowing_tokens=True, stride=2)
+        got = ours.encode_batch([words], None if pair is None else [pair], is_split_into_words=True,
+                                return_offsets_mapping=True, truncation=True, max_length=12,
+                                return_overflowing_tokens=True, stride=2)
+        assert got["input_ids"] == expected["input_ids"]
+        assert got["offset_mapping"] == [[tuple(offset) for offset in row] for row in expected["offset_mapping"]]
+        for row in range(len(got["input_ids"])):
+            assert got.word_ids(row) == expected.word_ids(row)
+            assert got.sequence_ids(row) == expected.sequence_ids(row)
+        single = ours.encode_plus(words, pair, is_split_into_words=True)
+        assert single.ids == hf(words, pair, is_split_into_words=True)["input_ids"]
+
+
+def test_split_into_words_refusals(tokenizer_pairs):
+    with pytest.raises(TokenizerError, match="add_prefix_space=True"):
+        tokenizer_pairs["roberta"][0].encode_plus(["a", "b"], is_split_into_words=True)
+    with pytest.raises(TokenizerError, match="list of words"):
+        tokenizer_pairs["bert"][0].encode_batch(["not split"], is_split_into_words=True)

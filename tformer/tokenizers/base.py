@@ -262,6 +262,7 @@ class Tokenizer:
         return_special_tokens_mask: bool = False,
         return_overflowing_tokens: bool = False,
         return_encodings: bool = False,
+        is_split_into_words: bool = False,
     ) -> BatchEncoding:
         """Encode many texts (or text pairs) into a :class:`BatchEncoding` of ``input_ids``,
         ``attention_mask`` and, for models that use them, ``token_type_ids``.
@@ -278,16 +279,19 @@ class Tokenizer:
         ``return_overflowing_tokens`` makes one row per window of a truncated text, windows
         sharing ``stride`` tokens, with ``overflow_to_sample_mapping`` (row -> text index).
         Any of these, or ``return_encodings``, keeps each row's :class:`Encoding` in
-        ``batch.encodings`` (``batch.word_ids(row)``, ``batch.sequence_ids(row)``)."""
+        ``batch.encodings`` (``batch.word_ids(row)``, ``batch.sequence_ids(row)``).
+        ``is_split_into_words``: each text (and pair) is a list of words (a CoNLL sentence);
+        word ids then index those words and offsets are within each word, as in Hugging Face."""
         check_batch_options(padding, truncation, max_length, padding_side, truncation_side, return_tensors)
         if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
             raise TokenizerError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive integer")
         if not isinstance(stride, int) or stride < 0:
             raise TokenizerError(f"stride={stride!r} must be an integer >= 0")
         strategy = truncation_strategy(truncation)
-        texts = _check_text_list(texts, "texts")
+        check_list = _check_word_lists if is_split_into_words else _check_text_list
+        texts = check_list(texts, "texts")
         if pairs is not None:
-            pairs = _check_text_list(pairs, "pairs")
+            pairs = check_list(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise TokenizerError(f"got {len(texts)} texts but {len(pairs)} pairs; they must match one to one")
         with_types = ("token_type_ids" in self.model_input_names) if return_token_type_ids is None \
@@ -295,11 +299,12 @@ class Tokenizer:
 
         budget = None if strategy is None else self._truncation_budget(max_length, pairs is not None,
                                                                        add_special_tokens)
-        if return_encodings or return_offsets_mapping or return_special_tokens_mask or return_overflowing_tokens:
+        if (return_encodings or return_offsets_mapping or return_special_tokens_mask or return_overflowing_tokens
+                or is_split_into_words):
             return self._encode_batch_encodings(
                 texts, pairs, add_special_tokens, strategy, budget, stride, truncation_side, return_overflowing_tokens,
                 padding, max_length, padding_side, pad_to_multiple_of, with_types, return_attention_mask,
-                return_offsets_mapping, return_special_tokens_mask, return_tensors)
+                return_offsets_mapping, return_special_tokens_mask, return_tensors, is_split_into_words)
         encode_text = self._encode_text
         if pairs is None and budget is None and not (add_special_tokens and self.template.adds_tokens):
             ids_rows = self._encode_texts(texts)  # the common case, kept lean
@@ -354,13 +359,14 @@ class Tokenizer:
     def _encode_batch_encodings(
         self, texts, pairs, add_special_tokens, strategy, budget, stride, truncation_side, overflowing, padding,
         max_length, padding_side, pad_to_multiple_of, with_types, with_attention, with_offsets, with_special, tensors,
+        split_into_words,
     ) -> BatchEncoding:
         """``encode_batch`` through :class:`Encoding` objects: one row per text, or per window."""
         encodings: list[Encoding] = []
         sample_of: list[int] = []
         for index, text in enumerate(texts):
             encoding = self._encode_plus(text, None if pairs is None else pairs[index], add_special_tokens, strategy,
-                                         budget, stride, truncation_side)
+                                         budget, stride, truncation_side, split_into_words)
             rows = [encoding, *encoding.overflowing] if overflowing else [encoding]
             encodings += rows
             sample_of += [index] * len(rows)
@@ -386,30 +392,39 @@ class Tokenizer:
 
     def encode_plus(
         self,
-        text: str,
-        pair: str | None = None,
+        text: str | Sequence[str],
+        pair: str | Sequence[str] | None = None,
         *,
         add_special_tokens: bool = True,
         truncation: bool | str = False,
         max_length: int | None = None,
         stride: int = 0,
         truncation_side: str = "right",
+        is_split_into_words: bool = False,
     ) -> Encoding:
         """``text`` (and ``pair``) as an :class:`Encoding`: ids, type ids, tokens, offsets into the
         original strings, word ids, sequence ids, masks. With ``truncation`` (True =
         "longest_first", "only_first", "only_second") and ``max_length``, the tokens that do not fit
-        come back as ``overflowing`` windows sharing ``stride`` tokens with their neighbour."""
+        come back as ``overflowing`` windows sharing ``stride`` tokens with their neighbour.
+        ``is_split_into_words``: ``text`` (and ``pair``) are lists of words, each encoded on its
+        own; word ids index them and offsets are within each word."""
         check_batch_options(False, truncation, max_length, "right", truncation_side, None)
         if not isinstance(stride, int) or stride < 0:
             raise TokenizerError(f"stride={stride!r} must be an integer >= 0")
+        if is_split_into_words:
+            text = _check_word_lists([text], "text")[0]
+            pair = None if pair is None else _check_word_lists([pair], "pair")[0]
         strategy = truncation_strategy(truncation)
         budget = None if strategy is None else self._truncation_budget(max_length, pair is not None,
                                                                        add_special_tokens)
-        return self._encode_plus(text, pair, add_special_tokens, strategy, budget, stride, truncation_side)
+        return self._encode_plus(text, pair, add_special_tokens, strategy, budget, stride, truncation_side,
+                                 is_split_into_words)
 
-    def _encode_plus(self, text, pair, add_special_tokens, strategy, budget, stride, side) -> Encoding:
-        part_a = self._encode_text_with_offsets(text)
-        part_b = None if pair is None else self._encode_text_with_offsets(pair, "pair")
+    def _encode_plus(self, text, pair, add_special_tokens, strategy, budget, stride, side, split_into_words=False
+                     ) -> Encoding:
+        encode = self._encode_words_with_offsets if split_into_words else self._encode_text_with_offsets
+        part_a = encode(text)
+        part_b = None if pair is None else encode(pair, "pair")
         length_a, length_b = len(part_a[0]), None if part_b is None else len(part_b[0])
         if strategy is None:
             windows_a, windows_b = [(0, length_a)], [(0, length_b or 0)]
@@ -497,6 +512,19 @@ class Tokenizer:
                                 for begin, end in piece_offsets]
                 start += len(piece)
             raw_start = raw_end
+        return ids, offsets, word_ids
+
+    def _encode_words_with_offsets(self, words: list[str], what: str = "text") -> tuple[list, list, list]:
+        """Pre-split words, each encoded on its own: word ids are the words' indices, offsets are
+        within each word (Hugging Face's ``is_split_into_words``)."""
+        ids: list[int] = []
+        offsets: list[Offset] = []
+        word_ids: list[int] = []
+        for index, word in enumerate(words):
+            word_token_ids, word_offsets, _ = self._encode_text_with_offsets(word, what)
+            ids += word_token_ids
+            offsets += word_offsets
+            word_ids += [index] * len(word_token_ids)
         return ids, offsets, word_ids
 
     def _combine(self, ids_a: list[int], ids_b: list[int] | None, add_special_tokens: bool) -> tuple[list, list]:
@@ -621,6 +649,19 @@ class Tokenizer:
 def _check_role(role: str) -> None:
     if role not in SPECIAL_ROLES:
         raise TokenizerError(f"unknown special token role {role!r}; known: {', '.join(SPECIAL_ROLES)}")
+
+
+def _check_word_lists(texts: Sequence[Sequence[str]], what: str) -> list[list[str]]:
+    """Texts given as lists of words (``is_split_into_words``)."""
+    if isinstance(texts, str):
+        raise TokenizerError(f"{what} must be lists of words with is_split_into_words=True, got one str")
+    rows = []
+    for index, words in enumerate(texts):
+        if isinstance(words, str) or not isinstance(words, Sequence):
+            raise TokenizerError(f"{what}[{index}] must be a list of words with is_split_into_words=True, "
+                                 f"got {type(words).__name__}")
+        rows.append(_check_text_list(words, f"{what}[{index}]"))
+    return rows
 
 
 def _check_text_list(texts: Sequence[str], what: str) -> list[str]:

@@ -147,6 +147,12 @@ class BPETokenizer(VocabularyTokenizer):
             offsets = [(max(begin - 1, 0), max(end - 2, 0) + 1) for begin, end in offsets]
         return ids, offsets, word_ids, len(words)
 
+    def _encode_words_with_offsets(self, words: list[str], what: str = "text") -> tuple[list, list, list]:
+        if not self.add_prefix_space:
+            raise TokenizerError("is_split_into_words with byte-level BPE needs add_prefix_space=True (as RoBERTa's "
+                                 "tokenizer for tagging is made), else every word is encoded as if it began the text")
+        return super()._encode_words_with_offsets(words, what)
+
     def _trim_offsets(self, ids: list[int], offsets: list[Offset]) -> list[Offset]:
         """Hugging Face's ByteLevel trimming: a token's leading and trailing spaces leave its span,
         except the one space ``add_prefix_space`` put before a sequence's first token."""

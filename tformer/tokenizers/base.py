@@ -226,6 +226,7 @@ class Tokenizer:
         splitter = AddedTokenSplitter(self._added, self._normalize)
         self._splitter = None if splitter.empty else splitter
         self._vocab_size = max(self._model_size, max(self._added, default=-1) + 1)
+        self._tokens_by_id: list[str | None] | None = None
 
     # ---- encoding -------------------------------------------------------------------------------
 
@@ -470,8 +471,14 @@ class Tokenizer:
                 special.append(1)
                 count = 1
             type_ids += [type_id] * count
-        return Encoding(ids, type_ids, [self.id_to_token(token_id) for token_id in ids], offsets, word_ids,
+        return Encoding(ids, type_ids, list(map(self._token_strings().__getitem__, ids)), offsets, word_ids,
                         sequence_ids, special, [1] * len(ids))
+
+    def _token_strings(self) -> list[str | None]:
+        """``id_to_token`` of every id, as one list (built once, after the vocabulary last changed)."""
+        if self._tokens_by_id is None:
+            self._tokens_by_id = [self.id_to_token(token_id) for token_id in range(self._vocab_size)]
+        return self._tokens_by_id
 
     def _encode_text_with_offsets(self, text: str, what: str = "text") -> tuple[list[int], list[Offset], list[int]]:
         """``_encode_text`` with each token's (start, end) in ``text`` and its word index (each

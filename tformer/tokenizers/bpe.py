@@ -159,8 +159,9 @@ class BPETokenizer(VocabularyTokenizer):
         if not self.trim_offsets:
             return offsets
         trimmed = []
+        tokens = self._token_strings()
         for index, (token_id, (start, end)) in enumerate(zip(ids, offsets, strict=True)):
-            token = self.id_to_token(token_id)
+            token = tokens[token_id]
             leading = len(token) - len(token.lstrip(_SPACE_CHARS))
             trailing = len(token) - len(token.rstrip(_SPACE_CHARS))
             if leading and self.add_prefix_space and leading == 1 and (index == 0 or start == 0):

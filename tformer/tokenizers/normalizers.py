@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
+from itertools import chain, repeat
 
 from tformer.tokenizers.errors import TokenizerError
 
@@ -108,10 +109,11 @@ def _aligned_by_character(pieces: _PieceTable, text: str) -> tuple[str, Alignmen
     """Normalize character by character, as Hugging Face aligns these steps: every character a
     source character turns into (none, one or several) points back to it."""
     parts = list(map(pieces.__getitem__, text))
+    lengths = list(map(len, parts))
     normalized = "".join(parts)
-    if len(normalized) == len(text) and all(len(part) == 1 for part in parts):
+    if lengths.count(1) == len(lengths):
         return normalized, None
-    return normalized, [index for index, part in enumerate(parts) for _ in part]
+    return normalized, list(chain.from_iterable(map(repeat, range(len(lengths)), lengths)))
 
     def to_json(self) -> dict:
         raise NotImplementedError

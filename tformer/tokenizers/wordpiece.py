@@ -65,6 +65,7 @@ class WordPieceTokenizer(VocabularyTokenizer):
         self.pre_tokenizer = pre_tokenizer if pre_tokenizer is not None else BertPreTokenizer()
         self.decoder_cleanup = decoder_cleanup
         self._cache: dict[str, list[int]] = {}
+        self._spans_cache: dict[str, tuple[list[int], list[Offset]]] = {}
         if roles is None and added_tokens is None:
             added_tokens, roles = _bert_specials(self._vocab)
         if template is None:
@@ -83,6 +84,7 @@ class WordPieceTokenizer(VocabularyTokenizer):
 
     def _clear_cache(self) -> None:
         self._cache.clear()
+        self._spans_cache.clear()
 
     def _encode_normalized(self, text: str) -> list[int]:
         cache = self._cache
@@ -101,26 +103,36 @@ class WordPieceTokenizer(VocabularyTokenizer):
         offsets: list[Offset] = []
         word_ids: list[int] = []
         spans = self.pre_tokenizer.spans(text)
-        prefix_length = len(self.prefix)
-        cache = self._cache
+        cache = self._spans_cache
         if len(cache) > CACHE_LIMIT:
             cache.clear()
         for word_index, (start, end) in enumerate(spans):
             word = text[start:end]
-            pieces = cache.get(word)
-            if pieces is None:
-                pieces = cache[word] = self._split_word(word)
-            ids += pieces
-            word_ids += [word_index] * len(pieces)
-            if pieces == [self._unk_id]:  # the whole word, whichever way it became [UNK]
+            entry = cache.get(word)
+            if entry is None:
+                entry = cache[word] = self._pieces_with_spans(word)
+            pieces, piece_spans = entry
+            if len(pieces) == 1:  # most words: one token spanning the word
+                ids.append(pieces[0])
+                word_ids.append(word_index)
                 offsets.append((start, end))
                 continue
-            position = start
-            for piece_index, token_id in enumerate(pieces):
-                length = len(self._id_to_token[token_id]) - (prefix_length if piece_index else 0)
-                offsets.append((position, position + length))
-                position += length
+            ids += pieces
+            word_ids += [word_index] * len(pieces)
+            offsets += [(start + begin, start + stop) for begin, stop in piece_spans]
         return ids, offsets, word_ids, len(spans)
+
+    def _pieces_with_spans(self, word: str) -> tuple[list[int], list[Offset]]:
+        """A word's ids and each piece's (start, end) in it; [UNK] spans the whole word."""
+        pieces = self._cache.get(word) or self._split_word(word)
+        if pieces == [self._unk_id]:
+            return pieces, [(0, len(word))]
+        spans, position, prefix_length = [], 0, len(self.prefix)
+        for index, token_id in enumerate(pieces):
+            length = len(self._id_to_token[token_id]) - (prefix_length if index else 0)
+            spans.append((position, position + length))
+            position += length
+        return pieces, spans
 
     def _split_word(self, word: str) -> list[int]:
         """Greedy longest match from the left; any unmatched remainder makes the word [UNK]."""

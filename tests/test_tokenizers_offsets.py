@@ -14,7 +14,7 @@ from functools import cache
 import pytest
 from shared_data import BERT_DIR, GPT2_DIR, SHARED_DATA, require, unicode_sample
 
-from tformer.tokenizers import CharTokenizer, Encoding, TokenizerError, WordPieceTokenizer, load
+from tformer.tokenizers import CharTokenizer, Encoding, TokenizerError, WordPieceTokenizer, from_dict, load
 from tformer.tokenizers.normalizers import SequenceNormalizer, UnicodeStep
 
 transformers = pytest.importorskip("transformers")
@@ -413,3 +413,26 @@ def test_split_into_words_refusals(tokenizer_pairs):
         tokenizer_pairs["roberta"][0].encode_plus(["a", "b"], is_split_into_words=True)
     with pytest.raises(TokenizerError, match="list of words"):
         tokenizer_pairs["bert"][0].encode_batch(["not split"], is_split_into_words=True)
+
+
+def test_byte_level_trimming_with_a_template_round_trips(tokenizer_pairs, tmp_path):
+    """trim_offsets on a BPE with a (non-RoBERTa) template is written as Sequence[ByteLevel,
+    TemplateProcessing], which the `tokenizers` library reads with the same offsets."""
+    tokenizers = pytest.importorskip("tokenizers")
+    gpt2 = tokenizer_pairs["gpt2"][0]
+    data = gpt2.to_dict()
+    data["pre_tokenizer"]["add_prefix_space"] = True
+    data["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                                                  {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                  {"SpecialToken": {"id": "<|endoftext|>", "type_id": 1}}],
+         "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [50256], "tokens": ["<|endoftext|>"]}}}]}
+    trimmed = from_dict(data)
+    assert trimmed.trim_offsets and trimmed.add_prefix_space
+    trimmed.save(tmp_path / "tokenizer.json")
+    assert trimmed.to_dict()["post_processor"]["processors"][0]["type"] == "ByteLevel"
+    reread = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    for text in TRICKY[:10]:
+        assert _fields(trimmed.encode_plus(text, "  a  pair ")) == _expected(reread.encode(text, "  a  pair "))

@@ -2,7 +2,9 @@
 the vocabularies people already have, and stored as Hugging Face ``tokenizer.json``.
 
 ``load(path)`` reads any supported file or folder; ``train(kind, corpus, vocab_size)`` learns
-a new one. Every tokenizer has ``encode``, ``decode``, ``encode_batch``, ``save``, ``vocab_size``."""
+a new one. Every tokenizer has ``encode``, ``decode``, ``encode_batch``, ``save``, ``vocab_size``;
+``encode_plus`` (and ``encode_batch(..., return_offsets_mapping=True)`` ...) gives an
+:class:`Encoding` with offsets, word ids, sequence ids and overflowing windows."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from tformer.tokenizers.batch import BatchEncoding
 from tformer.tokenizers.bpe import BPETokenizer
 from tformer.tokenizers.char import CharTokenizer
 from tformer.tokenizers.corpus import TextsOrFiles
+from tformer.tokenizers.encoding import Encoding
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.loader import from_dict, load
 from tformer.tokenizers.wordpiece import WordPieceTokenizer
@@ -30,6 +33,6 @@ def train(kind: str, texts_or_files: TextsOrFiles, vocab_size: int | None = None
 
 
 __all__ = [
-    "KINDS", "SPECIAL_ROLES", "AddedToken", "BPETokenizer", "BatchEncoding", "CharTokenizer", "Tokenizer",
+    "KINDS", "SPECIAL_ROLES", "AddedToken", "BPETokenizer", "BatchEncoding", "CharTokenizer", "Encoding", "Tokenizer",
     "TokenizerError", "WordPieceTokenizer", "from_dict", "load", "train",
 ]

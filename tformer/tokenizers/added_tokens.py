@@ -75,6 +75,14 @@ class AddedTokenSplitter:
     def empty(self) -> bool:
         return self._raw is None and self._normalized is None
 
+    def split_raw(self, text: str) -> list[tuple[str, int | None]]:
+        """Raw ``text`` cut at the tokens matched before normalization; the pieces tile it."""
+        return _split(self._raw, self._raw_contents, text)
+
+    def split_normalized(self, normalized: str) -> list[tuple[str, int | None]]:
+        """Normalized text cut at the tokens matched after normalization; the pieces tile it."""
+        return _split(self._normalized, self._normalized_contents, normalized)
+
     def split(self, text: str) -> list[tuple[str, int | None]]:
         """``[(piece, token_id or None)]``; plain pieces come back normalized, ready for the model."""
         pieces: list[tuple[str, int | None]] = []

@@ -17,20 +17,25 @@ from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
 from tformer.tokenizers.base import VocabularyTokenizer
 from tformer.tokenizers.byte_level import BYTE_TO_CHAR, GPT2_PATTERN, PreTokenizer, to_byte_chars, token_bytes
 from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
+from tformer.tokenizers.encoding import Offset
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.merge_training import learn_merges
-from tformer.tokenizers.normalizers import Normalizer
+from tformer.tokenizers.normalizers import WHITE_SPACE, Alignment, Normalizer
 from tformer.tokenizers.post_processor import Template
 
 # Memoised words; the cache is emptied when it grows past this many entries.
 CACHE_LIMIT = 200_000
+# What offset trimming counts as a space in a token: the byte-level space "Ġ" and real whitespace.
+_SPACE_CHARS = "".join(WHITE_SPACE) + BYTE_TO_CHAR[ord(" ")]
 
 
 class BPETokenizer(VocabularyTokenizer):
     """Byte-level BPE. ``vocab`` maps byte-level token strings ("Ġthe") to ids; ``merges``
     lists ``(left, right)`` pairs by rank. ``pattern`` is the pre-tokenization regex (GPT-2's
     by default). ``ignore_merges`` looks a whole word up in the vocabulary before merging
-    (Llama-3 style); ``add_prefix_space`` puts a space before text that lacks one (RoBERTa)."""
+    (Llama-3 style); ``add_prefix_space`` puts a space before text that lacks one (RoBERTa).
+    ``trim_offsets`` drops the spaces a token starts or ends with from its offsets, as
+    RoBERTa's post-processor does (GPT-2's does not)."""
 
     kind = "bpe"
 
@@ -47,6 +52,7 @@ class BPETokenizer(VocabularyTokenizer):
         ignore_merges: bool = False,
         add_prefix_space: bool = False,
         normalizer: Normalizer | None = None,
+        trim_offsets: bool = False,
     ) -> None:
         self._set_vocabulary(_check_vocab(vocab))
         self._byte_ids = [self._vocab.get(char) for char in BYTE_TO_CHAR]
@@ -72,6 +78,7 @@ class BPETokenizer(VocabularyTokenizer):
         self.ignore_merges = ignore_merges
         self.add_prefix_space = add_prefix_space
         self.normalizer = normalizer
+        self.trim_offsets = trim_offsets
         self._cache: dict[str, list[int]] = {}
         super().__init__(added_tokens, roles, template)
 
@@ -83,6 +90,9 @@ class BPETokenizer(VocabularyTokenizer):
 
     def _normalize(self, text: str) -> str:
         return text if self.normalizer is None else self.normalizer(text)
+
+    def _normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        return (text, None) if self.normalizer is None else self.normalizer.normalize_aligned(text)
 
     def _clear_cache(self) -> None:
         self._cache.clear()
@@ -100,6 +110,68 @@ class BPETokenizer(VocabularyTokenizer):
         if self.add_prefix_space and text and not text.startswith(" "):
             text = " " + text
         return self._encode_words(self._split(text))
+
+    def _encode_normalized_with_offsets(self, text: str) -> tuple[list[int], list[Offset], list[int], int]:
+        """Offsets in characters: a token holding part of a character's bytes (an emoji split in
+        two) spans that whole character, as in Hugging Face."""
+        if self._missing_bytes:
+            raise TokenizerError("offsets need every byte in the vocabulary; this BPE lacks some")
+        prefixed = self.add_prefix_space and text and not text.startswith(" ")
+        if prefixed:  # the added space stands on the first character
+            text = " " + text
+        words = self._split(text)
+        ids = self._encode_words(words)
+        offsets: list[Offset] = []
+        word_ids: list[int] = []
+        table, cache = self._decode_table, self._cache
+        start = 0
+        for word_index, word in enumerate(words):
+            word_token_ids = cache.get(word)
+            if word_token_ids is None:
+                word_token_ids = self._encode_word(word)
+            word_ids += [word_index] * len(word_token_ids)
+            if word.isascii():
+                char_at = None
+            else:  # byte position in the word -> character position
+                char_at = [index for index, char in enumerate(word) for _ in char.encode("utf-8")]
+            position = 0
+            for token_id in word_token_ids:
+                end = position + len(table[token_id])
+                if char_at is None:
+                    offsets.append((start + position, start + end))
+                else:
+                    offsets.append((start + char_at[position], start + char_at[end - 1] + 1))
+                position = end
+            start += len(word)
+        if prefixed:
+            offsets = [(max(begin - 1, 0), max(end - 2, 0) + 1) for begin, end in offsets]
+        return ids, offsets, word_ids, len(words)
+
+    def _encode_words_with_offsets(self, words: list[str], what: str = "text") -> tuple[list, list, list]:
+        if not self.add_prefix_space:
+            raise TokenizerError("is_split_into_words with byte-level BPE needs add_prefix_space=True (as RoBERTa's "
+                                 "tokenizer for tagging is made), else every word is encoded as if it began the text")
+        return super()._encode_words_with_offsets(words, what)
+
+    def _trim_offsets(self, ids: list[int], offsets: list[Offset]) -> list[Offset]:
+        """Hugging Face's ByteLevel trimming: a token's leading and trailing spaces leave its span,
+        except the one space ``add_prefix_space`` put before a sequence's first token."""
+        if not self.trim_offsets:
+            return offsets
+        trimmed = []
+        tokens = self._token_strings()
+        for index, (token_id, (start, end)) in enumerate(zip(ids, offsets, strict=True)):
+            token = tokens[token_id]
+            leading = len(token) - len(token.lstrip(_SPACE_CHARS))
+            trailing = len(token) - len(token.rstrip(_SPACE_CHARS))
+            if leading and self.add_prefix_space and leading == 1 and (index == 0 or start == 0):
+                leading = 0
+            if leading:
+                start = min(start + leading, end)
+            if trailing and end >= trailing:
+                end = max(end - trailing, start)
+            trimmed.append((start, end))
+        return trimmed
 
     def _encode_words(self, words: list[str]) -> list[int]:
         """The ids of pre-tokenized words, each merged once and then remembered."""
@@ -196,6 +268,20 @@ class BPETokenizer(VocabularyTokenizer):
         return b"".join([table[token_id] for token_id in ids]).decode("utf-8", errors="replace")
 
     # ---- tokenizer.json -------------------------------------------------------------------------
+
+    def _post_processor_json(self) -> dict:
+        """The template, after ByteLevel's offset trimming when it is on (RoBERTa's processing
+        holds the trimming itself)."""
+        if self.template.roberta:
+            return self.template.to_json(self._template_token_id, self.trim_offsets, self.add_prefix_space)
+        template = super()._post_processor_json()
+        if not self.trim_offsets:
+            return template
+        trimming = {"type": "ByteLevel", "add_prefix_space": self.add_prefix_space, "trim_offsets": True,
+                    "use_regex": True}
+        if self.template == Template():
+            return trimming
+        return {"type": "Sequence", "processors": [trimming, template]}
 
     def _json_parts(self) -> dict[str, Any]:
         byte_level = {"type": "ByteLevel", "add_prefix_space": self.add_prefix_space, "trim_offsets": True}

@@ -88,6 +88,10 @@ class CharTokenizer(Tokenizer):
         get, unk = self.char_to_id.get, self._unk_id
         return [get(char, unk) for char in text]
 
+    def _encode_normalized_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[int], int]:
+        return (self._encode_normalized(text), [(index, index + 1) for index in range(len(text))],
+                list(range(len(text))), len(text))
+
     def _decode_ids(self, ids: list[int]) -> str:
         tokens = self.id_to_char
         return "".join([tokens[token_id] for token_id in ids])

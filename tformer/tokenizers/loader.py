@@ -15,7 +15,7 @@ from tformer.tokenizers.byte_level import GPT2_PATTERN
 from tformer.tokenizers.char import CHAR_SPLIT, CharTokenizer
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.normalizers import NoNormalizer, normalizer_from_json
-from tformer.tokenizers.post_processor import Template
+from tformer.tokenizers.post_processor import Template, offset_trimming
 from tformer.tokenizers.pre_tokenizers import pre_tokenizer_from_json
 from tformer.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -37,7 +37,7 @@ def load(path: str | Path, lowercase: bool | None = None) -> Tokenizer:
             if (path / vocab_name).is_file() and (path / merges_name).is_file():
                 return BPETokenizer.from_gpt2_files(path / vocab_name, path / merges_name)
         if (path / _BERT_VOCAB).is_file():
-            return WordPieceTokenizer.from_vocab_file(path / _BERT_VOCAB, _lowercase_for(path / _BERT_VOCAB, lowercase))
+            return WordPieceTokenizer.from_vocab_file(path / _BERT_VOCAB, *_bert_options(path / _BERT_VOCAB, lowercase))
         raise TokenizerError(f"{path}: no tokenizer in this folder (looked for {_LOOKED_FOR})")
     if not path.exists():
         raise TokenizerError(f"{path}: no such tokenizer file or folder")
@@ -47,7 +47,7 @@ def load(path: str | Path, lowercase: bool | None = None) -> Tokenizer:
             raise TokenizerError(f"{path}: BPE merges without their vocabulary ({vocab_name} beside them)")
         return BPETokenizer.from_gpt2_files(path.parent / vocab_name, path)
     if path.suffix == ".txt":
-        return WordPieceTokenizer.from_vocab_file(path, _lowercase_for(path, lowercase))
+        return WordPieceTokenizer.from_vocab_file(path, *_bert_options(path, lowercase))
     if path.suffix == ".json":
         return _load_json_file(path)
     raise TokenizerError(f"{path}: unknown tokenizer file; expected one of {_LOOKED_FOR}")
@@ -124,6 +124,10 @@ def _bpe_from_dict(data: dict) -> BPETokenizer:
         raise TokenizerError(f"BPE decoder {decoder.get('type')!r} is not supported; only byte-level BPE "
                              "(decoder ByteLevel) is")
     pattern, add_prefix_space = _byte_level_pre_tokenizer(data.get("pre_tokenizer"))
+    trim_offsets, trim_prefix_space = offset_trimming(data.get("post_processor"))
+    if trim_offsets and trim_prefix_space != add_prefix_space:
+        raise TokenizerError(f"a post_processor trimming offsets with add_prefix_space={trim_prefix_space} after a "
+                             f"pre_tokenizer with add_prefix_space={add_prefix_space} is not supported")
     merges = [tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in model["merges"]]
     added, roles = _added_and_roles(data)
     return BPETokenizer(
@@ -131,6 +135,7 @@ def _bpe_from_dict(data: dict) -> BPETokenizer:
         template=Template.from_json(data.get("post_processor")), pattern=pattern,
         unk_token=model.get("unk_token"), ignore_merges=bool(model.get("ignore_merges")),
         add_prefix_space=add_prefix_space, normalizer=normalizer_from_json(data.get("normalizer")),
+        trim_offsets=trim_offsets,
     )
 
 
@@ -170,15 +175,20 @@ def _wordpiece_from_dict(data: dict) -> WordPieceTokenizer:
     )
 
 
-def _lowercase_for(vocab_file: Path, lowercase: bool | None) -> bool:
-    if lowercase is not None:
-        return lowercase
+def _bert_options(vocab_file: Path, lowercase: bool | None) -> tuple[bool, bool | None]:
+    """(lowercase, strip_accents) for a bare vocab.txt: ``do_lower_case`` and ``strip_accents`` of
+    a ``tokenizer_config.json`` beside it; ``lowercase`` given overrides, the default is True."""
     config = vocab_file.parent / "tokenizer_config.json"
+    values: dict = {}
     if config.is_file():
         try:
-            value = json.loads(config.read_text(encoding="utf-8")).get("do_lower_case")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            value = None
-        if isinstance(value, bool):
-            return value
-    return True
+            values = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            values = {}
+        if not isinstance(values, dict):
+            values = {}
+    do_lower_case = values.get("do_lower_case")
+    strip_accents = values.get("strip_accents")
+    if lowercase is None:
+        lowercase = do_lower_case if isinstance(do_lower_case, bool) else True
+    return lowercase, strip_accents if isinstance(strip_accents, bool) else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
+from itertools import chain, repeat
 
 from tformer.tokenizers.errors import TokenizerError
 
@@ -75,11 +76,44 @@ def strip_accents(text: str) -> str:
     return unicodedata.normalize("NFD", text).translate(_STRIP_MARKS)
 
 
+# Where each character of a normalized text comes from: ``source[j]`` is the index in the original
+# text of the character that normalized character ``j`` was made from; None when they are the same.
+Alignment = list[int] | None
+
+
 class Normalizer:
     """A text → text step."""
 
     def __call__(self, text: str) -> str:
         raise NotImplementedError
+
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        """The normalized text and its :data:`Alignment` to ``text`` (what offsets are made from)."""
+        raise TokenizerError(f"offsets are not supported through the {type(self).__name__} normalizer; "
+                             "they are through BertNormalizer, Lowercase, StripAccents and none")
+
+
+class _PieceTable(dict):
+    """Each character's normalized form, computed once by ``rule`` and remembered."""
+
+    def __init__(self, rule: Callable[[str], str]) -> None:
+        super().__init__()
+        self._rule = rule
+
+    def __missing__(self, char: str) -> str:
+        piece = self[char] = self._rule(char)
+        return piece
+
+
+def _aligned_by_character(pieces: _PieceTable, text: str) -> tuple[str, Alignment]:
+    """Normalize character by character, as Hugging Face aligns these steps: every character a
+    source character turns into (none, one or several) points back to it."""
+    parts = list(map(pieces.__getitem__, text))
+    lengths = list(map(len, parts))
+    normalized = "".join(parts)
+    if lengths.count(1) == len(lengths):
+        return normalized, None
+    return normalized, list(chain.from_iterable(map(repeat, range(len(lengths)), lengths)))
 
     def to_json(self) -> dict:
         raise NotImplementedError
@@ -90,6 +124,9 @@ class NoNormalizer(Normalizer):
 
     def __call__(self, text: str) -> str:
         return text
+
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        return text, None
 
     def to_json(self) -> None:
         return None
@@ -111,6 +148,7 @@ class BertNormalizer(Normalizer):
             self._table = _CharTable(lambda char: f" {char} " if is_chinese_char(ord(char)) else char)
         else:
             self._table = None
+        self._pieces = _PieceTable(self)
 
     def __call__(self, text: str) -> str:
         if self._table is not None:
@@ -120,6 +158,13 @@ class BertNormalizer(Normalizer):
         if self.lowercase:
             text = lowercase(text)
         return text
+
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        if text.isascii():  # one for one, or characters dropped (controls): same length means untouched
+            normalized = self(text)
+            if len(normalized) == len(text):
+                return normalized, None
+        return _aligned_by_character(self._pieces, text)
 
     def to_json(self) -> dict:
         return {"type": "BertNormalizer", "clean_text": self.clean_text, "handle_chinese_chars":
@@ -136,6 +181,7 @@ class UnicodeStep(Normalizer):
             raise TokenizerError(f"normalizer {kind!r} is not supported; known: BertNormalizer, Sequence, "
                                  f"{', '.join(self.KINDS)}")
         self.kind = kind
+        self._pieces = _PieceTable(self)
 
     def __call__(self, text: str) -> str:
         if self.kind == "Lowercase":
@@ -143,6 +189,12 @@ class UnicodeStep(Normalizer):
         if self.kind == "StripAccents":  # removes marks only; Hugging Face pairs it with NFD
             return text.translate(_STRIP_MARKS)
         return unicodedata.normalize(self.kind, text)
+
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        if self.kind not in ("Lowercase", "StripAccents"):  # (de)composition moves characters across others
+            raise TokenizerError(f"offsets are not supported through the {self.kind} normalizer; they are through "
+                                 "BertNormalizer, Lowercase, StripAccents and none")
+        return _aligned_by_character(self._pieces, text)
 
     def to_json(self) -> dict:
         return {"type": self.kind}
@@ -156,6 +208,14 @@ class SequenceNormalizer(Normalizer):
         for step in self.steps:
             text = step(text)
         return text
+
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        source: Alignment = None
+        for step in self.steps:
+            text, step_source = step.normalize_aligned(text)
+            if step_source is not None:
+                source = step_source if source is None else [source[index] for index in step_source]
+        return text, source
 
     def to_json(self) -> dict:
         return {"type": "Sequence", "normalizers": [step.to_json() for step in self.steps]}

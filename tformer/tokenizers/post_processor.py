@@ -16,10 +16,27 @@ SEQUENCE_A, SEQUENCE_B = "$A", "$B"
 
 @dataclass(frozen=True)
 class Template:
-    """The layout of one sequence (``single``) and of a pair (``pair``)."""
+    """The layout of one sequence (``single``) and of a pair (``pair``). ``roberta`` marks
+    Hugging Face's RobertaProcessing, which also gives a pair encoded without special tokens
+    token_type_ids 0 throughout (a template gives the pair 1)."""
 
     single: tuple[Item, ...] = ((SEQUENCE_A, 0),)
     pair: tuple[Item, ...] = ((SEQUENCE_A, 0), (SEQUENCE_B, 1))
+    roberta: bool = False
+
+    @classmethod
+    def roberta_style(cls, bos_token: str, eos_token: str) -> Template:
+        """RoBERTa's ``<s> A </s>`` and ``<s> A </s></s> B </s>``, every type id 0."""
+        return cls(
+            single=((bos_token, 0), (SEQUENCE_A, 0), (eos_token, 0)),
+            pair=((bos_token, 0), (SEQUENCE_A, 0), (eos_token, 0), (eos_token, 0), (SEQUENCE_B, 0), (eos_token, 0)),
+            roberta=True,
+        )
+
+    @property
+    def plain_pair_type_id(self) -> int:
+        """The type id of the pair's tokens when no special tokens are added."""
+        return 0 if self.roberta else 1
 
     @classmethod
     def bert(cls, cls_token: str, sep_token: str) -> Template:
@@ -60,7 +77,15 @@ class Template:
 
     # ---- Hugging Face tokenizer.json ---------------------------------------------------------
 
-    def to_json(self, token_id: Callable[[str], int]) -> dict:
+    def to_json(self, token_id: Callable[[str], int], trim_offsets: bool = False,
+                add_prefix_space: bool = False) -> dict:
+        """Hugging Face's TemplateProcessing, or RobertaProcessing (which carries byte-level
+        offset trimming) for a ``roberta`` template."""
+        if self.roberta:
+            bos, eos = self.single[0][0], self.single[-1][0]
+            return {"type": "RobertaProcessing", "sep": [eos, token_id(eos)], "cls": [bos, token_id(bos)],
+                    "trim_offsets": trim_offsets, "add_prefix_space": add_prefix_space}
+
         def items(layout: Sequence[Item]) -> list[dict]:
             out = []
             for token, type_id in layout:
@@ -91,11 +116,7 @@ class Template:
         if kind == "BertProcessing":
             return cls.bert(data["cls"][0], data["sep"][0])
         if kind == "RobertaProcessing":
-            bos, eos = data["cls"][0], data["sep"][0]
-            return cls(
-                single=((bos, 0), (SEQUENCE_A, 0), (eos, 0)),
-                pair=((bos, 0), (SEQUENCE_A, 0), (eos, 0), (eos, 0), (SEQUENCE_B, 0), (eos, 0)),
-            )
+            return cls.roberta_style(data["cls"][0], data["sep"][0])
         if kind == "ByteLevel":
             return cls()
         if kind == "Sequence":
@@ -123,3 +144,17 @@ def _items(entries: list[dict], data: dict) -> tuple[Item, ...]:
                                      "only single tokens are supported")
             items.append((tokens[0], int(special.get("type_id", 0))))
     return tuple(items)
+
+
+def offset_trimming(data: dict | None) -> tuple[bool, bool]:
+    """(trim_offsets, add_prefix_space) of the byte-level offset trimming a post-processor does:
+    ByteLevel's or RobertaProcessing's (both trim by default), alone or in a Sequence."""
+    kind = None if data is None else data.get("type")
+    if kind in ("ByteLevel", "RobertaProcessing"):
+        return bool(data.get("trim_offsets", True)), bool(data.get("add_prefix_space", True))
+    if kind == "Sequence":
+        for processor in data.get("processors", []):
+            trim, add_prefix_space = offset_trimming(processor)
+            if trim:
+                return trim, add_prefix_space
+    return False, False

@@ -22,7 +22,14 @@ class PreTokenizer:
     kind = ""
 
     def __call__(self, text: str) -> list[str]:
-        raise NotImplementedError
+        return self._pattern_for(text).findall(text)
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """The (start, end) of each word in ``text`` (what offsets are made from)."""
+        return [match.span() for match in self._pattern_for(text).finditer(text)]
+
+    def _pattern_for(self, text: str):
+        return self._pattern
 
     def to_json(self) -> dict:
         return {"type": self.kind}
@@ -38,6 +45,9 @@ class BertPreTokenizer(PreTokenizer):
     def __call__(self, text: str) -> list[str]:
         return (self._ascii if text.isascii() else self._unicode).findall(text)
 
+    def _pattern_for(self, text: str):
+        return self._ascii if text.isascii() else self._unicode
+
 
 class WhitespacePreTokenizer(PreTokenizer):
     """Hugging Face's Whitespace: runs of word characters, and runs of other non-space ones."""
@@ -45,18 +55,12 @@ class WhitespacePreTokenizer(PreTokenizer):
     kind = "Whitespace"
     _pattern = regex.compile(r"\w+|[^\w\s]+")
 
-    def __call__(self, text: str) -> list[str]:
-        return self._pattern.findall(text)
-
 
 class WhitespaceSplitPreTokenizer(PreTokenizer):
     """Hugging Face's WhitespaceSplit: split on whitespace only."""
 
     kind = "WhitespaceSplit"
     _pattern = regex.compile(rf"[^{_SPACE}]+")
-
-    def __call__(self, text: str) -> list[str]:
-        return self._pattern.findall(text)
 
 
 _KINDS = {cls.kind: cls for cls in (BertPreTokenizer, WhitespacePreTokenizer, WhitespaceSplitPreTokenizer)}

@@ -6,6 +6,8 @@ the vocabulary becomes "[UNK]" as a whole. Pairs come out as ``[CLS] a [SEP] b [
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,9 +17,10 @@ from tformer.tokenizers.added_tokens import AddedToken, parse_special_tokens
 from tformer.tokenizers.base import VocabularyTokenizer
 from tformer.tokenizers.bpe import CACHE_LIMIT
 from tformer.tokenizers.corpus import TextsOrFiles, count_words, training_progress
+from tformer.tokenizers.encoding import Offset
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.merge_training import learn_merges
-from tformer.tokenizers.normalizers import WHITE_SPACE, BertNormalizer, Normalizer
+from tformer.tokenizers.normalizers import WHITE_SPACE, Alignment, BertNormalizer, Normalizer
 from tformer.tokenizers.post_processor import Template
 from tformer.tokenizers.pre_tokenizers import BertPreTokenizer, PreTokenizer
 
@@ -62,6 +65,7 @@ class WordPieceTokenizer(VocabularyTokenizer):
         self.pre_tokenizer = pre_tokenizer if pre_tokenizer is not None else BertPreTokenizer()
         self.decoder_cleanup = decoder_cleanup
         self._cache: dict[str, list[int]] = {}
+        self._spans_cache: dict[str, tuple[list[int], list[Offset]]] = {}
         if roles is None and added_tokens is None:
             added_tokens, roles = _bert_specials(self._vocab)
         if template is None:
@@ -75,8 +79,12 @@ class WordPieceTokenizer(VocabularyTokenizer):
     def _normalize(self, text: str) -> str:
         return self.normalizer(text)
 
+    def _normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        return self.normalizer.normalize_aligned(text)
+
     def _clear_cache(self) -> None:
         self._cache.clear()
+        self._spans_cache.clear()
 
     def _encode_normalized(self, text: str) -> list[int]:
         cache = self._cache
@@ -89,6 +97,42 @@ class WordPieceTokenizer(VocabularyTokenizer):
                 word_ids = cache[word] = self._split_word(word)
             ids += word_ids
         return ids
+
+    def _encode_normalized_with_offsets(self, text: str) -> tuple[list[int], list[Offset], list[int], int]:
+        ids: list[int] = []
+        offsets: list[Offset] = []
+        word_ids: list[int] = []
+        spans = self.pre_tokenizer.spans(text)
+        cache = self._spans_cache
+        if len(cache) > CACHE_LIMIT:
+            cache.clear()
+        for word_index, (start, end) in enumerate(spans):
+            word = text[start:end]
+            entry = cache.get(word)
+            if entry is None:
+                entry = cache[word] = self._pieces_with_spans(word)
+            pieces, piece_spans = entry
+            if len(pieces) == 1:  # most words: one token spanning the word
+                ids.append(pieces[0])
+                word_ids.append(word_index)
+                offsets.append((start, end))
+                continue
+            ids += pieces
+            word_ids += [word_index] * len(pieces)
+            offsets += [(start + begin, start + stop) for begin, stop in piece_spans]
+        return ids, offsets, word_ids, len(spans)
+
+    def _pieces_with_spans(self, word: str) -> tuple[list[int], list[Offset]]:
+        """A word's ids and each piece's (start, end) in it; [UNK] spans the whole word."""
+        pieces = self._cache.get(word) or self._split_word(word)
+        if pieces == [self._unk_id]:
+            return pieces, [(0, len(word))]
+        spans, position, prefix_length = [], 0, len(self.prefix)
+        for index, token_id in enumerate(pieces):
+            length = len(self._id_to_token[token_id]) - (prefix_length if index else 0)
+            spans.append((position, position + length))
+            position += length
+        return pieces, spans
 
     def _split_word(self, word: str) -> list[int]:
         """Greedy longest match from the left; any unmatched remainder makes the word [UNK]."""
@@ -141,10 +185,12 @@ class WordPieceTokenizer(VocabularyTokenizer):
     # ---- other files ----------------------------------------------------------------------------
 
     @classmethod
-    def from_vocab_file(cls, path: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
+    def from_vocab_file(cls, path: str | Path, lowercase: bool = True,
+                        strip_accents: bool | None = None) -> WordPieceTokenizer:
         """BERT's ``vocab.txt``: one token per line, the id is the line number. Its "[PAD]",
         "[UNK]", "[CLS]", "[SEP]", "[MASK]" become special tokens. ``lowercase`` should match the
-        model (True for "uncased" checkpoints)."""
+        model (True for "uncased" checkpoints); accents are stripped when lower-casing unless
+        ``strip_accents`` says otherwise."""
         path = Path(path)
         try:
             lines = path.read_text(encoding="utf-8").split("\n")
@@ -157,7 +203,44 @@ class WordPieceTokenizer(VocabularyTokenizer):
             vocab[line.rstrip("".join(WHITE_SPACE))] = index
         if "[UNK]" not in vocab:
             raise TokenizerError(f"{path}: not a WordPiece vocabulary (no [UNK] token)")
-        return cls(vocab, lowercase=lowercase)
+        return cls(vocab, lowercase=lowercase, strip_accents=strip_accents)
+
+    def save_vocabulary(self, folder: str | Path) -> Path:
+        """Write BERT's ``vocab.txt`` (one token per line, in id order) and a
+        ``tokenizer_config.json`` with its normalization, into ``folder``: what ``BertTokenizer`` /
+        ``BertTokenizerFast.from_pretrained(folder)`` and ``load(folder)`` read with the same ids.
+        Refused where a vocab.txt cannot say it (another normalizer or pre-tokenizer, added tokens
+        outside the vocabulary, gaps in the ids); ``save`` (tokenizer.json) holds everything."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise TokenizerError(f"cannot save the vocabulary: {folder} is not a folder")
+        normalizer = self.normalizer
+        if not isinstance(normalizer, BertNormalizer) or not isinstance(self.pre_tokenizer, BertPreTokenizer):
+            raise TokenizerError("a vocab.txt holds BERT's normalizer and pre-tokenizer only; this tokenizer has "
+                                 f"{type(normalizer).__name__} and {type(self.pre_tokenizer).__name__}: use save()")
+        implied = WordPieceTokenizer(self._vocab, lowercase=normalizer.lowercase)
+        if (self.prefix != "##" or self._unk_token != "[UNK]" or not normalizer.clean_text
+                or not normalizer.handle_chinese_chars or self.template != implied.template
+                or self._added != implied._added or self._roles != implied._roles):
+            raise TokenizerError("a vocab.txt implies BERT's '##' continuations, '[UNK]', text cleaning, Chinese "
+                                 "characters spaced out, and its five special tokens and template; this tokenizer "
+                                 "differs: use save() (tokenizer.json)")
+        if sorted(self._id_to_token) != list(range(self._size)):
+            raise TokenizerError("a vocab.txt numbers tokens by line; this vocabulary has gaps in its ids")
+        lines = [self._id_to_token[token_id] for token_id in range(self._size)]
+        bad = next((line for line in lines if not line or "\n" in line or line != line.strip()), None)
+        if bad is not None:
+            raise TokenizerError(f"token {bad!r} cannot be written as a line of vocab.txt")
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": normalizer.lowercase,
+                  "strip_accents": normalizer.strip_accents, "tokenize_chinese_chars": normalizer.handle_chinese_chars,
+                  "model_max_length": 512}
+        path = folder / "vocab.txt"
+        for target, text in ((path, "\n".join(lines) + "\n"),
+                             (folder / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")):
+            temporary = target.with_name(target.name + ".tmp")
+            temporary.write_text(text, encoding="utf-8")
+            os.replace(temporary, target)
+        return path
 
     # ---- training -------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ A new option is one field of ``GenerationConfig`` plus its check in ``_check``: 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -218,7 +219,8 @@ def check_call(
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (NaN and infinities are refused: no option means anything with them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:

@@ -112,7 +112,8 @@ def test_tokenize_refuses_to_write_over_its_inputs(work, capsys, out):
 
 
 def test_convert_refuses_to_write_over_its_source(work, capsys):
-    refused_leaving(work, capsys, ["convert", "m", "./m", "--to", "tformer", "--overwrite"], "DST m is an input of this command")
+    refused_leaving(work, capsys, ["convert", "m", "./m", "--to", "tformer", "--overwrite"],
+                    "DST m is an input of this command")
 
 
 def test_demo_refuses_data_inside_its_output_folder(work, capsys):
@@ -274,7 +275,10 @@ def test_rope_theta_must_be_positive(theta):
       "--min-frequency", "-1", "--quiet"], "--min-frequency -1: must be an integer >= 0"),
     (["tokenizer", "train", "--kind", "bpe", "--vocab-size", "300", "corpus.txt", "--out", "t.json",
       "--special-tokens", " , ,", "--quiet"], "--special-tokens ' , ,' names no token"),
-], ids=["num-beams-0", "max-new-tokens-negative", "min-frequency-negative", "special-tokens-empty"])
+    (["generate", "m", "--prompt", "to be", "--seed", str(2**64)],
+     "--seed: seed=18446744073709551616 must be below 2**64"),
+], ids=["num-beams-0", "max-new-tokens-negative", "min-frequency-negative", "special-tokens-empty",
+        "seed-beyond-64-bits"])
 def test_options_that_cannot_work_are_refused_naming_the_option(work, capsys, args, message):
     refused_leaving(work, capsys, args, message)
 

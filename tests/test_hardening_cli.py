@@ -211,6 +211,17 @@ def test_a_config_that_is_a_json_list_is_named(work, capsys):
         tformer.load("m")
 
 
+@pytest.mark.parametrize("preset, overrides", [("gpt-nano", {}), ("gpt-mini", {}),
+                                               ("gpt-nano", {"num_kv_heads": 1, "tie_embeddings": False,
+                                                             "activation": "swiglu"})])
+def test_the_model_memory_estimate_is_within_ten_percent(preset, overrides):
+    from tformer.memory import model_bytes
+
+    model = tformer.build_model(preset, **overrides)
+    actual = sum(t.numel() * t.element_size() for t in {id(p): p for p in model.parameters()}.values())
+    assert 0.9 * actual <= model_bytes(model.config) <= actual
+
+
 def test_a_huge_vocabulary_is_refused_before_allocating(work, capsys):
     config = json.loads((work / "m" / "config.json").read_text())
     config["vocab_size"] = 10**11  # 3.2e12 parameters at width 32: about 12 TB of float32

@@ -13,15 +13,18 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tformer.config import ModelConfig
 from tformer.errors import TformerError
+from tformer.tokenizers import TokenizerError
 from tformer.tokenizers import load as load_tokenizer
 
 CONFIG_NAME = "config.json"
@@ -32,6 +35,14 @@ FORMAT_VERSION = 1
 
 class CheckpointError(TformerError):
     """A checkpoint folder is missing, unreadable, or does not match its config."""
+
+
+class TokenizerNotAttachedWarning(UserWarning):
+    """A checkpoint's tokenizer could not be read: the model loads without one (usable with token ids)."""
+
+
+class NonFiniteWeightsWarning(UserWarning):
+    """A loaded checkpoint holds NaN or infinite weights: the model's outputs will not be finite."""
 
 
 @contextmanager
@@ -102,6 +113,9 @@ def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> 
     files (a run folder with logs) each file is renamed into place, the config last.
     """
     target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise CheckpointError(f"{target}: exists and is not a folder; a checkpoint is written as a folder "
+                              "(give a new path or a folder)")
     if target.is_dir() and any(target.iterdir()):
         write_files_into(target, write)
     else:
@@ -130,9 +144,12 @@ def read_config(path: str | Path) -> dict:
     if not config_file.is_file():
         raise CheckpointError(f"{folder}: not a checkpoint folder (no {CONFIG_NAME})")
     try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as error:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{config_file}: not valid JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_file}: holds a JSON {type(raw).__name__}, not an object of config fields")
+    return raw
 
 
 def config_from_checkpoint(raw: dict) -> ModelConfig:
@@ -154,15 +171,34 @@ def load_weights(model, folder: Path) -> None:
     weights_file = folder / WEIGHTS_NAME
     if not weights_file.is_file():
         raise CheckpointError(f"{folder}: no {WEIGHTS_NAME}")
-    load_state(model, load_file(str(weights_file)), source=str(weights_file))
+    load_state(model, read_safetensors(weights_file), source=str(weights_file))
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a truncated, empty or foreign file is a CheckpointError naming it."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
-    """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error."""
+    """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error.
+    Weights that are not finite load, with a warning naming the first such tensor."""
     expected = {name: tensor.shape for name, tensor in model.state_dict().items()
                 if name not in model.tied_parameters()}
     check_weights(expected, {name: tensor.shape for name, tensor in state.items()}, source)
+    _warn_if_not_finite(state, source)
     model.load_state_dict(state, strict=False)
+
+
+def _warn_if_not_finite(state: dict[str, torch.Tensor], source: str) -> None:
+    bad = [name for name, tensor in sorted(state.items())
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        warnings.warn(f"{source}: {bad[0]}{more} hold NaN or infinite values; the model's outputs will not be "
+                      "finite (was it saved after training diverged?)", NonFiniteWeightsWarning, stacklevel=5)
 
 
 def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], source: str) -> None:
@@ -193,7 +229,18 @@ def _name_list(names: list[str], limit: int = 20) -> str:
 
 
 def load_attached_tokenizer(folder: Path):
-    """The tokenizer saved in a checkpoint folder, or None."""
+    """The tokenizer saved in a checkpoint folder, or None (see ``read_attached_tokenizer``)."""
     if not (folder / TOKENIZER_NAME).is_file():
         return None
-    return load_tokenizer(folder / TOKENIZER_NAME)
+    return read_attached_tokenizer(folder / TOKENIZER_NAME, folder)
+
+
+def read_attached_tokenizer(source: Path, folder: Path):
+    """The tokenizer at ``source`` (a file or folder of the checkpoint ``folder``). One tformer
+    cannot read is reported by a TokenizerNotAttachedWarning, not an error: the weights are still
+    usable with token ids."""
+    try:
+        return load_tokenizer(source)
+    except TokenizerError as error:
+        warnings.warn(f"{folder}: tokenizer not attached: {error}", TokenizerNotAttachedWarning, stacklevel=4)
+        return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,9 @@ class ModelConfig:
             _require_positive_int("type_vocab_size", self.type_vocab_size, "0 (no segment embeddings) or ")
         if not self.norm_eps > 0:
             raise ConfigError(f"norm_eps={self.norm_eps!r} must be > 0")
+        if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ConfigError(f"rope_theta={self.rope_theta!r} must be a finite number > 0 (the base of the rotary "
+                              "frequencies; 10000 in most models)")
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"

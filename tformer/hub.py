@@ -7,8 +7,18 @@ from pathlib import Path
 
 import torch
 
-from tformer.checkpoint import config_from_checkpoint, is_hf_config, load_attached_tokenizer, load_weights, read_config
+from tformer.checkpoint import (
+    CONFIG_NAME,
+    CheckpointError,
+    config_from_checkpoint,
+    is_hf_config,
+    load_attached_tokenizer,
+    load_weights,
+    read_config,
+)
+from tformer.config import ModelConfig
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
+from tformer.memory import model_bytes, require_memory
 from tformer.models import Model, model_class
 
 
@@ -19,15 +29,24 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Model:
     raw = read_config(folder)
     if is_hf_config(raw):
         family, config = hf_config(folder, raw)
-        model = model_class(config)(config)
+        model = _build(config, folder)
         load_hf_weights(model, family, folder)
         model.tokenizer = attached_tokenizer(folder)
     else:
         config = config_from_checkpoint(raw)
-        model = model_class(config)(config)
+        model = _build(config, folder)
         load_weights(model, folder)
         model.tokenizer = load_attached_tokenizer(folder)
     return model.to(device).eval()
+
+
+def _build(config: ModelConfig, folder: Path) -> Model:
+    """The model of ``config``, once its memory has been found to fit: loading holds it and the
+    weights read from the file, about twice its size."""
+    require_memory(2 * model_bytes(config), "cpu", f"{folder / CONFIG_NAME}: loading its model "
+                   f"(vocab_size={config.vocab_size}, d_model={config.d_model}, num_layers={config.num_layers})",
+                   CheckpointError)
+    return model_class(config)(config)
 
 
 def save(model: Model, path: str | Path, format: str = "tformer") -> Path:

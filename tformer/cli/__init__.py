@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
 
 from tformer.errors import TformerError
 
@@ -36,17 +40,77 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    try:
-        return args.run(args) or 0
-    except (TformerError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
-        print(f"tformer {args.command}: error: {_one_line(error)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"tformer {args.command}: interrupted", file=sys.stderr)
-        return 130
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_printer(args.command)
+        try:
+            return args.run(args) or 0
+        except (TformerError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
+            print(f"tformer {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"tformer {args.command}: interrupted", file=sys.stderr)
+            return 130
+
+
+def _warning_printer(command: str):
+    """Warnings as one line each on standard error, like the errors (no source line under them)."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"tformer {command}: warning: {_one_line(message) if isinstance(message, Warning) else message}",
+              file=sys.stderr)
+
+    return show
 
 
 def _one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and error.filename:
         return f"{error.filename}: {error.strerror}"
     return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+# ---- checks shared by the commands -------------------------------------------------------------------
+
+
+def refuse_output_over_input(output: str | Path, inputs: Iterable[str | Path], option: str = "--out") -> None:
+    """Refuse an output that is one of the command's inputs, however it is spelled (``./``, a
+    symbolic or a hard link), or a folder the command writes into that holds one: writing it
+    would destroy the input."""
+    output = Path(output)
+    if not output.exists():
+        return  # every input exists, so a new path is none of them
+    for source in map(Path, inputs):
+        if not source.exists():
+            continue
+        if os.path.samefile(output, source):
+            alias = "" if os.path.abspath(output) == os.path.abspath(source) else f" (it is {source})"
+            raise UsageError(f"{option} {output} is an input of this command{alias}; writing it would destroy "
+                             "the input: choose another output path")
+        if output.is_dir() and output.resolve() in source.resolve().parents:
+            raise UsageError(f"{option} {output} holds the input {source}, and this command replaces what is in "
+                             "that folder: move the input out or choose another output folder")
+
+
+def check_text_option(text: str, option: str) -> str:
+    """A text given on the command line, refused when it is not UTF-8 (the bytes the system could
+    not decode reach Python as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raw = text[error.start:error.end].encode("utf-8", "surrogateescape")
+        raise UsageError(f"{option} is not UTF-8 text (byte {raw.hex(' ')} at character {error.start}); "
+                         "give the text in UTF-8") from None
+    return text
+
+
+def encode_prompt(tokenizer, text: str, option: str = "--prompt") -> list[int]:
+    """The ids of a prompt given on the command line; it must be UTF-8 and encode to some token.
+    Characters the tokenizer does not know become its unknown token, with a warning naming them."""
+    ids = tokenizer.encode(check_text_option(text, option))
+    if not ids:
+        raise UsageError(f"{option} encodes to no tokens; give some text")
+    unknown_id = tokenizer.unk_token_id
+    if unknown_id is not None and unknown_id in ids and tokenizer.unk_token not in text:
+        unknown = [c for c in dict.fromkeys(text) if tokenizer.encode(c, add_special_tokens=False) == [unknown_id]]
+        named = f" ({', '.join(map(repr, unknown[:10]))}{', ...' if len(unknown) > 10 else ''})" if unknown else ""
+        warnings.warn(f"{option}: {ids.count(unknown_id)} token(s) became {tokenizer.unk_token}: text the tokenizer "
+                      f"does not know{named}; the model continues a prompt it cannot read", stacklevel=2)
+    return ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tformer.cli import UsageError
+from tformer.cli import UsageError, refuse_output_over_input
 
 FORMATS = ("hf", "tformer")
 
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import tformer
 
     destination = Path(args.destination)
+    refuse_output_over_input(destination, [args.source], option="DST")
     if destination.exists() and not args.overwrite:
         raise UsageError(f"{destination} already exists; pass --overwrite to write into it")
     model = tformer.load(args.source)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from pathlib import Path
 
 from tformer.config import POSITIONALS
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import tformer
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, encode_prompt, refuse_output_over_input
     from tformer.data.corpus import builtin_corpus, read_text_file
     from tformer.data.lm import split_tokens, unigram_cross_entropy
     from tformer.tokenizers import CharTokenizer
@@ -49,11 +50,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--sample-tokens={args.sample_tokens} must be >= 0")
     out = Path(args.out)
     _check_writable(out)
+    if args.data:
+        refuse_output_over_input(out, [args.data])
     torch.manual_seed(args.seed)
 
     text = read_text_file(args.data) if args.data else builtin_corpus()
     source = args.data or "pydoc_data.topics (the Python docs)"
     tokenizer = CharTokenizer.train(text)
+    prompt_ids = torch.tensor([encode_prompt(tokenizer, args.prompt)])  # checked before training
     tokens = torch.tensor(tokenizer.encode(text))
     train_tokens, eval_tokens = split_tokens(tokens, eval_fraction=0.1)
     baseline = unigram_cross_entropy(train_tokens, eval_tokens, tokenizer.vocab_size)
@@ -64,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
     seq_len = model.config.max_seq_len
     if train_tokens.numel() < seq_len + 2 or eval_tokens.numel() < seq_len + 2:
         raise UsageError(f"{source}: too little text; the demo needs at least {10 * (seq_len + 2)} characters")
+    budget = seq_len - prompt_ids.shape[1]  # the sample stays inside the trained context
+    if budget < args.sample_tokens:
+        warnings.warn(f"--sample-tokens {args.sample_tokens}: the sample has {max(budget, 0)} characters, what the "
+                      f"model's context of {seq_len} leaves after the {prompt_ids.shape[1]}-character prompt",
+                      stacklevel=1)
     config = TrainingConfig(
         max_steps=args.steps, batch_size=max(1, 2048 // seq_len), seq_len=seq_len, lr=2e-3, min_lr=2e-4,
         warmup_steps=min(50, args.steps // 10), eval_every=max(1, args.steps // 6), eval_batches=20,
@@ -83,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"saved       {out}/ (checkpoint, metrics.jsonl, {plot.name})")
 
     started = time.perf_counter()
-    prompt_ids = torch.tensor([tokenizer.encode(args.prompt)])
-    budget = model.config.max_seq_len - prompt_ids.shape[1]
-    output = tformer.generate(model, prompt_ids, max_new_tokens=min(args.sample_tokens, budget),
+    output = tformer.generate(model, prompt_ids, max_new_tokens=max(min(args.sample_tokens, budget), 0),
                               temperature=0.8, top_k=40, seed=args.seed)
     seconds = time.perf_counter() - started
     print(f"\nsample ({output.shape[1] - prompt_ids.shape[1]} characters in {seconds:.1f} s, temperature 0.8):")

@@ -6,6 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
+
+# GenerationConfig fields -> the options that set them, so an option's error names the option.
+OPTIONS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "temperature": "--temperature",
+           "top_k": "--top-k", "top_p": "--top-p", "num_beams": "--num-beams", "seed": "--seed",
+           "stop_strings": "--stop", "num_draft_tokens": "--num-draft-tokens"}
 
 
 def register(subparsers) -> None:
@@ -37,28 +43,34 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import tformer
-    from tformer.cli import UsageError
-    from tformer.generation import GenerationConfig, TextStreamer
+    from tformer.cli import UsageError, check_text_option, encode_prompt
+    from tformer.generation import GenerationConfig, GenerationError, TextStreamer
 
     if args.stream and args.num_beams > 1:
         raise UsageError("--stream needs --num-beams 1: beam search knows its text only at the end")
     if args.draft and args.num_beams > 1:
         raise UsageError("--draft needs --num-beams 1: speculative decoding is greedy or sampling")
     # Every option is checked here, before anything is loaded or printed.
-    config = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
-        temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, stop_strings=tuple(args.stop), num_beams=args.num_beams,
-        num_draft_tokens=args.num_draft_tokens, return_dict=True,
-    )
-    model = tformer.load(args.checkpoint)
+    check_text_option(args.prompt, "--prompt")
+    for stop in args.stop:
+        check_text_option(stop, "--stop")
+    try:
+        config = GenerationConfig(
+            max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+            temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, stop_strings=tuple(args.stop), num_beams=args.num_beams,
+            num_draft_tokens=args.num_draft_tokens, return_dict=True,
+        )
+    except GenerationError as error:
+        option = OPTIONS.get(str(error).split("=", 1)[0])
+        raise UsageError(f"{option}: {error}" if option else str(error)) from None
+    model, tokenizer_problem = _load(args.checkpoint)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
-        raise UsageError(f"{args.checkpoint}: no tokenizer.json; generate needs one to read --prompt")
-    draft = tformer.load(args.draft) if args.draft else None
-    prompt_ids = tokenizer.encode(args.prompt)
-    if not prompt_ids:
-        raise UsageError("--prompt encodes to no tokens; give some text")
+        raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; "
+                         "generate needs one to read --prompt")
+    draft = _load(args.draft)[0] if args.draft else None
+    prompt_ids = encode_prompt(tokenizer, args.prompt)
 
     input_ids = torch.tensor([prompt_ids])
     started = time.perf_counter()
@@ -90,3 +102,21 @@ def run(args: argparse.Namespace) -> int:
                   f"({output.accepted_draft_tokens}/{output.draft_tokens} drafted tokens)")
     print(speed, file=sys.stderr)
     return 0
+
+
+def _load(path: str):
+    """``tformer.load(path)`` and, when its tokenizer could not be attached, why (the warning's
+    text, kept for the error instead of shown); other warnings are shown as they come."""
+    import tformer
+    from tformer.checkpoint import TokenizerNotAttachedWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = tformer.load(path)
+    problem = None
+    for warning in caught:
+        if issubclass(warning.category, TokenizerNotAttachedWarning):
+            problem = str(warning.message)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    return model, problem

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, refuse_output_over_input
     from tformer.training.reporting import METRICS_NAME
     from tformer.viz.curves import plot_training_curves, read_metrics
 
@@ -33,12 +33,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else metrics.parent / "loss_curve.png"
     if out.suffix.lower() != ".png":
         raise UsageError(f"--out {out}: the plot is written as PNG; give a .png file name")
+    refuse_output_over_input(out, [metrics])
     title = args.title or metrics.parent.resolve().name
     plot_training_curves(records, out, title=title)
     last = records[-1]
     evaluated = [r for r in records if "eval_loss" in r]
     summary = f"step {last['step']}"
     if evaluated:
-        summary += f", last eval loss {evaluated[-1]['eval_loss']:.4f}"
+        last_eval = evaluated[-1]["eval_loss"]
+        summary += f", last eval loss {'not finite' if last_eval is None else format(last_eval, '.4f')}"
     print(f"wrote {out} ({len(records)} records, {summary})")
     return 0

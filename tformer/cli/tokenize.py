@@ -18,9 +18,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.cli import refuse_output_over_input
     from tformer.data import tokenize_files
     from tformer.tokenizers import load
 
+    inputs = [*args.files, args.tokenizer]
+    refuse_output_over_input(args.out, inputs)
+    refuse_output_over_input(f"{args.out}.json", inputs, option="--out's header")
     tokenizer = load(args.tokenizer)
     header = tokenize_files(tokenizer, args.files, args.out, separate_documents=not args.no_separator,
                             progress=not args.quiet)

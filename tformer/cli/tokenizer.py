@@ -36,20 +36,30 @@ def register(subparsers) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, check_text_option, refuse_output_over_input
     from tformer.tokenizers import train
+    from tformer.tokenizers.base import TOKENIZER_FILE
 
     files = [Path(file) for file in args.files]
     for file in files:
         if not file.is_file():
             raise UsageError(f"{file}: no such training file")
+    out = Path(args.out)
+    refuse_output_over_input(out / TOKENIZER_FILE if out.is_dir() else out, files)
     if args.kind != "char" and args.vocab_size is None:
         raise UsageError(f"--vocab-size is required for --kind {args.kind}")
+    if args.min_frequency < 0:
+        raise UsageError(f"--min-frequency {args.min_frequency}: must be an integer >= 0 "
+                         "(the least count of a pair to merge)")
     options = {"progress": not args.quiet}
     if args.kind != "char":
         options["min_frequency"] = args.min_frequency
     if args.special_tokens is not None:
+        check_text_option(args.special_tokens, "--special-tokens")
         options["special_tokens"] = [token.strip() for token in args.special_tokens.split(",") if token.strip()]
+        if not options["special_tokens"]:
+            raise UsageError(f"--special-tokens {args.special_tokens!r} names no token; give a comma-separated "
+                             "list such as '<unk>,<|endoftext|>'")
     if args.kind == "wordpiece" and args.cased:
         options["lowercase"] = False
     elif args.cased:
@@ -80,9 +90,13 @@ def _measure(tokenizer, files) -> tuple[int, int]:
 
 
 def run_encode(args: argparse.Namespace) -> int:
+    from tformer.cli import check_text_option
     from tformer.tokenizers import load
 
     tokenizer = load(args.tokenizer)
+    check_text_option(args.text, "TEXT")
+    if args.pair is not None:
+        check_text_option(args.pair, "--pair")
     ids = tokenizer.encode(args.text, args.pair, add_special_tokens=not args.no_special_tokens)
     tokens = [tokenizer.id_to_token(token_id) for token_id in ids]
     width = max((len(str(token_id)) for token_id in ids), default=1)

@@ -19,10 +19,11 @@ from tformer.generation.beam import beam_search
 from tformer.generation.output import GenerationOutput
 from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
-from tformer.generation.session import ModelSession, open_session
+from tformer.generation.session import GROWTH_CHUNK, ModelSession, open_session, session_bytes
 from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model, check_prompt
 from tformer.generation.speculative import speculative_decode
 from tformer.generation.stopping import StopRule
+from tformer.memory import format_bytes, require_memory
 
 
 @torch.inference_mode()
@@ -156,14 +157,16 @@ class _Generation:
             if attention_mask is not None:
                 attention_mask = attention_mask.repeat_interleave(config.num_return_sequences, dim=0)
 
+        end_ids = config.end_ids(model.config)
+        grow = self._check_memory(input_ids, device, may_end_early=bool(end_ids or config.stop_strings))
         # The prompts are prepared (an encoder–decoder encodes its source) once, in eval mode.
         with self._eval_mode():
             self.session, state = open_session(model, input_ids, attention_mask, config.max_new_tokens,
-                                               use_cache=config.use_cache)
+                                               use_cache=config.use_cache, grow=grow)
             self.draft_session: ModelSession | None = None
             if draft_model is not None:
                 self.draft_session, draft_state = open_session(draft_model, input_ids, attention_mask,
-                                                               config.max_new_tokens, role="draft_model")
+                                                               config.max_new_tokens, role="draft_model", grow=grow)
                 if not torch.equal(draft_state.input_ids, state.input_ids):
                     raise GenerationError("draft_model starts its decoder from other tokens than the model")
         self.prompt = state.input_ids  # (B, T0) the decoder's prompt
@@ -173,7 +176,6 @@ class _Generation:
         sequences = torch.full((batch, prompt_length + config.max_new_tokens), pad_id,
                                dtype=torch.long, device=device)
         sequences[:, :prompt_length] = self.prompt
-        end_ids = config.end_ids(model.config)
         eos_ids = torch.tensor(end_ids, dtype=torch.long, device=device) if end_ids else None
         generator = None
         if config.seed is not None:
@@ -191,6 +193,31 @@ class _Generation:
             scores=[] if config.output_scores else None,
         )
         self.beam_result: tuple[Tensor, Tensor] | None = None
+
+    def _check_memory(self, input_ids: Tensor, device: torch.device, may_end_early: bool) -> bool:
+        """Refuse, before anything is allocated, a call whose sessions and output cannot fit in the
+        memory available; return whether the sessions should grow as needed (a run that may end
+        early, when the memory also allows the copy a growth makes) rather than be allocated whole."""
+        config, model = self.config, self.model
+        batch, prompt_length = input_ids.shape  # an encoder–decoder's decoder prompt is shorter: an upper bound
+        length = prompt_length + config.max_new_tokens
+        rows = batch * max(config.num_beams, 1)  # num_return_sequences is already in the batch
+        sessions = session_bytes(model, rows, length, config.use_cache)
+        if self.draft_model is not None:
+            sessions += session_bytes(self.draft_model, rows, length)
+        # The output: sequences (int64); beam search keeps running, finished and candidate beams
+        # (about 6 x num_beams rows per prompt); scores are one (rows, V) float32 tensor per new token.
+        output_rows = batch * (6 * config.num_beams if config.num_beams > 1 else 1)
+        output = output_rows * length * 8
+        if config.output_scores:
+            output += rows * config.max_new_tokens * model.config.vocab_size * 4
+        needed = sessions + output
+        available = require_memory(
+            needed, device, f"max_new_tokens={config.max_new_tokens} for {rows} sequence(s) after a {prompt_length}-"
+            f"token prompt (key/value caches {format_bytes(sessions)}, output {format_bytes(output)})", GenerationError,
+        )
+        growing = may_end_early and config.use_cache and config.max_new_tokens > GROWTH_CHUNK
+        return growing and (available is None or needed + sessions <= available)
 
     def chunks(self) -> Iterator[Tensor]:
         """Decode, yielding each chunk of new tokens; the models are in eval mode meanwhile."""

@@ -58,14 +58,18 @@ class Session(Protocol):
         """Keep the rows named by ``rows`` (B',), in that order, repeating as asked."""
 
 
+GROWTH_CHUNK = 1024  # new tokens a growing session holds room for at first
+
+
 def open_session(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int, *,
-    use_cache: bool = True, role: str = "model",
+    use_cache: bool = True, role: str = "model", grow: bool = False,
 ) -> tuple[ModelSession, GenerationState]:
     """Prepare the prompt (``prepare_generation``) and open a session for it and ``max_new_tokens`` more.
 
     A model whose steps need nothing but tokens gets a ``DecoderSession`` (the fast path when
-    it covers the model); any other model a ``ModelSession``."""
+    it covers the model); any other model a ``ModelSession``. With ``grow`` (a run that may end
+    early) the session first holds room for ``GROWTH_CHUNK`` new tokens and doubles as needed."""
     state = model.prepare_generation(input_ids, attention_mask)
     batch, prompt_length = state.input_ids.shape
     limit = model.position_limit
@@ -75,11 +79,12 @@ def open_session(
             f"max_seq_len={limit} of this {role}'s {model.config.positional} position table"
         )
     max_len = prompt_length + max_new_tokens
+    capacity = min(max_len, prompt_length + GROWTH_CHUNK) if grow else max_len
     if state.step_inputs:
         session = ModelSession(model, batch, max_len, state.attention_mask, step_inputs=state.step_inputs,
-                               use_cache=use_cache)
+                               use_cache=use_cache, capacity=capacity)
     else:
-        session = DecoderSession(model, batch, max_len, state.attention_mask, use_cache=use_cache)
+        session = DecoderSession(model, batch, max_len, state.attention_mask, use_cache=use_cache, capacity=capacity)
     return session, state
 
 
@@ -95,13 +100,26 @@ def cache_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) ->
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element
 
 
+def session_bytes(model: nn.Module, rows: int, length: int, use_cache: bool = True) -> int:
+    """About how many bytes a session of ``rows`` sequences of ``length`` tokens holds: the
+    key/value cache (without one, the token buffer) and the row layout (which columns are
+    tokens, their positions, the padding mask, the rotary table)."""
+    config = model.config
+    element = next(model.parameters()).element_size()
+    per_token = cache_bytes_per_token(model) if use_cache else 8
+    layout = rows * (1 + 8 + element)  # attend (bool), positions (int64), additive padding mask
+    rotary = 3 * config.head_dim * 4 if config.positional == "rope" else 0  # cos, sin and their angles
+    return length * (rows * per_token + layout + rotary)
+
+
 class ModelSession:
     """Decoding state of any model with the generation hooks: ``batch_size`` rows of up to
     ``max_len`` decoder tokens each, stepped through the model's own forward.
 
     ``attention_mask`` (B, T) marks the real tokens of left-padded prompts (None: no padding);
     ``step_inputs`` go to every forward step (see ``GenerationState``). With ``use_cache=False``
-    every step re-runs the whole decoder sequence (the slow reference).
+    every step re-runs the whole decoder sequence (the slow reference). ``capacity`` (default
+    ``max_len``) is the room held at first; a step beyond it doubles it, up to ``max_len``.
     """
 
     def __init__(
@@ -113,29 +131,31 @@ class ModelSession:
         *,
         step_inputs: dict[str, Tensor] | None = None,
         use_cache: bool = True,
+        capacity: int | None = None,
     ) -> None:
         self.model = model
         self.batch_size = batch_size
         self.max_len = max_len
+        self.capacity = max_len if capacity is None else min(capacity, max_len)
         self.length = 0
         self.step_inputs = dict(step_inputs or {})
         device = next(model.parameters()).device
-        self.cache = model.new_cache(batch_size, max_len) if use_cache else None
-        self.tokens = None if use_cache else torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.cache = model.new_cache(batch_size, self.capacity) if use_cache else None
+        self.tokens = None if use_cache else torch.zeros(batch_size, self.capacity, dtype=torch.long, device=device)
         # The row layout: which columns are real tokens (the prompt's padding is not).
         self.padded = attention_mask is not None and not bool(attention_mask.bool().all())
-        attend = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
+        attend = torch.ones(batch_size, self.capacity, dtype=torch.bool, device=device)
         if self.padded:
             attend[:, : attention_mask.shape[1]] = attention_mask.bool()
-        self.attend = attend  # (B, max_len) True = a real token
+        self.attend = attend  # (B, capacity) True = a real token
 
     # ---- the protocol ------------------------------------------------------------------------------
 
     def extend(self, input_ids: Tensor, last_only: bool = False) -> Tensor:
         """Run ``input_ids`` (B, T) after what the session holds; logits (B, T, V), or (B, 1, V)."""
         past, end = self.length, self.length + input_ids.shape[1]
-        if end > self.max_len:
-            raise ValueError(f"decoding session overflow: {end} tokens exceed its length {self.max_len}")
+        if end > self.capacity:
+            self._grow(end)
         logits = self._step(input_ids, past, end, last_only)
         self.length = end
         return logits[:, -1:] if last_only else logits
@@ -161,6 +181,19 @@ class ModelSession:
         self.attend = self.attend.index_select(0, rows)
         if self.tokens is not None:
             self.tokens = self.tokens.index_select(0, rows)
+
+    def _grow(self, end: int) -> None:
+        """Room for at least ``end`` tokens: the capacity doubles (at most ``max_len``); what is held is kept."""
+        if end > self.max_len:
+            raise ValueError(f"decoding session overflow: {end} tokens exceed its length {self.max_len}")
+        capacity = min(self.max_len, max(end, 2 * self.capacity))
+        for cache in self._caches():
+            cache.grow(capacity)
+        added = capacity - self.capacity
+        if self.tokens is not None:
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.tokens.shape[0], added)], dim=1)
+        self.attend = torch.cat([self.attend, self.attend.new_ones(self.attend.shape[0], added)], dim=1)
+        self.capacity = capacity
 
     # ---- steps ---------------------------------------------------------------------------------------
 
@@ -194,16 +227,26 @@ class DecoderSession(ModelSession):
         *,
         use_cache: bool = True,
         fast: bool = True,
+        capacity: int | None = None,
     ) -> None:
-        super().__init__(model, batch_size, max_len, attention_mask, use_cache=use_cache)
+        super().__init__(model, batch_size, max_len, attention_mask, use_cache=use_cache, capacity=capacity)
         self.fast: FastDecoder | None = fast_decoder_for(model) if fast and use_cache else None
         self.positions = self.padding_mask = self.bias = None
         if self.fast is not None:
-            self.fast.reserve_positions(max_len)
-            self.positions = positions_from_mask(self.attend)  # (B, max_len) true position of each column
             self.bias = getattr(self.fast.positional, "bias", None)  # ALiBi / relative: an additive bias module
-            # Additive padding mask for one-token steps (B, 1, 1, max_len); None when nothing is padded.
-            self.padding_mask = additive_mask(self.attend, self.fast.dtype)[:, None, None, :] if self.padded else None
+            self._lay_out()
+
+    def _lay_out(self) -> None:
+        """The fast path's per-column tables for the session's capacity, from the row layout."""
+        self.fast.reserve_positions(self.capacity)
+        self.positions = positions_from_mask(self.attend)  # (B, capacity) true position of each column
+        # Additive padding mask for one-token steps (B, 1, 1, capacity); None when nothing is padded.
+        self.padding_mask = additive_mask(self.attend, self.fast.dtype)[:, None, None, :] if self.padded else None
+
+    def _grow(self, end: int) -> None:
+        super()._grow(end)
+        if self.fast is not None:
+            self._lay_out()
 
     def reorder(self, rows: Tensor) -> None:
         super().reorder(rows)

@@ -9,6 +9,7 @@ A new option is one field of ``GenerationConfig`` plus its check in ``_check``: 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,6 +105,8 @@ class GenerationConfig:
             raise GenerationError(f"top_p={self.top_p!r} must be a number in (0, 1]")
         if self.seed is not None:
             _require_int("seed", self.seed, 0)
+            if self.seed >= 2**64:
+                raise GenerationError(f"seed={self.seed} must be below 2**64 (a generator's seed is 64 bits)")
         if self.eos_token_id is not None and not isinstance(self.eos_token_id, int):  # several: a tuple
             self._normalise("eos_token_id", _token_ids("eos_token_id", self.eos_token_id, None))
         elif self.eos_token_id is not None:
@@ -218,7 +221,8 @@ def check_call(
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (NaN and infinities are refused: no option means anything with them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:

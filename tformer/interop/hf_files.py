@@ -13,11 +13,9 @@ import pickle
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor
 
-from tformer.checkpoint import CheckpointError
+from tformer.checkpoint import CheckpointError, read_safetensors
 
 SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
@@ -39,10 +37,7 @@ def read_hf_weights(folder: Path) -> tuple[dict[str, Tensor], str]:
 def _read_weight_file(path: Path) -> dict[str, Tensor]:
     """One safetensors or ``.bin`` file."""
     if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError) as error:
-            raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+        return read_safetensors(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as error:

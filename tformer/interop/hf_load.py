@@ -4,20 +4,17 @@ copy. ``tformer.hub.load`` builds the model in between: interop knows no model c
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from torch import nn
 
-from tformer.checkpoint import CONFIG_NAME, CheckpointError, load_state
+from tformer.checkpoint import CONFIG_NAME, CheckpointError, load_state, read_attached_tokenizer
 from tformer.config import ModelConfig
 from tformer.errors import TformerError
 from tformer.interop.families import family_for_model_type
 from tformer.interop.family import Family
 from tformer.interop.hf_files import read_hf_weights
 from tformer.interop.weight_map import hf_to_tformer, weight_rules
-from tformer.tokenizers import TokenizerError
-from tformer.tokenizers import load as load_tokenizer
 
 HF_TOKENIZER_NAME = "tokenizer.json"
 GPT2_TOKENIZER_NAMES = ("vocab.json", "merges.txt")
@@ -60,8 +57,4 @@ def attached_tokenizer(folder: Path):
         source = folder
     else:
         return None
-    try:
-        return load_tokenizer(source)
-    except TokenizerError as error:
-        warnings.warn(f"{folder}: tokenizer not attached: {error}", stacklevel=3)
-        return None
+    return read_attached_tokenizer(source, folder)

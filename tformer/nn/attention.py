@@ -191,6 +191,17 @@ class KVCache:
         self.keys = self.keys.index_select(0, batch_indices)
         self.values = self.values.index_select(0, batch_indices)
 
+    def grow(self, max_len: int) -> None:
+        """Make room for ``max_len`` positions, keeping what is cached (the filled part is copied)."""
+        if max_len <= self.max_len:
+            return
+        batch, kv_heads, _, head_dim = self.keys.shape
+        keys = self.keys.new_empty(batch, kv_heads, max_len, head_dim)
+        values = self.values.new_empty(batch, kv_heads, max_len, head_dim)
+        keys[:, :, : self.length] = self.keys[:, :, : self.length]
+        values[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = keys, values
+
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
 

@@ -6,6 +6,8 @@ while ``torch.compile`` traces (a compiled training step is fed by the data pipe
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -29,12 +31,25 @@ def check_token_ids(
 
 
 def check_attention_mask(attention_mask: Tensor, expected: tuple[int, int]) -> None:
-    """``attention_mask`` must be (batch, cached + new tokens)."""
+    """``attention_mask`` must be (batch, cached + new tokens) of 0 (padding) and 1 (attend): a
+    2 or a 0.5 would otherwise be read as 1 and so mean nothing the caller intended."""
     if tuple(attention_mask.shape) != expected:
         raise ValueError(
             f"attention_mask must have shape {expected} (batch, cached + new tokens), "
             f"got {tuple(attention_mask.shape)}"
         )
+    if attention_mask.dtype != torch.bool and attention_mask.numel() and not torch.compiler.is_compiling():
+        other = (attention_mask != 0) & (attention_mask != 1)
+        if bool(other.any()):
+            raise ValueError(f"attention_mask holds {attention_mask[other][0].item()!r}; it must hold only "
+                             "0 (padding) and 1 (attend)")
+
+
+def warn_if_no_targets(targets: Tensor, ignore_index: int) -> None:
+    """Warn (once) when every target is ``ignore_index``: the mean loss over no token is NaN."""
+    if targets.numel() and not torch.compiler.is_compiling() and not bool((targets != ignore_index).any()):
+        warnings.warn(f"every label is ignored ({ignore_index}), so the loss is NaN: there is no token to predict "
+                      "(a one-token sequence, or labels masked out entirely)", stacklevel=3)
 
 
 def check_positions(position_ids: Tensor, limit: int | None, kind: str) -> None:

@@ -439,5 +439,8 @@ class _Window:
 
 
 def _format_metric(name: str, value: float) -> str:
-    """Losses to 4 places, perplexities to 2, rates (accuracy, F1) to 3."""
-    return f"{value:.2f}" if name == "eval_ppl" else f"{value:.4f}" if name == "eval_loss" else f"{value:.3f}"
+    """Losses to 4 places, perplexities to 2 (in powers of ten once they pass a million), rates
+    (accuracy, F1) to 3."""
+    if name == "eval_ppl":
+        return f"{value:.2f}" if not value >= 1e6 else f"{value:.3g}"
+    return f"{value:.4f}" if name == "eval_loss" else f"{value:.3f}"

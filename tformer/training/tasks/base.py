@@ -85,5 +85,8 @@ class Task:
 
 
 def perplexity(loss: float) -> float:
-    """exp(loss), capped so a diverged run reports a large number instead of overflowing."""
-    return math.exp(min(loss, 700.0))
+    """exp(loss); inf where that overflows a float (a diverged run), NaN for a NaN loss."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf

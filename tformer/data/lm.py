@@ -29,7 +29,7 @@ def num_tokens(tokens: Tokens) -> int:
 
 def crop_starts(num: int, batch_size: int, length: int, seed: int, position: int, world_size: int = 1) -> Tensor:
     """Start offsets (world_size * batch_size,) of the global batch at ``position``."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + position)
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + position) % 2**64)  # torch seeds are 64-bit
     return torch.randint(0, num - length - 1, (world_size * batch_size,), generator=generator)
 
 

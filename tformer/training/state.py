@@ -194,7 +194,7 @@ def seed_random_generators(seed: int) -> None:
     """Seed Python's, numpy's and torch's generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % 2**64)
 
 
 def capture_rng() -> dict:

@@ -75,6 +75,18 @@ def spaced_windows(
     return windows[:, :-1], windows[:, 1:]
 
 
+def check_token_ids(tokens: Tokens, vocab_size: int, what: str, chunk: int = 1 << 24) -> None:
+    """Refuse (ValueError) ids outside 0..vocab_size-1, naming the first and where it is, before
+    training starts rather than at the batch that meets it; a memory map is read a chunk at a time."""
+    for start in range(0, num_tokens(tokens), chunk):
+        piece = tokens[start : start + chunk]
+        piece = piece.numpy() if isinstance(piece, Tensor) else np.asarray(piece)
+        if piece.size and (piece.min() < 0 or piece.max() >= vocab_size):
+            offset = int(np.flatnonzero((piece < 0) | (piece >= vocab_size))[0])
+            raise ValueError(f"{what} holds token id {int(piece[offset])} at position {start + offset:,}, outside "
+                             f"the model's vocabulary (ids 0..{vocab_size - 1})")
+
+
 def split_tokens(tokens: Tokens, eval_fraction: float) -> tuple[Tokens, Tokens]:
     """The first (1 - eval_fraction) of the tokens for training, the rest for evaluation."""
     if not 0.0 < eval_fraction < 1.0:

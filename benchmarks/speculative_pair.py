@@ -42,7 +42,7 @@ import tformer
 from tformer.data.lm import split_tokens
 from tformer.tokenizers import CharTokenizer
 from tformer.training.tasks import LanguageModelling
-from tformer.training.trainer import Trainer, TrainingConfig, TrainingResult
+from tformer.training.trainer import Trainer, TrainingConfig, TrainingInterrupted, TrainingResult
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt.gz"
 SEQ_LEN = 256  # training context; generation in the benchmark stays within it
@@ -96,6 +96,16 @@ def finish_stage(folder: Path, result, requested_steps: int, seconds: float, **f
     return record
 
 
+def train_to_the_end(trainer: Trainer) -> TrainingResult:
+    """``trainer.train()``; a run interrupted by Ctrl-C or SIGTERM (saved, then ``TrainingInterrupted``)
+    comes back as its result, which ``finish_stage`` refuses, stopping the script."""
+    try:
+        return trainer.train()
+    except TrainingInterrupted as interrupted:
+        print(interrupted, file=sys.stderr, flush=True)
+        return interrupted.result
+
+
 class Distillation(LanguageModelling):
     """Language modelling with its objective replaced by KL(teacher || student) over the next
     token, in nats: training minimises it and ``eval_loss`` reports it."""
@@ -126,7 +136,7 @@ def distil(student: tformer.DecoderLM, teacher: tformer.DecoderLM, tokens: torch
                       overwrite=True)
     if resume:
         trainer.resume("auto")
-    return trainer.train()
+    return train_to_the_end(trainer)
 
 
 def report(title: str, folder: Path, record: dict, reused: bool) -> None:
@@ -152,7 +162,7 @@ def train_target(tokenizer: CharTokenizer, train_tokens, eval_tokens, steps: int
     trainer = Trainer(model, config, LanguageModelling(train_tokens, eval_tokens), out_dir=folder, progress=False)
     if resume:
         trainer.resume("auto")
-    result = trainer.train()
+    result = train_to_the_end(trainer)
     record = finish_stage(folder, result, steps, time.perf_counter() - started, parameters=model.num_parameters(),
                           batch=f"{BATCH_SIZE} x {SEQ_LEN}", data="the text", eval_metric="cross-entropy")
     return model.eval(), record

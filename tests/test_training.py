@@ -92,5 +92,5 @@ def test_non_finite_loss_stops_training():
         model.embedding.token.weight.fill_(float("nan"))
     trainer = Trainer(model, TrainingConfig(max_steps=3, batch_size=2, seq_len=8),
                       LanguageModelling(torch.arange(8).repeat(10)), progress=False)
-    with pytest.raises(TrainingError, match="loss became nan at step 0"):
+    with pytest.raises(TrainingError, match="loss became nan at step 1"):  # numbered as metrics.jsonl numbers steps
         trainer.train()

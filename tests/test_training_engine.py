@@ -158,19 +158,38 @@ class InjectNaN:
         return loss * float("nan") if self.count in self.calls else loss
 
 
-def test_a_nan_loss_stops_the_run_with_a_loadable_last_checkpoint(tmp_path, monkeypatch):
+def test_a_nan_loss_stops_the_run_naming_the_newest_finite_checkpoint(tmp_path, monkeypatch):
     InjectNaN(monkeypatch, calls=[6])  # one loss per step (no evaluation): the 6th step's is NaN
-    with pytest.raises(TrainingError, match=r"loss became nan at step 5: training stopped; the state before it "
-                                            r"is saved in .*step-00000005") as caught:
+    with pytest.raises(TrainingError, match=r"loss became nan at step 6: training stopped; the newest finite "
+                                            r"checkpoint is .*step-00000004, where --resume auto continues"):
         run(tmp_path, max_steps=20, checkpoint_every=2, eval_every=100)
-    step = int(str(caught.value).split("at step ")[1].split(":")[0])
-    saved = tmp_path / "checkpoints" / f"step-{step:08d}"
+    saved = tmp_path / "checkpoints" / "step-00000004"  # its state trained on to a finite step 5
     model = tformer.load(saved)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     state = json.loads((saved / "trainer_state.json").read_text())
-    assert state["step"] == step and state["data_position"] == step
+    assert state["step"] == 4 and state["data_position"] == 4
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["step"] == step
+    assert records[-1]["step"] == 5  # the last finite step: metrics.jsonl numbers steps as the message does
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_a_state_with_non_finite_weights_is_never_saved(tmp_path):
+    trainer = Trainer(tiny_model(), config(max_steps=4, checkpoint_every=1), LanguageModelling(TOKENS),
+                      out_dir=tmp_path, progress=False)
+    trainer.train_step()
+    trainer.step = 1
+    trainer.prepare_out_dir()
+    trainer.save_checkpoint(None)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "step-00000001").iterdir()}
+    trainer.step, trainer.last_good_step = 2, 1
+    with torch.no_grad():
+        trainer.model.stack.final_norm.weight[3] = float("inf")
+    with pytest.raises(TrainingError, match=r"stack.final_norm.weight is not finite after step 2: training stopped; "
+                                            r"the newest finite checkpoint is .*step-00000001"):
+        trainer.save_checkpoint(None)
+    trainer.state.release()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "step-00000001").iterdir()} == before
 
 
 def test_nan_steps_are_skipped_up_to_the_limit(tmp_path, monkeypatch, capsys):
@@ -190,12 +209,16 @@ def test_a_resume_that_changes_the_model_is_refused_naming_the_fields(tmp_path):
 
 
 def test_an_existing_run_is_not_overwritten_by_accident(tmp_path):
-    run(tmp_path, max_steps=2)
+    out = tmp_path / "run"
+    run(out, max_steps=2)
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(TrainingError, match="already holds a run .* resume it with --resume auto"):
-        run(tmp_path, max_steps=2)
-    trainer = Trainer(tiny_model(), config(max_steps=2), LanguageModelling(TOKENS), out_dir=tmp_path, progress=False,
+        run(out, max_steps=2)
+    trainer = Trainer(tiny_model(), config(max_steps=2), LanguageModelling(TOKENS), out_dir=out, progress=False,
                       overwrite=True)
     assert trainer.train().steps == 2
+    moved = tmp_path / "run.replaced-1"  # the old run, moved aside whole: nothing is deleted
+    assert {str(p.relative_to(moved)): p.read_bytes() for p in moved.rglob("*") if p.is_file()} == before
 
 
 def test_an_unwritable_output_folder_is_reported_before_training(tmp_path):

@@ -22,7 +22,10 @@ def register(subparsers) -> None:
                         help="override a recipe value, e.g. --set training.lr=3e-4 (repeatable)")
     parser.add_argument("--resume", metavar="auto|DIR",
                         help="continue a run: 'auto' (newest checkpoint in --out), or a run or checkpoint folder")
-    parser.add_argument("--out", help="run folder (default: runs/RECIPE_NAME)")
+    parser.add_argument("--out", help="run folder (default: runs/RECIPE_NAME); a fresh run needs it empty")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in a folder that is not empty: its contents are moved to OUT.replaced-N "
+                             "beside it (nothing is deleted)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     parser.set_defaults(run=run)
 
@@ -31,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError
     from tformer.training.recipe import load_recipe
     from tformer.training.run import RECIPE_NAME, train_recipe
+    from tformer.training.signals import TrainingInterrupted
 
     recipe_path = args.recipe
     out = args.out
@@ -41,18 +45,26 @@ def run(args: argparse.Namespace) -> int:
         out = out or args.resume
     recipe = load_recipe(recipe_path, args.overrides)
     out = Path(out or Path("runs") / Path(recipe_path).stem)
-    result = train_recipe(recipe, out, resume=args.resume, progress=not args.no_progress)
+    if args.overwrite and args.resume is not None:
+        raise UsageError("--overwrite starts a fresh run; it cannot be combined with --resume")
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    try:
+        result = train_recipe(recipe, out, resume=args.resume, progress=not args.no_progress,
+                              overwrite=args.overwrite)
+    except TrainingInterrupted as interrupted:
+        if main_process:  # the resume hint; the exit status says which signal (130: SIGINT, 143: SIGTERM)
+            print(interrupted, flush=True)
+        return interrupted.exit_code
 
-    code = 130 if result.stopped == "interrupted" else 0
-    if int(os.environ.get("RANK", "0")) != 0:
-        return code  # only the main process reports
+    if not main_process:
+        return 0  # only the main process reports
     if result.steps == result.start_step:
         print(f"nothing to train: the run is at step {result.steps} and training.max_steps is "
               f"{recipe.training.max_steps} (raise it with --set training.max_steps=N)")
-        return code
+        return 0
     evaluated = f", eval loss {result.final_eval_loss:.4f}" if result.final_eval_loss is not None else ""
     best = f" (best {result.best_eval:.4f} at step {result.best_step})" if result.best_eval is not None else ""
     print(f"{result.stopped} at step {result.steps}: train loss {result.final_train_loss:.4f}{evaluated}{best}; "
           f"{result.seconds:.1f} s, {result.throughput:,.0f} {result.unit}/s")
     print(f"run folder {out}  (tformer.load('{out}'), tformer plot {out})")
-    return code
+    return 0

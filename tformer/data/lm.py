@@ -29,7 +29,7 @@ def num_tokens(tokens: Tokens) -> int:
 
 def crop_starts(num: int, batch_size: int, length: int, seed: int, position: int, world_size: int = 1) -> Tensor:
     """Start offsets (world_size * batch_size,) of the global batch at ``position``."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + position)
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + position) % 2**64)  # torch seeds are 64-bit
     return torch.randint(0, num - length - 1, (world_size * batch_size,), generator=generator)
 
 
@@ -73,6 +73,18 @@ def spaced_windows(
     else:
         windows = torch.from_numpy(np.asarray(tokens[index_tensor.numpy()]).astype(np.int64, copy=False))
     return windows[:, :-1], windows[:, 1:]
+
+
+def check_token_ids(tokens: Tokens, vocab_size: int, what: str, chunk: int = 1 << 24) -> None:
+    """Refuse (ValueError) ids outside 0..vocab_size-1, naming the first and where it is, before
+    training starts rather than at the batch that meets it; a memory map is read a chunk at a time."""
+    for start in range(0, num_tokens(tokens), chunk):
+        piece = tokens[start : start + chunk]
+        piece = piece.numpy() if isinstance(piece, Tensor) else np.asarray(piece)
+        if piece.size and (piece.min() < 0 or piece.max() >= vocab_size):
+            offset = int(np.flatnonzero((piece < 0) | (piece >= vocab_size))[0])
+            raise ValueError(f"{what} holds token id {int(piece[offset])} at position {start + offset:,}, outside "
+                             f"the model's vocabulary (ids 0..{vocab_size - 1})")
 
 
 def split_tokens(tokens: Tokens, eval_fraction: float) -> tuple[Tokens, Tokens]:

@@ -5,8 +5,9 @@ checkpoints and several processes."""
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.recipe import Recipe, RecipeError, load_recipe
 from tformer.training.run import train_recipe
+from tformer.training.signals import TrainingInterrupted
 from tformer.training.tasks import LanguageModelling, Task
 from tformer.training.trainer import Trainer, TrainingResult
 
 __all__ = ["LanguageModelling", "Recipe", "RecipeError", "Task", "Trainer", "TrainingConfig", "TrainingError",
-           "TrainingResult", "load_recipe", "train_recipe"]
+           "TrainingInterrupted", "TrainingResult", "load_recipe", "train_recipe"]

@@ -18,10 +18,18 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tformer.checkpoint import atomic_directory, read_config, write_model_files
+from tformer.checkpoint import (
+    CheckpointError,
+    atomic_directory,
+    load_attached_tokenizer,
+    read_config,
+    write_model_files,
+)
 from tformer.config import ModelConfig
+from tformer.errors import TformerError
 from tformer.training.config import TrainingError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -30,8 +38,13 @@ STATE_NAME = "trainer_state.json"
 OPTIMIZER_NAME = "optimizer.safetensors"
 STATE_FORMAT = 1
 STEP_PATTERN = re.compile(r"^step-(\d+)$")
+NONFINITE_SUFFIX = ".nonfinite"  # a step folder set aside: training from its state went non-finite
 # Fields a resumed run may change without changing any weight's shape.
 SHAPE_FREE_FIELDS = ("dropout", "attention_dropout", "initializer_range")
+
+
+class CorruptCheckpoint(TrainingError):
+    """A checkpoint folder whose files cannot be read (truncated, overwritten, half deleted)."""
 
 
 def step_folder(run_dir: Path, step: int) -> Path:
@@ -91,6 +104,22 @@ def clean_debris(run_dir: Path) -> None:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def set_aside_after(run_dir: Path, step: int) -> list[Path]:
+    """Rename the step checkpoints after ``step`` to ``step-N.nonfinite`` (-2, -3 ... when taken),
+    so ``--resume auto`` no longer picks them and nothing is deleted; returns their new paths."""
+    moved = []
+    for saved_step, folder in list_checkpoints(run_dir):
+        if saved_step <= step:
+            continue
+        for number in range(1, 1000):
+            target = folder.with_name(folder.name + NONFINITE_SUFFIX + (f"-{number}" if number > 1 else ""))
+            if not target.exists():
+                os.replace(folder, target)
+                moved.append(target)
+                break
+    return moved
+
+
 def remove_old_checkpoints(run_dir: Path, keep_last: int) -> None:
     """Keep the newest ``keep_last`` step checkpoints (all when 0). A folder is renamed away
     before it is deleted, so an interrupted deletion never looks like a checkpoint."""
@@ -144,16 +173,18 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict, 
     folder = Path(folder)
     try:
         trainer_state = json.loads((folder / STATE_NAME).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise TrainingError(f"{folder}: not a readable training checkpoint ({error})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorruptCheckpoint(f"{folder}: not a readable training checkpoint ({STATE_NAME}: {error})") from None
+    if not isinstance(trainer_state, dict) or not isinstance(trainer_state.get("step"), int):
+        raise CorruptCheckpoint(f"{folder}: not a readable training checkpoint ({STATE_NAME} holds no step)")
     if trainer_state.get("format") != STATE_FORMAT:
         raise TrainingError(f"{folder}: {STATE_NAME} has format {trainer_state.get('format')!r}; "
                             f"this tformer reads format {STATE_FORMAT}")
-    model_state = load_file(str(folder / "model.safetensors"))
+    model_state = _read_tensors(folder / "model.safetensors")
     optimizer_state: dict[str, dict[str, torch.Tensor]] = {}
     rng_tensors: dict[str, torch.Tensor] = {}
     if (folder / OPTIMIZER_NAME).is_file():
-        for key, tensor in load_file(str(folder / OPTIMIZER_NAME)).items():
+        for key, tensor in _read_tensors(folder / OPTIMIZER_NAME).items():
             if key.startswith("optimizer/"):
                 name, _, entry = key[len("optimizer/"):].rpartition("/")
                 optimizer_state.setdefault(name, {})[entry] = tensor
@@ -162,9 +193,45 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict, 
     return trainer_state, model_state, optimizer_state, rng_tensors
 
 
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as error:
+        reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+        raise CorruptCheckpoint(f"{path.parent}: not a readable training checkpoint ({path.name}: {reason})") from None
+
+
+def check_same_vocabulary(folder: Path, tokenizer) -> None:
+    """Refuse to resume when the data's tokenizer differs from the run's (the one saved in the
+    checkpoint): the same ids would mean other tokens. Names the first token that differs."""
+    if tokenizer is None or not hasattr(tokenizer, "fingerprint"):
+        return
+    try:
+        saved = load_attached_tokenizer(folder)
+    except (OSError, TformerError) as error:
+        raise CorruptCheckpoint(f"{folder}: not a readable training checkpoint (tokenizer.json: "
+                                f"{str(error).splitlines()[0]})") from None
+    if saved is None or saved.fingerprint() == tokenizer.fingerprint():
+        return
+    advice = "train on the run's data (or its tokenizer), or start a new run folder"
+    for token_id in range(max(saved.vocab_size, tokenizer.vocab_size)):
+        before, now = saved.id_to_token(token_id), tokenizer.id_to_token(token_id)
+        if before != now:
+            raise TrainingError(f"cannot resume from {folder}: the data's vocabulary differs from the run's: token "
+                                f"id {token_id} is {before!r} in the run and {now!r} in the data (the first "
+                                f"difference; {saved.vocab_size} -> {tokenizer.vocab_size} tokens); {advice}")
+    raise TrainingError(f"cannot resume from {folder}: the data's tokenizer has the run's tokens but other settings "
+                        f"(normalisation, special tokens or post-processing); {advice}")
+
+
 def check_same_shape(folder: Path, config: ModelConfig) -> None:
     """Refuse to resume when the recipe's model differs from the checkpoint's, naming fields."""
-    saved = read_config(folder)
+    try:
+        saved = read_config(folder)
+    except CheckpointError as error:
+        raise CorruptCheckpoint(f"{folder}: not a readable training checkpoint ({error})") from None
+    if not isinstance(saved, dict):
+        raise CorruptCheckpoint(f"{folder}: not a readable training checkpoint (config.json is not a JSON object)")
     saved.pop("tformer_format", None)
     current = config.to_dict()
     differing = [

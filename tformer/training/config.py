@@ -6,6 +6,7 @@ It is the ``[training]`` section of a recipe, field for field; a message names t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tformer.errors import TformerError
@@ -14,6 +15,7 @@ from tformer.training.schedules import SCHEDULES
 PRECISIONS = ("fp32", "bf16", "fp16")
 DISTRIBUTED_MODES = ("ddp", "fsdp")
 DEVICES = ("auto", "cpu", "cuda")
+SEED_LIMIT = 2**64 - 1  # torch's generators take 64-bit seeds
 
 
 class TrainingError(TformerError):
@@ -75,7 +77,7 @@ class TrainingConfig:
         for name in ("eval_batches", "warmup_steps", "checkpoint_every", "keep_last", "early_stopping_patience",
                      "skip_nonfinite", "threads"):
             _require_int(name, getattr(self, name), minimum=0)
-        _require_int("seed", self.seed, minimum=0)
+        _require_int("seed", self.seed, minimum=0, maximum=SEED_LIMIT)
         if self.seq_len is not None:
             _require_int("seq_len", self.seq_len, minimum=1)
         for name, allowed in (
@@ -109,18 +111,21 @@ class TrainingConfig:
         return self.early_stopping_patience > 0
 
 
-def _require_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+def _require_int(name: str, value, minimum: int, maximum: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum or (
+            maximum is not None and value > maximum):
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        if maximum is not None:
+            kind = f"an integer in [{minimum}, {'2**64 - 1' if maximum == SEED_LIMIT else maximum}]"
         raise TrainingError(f"training.{name}={value!r} must be {kind}")
 
 
 def _require_number(name: str, value, low: float, high: float | None = None, low_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok:
         ok = (value > low if low_open else value >= low) and (high is None or value < high)
     if not ok:
         bound = f"> {low}" if low_open else f">= {low}"
         if high is not None:
             bound = f"in [{low}, {high})"
-        raise TrainingError(f"training.{name}={value!r} must be a number {bound}")
+        raise TrainingError(f"training.{name}={value!r} must be a finite number {bound}")

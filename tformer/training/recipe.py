@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import tomllib
 import types
 import typing
@@ -60,7 +61,8 @@ class Recipe:
             return self
         if vocab_size is None:
             raise RecipeError(f"{self.source}: [model] vocab_size is needed: [data] has no tokenizer to take it from")
-        model = _build(self.source, "model", lambda: resolve_config(self.model, vocab_size=vocab_size))
+        model = _build(lambda section, key: self.source, "model",
+                       lambda: resolve_config(self.model, vocab_size=vocab_size))
         return dataclasses.replace(self, model=model, vocab_size_given=True)
 
     def to_toml(self) -> str:
@@ -95,13 +97,19 @@ def recipe_from_dict(
     """Validate a parsed recipe (sections -> key -> value) after applying ``--set`` overrides."""
     base_dir = base_dir or Path.cwd()
     raw = {section: dict(values) if isinstance(values, dict) else values for section, values in raw.items()}
-    from_command_line: set[tuple[str, str]] = set()
+    from_command_line: dict[tuple[str, str], str] = {}  # (section, key) -> "--set section.key=value"
     for override in overrides:
         section, key, value = parse_override(override)
         if section not in SECTIONS:
             raise RecipeError(f"--set {override}: unknown section [{section}]; sections: {', '.join(SECTIONS)}")
+        if not isinstance(raw.get(section, {}), dict):
+            raise RecipeError(f"{source}: [{section}] must be a table of key = value lines")
         raw.setdefault(section, {})[key] = value
-        from_command_line.add((section, key))
+        from_command_line[(section, key)] = f"--set {override.strip()}"
+
+    def origin(section: str, key: str | None) -> str:
+        """Where a value came from: its --set option, or the recipe file."""
+        return from_command_line.get((section, key or ""), source)
 
     for section, values in raw.items():
         if section not in SECTIONS:
@@ -115,15 +123,15 @@ def recipe_from_dict(
 
     preset = model_values.pop("preset", None)
     if preset is not None and not isinstance(preset, str):
-        raise RecipeError(f"{source}: [model] preset={preset!r} must be a preset name")
-    _check_keys(source, "model", model_values, extra_allowed=("preset",))
-    _check_keys(source, "data", data_values)
-    _check_keys(source, "training", training_values)
-    _check_keys(source, "task", task_values)
-    _check_types(source, "model", model_values)
-    _check_types(source, "data", data_values)
-    _check_types(source, "training", training_values)
-    _check_types(source, "task", task_values)
+        raise RecipeError(f"{origin('model', 'preset')}: [model] preset={preset!r} must be a preset name")
+    _check_keys(origin, "model", model_values, extra_allowed=("preset",))
+    _check_keys(origin, "data", data_values)
+    _check_keys(origin, "training", training_values)
+    _check_keys(origin, "task", task_values)
+    _check_types(origin, "model", model_values)
+    _check_types(origin, "data", data_values)
+    _check_types(origin, "training", training_values)
+    _check_types(origin, "task", task_values)
 
     for key in PATH_KEYS:
         value = data_values.get(key)
@@ -138,16 +146,18 @@ def recipe_from_dict(
             return ModelConfig(**model_values)
         return resolve_config(preset, **model_values)  # a preset's special-token ids follow a new vocab_size
 
-    model = _build(source, "model", make_model)
-    data = _build(source, "data", lambda: DataConfig(**data_values))
-    training = _build(source, "training", lambda: TrainingConfig(**training_values))
-    task = _build(source, "task", lambda: TaskConfig(**task_values))
-    _build(source, "data", data.check_files)
+    model = _build(origin, "model", make_model)
+    data = _build(origin, "data", lambda: DataConfig(**data_values))
+    training = _build(origin, "training", lambda: TrainingConfig(**training_values))
+    task = _build(origin, "task", lambda: TaskConfig(**task_values))
+    _build(origin, "data", data.check_files)
     if training.seq_len is not None and training.seq_len > model.max_seq_len and model.positional in (
         "learned", "sinusoidal"
     ):
+        where = origin("training", "seq_len") if ("training", "seq_len") in from_command_line else \
+            origin("model", "max_seq_len")
         raise RecipeError(
-            f"{source}: [training] seq_len={training.seq_len} exceeds [model] max_seq_len={model.max_seq_len} "
+            f"{where}: [training] seq_len={training.seq_len} exceeds [model] max_seq_len={model.max_seq_len} "
             f"of its {model.positional} position table"
         )
     if training.seq_len is None:
@@ -199,24 +209,25 @@ def _field_types(section: str) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
-def _check_keys(source: str, section: str, values: dict, extra_allowed: tuple[str, ...] = ()) -> None:
+def _check_keys(origin, section: str, values: dict, extra_allowed: tuple[str, ...] = ()) -> None:
+    """``origin(section, key)``: where a value came from (the recipe file or its --set option)."""
     known = [*_field_types(section), *extra_allowed]
     for key in values:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise RecipeError(
-                f"{source}: [{section}] unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}"
+                f"{origin(section, key)}: [{section}] unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}"
             )
 
 
-def _check_types(source: str, section: str, values: dict) -> None:
+def _check_types(origin, section: str, values: dict) -> None:
     types_by_key = _field_types(section)
     for key, value in values.items():
         expected = types_by_key[key]
         if not _matches(value, expected):
             raise RecipeError(
-                f"{source}: [{section}] {key}={value!r} must be {_describe(expected)}"
+                f"{origin(section, key)}: [{section}] {key}={value!r} must be {_describe(expected)}"
                 f" (got {type(value).__name__})"
             )
 
@@ -245,12 +256,14 @@ def _describe(expected: Any) -> str:
     return " or ".join(described)
 
 
-def _build(source: str, section: str, make):
-    """Run a constructor; its error becomes one line naming the recipe and section."""
+def _build(origin, section: str, make):
+    """Run a constructor; its error becomes one line naming the recipe (or the --set option that
+    gave the value the message names first) and the section."""
     try:
         return make()
     except (ConfigError, TrainingError, DataError, TypeError) as error:
         message = str(error)
         if message.startswith(f"{section}."):
             message = message[len(section) + 1 :]
-        raise RecipeError(f"{source}: [{section}] {message}") from None
+        named = re.match(r"(\w+)[=:]", message)
+        raise RecipeError(f"{origin(section, named and named.group(1))}: [{section}] {message}") from None

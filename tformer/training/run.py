@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 
 from tformer.models import build_model
-from tformer.training import checkpoints, distributed, preflight
+from tformer.training import checkpoints, distributed
 from tformer.training.config import TrainingError
 from tformer.training.recipe import Recipe
+from tformer.training.signals import TrainingInterrupted
 from tformer.training.tasks import task_for_recipe
 from tformer.training.trainer import Trainer, TrainingResult
 
@@ -20,15 +21,20 @@ RECIPE_NAME = "recipe.toml"
 
 
 def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None, progress: bool = True,
-                 echo: Callable[[str], None] = print) -> TrainingResult:
+                 echo: Callable[[str], None] = print, overwrite: bool = False) -> TrainingResult:
     """Train what ``recipe`` describes into the run folder ``out_dir``. ``resume``: None (a
-    fresh run; the folder must not hold one already), ``"auto"`` or a checkpoint/run folder."""
+    fresh run; the folder must be empty, or with ``overwrite`` its contents are moved into
+    ``OUT.replaced-N``), ``"auto"`` or a checkpoint/run folder. Nothing is written before the
+    data, the model and the folder have passed their checks. SIGINT/SIGTERM: the run saves a
+    checkpoint and ``TrainingInterrupted`` is raised."""
     out = Path(out_dir)
     config = recipe.training
     context = distributed.join_process_group(config.device, config.dist_timeout_s)
     say = echo if context.is_main else (lambda text: None)
+    trainer = None
     try:
-        preflight.check_writable(out)  # every process checks: none may wait for a failed peer
+        if out.exists() and not out.is_dir():
+            raise TrainingError(f"output folder {out}: exists and is not a folder")
         existing = checkpoints.list_checkpoints(out)
         if resume is None and existing:
             raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
@@ -42,7 +48,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         say(f"data       {data.description}{tokenizer}")
         say(f"model      {recipe.model.architecture}: {model.num_parameters():,} parameters, "
             f"{recipe.model.num_layers} layers, width {recipe.model.d_model}, context {recipe.model.max_seq_len}")
-        trainer = Trainer(model, config, task, out_dir=out, progress=progress)
+        trainer = Trainer(model, config, task, out_dir=out, progress=progress, overwrite=overwrite)
         rows = f"{config.batch_size} x {task.units_per_row}" if task.units_per_row > 1 else f"{config.batch_size}"
         say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
             f"({rows} x {config.grad_accum_steps} accumulated x "
@@ -52,13 +58,20 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
             step = trainer.resume(resume)
             if trainer.resumed_from is not None:
                 say(f"resumed from step {step} ({trainer.resumed_from})")
-            else:
+            elif not trainer.restart:
                 say(f"no checkpoint in {out} yet: starting at step 0")
+        trainer.prepare_out_dir()  # locked and checked before the recipe is written into it
         trainer.state.on_main(lambda: write_recipe(out, recipe))
-        result = trainer.train()
+        try:
+            result = trainer.train()
+        except TrainingInterrupted:
+            distributed.barrier(context)
+            raise
         distributed.barrier(context)  # nobody leaves the group while a peer still talks to it
         return result
     finally:
+        if trainer is not None:
+            trainer.state.release()  # (train releases it too; this covers a failure before it)
         trainer = model = None  # freed before the process group goes (see leave_process_group)
         distributed.leave_process_group()
 

@@ -1,10 +1,27 @@
 """Ctrl-C (SIGINT) and SIGTERM as a request to stop: the training loop finishes its step,
-saves a checkpoint and returns, instead of dying mid-write. A second Ctrl-C stops at once."""
+saves a checkpoint and raises ``TrainingInterrupted``, instead of dying mid-write. A second
+Ctrl-C stops at once."""
 
 from __future__ import annotations
 
 import signal
 import threading
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT or SIGTERM after saving its checkpoint. A ``KeyboardInterrupt``,
+    so a program that does not catch it stops as it would on Ctrl-C; ``result`` is the
+    ``TrainingResult`` so far (``stopped == "interrupted"``), ``signal_name`` the signal this
+    process received (None when only a peer process did), ``exit_code`` the shell's 128 + N."""
+
+    def __init__(self, message: str, result, signal_name: str | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+        self.signal_name = signal_name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (signal.SIGTERM if self.signal_name == "SIGTERM" else signal.SIGINT)
 
 
 class StopRequest:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,13 +20,17 @@ import numpy as np
 import torch
 
 from tformer.checkpoint import atomic_directory, write_files_into, write_model_files
-from tformer.training import checkpoints, distributed, preflight
+from tformer.training import checkpoints, distributed, preflight, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
-from tformer.training.reporting import METRICS_NAME, Reporter, truncate_metrics
+from tformer.training.reporting import Reporter, truncate_metrics
 
 # The loop's counters a checkpoint holds, with their values at the start of a fresh run.
 FRESH_COUNTERS = {"step": 0, "data_position": 0, "best_value": None, "best_step": None,
                   "evals_without_improvement": 0, "skipped_steps": 0}
+
+
+class NonFiniteState(TrainingError):
+    """The weights or the optimizer's moments hold a NaN or Inf: such a state is never saved."""
 
 
 class RunState:
@@ -35,6 +40,9 @@ class RunState:
                  out_dir: Path | None) -> None:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.config, self.context, self.out_dir = config, context, out_dir
+        self.lock = None if out_dir is None else run_folder.RunLock(out_dir)
+        self.claimed = False  # the same on every process (the main one holds the lock)
+        self.created_out_dir = False
 
     def on_main(self, action):
         """Run ``action()`` (a write) on the main process; the others wait and fail with it."""
@@ -62,30 +70,69 @@ class RunState:
 
     # ---- writing ----------------------------------------------------------------------------------
 
-    def prepare_out_dir(self, resumed: bool, overwrite: bool, step: int) -> None:
-        """Before the first step: writable folder, enough disk, no debris, no stale run (a
-        resumed run keeps its metrics up to ``step``)."""
-        def prepare() -> None:
+    def claim(self) -> None:
+        """Create the run folder if needed and take its lock (``run_folder.RunLock``) on the main
+        process, before anything reads or writes the folder; kept until ``release``."""
+        if self.out_dir is None or self.claimed:
+            return
+
+        def take() -> None:
+            self.created_out_dir = not self.out_dir.exists()
+            preflight.check_writable(self.out_dir)
+            self.lock.acquire()
+
+        self.on_main(take)
+        self.claimed = True
+
+    def release(self, abandon: bool = False) -> None:
+        """Let go of the run folder; with ``abandon`` (nothing was trained), remove it again when
+        this run created it and it holds nothing but the lock."""
+        if self.lock is not None and self.lock.held:
+            self.lock.release()
+            if abandon and self.created_out_dir and not any(self.out_dir.iterdir()):
+                self.out_dir.rmdir()
+        self.claimed = False
+
+    def prepare_out_dir(self, resumed: bool, overwrite: bool, step: int, restart: bool = False,
+                        resumed_from: Path | None = None) -> list[str]:
+        """Before the first step: enough disk, no debris of its own. A run resumed from its
+        own folder keeps its metrics up to ``step``; a fresh one (or one resumed from another
+        folder's ``resumed_from``) needs an empty folder, or ``restart`` (an unfinished run with no
+        checkpoint to resume: its metrics are dropped), or ``overwrite`` (the old contents are
+        moved into ``RUN.replaced-N``). Nothing is deleted. Returns lines to show the user."""
+        def prepare() -> list[str]:
             out = self.out_dir
-            preflight.check_writable(out)
             preflight.check_disk_space(out, sum(p.numel() for p in self.model.parameters()))
-            checkpoints.clean_debris(out)
-            if resumed:
+            notes = []
+            elsewhere = resumed_from is not None and out.resolve() not in resumed_from.resolve().parents
+            if elsewhere and run_folder.contents(out):
+                raise TrainingError(f"{out} is not empty ({run_folder.describe(run_folder.contents(out))}); a run "
+                                    f"resumed from {resumed_from} starts in an empty output folder (or continue the "
+                                    f"run in {out} with --resume auto)")
+            if resumed or restart:
+                checkpoints.clean_debris(out)  # a run's own leftovers; a folder it did not write is left alone
                 truncate_metrics(out, step)
-            else:
+            elif run_folder.contents(out):
                 existing = checkpoints.list_checkpoints(out)
-                if existing and not overwrite:
+                if overwrite:
+                    moved = run_folder.move_aside(out)
+                    notes.append(f"{out} was not empty: moved its contents to {moved} (nothing is deleted)")
+                elif existing:
                     raise TrainingError(
                         f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
                         "resume it with --resume auto, or choose another output folder"
                     )
-                for stale in (out / checkpoints.CHECKPOINTS_DIR, out / "tensorboard"):
-                    if stale.is_dir():
-                        shutil.rmtree(stale)
-                (out / METRICS_NAME).unlink(missing_ok=True)
-            (out / "training_config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+                else:
+                    names = run_folder.contents(out)
+                    raise TrainingError(
+                        f"{out} is not empty ({run_folder.describe(names)}) and holds no run to resume; choose "
+                        f"another output folder, or pass --overwrite to move its contents to "
+                        f"{out.resolve().name}.replaced-N beside it (nothing is deleted)"
+                    )
+            (out / run_folder.TRAINING_CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+            return notes
 
-        self.on_main(prepare)
+        return self.on_main(prepare) or []
 
     def trainer_state(self, counters: dict, next_lr: float, units: str, units_per_step: int) -> dict:
         """The loop's own state: JSON, written last into a checkpoint."""
@@ -109,19 +156,23 @@ class RunState:
         model_state, optimizer_state, rng_states = self.gather(with_optimizer=True, with_rng=True)
         folder = checkpoints.step_folder(self.out_dir, trainer_state["step"])
 
+        # Checked before anything is written (the main process holds the gathered state; all learn the answer).
+        nonfinite = distributed.all_gather_objects(
+            self.on_main(lambda: first_nonfinite(model_state, optimizer_state)), self.context)[0]
+        if nonfinite is not None:
+            raise NonFiniteState(f"{nonfinite} is not finite after step {trainer_state['step']}")
+
         def write() -> None:
-            if reporter is not None:
-                reporter.flush()
             rng_tensors = {}
             for rank, state in enumerate(rng_states):
                 rng_tensors[f"rng/torch/{rank}"] = state.pop("torch")
                 if "cuda" in state:
                     rng_tensors[f"rng/cuda/{rank}"] = state.pop("cuda")
-            try:
+            with self.writing(folder):
+                if reporter is not None:
+                    reporter.flush()
                 checkpoints.write_checkpoint(folder, self.model.config, model_state, self.model.tokenizer,
                                              optimizer_state, {**trainer_state, "rng": rng_states}, rng_tensors)
-            except OSError as error:
-                raise TrainingError(f"cannot write checkpoint {folder}: {error.strerror or error}") from None
             checkpoints.remove_old_checkpoints(self.out_dir, self.config.keep_last)
 
         self.on_main(write)
@@ -133,7 +184,7 @@ class RunState:
 
         def write() -> None:
             folder = self.out_dir / checkpoints.CHECKPOINTS_DIR / checkpoints.BEST_NAME
-            with atomic_directory(folder) as temporary:
+            with self.writing(folder), atomic_directory(folder) as temporary:
                 write_model_files(temporary, self.model.config, model_state, self.model.tokenizer)
                 (temporary / "best.json").write_text(json.dumps(
                     {"step": step, self.config.early_stopping_metric: value}) + "\n")
@@ -143,15 +194,47 @@ class RunState:
     def save_final_model(self) -> None:
         """The run folder itself becomes a model folder: config.json, model.safetensors, tokenizer."""
         model_state, _, _ = self.gather(with_optimizer=False)
-        self.on_main(lambda: write_files_into(self.out_dir, lambda folder: write_model_files(
-            folder, self.model.config, model_state, self.model.tokenizer)))
+
+        def write() -> None:
+            with self.writing(self.out_dir / "model.safetensors"):
+                write_files_into(self.out_dir, lambda folder: write_model_files(
+                    folder, self.model.config, model_state, self.model.tokenizer))
+
+        self.on_main(write)
+
+    @contextmanager
+    def writing(self, path: Path):
+        """A write whose failure (a full disk) becomes one line naming ``path`` and the free space;
+        what was written before stays as it was (every write goes to a temporary name first)."""
+        try:
+            yield
+        except OSError as error:
+            try:
+                free = f"{shutil.disk_usage(self.out_dir).free / 2**20:,.0f} MiB free there"
+            except OSError:
+                free = "free space unknown"
+            newest = checkpoints.latest_checkpoint(self.out_dir)
+            kept = f"; the newest checkpoint, {newest}, is intact" if newest else ""
+            raise TrainingError(f"cannot write {path}: {error.strerror or error} ({free}){kept}") from None
+
+    def set_aside_after(self, step: int) -> Path | None:
+        """Checkpoints after ``step`` (their training went non-finite since) renamed aside on the
+        main process; the newest checkpoint left, or None."""
+        def set_aside() -> Path | None:
+            checkpoints.set_aside_after(self.out_dir, step)
+            return checkpoints.latest_checkpoint(self.out_dir)
+
+        newest = self.on_main(set_aside)
+        return distributed.all_gather_objects(newest, self.context)[0]
 
     # ---- restoring --------------------------------------------------------------------------------
 
-    def resume(self, spec: str | Path = "auto") -> tuple[Path, dict] | None:
+    def resume(self, spec: str | Path = "auto") -> tuple[Path, dict, dict, list[str]] | None:
         """Restore weights, optimizer, grad scaler and this process's RNG states from a
-        checkpoint: ``auto`` (this run folder's newest, or None when there is none), a checkpoint
-        folder, or a run folder. Returns the folder and the loop's counters (``FRESH_COUNTERS``' keys)."""
+        checkpoint: ``auto`` (this run folder's newest intact one, or None when there is none), a
+        checkpoint folder, or a run folder. Returns the folder, the loop's counters
+        (``FRESH_COUNTERS``' keys), the checkpoint's training settings and lines to show the user
+        (a damaged checkpoint passed over)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_optimizer_state_dict,
@@ -161,11 +244,28 @@ class RunState:
 
         if self.out_dir is not None:
             self.on_main(lambda: checkpoints.clean_debris(self.out_dir))
-        folder = checkpoints.resolve_resume(spec, self.out_dir)
-        if folder is None:
+        if str(spec) == "auto":
+            candidates = [] if self.out_dir is None else \
+                [folder for _, folder in reversed(checkpoints.list_checkpoints(self.out_dir))]
+        else:
+            candidates = [checkpoints.resolve_resume(spec, self.out_dir)]
+        if not candidates:
             return None
-        checkpoints.check_same_shape(folder, self.model.config)
-        state, model_state, optimizer_entries, rng_tensors = checkpoints.read_checkpoint(folder)
+        notes, damaged = [], []
+        for folder in candidates:
+            try:
+                state, model_state, optimizer_entries, rng_tensors = checkpoints.read_checkpoint(folder)
+                checkpoints.check_same_shape(folder, self.model.config)
+                checkpoints.check_same_vocabulary(folder, getattr(self.model, "tokenizer", None))
+                break
+            except checkpoints.CorruptCheckpoint as error:
+                if len(candidates) == 1:
+                    raise
+                damaged.append(str(error))
+        else:
+            raise TrainingError(f"--resume {spec}: no intact checkpoint in {self.out_dir}: " + "; ".join(damaged))
+        if damaged:
+            notes = [f"{reason}; resuming from the newest intact checkpoint, {folder}" for reason in damaged]
         expected = {n for n in self.model.state_dict() if n not in self.model.tied_parameters()}
         if set(model_state) != expected:
             raise TrainingError(f"{folder}: the weights do not match the model "
@@ -184,7 +284,27 @@ class RunState:
             seed_random_generators(self.config.seed + rank + 7919 * state["step"])
         counters = {name: state.get(name, fresh) for name, fresh in FRESH_COUNTERS.items()}
         counters["step"], counters["data_position"] = state["step"], state["data_position"]
-        return folder, counters
+        return folder, counters, state.get("training_config") or {}, notes
+
+
+def changed_settings(saved: dict, config: TrainingConfig) -> list[str]:
+    """``training.NAME old -> new`` for each training setting that differs from ``saved`` (a
+    run's earlier settings, as ``asdict`` gives them)."""
+    current = asdict(config)
+    return [f"training.{name} {saved[name]!r} -> {value!r}" for name, value in current.items()
+            if name in saved and saved[name] != value]
+
+
+def first_nonfinite(model_state: dict[str, torch.Tensor], optimizer_state: dict | None) -> str | None:
+    """The name of the first weight or optimizer moment holding a NaN or Inf, or None."""
+    named = list(model_state.items())
+    for name, entries in (optimizer_state or {}).get("state", {}).items():
+        named += [(f"the optimizer's {key} of {name}", value) for key, value in entries.items()
+                  if isinstance(value, torch.Tensor)]
+    floats = [(name, tensor) for name, tensor in named if tensor.is_floating_point() and tensor.numel()]
+    if not floats or bool(torch.stack([tensor.isfinite().all() for _, tensor in floats]).all()):
+        return None
+    return next(name for name, tensor in floats if not bool(tensor.isfinite().all()))
 
 
 # ---- random number generators ---------------------------------------------------------------------
@@ -194,7 +314,7 @@ def seed_random_generators(seed: int) -> None:
     """Seed Python's, numpy's and torch's generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % 2**64)
 
 
 def capture_rng() -> dict:

@@ -11,6 +11,7 @@ a resumed run ends bitwise where an uninterrupted one would.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -21,17 +22,17 @@ from pathlib import Path
 
 import torch
 
-from tformer.training import checkpoints, distributed
+from tformer.training import checkpoints, distributed, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.optim import build_optimizer
 from tformer.training.reporting import Reporter
 from tformer.training.schedules import learning_rate
-from tformer.training.signals import StopRequest
-from tformer.training.state import FRESH_COUNTERS, RunState, seed_random_generators
+from tformer.training.signals import StopRequest, TrainingInterrupted
+from tformer.training.state import FRESH_COUNTERS, NonFiniteState, RunState, changed_settings, seed_random_generators
 from tformer.training.tasks.base import Batch, Task
 from tformer.training.threads import ThreadTuner
 
-__all__ = ["Trainer", "TrainingConfig", "TrainingError", "TrainingResult"]
+__all__ = ["Trainer", "TrainingConfig", "TrainingError", "TrainingInterrupted", "TrainingResult"]
 
 
 def native_bf16_matmul() -> bool:
@@ -75,8 +76,10 @@ class Trainer:
     With ``out_dir`` the run writes metrics.jsonl, checkpoints/step-N (every
     ``checkpoint_every`` steps and at the end), checkpoints/best and, at the end, the model
     itself into ``out_dir`` (config.json, model.safetensors, tokenizer.json), so
-    ``tformer.load(out_dir)`` works. ``overwrite`` lets a fresh run replace an old run's
-    checkpoints in ``out_dir``; otherwise that is an error (resume it instead).
+    ``tformer.load(out_dir)`` works. The folder is locked while the run uses it (a second
+    process is refused). A fresh run needs an empty folder; ``overwrite`` moves what is there
+    into ``OUT.replaced-N`` beside it (nothing is ever deleted); otherwise resume the run there.
+    A run stopped by SIGINT/SIGTERM saves a checkpoint and raises ``TrainingInterrupted``.
     """
 
     def __init__(self, model, config: TrainingConfig, task: Task, out_dir: str | Path | None = None,
@@ -132,6 +135,9 @@ class Trainer:
         self.evals_without_improvement = 0
         self.skipped_steps = 0
         self.resumed_from: Path | None = None
+        self.restart = False  # resume("auto") found an unfinished run without a usable checkpoint
+        self.last_good_step = 0  # the newest state whose training step was finite (see _stop_nonfinite)
+        self._out_dir_ready = False
         self._lr_in_optimizer: float | None = None
 
     # ---- one step ------------------------------------------------------------------------------
@@ -252,18 +258,41 @@ class Trainer:
 
     # ---- the run ---------------------------------------------------------------------------------
 
+    def prepare_out_dir(self) -> None:
+        """Lock the run folder and check it (see the class doc) before the first step; ``train``
+        calls it, a caller that writes its own files into the folder (a recipe) calls it first."""
+        if self.out_dir is None or self._out_dir_ready:
+            return
+        self.state.claim()
+        try:
+            notes = self.state.prepare_out_dir(self.resumed_from is not None or self.step > 0, self.overwrite,
+                                               self.step, restart=self.restart, resumed_from=self.resumed_from)
+        except BaseException:
+            self.state.release(abandon=self.step == 0 and self.resumed_from is None)
+            raise
+        self._say(notes)
+        self._out_dir_ready = True
+
     def train(self) -> TrainingResult:
-        """Train from ``self.step`` to ``max_steps`` (or until stopped); see the class doc."""
+        """Train from ``self.step`` to ``max_steps`` (or until stopped; SIGINT/SIGTERM save a
+        checkpoint and raise ``TrainingInterrupted``); see the class doc."""
+        self.prepare_out_dir()
+        try:
+            return self._train()
+        finally:
+            self.state.release()
+            self._out_dir_ready = False
+
+    def _train(self) -> TrainingResult:
         config, context = self.config, self.context
-        if self.out_dir is not None:
-            self.state.prepare_out_dir(self.resumed_from is not None, self.overwrite, self.step)
+        self.last_good_step = self.step
         reporter = Reporter(self.out_dir, config.max_steps, self.step, enabled=context.is_main,
                             progress=self.progress, unit=self.task.unit)
         window = _Window(self.units_per_step, self.task.unit)
         history: list[dict] = []
         started = time.perf_counter()
         start_step = self.step
-        loss, eval_loss, stopped = math.nan, None, "completed"
+        loss, eval_loss, stopped, signal_name = math.nan, None, "completed", None
         last_saved = self.step if self.resumed_from is not None else None  # resumed: that step is on disk
         try:
             with StopRequest() as stop:
@@ -281,7 +310,7 @@ class Trainer:
                             stopped = "early_stopping"
                     reporter.advance(1, loss, outcome.lr, window.smoothed_rate)
                     if outcome.stop_requested:
-                        stopped = "interrupted"
+                        stopped, signal_name = "interrupted", stop.requested
                     due = config.checkpoint_every and self.step % config.checkpoint_every == 0
                     if self.out_dir is not None and (due or stopped != "completed"):
                         self.save_checkpoint(reporter)
@@ -303,16 +332,17 @@ class Trainer:
                 self.save_checkpoint(None)
             checkpoint = checkpoints.step_folder(self.out_dir, self.step)
             self.state.save_final_model()
-        if stopped == "interrupted" and context.is_main:
-            where = f": saved to {checkpoint}; continue with --resume auto" if checkpoint else ""
-            print(f"interrupted at step {self.step}{where}", flush=True)
-        return TrainingResult(
+        result = TrainingResult(
             steps=self.step, final_train_loss=loss, final_eval_loss=eval_loss,
             seconds=time.perf_counter() - started,
             throughput=(self.step - start_step) * self.units_per_step / max(window.train_seconds, 1e-9),
             unit=self.task.unit, history=history, stopped=stopped, best_eval=self.best_value,
             best_step=self.best_step, checkpoint=checkpoint, start_step=start_step,
         )
+        if stopped == "interrupted":
+            where = f": saved to {checkpoint}; continue with --resume auto" if checkpoint else ""
+            raise TrainingInterrupted(f"interrupted at step {self.step}{where}", result, signal_name)
+        return result
 
     def _timed_step(self, stop_requested: bool, window: _Window, reporter: Reporter) -> StepOutcome:
         """One step, timed (for the throughput and the thread tuner), the step counter advanced."""
@@ -326,7 +356,9 @@ class Trainer:
             tuner.after_step(elapsed)
             while tuner.changes:
                 reporter.message(f"step {self.step + 1}: using {tuner.changes.pop(0)}")
-        if not outcome.finite:
+        if outcome.finite:
+            self.last_good_step = self.step  # this state trained to a finite loss and gradient
+        else:
             self._handle_nonfinite(outcome, reporter)
         self.step += 1
         window.add(outcome.loss, elapsed)
@@ -365,49 +397,93 @@ class Trainer:
         return False
 
     def _handle_nonfinite(self, outcome: StepOutcome, reporter: Reporter) -> None:
-        """Skip the step (not applied) up to ``skip_nonfinite`` times; then stop with the state
-        before it saved as a checkpoint."""
+        """Skip the step (not applied) up to ``skip_nonfinite`` times; then stop (``_stop_nonfinite``).
+        Steps are numbered as metrics.jsonl numbers them: the one after ``self.step``."""
         self.skipped_steps += 1
         what = f"loss became {outcome.loss}" if not math.isfinite(outcome.loss) else (
             f"gradient norm became {outcome.grad_norm}")
         if self.skipped_steps <= self.config.skip_nonfinite:
-            reporter.message(f"step {self.step}: {what}; step skipped "
+            reporter.message(f"step {self.step + 1}: {what}; step skipped "
                              f"({self.skipped_steps} of training.skip_nonfinite={self.config.skip_nonfinite})")
             return
-        self.data_position -= self.config.grad_accum_steps  # the failed step is not part of the state
-        saved = ""
-        if self.out_dir is not None:
-            weights_finite = all(bool(torch.isfinite(p.detach()).all()) for p in self.parameters)
-            if weights_finite:
-                reporter.close()
-                self.save_checkpoint(None)
-                saved = f"; the state before it is saved in {checkpoints.step_folder(self.out_dir, self.step)}"
-            else:
-                newest = checkpoints.latest_checkpoint(self.out_dir)
-                saved = f"; last good checkpoint: {newest}" if newest else "; no good checkpoint was saved"
-        raise TrainingError(f"{what} at step {self.step}: training stopped{saved}; lower training.lr, "
-                            "raise training.skip_nonfinite, or check the data")
+        raise self._stop_nonfinite(f"{what} at step {self.step + 1}")
+
+    def _stop_nonfinite(self, what: str) -> TrainingError:
+        """The error that ends a run gone non-finite. Only a state that trained on to a finite step
+        is worth resuming (its successor need not be: with too high a learning rate one finite step
+        leaves weights whose next loss overflows), so the checkpoints after the newest such state
+        are renamed aside (``step-N.nonfinite``) and the message names the newest one left."""
+        advice = "lower training.lr (--set training.lr=...), raise training.skip_nonfinite, or check the data"
+        if self.out_dir is None:
+            return TrainingError(f"{what}: training stopped; {advice}")
+        newest = self.state.set_aside_after(self.last_good_step)
+        if newest is not None:
+            where = f"the newest finite checkpoint is {newest}, where --resume auto continues"
+        else:
+            where = "no finite checkpoint was saved before it: --resume auto starts again at step 0"
+        return TrainingError(f"{what}: training stopped; {where}; {advice}")
 
     # ---- checkpoints (state.RunState writes and reads them) ---------------------------------------
 
     def save_checkpoint(self, reporter: Reporter | None) -> Path:
-        """Write checkpoints/step-N of the run as it stands (see ``state.RunState``)."""
+        """Write checkpoints/step-N of the run as it stands (see ``state.RunState``); a state
+        with non-finite weights or moments is not written and stops the run."""
         counters = {name: getattr(self, name) for name in FRESH_COUNTERS}
         trainer_state = self.state.trainer_state(counters, self.learning_rate(self.step), self.task.unit,
                                                  self.units_per_step)
-        return self.state.save_checkpoint(trainer_state, reporter)
+        try:
+            return self.state.save_checkpoint(trainer_state, reporter)
+        except NonFiniteState as error:
+            raise self._stop_nonfinite(str(error)) from None
 
     def resume(self, spec: str | Path = "auto") -> int:
-        """Restore the state of a checkpoint: ``auto`` (this run folder's newest, or nothing when
-        there is none), a checkpoint folder, or a run folder. Returns the step resumed from."""
-        restored = self.state.resume(spec)
-        if restored is None:
-            return 0
-        self.resumed_from, counters = restored
+        """Restore the state of a checkpoint: ``auto`` (this run folder's newest intact one, or
+        nothing when there is none), a checkpoint folder, or a run folder. Returns the step
+        resumed from. Locks the run folder (see ``train``)."""
+        self.state.claim()
+        try:
+            restored = self.state.resume(spec)
+            if restored is None:
+                self._restart_unfinished_run(spec)
+                return 0
+        except BaseException:
+            self.state.release(abandon=True)
+            raise
+        self.resumed_from, counters, saved_settings, notes = restored
         for name, value in counters.items():
             setattr(self, name, value)
         self._lr_in_optimizer = None
+        changed = changed_settings(saved_settings, self.config)
+        if changed:
+            notes.append(f"settings changed on resume: {', '.join(changed)}")
+        self._say(notes)
         return self.step
+
+    def _restart_unfinished_run(self, spec: str | Path) -> None:
+        """``resume("auto")`` in a run folder that holds a run of this model stopped before any
+        usable checkpoint: the run starts again at step 0 (its metrics from step 1 on are dropped)."""
+        out = self.out_dir
+        if str(spec) != "auto" or out is None or not run_folder.is_unfinished_run(out):
+            return
+        best = out / checkpoints.CHECKPOINTS_DIR / checkpoints.BEST_NAME
+        if (best / "config.json").is_file():
+            checkpoints.check_same_shape(best, self.model.config)
+        notes = [f"no usable checkpoint in {out}: its run starts again at step 0"]
+        try:
+            saved = json.loads((out / run_folder.TRAINING_CONFIG_NAME).read_text())
+            changed = changed_settings(saved if isinstance(saved, dict) else {}, self.config)
+        except (OSError, ValueError):
+            changed = []
+        if changed:
+            notes.append(f"settings changed since that run: {', '.join(changed)}")
+        self.restart = True
+        self._say(notes)
+
+    def _say(self, lines: list[str]) -> None:
+        """Lines for the user, from the main process."""
+        if self.context.is_main:
+            for line in lines:
+                print(line, flush=True)
 
 
 class _Window:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tformer.data.lm import num_tokens, random_crops, spaced_windows
+from tformer.data.lm import check_token_ids, num_tokens, random_crops, spaced_windows
 from tformer.nn.losses import token_cross_entropy
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
@@ -31,9 +31,10 @@ class LanguageModelling(Task):
     name = "lm"
     unit = "tokens"
 
-    def __init__(self, train_tokens, eval_tokens=None) -> None:
+    def __init__(self, train_tokens, eval_tokens=None, *, sources: dict[str, str] | None = None) -> None:
         self.train_tokens = _as_tokens(train_tokens)
         self.eval_tokens = None if eval_tokens is None else _as_tokens(eval_tokens)
+        self.sources = dict(sources or {})  # "training"/"evaluation" -> the file the tokens came from
 
     @property
     def next_token_objective(self) -> bool:
@@ -56,6 +57,12 @@ class LanguageModelling(Task):
             if tokens is not None and num_tokens(tokens) < self.seq_len + 2:
                 raise TrainingError(f"the {name} data has {num_tokens(tokens)} tokens; training.seq_len="
                                     f"{self.seq_len} needs at least {self.seq_len + 2}")
+            if tokens is not None:
+                source = f" ({self.sources[name]})" if name in self.sources else ""
+                try:
+                    check_token_ids(tokens, self.vocab_size, f"the {name} data{source}")
+                except ValueError as error:
+                    raise TrainingError(str(error)) from None
 
     @property
     def units_per_row(self) -> int:

@@ -28,4 +28,5 @@ def task_for_recipe(config: TaskConfig, data: DataConfig) -> tuple[Task, Languag
     """The task a recipe names, on the data its ``[data]`` section loads (with the tokenizer
     and vocabulary size the model takes from it)."""
     loaded = load_language_model_data(data)
-    return TASKS[config.name](loaded.train, loaded.eval), loaded
+    sources = {"training": data.train, "evaluation": data.eval or data.train}
+    return TASKS[config.name](loaded.train, loaded.eval, sources=sources), loaded

@@ -9,6 +9,7 @@ from tformer.models import DecoderLM, EncoderModel, EncoderOutput, Model, ModelO
 __version__ = "0.1.0"
 
 __all__ = [
-    "PRESETS", "ConfigError", "DecoderLM", "EncoderModel", "EncoderOutput", "GenerationConfig", "Model", "ModelConfig", "ModelOutput",
+    "PRESETS", "ConfigError", "DecoderLM", "EncoderModel", "EncoderOutput", "GenerationConfig", "Model",
+    "ModelConfig", "ModelOutput",
     "build_model", "generate", "load", "save", "stream_generate", "tokenizers", "__version__",
 ]

@@ -350,6 +350,30 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def replace_head(
+    config: ModelConfig, head: str | None, num_labels: int | None = None, label_names: tuple[str, ...] | None = None,
+    problem_type: str | None = None, **layout: Any,
+) -> ModelConfig:
+    """``config`` with a new encoder head, for fine-tuning: what the old head's fields said is kept
+    only where it still applies (the same head and number of labels); ``num_labels`` defaults to
+    the number of ``label_names``, else 2. ``layout``: fields a family fixes for the head."""
+    if label_names is not None:
+        label_names = tuple(label_names)
+        num_labels = len(label_names) if num_labels is None else num_labels
+    same_head = head == config.head
+    if num_labels is None:
+        num_labels = config.num_labels if same_head else 2
+    if label_names is None:
+        label_names = config.label_names if same_head and num_labels == config.num_labels else ()
+    if problem_type is None and same_head:
+        problem_type = config.problem_type
+    pooler_input_dropout = config.pooler_input_dropout and head in POOLED_HEADS
+    return config.replace(**{
+        "head": head, "num_labels": num_labels, "label_names": label_names, "problem_type": problem_type,
+        "pooler_input_dropout": pooler_input_dropout, **layout,
+    })
+
+
 def get_preset(name: str) -> ModelConfig:
     """The preset called ``name``; an unknown name lists the known ones."""
     try:

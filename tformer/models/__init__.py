@@ -8,4 +8,7 @@ from tformer.models.encoder import EncoderModel
 from tformer.models.output import EncoderOutput, ModelOutput
 from tformer.models.registry import MODEL_CLASSES, build_model, model_class, register
 
-__all__ = ["DecoderLM", "EncoderModel", "EncoderOutput", "MODEL_CLASSES", "Model", "ModelOutput", "build_model", "model_class", "register"]
+__all__ = [
+    "DecoderLM", "EncoderModel", "EncoderOutput", "MODEL_CLASSES", "Model", "ModelOutput", "build_model", "model_class",
+    "register",
+]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from torch import Tensor
+
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
 from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
@@ -49,15 +51,16 @@ class BertFamily(Family):
     }
     head_prefixes = ("bert.pooler.", "cls.", "classifier.", "qa_outputs.")
     tied_output_names = ("cls.predictions.decoder.weight",)
-    # Files of older transformers versions carry index buffers and the decoder's bias (tied to cls.predictions.bias).
-    ignored_names = (r"\.embeddings\.position_ids$", r"\.embeddings\.token_type_ids$",
-                     r"^cls\.predictions\.decoder\.bias$")
+    # The masked-LM head's bias and the decoder's: one tensor when tied, two (the decoder's is used) when not.
+    mlm_bias_names = ("cls.predictions.bias", "cls.predictions.decoder.bias")
+    # Files of older transformers versions carry index buffers.
+    ignored_names = (r"\.embeddings\.position_ids$", r"\.embeddings\.token_type_ids$")
     head_map: Mapping[str, ModuleMap] = {
         "pooler.dense": ModuleMap(("bert.pooler.dense",)),
         "mlm_head.dense": ModuleMap(("cls.predictions.transform.dense",)),
         "mlm_head.norm": ModuleMap(("cls.predictions.transform.LayerNorm",)),
         "mlm_head.decoder": ModuleMap(("cls.predictions.decoder",)),
-        "mlm_head": ModuleMap(("cls.predictions",)),  # its bias
+        "mlm_head": ModuleMap(("cls.predictions",)),  # its bias (the decoder's when untied: see module_map)
         "nsp_head": ModuleMap(("cls.seq_relationship",)),
         "classifier": ModuleMap(("classifier",)),
         "qa_head": ModuleMap(("qa_outputs",)),
@@ -89,7 +92,37 @@ class BertFamily(Family):
             "stack.blocks.{i}.feedforward.out_proj": ModuleMap((layer + "output.dense",)),
             "stack.blocks.{i}.feedforward_norm": ModuleMap((layer + "output.LayerNorm",)),
             **self.head_module_map(config.head),
+            **self.untied_bias_map(config),
         }
+
+    def untied_bias_map(self, config: ModelConfig) -> Mapping[str, ModuleMap]:
+        """An untied masked-LM head's bias is its decoder's (HF reads that one)."""
+        if config.tie_embeddings:
+            return {}
+        return {"mlm_head": ModuleMap((self.mlm_bias_names[1].removesuffix(".bias"),))}
+
+    def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        """As the base class, and the masked-LM bias as HF reads it: when tied, ``cls.predictions.bias``
+        (the decoder's is the same tensor, or a copy in older files); when untied, the decoder's own."""
+        state = super().normalized_state(hf_state, config)
+        head_bias, decoder_bias = self.mlm_bias_names
+        if config.tie_embeddings:
+            state.pop(decoder_bias, None)
+        else:
+            if decoder_bias not in state and head_bias in state:
+                state[decoder_bias] = state[head_bias]
+            state.pop(head_bias, None)
+        return state
+
+    def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        """HF's layout: the bare model's tensors without the base prefix; an untied decoder's bias
+        also as the head's (HF keeps both)."""
+        if config.head is None:
+            return {name.removeprefix(self.base_prefix): tensor for name, tensor in hf_state.items()}
+        head_bias, decoder_bias = self.mlm_bias_names
+        if decoder_bias in hf_state:
+            hf_state[head_bias] = hf_state[decoder_bias].clone()
+        return hf_state
 
     def head_module_map(self, head: str | None) -> Mapping[str, ModuleMap]:
         """The HF modules of the pooler and heads of a model with ``head``."""

@@ -58,6 +58,11 @@ class Family(ABC):
         """Config fields this family's layout fixes for ``head`` (applied when a load changes the head)."""
         return {}
 
+    def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        """The HF tensors as this family's class for ``config`` writes them (the inverse of
+        ``normalized_state``): the identity unless a family says otherwise."""
+        return hf_state
+
     def mismatches(self, config: ModelConfig) -> list[str]:
         """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can:
         handled fields with values the family lacks, then any field it does not handle set at all."""

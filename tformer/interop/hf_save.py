@@ -26,7 +26,7 @@ def save_hf(model: nn.Module, path: str | Path) -> Path:
     family = family_for_config(model.config)
     rules = weight_rules(family.module_map(model.config), model)
     state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-    hf_state = tformer_to_hf(state, rules)
+    hf_state = family.saved_state(tformer_to_hf(state, rules), model.config)
     hf_config = {**family.config_to_hf(model.config), "dtype": str(model.dtype).removeprefix("torch.")}
     tokenizer = getattr(model, "tokenizer", None)
 

@@ -34,7 +34,7 @@ class RobertaFamily(BertFamily):
     }
     head_prefixes = ("roberta.pooler.", "lm_head.", "classifier.", "qa_outputs.")
     tied_output_names = ("lm_head.decoder.weight",)
-    ignored_names = (r"\.embeddings\.position_ids$", r"\.embeddings\.token_type_ids$", r"^lm_head\.decoder\.bias$")
+    mlm_bias_names = ("lm_head.bias", "lm_head.decoder.bias")
     special_defaults = {"vocab_size": 50265, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
 
     def head_module_map(self, head: str | None) -> Mapping[str, ModuleMap]:

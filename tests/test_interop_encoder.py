@@ -12,6 +12,7 @@ padding index, padding at the padding index).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -383,9 +384,23 @@ def test_encoders_without_a_hugging_face_equivalent_are_refused(tmp_path, overri
 
 
 def test_bert_base_shape_matches_hf():
-    from transformers import BertModel
-    torch.manual_seed(0)
-    reference = BertModel(BertConfig())
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        reference = transformers.BertModel(BertConfig())
     assert sum(p.numel() for p in reference.parameters()) == 109_482_240
     family = tformer.interop.family_for_model_type("bert")
     assert family.config_from_hf(json.loads(reference.config.to_json_string())) == tformer.PRESETS["bert-base"]
+
+
+@dataclass(frozen=True)
+class _SwitchedConfig(tformer.ModelConfig):
+    """ModelConfig with a switch the encoder families have not heard of (as a future field would be)."""
+
+    new_switch: bool = False
+
+
+def test_an_unknown_switch_is_refused_by_both_encoder_families():
+    config = _SwitchedConfig(**{**tformer.PRESETS["bert-tiny"].to_dict(), "new_switch": True})
+    for model_type in ("bert", "roberta"):
+        reasons = tformer.interop.family_for_model_type(model_type).mismatches(config)
+        assert f"new_switch=True (needs False: not a {model_type} setting)" in reasons
+    assert tformer.interop.family_for_model_type("bert").mismatches(tformer.PRESETS["bert-tiny"]) == []

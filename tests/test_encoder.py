@@ -138,6 +138,30 @@ def test_question_answering_loss_ignores_positions_outside_the_sequence():
     assert torch.allclose(output.loss, (start + end) / 2)
 
 
+@pytest.mark.parametrize("head", ["masked_lm", "pretraining"])
+def test_labelled_logits_only_gives_the_same_loss_and_gradients(head):
+    model = tiny(head)
+    inputs = batch()
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[0, 1], labels[1, 4], labels[2, 0] = 7, 8, 9
+    full = model(**inputs, labels=labels)
+    full.loss.backward()
+    full_gradients = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    short = model(**inputs, labels=labels, labelled_logits_only=True)
+    short.loss.backward()
+    assert short.logits.shape == (3, VOCAB)
+    assert torch.allclose(short.logits, full.logits[labels != -100], atol=1e-6)
+    assert torch.allclose(short.loss, full.loss, atol=1e-6)
+    for parameter, gradient in zip(model.parameters(), full_gradients, strict=True):
+        if gradient is None:  # the next-sentence head, without its labels
+            assert parameter.grad is None
+        else:
+            assert torch.allclose(parameter.grad, gradient, atol=1e-6)
+    with pytest.raises(ValueError, match="labelled_logits_only needs labels"):
+        model(**inputs, labelled_logits_only=True)
+
+
 def test_pretraining_loss_is_the_sum_of_both():
     model = tiny("pretraining")
     inputs = batch()

@@ -404,3 +404,17 @@ def test_an_unknown_switch_is_refused_by_both_encoder_families():
         reasons = tformer.interop.family_for_model_type(model_type).mismatches(config)
         assert f"new_switch=True (needs False: not a {model_type} setting)" in reasons
     assert tformer.interop.family_for_model_type("bert").mismatches(tformer.PRESETS["bert-tiny"]) == []
+
+
+def test_convert_and_info_commands_handle_an_encoder(tmp_path, capsys):
+    from tformer.cli import main as cli_main
+
+    reference = hf_model("RobertaForTokenClassification", tmp_path / "hf")
+    assert cli_main(["convert", str(tmp_path / "hf"), str(tmp_path / "native"), "--to", "tformer"]) == 0
+    assert cli_main(["convert", str(tmp_path / "native"), str(tmp_path / "back"), "--to", "hf"]) == 0
+    assert cli_main(["info", str(tmp_path / "native")]) == 0
+    assert "EncoderModel (encoder)" in capsys.readouterr().out
+    native = tformer.load(tmp_path / "native")
+    assert max_difference("RobertaForTokenClassification", native, reference, padded_batch(1)) < TOLERANCE
+    assert max_difference("RobertaForTokenClassification", native, hf_from_folder(tmp_path / "back"),
+                          padded_batch(1)) < TOLERANCE

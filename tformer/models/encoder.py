@@ -13,6 +13,7 @@ from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import MaskedLMHead, Pooler
 from tformer.nn.inputs import check_token_ids
 from tformer.nn.losses import IGNORE_INDEX, sequence_classification_loss, span_loss, token_cross_entropy
+from tformer.nn.norm import build_norm
 from tformer.nn.stack import TransformerStack
 
 HEAD_MODULES = ("pooler", "mlm_head", "nsp_head", "classifier", "qa_head")
@@ -56,8 +57,10 @@ class EncoderModel(Model):
         self.stack = TransformerStack(config, causal=False)
         self.pooler = Pooler(d_model, config.dropout if config.pooler_input_dropout else 0.0) \
             if config.has_pooler else None
-        self.mlm_head = MaskedLMHead(d_model, config.vocab_size, config.activation, config.norm_eps) \
-            if head in ("masked_lm", "pretraining") else None
+        self.mlm_head = MaskedLMHead(
+            d_model, config.vocab_size, config.activation,
+            build_norm(config.norm, d_model, config.norm_eps, config.norm_bias),
+        ) if head in ("masked_lm", "pretraining") else None
         self.nsp_head = nn.Linear(d_model, 2) if head in ("next_sentence", "pretraining") else None
         classifying = head in ("sequence_classification", "token_classification")
         self.classifier = nn.Linear(d_model, config.num_labels) if classifying else None

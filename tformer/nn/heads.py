@@ -18,14 +18,14 @@ class LMHead(nn.Linear):
 
 class MaskedLMHead(nn.Module):
     """BERT's masked-LM head: hidden states (B, T, D) -> token logits (B, T, V) through
-    ``dense`` + activation + ``norm``, then ``decoder`` (bias-free; its weight may be the token
-    table, ``tie_embeddings``) plus a per-token ``bias``."""
+    ``dense`` + activation + ``norm`` (the model's kind: BERT's LayerNorm), then ``decoder``
+    (bias-free; its weight may be the token table, ``tie_embeddings``) plus a per-token ``bias``."""
 
-    def __init__(self, d_model: int, vocab_size: int, activation: str, norm_eps: float) -> None:
+    def __init__(self, d_model: int, vocab_size: int, activation: str, norm: nn.Module) -> None:
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
         self.activation = activation_function(activation)
-        self.norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.norm = norm
         self.decoder = nn.Linear(d_model, vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tformer.config import ModelConfig
+from tformer.config import CLASSIFICATION_HEADS, ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import EncoderOutput
 from tformer.models.registry import register
@@ -62,7 +62,7 @@ class EncoderModel(Model):
             build_norm(config.norm, d_model, config.norm_eps, config.norm_bias),
         ) if head in ("masked_lm", "pretraining") else None
         self.nsp_head = nn.Linear(d_model, 2) if head in ("next_sentence", "pretraining") else None
-        classifying = head in ("sequence_classification", "token_classification")
+        classifying = head in CLASSIFICATION_HEADS
         self.classifier = nn.Linear(d_model, config.num_labels) if classifying else None
         self.classifier_dropout = nn.Dropout(config.dropout) if classifying and config.dropout > 0 else nn.Identity()
         self.qa_head = nn.Linear(d_model, 2) if head == "question_answering" else None

@@ -185,6 +185,11 @@ def test_labels_a_head_does_not_read_are_refused(head, arguments, message):
         tiny(head)(**batch(), **arguments)
 
 
+def test_attention_mask_shape_is_checked_even_without_padding():
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(3, 9\)"):
+        tiny()(batch()["input_ids"], attention_mask=torch.ones(3, 8))
+
+
 def test_token_types_are_checked():
     with pytest.raises(ValueError, match=r"token type id 2 is outside the token types \[0, 2\)"):
         tiny()(batch()["input_ids"], token_type_ids=torch.full((3, 9), 2))

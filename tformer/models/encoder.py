@@ -11,7 +11,7 @@ from tformer.models.output import EncoderOutput
 from tformer.models.registry import register
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import MaskedLMHead, Pooler
-from tformer.nn.inputs import check_token_ids
+from tformer.nn.inputs import check_attention_mask, check_token_ids
 from tformer.nn.losses import IGNORE_INDEX, sequence_classification_loss, span_loss, token_cross_entropy
 from tformer.nn.norm import build_norm
 from tformer.nn.stack import TransformerStack
@@ -117,6 +117,10 @@ class EncoderModel(Model):
         _check_label_arguments(self.config.head, [name for name, value in given.items() if value is not None])
         if labelled_logits_only and self.mlm_head is None:
             raise ValueError(f"labelled_logits_only is for the masked-LM heads, not head={self.config.head!r}")
+        if attention_mask is not None:
+            check_attention_mask(attention_mask, tuple(input_ids.shape))
+        if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+            attention_mask = None  # no padding (packed pretraining batches): the fused kernel needs no mask
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
         stack = self.stack(

@@ -135,16 +135,17 @@ class EncoderModel(Model):
         )
         head = self.config.head
         if head in ("masked_lm", "pretraining"):
+            if labelled_logits_only and labels is None:
+                raise ValueError("labelled_logits_only needs labels (it computes logits where they are not -100)")
+            # The loss reads only the labelled positions (about 15%): the softmax runs over those alone.
+            labelled = None if labels is None else labels != IGNORE_INDEX
             if labelled_logits_only:
-                if labels is None:
-                    raise ValueError("labelled_logits_only needs labels (it computes logits where they are not -100)")
-                labelled = labels != IGNORE_INDEX
                 output.logits = self.mlm_head(hidden[labelled])  # (N, V)
-                labels = labels[labelled]
+                output.loss = token_cross_entropy(output.logits, labels[labelled])
             else:
                 output.logits = self.mlm_head(hidden)  # (B, T, V)
-            if labels is not None:
-                output.loss = token_cross_entropy(output.logits, labels)
+                if labels is not None:
+                    output.loss = token_cross_entropy(output.logits[labelled], labels[labelled])
             if head == "pretraining":
                 output.next_sentence_logits = self.nsp_head(pooled)  # (B, 2)
                 if next_sentence_label is not None:

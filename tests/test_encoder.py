@@ -3,6 +3,8 @@ refusals. Hugging Face parity of every head is tests/test_interop_encoder.py's."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ import tformer
 from tformer import ConfigError
 from tformer.generation.settings import GenerationError
 from tformer.models import EncoderModel, build_model
+from tformer.training.checkpoints import check_same_shape
 
 VOCAB = 50
 
@@ -255,3 +258,16 @@ def test_fine_tuning_load_with_the_same_head_warns_nothing(tmp_path, recwarn):
     tiny("sequence_classification").save(tmp_path)
     tformer.load(tmp_path, head="sequence_classification")
     assert not recwarn.list
+
+
+def test_checkpoints_written_before_the_encoder_fields_still_resume(tmp_path):
+    """A run folder from before these fields existed: its config.json lacks them, and resuming
+    compares them at their defaults rather than refusing."""
+    config = tformer.PRESETS["gpt-nano"]
+    build_model(config).save(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    for name in ("head", "num_labels", "problem_type", "label_names", "position_offset", "pooler_input_dropout"):
+        del raw[name]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    check_same_shape(tmp_path, config)
+    assert tformer.load(tmp_path).config == config

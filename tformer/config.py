@@ -237,7 +237,10 @@ class ModelConfig:
     # ---- (de)serialisation ------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON holds them (``label_names`` a list), so a dict read back compares equal."""
+        data = dataclasses.asdict(self)
+        data["label_names"] = list(self.label_names)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:

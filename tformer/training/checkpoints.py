@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tformer.checkpoint import atomic_directory, read_config, write_model_files
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, field_default
 from tformer.training.config import TrainingError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -167,6 +167,9 @@ def check_same_shape(folder: Path, config: ModelConfig) -> None:
     saved = read_config(folder)
     saved.pop("tformer_format", None)
     current = config.to_dict()
+    for name in set(current) - set(saved):  # a field added since the checkpoint was written: its default
+        default = field_default(ModelConfig, name)
+        saved[name] = list(default) if isinstance(default, tuple) else default
     differing = [
         f"{name} {saved.get(name)!r} -> {current.get(name)!r}"
         for name in sorted(set(saved) | set(current))

@@ -364,12 +364,12 @@ def write_config(folder, **changes) -> None:
 
 
 def test_unsupported_model_type_names_the_supported_ones(tmp_path, capsys):
-    tmp_path.joinpath("config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
-    with pytest.raises(CheckpointError, match=r"model_type 'bert' is not supported; supported: gpt2, llama"):
+    tmp_path.joinpath("config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
+    with pytest.raises(CheckpointError, match=r"model_type 't5' is not supported; supported: gpt2, llama, bert, rob"):
         tformer.load(tmp_path)
     assert cli_main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "supported: gpt2, llama" in err
+    assert err.count("\n") == 1 and "supported: gpt2, llama, bert, roberta" in err
 
 
 def test_missing_weights_are_listed(tmp_path):

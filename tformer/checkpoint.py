@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -166,12 +167,13 @@ def is_hf_config(raw: dict) -> bool:
     return "model_type" in raw and "tformer_format" not in raw
 
 
-def load_weights(model, folder: Path) -> None:
-    """Fill ``model`` from the checkpoint folder's model.safetensors, after checking names and shapes."""
+def load_weights(model, folder: Path, new_head: bool = False) -> HeadChanges:
+    """Fill ``model`` from the checkpoint folder's model.safetensors, after checking names and shapes
+    (``load_state``: with ``new_head``, head tensors the file lacks keep their initialisation)."""
     weights_file = folder / WEIGHTS_NAME
     if not weights_file.is_file():
         raise CheckpointError(f"{folder}: no {WEIGHTS_NAME}")
-    load_state(model, read_safetensors(weights_file), source=str(weights_file))
+    return load_state(model, read_safetensors(weights_file), source=str(weights_file), new_head=new_head)
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -182,14 +184,66 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
 
-def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
+def load_state(model, state: dict[str, torch.Tensor], source: str, new_head: bool = False) -> HeadChanges:
     """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error.
-    Weights that are not finite load, with a warning naming the first such tensor."""
+
+    Tensors of the model's ``head_modules`` (a task head, a pooler) that ``state`` holds but the
+    model lacks are dropped, as Hugging Face drops another head's weights; with ``new_head`` (a
+    fine-tuning load) the model's head tensors that ``state`` lacks, or holds in another shape, keep
+    their fresh initialisation. Both are returned; everything else must match exactly.
+    """
+    head_modules = getattr(model, "head_modules", ())
+
+    def is_head(name: str) -> bool:
+        return name.split(".", 1)[0] in head_modules
+
     expected = {name: tensor.shape for name, tensor in model.state_dict().items()
                 if name not in model.tied_parameters()}
-    check_weights(expected, {name: tensor.shape for name, tensor in state.items()}, source)
+    found = {name: tensor.shape for name, tensor in state.items()}
+    changes = head_changes(expected, found, is_head, new_head)
+    check_weights({name: shape for name, shape in expected.items() if name not in changes.initialised},
+                  {name: shape for name, shape in found.items() if name not in changes.dropped}, source)
     _warn_if_not_finite(state, source)
-    model.load_state_dict(state, strict=False)
+    model.load_state_dict({name: t for name, t in state.items() if name not in changes.dropped}, strict=False)
+    return changes
+
+
+@dataclass
+class HeadChanges:
+    """What a load left to a head: tensors newly initialised (not in the file, or in another shape)
+    and tensors of the file it did not use (another head's)."""
+
+    initialised: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.initialised or self.dropped)
+
+    def describe(self) -> str:
+        parts = []
+        if self.initialised:
+            parts.append(f"newly initialised: {_name_list(self.initialised)}")
+        if self.dropped:
+            parts.append(f"not used: {_name_list(self.dropped)}")
+        return "; ".join(parts)
+
+
+def head_changes(
+    expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], is_head: Callable[[str], bool],
+    new_head: bool,
+) -> HeadChanges:
+    """The head tensors a load initialises afresh (only with ``new_head``: expected ones missing from
+    ``found`` or of another shape) and those of ``found`` it drops (not expected, or of another shape
+    when ``new_head``). Names are the files' own on both sides."""
+    def differs(name: str) -> bool:
+        return tuple(found[name]) != tuple(expected[name])
+
+    changes = HeadChanges()
+    if new_head:
+        changes.initialised = sorted(n for n in expected if is_head(n) and (n not in found or differs(n)))
+    changes.dropped = sorted(n for n in found if is_head(n) and (
+        n not in expected or (new_head and differs(n))))
+    return changes
 
 
 def _warn_if_not_finite(state: dict[str, torch.Tensor], source: str) -> None:

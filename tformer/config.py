@@ -11,16 +11,31 @@ from typing import Any
 
 from tformer.errors import TformerError
 
-ARCHITECTURES = ("decoder",)
+ARCHITECTURES = ("decoder", "encoder")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
+# What an encoder puts on its hidden states (None: nothing, the bare encoder with its pooler).
+ENCODER_HEADS = (
+    "masked_lm", "next_sentence", "pretraining", "sequence_classification", "token_classification",
+    "question_answering",
+)
+CLASSIFICATION_HEADS = ("sequence_classification", "token_classification")
+POOLED_HEADS = (None, "next_sentence", "pretraining", "sequence_classification")  # the heads that read the pooler
+# The loss of sequence classification, named as Hugging Face's ``problem_type`` (None: inferred as HF does).
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 
 # Fields only some families read: field -> the architectures that use it. Any other family
 # refuses the field unless it holds its default, so a switch never sits in a config unread.
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "type_vocab_size": ("encoder",),  # segment (token type) embeddings: BERT's sentence A / B
+    "head": ("encoder",),
+    "num_labels": ("encoder",),
+    "problem_type": ("encoder",),
+    "label_names": ("encoder",),
+    "position_offset": ("encoder",),
+    "pooler_input_dropout": ("encoder",),
 }
 
 
@@ -42,6 +57,14 @@ class ModelConfig:
     ``architecture`` names the family. ``embedding_norm`` puts a norm after the embeddings and
     positions (BERT); ``type_vocab_size`` > 0 adds segment embeddings (encoders only: see
     ``FAMILY_FIELDS``); ``scale_embeddings`` multiplies token embeddings by sqrt(d_model).
+
+    Encoder fields: ``head`` (one of ``ENCODER_HEADS``, None for the bare encoder); ``num_labels``
+    and ``label_names`` (names by label id; empty: ``LABEL_0``, ...) for the classification heads;
+    ``problem_type`` the loss of sequence classification (``PROBLEM_TYPES``; None: regression for
+    one label, cross-entropy for integer labels, binary cross-entropy per label for float labels);
+    ``position_offset`` > 0 numbers positions as RoBERTa: tokens other than ``pad_token_id`` from
+    ``position_offset`` on, padding tokens at ``position_offset - 1``; ``pooler_input_dropout``
+    applies dropout to the first token's vector before the pooler (RoBERTa's classification head).
     """
 
     architecture: str = "decoder"
@@ -71,6 +94,12 @@ class ModelConfig:
     scale_embeddings: bool = False
     embedding_norm: bool = False
     type_vocab_size: int = 0
+    head: str | None = None
+    num_labels: int = 2
+    problem_type: str | None = None
+    label_names: tuple[str, ...] = ()
+    position_offset: int = 0
+    pooler_input_dropout: bool = False
     initializer_range: float = 0.02
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -78,6 +107,8 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=True)
 
     def __post_init__(self) -> None:
+        if isinstance(self.label_names, list):  # from JSON
+            object.__setattr__(self, "label_names", tuple(self.label_names))
         self._check_choices()
         self._check_family_fields()
         self._check_sizes()
@@ -92,6 +123,8 @@ class ModelConfig:
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         self._check_heads()
+        if self.architecture == "encoder":
+            self._check_encoder()
 
     # ---- validation -------------------------------------------------------------------------
 
@@ -155,6 +188,44 @@ class ModelConfig:
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"d_model={self.d_model} must be even for positional='sinusoidal'")
 
+    def _check_encoder(self) -> None:
+        head = self.head
+        if head is not None and head not in ENCODER_HEADS:
+            raise ConfigError(f"head={head!r} is not one of None, {', '.join(ENCODER_HEADS)}")
+        _require_positive_int("num_labels", self.num_labels)
+        classifying = head in CLASSIFICATION_HEADS
+        if self.num_labels != 2 and not classifying:
+            raise ConfigError(f"num_labels={self.num_labels} is read only by the classification heads "
+                              f"({', '.join(CLASSIFICATION_HEADS)}); head={head!r} has a fixed size")
+        if self.problem_type is not None:
+            if self.problem_type not in PROBLEM_TYPES:
+                raise ConfigError(f"problem_type={self.problem_type!r} is not one of None, {', '.join(PROBLEM_TYPES)}")
+            if head != "sequence_classification":
+                raise ConfigError(f"problem_type={self.problem_type!r} is read only by "
+                                  f"head='sequence_classification', not head={head!r}")
+        if self.label_names:
+            if not classifying:
+                raise ConfigError(f"label_names are read only by the classification heads, not head={head!r}")
+            if not all(isinstance(name, str) and name for name in self.label_names):
+                raise ConfigError(f"label_names={list(self.label_names)!r} must be non-empty strings")
+            if len(self.label_names) != self.num_labels or len(set(self.label_names)) != self.num_labels:
+                raise ConfigError(f"label_names={list(self.label_names)!r} must be {self.num_labels} distinct "
+                                  f"names (num_labels={self.num_labels})")
+        offset = self.position_offset
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < self.max_seq_len:
+            raise ConfigError(f"position_offset={offset!r} must be an integer in [0, max_seq_len={self.max_seq_len})")
+        if offset and (self.pad_token_id is None or self.positional not in ("learned", "sinusoidal")):
+            raise ConfigError(f"position_offset={offset} needs pad_token_id (what counts as padding) and a "
+                              f"position table (positional='learned' or 'sinusoidal')")
+        if self.pooler_input_dropout and head not in POOLED_HEADS:
+            raise ConfigError(f"pooler_input_dropout=True needs a head that reads the pooler "
+                              f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
+
+    @property
+    def has_pooler(self) -> bool:
+        """Whether an encoder with this config has the tanh pooler on its first token."""
+        return self.architecture == "encoder" and self.head in POOLED_HEADS
+
     def _default_d_ff(self) -> int:
         if self.activation in ("swiglu", "geglu"):
             return 64 * -(-(8 * self.d_model // 3) // 64)
@@ -170,7 +241,10 @@ class ModelConfig:
     # ---- (de)serialisation ------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON holds them (``label_names`` a list), so a dict read back compares equal."""
+        data = dataclasses.asdict(self)
+        data["label_names"] = list(self.label_names)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
@@ -241,6 +315,16 @@ def _require_positive_int(name: str, value: Any, alternative: str = "") -> None:
 
 # ---- presets -------------------------------------------------------------------------------
 
+def _bert(d_model: int, num_layers: int, num_heads: int) -> ModelConfig:
+    """A BERT-shaped encoder (the uncased English WordPiece vocabulary's size, [PAD] = 0)."""
+    return ModelConfig(
+        architecture="encoder", vocab_size=30522, max_seq_len=512, d_model=d_model, num_layers=num_layers,
+        num_heads=num_heads, activation="gelu", norm="layernorm", norm_position="post", norm_eps=1e-12,
+        positional="learned", embedding_norm=True, type_vocab_size=2, dropout=0.1, attention_dropout=0.1,
+        pad_token_id=0,
+    )
+
+
 PRESETS: dict[str, ModelConfig] = {
     # GPT-2 small: 124,439,808 parameters with the tied LM head.
     "gpt2": ModelConfig(
@@ -259,12 +343,42 @@ PRESETS: dict[str, ModelConfig] = {
         vocab_size=256, max_seq_len=256, d_model=192, num_layers=6, num_heads=6,
         activation="gelu_tanh", positional="learned", dropout=0.0,
     ),
+    # BERT (Devlin et al. 2019): post-norm, exact GELU, segment embeddings, embedding LayerNorm.
+    # bert-base is Hugging Face's BertModel bert-base-uncased: 109,482,240 parameters with the pooler.
+    "bert-base": _bert(768, 12, 12),
+    "bert-small": _bert(512, 4, 8),
+    "bert-mini": _bert(256, 4, 4),
+    "bert-tiny": _bert(128, 2, 2),
     # For tests: tiny and fast.
     "gpt-nano": ModelConfig(
         vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,
         activation="gelu_tanh", positional="learned",
     ),
 }
+
+
+def replace_head(
+    config: ModelConfig, head: str | None, num_labels: int | None = None, label_names: tuple[str, ...] | None = None,
+    problem_type: str | None = None, **layout: Any,
+) -> ModelConfig:
+    """``config`` with a new encoder head, for fine-tuning: what the old head's fields said is kept
+    only where it still applies (the same head and number of labels); ``num_labels`` defaults to
+    the number of ``label_names``, else 2. ``layout``: fields a family fixes for the head."""
+    if label_names is not None:
+        label_names = tuple(label_names)
+        num_labels = len(label_names) if num_labels is None else num_labels
+    same_head = head == config.head
+    if num_labels is None:
+        num_labels = config.num_labels if same_head else 2
+    if label_names is None:
+        label_names = config.label_names if same_head and num_labels == config.num_labels else ()
+    if problem_type is None and same_head:
+        problem_type = config.problem_type
+    pooler_input_dropout = config.pooler_input_dropout and head in POOLED_HEADS
+    return config.replace(**{
+        "head": head, "num_labels": num_labels, "label_names": label_names, "problem_type": problem_type,
+        "pooler_input_dropout": pooler_input_dropout, **layout,
+    })
 
 
 def get_preset(name: str) -> ModelConfig:

@@ -3,7 +3,10 @@ that sits above model classes, interop and checkpoint files (none of them import
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -16,27 +19,52 @@ from tformer.checkpoint import (
     load_weights,
     read_config,
 )
-from tformer.config import ModelConfig
+from tformer.config import ConfigError, ModelConfig, replace_head
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.memory import model_bytes, require_memory
 from tformer.models import Model, model_class
 
+_KEEP: Any = object()  # "the checkpoint's own head"
 
-def load(path: str | Path, device: str | torch.device = "cpu") -> Model:
+
+def load(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    *,
+    head: str | None = _KEEP,
+    num_labels: int | None = None,
+    label_names: Sequence[str] | None = None,
+    problem_type: str | None = None,
+) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
-    ``model_type``) into a model in eval mode, with its tokenizer attached when it has one."""
+    ``model_type``) into a model in eval mode, with its tokenizer attached when it has one.
+
+    Fine-tuning an encoder: ``head`` (one of ``config.ENCODER_HEADS``, None for the bare encoder),
+    ``num_labels``, ``label_names`` or ``problem_type`` give the model a new head: the backbone loads
+    exactly, head weights the folder holds in the right shape load too, the others are initialised
+    afresh, and the folder's weights the new model does not use are dropped. One warning lists the
+    newly initialised tensors (tformer's names) and the dropped ones (the folder's names), as does a
+    load that drops another head's weights (a Hugging Face BertForMaskedLM file with NSP weights).
+    """
     folder = Path(path)
     raw = read_config(folder)
+    new_head = head is not _KEEP or num_labels is not None or label_names is not None or problem_type is not None
     if is_hf_config(raw):
         family, config = hf_config(folder, raw)
+        if new_head:
+            config = _with_head(config, head, num_labels, label_names, problem_type, family.head_layout)
         model = _build(config, folder)
-        load_hf_weights(model, family, folder)
+        changes = load_hf_weights(model, family, folder, new_head=new_head)
         model.tokenizer = attached_tokenizer(folder)
     else:
         config = config_from_checkpoint(raw)
+        if new_head:
+            config = _with_head(config, head, num_labels, label_names, problem_type, lambda _: {})
         model = _build(config, folder)
-        load_weights(model, folder)
+        changes = load_weights(model, folder, new_head=new_head)
         model.tokenizer = load_attached_tokenizer(folder)
+    if changes:
+        warnings.warn(f"{folder}: loaded with head={model.config.head!r}: {changes.describe()}", stacklevel=2)
     return model.to(device).eval()
 
 
@@ -47,6 +75,14 @@ def _build(config: ModelConfig, folder: Path) -> Model:
                    f"(vocab_size={config.vocab_size}, d_model={config.d_model}, num_layers={config.num_layers})",
                    CheckpointError)
     return model_class(config)(config)
+
+
+def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type, layout) -> ModelConfig:
+    if config.architecture != "encoder":
+        raise ConfigError(f"head, num_labels, label_names and problem_type choose an encoder's head; this "
+                          f"checkpoint is architecture={config.architecture!r}")
+    head = config.head if head is _KEEP else head
+    return replace_head(config, head, num_labels, label_names, problem_type, **layout(head))
 
 
 def save(model: Model, path: str | Path, format: str = "tformer") -> Path:

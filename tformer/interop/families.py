@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
+from tformer.interop.bert import BertFamily
 from tformer.interop.family import Family
 from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
+from tformer.interop.roberta import RobertaFamily
 
-FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2Family(), LlamaFamily())}
+FAMILIES: dict[str, Family] = {
+    family.model_type: family for family in (GPT2Family(), LlamaFamily(), BertFamily(), RobertaFamily())
+}
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
 
@@ -23,9 +27,14 @@ def family_for_model_type(model_type: object) -> Family:
 
 
 def family_for_config(config: ModelConfig) -> Family:
-    """The first family that can represent ``config``; otherwise an error saying what each lacks."""
+    """The first family of ``config``'s architecture that can represent it; otherwise an error saying
+    what each lacks."""
     reasons = {}
-    for model_type, family in FAMILIES.items():
+    candidates = {model_type: family for model_type, family in FAMILIES.items()
+                  if family.architecture == config.architecture}
+    if not candidates:
+        raise CheckpointError(f"architecture={config.architecture!r} has no Hugging Face family in tformer")
+    for model_type, family in candidates.items():
         mismatches = family.mismatches(config)
         if not mismatches:
             return family

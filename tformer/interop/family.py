@@ -25,10 +25,15 @@ class Family(ABC):
     """One Hugging Face ``model_type`` as seen by tformer (subclasses fill in the class attributes)."""
 
     model_type: ClassVar[str]
+    architecture: ClassVar[str] = "decoder"  # the tformer architecture (ModelConfig.architecture) it holds
     architecture_class: ClassVar[str]  # the HF class written to config.json's "architectures"
     base_prefix: ClassVar[str]  # prefix of the base model's tensors inside the LM class ("model.")
     modules: ClassVar[Mapping[str, ModuleMap]]  # tformer module path -> HF module(s)
     ignored_names: ClassVar[tuple[str, ...]] = ()  # regexes: buffers some files carry, not weights
+    tied_output_names: ClassVar[tuple[str, ...]] = ("lm_head.weight",)  # copies of the token table when tied
+    # Prefixes of the HF tensors of task heads (and poolers): a fine-tuning load may drop them, and
+    # weights of a head the chosen class does not have are dropped with a warning, as HF does.
+    head_prefixes: ClassVar[tuple[str, ...]] = ()
     # The ModelConfig fields this family translates; any other must hold its default (fail closed),
     # so a switch added to the core later is refused here until the family learns it.
     handled_fields: ClassVar[frozenset[str]]
@@ -44,6 +49,19 @@ class Family(ABC):
     @abstractmethod
     def required_values(self, config: ModelConfig) -> list[str]:
         """The handled fields whose values this family cannot express, one short phrase each."""
+
+    def module_map(self, config: ModelConfig) -> Mapping[str, ModuleMap]:
+        """tformer module path -> HF module(s) for a model of ``config`` (families with heads vary it)."""
+        return self.modules
+
+    def head_layout(self, head: str | None) -> dict[str, Any]:
+        """Config fields this family's layout fixes for ``head`` (applied when a load changes the head)."""
+        return {}
+
+    def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        """The HF tensors as this family's class for ``config`` writes them (the inverse of
+        ``normalized_state``): the identity unless a family says otherwise."""
+        return hf_state
 
     def mismatches(self, config: ModelConfig) -> list[str]:
         """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can:
@@ -64,11 +82,13 @@ class Family(ABC):
         """
         state = dict(hf_state)
         if state and not any(name.startswith(self.base_prefix) for name in state):
-            state = {name if name.startswith("lm_head.") else self.base_prefix + name: t for name, t in state.items()}
+            state = {name if name.startswith(("lm_head.", *self.head_prefixes)) else self.base_prefix + name: t
+                     for name, t in state.items()}
         ignored = [re.compile(pattern) for pattern in self.ignored_names]
         state = {name: t for name, t in state.items() if not any(p.search(name) for p in ignored)}
         if config.tie_embeddings:
-            state.pop("lm_head.weight", None)
+            for name in self.tied_output_names:
+                state.pop(name, None)
         return state
 
 

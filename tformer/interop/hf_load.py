@@ -8,7 +8,14 @@ from pathlib import Path
 
 from torch import nn
 
-from tformer.checkpoint import CONFIG_NAME, CheckpointError, load_state, read_attached_tokenizer
+from tformer.checkpoint import (
+    CONFIG_NAME,
+    CheckpointError,
+    HeadChanges,
+    head_changes,
+    load_state,
+    read_attached_tokenizer,
+)
 from tformer.config import ModelConfig
 from tformer.errors import TformerError
 from tformer.interop.families import family_for_model_type
@@ -34,17 +41,27 @@ def hf_config(folder: Path, raw: object) -> tuple[Family, ModelConfig]:
         raise CheckpointError(f"{folder / CONFIG_NAME}: {error}") from None
 
 
-def load_hf_weights(model: nn.Module, family: Family, folder: Path) -> None:
+def load_hf_weights(model: nn.Module, family: Family, folder: Path, new_head: bool = False) -> HeadChanges:
     """Fill ``model`` (built from ``hf_config``'s config) with the folder's weights.
 
     Raises CheckpointError for missing or unexpected weights, or a shape that does not match
-    the config; weights are copied only after every check passed.
+    the config; weights are copied only after every check passed. Weights of task heads the model
+    lacks (``family.head_prefixes``) are dropped; with ``new_head`` (a fine-tuning load) the model's
+    head weights that the folder lacks keep their initialisation. Returns both: the dropped ones by
+    their Hugging Face names, the initialised ones by tformer's.
     """
     hf_state, source = read_hf_weights(folder)
     hf_state = family.normalized_state(hf_state, model.config)
-    rules = weight_rules(family.modules, model)
+    rules = weight_rules(family.module_map(model.config), model)
     our_shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    load_state(model, hf_to_tformer(hf_state, rules, our_shapes, source), source)
+    expected = {their: shape for rule in rules
+                for their, shape in zip(rule.theirs, rule.their_shapes(our_shapes[rule.ours]), strict=True)}
+    changes = head_changes(expected, {name: tuple(t.shape) for name, t in hf_state.items()},
+                           lambda name: name.startswith(family.head_prefixes), new_head)
+    hf_state = {name: tensor for name, tensor in hf_state.items() if name not in changes.dropped}
+    kept = [rule for rule in rules if not set(rule.theirs) & set(changes.initialised)]
+    loaded = load_state(model, hf_to_tformer(hf_state, kept, our_shapes, source), source, new_head=new_head)
+    return HeadChanges(initialised=loaded.initialised, dropped=changes.dropped)
 
 
 def attached_tokenizer(folder: Path):

@@ -24,9 +24,9 @@ def save_hf(model: nn.Module, path: str | Path) -> Path:
     whole or not at all; into an existing one, config.json is replaced last.
     """
     family = family_for_config(model.config)
-    rules = weight_rules(family.modules, model)
+    rules = weight_rules(family.module_map(model.config), model)
     state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-    hf_state = tformer_to_hf(state, rules)
+    hf_state = family.saved_state(tformer_to_hf(state, rules), model.config)
     hf_config = {**family.config_to_hf(model.config), "dtype": str(model.dtype).removeprefix("torch.")}
     tokenizer = getattr(model, "tokenizer", None)
 

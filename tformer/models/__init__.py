@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from tformer.models.base import Model
 from tformer.models.decoder import DecoderLM
-from tformer.models.output import ModelOutput
+from tformer.models.encoder import EncoderModel
+from tformer.models.output import EncoderOutput, ModelOutput
 from tformer.models.registry import MODEL_CLASSES, build_model, model_class, register
 
-__all__ = ["DecoderLM", "MODEL_CLASSES", "Model", "ModelOutput", "build_model", "model_class", "register"]
+__all__ = [
+    "DecoderLM", "EncoderModel", "EncoderOutput", "MODEL_CLASSES", "Model", "ModelOutput", "build_model", "model_class",
+    "register",
+]

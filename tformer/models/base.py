@@ -20,6 +20,11 @@ class Model(nn.Module):
     """Base class of tformer models. Subclasses build their layers from ``config``."""
 
     config: ModelConfig
+    # Submodules that a fine-tuning load may initialise afresh or drop (a task head, a pooler):
+    # ``tformer.load(path, head=...)`` copies the rest exactly and reports these.
+    head_modules: tuple[str, ...] = ()
+    # GPT-2's initialisation scales the residual output projections by 1/sqrt(2 * num_layers); BERT's does not.
+    scaled_residual_init: bool = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -41,9 +46,10 @@ class Model(nn.Module):
 
     def init_weights(self) -> None:
         """GPT-2 style: normal(0, initializer_range) weights, zero biases, unit norms; the
-        projections that write into the residual stream scaled by 1/sqrt(2 * num_layers)."""
+        projections that write into the residual stream scaled by 1/sqrt(2 * num_layers) unless
+        ``scaled_residual_init`` is False (BERT)."""
         std = self.config.initializer_range
-        residual_std = std / math.sqrt(2 * self.config.num_layers)
+        residual_std = std / math.sqrt(2 * self.config.num_layers) if self.scaled_residual_init else std
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 is_residual_out = name.endswith("attention.out_proj") or name.endswith("feedforward.out_proj")

@@ -28,3 +28,18 @@ class GenerationState:
     # Keyword arguments of every forward step, each indexed by row (B, ...), reordered with the rows:
     # e.g. encoder_output (B, S, D) and encoder_attention_mask (B, S).
     step_inputs: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class EncoderOutput(ModelOutput):
+    """An encoder's result. ``logits`` by head: masked LM and pretraining (B, T, V); next sentence (B, 2);
+    sequence classification (B, num_labels); token classification (B, T, num_labels); question
+    answering (B, T, 2), start then end, also given as ``start_logits`` and ``end_logits`` (B, T);
+    the bare encoder (head None): its last hidden states (B, T, D). ``next_sentence_logits`` (B, 2)
+    with the pretraining head; ``pooled`` (B, D) the pooler's output where the model has one."""
+
+    last_hidden_state: Tensor | None = None
+    pooled: Tensor | None = None
+    next_sentence_logits: Tensor | None = None
+    start_logits: Tensor | None = None
+    end_logits: Tensor | None = None

@@ -3,6 +3,8 @@ linear unit (SwiGLU / GeGLU) whose gate and value projections are one fused matr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -16,6 +18,13 @@ _ACTIVATIONS = {
 }
 
 
+def activation_function(name: str) -> Callable[[Tensor], Tensor]:
+    """The elementwise function of an activation name (a gated kind's: the one applied to its gate)."""
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"activation={name!r} is not one of {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
 class FeedForward(nn.Module):
     """``out_proj(act(in_proj(x)))``, or for gated kinds ``out_proj(act(gate) * up)``.
 
@@ -24,10 +33,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool = True) -> None:
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation={activation!r} is not one of {', '.join(_ACTIVATIONS)}")
+        self.activation = activation_function(activation)
         self.gated = activation in ("swiglu", "geglu")
-        self.activation = _ACTIVATIONS[activation]
         self.in_proj = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.out_proj = nn.Linear(d_ff, d_model, bias=bias)
 

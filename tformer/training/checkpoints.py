@@ -28,7 +28,7 @@ from tformer.checkpoint import (
     read_config,
     write_model_files,
 )
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, field_default
 from tformer.errors import TformerError
 from tformer.training.config import TrainingError
 
@@ -234,6 +234,9 @@ def check_same_shape(folder: Path, config: ModelConfig) -> None:
         raise CorruptCheckpoint(f"{folder}: not a readable training checkpoint (config.json is not a JSON object)")
     saved.pop("tformer_format", None)
     current = config.to_dict()
+    for name in set(current) - set(saved):  # a field added since the checkpoint was written: its default
+        default = field_default(ModelConfig, name)
+        saved[name] = list(default) if isinstance(default, tuple) else default
     differing = [
         f"{name} {saved.get(name)!r} -> {current.get(name)!r}"
         for name in sorted(set(saved) | set(current))

@@ -246,11 +246,14 @@ def _matches(value: Any, expected: Any) -> bool:
             return True
         if origin in (str, dict, list, tuple) and isinstance(value, origin):
             return True
+        if origin is tuple and isinstance(value, list):  # TOML has arrays only (ModelConfig.label_names)
+            return True
     return False
 
 
 def _describe(expected: Any) -> str:
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table"}
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table",
+             list: "an array", tuple: "an array"}
     options = typing.get_args(expected) if isinstance(expected, types.UnionType) else (expected,)
     described = [names.get(typing.get_origin(o) or o, str(o)) for o in options if o is not type(None)]
     return " or ".join(described)

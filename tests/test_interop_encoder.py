@@ -418,3 +418,19 @@ def test_convert_and_info_commands_handle_an_encoder(tmp_path, capsys):
     assert max_difference("RobertaForTokenClassification", native, reference, padded_batch(1)) < TOLERANCE
     assert max_difference("RobertaForTokenClassification", native, hf_from_folder(tmp_path / "back"),
                           padded_batch(1)) < TOLERANCE
+
+
+def test_a_bert_folder_with_only_vocab_txt_attaches_its_tokenizer(tmp_path):
+    """A Hugging Face BERT folder whose vocabulary is a vocab.txt (+ tokenizer_config.json, as older
+    hub folders have it) loads with a tokenizer that gives the ids BertTokenizerFast gives."""
+    from shared_data import BERT_DIR, require
+
+    require(BERT_DIR / "vocab.txt")
+    (tmp_path / "vocab.txt").write_bytes((BERT_DIR / "vocab.txt").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(tmp_path)
+    hf_model("BertModel", tmp_path, vocab_size=hf_tokenizer.vocab_size)
+    model = tformer.load(tmp_path)
+    text, pair = "Héllo, World! Tokenizers split unaffable words.", "A second segment."
+    assert model.tokenizer is not None
+    assert model.tokenizer.encode(text, pair) == hf_tokenizer(text, pair)["input_ids"]

@@ -25,6 +25,7 @@ from tformer.interop.weight_map import hf_to_tformer, weight_rules
 
 HF_TOKENIZER_NAME = "tokenizer.json"
 GPT2_TOKENIZER_NAMES = ("vocab.json", "merges.txt")
+BERT_VOCAB_NAME = "vocab.txt"  # a BERT/WordPiece folder's vocabulary (with tokenizer_config.json's casing)
 
 
 def hf_config(folder: Path, raw: object) -> tuple[Family, ModelConfig]:
@@ -66,11 +67,11 @@ def load_hf_weights(model: nn.Module, family: Family, folder: Path, new_head: bo
 
 def attached_tokenizer(folder: Path):
     """The tokenizer stored with a checkpoint (``tokenizer.json``, else GPT-2's vocab.json +
-    merges.txt), or None. A tokenizer tformer cannot read is reported by a warning, not an error:
-    the weights are still usable with token ids."""
+    merges.txt, else BERT's vocab.txt), or None. A tokenizer tformer cannot read is reported by a
+    warning, not an error: the weights are still usable with token ids."""
     if (folder / HF_TOKENIZER_NAME).is_file():
         source = folder / HF_TOKENIZER_NAME
-    elif all((folder / name).is_file() for name in GPT2_TOKENIZER_NAMES):
+    elif all((folder / name).is_file() for name in GPT2_TOKENIZER_NAMES) or (folder / BERT_VOCAB_NAME).is_file():
         source = folder
     else:
         return None

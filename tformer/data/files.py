@@ -19,8 +19,9 @@ class DataFileError(TformerError):
     (``path:line: ...``) or the record (``path: question ID: ...``)."""
 
 
-def read_data_text(path: str | Path) -> str:
-    """The UTF-8 text of ``path``, gunzipped when its name ends in .gz."""
+def read_data_text(path: str | Path, encoding: str = "utf-8-sig") -> str:
+    """The UTF-8 text of ``path``, gunzipped when its name ends in .gz (a leading byte-order mark
+    dropped unless ``encoding`` is plain "utf-8")."""
     file = Path(path)
     if not file.is_file():
         raise DataFileError(f"{file}: no such file")
@@ -29,7 +30,7 @@ def read_data_text(path: str | Path) -> str:
     except (OSError, EOFError) as error:
         raise DataFileError(f"{file}: cannot read ({error})") from None
     try:
-        text = raw.decode("utf-8-sig")
+        text = raw.decode(encoding)
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise DataFileError(f"{file}:{line}: not UTF-8 text ({error.reason} at byte {error.start})") from None

@@ -8,12 +8,12 @@ and read only where a batch falls: those ``tformer tokenize`` writes (``data.bin
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tformer.data.files import DataFileError, read_data_text
 from tformer.data.lm import Tokens, num_tokens, split_tokens
 from tformer.data.token_file import TokenFileError, header_path, read_token_file, read_token_header
 from tformer.errors import TformerError
@@ -120,19 +120,12 @@ def load_language_model_data(config: DataConfig) -> LanguageModelData:
 
 
 def read_text(path: str | Path, key: str = "train") -> str:
-    """A UTF-8 text file, gzip-compressed when its name ends in .gz."""
-    file = Path(path)
+    """A UTF-8 text file, gzip-compressed when its name ends in .gz; errors name the ``data.`` key."""
     try:
-        raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, EOFError) as error:
-        raise DataError(f"data.{key}: {file}: cannot read ({error})") from None
-    except UnicodeDecodeError as error:
-        raise DataError(f"data.{key}: {file}: not UTF-8 text ({error.reason} at byte {error.start}); "
-                        "token files must end in .npy or set data.format") from None
-    if not text.strip():
-        raise DataError(f"data.{key}: {file}: the file is empty")
-    return text
+        return read_data_text(path, encoding="utf-8")  # a byte-order mark is text a model trains on
+    except DataFileError as error:
+        hint = "; token files must end in .npy or set data.format" if "not UTF-8 text" in str(error) else ""
+        raise DataError(f"data.{key}: {error}{hint}") from None
 
 
 def encode_text(tokenizer, text: str):

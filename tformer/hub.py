@@ -68,6 +68,19 @@ def load(
     return model.to(device).eval()
 
 
+def read_model_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder (tformer's or Hugging Face's), without its weights."""
+    folder = Path(path)
+    raw = read_config(folder)
+    return hf_config(folder, raw)[1] if is_hf_config(raw) else config_from_checkpoint(raw)
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer a checkpoint folder holds (tformer's or Hugging Face's files), or None."""
+    folder = Path(path)
+    return attached_tokenizer(folder) if is_hf_config(read_config(folder)) else load_attached_tokenizer(folder)
+
+
 def _build(config: ModelConfig, folder: Path) -> Model:
     """The model of ``config``, once its memory has been found to fit: loading holds it and the
     weights read from the file, about twice its size."""

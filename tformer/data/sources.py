@@ -20,7 +20,7 @@ from tformer.errors import TformerError
 from tformer.tokenizers import CharTokenizer
 from tformer.tokenizers import load as load_tokenizer
 
-DATA_FORMATS = ("auto", "text", "tokens", "npy")
+DATA_FORMATS = ("auto", "text", "tokens", "npy", "tsv", "csv", "jsonl")  # the last three: classification
 
 
 class DataError(TformerError):
@@ -31,13 +31,17 @@ class DataError(TformerError):
 class DataConfig:
     """Training data: a ``train`` file, an optional ``eval`` file (else the last
     ``eval_fraction`` of ``train`` is held out, as nanoGPT splits), the file ``format`` and
-    the ``tokenizer`` ("char" to learn one from the text, or a tokenizer.json path)."""
+    the ``tokenizer`` ("char" to learn one from the text, or a tokenizer file: tokenizer.json,
+    BERT's vocab.txt). For the encoder's tasks: ``columns`` names the columns of a TSV/CSV file
+    without a header row, and ``skip_bad`` leaves out (and counts) bad rows instead of stopping."""
 
     train: str = ""
     eval: str | None = None
     eval_fraction: float = 0.1
     format: str = "auto"
     tokenizer: str = "char"
+    columns: list[str] | None = None
+    skip_bad: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, str) or not self.train:
@@ -83,8 +87,9 @@ class LanguageModelData:
         return num_tokens(self.train)
 
 
-def load_language_model_data(config: DataConfig) -> LanguageModelData:
-    """Read, tokenize and split the data a DataConfig names."""
+def load_language_model_data(config: DataConfig, tokenizer=None) -> LanguageModelData:
+    """Read, tokenize and split the data a DataConfig names (with ``tokenizer`` when given: a
+    pretrained model's, instead of the one ``config.tokenizer`` names)."""
     config.check_files()
     formats = {key: config.file_format(getattr(config, key)) for key in ("train", "eval") if getattr(config, key)}
     if len({kind == "text" for kind in formats.values()}) > 1:
@@ -92,10 +97,10 @@ def load_language_model_data(config: DataConfig) -> LanguageModelData:
     vocab_size = None
     if formats["train"] == "text":
         texts = {key: read_text(getattr(config, key), key) for key in formats}
-        tokenizer = _tokenizer_for(config, "".join(texts.values()))
+        tokenizer = tokenizer or _tokenizer_for(config, "".join(texts.values()))
         tokens = {key: encode_text(tokenizer, text) for key, text in texts.items()}
     else:
-        tokenizer = _tokenizer_for(config, None)
+        tokenizer = tokenizer or _tokenizer_for(config, None)
         tokens = {}
         for key, kind in formats.items():
             path = getattr(config, key)

@@ -23,15 +23,18 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from tformer.checkpoint import CheckpointError
 from tformer.config import ConfigError, ModelConfig, resolve_config
 from tformer.data.sources import DataConfig, DataError
 from tformer.errors import TformerError
+from tformer.hub import read_model_config
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.tasks.registry import TaskConfig
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
                              "task": TaskConfig}
 PATH_KEYS = ("train", "eval", "tokenizer")  # [data] keys that name files
+HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type")  # what [model] may set beside init_from
 
 
 class RecipeError(TformerError):
@@ -41,7 +44,10 @@ class RecipeError(TformerError):
 @dataclass(frozen=True)
 class Recipe:
     """A validated recipe. ``model`` holds a placeholder vocabulary size until the data's
-    tokenizer is known unless the recipe set ``vocab_size`` (``vocab_size_given``)."""
+    tokenizer is known unless the recipe set ``vocab_size`` (``vocab_size_given``).
+
+    ``init_from``: a pretrained model folder to start from (fine-tuning); ``model`` is then that
+    folder's config, and ``head`` the head settings (``HEAD_KEYS``) the recipe gives it."""
 
     model: ModelConfig
     data: DataConfig
@@ -49,6 +55,25 @@ class Recipe:
     task: TaskConfig = TaskConfig()
     source: str = "<recipe>"
     vocab_size_given: bool = False
+    init_from: str | None = None
+    head: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def declared_label_names(self) -> tuple[str, ...] | None:
+        """The label names the recipe declares (the data's labels must be among them), or None."""
+        names = self.head.get("label_names") if self.init_from else self.model.label_names
+        return tuple(names) if names else None
+
+    def with_label_names(self, label_names: tuple[str, ...] | None) -> Recipe:
+        """The recipe with the data's label names (and their number) unless it declared its own."""
+        if not label_names or self.declared_label_names:
+            return self
+        if self.init_from:
+            return dataclasses.replace(self, head={**self.head, "label_names": list(label_names),
+                                                   "num_labels": len(label_names)})
+        model = _build(lambda section, key: self.source, "model", lambda: dataclasses.replace(
+            self.model, label_names=tuple(label_names), num_labels=len(label_names)))
+        return dataclasses.replace(self, model=model)
 
     def with_vocab_size(self, vocab_size: int | None) -> Recipe:
         """The recipe with the model's vocabulary fixed: the recipe's own value, else the tokenizer's."""
@@ -70,7 +95,10 @@ class Recipe:
         lines = ["# The resolved recipe of this run: every setting, data paths absolute.", ""]
         for section in SECTIONS:
             lines.append(f"[{section}]")
-            for key, value in dataclasses.asdict(getattr(self, section)).items():
+            values = dataclasses.asdict(getattr(self, section))
+            if section == "model" and self.init_from:
+                values = {"init_from": self.init_from, **self.head}
+            for key, value in values.items():
                 if value is None or value == {}:
                     continue
                 lines.append(f"{key} = {toml_value(value)}")
@@ -124,6 +152,16 @@ def recipe_from_dict(
     preset = model_values.pop("preset", None)
     if preset is not None and not isinstance(preset, str):
         raise RecipeError(f"{origin('model', 'preset')}: [model] preset={preset!r} must be a preset name")
+    init_from = model_values.pop("init_from", None)
+    if init_from is not None:
+        if not isinstance(init_from, str):
+            raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from={init_from!r} must be a model folder")
+        root = Path.cwd() if ("model", "init_from") in from_command_line else base_dir
+        init_from = str((root / Path(init_from).expanduser()).resolve())
+        others = [key for key in model_values if key not in HEAD_KEYS] + (["preset"] if preset else [])
+        if others:
+            raise RecipeError(f"{origin('model', others[0])}: [model] {others[0]} cannot be set with init_from (the "
+                              f"folder's config is the model's); beside it only {', '.join(HEAD_KEYS)}")
     _check_keys(origin, "model", model_values, extra_allowed=("preset",))
     _check_keys(origin, "data", data_values)
     _check_keys(origin, "training", training_values)
@@ -139,9 +177,15 @@ def recipe_from_dict(
             root = Path.cwd() if ("data", key) in from_command_line else base_dir
             data_values[key] = str((root / Path(value).expanduser()).resolve())
 
-    vocab_size_given = "vocab_size" in model_values
+    vocab_size_given = "vocab_size" in model_values or init_from is not None
+    head = dict(model_values) if init_from is not None else {}
 
     def make_model() -> ModelConfig:
+        if init_from is not None:
+            try:
+                return read_model_config(init_from)
+            except CheckpointError as error:
+                raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from: {error}") from None
         if preset is None:
             return ModelConfig(**model_values)
         return resolve_config(preset, **model_values)  # a preset's special-token ids follow a new vocab_size
@@ -162,7 +206,8 @@ def recipe_from_dict(
         )
     if training.seq_len is None:
         training = dataclasses.replace(training, seq_len=model.max_seq_len)
-    return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given)
+    return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given,
+                  init_from=init_from, head=head)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

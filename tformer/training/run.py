@@ -3,12 +3,15 @@ if asked, save the resolved recipe, train. What ``tformer train`` does, as a fun
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from tformer.hub import load, load_tokenizer
 from tformer.models import build_model
 from tformer.training import checkpoints, distributed
 from tformer.training.config import TrainingError
@@ -39,10 +42,13 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         if resume is None and existing:
             raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
                                 "continue it with --resume auto, or choose another --out")
-        task, data = task_for_recipe(recipe.task, recipe.data)
-        recipe = recipe.with_vocab_size(data.vocab_size)
-        torch.manual_seed(config.seed)  # every process builds the same initial weights
-        model = build_model(recipe.model)
+        pretrained_tokenizer = None if recipe.init_from is None else load_tokenizer(recipe.init_from)
+        task, data = task_for_recipe(recipe.task, recipe.data, seq_len=config.seq_len, tokenizer=pretrained_tokenizer,
+                                     label_names=recipe.declared_label_names)
+        recipe = recipe.with_vocab_size(data.vocab_size).with_label_names(data.label_names)
+        torch.manual_seed(config.seed)  # every process builds the same initial weights (and new heads)
+        model = build_model(recipe.model) if recipe.init_from is None else pretrained_model(recipe, say)
+        recipe = dataclasses.replace(recipe, model=model.config)
         model.tokenizer = data.tokenizer
         tokenizer = f" ({type(data.tokenizer).__name__}, {data.vocab_size} tokens)" if data.tokenizer else ""
         say(f"data       {data.description}{tokenizer}")
@@ -74,6 +80,16 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
             trainer.state.release()  # (train releases it too; this covers a failure before it)
         trainer = model = None  # freed before the process group goes (see leave_process_group)
         distributed.leave_process_group()
+
+
+def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
+    """The model of ``recipe.init_from`` with the recipe's head (the new head's weights listed in a warning)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load(recipe.init_from, **recipe.head)
+    for warning in caught:
+        say(f"init_from  {warning.message}")
+    return model.train()
 
 
 def write_recipe(out: Path, recipe: Recipe) -> Path:

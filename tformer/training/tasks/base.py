@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from tformer.nn.losses import token_cross_entropy
-from tformer.training.config import TrainingConfig
+from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 
 Batch = dict[str, Tensor]
+
+
+@dataclass
+class TaskData:
+    """What a task's data tells the rest of a run: the tokenizer, the vocabulary size it implies,
+    the label names (None: the task has none) and a line describing the data."""
+
+    tokenizer: object | None
+    vocab_size: int | None
+    description: str
+    label_names: tuple[str, ...] | None = None
 
 
 class Task:
@@ -33,7 +45,14 @@ class Task:
     name = "task"
     unit = "examples"  # what the throughput counts: examples/s (tokens/s for a language model)
     metrics: tuple[str, ...] = ("eval_loss",)  # what ``finalise`` reports
-    higher_is_better: frozenset[str] = frozenset({"eval_accuracy", "eval_f1", "eval_bleu"})
+    higher_is_better: frozenset[str] = frozenset({"eval_accuracy", "eval_nsp_accuracy", "eval_precision", "eval_recall",
+                                                  "eval_f1", "eval_exact_match", "eval_bleu"})
+
+    @classmethod
+    def from_recipe(cls, data, *, seq_len: int | None, tokenizer=None, label_names=None, **options):
+        """The task on the data a recipe's [data] section names, and a TaskData (tokenizer, label
+        names, a description) for the model; ``options``: the task's [task] settings."""
+        raise TrainingError(f"the {cls.name} task cannot be named in a recipe (it has no from_recipe)")
 
     def prepare(self, config: TrainingConfig, context: ProcessContext, model: nn.Module) -> None:
         """Take the run's settings (batch size, seed, this process's rank); check the data fits

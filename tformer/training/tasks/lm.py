@@ -11,10 +11,11 @@ import torch
 from torch import Tensor, nn
 
 from tformer.data.lm import check_token_ids, num_tokens, random_crops, spaced_windows
+from tformer.data.sources import DataConfig, load_language_model_data
 from tformer.nn.losses import token_cross_entropy
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
-from tformer.training.tasks.base import Batch, Task, perplexity
+from tformer.training.tasks.base import Batch, Task, TaskData, perplexity
 
 EVAL_LOGITS_BUDGET = 2**24  # floats of logits per evaluation forward pass (64 MiB)
 
@@ -35,6 +36,16 @@ class LanguageModelling(Task):
         self.train_tokens = _as_tokens(train_tokens)
         self.eval_tokens = None if eval_tokens is None else _as_tokens(eval_tokens)
         self.sources = dict(sources or {})  # "training"/"evaluation" -> the file the tokens came from
+
+    @classmethod
+    def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None):
+        """The task on the tokens a recipe's [data] names, and what they tell the model (TaskData)."""
+        if label_names:
+            raise TrainingError("label_names: the lm task has no labels")
+        loaded = load_language_model_data(data, tokenizer)
+        sources = {"training": data.train, "evaluation": data.eval or data.train}
+        return cls(loaded.train, loaded.eval, sources=sources), TaskData(loaded.tokenizer, loaded.vocab_size,
+                                                                          loaded.description)
 
     @property
     def next_token_objective(self) -> bool:

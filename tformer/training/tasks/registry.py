@@ -2,31 +2,86 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from tformer.data.sources import DataConfig, LanguageModelData, load_language_model_data
+from tformer.data.sources import DataConfig
 from tformer.training.config import TrainingError
-from tformer.training.tasks.base import Task
+from tformer.training.tasks.base import Task, TaskData
 from tformer.training.tasks.lm import LanguageModelling
+from tformer.training.tasks.mlm import MaskedLanguageModelling
 
-TASKS: dict[str, type[Task]] = {"lm": LanguageModelling}
+TASKS: dict[str, type[Task]] = {
+    "lm": LanguageModelling,
+    "mlm": MaskedLanguageModelling,
+}
+# The [task] settings that belong to one task; set for another, they are refused rather than ignored.
+TASK_OPTIONS = {
+    "mask_probability": ("mlm",),
+    "whole_word_masking": ("mlm",),
+    "doc_stride": ("span_qa",),
+    "max_answer_length": ("span_qa",),
+    "n_best": ("span_qa",),
+}
+# The [data] settings each task reads besides train, eval, eval_fraction and tokenizer.
+DATA_OPTIONS = {
+    "lm": {"format": ("auto", "text", "tokens", "npy")},
+    "mlm": {"format": ("auto", "text")},
+    "classification": {"format": ("auto", "tsv", "csv", "jsonl"), "columns": True, "skip_bad": True},
+    "token_classification": {"format": ("auto",), "skip_bad": True},
+    "span_qa": {"format": ("auto",), "skip_bad": True},
+}
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """The ``[task]`` section of a recipe: which task trains the model (``lm``: next-token
-    language modelling, the default)."""
+    """The ``[task]`` section of a recipe: which task trains the model (``lm``: next-token language
+    modelling, the default; ``mlm``: masked LM, + next-sentence pairs with the ``pretraining`` head;
+    ``classification``, ``token_classification``, ``span_qa``: an encoder's fine-tuning tasks) and
+    the settings of that task."""
 
     name: str = "lm"
+    mask_probability: float = 0.15  # mlm: the share of tokens chosen (80% [MASK], 10% random, 10% kept)
+    whole_word_masking: bool = False  # mlm: choose whole words (WordPiece tokenizers)
+    doc_stride: int = 128  # span_qa: tokens shared by consecutive windows of a long context
+    max_answer_length: int = 30  # span_qa: the longest answer predicted, in tokens
+    n_best: int = 20  # span_qa: start and end candidates per window
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:
             raise TrainingError(f"task.name={self.name!r} is not one of {', '.join(TASKS)}")
+        defaults = TaskConfig.__dataclass_fields__
+        for key, tasks in TASK_OPTIONS.items():
+            if getattr(self, key) != defaults[key].default and self.name not in tasks:
+                raise TrainingError(f"task.{key} is a setting of the {' and '.join(tasks)} task, not {self.name!r}")
+        if not 0.0 < self.mask_probability < 1.0:
+            raise TrainingError(f"task.mask_probability={self.mask_probability} must be in (0, 1)")
+        for key in ("doc_stride", "max_answer_length", "n_best"):
+            if getattr(self, key) < 1:
+                raise TrainingError(f"task.{key}={getattr(self, key)} must be a positive integer")
 
 
-def task_for_recipe(config: TaskConfig, data: DataConfig) -> tuple[Task, LanguageModelData]:
-    """The task a recipe names, on the data its ``[data]`` section loads (with the tokenizer
-    and vocabulary size the model takes from it)."""
-    loaded = load_language_model_data(data)
-    sources = {"training": data.train, "evaluation": data.eval or data.train}
-    return TASKS[config.name](loaded.train, loaded.eval, sources=sources), loaded
+def check_data_options(task: str, data: DataConfig) -> None:
+    """Refuse a [data] setting the task does not read."""
+    allowed = DATA_OPTIONS[task]
+    if data.format not in allowed["format"]:
+        raise TrainingError(f"data.format={data.format!r} is not read by the {task} task; it reads "
+                            f"{', '.join(allowed['format'])}")
+    defaults = DataConfig.__dataclass_fields__
+    for key in ("columns", "skip_bad"):
+        if getattr(data, key) != defaults[key].default and key not in allowed:
+            raise TrainingError(f"data.{key} is not read by the {task} task")
+
+
+def task_for_recipe(config: TaskConfig, data: DataConfig, *, seq_len: int | None = None, tokenizer=None,
+                    label_names: tuple[str, ...] | None = None) -> tuple[Task, TaskData]:
+    """The task a recipe names, on the data its ``[data]`` section loads. ``tokenizer``: the one a
+    pretrained model folder brings (else the data's); ``label_names``: those the recipe declares."""
+    check_data_options(config.name, data)
+    if tokenizer is not None and data.tokenizer != DataConfig.__dataclass_fields__["tokenizer"].default:
+        raise TrainingError("data.tokenizer cannot be set with [model] init_from: the model folder's tokenizer "
+                            "is the one its weights were trained with")
+    options = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)
+               if config.name in TASK_OPTIONS.get(field.name, ())}
+    return TASKS[config.name].from_recipe(data, seq_len=seq_len, tokenizer=tokenizer, label_names=label_names,
+                                          **options)

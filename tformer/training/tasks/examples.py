@@ -1,0 +1,156 @@
+"""Tasks over a fixed set of tokenized examples (the encoder's tasks): rows of padded tensors,
+drawn for training epoch by epoch in an order seeded by (seed, epoch), and read in order for
+evaluation. Each batch is cut to its longest row, so short sentences cost what they hold.
+
+Training batches are a pure function of (seed, position) and are drawn as the global batch of
+every process, each keeping its rows: N processes see what one process with N times the batch
+sees, and a resumed run the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tformer.data.sources import DataConfig
+from tformer.tokenizers import load as load_tokenizer
+from tformer.tokenizers.errors import TokenizerError
+from tformer.training.config import TrainingError
+from tformer.training.tasks.base import Batch, Task
+
+EVAL_WEIGHTS = "weights"  # (B,) float: 1 for a real evaluation row, 0 for a filler that evens out processes
+
+
+def seeded_generator(seed: int, stream: int, index: int) -> torch.Generator:
+    """A CPU generator for (seed, stream, index): torch seeds are 64-bit, so the mix is taken mod 2**64."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + stream * 7_919 + index) % 2**64)
+
+
+def data_tokenizer(data: DataConfig, task: str, tokenizer=None):
+    """The tokenizer an encoder task reads its data with: a pretrained folder's (given), else the
+    file ``data.tokenizer`` names (a task of whole words and [CLS]/[SEP] has no use for "char")."""
+    if tokenizer is not None:
+        return tokenizer
+    if data.tokenizer == "char":
+        raise TrainingError(f"data.tokenizer: the {task} task needs a tokenizer file (BERT's vocab.txt, a "
+                            "tokenizer.json) or a pretrained model folder ([model] init_from)")
+    try:
+        return load_tokenizer(data.tokenizer)
+    except TokenizerError as error:
+        raise TrainingError(f"data.tokenizer: {error}") from None
+
+
+@dataclass
+class Rows:
+    """Examples as tensors: ``fields`` maps a name to (N, T) per-token values (padded) or (N,) per-row
+    values; ``lengths`` (N,) is each row's real length; ``padding`` the value each (N, T) field is
+    padded with (input ids: the pad id, labels: -100, masks and segments: 0)."""
+
+    fields: dict[str, Tensor]
+    lengths: Tensor
+    padding: dict[str, int]
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def select(self, index: Tensor) -> Batch:
+        """The rows at ``index`` (B,), each (N, T) field cut to the longest of them."""
+        longest = int(self.lengths[index].max()) if index.numel() else 1
+        return {name: values[index, :longest] if values.dim() == 2 else values[index]
+                for name, values in self.fields.items()}
+
+
+def pad_rows(sequences: dict[str, list[list[int]]], per_row: dict[str, list] | None = None,
+             padding: dict[str, int] | None = None) -> Rows:
+    """Rows from lists of per-token sequences (every field's i-th sequence as long as the others')
+    and per-row values; ``padding`` gives each sequence field's pad value (default 0)."""
+    padding = {name: (padding or {}).get(name, 0) for name in sequences}
+    first = next(iter(sequences.values()))
+    lengths = torch.tensor([len(sequence) for sequence in first], dtype=torch.long)
+    longest = int(lengths.max()) if len(first) else 1
+    fields = {}
+    for name, values in sequences.items():
+        table = torch.full((len(values), longest), padding[name], dtype=torch.long)
+        for row, sequence in enumerate(values):
+            table[row, : len(sequence)] = torch.as_tensor(sequence, dtype=torch.long)
+        fields[name] = table
+    for name, values in (per_row or {}).items():
+        fields[name] = torch.as_tensor(values)
+    return Rows(fields, lengths, padding)
+
+
+class ExampleTask(Task):
+    """A task whose training and evaluation data are ``Rows``. Subclasses build the rows (in
+    ``prepare``, where the model's limits are known, or before) and give the loss and evaluation."""
+
+    unit = "examples"
+
+    def __init__(self) -> None:
+        self.train_rows: Rows | None = None
+        self.eval_rows: Rows | None = None
+        self._permutations: dict[int, Tensor] = {}
+
+    @property
+    def can_evaluate(self) -> bool:
+        return self.eval_rows is not None and len(self.eval_rows) > 0
+
+    def global_indices(self, position: int, num_rows: int) -> Tensor:
+        """Indices (world_size * batch_size,) of the global batch at ``position``: the stream of
+        training examples, one seeded permutation per epoch, read a batch at a time."""
+        size = self.config.batch_size * self.context.world_size
+        start = position * size
+        stream = torch.arange(start, start + size)
+        epochs = stream // num_rows
+        index = torch.empty(size, dtype=torch.long)
+        for epoch in epochs.unique().tolist():
+            chosen = epochs == epoch
+            index[chosen] = self._permutation(epoch, num_rows)[stream[chosen] % num_rows]
+        return index
+
+    def _permutation(self, epoch: int, num_rows: int) -> Tensor:
+        if epoch not in self._permutations:
+            if len(self._permutations) > 2:
+                self._permutations.clear()
+            self._permutations[epoch] = torch.randperm(num_rows, generator=seeded_generator(self.config.seed, 1, epoch))
+        return self._permutations[epoch]
+
+    def local(self, global_batch: Batch) -> Batch:
+        """This process's rows of a global batch."""
+        size, rank = self.config.batch_size, self.context.rank
+        return {name: values[rank * size : (rank + 1) * size] for name, values in global_batch.items()}
+
+    def train_batch(self, position: int) -> Batch:
+        return self.local(self.train_rows.select(self.global_indices(position, len(self.train_rows))))
+
+    def eval_row_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """(row indices (B,), weights (B,)) of this process's evaluation batches: the rows in order,
+        rank r taking every world_size-th; a process with fewer rows than another repeats its first
+        with weight 0, so every process runs as many forward passes."""
+        rank, world = self.context.rank, self.context.world_size
+        total = len(self.eval_rows)
+        mine = torch.arange(rank, total, world)
+        per_process = -(-total // world)
+        if self.config.eval_batches:
+            per_process = min(per_process, self.config.eval_batches * self.config.batch_size)
+            mine = mine[:per_process]
+        for start in range(0, per_process, self.config.batch_size):
+            index = mine[start : start + self.config.batch_size]
+            wanted = min(self.config.batch_size, per_process - start)
+            weights = torch.ones(wanted)
+            if index.numel() < wanted:
+                weights[index.numel():] = 0.0
+                filler = int(mine[0]) if mine.numel() else 0
+                index = torch.cat([index, index.new_full((wanted - index.numel(),), filler)])
+            yield index, weights
+
+    def eval_batches(self) -> Iterator[Batch]:
+        for index, weights in self.eval_row_batches():
+            yield {**self.eval_rows.select(index), EVAL_WEIGHTS: weights}
+
+
+def model_inputs(batch: Batch, *exclude: str) -> Batch:
+    """The batch without its evaluation weights and the named fields (labels the caller reads itself)."""
+    return {name: values for name, values in batch.items() if name != EVAL_WEIGHTS and name not in exclude}

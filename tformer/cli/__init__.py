@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tformer.errors import TformerError
 
-COMMANDS = ["convert", "demo", "generate", "info", "plot", "tokenize", "tokenizer", "train"]
+COMMANDS = ["convert", "demo", "evaluate", "generate", "info", "plot", "predict", "tokenize", "tokenizer", "train"]
 
 
 class UsageError(TformerError):

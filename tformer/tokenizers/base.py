@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tformer.files import write_text_atomically
 from tformer.tokenizers.added_tokens import SPECIAL_ROLES, AddedToken, AddedTokenSplitter, infer_roles
 from tformer.tokenizers.batch import (
     BatchEncoding,
@@ -638,10 +638,7 @@ class Tokenizer:
         if not path.parent.is_dir():
             raise TokenizerError(f"cannot save the tokenizer to {path}: folder {path.parent} does not exist")
         text = json.dumps(self.to_dict(), ensure_ascii=False)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(text + "\n", encoding="utf-8")
-        os.replace(temporary, path)
-        return path
+        return write_text_atomically(path, text + "\n")
 
     def fingerprint(self) -> str:
         """SHA-256 of the canonical json: equal fingerprints mean equal tokenization."""

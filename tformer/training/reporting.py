@@ -17,6 +17,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from tformer.files import write_text_atomically
+
 METRICS_NAME = "metrics.jsonl"
 REFRESH_SECONDS = 0.5
 
@@ -107,6 +109,4 @@ def truncate_metrics(out_dir: Path, last_step: int) -> None:
                 kept.append(line)
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # a line cut short by a kill
-    temporary = path.with_name(f".{METRICS_NAME}.tmp-{os.getpid()}")
-    temporary.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(temporary, path)
+    write_text_atomically(path, "".join(line + "\n" for line in kept))

@@ -4,13 +4,13 @@ if asked, save the resolved recipe, train. What ``tformer train`` does, as a fun
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from tformer.files import write_text_atomically
 from tformer.hub import load, load_tokenizer
 from tformer.models import build_model
 from tformer.training import checkpoints, distributed
@@ -94,11 +94,7 @@ def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
 
 def write_recipe(out: Path, recipe: Recipe) -> Path:
     """Save the resolved recipe as RUN/recipe.toml (atomically)."""
-    path = out / RECIPE_NAME
-    temporary = out / f".{RECIPE_NAME}.tmp-{os.getpid()}"
-    temporary.write_text(recipe.to_toml(), encoding="utf-8")
-    os.replace(temporary, path)
-    return path
+    return write_text_atomically(out / RECIPE_NAME, recipe.to_toml())
 
 
 def _threads(trainer: Trainer) -> str:

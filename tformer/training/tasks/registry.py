@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from tformer.data.sources import DataConfig
 from tformer.training.config import TrainingError
 from tformer.training.tasks.base import Task, TaskData
+from tformer.training.tasks.classification import SequenceClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
 
 TASKS: dict[str, type[Task]] = {
     "lm": LanguageModelling,
     "mlm": MaskedLanguageModelling,
+    "classification": SequenceClassification,
 }
 # The [task] settings that belong to one task; set for another, they are refused rather than ignored.
 TASK_OPTIONS = {

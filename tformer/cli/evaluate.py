@@ -1,0 +1,91 @@
+"""``tformer evaluate RUN --data FILE``: the metrics of a trained model on a data file, by the task
+of the recipe it was trained with (accuracy and F1, entity F1, exact match, loss and perplexity).
+A classification run also gets its confusion matrix drawn as a PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RECIPE_NAME = "recipe.toml"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "evaluate", help="score a trained model on a data file with its recipe's task and metrics",
+        description="Evaluate the model of a run folder (or one of its checkpoints, e.g. RUN/checkpoints/best) on "
+                    "--data, read and scored as the run's recipe reads and scores its evaluation data. Prints the "
+                    "metrics and writes them, with a confusion matrix PNG for a classification run, into --out.",
+    )
+    parser.add_argument("folder", metavar="RUN",
+                        help="a run folder (with recipe.toml), or a checkpoint folder inside one")
+    parser.add_argument("--data", required=True, help="the file to evaluate on, in the format of the run's data")
+    parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
+    parser.add_argument("--batch-size", type=int, help="rows per forward pass (default: the recipe's batch size)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    parser.set_defaults(run=run)
+
+
+def find_recipe(folder: Path) -> Path:
+    """The recipe of a run folder, or of the run a checkpoint folder (RUN/checkpoints/NAME) belongs to."""
+    for candidate in (folder / RECIPE_NAME, folder.parent.parent / RECIPE_NAME):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(2, f"no {RECIPE_NAME} in it or in the run folder two levels up (evaluate reads the "
+                               "task and the data format from the run's recipe)", str(folder))
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import tomllib
+
+    import tformer
+    from tformer.cli import UsageError
+    from tformer.files import write_text_atomically
+    from tformer.training.recipe import recipe_from_dict
+    from tformer.training.tasks import task_for_recipe
+    from tformer.training.trainer import Trainer
+
+    folder = Path(args.folder)
+    data_file = Path(args.data)
+    if not data_file.is_file():
+        raise UsageError(f"--data {data_file}: no such file")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
+    recipe_file = find_recipe(folder)
+    raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
+    raw["model"] = {"init_from": str(folder.resolve())}  # the evaluated folder is the model, whatever it started from
+    recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
+    model = tformer.load(folder, device="cpu")
+    if model.tokenizer is None:
+        raise UsageError(f"{folder}: the model folder has no tokenizer to read --data with")
+    data = dataclasses.replace(recipe.data, train=str(data_file), eval=str(data_file), eval_fraction=0.0,
+                               tokenizer="char")  # "char": none named; the model's own tokenizer reads the data
+    label_names = tuple(model.config.label_names) or None
+    task, loaded = task_for_recipe(recipe.task, data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
+                                   label_names=label_names)
+    training = dataclasses.replace(recipe.training, eval_batches=0, device=args.device, compile=False,
+                                   batch_size=args.batch_size or recipe.training.batch_size)
+    trainer = Trainer(model, training, task, out_dir=None, progress=False)
+    print(f"data       {loaded.description}")
+    metrics = trainer.evaluate_metrics()
+    if metrics is None:
+        raise UsageError(f"--data {data_file}: nothing to evaluate")
+    for name, value in metrics.items():
+        print(f"{name:<18} {value:.4f}")
+
+    out = Path(args.out) if args.out else folder / "evaluation"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = data_file.name.split(".")[0]
+    record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **metrics}
+    write_text_atomically(out / f"{stem}.json", json.dumps(record, indent=2) + "\n")
+    print(f"metrics    {out / f'{stem}.json'}")
+    confusion = getattr(task, "confusion", None)
+    if confusion is not None:
+        from tformer.viz.confusion import plot_confusion_matrix
+
+        png = plot_confusion_matrix(confusion, task.label_names, out / f"{stem}-confusion.png",
+                                    title=f"{folder.name} on {data_file.name}")
+        print(f"plot       {png}")
+    return 0

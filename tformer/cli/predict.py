@@ -1,0 +1,130 @@
+"""``tformer predict RUN --text ...``: what a fine-tuned encoder says about a text, by its head: the
+label and its probability (sequence classification), the entities with their character spans
+(token classification), an answer with its score (``--question`` / ``--context``, extractive QA), or
+the likeliest tokens for each ``[MASK]`` (masked LM)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "predict", help="classify a text, tag its entities, answer a question or fill [MASK] with an encoder",
+        description="Run the model of a folder (a run folder, a checkpoint, a Hugging Face folder) on texts given "
+                    "on the command line, reading the answer its head gives: a label, entities, an answer span or "
+                    "masked tokens. --json prints one JSON object per text instead of lines.",
+    )
+    parser.add_argument("model", help="a model folder with a tokenizer (an encoder with a task head)")
+    parser.add_argument("--text", action="append", default=[], help="a text to classify, tag or fill (repeatable)")
+    parser.add_argument("--pair", help="the second text of a pair (sequence classification of pairs)")
+    parser.add_argument("--question", help="a question (extractive QA; with --context)")
+    parser.add_argument("--context", help="the passage that holds the answer (extractive QA)")
+    parser.add_argument("--top-k", type=int, default=1, help="labels or tokens to show per prediction (default: 1)")
+    parser.add_argument("--max-answer-length", type=int, default=30, help="longest answer in tokens (default: 30)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import tformer
+    from tformer.cli import UsageError, check_text_option
+
+    if args.top_k < 1:
+        raise UsageError(f"--top-k {args.top_k} must be a positive integer")
+    texts = [check_text_option(text, "--text") for text in args.text]
+    model = tformer.load(args.model)
+    head = getattr(model.config, "head", None)
+    if model.config.architecture != "encoder" or head not in HEADS:
+        raise UsageError(f"{args.model}: predict reads an encoder's task head ({', '.join(HEADS)}); this model is "
+                         f"architecture={model.config.architecture!r}, head={head!r}"
+                         + (" (tformer generate continues a prompt)" if model.config.architecture == "decoder" else ""))
+    if model.tokenizer is None:
+        raise UsageError(f"{args.model}: the model folder has no tokenizer")
+    if head == "question_answering":
+        if not (args.question and args.context) or texts:
+            raise UsageError("a question-answering model takes --question and --context (not --text)")
+        results = [predict_answer(model, args.question, args.context, args.max_answer_length)]
+    else:
+        if not texts:
+            raise UsageError("give a text to predict on with --text")
+        if args.question or args.context:
+            raise UsageError(f"--question/--context are for a question-answering model; this one is head={head!r}")
+        if args.pair is not None and head != "sequence_classification":
+            raise UsageError(f"--pair is for sequence classification; this model is head={head!r}")
+        predict = {"sequence_classification": lambda text: predict_label(model, text, args.pair, args.top_k),
+                   "token_classification": lambda text: predict_tags(model, text),
+                   "masked_lm": lambda text: fill_masks(model, text, args.top_k),
+                   "pretraining": lambda text: fill_masks(model, text, args.top_k)}[head]
+        with torch.inference_mode():
+            results = [predict(text) for text in texts]
+    for result in results:
+        print(json.dumps(result, ensure_ascii=False) if args.json else result["line"])
+    return 0
+
+
+def predict_label(model, text: str, pair: str | None, top_k: int) -> dict:
+    """The labels of a text (or pair) by probability."""
+    import torch
+
+    encoded = _encode(model, text, pair)
+    probabilities = torch.softmax(model(**encoded).logits[0].float(), dim=-1)
+    names = model.config.label_names or tuple(f"LABEL_{index}" for index in range(probabilities.numel()))
+    values, indices = probabilities.topk(min(top_k, probabilities.numel()))
+    labels = [{"label": names[index], "probability": round(value, 4)} for value, index in
+              zip(values.tolist(), indices.tolist(), strict=True)]
+    line = ", ".join(f"{label['label']} ({label['probability']:.3f})" for label in labels)
+    return {"text": text, "labels": labels, "line": f"{line}\t{text}"}
+
+
+def predict_tags(model, text: str) -> dict:
+    """The entities of a text with their character spans."""
+    from tformer.training.tasks.token_classification import predict_entities
+
+    entities = predict_entities(model, model.tokenizer, text)
+    line = "; ".join(f"{entity['type']} [{entity['start']}:{entity['end']}] {entity['text']!r} ({entity['score']:.3f})"
+                     for entity in entities) or "no entities"
+    return {"text": text, "entities": entities, "line": f"{line}\t{text}"}
+
+
+def predict_answer(model, question: str, context: str, max_answer_length: int) -> dict:
+    """The best answer span of ``context`` for ``question``, with its score."""
+    from tformer.training.tasks.span_qa import answer_question
+
+    answer = answer_question(model, model.tokenizer, question, context, max_answer_length=max_answer_length)
+    line = f"{answer['text']}\t(score {answer['score']:.3f}, characters {answer['start']}-{answer['end']})"
+    return {"question": question, **answer, "line": line}
+
+
+def fill_masks(model, text: str, top_k: int) -> dict:
+    """The likeliest tokens at each mask token of the text."""
+    import torch
+
+    from tformer.cli import UsageError
+
+    tokenizer = model.tokenizer
+    mask_id = tokenizer.mask_token_id
+    encoded = _encode(model, text, None)
+    positions = (encoded["input_ids"][0] == mask_id).nonzero().flatten().tolist() if mask_id is not None else []
+    if not positions:
+        raise UsageError(f"--text {text!r} holds no {tokenizer.mask_token or 'mask'} token to fill")
+    probabilities = torch.softmax(model(**encoded).logits[0, positions].float(), dim=-1)  # (M, V)
+    values, indices = probabilities.topk(top_k, dim=-1)
+    fills = [[{"token": tokenizer.id_to_token(index), "probability": round(value, 4)}
+              for value, index in zip(row_values, row_indices, strict=True)]
+             for row_values, row_indices in zip(values.tolist(), indices.tolist(), strict=True)]
+    line = " | ".join(", ".join(f"{fill['token']} ({fill['probability']:.3f})" for fill in mask) for mask in fills)
+    return {"text": text, "masks": fills, "line": f"{line}\t{text}"}
+
+
+def _encode(model, text: str, pair: str | None) -> dict:
+    """The model inputs of one text (or pair), truncated to the model's positions."""
+    encoded = model.tokenizer.encode_batch([text], None if pair is None else [pair], truncation=True,
+                                           max_length=model.config.max_seq_len, return_tensors="pt")
+    return {name: values for name, values in encoded.items() if name in ("input_ids", "attention_mask",
+                                                                          "token_type_ids")}

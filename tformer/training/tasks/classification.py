@@ -1,0 +1,133 @@
+"""Sequence classification (one text or a pair -> one label) from TSV, CSV or JSONL files.
+
+Texts longer than ``seq_len`` tokens are truncated (the longer of a pair first) and counted in the
+task's description. Evaluation sums a confusion matrix (one count per cell, so totals add up over
+batches and processes) and finalises it into accuracy and macro F1; ``confusion`` keeps the last
+evaluation's matrix for a plot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from tformer.data.classification import ClassificationData, read_classification
+from tformer.data.files import DataFileError
+from tformer.data.sources import DataConfig
+from tformer.evaluation.classification import classification_scores
+from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.distributed import ProcessContext
+from tformer.training.tasks.base import Batch, TaskData
+from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, data_tokenizer, model_inputs, pad_rows
+
+
+def encode_texts(tokenizer, data: ClassificationData, seq_len: int) -> tuple[Rows, int]:
+    """Token rows of every example (label ids in ``labels`` when the data has them) and how many
+    were truncated to ``seq_len``."""
+    texts = [example.text for example in data.examples]
+    pairs = [example.text_pair for example in data.examples]
+    pairs = None if all(pair is None for pair in pairs) else [pair or "" for pair in pairs]
+    full = tokenizer.encode_batch(texts, pairs)
+    encoded = tokenizer.encode_batch(texts, pairs, truncation=True, max_length=seq_len)
+    truncated = sum(len(whole) > seq_len for whole in full["input_ids"])
+    sequences = {name: encoded[name] for name in ("input_ids", "token_type_ids", "attention_mask") if name in encoded}
+    per_row = {"labels": data.label_ids()} if data.label_names and data.examples[0].label is not None else {}
+    return pad_rows(sequences, per_row, padding={"input_ids": tokenizer.pad_token_id or 0}), truncated
+
+
+class SequenceClassification(ExampleTask):
+    """Single-label classification of ``train`` (and ``evaluation``) examples, tokenized by
+    ``tokenizer`` to at most ``seq_len`` tokens; the model's head is ``sequence_classification``
+    with as many labels as ``train.label_names``."""
+
+    name = "classification"
+    metrics = ("eval_loss", "eval_accuracy", "eval_f1")
+
+    def __init__(self, train: ClassificationData, evaluation: ClassificationData | None, tokenizer, *,
+                 seq_len: int = 128) -> None:
+        super().__init__()
+        if tokenizer.pad_token_id is None:
+            raise TrainingError(f"the classification task pads batches; {type(tokenizer).__name__} has no pad token")
+        self.label_names = tuple(train.label_names)
+        self.seq_len = seq_len
+        self.train_rows, self.train_truncated = encode_texts(tokenizer, train, seq_len)
+        self.eval_rows, self.eval_truncated = (None, 0) if evaluation is None else \
+            encode_texts(tokenizer, evaluation, seq_len)
+        self.confusion: np.ndarray | None = None
+
+    @classmethod
+    def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None):
+        """The task on the files a recipe's [data] names (``eval``, else the last ``eval_fraction`` of
+        ``train``); label names from the recipe, else from the training file."""
+        tokenizer = data_tokenizer(data, cls.name, tokenizer)
+        options = {"format": None if data.format == "auto" else data.format, "columns": data.columns,
+                   "skip_bad": data.skip_bad}
+        try:
+            train = read_classification(data.train, labels=label_names, **options)
+            evaluation = None
+            if data.eval:
+                evaluation = read_classification(data.eval, labels=train.label_names, **options)
+            elif data.eval_fraction > 0:
+                train, evaluation = _split(train, data.eval_fraction)
+        except DataFileError as error:
+            raise TrainingError(str(error)) from None
+        task = cls(train, evaluation, tokenizer, seq_len=seq_len or 128)
+        return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe(train, evaluation), task.label_names)
+
+    def describe(self, train: ClassificationData, evaluation: ClassificationData | None) -> str:
+        """One line: examples per split, labels, truncations and skipped rows."""
+        def split(data: ClassificationData, truncated: int) -> str:
+            notes = [f"{truncated:,} truncated to {self.seq_len} tokens"] if truncated else []
+            notes += [data.skipped.summary()] if data.skipped else []
+            return f"{Path(data.path).name}: {len(data):,} examples" + (f" ({'; '.join(notes)})" if notes else "")
+        held_out = "" if evaluation is None else f"; evaluation {split(evaluation, self.eval_truncated)}"
+        return (f"training {split(train, self.train_truncated)}{held_out}; {len(self.label_names)} labels: "
+                f"{', '.join(self.label_names)}")
+
+    def prepare(self, config: TrainingConfig, context: ProcessContext, model: nn.Module) -> None:
+        super().prepare(config, context, model)
+        model_config = model.config
+        if model_config.head != "sequence_classification":
+            raise TrainingError(f"the classification task trains head 'sequence_classification', not "
+                                f"head={model_config.head!r}")
+        if model_config.problem_type not in (None, "single_label_classification"):
+            raise TrainingError(f"the classification task trains single-label classification; the model's "
+                                f"problem_type is {model_config.problem_type!r}")
+        if model_config.num_labels != len(self.label_names):
+            raise TrainingError(f"the data has {len(self.label_names)} labels ({', '.join(self.label_names)}) but "
+                                f"the model's num_labels is {model_config.num_labels}")
+        limit = model.position_limit
+        if limit is not None and self.seq_len > limit:
+            raise TrainingError(f"training.seq_len={self.seq_len} exceeds the model's max_seq_len={limit}")
+
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
+        weights, labels = batch[EVAL_WEIGHTS], batch["labels"]
+        logits = model(**model_inputs(batch, "labels")).logits.float()  # (B, L)
+        losses = nn.functional.cross_entropy(logits, labels, reduction="none")
+        num_labels = len(self.label_names)
+        cells = torch.bincount(labels * num_labels + logits.argmax(dim=-1), weights=weights,
+                               minlength=num_labels * num_labels)
+        sums: dict[str, Tensor | float] = {"loss": (losses * weights).sum().double(), "rows": weights.sum()}
+        sums.update({f"confusion/{cell}": count for cell, count in enumerate(cells)})
+        return sums
+
+    def finalise(self, totals: dict[str, float]) -> dict[str, float]:
+        num_labels = len(self.label_names)
+        cells = [round(totals[f"confusion/{cell}"]) for cell in range(num_labels * num_labels)]
+        self.confusion = np.asarray(cells, dtype=np.int64).reshape(num_labels, num_labels)
+        scores = classification_scores(self.confusion, self.label_names)
+        return {"eval_loss": totals["loss"] / totals["rows"], "eval_accuracy": scores.accuracy,
+                "eval_f1": scores.macro_f1}
+
+
+def _split(data: ClassificationData, fraction: float) -> tuple[ClassificationData, ClassificationData]:
+    """The last ``fraction`` of the examples held out for evaluation."""
+    keep = len(data) - round(len(data) * fraction)
+    if keep < 1 or keep == len(data):
+        raise TrainingError(f"data.eval_fraction={fraction} of {len(data)} examples leaves no training or "
+                            "evaluation example; give data.eval")
+    head = ClassificationData(data.path, data.examples[:keep], data.label_names, data.skipped)
+    return head, ClassificationData(data.path, data.examples[keep:], data.label_names)

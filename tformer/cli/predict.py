@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("a question-answering model takes --question and --context (not --text)")
         results = [predict_answer(model, args.question, args.context, args.max_answer_length)]
     else:
-        if not texts:
-            raise UsageError("give a text to predict on with --text")
         if args.question or args.context:
             raise UsageError(f"--question/--context are for a question-answering model; this one is head={head!r}")
+        if not texts:
+            raise UsageError("give a text to predict on with --text")
         if args.pair is not None and head != "sequence_classification":
             raise UsageError(f"--pair is for sequence classification; this model is head={head!r}")
         predict = {"sequence_classification": lambda text: predict_label(model, text, args.pair, args.top_k),

@@ -7,6 +7,7 @@ SQuAD v1.1 (the dev file's first 38 articles train, the last 10 evaluate: exact 
     python benchmarks/pretraining_helps.py pretrain    # configs/bert-mini-mlm.toml on it -> OUT/pretrain
     python benchmarks/pretraining_helps.py finetune    # the six fine-tuning runs -> OUT/<task>-<start>
     python benchmarks/pretraining_helps.py all
+    python benchmarks/pretraining_helps.py report      # the table of OUT/results.json
 
 OUT is runs/pretraining-helps. The pretraining text is every English text in ../shared/data that no
 evaluation here reads: tinyshakespeare, WikiText-2 valid + test, Multi30k's English training
@@ -22,8 +23,10 @@ import argparse
 import gzip
 import json
 import re
+import shutil
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from tformer.data.classification import read_classification  # noqa: E402
 from tformer.data.conll import read_conll  # noqa: E402
 from tformer.data.squad import read_squad  # noqa: E402
-from tformer.training.recipe import load_recipe  # noqa: E402
+from tformer.training.recipe import load_recipe, recipe_from_dict  # noqa: E402
 from tformer.training.run import train_recipe  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
@@ -103,14 +106,66 @@ def build_corpus(out: Path) -> dict:
     return counts
 
 
-def pretrain(out: Path, steps: int | None) -> dict:
+def pretrain(out: Path, steps: int | None, resume: bool) -> dict:
     overrides = [f"data.train={out / 'corpus.txt'}"] + ([f"training.max_steps={steps}"] if steps else [])
     recipe = load_recipe(ROOT / "configs" / "bert-mini-mlm.toml", overrides)
     started = time.perf_counter()
-    result = train_recipe(recipe, out / "pretrain", resume="auto", progress=False)
+    result = train_recipe(recipe, out / "pretrain", resume="auto" if resume else None, progress=False)
     seconds = time.perf_counter() - started
     return {"steps": result.steps, "seconds": round(seconds, 1), "train_loss": result.final_train_loss,
-            "eval_loss": result.final_eval_loss, "eval": result.history[-1] if result.history else None}
+            **last_evaluation(result)}
+
+
+def last_evaluation(result) -> dict:
+    """The metrics of the run's last evaluation (the model it ends with, not its best)."""
+    evaluated = [record for record in result.history if "eval_loss" in record]
+    return {name: value for name, value in evaluated[-1].items() if name.startswith("eval_")} if evaluated else {}
+
+
+# task -> (recipe, the metrics reported)
+FINE_TUNING = {
+    "sst2": ("sst2.toml", ("eval_accuracy",)),
+    "wnut17": ("wnut17.toml", ("eval_f1", "eval_precision", "eval_recall")),
+    "squad": ("squad.toml", ("eval_exact_match", "eval_f1")),
+}
+HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type")
+
+
+def fine_tune(out: Path, task: str, start: str) -> dict:
+    """One fine-tuning run: ``start`` is "pretrained" (init_from OUT/pretrain) or "scratch" (bert-mini
+    from random initialisation with the same tokenizer, recipe and seed)."""
+    recipe_file = ROOT / "configs" / FINE_TUNING[task][0]
+    raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
+    if start == "pretrained":
+        raw["model"]["init_from"] = str(out / "pretrain")
+    else:
+        pretrained = tomllib.loads((ROOT / "configs" / "bert-mini-mlm.toml").read_text(encoding="utf-8"))
+        raw["model"] = {"preset": pretrained["model"]["preset"],
+                        **{key: value for key, value in raw["model"].items() if key in HEAD_KEYS}}
+        raw["data"]["tokenizer"] = str((ROOT / "configs" / pretrained["data"]["tokenizer"]).resolve())
+    recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
+    run_folder = out / f"{task}-{start}"
+    if run_folder.exists():
+        shutil.rmtree(run_folder)  # this script's own earlier run of the same recipe
+    started = time.perf_counter()
+    result = train_recipe(recipe, run_folder, progress=False)
+    evaluation = last_evaluation(result)
+    return {"steps": result.steps, "seconds": round(time.perf_counter() - started, 1),
+            **{name: evaluation.get(name) for name in ("eval_loss", *FINE_TUNING[task][1])}}
+
+
+def report(results: dict) -> None:
+    """The six figures side by side."""
+    print("\n| task | metric | pretrained | scratch | difference | seconds (pretrained / scratch) |")
+    print("|---|---|---|---|---|---|")
+    for task, (_, metrics) in FINE_TUNING.items():
+        runs = {start: results.get(f"{task}-{start}") for start in ("pretrained", "scratch")}
+        if not all(runs.values()):
+            continue
+        for metric in metrics[:2] if task == "squad" else metrics[:1]:
+            pretrained, scratch = runs["pretrained"][metric], runs["scratch"][metric]
+            print(f"| {task} | {metric} | {pretrained:.4f} | {scratch:.4f} | {pretrained - scratch:+.4f} | "
+                  f"{runs['pretrained']['seconds']:.0f} / {runs['scratch']['seconds']:.0f} |")
 
 
 def save_results(out: Path, stage: str, figures: dict) -> None:
@@ -123,14 +178,24 @@ def save_results(out: Path, stage: str, figures: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=["corpus", "pretrain", "all"])
+    parser.add_argument("stage", choices=["corpus", "pretrain", "finetune", "report", "all"])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "pretraining-helps")
     parser.add_argument("--pretrain-steps", type=int, help="override the recipe's max_steps")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted pretraining run")
+    parser.add_argument("--tasks", nargs="+", choices=list(FINE_TUNING), default=list(FINE_TUNING))
+    parser.add_argument("--starts", nargs="+", choices=["pretrained", "scratch"], default=["pretrained", "scratch"])
     args = parser.parse_args()
     if args.stage in ("corpus", "all") or not (args.out / "corpus.txt").is_file():
         save_results(args.out, "corpus", build_corpus(args.out))
     if args.stage in ("pretrain", "all"):
-        save_results(args.out, "pretrain", pretrain(args.out, args.pretrain_steps))
+        save_results(args.out, "pretrain", pretrain(args.out, args.pretrain_steps, args.resume))
+    if args.stage in ("finetune", "all"):
+        if not (args.out / "pretrain" / "model.safetensors").is_file():
+            raise SystemExit(f"{args.out / 'pretrain'}: no pretrained model yet (run the pretrain stage)")
+        for task in args.tasks:
+            for start in args.starts:
+                save_results(args.out, f"{task}-{start}", fine_tune(args.out, task, start))
+    report(json.loads((args.out / "results.json").read_text()))
     return 0
 
 

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                                    batch_size=args.batch_size or recipe.training.batch_size)
     trainer = Trainer(model, training, task, out_dir=None, progress=False)
     print(f"data       {loaded.description}")
-    metrics = trainer.evaluate_metrics()
+    metrics = trainer.evaluate_metrics(progress=True)
     if metrics is None:
         raise UsageError(f"--data {data_file}: nothing to evaluate")
     for name, value in metrics.items():

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from tformer.training import checkpoints, distributed, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
@@ -235,15 +236,19 @@ class Trainer:
         return None if metrics is None else metrics["eval_loss"]
 
     @torch.no_grad()
-    def evaluate_metrics(self) -> dict[str, float] | None:
+    def evaluate_metrics(self, progress: bool = False) -> dict[str, float] | None:
         """The task's metrics over its evaluation batches: each batch's sums, added over batches
-        and, with one all-reduce, over processes, then finalised; None without eval data."""
+        and, with one all-reduce, over processes, then finalised; None without eval data.
+        ``progress``: a bar over the batches (``tformer evaluate``)."""
         if not self.task.can_evaluate:
             return None
         module = self.forward_module
         module.eval()
         totals: dict = {}
-        for batch in self.task.eval_batches():
+        batches = self.task.eval_batches()
+        if progress and self.context.is_main:
+            batches = tqdm(batches, desc="evaluating", unit="batch", leave=False)
+        for batch in batches:
             batch = self.on_device(batch)
             with self.autocast():
                 sums = self.task.eval_sums(module, batch)

@@ -4,13 +4,14 @@ for bad CoNLL data, a recipe run end to end, and predict_entities' character spa
 
 import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from seqeval.metrics import accuracy_score, f1_score, precision_score, recall_score
-from shared_data import BERT_DIR, require
+from shared_data import BERT_DIR, SHARED_DATA, require
 from torch import nn
 
 import tformer
@@ -21,10 +22,13 @@ from tformer.nn.losses import IGNORE_INDEX
 from tformer.tokenizers import load as load_tokenizer
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
+from tformer.training.recipe import load_recipe
 from tformer.training.tasks import TASKS
 from tformer.training.tasks.token_classification import TokenClassification, predict_entities
 
 VOCAB = BERT_DIR / "vocab.txt"
+WNUT_TRAIN, WNUT_TEST = SHARED_DATA / "wnut17" / "wnut17train.conll", SHARED_DATA / "wnut17" / "emerging.test.annotated"
+RECIPES = Path(__file__).resolve().parents[1] / "configs"
 TAGS = ("O", "B-LOC", "B-PER", "I-LOC", "I-PER")
 # Words of one piece and of several (unbelievably -> un ##bel ##ie ##va ##bly).
 WORDS = ["john", "smith", "paris", "the", "ate", "unbelievably", "tokenization", "london", "xylophones", "of",
@@ -257,3 +261,13 @@ def test_predict_entities_gives_character_spans_of_the_original_text(tokenizer):
         assert [entity[4] for entity in found] == pytest.approx([entity[4] for entity in expected], rel=1e-6)
         assert all(text[start:end] == span for _, start, end, span, _ in found)
     assert predict_entities(model, tokenizer, " \n ") == []
+
+
+
+def test_the_wnut17_recipe_is_valid_and_names_the_shared_data(tmp_path):
+    require(WNUT_TRAIN, WNUT_TEST)
+    tformer.build_model("bert-tiny", head="masked_lm", vocab_size=64).save(tmp_path / "mlm")
+    recipe = load_recipe(RECIPES / "wnut17.toml", [f"model.init_from={tmp_path / 'mlm'}"])
+    assert recipe.task.name == "token_classification" and recipe.head == {"head": "token_classification"}
+    assert Path(recipe.data.train).samefile(WNUT_TRAIN) and Path(recipe.data.eval).samefile(WNUT_TEST)
+    assert recipe.training.eval_batches == 0 and recipe.training.seq_len == 128

@@ -15,7 +15,6 @@ predictions costs one copy of the batch's tag ids to the host per evaluation bat
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,23 +239,21 @@ class TokenClassification(ExampleTask):
                 "eval_accuracy": totals["correct_words"] / max(totals["words"], 1)}
 
 
-WORD = re.compile(r"\S+")
-
-
 @torch.no_grad()
 def predict_entities(model: nn.Module, tokenizer, text: str) -> list[tuple[str, int, int, str, float]]:
-    """The entities a token-classification model finds in ``text``: (entity type, start char, end char,
-    the text of the span, score), character offsets into ``text`` (end exclusive). Words are split on
-    whitespace; each word's tag is read at its first piece; a text longer than the model's context is
-    read in consecutive windows of whole words. The score is the mean probability of the entity's
-    words' predicted tags. The tag names are the model's ``label_names``."""
+    """The entities a token-classification model (in eval mode) finds in ``text``: (entity type, start
+    char, end char, the text of the span, score), offsets into ``text``, end exclusive. The words are the
+    tokenizer's own (its pre-tokenizer: BERT's splits punctuation off, as CoNLL data has it), each
+    encoded as a word of a CoNLL sentence is in training; a word's tag is read at its first piece. A
+    text longer than the model's context is read in consecutive windows of whole words. The score is
+    the mean probability of the entity's words' tags; the tag names are the model's ``label_names``."""
     if model.config.head != HEAD:
         raise TformerError(f"predict_entities needs a model with head={HEAD!r}, not head={model.config.head!r}")
     tag_names = model.config.label_names
     if not tag_names:
         raise TformerError("the model has no label_names: its tags cannot be named")
-    matches = list(WORD.finditer(text))
-    words = [match.group() for match in matches]
+    spans = word_spans(tokenizer, text)
+    words = [text[start:end] for start, end in spans]
     tags, scores = ["O"] * len(words), [0.0] * len(words)
     device = next(model.parameters()).device
     for start, stop in _word_windows(tokenizer, words, model.position_limit):
@@ -264,18 +261,30 @@ def predict_entities(model: nn.Module, tokenizer, text: str) -> list[tuple[str, 
         inputs = {name: torch.tensor(batch[name], device=device)
                   for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch}
         probabilities = model(**inputs).logits.float().softmax(dim=-1)[0]  # (T, L)
-        best, chosen = probabilities.max(dim=-1)
+        best, chosen = (values.tolist() for values in probabilities.max(dim=-1))
         previous = None
         for position, word in enumerate(batch.word_ids(0)):
             if word is not None and word != previous:
-                tags[start + word] = tag_names[int(chosen[position])]
-                scores[start + word] = float(best[position])
+                tags[start + word], scores[start + word] = tag_names[chosen[position]], best[position]
             previous = word
     entities = []
     for kind, first, end in entity_spans(tags):
-        begin, finish = matches[first].start(), matches[end - 1].end()
+        begin, finish = spans[first][0], spans[end - 1][1]
         entities.append((kind, begin, finish, text[begin:finish], sum(scores[first:end]) / (end - first)))
     return entities
+
+
+def word_spans(tokenizer, text: str) -> list[tuple[int, int]]:
+    """The (start, end) characters of the words ``tokenizer`` cuts ``text`` into (words it gives no piece
+    are left out)."""
+    batch = tokenizer.encode_batch([text], add_special_tokens=False, return_offsets_mapping=True)
+    spans: dict[int, tuple[int, int]] = {}
+    for word, (start, end) in zip(batch.word_ids(0), batch["offset_mapping"][0], strict=True):
+        if word is None:
+            continue
+        first, _ = spans.get(word, (start, end))
+        spans[word] = (first, end)
+    return [spans[word] for word in sorted(spans)]
 
 
 def _word_windows(tokenizer, words: list[str], limit: int | None) -> list[tuple[int, int]]:

@@ -90,7 +90,8 @@ def test_tags_land_on_each_words_first_piece_only(tmp_path, tokenizer):
     sentence = [("john", "B-PER"), ("unbelievably", "O"), ("tokenization", "B-LOC"), ("paris", "I-LOC")]
     task, data = make_task(tmp_path, tokenizer, [sentence], [sentence], seq_len=None)
     assert data.label_names == ("O", "B-LOC", "B-PER", "I-LOC") and TASKS["token_classification"] is TokenClassification
-    task.prepare(run_config(), ProcessContext(), TableTagger(torch.zeros(tokenizer.vocab_size, 4)))
+    task.prepare(run_config(), ProcessContext(), TableTagger(torch.zeros(tokenizer.vocab_size, 4),
+                                                              label_names=data.label_names))
     batch = task.train_batch(0)
     expected_ids, expected_labels = [tokenizer.cls_token_id], [IGNORE_INDEX]
     for word, tag in sentence:
@@ -190,6 +191,9 @@ def test_prepare_refuses_a_model_that_does_not_fit_the_data(tmp_path, tokenizer)
     classifier.config.head = "sequence_classification"
     with pytest.raises(TrainingError, match="head='token_classification', not head='sequence_classification'"):
         task.prepare(run_config(), ProcessContext(), classifier)
+    reordered = TableTagger(torch.zeros(tokenizer.vocab_size, 5), label_names=("O", "B-PER", "B-LOC", "I-LOC", "I-PER"))
+    with pytest.raises(TrainingError, match=r"label_names \(O, B-PER, B-LOC, I-LOC, I-PER\) are not the data's tags"):
+        task.prepare(run_config(), ProcessContext(), reordered)
     with pytest.raises(TrainingError, match="set training.seq_len"):  # no silent cut without seq_len
         task.prepare(run_config(), ProcessContext(), TableTagger(torch.zeros(tokenizer.vocab_size, 5), max_seq_len=8))
     task.seq_len = 64

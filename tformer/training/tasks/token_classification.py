@@ -180,6 +180,10 @@ class TokenClassification(ExampleTask):
         if num_labels != len(self.tag_names):
             raise TrainingError(f"the model's num_labels={num_labels} but the data has {len(self.tag_names)} tags "
                                 f"({', '.join(self.tag_names)})")
+        model_tags = tuple(model.config.label_names or ())
+        if model_tags and model_tags != self.tag_names:
+            raise TrainingError(f"the model's label_names ({', '.join(model_tags)}) are not the data's tags in "
+                                f"their order ({', '.join(self.tag_names)})")
         if self.tokenizer.vocab_size > model.config.vocab_size:
             raise TrainingError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but the model's "
                                 f"vocab_size is {model.config.vocab_size}")

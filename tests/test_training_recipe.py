@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from shared_data import SHARED_DATA
 
+import tformer
 from tformer.training.recipe import RecipeError, load_recipe, parse_override, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def test_overrides_are_typed_toml_values_or_plain_strings(tmp_path):
         (["model.activation=tanh"], r"\[model\] activation='tanh' is not one of relu, gelu"),
         (["model.presett=x"], r"\[model\] unknown key 'presett' \(did you mean 'preset'\?\)"),
         (["model.preset=gpt5"], r"\[model\] unknown preset 'gpt5'; presets: "),
-        (["data.format=csv"], r"\[data\] format='csv' is not one of auto, text, tokens, npy"),
+        (["data.format=csv"], r"\[data\] format='csv' is not read by the lm task; it reads auto, text, tokens, npy"),
         (["data.train=/nonexistent/corpus.txt"], r"\[data\] train: /nonexistent/corpus.txt: no such file"),
         (["optim.lr=1"], r"unknown section \[optim\]; sections: model, data, training"),
         (["training.seq_len=500"], r"\[training\] seq_len=500 exceeds \[model\] max_seq_len=64"),
@@ -112,13 +113,23 @@ def test_vocab_size_comes_from_the_tokenizer_unless_the_recipe_sets_it(tmp_path)
         fixed.with_vocab_size(50)
 
 
-def test_the_shipped_recipes_are_valid():
+def test_the_shipped_recipes_are_valid(tmp_path):
     """Every recipe in configs/ validates; its data path must name a real file wherever the shared
-    datasets are present (beside the repository), and is swapped for this file only where they are not."""
+    datasets are present (beside the repository), and is swapped for this file only where they are not.
+    A fine-tuning recipe's pretrained folder (a run made by another recipe) is swapped for a bert-tiny
+    folder where that run has not been made."""
+    tformer.build_model("bert-tiny", head="masked_lm", vocab_size=64).save(tmp_path / "pretrained")
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
     for path in sorted((REPO / "configs").glob("*.toml")):
         raw = tomllib.loads(path.read_text())
         if not SHARED_DATA.is_dir():
             raw["data"]["train"] = __file__
+            raw["data"].pop("eval", None)
+            if raw["data"].get("tokenizer", "char") != "char":
+                raw["data"]["tokenizer"] = str(tmp_path / "vocab.txt")
+        init_from = raw["model"].get("init_from")
+        if init_from and not (path.parent / init_from).is_dir():
+            raw["model"]["init_from"] = str(tmp_path / "pretrained")
         recipe = recipe_from_dict(raw, source=str(path), base_dir=path.parent)
         assert Path(recipe.data.train).is_file(), f"{path.name}: data.train={recipe.data.train} does not exist"
 

@@ -18,7 +18,7 @@ from sorted_task import SortedClassifier, SortedOrNot, config
 
 from tformer.training.config import TrainingError
 from tformer.training.recipe import RecipeError, recipe_from_dict
-from tformer.training.tasks import LanguageModelling
+from tformer.training.tasks import TASKS, LanguageModelling
 from tformer.training.trainer import Trainer
 
 SCRIPT = str(Path(__file__).parent / "sorted_task.py")
@@ -82,8 +82,10 @@ def test_recipes_name_their_task(tmp_path):
     raw["task"] = {"name": "lm"}
     recipe = recipe_from_dict(raw, base_dir=tmp_path)
     assert '[task]\nname = "lm"' in recipe.to_toml()
+    raw["task"] = {"name": "token_classification"}
+    assert recipe_from_dict(raw, base_dir=tmp_path).task.name == "token_classification"
     raw["task"] = {"name": "classify"}
-    with pytest.raises(RecipeError, match=r"\[task\] name='classify' is not one of lm$"):
+    with pytest.raises(RecipeError, match=rf"\[task\] name='classify' is not one of {', '.join(TASKS)}$"):
         recipe_from_dict(raw, base_dir=tmp_path)
 
 

@@ -86,7 +86,8 @@ def predict_tags(model, text: str) -> dict:
     """The entities of a text with their character spans."""
     from tformer.training.tasks.token_classification import predict_entities
 
-    entities = predict_entities(model, model.tokenizer, text)
+    entities = [{"type": kind, "start": start, "end": end, "text": span, "score": round(score, 4)}
+                for kind, start, end, span, score in predict_entities(model, model.tokenizer, text)]
     line = "; ".join(f"{entity['type']} [{entity['start']}:{entity['end']}] {entity['text']!r} ({entity['score']:.3f})"
                      for entity in entities) or "no entities"
     return {"text": text, "entities": entities, "line": f"{line}\t{text}"}

@@ -29,7 +29,7 @@ from tformer.data.sources import DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.hub import read_model_config
 from tformer.training.config import TrainingConfig, TrainingError
-from tformer.training.tasks.registry import TaskConfig
+from tformer.training.tasks.registry import TaskConfig, check_data_options
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
                              "task": TaskConfig}
@@ -195,6 +195,7 @@ def recipe_from_dict(
     training = _build(origin, "training", lambda: TrainingConfig(**training_values))
     task = _build(origin, "task", lambda: TaskConfig(**task_values))
     _build(origin, "data", data.check_files)
+    _build(origin, "data", lambda: check_data_options(task.name, data))
     if training.seq_len is not None and training.seq_len > model.max_seq_len and model.positional in (
         "learned", "sinusoidal"
     ):

@@ -11,11 +11,13 @@ from tformer.training.tasks.base import Task, TaskData
 from tformer.training.tasks.classification import SequenceClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
+from tformer.training.tasks.token_classification import TokenClassification
 
 TASKS: dict[str, type[Task]] = {
     "lm": LanguageModelling,
     "mlm": MaskedLanguageModelling,
     "classification": SequenceClassification,
+    "token_classification": TokenClassification,
 }
 # The [task] settings that belong to one task; set for another, they are refused rather than ignored.
 TASK_OPTIONS = {

@@ -260,6 +260,18 @@ def test_fine_tuning_load_with_the_same_head_warns_nothing(tmp_path, recwarn):
     assert not recwarn.list
 
 
+def test_new_label_names_reset_a_classifier_whose_rows_belong_to_other_labels(tmp_path):
+    trained = tiny("token_classification", num_labels=3, label_names=("O", "B-PER", "I-PER"))
+    trained.save(tmp_path)
+    with pytest.warns(UserWarning, match="classifier initialised afresh: its labels were O, B-PER, I-PER, the "
+                                         "model's are O, I-PER, B-PER"):
+        reordered = tformer.load(tmp_path, label_names=["O", "I-PER", "B-PER"])
+    assert not torch.equal(reordered.classifier.weight, trained.classifier.weight)
+    assert torch.equal(reordered.embedding.token.weight, trained.embedding.token.weight)
+    kept = tformer.load(tmp_path, label_names=["O", "B-PER", "I-PER"])
+    assert torch.equal(kept.classifier.weight, trained.classifier.weight)
+
+
 def test_checkpoints_written_before_the_encoder_fields_still_resume(tmp_path):
     """A run folder from before these fields existed: its config.json lacks them, and resuming
     compares them at their defaults rather than refusing."""

@@ -51,6 +51,7 @@ def load(
     new_head = head is not _KEEP or num_labels is not None or label_names is not None or problem_type is not None
     if is_hf_config(raw):
         family, config = hf_config(folder, raw)
+        saved_labels = config.label_names
         if new_head:
             config = _with_head(config, head, num_labels, label_names, problem_type, family.head_layout)
         model = _build(config, folder)
@@ -58,14 +59,31 @@ def load(
         model.tokenizer = attached_tokenizer(folder)
     else:
         config = config_from_checkpoint(raw)
+        saved_labels = config.label_names
         if new_head:
             config = _with_head(config, head, num_labels, label_names, problem_type, lambda _: {})
         model = _build(config, folder)
         changes = load_weights(model, folder, new_head=new_head)
         model.tokenizer = load_attached_tokenizer(folder)
-    if changes:
-        warnings.warn(f"{folder}: loaded with head={model.config.head!r}: {changes.describe()}", stacklevel=2)
+    relabelled = _reset_relabelled_classifier(model, saved_labels)
+    if changes or relabelled:
+        described = "; ".join(part for part in (relabelled, changes.describe()) if part)
+        warnings.warn(f"{folder}: loaded with head={model.config.head!r}: {described}", stacklevel=2)
     return model.to(device).eval()
+
+
+def _reset_relabelled_classifier(model: Model, saved_labels: Sequence[str]) -> str:
+    """Initialise the classifier afresh when the folder's labels were named and the model's are others
+    (the same count, another order or names): its rows belong to the folder's labels. Says so, or ''."""
+    labels = tuple(getattr(model.config, "label_names", ()))
+    classifier = getattr(model, "classifier", None)
+    if classifier is None or not saved_labels or not labels or tuple(saved_labels) == labels:
+        return ""
+    torch.nn.init.normal_(classifier.weight, 0.0, model.config.initializer_range)
+    if classifier.bias is not None:
+        torch.nn.init.zeros_(classifier.bias)
+    return (f"classifier initialised afresh: its labels were {', '.join(saved_labels)}, the model's are "
+            f"{', '.join(labels)}")
 
 
 def read_model_config(path: str | Path) -> ModelConfig:

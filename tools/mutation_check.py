@@ -111,6 +111,27 @@ MUTATIONS = (
         ("tests/test_interop.py", "tests/test_interop_files.py", "-k", "gelu"),
         "a GPT-2 checkpoint with the exact GELU is mapped to the tanh approximation (7.7e-5 off)",
     ),
+    Mutation(
+        "nsp-label-in-the-pair-builders-convention", "tformer/training/tasks/mlm.py",
+        'fields["next_sentence_label"] = 1 - made.next_sentence_label',
+        'fields["next_sentence_label"] = made.next_sentence_label',
+        ("tests/test_tasks_mlm.py", "-k", "next_sentence"),
+        "next-sentence labels reach the model as 1 = B follows A (BertForPreTraining reads 0 = follows)",
+    ),
+    Mutation(
+        "confusion-matrix-transposed", "tformer/training/tasks/classification.py",
+        "torch.bincount(labels * num_labels + logits.argmax(dim=-1)",
+        "torch.bincount(logits.argmax(dim=-1) * num_labels + labels",
+        ("tests/test_tasks_classification.py", "-k", "confusion"),
+        "the summed confusion matrix puts predictions in rows: per-class figures and the plot swap",
+    ),
+    Mutation(
+        "epoch-order-ignores-the-seed", "tformer/training/tasks/examples.py",
+        "generator=seeded_generator(self.config.seed, 1, epoch)",
+        "generator=seeded_generator(0, 1, epoch)",
+        ("tests/test_tasks_mlm.py", "-k", "seeded_order"),
+        "every seed reads the training examples in the same order",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -10,10 +10,12 @@ from tformer.training.config import TrainingError
 from tformer.training.tasks.base import Task, TaskData
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
+from tformer.training.tasks.span_qa import SpanQuestionAnswering
 
 TASKS: dict[str, type[Task]] = {
     "lm": LanguageModelling,
     "mlm": MaskedLanguageModelling,
+    "span_qa": SpanQuestionAnswering,
 }
 # The [task] settings that belong to one task; set for another, they are refused rather than ignored.
 TASK_OPTIONS = {

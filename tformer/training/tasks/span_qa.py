@@ -38,7 +38,7 @@ from tformer.tokenizers.errors import TokenizerError
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
-from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, data_tokenizer, model_inputs, pad_rows
+from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, data_tokenizer, model_inputs
 
 CONTEXT = 1  # the sequence id of the context in a (question, context) window
 QUESTION_FIELD, CONTEXT_MASK = "question", "context_mask"  # evaluation-only batch fields the model does not read
@@ -199,23 +199,23 @@ class SpanQuestionAnswering(ExampleTask):
         window's question and context mask, and its offsets kept in ``eval_offsets``)."""
         windows = question_windows(self.tokenizer, [example.question for example in examples],
                                    [example.context for example in examples], seq_len=self.seq_len,
-                                   doc_stride=self.doc_stride, question_ids=[example.id for example in examples])
+                                   doc_stride=self.doc_stride, question_ids=[example.id for example in examples],
+                                   padding=True)  # padded by the tokenizer: one tensor per field, no per-row copies
         starts, ends, no_window = answer_positions(windows, examples)
-        sequences = {name: windows[name] for name in ("input_ids", "token_type_ids", "attention_mask")
-                     if name in windows}
-        per_row = {"start_positions": starts, "end_positions": ends}
+        fields = {name: torch.tensor(windows[name]) for name in ("input_ids", "token_type_ids", "attention_mask")
+                  if name in windows}
+        fields["start_positions"], fields["end_positions"] = torch.tensor(starts), torch.tensor(ends)
+        padding = {"input_ids": self.tokenizer.pad_token_id, "token_type_ids": 0, "attention_mask": 0}
         if for_evaluation:
-            sequences[CONTEXT_MASK] = [[int(sequence == CONTEXT) for sequence in encoding.sequence_ids]
-                                       for encoding in windows.encodings]
-            per_row[QUESTION_FIELD] = windows["overflow_to_sample_mapping"]
+            fields[CONTEXT_MASK] = torch.tensor([[sequence == CONTEXT for sequence in encoding.sequence_ids]
+                                                 for encoding in windows.encodings])
+            padding[CONTEXT_MASK] = 0
+            fields[QUESTION_FIELD] = torch.tensor(windows["overflow_to_sample_mapping"])
             self.eval_offsets = windows["offset_mapping"]
             # window -> question is non-decreasing: question q's windows are rows first[q]:first[q + 1]
-            counts = torch.bincount(torch.tensor(per_row[QUESTION_FIELD]), minlength=len(examples))
+            counts = torch.bincount(fields[QUESTION_FIELD], minlength=len(examples))
             self.eval_first_window = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).tolist()
-        rows = pad_rows(sequences, per_row, padding={"input_ids": self.tokenizer.pad_token_id})
-        if CONTEXT_MASK in rows.fields:
-            rows.fields[CONTEXT_MASK] = rows.fields[CONTEXT_MASK].bool()
-        return rows, no_window
+        return Rows(fields, fields["attention_mask"].sum(dim=1), padding), no_window
 
     @classmethod
     def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None,

@@ -253,8 +253,10 @@ def test_evaluation_scores_as_the_official_rules_on_the_same_predictions(files):
     model = TableQA(task.tokenizer, task.eval_examples)
     prepared(task, model, batch_size=4)
     batches = list(task.eval_batches())
-    for batch in batches:  # every window of a question in one batch
+    assert len(batches) > 2
+    for batch in batches:  # every window of a question in one batch, at most batch_size windows but for one question
         questions = batch["question"].tolist()
+        assert len(questions) <= 4 or len(set(questions)) == 1
         for question in set(questions):
             first, stop = task.eval_first_window[question], task.eval_first_window[question + 1]
             assert questions.count(question) == stop - first
@@ -357,6 +359,11 @@ def test_impossible_settings_are_training_errors(files):
     classifier = tformer.build_model("bert-tiny", head="sequence_classification", vocab_size=64, max_seq_len=32)
     with pytest.raises(TrainingError, match="head 'question_answering', not head='sequence_classification'"):
         prepared(task, classifier)
+    with pytest.raises(TrainingError, match="training.label_smoothing is not supported by the span_qa task"):
+        task.prepare(TrainingConfig(label_smoothing=0.1, seq_len=32), ProcessContext(),
+                     TableQA(task.tokenizer, task.eval_examples))
+    with pytest.raises(TrainingError, match=r"training\.seq_len=64 differs from the task's windows of 32 tokens"):
+        task.prepare(TrainingConfig(seq_len=64), ProcessContext(), TableQA(task.tokenizer, task.eval_examples))
 
 
 def test_the_description_counts_each_split_and_answers_in_no_window(files):

@@ -78,7 +78,7 @@ def _window_error(tokenizer, questions, seq_len, doc_stride, question_ids, error
     lengths = [len(ids) for ids in tokenizer.encode_batch(list(questions), add_special_tokens=False,
                                                            return_attention_mask=False)["input_ids"]]
     specials = tokenizer.template.num_special_tokens(True)
-    # The longest question decides: the tokenizer stops at the first too-long one, any would do.
+    # The longest question leaves the least room for the context: it breaks any limit another question breaks.
     index = max(range(len(lengths)), key=lengths.__getitem__)
     room = seq_len - specials - lengths[index]
     name = f"question {question_ids[index]}" if question_ids is not None else f"question {index}"
@@ -179,10 +179,11 @@ class SpanQuestionAnswering(ExampleTask):
     def __init__(self, train: SquadData, evaluation: SquadData | None, tokenizer, *, seq_len: int,
                  doc_stride: int = 128, max_answer_length: int = 30, n_best: int = 20) -> None:
         super().__init__()
-        for role in ("cls", "pad"):
+        needs = {"cls": "windows without their answer point at it", "pad": "windows are padded with it"}
+        for role, why in needs.items():
             if tokenizer.special_token_id(role) is None:
-                raise TrainingError(f"the span_qa task needs a tokenizer with a {role} token (windows without the "
-                                    f"answer point at the first, [CLS]); {type(tokenizer).__name__} has none")
+                raise TrainingError(f"the span_qa task needs a tokenizer with a {role} token ({why}); "
+                                    f"{type(tokenizer).__name__} has none (use a WordPiece or RoBERTa tokenizer)")
         self.tokenizer = tokenizer
         self.seq_len, self.doc_stride = seq_len, doc_stride
         self.max_answer_length, self.n_best = max_answer_length, n_best

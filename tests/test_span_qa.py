@@ -178,6 +178,45 @@ def test_windows_of_squad_dev_answers_map_back_to_their_text():
     assert answers >= len(examples) and exact >= 0.99 * answers
 
 
+def hugging_face_positions(encoded, examples) -> tuple[list[int], list[int]]:
+    """Training targets as Hugging Face's run_qa example labels its windows, from a fast tokenizer's
+    output: the context's first and last token, [CLS] (0) unless they enclose the answer, else walked
+    inwards to the last token starting at or before the answer and the first ending at or after it."""
+    starts, ends = [], []
+    for row, question in enumerate(encoded["overflow_to_sample_mapping"]):
+        offsets, sequence_ids = encoded["offset_mapping"][row], encoded.sequence_ids(row)
+        answer = examples[question].answers[0]
+        first = sequence_ids.index(1)
+        last = len(sequence_ids) - 1 - sequence_ids[::-1].index(1)
+        if not (offsets[first][0] <= answer.start and offsets[last][1] >= answer.end):
+            starts.append(0)
+            ends.append(0)
+            continue
+        while first < len(offsets) and sequence_ids[first] == 1 and offsets[first][0] <= answer.start:
+            first += 1
+        while sequence_ids[last] == 1 and offsets[last][1] >= answer.end:
+            last -= 1
+        starts.append(first - 1)
+        ends.append(last + 1)
+    return starts, ends
+
+
+def test_windows_and_their_targets_are_hugging_faces_on_squad_dev():
+    require(SQUAD_DEV, BERT_DIR / "vocab.txt")
+    transformers = pytest.importorskip("transformers")
+    examples = read_squad(SQUAD_DEV).examples[5::35]
+    questions, contexts = [e.question for e in examples], [e.context for e in examples]
+    ours = question_windows(load_tokenizer(BERT_DIR), questions, contexts, seq_len=128, doc_stride=48)
+    theirs = transformers.BertTokenizerFast(str(BERT_DIR / "vocab.txt"))(
+        questions, contexts, truncation="only_second", max_length=128, stride=48, return_overflowing_tokens=True,
+        return_offsets_mapping=True)
+    for name in ("input_ids", "token_type_ids", "overflow_to_sample_mapping"):
+        assert ours[name] == theirs[name], name
+    starts, ends, _ = answer_positions(ours, examples)
+    assert (starts, ends) == hugging_face_positions(theirs, examples)
+    assert sum(map(bool, starts)) >= len(examples)
+
+
 def test_a_window_without_the_answer_points_at_cls_and_training_reads_the_first_answer(files):
     task, _ = make_task(files)
     starts = task.train_rows.fields["start_positions"].tolist()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from shared_data import SHARED_DATA
 
-import tformer
+from tformer.checkpoint import write_model_files
 from tformer.training.recipe import RecipeError, load_recipe, parse_override, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,20 +116,30 @@ def test_vocab_size_comes_from_the_tokenizer_unless_the_recipe_sets_it(tmp_path)
 def test_the_shipped_recipes_are_valid(tmp_path):
     """Every recipe in configs/ validates; its data path must name a real file wherever the shared
     datasets are present (beside the repository), and is swapped for this file only where they are not.
-    A fine-tuning recipe's pretrained folder (a run made by another recipe) is swapped for a bert-tiny
-    folder where that run has not been made."""
-    tformer.build_model("bert-tiny", head="masked_lm", vocab_size=64).save(tmp_path / "pretrained")
+    A recipe that starts from another's run (``init_from = "../runs/NAME"``, trained by configs/NAME.toml)
+    validates against a stand-in folder holding that recipe's model config where the run is not there."""
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
-    for path in sorted((REPO / "configs").glob("*.toml")):
-        raw = tomllib.loads(path.read_text())
-        if not SHARED_DATA.is_dir():
+
+    def without_shared_data(raw: dict) -> dict:
+        if not SHARED_DATA.is_dir():  # this file stands in for the data, a tiny vocabulary for the tokenizer
             raw["data"]["train"] = __file__
             raw["data"].pop("eval", None)
             if raw["data"].get("tokenizer", "char") != "char":
                 raw["data"]["tokenizer"] = str(tmp_path / "vocab.txt")
+        return raw
+
+    for path in sorted((REPO / "configs").glob("*.toml")):
+        raw = without_shared_data(tomllib.loads(path.read_text()))
         init_from = raw["model"].get("init_from")
         if init_from and not (path.parent / init_from).is_dir():
-            raw["model"]["init_from"] = str(tmp_path / "pretrained")
+            source = path.parent / f"{Path(init_from).name}.toml"
+            assert source.is_file(), f"{path.name}: init_from={init_from} is no run of a shipped recipe"
+            stand_in = tmp_path / Path(init_from).name
+            stand_in.mkdir(exist_ok=True)
+            source_raw = without_shared_data(tomllib.loads(source.read_text()))
+            model = recipe_from_dict(source_raw, source=str(source), base_dir=path.parent).model
+            write_model_files(stand_in, model, {})
+            raw["model"]["init_from"] = str(stand_in)
         recipe = recipe_from_dict(raw, source=str(path), base_dir=path.parent)
         assert Path(recipe.data.train).is_file(), f"{path.name}: data.train={recipe.data.train} does not exist"
 

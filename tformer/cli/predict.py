@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from pathlib import Path
+
+from tformer.errors import TformerError
 
 HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
 
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     if head == "question_answering":
         if not (args.question and args.context) or texts:
             raise UsageError("a question-answering model takes --question and --context (not --text)")
-        results = [predict_answer(model, args.question, args.context, args.max_answer_length)]
+        results = [predict_answer(model, args.model, check_text_option(args.question, "--question"),
+                                  check_text_option(args.context, "--context"), args.max_answer_length)]
     else:
         if args.question or args.context:
             raise UsageError(f"--question/--context are for a question-answering model; this one is head={head!r}")
@@ -93,13 +98,35 @@ def predict_tags(model, text: str) -> dict:
     return {"text": text, "entities": entities, "line": f"{line}\t{text}"}
 
 
-def predict_answer(model, question: str, context: str, max_answer_length: int) -> dict:
-    """The best answer span of ``context`` for ``question``, with its score."""
-    from tformer.training.tasks.span_qa import answer_question
+def predict_answer(model, folder: str, question: str, context: str, max_answer_length: int) -> dict:
+    """The best answer span of ``context`` for ``question`` over windows as the run trained on (its
+    recipe's seq_len and doc_stride; else the model's context up to 384 tokens, a third of it shared), with
+    its score."""
+    import torch
 
-    answer = answer_question(model, model.tokenizer, question, context, max_answer_length=max_answer_length)
-    line = f"{answer['text']}\t(score {answer['score']:.3f}, characters {answer['start']}-{answer['end']})"
-    return {"question": question, **answer, "line": line}
+    from tformer.cli.evaluate import find_recipe
+    from tformer.training.recipe import load_recipe
+    from tformer.training.tasks.span_qa import best_answer, question_windows
+
+    seq_len = min(model.config.max_seq_len, 384)
+    doc_stride = seq_len // 3  # Hugging Face's run_qa: 384 and 128
+    try:
+        recipe = load_recipe(find_recipe(Path(folder)))
+        seq_len, doc_stride = recipe.training.seq_len or seq_len, recipe.task.doc_stride
+    except (FileNotFoundError, TformerError):
+        pass  # a folder from elsewhere (Hugging Face's): the defaults
+    windows = question_windows(model.tokenizer, [question], [context], seq_len=seq_len, doc_stride=doc_stride,
+                               padding=True)
+    inputs = {name: torch.tensor(windows[name]) for name in ("input_ids", "token_type_ids", "attention_mask")
+              if name in windows}
+    with torch.inference_mode():
+        output = model(**inputs)
+    answer = best_answer(output.start_logits, output.end_logits, windows.encodings, context,
+                         max_answer_length=max_answer_length)
+    line = f"{answer.text}\t(score {answer.score:.3f}, characters {answer.start_char}-{answer.end_char})"
+    score = round(answer.score, 4) if math.isfinite(answer.score) else None  # None: no legal span
+    return {"question": question, "answer": answer.text, "score": score,
+            "start": answer.start_char, "end": answer.end_char, "line": line}
 
 
 def fill_masks(model, text: str, top_k: int) -> dict:

@@ -11,6 +11,7 @@ from tformer.training.tasks.base import Task, TaskData
 from tformer.training.tasks.classification import SequenceClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
+from tformer.training.tasks.span_qa import SpanQuestionAnswering
 from tformer.training.tasks.token_classification import TokenClassification
 
 TASKS: dict[str, type[Task]] = {
@@ -18,6 +19,7 @@ TASKS: dict[str, type[Task]] = {
     "mlm": MaskedLanguageModelling,
     "classification": SequenceClassification,
     "token_classification": TokenClassification,
+    "span_qa": SpanQuestionAnswering,
 }
 # The [task] settings that belong to one task; set for another, they are refused rather than ignored.
 TASK_OPTIONS = {

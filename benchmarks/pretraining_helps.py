@@ -5,6 +5,7 @@ SQuAD v1.1 (the dev file's first 38 articles train, the last 10 evaluate: exact 
 
     python benchmarks/pretraining_helps.py corpus      # build OUT/corpus.txt and report its sources
     python benchmarks/pretraining_helps.py pretrain    # configs/bert-mini-mlm.toml on it -> OUT/pretrain
+    python benchmarks/pretraining_helps.py baseline    # what word frequencies alone score on its held-out text
     python benchmarks/pretraining_helps.py finetune    # the six fine-tuning runs -> OUT/<task>-<start>
     python benchmarks/pretraining_helps.py all
     python benchmarks/pretraining_helps.py report      # the table of OUT/results.json
@@ -29,14 +30,19 @@ import time
 import tomllib
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tformer.data.classification import read_classification  # noqa: E402
 from tformer.data.conll import read_conll  # noqa: E402
+from tformer.data.lm import unigram_cross_entropy  # noqa: E402
 from tformer.data.squad import read_squad  # noqa: E402
+from tformer.tokenizers import load as load_tokenizer  # noqa: E402
 from tformer.training.recipe import load_recipe, recipe_from_dict  # noqa: E402
 from tformer.training.run import train_recipe  # noqa: E402
+from tformer.training.tasks.mlm import split_documents, text_documents  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 SQUAD_TRAIN_ARTICLES = 38
@@ -116,6 +122,27 @@ def pretrain(out: Path, steps: int | None, resume: bool) -> dict:
             **last_evaluation(result)}
 
 
+def frequency_baseline(out: Path) -> dict:
+    """What word frequencies alone give on the pretraining recipe's held-out text: the cross-entropy of
+    its tokens under the training tokens' unigram distribution, and the accuracy of always guessing the
+    most frequent token (the masked-LM evaluation's loss and accuracy, without context)."""
+    recipe = load_recipe(ROOT / "configs" / "bert-mini-mlm.toml")
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    train, held_out = split_documents(text_documents((out / "corpus.txt").read_text(encoding="utf-8")),
+                                      recipe.data.eval_fraction)
+
+    def token_ids(documents) -> torch.Tensor:
+        lines = [line for document in documents for line in document]
+        rows = tokenizer.encode_batch(lines, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        return torch.tensor([token for row in rows for token in row])
+
+    train_ids, held_out_ids = token_ids(train), token_ids(held_out)
+    most_frequent = int(torch.bincount(train_ids, minlength=tokenizer.vocab_size).argmax())
+    return {"unigram_cross_entropy": unigram_cross_entropy(train_ids, held_out_ids, tokenizer.vocab_size),
+            "most_frequent_token": tokenizer.id_to_token(most_frequent),
+            "most_frequent_accuracy": float((held_out_ids == most_frequent).float().mean())}
+
+
 def last_evaluation(result) -> dict:
     """The metrics of the run's last evaluation (the model it ends with, not its best)."""
     evaluated = [record for record in result.history if "eval_loss" in record]
@@ -131,11 +158,19 @@ FINE_TUNING = {
 HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type")
 
 
-def fine_tune(out: Path, task: str, start: str) -> dict:
+def fine_tune(out: Path, task: str, start: str, steps: int | None = None) -> dict:
     """One fine-tuning run: ``start`` is "pretrained" (init_from OUT/pretrain) or "scratch" (bert-mini
-    from random initialisation with the same tokenizer, recipe and seed)."""
+    from random initialisation with the same tokenizer, recipe and seed). ``steps``: fewer steps than
+    the recipe's (the warmup and the evaluations scaled alike), for a shorter run."""
     recipe_file = ROOT / "configs" / FINE_TUNING[task][0]
     raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
+    recipe_steps = raw["training"]["max_steps"]
+    if steps:
+        training = raw["training"]
+        scale = steps / training["max_steps"]
+        training.update(max_steps=steps, warmup_steps=round(training.get("warmup_steps", 0) * scale))
+        if training.get("eval_every", 0) >= steps or training.get("eval_every", 0) == 0:
+            training["eval_every"] = steps
     if start == "pretrained":
         raw["model"]["init_from"] = str(out / "pretrain")
     else:
@@ -150,7 +185,7 @@ def fine_tune(out: Path, task: str, start: str) -> dict:
     started = time.perf_counter()
     result = train_recipe(recipe, run_folder, progress=False)
     evaluation = last_evaluation(result)
-    return {"steps": result.steps, "seconds": round(time.perf_counter() - started, 1),
+    return {"steps": result.steps, "recipe_steps": recipe_steps, "seconds": round(time.perf_counter() - started, 1),
             **{name: evaluation.get(name) for name in ("eval_loss", *FINE_TUNING[task][1])}}
 
 
@@ -178,23 +213,26 @@ def save_results(out: Path, stage: str, figures: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=["corpus", "pretrain", "finetune", "report", "all"])
+    parser.add_argument("stage", choices=["corpus", "pretrain", "baseline", "finetune", "report", "all"])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "pretraining-helps")
     parser.add_argument("--pretrain-steps", type=int, help="override the recipe's max_steps")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted pretraining run")
     parser.add_argument("--tasks", nargs="+", choices=list(FINE_TUNING), default=list(FINE_TUNING))
     parser.add_argument("--starts", nargs="+", choices=["pretrained", "scratch"], default=["pretrained", "scratch"])
+    parser.add_argument("--steps", type=int, help="fine-tune for this many steps instead of each recipe's")
     args = parser.parse_args()
     if args.stage in ("corpus", "all") or not (args.out / "corpus.txt").is_file():
         save_results(args.out, "corpus", build_corpus(args.out))
     if args.stage in ("pretrain", "all"):
         save_results(args.out, "pretrain", pretrain(args.out, args.pretrain_steps, args.resume))
+    if args.stage in ("baseline", "pretrain", "all"):
+        save_results(args.out, "frequency_baseline", frequency_baseline(args.out))
     if args.stage in ("finetune", "all"):
         if not (args.out / "pretrain" / "model.safetensors").is_file():
             raise SystemExit(f"{args.out / 'pretrain'}: no pretrained model yet (run the pretrain stage)")
         for task in args.tasks:
             for start in args.starts:
-                save_results(args.out, f"{task}-{start}", fine_tune(args.out, task, start))
+                save_results(args.out, f"{task}-{start}", fine_tune(args.out, task, start, args.steps))
     report(json.loads((args.out / "results.json").read_text()))
     return 0
 

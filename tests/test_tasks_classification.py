@@ -152,3 +152,10 @@ def test_evaluate_and_predict_read_a_trained_run(tmp_path, capsys):
     assert "--question/--context are for a question-answering model" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path), "--data", str(tmp_path / "dev.tsv")]) == 2
     assert "no recipe.toml in it" in capsys.readouterr().err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "dev.json").write_text('{"my": "notes"}')
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(tmp_path / "dev.tsv"), "--out",
+                 str(tmp_path / "mine")]) == 2
+    assert "is not an evaluation tformer wrote" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "dev.json").read_text() == '{"my": "notes"}'
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(tmp_path / "dev.tsv")]) == 0  # its own: replaced

@@ -4,7 +4,6 @@ convention, and a recipe run end to end."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -211,4 +210,6 @@ def test_init_from_takes_only_head_settings(tmp_path):
 def test_task_settings_of_another_task_are_refused():
     with pytest.raises(TrainingError, match="task.doc_stride is a setting of the span_qa task, not 'mlm'"):
         TaskConfig(name="mlm", doc_stride=64)
-    assert dataclasses.replace(TaskConfig(name="mlm"), mask_probability=0.2).mask_probability == 0.2
+    assert TaskConfig(name="mlm", mask_probability=0.2).mask_probability == 0.2
+    with pytest.raises(TrainingError, match=r"task.mask_probability=1.5 must be in \(0, 1\)"):
+        TaskConfig(name="mlm", mask_probability=1.5)

@@ -36,14 +36,42 @@ def find_recipe(folder: Path) -> Path:
                                "task and the data format from the run's recipe)", str(folder))
 
 
+def check_own_output(path: Path, record: dict) -> None:
+    """Refuse to replace a file that tformer evaluate did not write (a JSON without the record's keys),
+    and an output folder that is a file."""
+    from tformer.cli import UsageError
+
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UsageError(f"--out {path.parent}: exists and is not a folder")
+    if not path.exists():
+        return
+    try:
+        written = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        written = None
+    if not isinstance(written, dict) or not {"model", "data", "task"} <= written.keys():
+        raise UsageError(f"{path} exists and is not an evaluation tformer wrote; choose another --out")
+
+
+def run_recipe(folder: Path):
+    """The recipe a model folder was trained with (see ``find_recipe``), its model being the folder
+    itself, whatever folder the run started from."""
+    import tomllib
+
+    from tformer.training.recipe import recipe_from_dict
+
+    recipe_file = find_recipe(folder)
+    raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
+    raw["model"] = {"init_from": str(folder.resolve())}
+    return recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
-    import tomllib
 
     import tformer
     from tformer.cli import UsageError
     from tformer.files import write_text_atomically
-    from tformer.training.recipe import recipe_from_dict
     from tformer.training.tasks import task_for_recipe
     from tformer.training.trainer import Trainer
 
@@ -53,10 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--data {data_file}: no such file")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
-    recipe_file = find_recipe(folder)
-    raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
-    raw["model"] = {"init_from": str(folder.resolve())}  # the evaluated folder is the model, whatever it started from
-    recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
+    recipe = run_recipe(folder)
     model = tformer.load(folder, device="cpu")
     if model.tokenizer is None:
         raise UsageError(f"{folder}: the model folder has no tokenizer to read --data with")
@@ -76,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:<18} {value:.4f}")
 
     out = Path(args.out) if args.out else folder / "evaluation"
-    out.mkdir(parents=True, exist_ok=True)
     stem = data_file.name.split(".")[0]
     record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **metrics}
+    check_own_output(out / f"{stem}.json", record)
+    out.mkdir(parents=True, exist_ok=True)
     write_text_atomically(out / f"{stem}.json", json.dumps(record, indent=2) + "\n")
     print(f"metrics    {out / f'{stem}.json'}")
     confusion = getattr(task, "confusion", None)

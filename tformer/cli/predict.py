@@ -10,8 +10,6 @@ import json
 import math
 from pathlib import Path
 
-from tformer.errors import TformerError
-
 HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
 
 
@@ -104,17 +102,16 @@ def predict_answer(model, folder: str, question: str, context: str, max_answer_l
     its score."""
     import torch
 
-    from tformer.cli.evaluate import find_recipe
-    from tformer.training.recipe import load_recipe
+    from tformer.cli.evaluate import run_recipe
     from tformer.training.tasks.span_qa import best_answer, question_windows
 
     seq_len = min(model.config.max_seq_len, 384)
     doc_stride = seq_len // 3  # Hugging Face's run_qa: 384 and 128
     try:
-        recipe = load_recipe(find_recipe(Path(folder)))
+        recipe = run_recipe(Path(folder))
         seq_len, doc_stride = recipe.training.seq_len or seq_len, recipe.task.doc_stride
-    except (FileNotFoundError, TformerError):
-        pass  # a folder from elsewhere (Hugging Face's): the defaults
+    except FileNotFoundError:
+        pass  # no run's recipe (a Hugging Face folder): the defaults
     windows = question_windows(model.tokenizer, [question], [context], seq_len=seq_len, doc_stride=doc_stride,
                                padding=True)
     inputs = {name: torch.tensor(windows[name]) for name in ("input_ids", "token_type_ids", "attention_mask")

@@ -30,10 +30,17 @@ def encode_texts(tokenizer, data: ClassificationData, seq_len: int) -> tuple[Row
     texts = [example.text for example in data.examples]
     pairs = [example.text_pair for example in data.examples]
     pairs = None if all(pair is None for pair in pairs) else [pair or "" for pair in pairs]
-    full = tokenizer.encode_batch(texts, pairs)
-    encoded = tokenizer.encode_batch(texts, pairs, truncation=True, max_length=seq_len)
-    truncated = sum(len(whole) > seq_len for whole in full["input_ids"])
-    sequences = {name: encoded[name] for name in ("input_ids", "token_type_ids", "attention_mask") if name in encoded}
+    encoded = tokenizer.encode_batch(texts, pairs)
+    names = [name for name in ("input_ids", "token_type_ids", "attention_mask") if name in encoded]
+    sequences = {name: list(encoded[name]) for name in names}
+    long = [row for row, ids in enumerate(sequences["input_ids"]) if len(ids) > seq_len]
+    if long:  # encoded again, truncated (the longer of a pair first): only the rows that need it
+        long_pairs = None if pairs is None else [pairs[row] for row in long]
+        cut = tokenizer.encode_batch([texts[row] for row in long], long_pairs, truncation=True, max_length=seq_len)
+        for name in names:
+            for position, row in enumerate(long):
+                sequences[name][row] = cut[name][position]
+    truncated = len(long)
     per_row = {"labels": data.label_ids()} if data.label_names and data.examples[0].label is not None else {}
     return pad_rows(sequences, per_row, padding={"input_ids": tokenizer.pad_token_id or 0}), truncated
 
@@ -51,6 +58,7 @@ class SequenceClassification(ExampleTask):
         super().__init__()
         if tokenizer.pad_token_id is None:
             raise TrainingError(f"the classification task pads batches; {type(tokenizer).__name__} has no pad token")
+        self.tokenizer = tokenizer
         self.label_names = tuple(train.label_names)
         self.seq_len = seq_len
         self.train_rows, self.train_truncated = encode_texts(tokenizer, train, seq_len)
@@ -99,9 +107,7 @@ class SequenceClassification(ExampleTask):
         if model_config.num_labels != len(self.label_names):
             raise TrainingError(f"the data has {len(self.label_names)} labels ({', '.join(self.label_names)}) but "
                                 f"the model's num_labels is {model_config.num_labels}")
-        limit = model.position_limit
-        if limit is not None and self.seq_len > limit:
-            raise TrainingError(f"training.seq_len={self.seq_len} exceeds the model's max_seq_len={limit}")
+        self.check_model_fits(model, self.tokenizer, self.seq_len)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         weights, labels = batch[EVAL_WEIGHTS], batch["labels"]

@@ -97,6 +97,17 @@ class ExampleTask(Task):
     def can_evaluate(self) -> bool:
         return self.eval_rows is not None and len(self.eval_rows) > 0
 
+    @staticmethod
+    def check_model_fits(model, tokenizer, seq_len: int | None) -> None:
+        """Rows of ``seq_len`` tokens (None: not cut) of ``tokenizer``'s ids fit the model: a TrainingError
+        before any step, not an index error in the middle of one."""
+        limit = model.position_limit
+        if limit is not None and seq_len is not None and seq_len > limit:
+            raise TrainingError(f"training.seq_len={seq_len} exceeds the model's max_seq_len={limit}")
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise TrainingError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                                f"vocab_size is {model.config.vocab_size}")
+
     def global_indices(self, position: int, num_rows: int) -> Tensor:
         """Indices (world_size * batch_size,) of the global batch at ``position``: the stream of
         training examples, one seeded permutation per epoch, read a batch at a time."""

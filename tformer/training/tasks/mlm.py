@@ -149,13 +149,8 @@ class MaskedLanguageModelling(ExampleTask):
                                 f"(next-sentence pairs too), not head={head!r}")
         self.next_sentence = head == "pretraining"
         self.seq_len = config.seq_len or model.config.max_seq_len
-        limit = model.position_limit
-        if limit is not None and self.seq_len > limit:
-            raise TrainingError(f"training.seq_len={self.seq_len} exceeds the model's max_seq_len={limit}")
+        self.check_model_fits(model, self.tokenizer, self.seq_len)
         self.vocab_size = model.config.vocab_size
-        if self.tokenizer.vocab_size > self.vocab_size:
-            raise TrainingError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but the model's "
-                                f"vocab_size is {self.vocab_size}")
         self.special_ids = sorted(set(self.tokenizer.special_token_ids) | {self.ids["pad"]})
         self.train_rows = self._rows(self.train_ids, config.seed, "training")
         if self.eval_ids is not None:

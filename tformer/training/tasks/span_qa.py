@@ -266,12 +266,7 @@ class SpanQuestionAnswering(ExampleTask):
         if config.seq_len is not None and config.seq_len != self.seq_len:
             raise TrainingError(f"training.seq_len={config.seq_len} differs from the task's windows of "
                                 f"{self.seq_len} tokens")
-        limit = model.position_limit
-        if limit is not None and self.seq_len > limit:
-            raise TrainingError(f"training.seq_len={self.seq_len} exceeds the model's max_seq_len={limit}")
-        if self.tokenizer.vocab_size > model.config.vocab_size:
-            raise TrainingError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but the model's "
-                                f"vocab_size is {model.config.vocab_size}")
+        self.check_model_fits(model, self.tokenizer, self.seq_len)
         if config.label_smoothing:
             raise TrainingError("training.label_smoothing is not supported by the span_qa task (its loss is the "
                                 "model's start/end cross-entropy)")

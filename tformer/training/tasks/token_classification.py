@@ -184,14 +184,10 @@ class TokenClassification(ExampleTask):
         if model_tags and model_tags != self.tag_names:
             raise TrainingError(f"the model's label_names ({', '.join(model_tags)}) are not the data's tags in "
                                 f"their order ({', '.join(self.tag_names)})")
-        if self.tokenizer.vocab_size > model.config.vocab_size:
-            raise TrainingError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but the model's "
-                                f"vocab_size is {model.config.vocab_size}")
+        self.check_model_fits(model, self.tokenizer, self.seq_len)
         limit = model.position_limit
         longest = max(len(ids) for encoded in (self.train_encoded, self.eval_encoded) if encoded is not None
                       for ids in encoded.sequences["input_ids"])
-        if limit is not None and self.seq_len is not None and self.seq_len > limit:
-            raise TrainingError(f"training.seq_len={self.seq_len} exceeds the model's max_seq_len={limit}")
         if limit is not None and longest > limit:  # only without seq_len: rows are cut to it otherwise
             raise TrainingError(f"a sentence is {longest} tokens long, more than the model's max_seq_len={limit}; "
                                 f"set training.seq_len (at most {limit}) to truncate the longer sentences")

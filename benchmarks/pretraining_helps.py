@@ -21,6 +21,7 @@ each run folder keeps its metrics.jsonl.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import json
 import re
@@ -112,8 +113,9 @@ def build_corpus(out: Path) -> dict:
     return counts
 
 
-def pretrain(out: Path, steps: int | None, resume: bool) -> dict:
-    overrides = [f"data.train={out / 'corpus.txt'}"] + ([f"training.max_steps={steps}"] if steps else [])
+def pretrain(out: Path, steps: int | None, resume: bool, settings: list[str]) -> dict:
+    overrides = ([f"data.train={out / 'corpus.txt'}"] + ([f"training.max_steps={steps}"] if steps else [])
+                 + settings)
     recipe = load_recipe(ROOT / "configs" / "bert-mini-mlm.toml", overrides)
     started = time.perf_counter()
     result = train_recipe(recipe, out / "pretrain", resume="auto" if resume else None, progress=False)
@@ -158,10 +160,13 @@ FINE_TUNING = {
 HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type")
 
 
-def fine_tune(out: Path, task: str, start: str, steps: int | None = None) -> dict:
-    """One fine-tuning run: ``start`` is "pretrained" (init_from OUT/pretrain) or "scratch" (bert-mini
-    from random initialisation with the same tokenizer, recipe and seed). ``steps``: fewer steps than
-    the recipe's (the warmup and the evaluations scaled alike), for a shorter run."""
+def fine_tune(out: Path, task: str, start: str, steps: int | None = None, threads: int | None = None) -> dict:
+    """One fine-tuning run: ``start`` is "pretrained" (init_from OUT/pretrain) or "scratch" (the
+    pretrained run's architecture, every [model] setting of its resolved recipe, from random
+    initialisation with the same tokenizer, recipe and seed). ``steps``: fewer steps than
+    the recipe's (the warmup and the evaluations scaled alike), for a shorter run. ``threads``: the
+    run's CPU threads instead of the recipe's (two one-thread runs side by side share two cores with
+    less waiting than one two-thread run beside other work)."""
     recipe_file = ROOT / "configs" / FINE_TUNING[task][0]
     raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
     recipe_steps = raw["training"]["max_steps"]
@@ -171,13 +176,15 @@ def fine_tune(out: Path, task: str, start: str, steps: int | None = None) -> dic
         training.update(max_steps=steps, warmup_steps=round(training.get("warmup_steps", 0) * scale))
         if training.get("eval_every", 0) >= steps or training.get("eval_every", 0) == 0:
             training["eval_every"] = steps
+    if threads:
+        raw["training"]["threads"] = threads
     if start == "pretrained":
         raw["model"]["init_from"] = str(out / "pretrain")
     else:
-        pretrained = tomllib.loads((ROOT / "configs" / "bert-mini-mlm.toml").read_text(encoding="utf-8"))
-        raw["model"] = {"preset": pretrained["model"]["preset"],
+        pretrained = tomllib.loads((out / "pretrain" / "recipe.toml").read_text(encoding="utf-8"))
+        raw["model"] = {**{key: value for key, value in pretrained["model"].items() if key not in HEAD_KEYS},
                         **{key: value for key, value in raw["model"].items() if key in HEAD_KEYS}}
-        raw["data"]["tokenizer"] = str((ROOT / "configs" / pretrained["data"]["tokenizer"]).resolve())
+        raw["data"]["tokenizer"] = pretrained["data"]["tokenizer"]
     recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
     run_folder = out / f"{task}-{start}"
     if run_folder.exists():
@@ -204,10 +211,13 @@ def report(results: dict) -> None:
 
 
 def save_results(out: Path, stage: str, figures: dict) -> None:
+    """Add one stage's figures to OUT/results.json (locked: two stages may finish side by side)."""
     path = out / "results.json"
-    results = json.loads(path.read_text()) if path.is_file() else {}
-    results[stage] = figures
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    with open(out / "results.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = json.loads(path.read_text()) if path.is_file() else {}
+        results[stage] = figures
+        path.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({stage: figures}, indent=2), flush=True)
 
 
@@ -217,14 +227,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "pretraining-helps")
     parser.add_argument("--pretrain-steps", type=int, help="override the recipe's max_steps")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted pretraining run")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the pretraining recipe (as tformer train --set), repeatable")
     parser.add_argument("--tasks", nargs="+", choices=list(FINE_TUNING), default=list(FINE_TUNING))
     parser.add_argument("--starts", nargs="+", choices=["pretrained", "scratch"], default=["pretrained", "scratch"])
     parser.add_argument("--steps", type=int, help="fine-tune for this many steps instead of each recipe's")
+    parser.add_argument("--threads", type=int, help="fine-tune with this many CPU threads instead of each recipe's")
     args = parser.parse_args()
     if args.stage in ("corpus", "all") or not (args.out / "corpus.txt").is_file():
         save_results(args.out, "corpus", build_corpus(args.out))
     if args.stage in ("pretrain", "all"):
-        save_results(args.out, "pretrain", pretrain(args.out, args.pretrain_steps, args.resume))
+        save_results(args.out, "pretrain", pretrain(args.out, args.pretrain_steps, args.resume, args.settings))
     if args.stage in ("baseline", "pretrain", "all"):
         save_results(args.out, "frequency_baseline", frequency_baseline(args.out))
     if args.stage in ("finetune", "all"):
@@ -232,7 +245,7 @@ def main() -> int:
             raise SystemExit(f"{args.out / 'pretrain'}: no pretrained model yet (run the pretrain stage)")
         for task in args.tasks:
             for start in args.starts:
-                save_results(args.out, f"{task}-{start}", fine_tune(args.out, task, start, args.steps))
+                save_results(args.out, f"{task}-{start}", fine_tune(args.out, task, start, args.steps, args.threads))
     report(json.loads((args.out / "results.json").read_text()))
     return 0
 

@@ -3,24 +3,20 @@ classes of different sizes read alike."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from tformer.errors import TformerError
+from tformer.viz.figures import pyplot, save_figure
 
 
 def plot_confusion_matrix(matrix, label_names: Sequence[str], out_png: str | Path,
                           title: str = "confusion matrix") -> Path:
     """Draw the (C, C) counts ``matrix`` (row = true class, column = predicted) into ``out_png``; the
     file appears whole or not at all (written under a temporary name, then renamed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     counts = np.asarray(matrix, dtype=np.int64)
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1] or counts.shape[0] != len(label_names):
         raise TformerError(f"a confusion matrix of shape {counts.shape} for {len(label_names)} label names")
@@ -41,12 +37,4 @@ def plot_confusion_matrix(matrix, label_names: Sequence[str], out_png: str | Pat
             axis.text(column, row, f"{counts[row, column]:,}", ha="center", va="center", fontsize=8,
                       color="white" if fractions[row, column] > 0.5 else "black")
     figure.tight_layout()
-    out_png = Path(out_png)
-    temporary = out_png.with_name(out_png.name + ".tmp.png")
-    try:
-        figure.savefig(temporary, dpi=110)
-        os.replace(temporary, out_png)
-    finally:
-        plt.close(figure)
-        temporary.unlink(missing_ok=True)
-    return out_png
+    return save_figure(figure, out_png)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from tformer.errors import TformerError
+from tformer.viz.figures import pyplot, save_figure
 
 PLOTTED = ("train_loss", "eval_loss", "lr")  # besides the step; null (a non-finite value) is drawn as a gap
 
@@ -47,11 +48,7 @@ def _values(records: list[dict], name: str) -> list[float]:
 
 def plot_training_curves(records: list[dict], out_png: str | Path, title: str = "training") -> Path:
     """Draw train loss (and eval loss where present) and the learning rate into ``out_png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     trained = [r for r in records if "train_loss" in r]
     evaluated = [r for r in records if "eval_loss" in r]
     with_lr = [r for r in records if "lr" in r]
@@ -69,6 +66,4 @@ def plot_training_curves(records: list[dict], out_png: str | Path, title: str = 
     lr_axis.set_xlabel("step")
     lr_axis.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(out_png, dpi=110)
-    plt.close(figure)
-    return Path(out_png)
+    return save_figure(figure, out_png)

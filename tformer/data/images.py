@@ -119,6 +119,46 @@ def read_images(path: str | Path, *, format: str | None = None, labels: str | Pa
     return read_image_folder(path, label_names, image_size=image_size, num_channels=num_channels)
 
 
+# ---- fitting images to a model --------------------------------------------------------------------
+
+
+def fit_images(images: Tensor, num_channels: int, image_size: int) -> Tensor:
+    """uint8 (N, C, H, W) -> uint8 (N, num_channels, image_size, image_size): greyscale repeated into RGB,
+    RGB made greyscale with ITU-R 601 luma weights (as Pillow's "L"), another size resized (bilinear,
+    antialiased). Images that already fit are returned as they are (no copy)."""
+    channels = images.shape[1]
+    if channels != num_channels:
+        if channels == 1:
+            images = images.expand(-1, num_channels, -1, -1)
+        elif channels == 3 and num_channels == 1:
+            luma = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+            images = (images.float() * luma).sum(dim=1, keepdim=True).round().clamp(0, 255).to(torch.uint8)
+        else:
+            raise DataFileError(f"images of {channels} channels cannot be read as {num_channels}; allowed: 1 <-> 3")
+    if tuple(images.shape[-2:]) != (image_size, image_size):
+        resized = torch.nn.functional.interpolate(images.float(), size=(image_size, image_size), mode="bilinear",
+                                                  align_corners=False, antialias=True)
+        images = resized.round().clamp(0, 255).to(torch.uint8)
+    return images
+
+
+def pixel_mean_std(images: Tensor, num_channels: int, image_size: int,
+                   chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The mean and standard deviation of each channel's pixel values on the 0..1 scale, over every pixel
+    of ``images`` (uint8 (N, C, H, W)) as ``fit_images`` gives them to a model: exact, from per-channel
+    histograms of the 256 values, a chunk of images at a time."""
+    counts = torch.zeros(num_channels, 256, dtype=torch.float64)
+    for start in range(0, images.shape[0], chunk):
+        block = fit_images(images[start : start + chunk], num_channels, image_size)
+        for channel in range(num_channels):
+            counts[channel] += torch.bincount(block[:, channel].reshape(-1), minlength=256)
+    values = torch.arange(256, dtype=torch.float64) / 255
+    total = counts.sum(dim=1)
+    mean = (counts * values).sum(dim=1) / total
+    variance = ((counts * values.square()).sum(dim=1) / total - mean.square()).clamp(min=0)
+    return tuple(mean.tolist()), tuple(variance.sqrt().tolist())
+
+
 # ---- idx ------------------------------------------------------------------------------------------
 
 

@@ -226,7 +226,8 @@ def read_idx_images(path: str | Path, labels: str | Path | None = None,
     """idx images (N, H, W) and their labels (N,) as ImageData with one channel."""
     images = read_idx(path, IDX_IMAGES_MAGIC)
     if images.ndim != 3:
-        raise DataFileError(f"{path}: an idx images file holds N x H x W, this one {' x '.join(map(str, images.shape))}")
+        shape = " x ".join(map(str, images.shape))
+        raise DataFileError(f"{path}: an idx images file holds N x H x W, this one {shape}")
     labels_path = Path(labels) if labels is not None else idx_labels_path(path)
     ids = read_idx(labels_path, IDX_LABELS_MAGIC)
     if ids.ndim != 1 or len(ids) != len(images):

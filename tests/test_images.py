@@ -119,7 +119,8 @@ def test_an_image_folder_reads_one_class_per_subfolder_in_sorted_order(tmp_path)
     for name in ("10", "2", "1"):
         write_png(digits / name / "x.png", grey(int(name)))
     assert read_images(digits).label_names == ("1", "2", "10")
-    assert read_images(digits, label_names=["10", "2", "1", "0"]).labels.tolist() == [2, 1, 0]
+    declared = read_images(digits, label_names=["10", "2", "1", "0"])
+    assert declared.labels.tolist() == [0, 1, 2] and torch.equal(declared.images[0, 0], torch.from_numpy(grey(10)))
 
 
 def test_bad_image_folders_are_one_line_errors_naming_the_file(tmp_path):

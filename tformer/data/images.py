@@ -258,7 +258,10 @@ def read_npz_images(path: str | Path, label_names: Sequence[str] | None = None) 
     if not path.is_file():
         raise DataFileError(f"{path}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise DataFileError(f"{path}: one .npy array, not a .npz archive of named arrays (images, labels)")
+        with archive:
             names = sorted(archive.files)
             unknown = [name for name in names if name not in NPZ_ARRAYS]
             if unknown or not {"images", "labels"} <= set(names):
@@ -267,6 +270,8 @@ def read_npz_images(path: str | Path, label_names: Sequence[str] | None = None) 
                                     "'label_names' (strings), nothing else")
             images, ids = archive["images"], archive["labels"]
             stored_names = archive["label_names"] if "label_names" in names else None
+    except DataFileError:
+        raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise DataFileError(f"{path}: not a readable .npz file ({error})") from None
     if images.dtype != np.uint8:

@@ -146,6 +146,8 @@ def test_classify_errors_are_one_line(trained, tmp_path, capsys):
     tformer.build_model("gpt-nano", vocab_size=16, max_seq_len=8).save(decoder)
     assert main(["classify", str(decoder), str(trained / "test" / "dot" / "0.png")]) == 2
     assert "classify reads a vision model with head 'image_classification'" in capsys.readouterr().err
+    assert main(["predict", run, "--text", "a dot"]) == 2
+    assert "(tformer classify labels images)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("name", "dataset", "label_names"), [("mnist-vit", "mnist", tuple("0123456789")),

@@ -158,7 +158,7 @@ def test_the_recipe_statistics_or_a_pretrained_models_processor_normalise():
 
 def test_images_that_differ_from_the_model_are_converted_with_a_warning():
     data, held_out = image_data(size=6, channels=3), image_data(count=5, size=6, channels=3, seed=1)
-    with pytest.warns(UserWarning, match=r"images-0: RGB images read as greyscale; 6 x 6 images resized to the "
+    with pytest.warns(UserWarning, match=r"images-\d: RGB images read as greyscale; 6 x 6 images resized to the "
                                          r"model's 8 x 8 \(bilinear\)"):
         task, _ = prepared(ImageClassification(data, held_out))
     assert task.train_batch(0)["pixel_values"].shape == (4, 1, 8, 8)

@@ -222,3 +222,12 @@ def test_pixel_statistics_equal_the_mean_and_std_of_every_pixel():
     pixels = images.double().div(255).transpose(0, 1).reshape(3, -1)
     assert mean == pytest.approx(pixels.mean(dim=1).tolist(), abs=1e-12)
     assert std == pytest.approx(pixels.std(dim=1, correction=0).tolist(), abs=1e-12)
+
+
+def test_the_mnist_training_pixels_have_their_well_known_statistics():
+    """0.1307 and 0.3081: the normalisation every MNIST example (PyTorch's among them) uses."""
+    path = SHARED_DATA / "mnist" / "train-images-idx3-ubyte.gz"
+    require(path)
+    train = read_images(path)
+    mean, std = pixel_mean_std(train.images, 1, 28)
+    assert round(mean[0], 4) == 0.1307 and round(std[0], 4) == 0.3081

@@ -40,10 +40,8 @@ def pad_and_crop(images: Tensor, padding: int, offsets: Tensor) -> Tensor:
     ``padding`` gives the image back; others move it by up to ``padding`` pixels, the uncovered border zero."""
     batch, _, height, width = images.shape
     padded = nn.functional.pad(images, (padding, padding, padding, padding))  # (B, C, H + 2p, W + 2p)
-    rows = offsets[:, 0, None] + torch.arange(height)  # (B, H)
-    columns = offsets[:, 1, None] + torch.arange(width)  # (B, W)
-    picked = padded[torch.arange(batch)[:, None, None], :, rows[:, :, None], columns[:, None, :]]  # (B, H, W, C)
-    return picked.permute(0, 3, 1, 2).contiguous()
+    windows = padded.unfold(2, height, 1).unfold(3, width, 1)  # (B, C, 2p + 1, 2p + 1, H, W), a view
+    return windows[torch.arange(batch), :, offsets[:, 0], offsets[:, 1]]  # (B, C, H, W)
 
 
 def flip_some(images: Tensor, flips: Tensor) -> Tensor:

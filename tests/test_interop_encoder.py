@@ -332,8 +332,8 @@ def test_a_missing_head_weight_is_an_error_unless_the_head_is_new(tmp_path):
 
 def test_head_arguments_are_refused_for_a_decoder(tmp_path):
     build_model("gpt-nano").save(tmp_path)
-    with pytest.raises(tformer.ConfigError, match=r"choose an encoder's head; this checkpoint is "
-                                                  r"architecture='decoder'"):
+    with pytest.raises(tformer.ConfigError, match=r"choose an encoder's or a vision model's head; this checkpoint "
+                                                  r"is architecture='decoder'"):
         tformer.load(tmp_path, head="sequence_classification")
 
 

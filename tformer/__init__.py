@@ -2,14 +2,24 @@
 
 from tformer import tokenizers
 from tformer.config import PRESETS, ConfigError, ModelConfig
+from tformer.data.image_processing import ImageProcessing
 from tformer.generation import GenerationConfig, generate, stream_generate
 from tformer.hub import load, save
-from tformer.models import DecoderLM, EncoderModel, EncoderOutput, Model, ModelOutput, build_model
+from tformer.models import (
+    DecoderLM,
+    EncoderModel,
+    EncoderOutput,
+    Model,
+    ModelOutput,
+    VisionModel,
+    VisionOutput,
+    build_model,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PRESETS", "ConfigError", "DecoderLM", "EncoderModel", "EncoderOutput", "GenerationConfig", "Model",
-    "ModelConfig", "ModelOutput",
+    "PRESETS", "ConfigError", "DecoderLM", "EncoderModel", "EncoderOutput", "GenerationConfig", "ImageProcessing",
+    "Model", "ModelConfig", "ModelOutput", "VisionModel", "VisionOutput",
     "build_model", "generate", "load", "save", "stream_generate", "tokenizers", "__version__",
 ]

@@ -1,4 +1,5 @@
-"""Checkpoint folders: config.json + model.safetensors (+ tokenizer.json), written atomically.
+"""Checkpoint folders: config.json + model.safetensors (+ tokenizer.json, + a vision model's
+preprocessor_config.json), written atomically.
 
 This module knows files, not model classes: ``tformer.hub.load`` builds the model and fills it
 through ``load_weights``; ``Model.save`` writes through ``save_checkpoint``.
@@ -24,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tformer.config import ModelConfig
+from tformer.data.image_processing import PREPROCESSOR_NAME, ImageProcessing, ImageProcessingError
 from tformer.errors import TformerError
 from tformer.tokenizers import TokenizerError
 from tformer.tokenizers import load as load_tokenizer
@@ -40,6 +42,11 @@ class CheckpointError(TformerError):
 
 class TokenizerNotAttachedWarning(UserWarning):
     """A checkpoint's tokenizer could not be read: the model loads without one (usable with token ids)."""
+
+
+class ImageProcessorNotAttachedWarning(UserWarning):
+    """A checkpoint's preprocessor_config.json could not be read: the model loads without an image
+    processor (usable with pixel values normalised by the caller)."""
 
 
 class NonFiniteWeightsWarning(UserWarning):
@@ -96,13 +103,14 @@ def _fsync(file: Path) -> None:
 
 def save_checkpoint(model, path: str | Path) -> Path:
     """Save ``model`` (a tformer Model: ``config``, ``state_dict``, ``tied_parameters``, optional
-    ``tokenizer``) as a checkpoint folder in tformer's format."""
+    ``tokenizer`` and ``image_processor``) as a checkpoint folder in tformer's format."""
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
              if name not in model.tied_parameters()}
     tokenizer = getattr(model, "tokenizer", None)
+    image_processor = getattr(model, "image_processor", None)
 
     def write(folder: Path) -> None:
-        write_model_files(folder, model.config, state, tokenizer)
+        write_model_files(folder, model.config, state, tokenizer, image_processor)
 
     return write_checkpoint_folder(path, write)
 
@@ -125,13 +133,18 @@ def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> 
     return target
 
 
-def write_model_files(folder: Path, config: ModelConfig, state: dict[str, torch.Tensor], tokenizer=None) -> None:
-    """Write model.safetensors (``state``: untied CPU tensors), tokenizer.json when given, then
-    config.json into an existing (usually temporary) folder. The trainer calls this with
-    weights gathered from every process."""
+def write_model_files(
+    folder: Path, config: ModelConfig, state: dict[str, torch.Tensor], tokenizer=None,
+    image_processor: ImageProcessing | None = None,
+) -> None:
+    """Write model.safetensors (``state``: untied CPU tensors), tokenizer.json and
+    preprocessor_config.json when given, then config.json into an existing (usually temporary)
+    folder. The trainer calls this with weights gathered from every process."""
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save(folder / TOKENIZER_NAME)
+    if image_processor is not None:
+        image_processor.save(folder)
     config_text = json.dumps({"tformer_format": FORMAT_VERSION, **config.to_dict()}, indent=2, sort_keys=True)
     (folder / CONFIG_NAME).write_text(config_text + "\n")
 
@@ -297,4 +310,19 @@ def read_attached_tokenizer(source: Path, folder: Path):
         return load_tokenizer(source)
     except TokenizerError as error:
         warnings.warn(f"{folder}: tokenizer not attached: {error}", TokenizerNotAttachedWarning, stacklevel=4)
+        return None
+
+
+def load_attached_image_processor(folder: Path, config: ModelConfig) -> ImageProcessing | None:
+    """A vision model's image processing saved in its checkpoint folder (preprocessor_config.json,
+    tformer's or Hugging Face's), or None. One tformer cannot read is reported by an
+    ImageProcessorNotAttachedWarning, not an error: the weights are still usable with pixel values
+    normalised by the caller."""
+    if config.architecture != "vision" or not (folder / PREPROCESSOR_NAME).is_file():
+        return None
+    try:
+        return ImageProcessing.read(folder, num_channels=config.num_channels)
+    except ImageProcessingError as error:
+        warnings.warn(f"{folder}: image processor not attached: {error}", ImageProcessorNotAttachedWarning,
+                      stacklevel=3)
         return None

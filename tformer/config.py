@@ -11,7 +11,7 @@ from typing import Any
 
 from tformer.errors import TformerError
 
-ARCHITECTURES = ("decoder", "encoder")
+ARCHITECTURES = ("decoder", "encoder", "vision")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -25,17 +25,39 @@ CLASSIFICATION_HEADS = ("sequence_classification", "token_classification")
 POOLED_HEADS = (None, "next_sentence", "pretraining", "sequence_classification")  # the heads that read the pooler
 # The loss of sequence classification, named as Hugging Face's ``problem_type`` (None: inferred as HF does).
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+# What a vision model puts on its hidden states (None: nothing, the bare model with its pooler).
+VISION_HEADS = ("image_classification",)
+# The vector a vision model's head reads: the class token's, or the mean of the patch tokens'.
+POOLINGS = ("cls", "mean")
+# Positions over the patch grid: a learned table, or fixed 2D sine-cosine.
+VISION_POSITIONALS = ("learned", "sinusoidal")
 
 # Fields only some families read: field -> the architectures that use it. Any other family
 # refuses the field unless it holds its default, so a switch never sits in a config unread.
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
+    # Tokens and their positions: the text families'. A vision model reads pixels, and its sequence
+    # length is its patch count (these stay at their defaults in its config).
+    "vocab_size": ("decoder", "encoder"),
+    "max_seq_len": ("decoder", "encoder"),
+    "tie_embeddings": ("decoder", "encoder"),
+    "scale_embeddings": ("decoder", "encoder"),
+    "pad_token_id": ("decoder", "encoder"),
+    "bos_token_id": ("decoder", "encoder"),
+    "eos_token_id": ("decoder", "encoder"),
+    "rope_theta": ("decoder", "encoder"),
+    "relative_num_buckets": ("decoder", "encoder"),
+    "relative_max_distance": ("decoder", "encoder"),
     "type_vocab_size": ("encoder",),  # segment (token type) embeddings: BERT's sentence A / B
-    "head": ("encoder",),
-    "num_labels": ("encoder",),
+    "head": ("encoder", "vision"),
+    "num_labels": ("encoder", "vision"),
     "problem_type": ("encoder",),
-    "label_names": ("encoder",),
+    "label_names": ("encoder", "vision"),
     "position_offset": ("encoder",),
     "pooler_input_dropout": ("encoder",),
+    "image_size": ("vision",),
+    "patch_size": ("vision",),
+    "num_channels": ("vision",),
+    "pooling": ("vision",),
 }
 
 
@@ -65,6 +87,17 @@ class ModelConfig:
     ``position_offset`` > 0 numbers positions as RoBERTa: tokens other than ``pad_token_id`` from
     ``position_offset`` on, padding tokens at ``position_offset - 1``; ``pooler_input_dropout``
     applies dropout to the first token's vector before the pooler (RoBERTa's classification head).
+
+    Vision fields (``architecture="vision"``, a Vision Transformer): square images of ``image_size``
+    pixels with ``num_channels`` channels, cut into ``patch_size`` x ``patch_size`` patches (the size
+    must be a multiple of it); ``pooling`` the vector the head reads (``POOLINGS``: the class token's,
+    or the mean of the patch tokens'); ``head`` None (the bare model, with its tanh pooler) or
+    ``image_classification`` with ``num_labels`` and ``label_names`` as an encoder's; ``positional``
+    ``learned`` (a table of 1 + patch-count rows) or ``sinusoidal`` (fixed 2D sine-cosine over the
+    patch grid: half the width encodes the row, half the column; the class token's row is zero). A
+    vision model has no tokens: the token fields (``vocab_size``, ``max_seq_len``, the special token
+    ids, ``tie_embeddings``, ``scale_embeddings``, ``type_vocab_size``) and those of rotary and
+    relative positions stay at their defaults, unread; any other value is refused (``FAMILY_FIELDS``).
     """
 
     architecture: str = "decoder"
@@ -100,6 +133,10 @@ class ModelConfig:
     label_names: tuple[str, ...] = ()
     position_offset: int = 0
     pooler_input_dropout: bool = False
+    image_size: int = 224
+    patch_size: int = 16
+    num_channels: int = 3
+    pooling: str = "cls"
     initializer_range: float = 0.02
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -125,6 +162,8 @@ class ModelConfig:
         self._check_heads()
         if self.architecture == "encoder":
             self._check_encoder()
+        elif self.architecture == "vision":
+            self._check_vision()
 
     # ---- validation -------------------------------------------------------------------------
 
@@ -192,25 +231,13 @@ class ModelConfig:
         head = self.head
         if head is not None and head not in ENCODER_HEADS:
             raise ConfigError(f"head={head!r} is not one of None, {', '.join(ENCODER_HEADS)}")
-        _require_positive_int("num_labels", self.num_labels)
-        classifying = head in CLASSIFICATION_HEADS
-        if self.num_labels != 2 and not classifying:
-            raise ConfigError(f"num_labels={self.num_labels} is read only by the classification heads "
-                              f"({', '.join(CLASSIFICATION_HEADS)}); head={head!r} has a fixed size")
+        self._check_labels(CLASSIFICATION_HEADS)
         if self.problem_type is not None:
             if self.problem_type not in PROBLEM_TYPES:
                 raise ConfigError(f"problem_type={self.problem_type!r} is not one of None, {', '.join(PROBLEM_TYPES)}")
             if head != "sequence_classification":
                 raise ConfigError(f"problem_type={self.problem_type!r} is read only by "
                                   f"head='sequence_classification', not head={head!r}")
-        if self.label_names:
-            if not classifying:
-                raise ConfigError(f"label_names are read only by the classification heads, not head={head!r}")
-            if not all(isinstance(name, str) and name for name in self.label_names):
-                raise ConfigError(f"label_names={list(self.label_names)!r} must be non-empty strings")
-            if len(self.label_names) != self.num_labels or len(set(self.label_names)) != self.num_labels:
-                raise ConfigError(f"label_names={list(self.label_names)!r} must be {self.num_labels} distinct "
-                                  f"names (num_labels={self.num_labels})")
         offset = self.position_offset
         if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < self.max_seq_len:
             raise ConfigError(f"position_offset={offset!r} must be an integer in [0, max_seq_len={self.max_seq_len})")
@@ -221,10 +248,62 @@ class ModelConfig:
             raise ConfigError(f"pooler_input_dropout=True needs a head that reads the pooler "
                               f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
 
+    def _check_labels(self, classification_heads: tuple[str, ...]) -> None:
+        """``num_labels`` and ``label_names``: read only by the family's ``classification_heads``."""
+        head = self.head
+        _require_positive_int("num_labels", self.num_labels)
+        classifying = head in classification_heads
+        if self.num_labels != 2 and not classifying:
+            raise ConfigError(f"num_labels={self.num_labels} is read only by the classification heads "
+                              f"({', '.join(classification_heads)}); head={head!r} has a fixed size")
+        if self.label_names:
+            if not classifying:
+                raise ConfigError(f"label_names are read only by the classification heads, not head={head!r}")
+            if not all(isinstance(name, str) and name for name in self.label_names):
+                raise ConfigError(f"label_names={list(self.label_names)!r} must be non-empty strings")
+            if len(self.label_names) != self.num_labels or len(set(self.label_names)) != self.num_labels:
+                raise ConfigError(f"label_names={list(self.label_names)!r} must be {self.num_labels} distinct "
+                                  f"names (num_labels={self.num_labels})")
+
+    def _check_vision(self) -> None:
+        if self.head is not None and self.head not in VISION_HEADS:
+            raise ConfigError(f"head={self.head!r} is not one of None, {', '.join(VISION_HEADS)} "
+                              "(architecture='vision')")
+        self._check_labels(VISION_HEADS)
+        if self.head == "image_classification" and self.num_labels < 2:
+            raise ConfigError(f"num_labels={self.num_labels} must be >= 2 for head='image_classification' "
+                              "(a cross-entropy over classes)")
+        if self.positional not in VISION_POSITIONALS:
+            raise ConfigError(f"positional={self.positional!r} is not one of {', '.join(VISION_POSITIONALS)} "
+                              "(architecture='vision': positions over the patch grid)")
+        if self.positional == "sinusoidal" and self.d_model % 4:
+            raise ConfigError(f"d_model={self.d_model} must be a multiple of 4 for positional='sinusoidal' "
+                              "(2D: a sine and a cosine for the row and for the column)")
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"pooling={self.pooling!r} is not one of {', '.join(POOLINGS)}")
+        for name in ("image_size", "patch_size", "num_channels"):
+            _require_positive_int(name, getattr(self, name))
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size} "
+                              "(the patches must tile the image)")
+
     @property
     def has_pooler(self) -> bool:
-        """Whether an encoder with this config has the tanh pooler on its first token."""
+        """Whether a model with this config has the tanh pooler: an encoder on its first token where its
+        head reads it, the bare vision model on its pooled vector."""
+        if self.architecture == "vision":
+            return self.head is None
         return self.architecture == "encoder" and self.head in POOLED_HEADS
+
+    @property
+    def patch_grid(self) -> int:
+        """Patches per side of a vision model's image."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        """Patches per image of a vision model (its sequence is the class token and these)."""
+        return self.patch_grid ** 2
 
     def _default_d_ff(self) -> int:
         if self.activation in ("swiglu", "geglu"):
@@ -325,6 +404,15 @@ def _bert(d_model: int, num_layers: int, num_heads: int) -> ModelConfig:
     )
 
 
+def _vit(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> ModelConfig:
+    """A ViT-shaped image classifier (Hugging Face ViTForImageClassification's defaults: LayerNorm eps 1e-12)."""
+    return ModelConfig(**{
+        "architecture": "vision", "d_model": d_model, "num_layers": num_layers, "num_heads": num_heads,
+        "activation": "gelu", "norm": "layernorm", "norm_position": "pre", "norm_eps": 1e-12,
+        "positional": "learned", "head": "image_classification", **fields,
+    })
+
+
 PRESETS: dict[str, ModelConfig] = {
     # GPT-2 small: 124,439,808 parameters with the tied LM head.
     "gpt2": ModelConfig(
@@ -349,6 +437,13 @@ PRESETS: dict[str, ModelConfig] = {
     "bert-small": _bert(512, 4, 8),
     "bert-mini": _bert(256, 4, 4),
     "bert-tiny": _bert(128, 2, 2),
+    # Vision Transformers (Dosovitskiy et al. 2021): pre-norm, exact GELU, class token, learned positions.
+    # vit-base-patch16-224 is Hugging Face's ViTForImageClassification google/vit-base-patch16-224 (1,000
+    # ImageNet classes): 86,567,656 parameters; vit-tiny-patch16-224 the DeiT-tiny shape with the same head.
+    "vit-base-patch16-224": _vit(768, 12, 12, num_labels=1000),
+    "vit-tiny-patch16-224": _vit(192, 12, 3, num_labels=1000),
+    # MNIST-sized (28 x 28 grey, 10 classes): 4 x 4 patches, a 7 x 7 grid; trains on a CPU in minutes.
+    "vit-mnist": _vit(128, 6, 4, num_labels=10, image_size=28, patch_size=4, num_channels=1, norm_eps=1e-6),
     # For tests: tiny and fast.
     "gpt-nano": ModelConfig(
         vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,
@@ -361,9 +456,10 @@ def replace_head(
     config: ModelConfig, head: str | None, num_labels: int | None = None, label_names: tuple[str, ...] | None = None,
     problem_type: str | None = None, **layout: Any,
 ) -> ModelConfig:
-    """``config`` with a new encoder head, for fine-tuning: what the old head's fields said is kept
-    only where it still applies (the same head and number of labels); ``num_labels`` defaults to
-    the number of ``label_names``, else 2. ``layout``: fields a family fixes for the head."""
+    """``config`` with a new head (an encoder's or a vision model's), for fine-tuning: what the old
+    head's fields said is kept only where it still applies (the same head and number of labels);
+    ``num_labels`` defaults to the number of ``label_names``, else 2. ``layout``: fields a family
+    fixes for the head."""
     if label_names is not None:
         label_names = tuple(label_names)
         num_labels = len(label_names) if num_labels is None else num_labels

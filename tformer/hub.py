@@ -15,6 +15,7 @@ from tformer.checkpoint import (
     CheckpointError,
     config_from_checkpoint,
     is_hf_config,
+    load_attached_image_processor,
     load_attached_tokenizer,
     load_weights,
     read_config,
@@ -37,14 +38,16 @@ def load(
     problem_type: str | None = None,
 ) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
-    ``model_type``) into a model in eval mode, with its tokenizer attached when it has one.
+    ``model_type``) into a model in eval mode, with its tokenizer attached when it has one (a vision
+    model: its image processor, from preprocessor_config.json).
 
-    Fine-tuning an encoder: ``head`` (one of ``config.ENCODER_HEADS``, None for the bare encoder),
-    ``num_labels``, ``label_names`` or ``problem_type`` give the model a new head: the backbone loads
-    exactly, head weights the folder holds in the right shape load too, the others are initialised
-    afresh, and the folder's weights the new model does not use are dropped. One warning lists the
-    newly initialised tensors (tformer's names) and the dropped ones (the folder's names), as does a
-    load that drops another head's weights (a Hugging Face BertForMaskedLM file with NSP weights).
+    Fine-tuning an encoder or a vision model: ``head`` (one of ``config.ENCODER_HEADS`` or
+    ``config.VISION_HEADS``, None for the bare model), ``num_labels``, ``label_names`` or
+    ``problem_type`` (encoders) give the model a new head: the backbone loads exactly, head weights
+    the folder holds in the right shape load too, the others are initialised afresh, and the folder's
+    weights the new model does not use are dropped. One warning lists the newly initialised tensors
+    (tformer's names) and the dropped ones (the folder's names), as does a load that drops another
+    head's weights (a Hugging Face BertForMaskedLM file with NSP weights).
     """
     folder = Path(path)
     raw = read_config(folder)
@@ -65,6 +68,8 @@ def load(
         model = _build(config, folder)
         changes = load_weights(model, folder, new_head=new_head)
         model.tokenizer = load_attached_tokenizer(folder)
+    if config.architecture == "vision":
+        model.image_processor = load_attached_image_processor(folder, config)
     relabelled = _reset_relabelled_classifier(model, saved_labels)
     if changes or relabelled:
         described = "; ".join(part for part in (relabelled, changes.describe()) if part)
@@ -109,9 +114,9 @@ def _build(config: ModelConfig, folder: Path) -> Model:
 
 
 def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type, layout) -> ModelConfig:
-    if config.architecture != "encoder":
-        raise ConfigError(f"head, num_labels, label_names and problem_type choose an encoder's head; this "
-                          f"checkpoint is architecture={config.architecture!r}")
+    if config.architecture not in ("encoder", "vision"):
+        raise ConfigError(f"head, num_labels, label_names and problem_type choose an encoder's or a vision "
+                          f"model's head; this checkpoint is architecture={config.architecture!r}")
     head = config.head if head is _KEEP else head
     return replace_head(config, head, num_labels, label_names, problem_type, **layout(head))
 

@@ -71,11 +71,15 @@ def _cgroup_headroom() -> int | None:
 
 def model_bytes(config, element_size: int = 4) -> int:
     """About how many bytes a model of ``config`` (a ModelConfig) holds: its token embedding (and
-    untied head), and per layer the attention and feed-forward projections; norms, biases and
-    position tables are left out (a few percent at most). Read from the sizes alone, so a config
-    whose model could never fit is refused before anything is allocated."""
+    untied head; a vision model's patch embedding), and per layer the attention and feed-forward
+    projections; norms, biases and text position tables are left out (a few percent at most). Read
+    from the sizes alone, so a config whose model could never fit is refused before anything is
+    allocated."""
     d_model, head_dim = config.d_model, config.head_dim
-    embeddings = config.vocab_size * d_model * (1 if config.tie_embeddings else 2)
+    if config.architecture == "vision":  # the patch projection and the position table, no vocabulary
+        embeddings = (config.num_channels * config.patch_size ** 2 + config.num_patches + 1) * d_model
+    else:
+        embeddings = config.vocab_size * d_model * (1 if config.tie_embeddings else 2)
     attention = (2 * config.num_heads + 2 * config.num_kv_heads) * head_dim * d_model
     feedforward = (3 if config.gated else 2) * d_model * config.d_ff
     return (embeddings + config.num_layers * (attention + feedforward)) * element_size

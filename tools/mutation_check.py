@@ -132,6 +132,27 @@ MUTATIONS = (
         ("tests/test_tasks_mlm.py", "-k", "seeded_order"),
         "every seed reads the training examples in the same order",
     ),
+    Mutation(
+        "vit-interpolation-aligns-corners", "tformer/nn/patches.py",
+        'mode="bicubic", align_corners=False',
+        'mode="bicubic", align_corners=True',
+        ("tests/test_vision.py", "-k", "interpolation"),
+        "position tables resampled with align_corners=True: not Hugging Face's ViT at another resolution",
+    ),
+    Mutation(
+        "vit-mean-pooling-reads-the-class-token", "tformer/models/vision.py",
+        "hidden[:, 1:].mean(dim=1)",
+        "hidden.mean(dim=1)",
+        ("tests/test_vision.py", "-k", "pooled_vector"),
+        "pooling='mean' averages the class token in with the patches",
+    ),
+    Mutation(
+        "vit-interop-query-key-swapped", "tformer/interop/vit.py",
+        '(layer + "attention.attention.query", layer + "attention.attention.key",',
+        '(layer + "attention.attention.key", layer + "attention.attention.query",',
+        ("tests/test_interop_vit.py", "-k", "outputs_equal"),
+        "a ViT checkpoint's query and key matrices land in each other's rows of qkv_proj",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -130,16 +130,6 @@ class BertFamily(Family):
 
     # ---- config ---------------------------------------------------------------------------
 
-    def head_from_hf(self, raw: Mapping[str, Any]) -> str | None:
-        """The tformer head of config.json's ``architectures`` (none: the bare model)."""
-        classes = raw.get("architectures") or [next(iter(self.heads))]
-        if not isinstance(classes, list) or len(classes) != 1:
-            raise CheckpointError(f"{self.model_type} architectures={classes!r} must name one class")
-        return translated(self.model_type, "architectures", classes[0], self.heads)
-
-    def class_for_head(self, head: str | None) -> str:
-        return next(name for name, value in self.heads.items() if value == head)
-
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
         model_type = self.model_type
         for key, supported in UNSUPPORTED_UNLESS.items():
@@ -147,7 +137,7 @@ class BertFamily(Family):
         dropout = hf_field(raw, "hidden_dropout_prob", 0.1)
         require(model_type, "classifier_dropout", hf_field(raw, "classifier_dropout", dropout), dropout)
         head = self.head_from_hf(raw)
-        labels = _labels_from_hf(model_type, raw) if head in ("sequence_classification", "token_classification") \
+        labels = labels_from_hf(model_type, raw) if head in ("sequence_classification", "token_classification") \
             else {}
         if head == "question_answering":
             require(model_type, "num_labels (question answering: start and end)", _num_labels(raw), 2)
@@ -209,9 +199,7 @@ class BertFamily(Family):
             "eos_token_id": config.eos_token_id,
         }
         if config.head in ("sequence_classification", "token_classification"):
-            names = config.label_names or tuple(f"LABEL_{i}" for i in range(config.num_labels))
-            raw["id2label"] = {str(i): name for i, name in enumerate(names)}
-            raw["label2id"] = {name: i for i, name in enumerate(names)}
+            raw.update(labels_to_hf(config))
         if config.problem_type is not None:
             raw["problem_type"] = config.problem_type
         return raw
@@ -249,7 +237,7 @@ def _num_labels(raw: Mapping[str, Any]) -> int:
     return len(id2label) if isinstance(id2label, Mapping) and id2label else hf_field(raw, "num_labels", 2)
 
 
-def _labels_from_hf(model_type: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+def labels_from_hf(model_type: str, raw: Mapping[str, Any]) -> dict[str, Any]:
     """``num_labels`` and ``label_names`` of a config.json's ``id2label`` (default names ``LABEL_i``: none)."""
     id2label = raw.get("id2label")
     if not isinstance(id2label, Mapping) or not id2label:
@@ -263,3 +251,10 @@ def _labels_from_hf(model_type: str, raw: Mapping[str, Any]) -> dict[str, Any]:
     names = tuple(by_id[i] for i in range(len(by_id)))
     default = tuple(f"LABEL_{i}" for i in range(len(names)))
     return {"num_labels": len(names), "label_names": () if names == default else names}
+
+
+def labels_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """config.json's ``id2label`` and ``label2id`` for a classifier of ``config`` (``LABEL_i`` unnamed)."""
+    names = config.label_names or tuple(f"LABEL_{i}" for i in range(config.num_labels))
+    return {"id2label": {str(i): name for i, name in enumerate(names)},
+            "label2id": {name: i for i, name in enumerate(names)}}

@@ -37,6 +37,8 @@ class Family(ABC):
     # The ModelConfig fields this family translates; any other must hold its default (fail closed),
     # so a switch added to the core later is refused here until the family learns it.
     handled_fields: ClassVar[frozenset[str]]
+    # Families whose HF class picks the head: HF class -> tformer head (the bare model's first).
+    heads: ClassVar[Mapping[str, str | None]] = {}
 
     @abstractmethod
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
@@ -49,6 +51,17 @@ class Family(ABC):
     @abstractmethod
     def required_values(self, config: ModelConfig) -> list[str]:
         """The handled fields whose values this family cannot express, one short phrase each."""
+
+    def head_from_hf(self, raw: Mapping[str, Any]) -> str | None:
+        """The tformer head of config.json's ``architectures`` (none: the bare model)."""
+        classes = raw.get("architectures") or [next(iter(self.heads))]
+        if not isinstance(classes, list) or len(classes) != 1:
+            raise CheckpointError(f"{self.model_type} architectures={classes!r} must name one class")
+        return translated(self.model_type, "architectures", classes[0], self.heads)
+
+    def class_for_head(self, head: str | None) -> str:
+        """The HF class of a model with ``head`` (``heads`` read backwards)."""
+        return next(name for name, value in self.heads.items() if value == head)
 
     def module_map(self, config: ModelConfig) -> Mapping[str, ModuleMap]:
         """tformer module path -> HF module(s) for a model of ``config`` (families with heads vary it)."""

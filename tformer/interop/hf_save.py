@@ -16,8 +16,9 @@ from tformer.interop.weight_map import tformer_to_hf, weight_rules
 
 
 def save_hf(model: nn.Module, path: str | Path) -> Path:
-    """Write ``model`` (a tformer Model) as config.json + model.safetensors (+ tokenizer.json) in Hugging Face's
-    format for the family that represents its config (GPT-2 or Llama), in the model's dtype.
+    """Write ``model`` (a tformer Model) as config.json + model.safetensors (+ tokenizer.json, + a vision
+    model's preprocessor_config.json) in Hugging Face's format for the family that represents its config,
+    in the model's dtype.
 
     Raises CheckpointError, before writing anything, when no family represents the config.
     Written like tformer's own checkpoints (``write_checkpoint_folder``): a new folder appears
@@ -29,11 +30,14 @@ def save_hf(model: nn.Module, path: str | Path) -> Path:
     hf_state = family.saved_state(tformer_to_hf(state, rules), model.config)
     hf_config = {**family.config_to_hf(model.config), "dtype": str(model.dtype).removeprefix("torch.")}
     tokenizer = getattr(model, "tokenizer", None)
+    image_processor = getattr(model, "image_processor", None)
 
     def write(folder: Path) -> None:
         save_file(hf_state, str(folder / SAFETENSORS_NAME), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(folder / HF_TOKENIZER_NAME)
+        if image_processor is not None:
+            image_processor.save(folder)
         (folder / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
     return write_checkpoint_folder(path, write)

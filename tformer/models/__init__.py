@@ -5,10 +5,11 @@ from __future__ import annotations
 from tformer.models.base import Model
 from tformer.models.decoder import DecoderLM
 from tformer.models.encoder import EncoderModel
-from tformer.models.output import EncoderOutput, ModelOutput
+from tformer.models.output import EncoderOutput, ModelOutput, VisionOutput
 from tformer.models.registry import MODEL_CLASSES, build_model, model_class, register
+from tformer.models.vision import VisionModel
 
 __all__ = [
     "DecoderLM", "EncoderModel", "EncoderOutput", "MODEL_CLASSES", "Model", "ModelOutput", "build_model", "model_class",
-    "register",
+    "register", "VisionModel", "VisionOutput",
 ]

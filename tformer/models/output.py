@@ -43,3 +43,13 @@ class EncoderOutput(ModelOutput):
     next_sentence_logits: Tensor | None = None
     start_logits: Tensor | None = None
     end_logits: Tensor | None = None
+
+
+@dataclass
+class VisionOutput(ModelOutput):
+    """A vision model's result. ``logits``: (B, num_labels) with the image-classification head; for the
+    bare model (head None), its last hidden states (B, 1 + N, D), the class token first. ``last_hidden_state``
+    (B, 1 + N, D) after the final norm; ``pooled`` (B, D) the pooler's output where the model has one."""
+
+    last_hidden_state: Tensor | None = None
+    pooled: Tensor | None = None

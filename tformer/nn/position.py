@@ -188,10 +188,10 @@ class Positional(nn.Module):
         return self.bias(query_positions, key_positions) if hasattr(self, "bias") else None
 
 
-def positional_from_config(config, causal: bool) -> Positional:
-    """The Positional module a ModelConfig asks for."""
+def positional_from_config(config, causal: bool, kind: str | None = None) -> Positional:
+    """The Positional module a ModelConfig asks for (``kind``: another scheme at the config's sizes)."""
     return Positional(
-        config.positional, max_len=config.max_seq_len, d_model=config.d_model,
+        config.positional if kind is None else kind, max_len=config.max_seq_len, d_model=config.d_model,
         num_heads=config.num_heads, head_dim=config.head_dim, rope_theta=config.rope_theta,
         causal=causal, relative_num_buckets=config.relative_num_buckets,
         relative_max_distance=config.relative_max_distance,

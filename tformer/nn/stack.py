@@ -34,14 +34,17 @@ class TransformerStack(nn.Module):
     ``causal``: each position sees only itself and earlier ones (decoders); otherwise every
     position sees every unpadded one (encoders), and a relative-position bias is bidirectional.
     ``cross_attention``: each block also attends to ``encoder_hidden`` (encoder-decoders).
+    ``add_positions=False``: the front end has added absolute positions already (a vision model's
+    patch grid, which it can resample), so the stack adds none of ``config.positional``'s.
     """
 
-    def __init__(self, config: ModelConfig, causal: bool, cross_attention: bool = False) -> None:
+    def __init__(self, config: ModelConfig, causal: bool, cross_attention: bool = False,
+                 add_positions: bool = True) -> None:
         super().__init__()
         self.config = config
         self.causal = causal
         self.cross_attention = cross_attention
-        self.positional = positional_from_config(config, causal=causal)
+        self.positional = positional_from_config(config, causal=causal, kind=None if add_positions else "none")
 
         def norm() -> nn.Module:
             return build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)

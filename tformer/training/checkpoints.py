@@ -137,11 +137,12 @@ def remove_old_checkpoints(run_dir: Path, keep_last: int) -> None:
 def write_checkpoint(
     folder: Path, config: ModelConfig, model_state: dict[str, torch.Tensor], tokenizer,
     optimizer_state: dict | None, trainer_state: dict, rng_tensors: dict[str, torch.Tensor] | None = None,
+    image_processor=None,
 ) -> Path:
     """Write one checkpoint folder atomically. ``optimizer_state`` is a full (unsharded)
     optimizer state dict keyed by parameter name; ``trainer_state`` must be JSON-serialisable."""
     with atomic_directory(folder) as temporary:
-        write_model_files(temporary, config, model_state, tokenizer)
+        write_model_files(temporary, config, model_state, tokenizer, image_processor)
         if optimizer_state is not None:
             tensors, groups = flatten_optimizer_state(optimizer_state)
             tensors.update(rng_tensors or {})

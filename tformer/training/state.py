@@ -172,7 +172,8 @@ class RunState:
                 if reporter is not None:
                     reporter.flush()
                 checkpoints.write_checkpoint(folder, self.model.config, model_state, self.model.tokenizer,
-                                             optimizer_state, {**trainer_state, "rng": rng_states}, rng_tensors)
+                                             optimizer_state, {**trainer_state, "rng": rng_states}, rng_tensors,
+                                             image_processor=self.image_processor)
             checkpoints.remove_old_checkpoints(self.out_dir, self.config.keep_last)
 
         self.on_main(write)
@@ -185,11 +186,17 @@ class RunState:
         def write() -> None:
             folder = self.out_dir / checkpoints.CHECKPOINTS_DIR / checkpoints.BEST_NAME
             with self.writing(folder), atomic_directory(folder) as temporary:
-                write_model_files(temporary, self.model.config, model_state, self.model.tokenizer)
+                write_model_files(temporary, self.model.config, model_state, self.model.tokenizer,
+                                  self.image_processor)
                 (temporary / "best.json").write_text(json.dumps(
                     {"step": step, self.config.early_stopping_metric: value}) + "\n")
 
         self.on_main(write)
+
+    @property
+    def image_processor(self):
+        """The model's image processing (a vision model's, saved beside its weights), or None."""
+        return getattr(self.model, "image_processor", None)
 
     def save_final_model(self) -> None:
         """The run folder itself becomes a model folder: config.json, model.safetensors, tokenizer."""
@@ -198,7 +205,7 @@ class RunState:
         def write() -> None:
             with self.writing(self.out_dir / "model.safetensors"):
                 write_files_into(self.out_dir, lambda folder: write_model_files(
-                    folder, self.model.config, model_state, self.model.tokenizer))
+                    folder, self.model.config, model_state, self.model.tokenizer, self.image_processor))
 
         self.on_main(write)
 

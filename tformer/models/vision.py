@@ -1,0 +1,109 @@
+"""VisionModel: the Vision Transformer (Dosovitskiy et al. 2021) on the shared core."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import Tensor, nn
+
+from tformer.config import ModelConfig
+from tformer.models.base import Model
+from tformer.models.output import VisionOutput
+from tformer.models.registry import register
+from tformer.nn.heads import Pooler
+from tformer.nn.inputs import INTEGER_DTYPES
+from tformer.nn.losses import token_cross_entropy
+from tformer.nn.patches import ImageEmbedding
+from tformer.nn.stack import TransformerStack
+
+HEAD_MODULES = ("pooler", "classifier")
+
+
+@register("vision")
+class VisionModel(Model):
+    """Patches + class token + positions (``ImageEmbedding``) -> bidirectional TransformerStack
+    (pre-norm blocks, final norm) -> the pooled vector (``config.pooling``: the class token's, or the
+    mean of the patch tokens') -> the head named by ``config.head``:
+
+    - ``image_classification``: ``classifier``, a Linear to ``num_labels`` logits (Hugging Face's
+      ViTForImageClassification); the loss is the cross-entropy against class ids (-100: ignored)
+    - None: the bare model, whose ``pooler`` (dense + tanh, Hugging Face's ViTModel) gives ``pooled``
+
+    ``image_processor`` (an ``ImageProcessing`` or None) says how uint8 images become ``pixel_values``;
+    checkpoint folders keep it as preprocessor_config.json. ``resize_image`` moves the model to another
+    image size for good; ``forward(..., interpolate_pos_encoding=True)`` runs one batch at another size.
+    """
+
+    head_modules = HEAD_MODULES
+    scaled_residual_init = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.image_processor: Any = None
+        self.embedding = ImageEmbedding(config)
+        self.stack = TransformerStack(config, causal=False, add_positions=False)
+        self.pooler = Pooler(config.d_model) if config.has_pooler else None
+        classifying = config.head == "image_classification"
+        self.classifier = nn.Linear(config.d_model, config.num_labels) if classifying else None
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """The base's, and as Hugging Face's ViT: the patch projection normal(0, initializer_range) with a
+        zero bias, the class token and a learned position table truncated normal(0, initializer_range)."""
+        super().init_weights()
+        std = self.config.initializer_range
+        projection = self.embedding.patches.projection
+        nn.init.normal_(projection.weight, 0.0, std)
+        nn.init.zeros_(projection.bias)
+        nn.init.trunc_normal_(self.embedding.cls_token, 0.0, std)
+        if self.embedding.learned:
+            nn.init.trunc_normal_(self.embedding.position_embeddings, 0.0, std)
+
+    def resize_image(self, image_size: int) -> None:
+        """Read ``image_size`` square images from now on (a multiple of ``patch_size``): the positions
+        become those ``forward(..., interpolate_pos_encoding=True)`` uses at that size, and the config
+        and image processor say the new size. Fine-tune or run at the new resolution after this."""
+        config = self.config.replace(image_size=image_size)  # checks the size
+        self.embedding.resize(image_size)
+        self.config = self.stack.config = config
+        if self.image_processor is not None:
+            self.image_processor = dataclasses.replace(self.image_processor, image_size=image_size)
+
+    def forward(
+        self,
+        pixel_values: Tensor,
+        labels: Tensor | None = None,
+        interpolate_pos_encoding: bool = False,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> VisionOutput:
+        """pixel_values (B, C, H, W), already normalised (``image_processor``); ``labels`` (B,) class
+        ids with the image-classification head. ``interpolate_pos_encoding``: images of another size
+        (a multiple of the patch size) with the positions resampled to their grid. ``attentions`` per
+        layer (B, H, 1 + N, 1 + N) when asked for."""
+        if labels is not None:
+            self._check_labels(labels, pixel_values.shape[0])
+        stack = self.stack(
+            self.embedding(pixel_values, interpolate_pos_encoding),
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
+        hidden = stack.hidden  # (B, 1 + N, D)
+        output = VisionOutput(
+            logits=hidden, attentions=stack.attentions, hidden_states=stack.hidden_states, last_hidden_state=hidden,
+        )
+        pooled = hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1:].mean(dim=1)  # (B, D)
+        if self.pooler is not None:
+            output.pooled = self.pooler(pooled[:, None])  # the pooler reads the first (here: only) vector
+        if self.classifier is not None:
+            output.logits = self.classifier(pooled)  # (B, L)
+            if labels is not None:
+                output.loss = token_cross_entropy(output.logits, labels)
+        return output
+
+    def _check_labels(self, labels: Tensor, batch: int) -> None:
+        if self.classifier is None:
+            raise ValueError("labels given, but head=None reads none (head='image_classification' reads labels)")
+        if tuple(labels.shape) != (batch,) or labels.dtype not in INTEGER_DTYPES:
+            raise ValueError(f"labels must be ({batch},) integer class ids, got shape {tuple(labels.shape)} of "
+                             f"{labels.dtype}")

@@ -69,7 +69,7 @@ def test_the_run_folder_keeps_the_measured_image_processor(trained):
     model = tformer.load(trained / "run")
     processor = model.image_processor
     assert (processor.image_size, processor.num_channels) == (8, 1)
-    pixels = torch.stack([torch.from_numpy(np.asarray(Image.open(path))) for path in sorted(
+    pixels = torch.stack([torch.from_numpy(np.array(Image.open(path))) for path in sorted(
         (trained / "train").rglob("*.png"))]).double() / 255
     assert processor.mean[0] == pytest.approx(pixels.mean().item(), abs=1e-9)
     assert processor.std[0] == pytest.approx(pixels.std(correction=0).item(), abs=1e-9)
@@ -101,7 +101,7 @@ def test_evaluate_writes_the_metrics_and_a_confusion_matrix_with_the_class_names
 def test_classify_prints_the_models_probabilities(trained, capsys):
     model = tformer.load(trained / "run")
     paths = [trained / "test" / kind / "0.png" for kind in SHAPES]
-    pixels = torch.stack([torch.from_numpy(np.asarray(Image.open(path)))[None] for path in paths])
+    pixels = torch.stack([torch.from_numpy(np.array(Image.open(path)))[None] for path in paths])
     with torch.no_grad():
         probabilities = torch.softmax(model(model.image_processor(pixels)).logits, dim=-1)
     capsys.readouterr()

@@ -161,3 +161,21 @@ def test_the_mnist_recipes_are_valid_and_name_the_shared_data(name, dataset, lab
     assert Path(loaded.data.eval) == (SHARED_DATA / dataset / "t10k-images-idx3-ubyte.gz").resolve()
     assert loaded.model.label_names in ((), label_names) and loaded.declared_label_names in (None, label_names)
     assert (loaded.model.image_size, loaded.model.num_channels, loaded.model.num_labels) == (28, 1, 10)
+
+
+def test_bad_images_stop_a_run_before_anything_is_written(tmp_path, capsys):
+    write_folder(tmp_path / "train", per_class=2, seed=0)
+    write_folder(tmp_path / "test", per_class=1, seed=1)
+    (tmp_path / "train" / "dot" / "9.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    recipe_file = tmp_path / "shapes.toml"
+    recipe_file.write_text('[model]\npreset = "vit-mnist"\nimage_size = 8\npatch_size = 4\nd_model = 16\n'
+                           'num_layers = 1\nnum_heads = 2\n\n[data]\ntrain = "train"\neval = "test"\n\n'
+                           '[task]\nname = "image_classification"\n\n[training]\nmax_steps = 2\nbatch_size = 2\n')
+    assert main(["train", str(recipe_file), "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert "train/dot/9.png: not a readable image" in error and error.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "train" / "dot" / "9.png").unlink()
+    Image.fromarray(shape_image("dot", 9, size=10)).save(tmp_path / "test" / "dot" / "big.png")
+    assert main(["train", str(recipe_file), "--out", str(tmp_path / "run")]) == 2
+    assert "is 10 x 10 but" in capsys.readouterr().err and not (tmp_path / "run").exists()

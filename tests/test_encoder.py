@@ -218,7 +218,8 @@ def test_bad_encoder_config_names_the_field(fields, message):
 
 
 def test_encoder_fields_are_refused_by_the_decoder():
-    with pytest.raises(ConfigError, match="head='masked_lm' is a field of the encoder family"):
+    with pytest.raises(ConfigError, match="head='masked_lm' is a field of the encoder, vision families; "
+                                          "architecture='decoder' does not use it"):
         tformer.PRESETS["gpt-nano"].replace(head="masked_lm")
 
 

@@ -110,7 +110,9 @@ def test_registry_finds_the_decoder_and_refuses_unlisted_architectures():
     from tformer.models import DecoderLM, model_class, register
 
     assert model_class(BASE) is DecoderLM
-    with pytest.raises(ValueError, match="architecture 'vision' is not one of decoder"):
+    with pytest.raises(ValueError, match="architecture 'unlisted' is not one of decoder"):
+        register("unlisted")(DecoderLM)
+    with pytest.raises(ValueError, match="architecture 'vision' is already implemented by VisionModel"):
         register("vision")(DecoderLM)
 
 

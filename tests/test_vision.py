@@ -268,3 +268,13 @@ def test_same_labels_load_without_a_warning(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tformer.load(tmp_path / "m", num_labels=5).config.num_labels == 5
+
+
+def test_training_checkpoints_keep_the_image_processing(tmp_path):
+    from tformer.training.checkpoints import write_checkpoint
+
+    model = VisionModel(tiny()).eval()
+    processing = ImageProcessing(16, 3, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
+    write_checkpoint(tmp_path / "step", model.config, model.state_dict(), None, None, {"step": 1},
+                     image_processor=processing)
+    assert tformer.load(tmp_path / "step").image_processor == processing

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tformer.errors import TformerError
 
-COMMANDS = ["convert", "demo", "evaluate", "generate", "info", "plot", "predict", "tokenize", "tokenizer", "train"]
+COMMANDS = ["classify", "convert", "demo", "evaluate", "generate", "info", "plot", "predict", "tokenize", "tokenizer",
+            "train"]
 
 
 class UsageError(TformerError):

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("folder", metavar="RUN",
                         help="a run folder (with recipe.toml), or a checkpoint folder inside one")
-    parser.add_argument("--data", required=True, help="the file to evaluate on, in the format of the run's data")
+    parser.add_argument("--data", required=True,
+                        help="the file (or image folder) to evaluate on, in the format of the run's data")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
     parser.add_argument("--batch-size", type=int, help="rows per forward pass (default: the recipe's batch size)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
@@ -77,13 +78,17 @@ def run(args: argparse.Namespace) -> int:
 
     folder = Path(args.folder)
     data_file = Path(args.data)
-    if not data_file.is_file():
-        raise UsageError(f"--data {data_file}: no such file")
+    if not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder
+        raise UsageError(f"--data {data_file}: no such file or folder")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
     recipe = run_recipe(folder)
     model = tformer.load(folder, device="cpu")
-    if model.tokenizer is None:
+    if model.config.architecture == "vision":
+        if getattr(model, "image_processor", None) is None:
+            raise UsageError(f"{folder}: the model folder has no preprocessor_config.json (the normalisation its "
+                             "weights were trained with)")
+    elif model.tokenizer is None:
         raise UsageError(f"{folder}: the model folder has no tokenizer to read --data with")
     data = dataclasses.replace(recipe.data, train=str(data_file), eval=str(data_file), eval_fraction=0.0,
                                tokenizer="char")  # "char": none named; the model's own tokenizer reads the data

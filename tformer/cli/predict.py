@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if model.config.architecture != "encoder" or head not in HEADS:
         raise UsageError(f"{args.model}: predict reads an encoder's task head ({', '.join(HEADS)}); this model is "
                          f"architecture={model.config.architecture!r}, head={head!r}"
-                         + (" (tformer generate continues a prompt)" if model.config.architecture == "decoder" else ""))
+                         + {"decoder": " (tformer generate continues a prompt)",
+                            "vision": " (tformer classify labels images)"}.get(model.config.architecture, ""))
     if model.tokenizer is None:
         raise UsageError(f"{args.model}: the model folder has no tokenizer")
     if head == "question_answering":

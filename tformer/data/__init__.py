@@ -1,11 +1,13 @@
 """Data for training: corpora (``corpus``), language-model batches (``lm``), token files (``token_file``:
 a tokenized corpus on disk, memory-mapped by the training loop), labelled-data readers (``classification``:
-TSV/CSV/JSONL, ``conll``: tag files, ``squad``: SQuAD v1.1 JSON), masked-LM inputs (``masking``) and
-encoder pretraining rows (``pretraining``: next-sentence pairs, packing)."""
+TSV/CSV/JSONL, ``conll``: tag files, ``squad``: SQuAD v1.1 JSON), masked-LM inputs (``masking``),
+encoder pretraining rows (``pretraining``: next-sentence pairs, packing), labelled images (``images``: idx files,
+image folders, .npz arrays) and a vision model's pixel normalisation (``image_processing``)."""
 
 from tformer.data.classification import ClassificationData, ClassificationExample, read_classification
 from tformer.data.conll import ConllData, TaggedSentence, read_conll
 from tformer.data.files import DataFileError
+from tformer.data.images import FASHION_MNIST_LABELS, ImageData, read_images
 from tformer.data.squad import SquadAnswer, SquadData, SquadExample, read_squad
 from tformer.data.token_file import (
     TokenFileError,
@@ -16,7 +18,7 @@ from tformer.data.token_file import (
     tokenize_files,
 )
 
-__all__ = ["ClassificationData", "ClassificationExample", "ConllData", "DataFileError", "SquadAnswer",
-           "SquadData", "SquadExample", "TaggedSentence", "TokenFileError", "TokenFileWriter",
-           "read_classification", "read_conll", "read_squad", "read_token_file", "read_token_header", "token_dtype",
-           "tokenize_files"]
+__all__ = ["FASHION_MNIST_LABELS", "ClassificationData", "ClassificationExample", "ConllData", "DataFileError",
+           "ImageData", "SquadAnswer", "SquadData", "SquadExample", "TaggedSentence", "TokenFileError",
+           "TokenFileWriter", "read_classification", "read_conll", "read_images", "read_squad", "read_token_file",
+           "read_token_header", "token_dtype", "tokenize_files"]

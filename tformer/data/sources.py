@@ -20,7 +20,8 @@ from tformer.errors import TformerError
 from tformer.tokenizers import CharTokenizer
 from tformer.tokenizers import load as load_tokenizer
 
-DATA_FORMATS = ("auto", "text", "tokens", "npy", "tsv", "csv", "jsonl")  # the last three: classification
+DATA_FORMATS = ("auto", "text", "tokens", "npy", "tsv", "csv", "jsonl", "idx", "image_folder", "npz")
+# tsv, csv, jsonl: classification; idx, image_folder, npz: image classification (tformer.data.images)
 
 
 class DataError(TformerError):
@@ -33,7 +34,8 @@ class DataConfig:
     ``eval_fraction`` of ``train`` is held out, as nanoGPT splits), the file ``format`` and
     the ``tokenizer`` ("char" to learn one from the text, or a tokenizer file: tokenizer.json,
     BERT's vocab.txt). For the encoder's tasks: ``columns`` names the columns of a TSV/CSV file
-    without a header row, and ``skip_bad`` leaves out (and counts) bad rows instead of stopping."""
+    without a header row, and ``skip_bad`` leaves out (and counts) bad rows instead of stopping. For
+    image classification ``train`` and ``eval`` are idx images files, image folders or .npz files."""
 
     train: str = ""
     eval: str | None = None
@@ -57,8 +59,11 @@ class DataConfig:
         """Fail now, before any work, if a named file is missing."""
         for key in ("train", "eval"):
             path = getattr(self, key)
-            if path is not None and not Path(path).is_file():
-                raise DataError(f"data.{key}: {path}: no such file")
+            if path is None:
+                continue
+            folder_allowed = self.format in ("auto", "image_folder")  # an image folder is a folder
+            if not (Path(path).is_file() or (folder_allowed and Path(path).is_dir())):
+                raise DataError(f"data.{key}: {path}: no such file" + (" or folder" if folder_allowed else ""))
         if self.tokenizer != "char" and not Path(self.tokenizer).exists():
             raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use \"char\" or a tokenizer.json path)")
 

@@ -76,7 +76,10 @@ class Recipe:
         return dataclasses.replace(self, model=model)
 
     def with_vocab_size(self, vocab_size: int | None) -> Recipe:
-        """The recipe with the model's vocabulary fixed: the recipe's own value, else the tokenizer's."""
+        """The recipe with the model's vocabulary fixed: the recipe's own value, else the tokenizer's (a
+        vision model reads pixels: it has none to fix)."""
+        if self.model.architecture == "vision" and vocab_size is None:
+            return self
         if self.vocab_size_given:
             if vocab_size is not None and vocab_size > self.model.vocab_size:
                 raise RecipeError(

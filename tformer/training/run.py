@@ -53,7 +53,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         tokenizer = f" ({type(data.tokenizer).__name__}, {data.vocab_size} tokens)" if data.tokenizer else ""
         say(f"data       {data.description}{tokenizer}")
         say(f"model      {recipe.model.architecture}: {model.num_parameters():,} parameters, "
-            f"{recipe.model.num_layers} layers, width {recipe.model.d_model}, context {recipe.model.max_seq_len}")
+            f"{recipe.model.num_layers} layers, width {recipe.model.d_model}, {_reads(recipe.model)}")
         trainer = Trainer(model, config, task, out_dir=out, progress=progress, overwrite=overwrite)
         rows = f"{config.batch_size} x {task.units_per_row}" if task.units_per_row > 1 else f"{config.batch_size}"
         say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
@@ -104,3 +104,11 @@ def _threads(trainer: Trainer) -> str:
     if trainer.thread_tuner is not None:
         return f" with 1 or {count} threads (whichever is faster, measured as it runs)"
     return f" with {count} thread{'s' if count > 1 else ''}"
+
+
+def _reads(config) -> str:
+    """What a model reads, for its line in the log: its context, or its images and patches."""
+    if config.architecture == "vision":
+        return (f"images {config.num_channels} x {config.image_size} x {config.image_size} in {config.patch_size} x "
+                f"{config.patch_size} patches")
+    return f"context {config.max_seq_len}"

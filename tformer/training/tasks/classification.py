@@ -45,13 +45,42 @@ def encode_texts(tokenizer, data: ClassificationData, seq_len: int) -> tuple[Row
     return pad_rows(sequences, per_row, padding={"input_ids": tokenizer.pad_token_id or 0}), truncated
 
 
-class SequenceClassification(ExampleTask):
+class LabelEvaluation:
+    """The evaluation of single-label classification over ``label_names``, for an ExampleTask whose
+    batches hold ``labels`` (B,) and the model's inputs: the loss and a confusion matrix summed as one
+    count per cell (so totals add up over batches and processes), finalised into accuracy and macro F1;
+    ``confusion`` keeps the last evaluation's matrix for a plot."""
+
+    metrics = ("eval_loss", "eval_accuracy", "eval_f1")
+    label_names: tuple[str, ...]
+    confusion: np.ndarray | None = None
+
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
+        weights, labels = batch[EVAL_WEIGHTS], batch["labels"]
+        logits = model(**model_inputs(batch, "labels")).logits.float()  # (B, L)
+        losses = nn.functional.cross_entropy(logits, labels, reduction="none")
+        num_labels = len(self.label_names)
+        cells = torch.bincount(labels * num_labels + logits.argmax(dim=-1), weights=weights,
+                               minlength=num_labels * num_labels)
+        sums: dict[str, Tensor | float] = {"loss": (losses * weights).sum().double(), "rows": weights.sum()}
+        sums.update({f"confusion/{cell}": count for cell, count in enumerate(cells)})
+        return sums
+
+    def finalise(self, totals: dict[str, float]) -> dict[str, float]:
+        num_labels = len(self.label_names)
+        cells = [round(totals[f"confusion/{cell}"]) for cell in range(num_labels * num_labels)]
+        self.confusion = np.asarray(cells, dtype=np.int64).reshape(num_labels, num_labels)
+        scores = classification_scores(self.confusion, self.label_names)
+        return {"eval_loss": totals["loss"] / totals["rows"], "eval_accuracy": scores.accuracy,
+                "eval_f1": scores.macro_f1}
+
+
+class SequenceClassification(LabelEvaluation, ExampleTask):
     """Single-label classification of ``train`` (and ``evaluation``) examples, tokenized by
     ``tokenizer`` to at most ``seq_len`` tokens; the model's head is ``sequence_classification``
     with as many labels as ``train.label_names``."""
 
     name = "classification"
-    metrics = ("eval_loss", "eval_accuracy", "eval_f1")
 
     def __init__(self, train: ClassificationData, evaluation: ClassificationData | None, tokenizer, *,
                  seq_len: int = 128) -> None:
@@ -109,24 +138,6 @@ class SequenceClassification(ExampleTask):
                                 f"the model's num_labels is {model_config.num_labels}")
         self.check_model_fits(model, self.tokenizer, self.seq_len)
 
-    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
-        weights, labels = batch[EVAL_WEIGHTS], batch["labels"]
-        logits = model(**model_inputs(batch, "labels")).logits.float()  # (B, L)
-        losses = nn.functional.cross_entropy(logits, labels, reduction="none")
-        num_labels = len(self.label_names)
-        cells = torch.bincount(labels * num_labels + logits.argmax(dim=-1), weights=weights,
-                               minlength=num_labels * num_labels)
-        sums: dict[str, Tensor | float] = {"loss": (losses * weights).sum().double(), "rows": weights.sum()}
-        sums.update({f"confusion/{cell}": count for cell, count in enumerate(cells)})
-        return sums
-
-    def finalise(self, totals: dict[str, float]) -> dict[str, float]:
-        num_labels = len(self.label_names)
-        cells = [round(totals[f"confusion/{cell}"]) for cell in range(num_labels * num_labels)]
-        self.confusion = np.asarray(cells, dtype=np.int64).reshape(num_labels, num_labels)
-        scores = classification_scores(self.confusion, self.label_names)
-        return {"eval_loss": totals["loss"] / totals["rows"], "eval_accuracy": scores.accuracy,
-                "eval_f1": scores.macro_f1}
 
 
 def _split(data: ClassificationData, fraction: float) -> tuple[ClassificationData, ClassificationData]:

@@ -9,6 +9,7 @@ from tformer.data.sources import DataConfig
 from tformer.training.config import TrainingError
 from tformer.training.tasks.base import Task, TaskData
 from tformer.training.tasks.classification import SequenceClassification
+from tformer.training.tasks.image_classification import ImageClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
@@ -20,6 +21,7 @@ TASKS: dict[str, type[Task]] = {
     "classification": SequenceClassification,
     "token_classification": TokenClassification,
     "span_qa": SpanQuestionAnswering,
+    "image_classification": ImageClassification,
 }
 # The [task] settings that belong to one task; set for another, they are refused rather than ignored.
 TASK_OPTIONS = {
@@ -28,14 +30,19 @@ TASK_OPTIONS = {
     "doc_stride": ("span_qa",),
     "max_answer_length": ("span_qa",),
     "n_best": ("span_qa",),
+    "crop_padding": ("image_classification",),
+    "horizontal_flip": ("image_classification",),
+    "image_mean": ("image_classification",),
+    "image_std": ("image_classification",),
 }
-# The [data] settings each task reads besides train, eval, eval_fraction and tokenizer.
+# The [data] settings each task reads besides train, eval and eval_fraction.
 DATA_OPTIONS = {
-    "lm": {"format": ("auto", "text", "tokens", "npy")},
-    "mlm": {"format": ("auto", "text")},
-    "classification": {"format": ("auto", "tsv", "csv", "jsonl"), "columns": True, "skip_bad": True},
-    "token_classification": {"format": ("auto",), "skip_bad": True},
-    "span_qa": {"format": ("auto",), "skip_bad": True},
+    "lm": {"format": ("auto", "text", "tokens", "npy"), "tokenizer": True},
+    "mlm": {"format": ("auto", "text"), "tokenizer": True},
+    "classification": {"format": ("auto", "tsv", "csv", "jsonl"), "tokenizer": True, "columns": True, "skip_bad": True},
+    "token_classification": {"format": ("auto",), "tokenizer": True, "skip_bad": True},
+    "span_qa": {"format": ("auto",), "tokenizer": True, "skip_bad": True},
+    "image_classification": {"format": ("auto", "idx", "image_folder", "npz")},
 }
 
 
@@ -43,8 +50,8 @@ DATA_OPTIONS = {
 class TaskConfig:
     """The ``[task]`` section of a recipe: which task trains the model (``lm``: next-token language
     modelling, the default; ``mlm``: masked LM, + next-sentence pairs with the ``pretraining`` head;
-    ``classification``, ``token_classification``, ``span_qa``: an encoder's fine-tuning tasks) and
-    the settings of that task."""
+    ``classification``, ``token_classification``, ``span_qa``: an encoder's fine-tuning tasks;
+    ``image_classification``: a vision model's) and the settings of that task."""
 
     name: str = "lm"
     mask_probability: float = 0.15  # mlm: the share of tokens chosen (80% [MASK], 10% random, 10% kept)
@@ -52,6 +59,10 @@ class TaskConfig:
     doc_stride: int = 128  # span_qa: tokens shared by consecutive windows of a long context
     max_answer_length: int = 30  # span_qa: the longest answer predicted, in tokens
     n_best: int = 20  # span_qa: start and end candidates per window
+    crop_padding: int = 0  # image_classification: random translation by up to this many pixels (zero padding)
+    horizontal_flip: bool = False  # image_classification: mirror half the training images (not for digits)
+    image_mean: tuple[float, ...] | None = None  # image_classification: per channel, on 0..1 pixels; None: measured
+    image_std: tuple[float, ...] | None = None  # image_classification: per channel; set with image_mean
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:
@@ -65,6 +76,15 @@ class TaskConfig:
         for key in ("doc_stride", "max_answer_length", "n_best"):
             if getattr(self, key) < 1:
                 raise TrainingError(f"task.{key}={getattr(self, key)} must be a positive integer")
+        if self.crop_padding < 0:
+            raise TrainingError(f"task.crop_padding={self.crop_padding} must be 0 (no augmentation) or more pixels")
+        for key in ("image_mean", "image_std"):
+            values = getattr(self, key)
+            if values is not None:
+                object.__setattr__(self, key, tuple(values))
+        if (self.image_mean is None) != (self.image_std is None):
+            raise TrainingError("task.image_mean and task.image_std are set together (or neither: measured on the "
+                                "training images)")
 
 
 def check_data_options(task: str, data: DataConfig) -> None:
@@ -74,7 +94,7 @@ def check_data_options(task: str, data: DataConfig) -> None:
         raise TrainingError(f"data.format={data.format!r} is not read by the {task} task; it reads "
                             f"{', '.join(allowed['format'])}")
     defaults = DataConfig.__dataclass_fields__
-    for key in ("columns", "skip_bad"):
+    for key in ("tokenizer", "columns", "skip_bad"):
         if getattr(data, key) != defaults[key].default and key not in allowed:
             raise TrainingError(f"data.{key} is not read by the {task} task")
 

@@ -58,12 +58,11 @@ def test_head_fusions():
         attention_rollout([])
 
 
-def test_patch_map_reads_the_class_row_or_the_mean_of_rows():
+def test_patch_map_reads_the_class_row_or_the_mean_of_the_patch_rows():
     matrix = torch.arange(2 * 5 * 5, dtype=torch.float).reshape(2, 5, 5)
     torch.testing.assert_close(patch_map(matrix, (2, 2)), matrix[:, 0, 1:].reshape(2, 2, 2))
-    mean_pooled = torch.arange(2 * 4 * 4, dtype=torch.float).reshape(2, 4, 4)
-    torch.testing.assert_close(patch_map(mean_pooled, (2, 2), class_token=False), mean_pooled.mean(1).reshape(2, 2, 2))
-    with pytest.raises(TformerError, match="5 tokens do not make a 3 x 3 patch grid and a class token"):
+    torch.testing.assert_close(patch_map(matrix, (2, 2), "mean")[0, 0, 0], matrix[0, 1:, 1].mean())
+    with pytest.raises(TformerError, match="5 tokens are not a class token and a 3 x 3 patch grid"):
         patch_map(matrix, (3, 3))
 
 

@@ -27,40 +27,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     import torch
 
-    import tformer
     from tformer.cli import UsageError
-    from tformer.data.images import image_tensor, open_image
 
     if args.top_k < 1:
         raise UsageError(f"--top-k {args.top_k} must be a positive integer")
-    for path in args.images:
-        if not Path(path).is_file():
-            raise UsageError(f"{path}: no such file")
-    model = tformer.load(args.model)
+    model = load_classifier(args.model)
+    pixels = read_model_images(args.images, model.image_processor)  # uint8 (N, C, H, W)
     config = model.config
-    if config.architecture != "vision" or config.head != "image_classification":
-        raise UsageError(f"{args.model}: classify reads a vision model with head 'image_classification'; this model "
-                         f"is architecture={config.architecture!r}, head={config.head!r}")
-    processor = getattr(model, "image_processor", None)
-    if processor is None:
-        raise UsageError(f"{args.model}: the model folder has no preprocessor_config.json (the normalisation its "
-                         "weights were trained with)")
-    size = processor.image_size
-    pixels = []
-    for path in args.images:  # every image is read before any is classified: a bad one stops the command first
-        image = open_image(path)
-        if (image.height, image.width) != (size, size):
-            warnings.warn(f"{path}: {image.height} x {image.width} resized to the model's {size} x {size}",
-                          stacklevel=2)
-        pixels.append(image_tensor(image, processor.num_channels, (size, size)))
     names = config.label_names or tuple(f"LABEL_{index}" for index in range(config.num_labels))
     top_k = min(args.top_k, config.num_labels)
     for start in range(0, len(pixels), CHUNK):
-        batch = processor(torch.stack(pixels[start : start + CHUNK]))  # (B, C, H, W) float32
+        batch = model.image_processor(pixels[start : start + CHUNK])  # (B, C, H, W) float32
         with torch.inference_mode():
             probabilities = torch.softmax(model(batch).logits.float(), dim=-1)  # (B, L)
         values, indices = probabilities.topk(top_k, dim=-1)
@@ -71,3 +50,44 @@ def run(args: argparse.Namespace) -> int:
             line = ", ".join(f"{label['label']} ({label['probability']:.3f})" for label in labels)
             print(json.dumps({"image": path, "labels": labels}, ensure_ascii=False) if args.json else f"{line}\t{path}")
     return 0
+
+
+def load_classifier(folder: str):
+    """The vision model with an image-classification head in ``folder``, with its image processor;
+    a UsageError naming what the folder holds otherwise."""
+    import tformer
+    from tformer.cli import UsageError
+
+    model = tformer.load(folder)
+    config = model.config
+    if config.architecture != "vision" or config.head != "image_classification":
+        raise UsageError(f"{folder}: a vision model with head 'image_classification' is needed; this model "
+                         f"is architecture={config.architecture!r}, head={config.head!r}")
+    if getattr(model, "image_processor", None) is None:
+        raise UsageError(f"{folder}: the model folder has no preprocessor_config.json (the normalisation its "
+                         "weights were trained with)")
+    return model
+
+
+def read_model_images(paths: list[str], processor):
+    """uint8 (N, C, H, W): every image decoded (all before any is used: a bad one stops the command
+    first), converted to the processor's channels and resized to its size with a warning."""
+    import warnings
+
+    import torch
+
+    from tformer.cli import UsageError
+    from tformer.data.images import image_tensor, open_image
+
+    for path in paths:
+        if not Path(path).is_file():
+            raise UsageError(f"{path}: no such file")
+    size = processor.image_size
+    pixels = []
+    for path in paths:
+        image = open_image(path)
+        if (image.height, image.width) != (size, size):
+            warnings.warn(f"{path}: {image.height} x {image.width} resized to the model's {size} x {size}",
+                          stacklevel=2)
+        pixels.append(image_tensor(image, processor.num_channels, (size, size)))
+    return torch.stack(pixels)

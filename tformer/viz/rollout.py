@@ -3,7 +3,7 @@ last-layer attention and the similarity of learned position embeddings (the ViT 
 as tensors and as PNGs.
 
 Every function takes what a model returns with ``output_attentions=True``: one (B, H, T, T) tensor
-per layer, T = 1 + number of patches with a class token first, or the patches alone.
+per layer, T = 1 + number of patches, the class token first (a mean-pooled model has it too).
 """
 
 from __future__ import annotations
@@ -51,15 +51,14 @@ def attention_rollout(attentions: Sequence[Tensor], head_fusion: str = "mean", r
     return rollout
 
 
-def patch_map(matrix: Tensor, grid: tuple[int, int], class_token: bool = True) -> Tensor:
-    """(B, T, T) token-to-token weights -> (B, rows, columns) over the patch grid: the class token's
-    row over the patches (``class_token``), or, for a mean-pooled model, the mean of all rows."""
+def patch_map(matrix: Tensor, grid: tuple[int, int], pooling: str = "cls") -> Tensor:
+    """(B, 1 + N, 1 + N) token-to-token weights -> (B, rows, columns) over the patch grid: what the
+    pooled vector draws from each patch: the class token's row (``pooling="cls"``), or the mean of
+    the patches' rows (``"mean"``)."""
     rows, columns = grid
-    num_patches = matrix.shape[-1] - (1 if class_token else 0)
-    if num_patches != rows * columns:
-        raise TformerError(f"{matrix.shape[-1]} tokens do not make a {rows} x {columns} patch grid"
-                           f"{' and a class token' if class_token else ''}")
-    weights = matrix[:, 0, 1:] if class_token else matrix.mean(dim=1)  # (B, N)
+    if matrix.shape[-1] != 1 + rows * columns:
+        raise TformerError(f"{matrix.shape[-1]} tokens are not a class token and a {rows} x {columns} patch grid")
+    weights = matrix[:, 0, 1:] if pooling == "cls" else matrix[:, 1:, 1:].mean(dim=1)  # (B, N)
     return weights.reshape(-1, rows, columns)
 
 

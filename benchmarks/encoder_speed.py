@@ -22,7 +22,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tformer  # noqa: E402
+from benchmarks.timing import interleaved  # noqa: E402
 
 BATCH, LENGTH = 32, 128
 
@@ -70,14 +70,6 @@ def train_step(model, optimizer, inputs) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def timed(function, steps: int) -> float:
-    """Seconds per call, over ``steps`` calls."""
-    started = time.perf_counter()
-    for _ in range(steps):
-        function()
-    return (time.perf_counter() - started) / steps
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -115,16 +107,9 @@ def main() -> None:
 
         work["infer", side] = infer
 
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in work}
     print(f"bert-mini, batch {BATCH}, sequence {LENGTH}, float32, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}")
-    for function in work.values():  # warm-up
-        function()
-    for round_index in range(args.rounds):
-        for key, function in work.items():
-            times[key].append(timed(function, args.steps))
-        print(f"round {round_index + 1}: " + ", ".join(f"{k}/{s} {t[-1] * 1000:.0f} ms" for (k, s), t in times.items()),
-              flush=True)
+    times = interleaved(work, args.rounds, args.steps)
     for kind in ("mlm", "mlm-sparse", "classify", "infer"):
         hf = statistics.median(times["mlm" if kind == "mlm-sparse" else kind, "hf"])
         ours = statistics.median(times[kind, "tformer"])

@@ -18,7 +18,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tformer  # noqa: E402
+from benchmarks.timing import interleaved  # noqa: E402
 from tformer.config import resolve_config  # noqa: E402
 
 BATCH = 128
@@ -49,14 +49,6 @@ def pair(preset: str, folder: Path):
         warnings.simplefilter("ignore")
         ours = tformer.load(folder)
     return reference, ours
-
-
-def timed(function, steps: int) -> float:
-    """Seconds per call, over ``steps`` calls."""
-    started = time.perf_counter()
-    for _ in range(steps):
-        function()
-    return (time.perf_counter() - started) / steps
 
 
 def main() -> None:
@@ -101,14 +93,7 @@ def main() -> None:
     print(f"{args.preset}: {config.image_size} x {config.image_size} x {config.num_channels}, "
           f"patch {config.patch_size}, width {config.d_model}, {config.num_layers} layers; batch {BATCH}, float32, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}; same logits to {difference:.1e}")
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in work}
-    for function in work.values():  # warm-up
-        function()
-    for round_index in range(args.rounds):
-        for key, function in work.items():
-            times[key].append(timed(function, args.steps))
-        print(f"round {round_index + 1}: " + ", ".join(f"{k}/{s} {t[-1] * 1000:.0f} ms" for (k, s), t in times.items()),
-              flush=True)
+    times = interleaved(work, args.rounds, args.steps)
     for kind in ("train", "infer"):
         hf, ours = statistics.median(times[kind, "hf"]), statistics.median(times[kind, "tformer"])
         if kind == "infer":

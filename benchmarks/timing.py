@@ -1,0 +1,30 @@
+"""Interleaved timing for the speed benchmarks: every measurement runs once per round, round after
+round, so a noisy neighbour slows both sides of a comparison alike; report the medians."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+
+
+def timed(function: Callable[[], object], steps: int) -> float:
+    """Seconds per call, over ``steps`` calls."""
+    started = time.perf_counter()
+    for _ in range(steps):
+        function()
+    return (time.perf_counter() - started) / steps
+
+
+def interleaved(work: dict[Hashable, Callable[[], object]], rounds: int, steps: int) -> dict[Hashable, list[float]]:
+    """Each function's seconds per call in every round (``steps`` calls a round), after one warm-up
+    call each; a line per round as it ends."""
+    times: dict[Hashable, list[float]] = {key: [] for key in work}
+    for function in work.values():
+        function()
+    for round_index in range(rounds):
+        for key, function in work.items():
+            times[key].append(timed(function, steps))
+        print(f"round {round_index + 1}: " + ", ".join(f"{'/'.join(map(str, key)) if isinstance(key, tuple) else key} "
+                                                      f"{seconds[-1] * 1000:.0f} ms" for key, seconds in times.items()),
+              flush=True)
+    return times

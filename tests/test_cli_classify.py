@@ -145,7 +145,7 @@ def test_classify_errors_are_one_line(trained, tmp_path, capsys):
     decoder = tmp_path / "decoder"
     tformer.build_model("gpt-nano", vocab_size=16, max_seq_len=8).save(decoder)
     assert main(["classify", str(decoder), str(trained / "test" / "dot" / "0.png")]) == 2
-    assert "classify reads a vision model with head 'image_classification'" in capsys.readouterr().err
+    assert "a vision model with head 'image_classification' is needed" in capsys.readouterr().err
     assert main(["predict", run, "--text", "a dot"]) == 2
     assert "(tformer classify labels images)" in capsys.readouterr().err
 

@@ -64,6 +64,8 @@ def test_patch_map_reads_the_class_row_or_the_mean_of_the_patch_rows():
     torch.testing.assert_close(patch_map(matrix, (2, 2), "mean")[0, 0, 0], matrix[0, 1:, 1].mean())
     with pytest.raises(TformerError, match="5 tokens are not a class token and a 3 x 3 patch grid"):
         patch_map(matrix, (3, 3))
+    with pytest.raises(TformerError, match="pooling='max' is not one of cls, mean"):
+        patch_map(matrix, (2, 2), "max")
 
 
 def test_upsampled_maps_span_zero_to_one():

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tformer.config import POOLINGS
 from tformer.errors import TformerError
 from tformer.viz.figures import pyplot, save_figure
 
@@ -55,6 +56,8 @@ def patch_map(matrix: Tensor, grid: tuple[int, int], pooling: str = "cls") -> Te
     """(B, 1 + N, 1 + N) token-to-token weights -> (B, rows, columns) over the patch grid: what the
     pooled vector draws from each patch: the class token's row (``pooling="cls"``), or the mean of
     the patches' rows (``"mean"``)."""
+    if pooling not in POOLINGS:
+        raise TformerError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}")
     rows, columns = grid
     if matrix.shape[-1] != 1 + rows * columns:
         raise TformerError(f"{matrix.shape[-1]} tokens are not a class token and a {rows} x {columns} patch grid")

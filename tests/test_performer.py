@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from tformer.nn.attention import attention_reference
 from tformer.nn.performer import PerformerProjection, performer_attention, random_features
@@ -269,9 +270,27 @@ def test_projection_state_dict_round_trip():
         target()
     assert not torch.equal(source.projection, before)
     assert torch.equal(target.projection, source.projection)
-    wrapped = torch.nn.ModuleDict({"layer": PerformerProjection(8, 4, redraw_interval=4)})
-    wrapped.load_state_dict({f"layer.{name}": t for name, t in source.state_dict().items()})
-    assert wrapped["layer"]._steps is None and wrapped["layer"].steps_since_redraw.item() == 1
+
+
+@pytest.mark.parametrize("loader", ["load_state_dict", "set_model_state_dict"])
+def test_a_loaded_counter_is_the_one_counted_on(loader):
+    """A layer inside a model, loaded the way checkpoints (load_state_dict) and resumes
+    (torch.distributed.checkpoint's set_model_state_dict) load it, counts on from the loaded step."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    source = PerformerProjection(8, 4, redraw_interval=4)
+    for _ in range(3):
+        source()
+    model = nn.ModuleDict({"layer": PerformerProjection(8, 4, redraw_interval=4)})
+    state = {f"layer.{name}": tensor for name, tensor in source.state_dict().items()}
+    if loader == "load_state_dict":
+        model.load_state_dict(state)
+    else:
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    loaded = model["layer"].projection.clone()
+    assert torch.equal(loaded, source.projection)
+    assert torch.equal(model["layer"](), loaded)  # the 4th step of this projection
+    assert not torch.equal(model["layer"](), loaded)  # the 5th: a new one
 
 
 # ---- refusals -----------------------------------------------------------------------------

@@ -133,6 +133,8 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
         carried_max = running[..., 0]
         state = values.new_zeros(batch, kv_heads, num_features, values.shape[-1])
         normaliser = values.new_zeros(batch, kv_heads, num_features)
+    size = min(chunk_size, q_len)
+    below = torch.ones(size, size, dtype=torch.bool, device=k_logits.device).tril()  # key j <= query i
     outputs = []
     for start in range(0, q_len, chunk_size):
         stop = min(start + chunk_size, q_len)
@@ -143,7 +145,7 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
         q_chunk = q_features[..., start:stop, :]  # (B, Hkv, G, c, M)
         # Within the chunk: key j for query i, rescaled from level j to level i (<= 1 for j <= i), 0 above.
         decay = torch.exp((level[..., None, :] - level[..., :, None]).clamp(max=0))  # (B, Hkv, c, c)
-        decay = decay * torch.ones(stop - start, stop - start, dtype=torch.bool, device=decay.device).tril()
+        decay = decay * below[: stop - start, : stop - start]
         scores = (q_chunk @ k_features.transpose(-2, -1).unsqueeze(2)) * decay.unsqueeze(2)  # (B, Hkv, G, c, c)
         # The state, brought from the carried level to each query's level.
         q_carry = q_chunk * torch.exp((carried_max[..., None] - level).clamp(max=0))[:, :, None, :, None]

@@ -1,0 +1,260 @@
+"""Performer attention (FAVOR+, Choromanski et al. 2021): softmax attention estimated with positive
+random features, in time and memory linear in sequence length.
+
+Softmax attention weighs key j for query i by exp(q_i . k_j * scale). With q' = q * scale**0.5 and
+k' = k * scale**0.5, exp(q' . k') = E_w[exp(w . q' - |q'|^2 / 2) exp(w . k' - |k'|^2 / 2)] for
+w ~ N(0, I), and every term is positive. Stacking M draws of w as the rows of ``projection`` (M, Dh)
+gives features phi(x) = exp(x W^T - |x|^2 / 2) (M per position) and the estimate
+
+    out_i = phi(q_i) (sum_j phi(k_j)^T v_j) / phi(q_i) (sum_j phi(k_j)^T)
+
+which never forms the (Tq, Tk) matrix: O(T M Dh) time, and no memory quadratic in T. Orthogonal rows
+(Gaussian blocks orthogonalised, each row rescaled to a chi-distributed norm so it is still marginally
+N(0, I)) give the same expectation with a lower variance.
+
+Stability: a factor shared by all features of one query, or by all keys a query sees, cancels between
+the numerator and the normaliser. So query features are exp(logit - max over that query's features)
+(which also drops -|q|^2 / 2 and the usual 1 / sqrt(M)), and key features are exp(logit - a running
+max over keys): the max over all valid keys of a sequence and head when not causal, and in the causal
+case the max over keys up to the current position (a cumulative max, so no output ever depends on a
+later key). Every feature is then at most 1: nothing overflows, whatever the scale of q and k. The
+stabilisers are constants to autograd (the output does not depend on them).
+
+Causal attention runs as a scan over query chunks: the state sum_j phi(k_j)^T v_j (M, Dh) and its
+normaliser carry the past, each chunk adds its own keys exactly (a masked (chunk, chunk) product).
+The forward pass keeps O(chunk^2 + M Dh) per (batch, head) alive; autograd keeps one state per chunk,
+so training holds (T / chunk) M Dh per head instead of the T M Dh of a cumulative sum.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def random_features(
+    num_features: int,
+    head_dim: int,
+    *,
+    orthogonal: bool = True,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """A projection (M, Dh) whose rows are each distributed N(0, I).
+
+    ``orthogonal``: rows come in blocks of ``head_dim`` mutually orthogonal directions (QR of a
+    Gaussian matrix, signs fixed so the rotation is uniformly distributed), each row scaled by the norm
+    of an independent Gaussian vector (a chi(Dh) length). Otherwise the rows are i.i.d. Gaussian.
+    Drawn on the CPU in float32 from ``generator`` (torch's global RNG when None), then cast to ``dtype``.
+    """
+    _check_count("num_features", num_features)
+    _check_count("head_dim", head_dim)
+    if not orthogonal:
+        return torch.randn(num_features, head_dim, generator=generator).to(dtype)
+    num_blocks = -(-num_features // head_dim)
+    gaussian = torch.randn(num_blocks, head_dim, head_dim, generator=generator)
+    rotations, triangular = torch.linalg.qr(gaussian)  # columns orthonormal
+    rotations = rotations * torch.sign(torch.diagonal(triangular, dim1=-2, dim2=-1)).unsqueeze(-2)
+    directions = rotations.transpose(-2, -1).reshape(num_blocks * head_dim, head_dim)[:num_features]
+    lengths = torch.randn(num_features, head_dim, generator=generator).norm(dim=-1, keepdim=True)
+    return (directions * lengths).to(dtype)
+
+
+def performer_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    projection: Tensor,
+    *,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    scale: float | None = None,
+    chunk_size: int = 64,
+) -> Tensor:
+    """FAVOR+ estimate of ``softmax(q k^T * scale) v``.
+
+    q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), Hkv dividing H (grouped / multi-query
+    heads share their key/value head's state). projection: (M, Dh), see ``random_features``.
+    key_padding_mask: bool (B, Tk), True = attend; padded keys contribute nothing, and a query that sees
+    no key at all gets zeros. ``causal`` with Tq < Tk: the queries are the last Tq positions (a block
+    continuing a key/value cache). ``chunk_size``: query positions per step of the causal scan.
+    Returns (B, H, Tq, Dv) in q's dtype; features are computed in float32 (or float64 for float64 input).
+    """
+    _check_inputs(q, k, v, projection, causal, key_padding_mask, scale, chunk_size)
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    scale = head_dim ** -0.5 if scale is None else scale
+    compute = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(q.device.type, enabled=False):
+        weights = projection.to(device=q.device, dtype=compute).T  # (Dh, M)
+        # q' = q * scale**0.5, query heads of one group side by side: (B, Hkv, G, Tq, Dh).
+        q_scaled = q.to(compute).reshape(batch, kv_heads, groups, q_len, head_dim) * scale ** 0.5
+        q_logits = q_scaled @ weights  # (B, Hkv, G, Tq, M)
+        q_features = torch.exp(q_logits - q_logits.detach().amax(-1, keepdim=True))
+        k_scaled = k.to(compute) * scale ** 0.5
+        k_logits = k_scaled @ weights - k_scaled.square().sum(-1, keepdim=True) / 2  # (B, Hkv, Tk, M)
+        if key_padding_mask is not None:
+            k_logits = k_logits.masked_fill(~key_padding_mask[:, None, :, None], float("-inf"))
+        values = v.to(compute)
+        if causal:
+            out = _causal(q_features, k_logits, values, chunk_size)
+        else:
+            out = _bidirectional(q_features, k_logits, values)
+    return out.reshape(batch, heads, q_len, v.shape[-1]).to(q.dtype)
+
+
+def _bidirectional(q_features: Tensor, k_logits: Tensor, values: Tensor) -> Tensor:
+    """Every query sees every key: phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1). Returns (B, Hkv, G, Tq, Dv)."""
+    stabiliser = _finite_or_zero(k_logits.detach().amax(dim=(-2, -1), keepdim=True))  # (B, Hkv, 1, 1)
+    k_features = torch.exp(k_logits - stabiliser)  # (B, Hkv, Tk, M), padded keys 0
+    state = (k_features.transpose(-2, -1) @ values).unsqueeze(2)  # (B, Hkv, 1, M, Dv)
+    normaliser = k_features.sum(-2)[:, :, None, :, None]  # (B, Hkv, 1, M, 1)
+    return _divide(q_features @ state, q_features @ normaliser)
+
+
+def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: int) -> Tensor:
+    """Query i (the last Tq of Tk positions) sees keys j <= its position: a scan over query chunks.
+
+    Every quantity of position i is kept relative to ``running[i]``, the max key logit up to i, so a
+    query's output depends on no later key (bitwise) and no feature exceeds 1.
+    """
+    q_len, k_len = q_features.shape[-2], k_logits.shape[-2]
+    offset = k_len - q_len
+    running = _finite_or_zero(k_logits.detach().amax(-1).cummax(-1).values)  # (B, Hkv, Tk)
+    batch, kv_heads, _, num_features = k_logits.shape
+    # The keys before the first query (a cached prefix) enter as the initial state, relative to their max.
+    if offset > 0:
+        carried_max = running[..., offset - 1]  # (B, Hkv)
+        prefix = torch.exp(k_logits[..., :offset, :] - carried_max[..., None, None])  # (B, Hkv, offset, M)
+        state = prefix.transpose(-2, -1) @ values[..., :offset, :]  # (B, Hkv, M, Dv)
+        normaliser = prefix.sum(-2)  # (B, Hkv, M)
+    else:
+        carried_max = running[..., 0]
+        state = values.new_zeros(batch, kv_heads, num_features, values.shape[-1])
+        normaliser = values.new_zeros(batch, kv_heads, num_features)
+    size = min(chunk_size, q_len)
+    below = torch.ones(size, size, dtype=torch.bool, device=k_logits.device).tril()  # key j <= query i
+    outputs = []
+    for start in range(0, q_len, chunk_size):
+        stop = min(start + chunk_size, q_len)
+        keys = slice(offset + start, offset + stop)
+        level = running[..., keys]  # (B, Hkv, c)
+        k_features = torch.exp(k_logits[..., keys, :] - level[..., None])  # (B, Hkv, c, M), each <= 1
+        chunk_values = values[..., keys, :]  # (B, Hkv, c, Dv)
+        q_chunk = q_features[..., start:stop, :]  # (B, Hkv, G, c, M)
+        # Within the chunk: key j for query i, rescaled from level j to level i (<= 1 for j <= i), 0 above.
+        decay = torch.exp((level[..., None, :] - level[..., :, None]).clamp(max=0))  # (B, Hkv, c, c)
+        decay = decay * below[: stop - start, : stop - start]
+        scores = (q_chunk @ k_features.transpose(-2, -1).unsqueeze(2)) * decay.unsqueeze(2)  # (B, Hkv, G, c, c)
+        # The state, brought from the carried level to each query's level.
+        q_carry = q_chunk * torch.exp((carried_max[..., None] - level).clamp(max=0))[:, :, None, :, None]
+        numerator = scores @ chunk_values.unsqueeze(2) + q_carry @ state.unsqueeze(2)
+        denominator = scores.sum(-1, keepdim=True) + q_carry @ normaliser[:, :, None, :, None]
+        outputs.append(_divide(numerator, denominator))
+        if stop == q_len:
+            break
+        # Add this chunk's keys to the state, everything at the chunk's last level.
+        last = level[..., -1]  # (B, Hkv)
+        to_last = k_features * torch.exp((level - last[..., None]).clamp(max=0))[..., None]
+        carry = torch.exp((carried_max - last).clamp(max=0))
+        state = state * carry[..., None, None] + to_last.transpose(-2, -1) @ chunk_values
+        normaliser = normaliser * carry[..., None] + to_last.sum(-2)
+        carried_max = last
+    if not outputs:  # no queries
+        return q_features.new_zeros(*q_features.shape[:-1], values.shape[-1])
+    return torch.cat(outputs, dim=-2)
+
+
+def _finite_or_zero(stabiliser: Tensor) -> Tensor:
+    """-inf (only padded keys so far) becomes 0, so subtracting it keeps those features at exactly 0."""
+    return torch.where(torch.isfinite(stabiliser), stabiliser, torch.zeros_like(stabiliser))
+
+
+def _divide(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """numerator / denominator, with 0 (not NaN) for a query that saw no key (denominator 0)."""
+    return numerator / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+
+
+class PerformerProjection(nn.Module):
+    """The random projection (M, Dh) of one attention layer, redrawn every ``redraw_interval`` training steps.
+
+    Both buffers are persistent, so checkpoints and a bitwise resume carry them: ``projection`` and
+    ``steps_since_redraw`` (int64 scalar: training forwards that used the current projection). Each
+    projection serves exactly ``redraw_interval`` training forwards; a redraw uses torch's global CPU
+    RNG (which the trainer saves). Evaluation mode, and ``redraw_interval == 0``, never redraw or count.
+    """
+
+    def __init__(self, num_features: int, head_dim: int, redraw_interval: int = 0) -> None:
+        super().__init__()
+        _check_count("num_features", num_features)
+        _check_count("head_dim", head_dim)
+        if isinstance(redraw_interval, bool) or not isinstance(redraw_interval, int) or redraw_interval < 0:
+            raise ValueError(f"redraw_interval must be an int >= 0 (0 = never redraw), got {redraw_interval!r}")
+        self.redraw_interval = redraw_interval
+        self.register_buffer("projection", random_features(num_features, head_dim))
+        self.register_buffer("steps_since_redraw", torch.zeros((), dtype=torch.int64))
+        # A host copy of the counter, so counting never waits on the device; re-read after a load.
+        self._steps: int | None = 0
+        self.register_load_state_dict_post_hook(_forget_host_steps)
+
+    def forward(self) -> Tensor:
+        """The current projection (M, Dh); in training mode, one more step counted (and a redraw when due)."""
+        if self.training and self.redraw_interval > 0:
+            if self._steps is None:
+                self._steps = int(self.steps_since_redraw)
+            if self._steps >= self.redraw_interval:
+                self.redraw()
+            self._steps += 1
+            self.steps_since_redraw.fill_(self._steps)
+        return self.projection
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        """A fresh orthogonal projection from the global RNG, in place; the step count restarts at 0."""
+        num_features, head_dim = self.projection.shape
+        self.projection.copy_(random_features(num_features, head_dim))
+        self._steps = 0
+        self.steps_since_redraw.zero_()
+
+    def extra_repr(self) -> str:
+        num_features, head_dim = self.projection.shape
+        return f"num_features={num_features}, head_dim={head_dim}, redraw_interval={self.redraw_interval}"
+
+
+def _forget_host_steps(module: PerformerProjection, incompatible_keys) -> None:
+    module._steps = None
+
+
+# ---- input checks ---------------------------------------------------------------------------
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, causal: bool,
+                  key_padding_mask: Tensor | None, scale: float | None, chunk_size: int) -> None:
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.dim() != 4:
+            raise ValueError(f"performer_attention: {name} must be (B, H, T, Dh), got shape {tuple(tensor.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"performer_attention: k {tuple(k.shape)} and v {tuple(v.shape)} differ in (B, Hkv, Tk)")
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"performer_attention: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head size")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"performer_attention: {k.shape[1]} key/value heads do not divide {q.shape[1]} query heads")
+    if projection.dim() != 2 or projection.shape[0] < 1 or projection.shape[1] != q.shape[3]:
+        raise ValueError(f"performer_attention: projection must be (num_features >= 1, head_dim {q.shape[3]}), "
+                         f"got shape {tuple(projection.shape)}")
+    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool
+                                         or key_padding_mask.shape != (k.shape[0], k.shape[2])):
+        raise ValueError(f"performer_attention: key_padding_mask must be bool (B, Tk) = {(k.shape[0], k.shape[2])}, "
+                         f"True = attend; got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"performer_attention: causal needs at most as many queries as keys, "
+                         f"got {q.shape[2]} queries and {k.shape[2]} keys")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"performer_attention: scale must be > 0, got {scale}")
+    _check_count("chunk_size", chunk_size)

@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError
 
     own, other = ("--text", "--image") if args.text is not None else ("--image", "--text")
-    misplaced = {"--image": [("--layer", args.layer), ("--head", args.head), ("--max-tokens", args.max_tokens)],
-                 "--text": [("--head-fusion", args.head_fusion), ("--positions", args.positions)]}[other]
-    for option, value in misplaced:
+    options = {"--image": [("--head-fusion", args.head_fusion), ("--positions", args.positions)],
+               "--text": [("--layer", args.layer), ("--head", args.head), ("--max-tokens", args.max_tokens)]}
+    for option, value in options[other]:
         if value is not None:
             raise UsageError(f"{option} goes with {other}, not {own}")
     return draw_text_maps(args) if args.text is not None else draw_image_maps(args)
@@ -142,7 +142,8 @@ def draw_text_maps(args: argparse.Namespace) -> int:
     title = f"{args.model} ({config.architecture}): rows are queries, columns keys"
     out.parent.mkdir(parents=True, exist_ok=True)
     written = plot_attention_heatmaps(maps, token_labels(model.tokenizer, encoding.ids), layers, heads, out, title)
-    print(f"attention  {written} ({len(layers)} layers x {len(heads)} heads, {len(encoding)} tokens)")
+    print(f"attention  {written} ({_count(len(layers), 'layer')} x {_count(len(heads), 'head')}, "
+          f"{len(encoding)} tokens)")
     return 0
 
 
@@ -160,6 +161,10 @@ def encode_text(tokenizer, text: str, max_tokens: int, max_seq_len: int):
         warnings.warn(f"--text is {len(encoding)} tokens; the maps show the first {limit} ({why})", stacklevel=2)
         encoding = tokenizer.encode_plus(text, truncation=True, max_length=limit)
     return encoding
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' if number != 1 else ''}"
 
 
 def check_own_png(path: Path) -> None:

@@ -1,5 +1,7 @@
 """``tformer attention``: rollout overlays of a vision model on images, the position-similarity figure,
-and the refusals (a file tformer did not write, a model without learned positions, a text model)."""
+per-layer, per-head heatmaps of a decoder's or an encoder's attention on a text, and the refusals (a
+file tformer did not write, a model without learned positions, a model of the other kind, a layer or a
+head that does not exist)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,13 @@ from PIL import Image
 import tformer
 from tformer.cli import main
 from tformer.data.image_processing import ImageProcessing
-from tformer.viz.figures import written_by_tformer
+from tformer.tokenizers import BPETokenizer, CharTokenizer, WordPieceTokenizer
+from tformer.viz.figures import pyplot, written_by_tformer
+from tformer.viz.heatmaps import attention_heatmap_figure, select_maps, token_labels
 from tformer.viz.rollout import attention_rollout, patch_map
+
+TEXT = "the cat sat on the mat"
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s", "a"]
 
 
 def vision_folder(folder: Path, **overrides) -> Path:
@@ -80,3 +87,134 @@ def test_rollout_of_a_vision_model(tmp_path, pooling):
     assert len(attentions) == 3 and rollout.shape == (2, tokens, tokens)
     torch.testing.assert_close(rollout.sum(-1), torch.ones(2, tokens))
     assert patch_map(rollout, (model.config.patch_grid,) * 2, pooling).shape == (2, 2, 2)
+
+
+def text_folder(folder: Path, architecture: str) -> Path:
+    """A 3-layer model with a tokenizer: gpt-nano (4 heads) over characters, or bert-tiny (2 heads) over
+    words."""
+    torch.manual_seed(0)
+    if architecture == "decoder":
+        tokenizer = CharTokenizer.train(TEXT)
+        model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, num_layers=3)
+    else:
+        tokenizer = WordPieceTokenizer(VOCAB)
+        model = tformer.build_model("bert-tiny", head="masked_lm", vocab_size=len(VOCAB), max_seq_len=32,
+                                    num_layers=3)
+    model.tokenizer = tokenizer
+    model.save(folder)
+    return folder
+
+
+@pytest.mark.parametrize(("architecture", "heads", "tokens"), [
+    ("decoder", 4, list("the\u2423cat\u2423sat\u2423on\u2423the\u2423mat")),
+    ("encoder", 2, ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]),
+])
+def test_text_maps_draw_every_layer_and_head(tmp_path, capsys, architecture, heads, tokens):
+    folder = text_folder(tmp_path / architecture, architecture)
+    assert main(["attention", str(folder), "--text", TEXT]) == 0
+    out = folder / "attention" / "text.png"
+    assert written_by_tformer(out)
+    assert f"{out} (3 layers x {heads} heads, {len(tokens)} tokens)" in capsys.readouterr().out
+    assert main(["attention", str(folder), "--text", TEXT, "--layer", "2", "--head", str(heads)]) == 0
+    assert f"(1 layer x 1 head, {len(tokens)} tokens)" in capsys.readouterr().out
+
+    # The figure the command draws: a layers x heads grid of the model's maps, the tokens on both axes.
+    model = tformer.load(folder)
+    with torch.inference_mode():
+        attentions = model(torch.tensor([model.tokenizer.encode(TEXT)]), output_attentions=True).attentions
+    maps, layers, head_numbers = select_maps(attentions)
+    labels = token_labels(model.tokenizer, model.tokenizer.encode(TEXT))
+    figure, axes = attention_heatmap_figure(maps, labels, layers, head_numbers)
+    try:
+        assert axes.shape == (3, heads) and (layers, head_numbers) == ([1, 2, 3], list(range(1, heads + 1)))
+        assert [label.get_text() for label in axes[0][0].get_yticklabels()] == tokens
+        assert [label.get_text() for label in axes[-1][0].get_xticklabels()] == tokens
+        assert axes[0][-1].get_title() == f"head {heads}" and axes[-1][0].get_ylabel() == "layer 3"
+        torch.testing.assert_close(axes[1][0].get_images()[0].get_array().data, attentions[1][0, 0].numpy())
+    finally:
+        pyplot().close(figure)
+    # A decoder's queries never see later keys; an encoder's see both ways.
+    assert bool((maps.triu(1) == 0).all()) == (architecture == "decoder")
+    one, _, _ = select_maps(attentions, layer=2, head=heads)
+    torch.testing.assert_close(one[0, 0], attentions[1][0, heads - 1])
+
+
+def test_token_labels_show_spaces():
+    """A byte-level BPE token is shown as its text, its leading space (GPT-2's 'Ġ') as a visible mark;
+    WordPiece continuations keep their '##'."""
+    bpe = BPETokenizer.train(["the cat sat on the mat, the cat sat on the hat"] * 4, vocab_size=280)
+    ids = bpe.encode("the cat sat")
+    assert any(token.startswith("\u0120") for token in bpe.tokenize("the cat sat"))
+    assert "".join(token_labels(bpe, ids)) == "the\u2423cat\u2423sat"
+    wordpiece = WordPieceTokenizer(VOCAB)
+    assert token_labels(wordpiece, wordpiece.encode("the mats")) == ["[CLS]", "the", "mat", "##s", "[SEP]"]
+
+
+def test_long_texts_are_cut_with_a_warning(tmp_path, capsys):
+    folder = text_folder(tmp_path / "encoder", "encoder")
+    assert main(["attention", str(folder), "--text", TEXT, "--max-tokens", "5"]) == 0
+    printed = capsys.readouterr()
+    assert "--text is 8 tokens; the maps show the first 5 (--max-tokens 5)" in printed.err
+    assert "(3 layers x 2 heads, 5 tokens)" in printed.out
+    long_text = " ".join([TEXT] * 6)  # 38 tokens; the model has 32 positions
+    assert main(["attention", str(folder), "--text", long_text]) == 0
+    assert "the maps show the first 32 (the model's 32 positions)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--layer", "0"], "--layer 0: this model has 3 layers, numbered 1 to 3"),
+    (["--layer", "4"], "--layer 4: this model has 3 layers, numbered 1 to 3"),
+    (["--head", "3"], "--head 3: this model has 2 heads, numbered 1 to 2"),
+    (["--max-tokens", "0"], "--max-tokens 0 must be a positive integer"),
+    (["--positions", "p.png"], "--positions goes with --image, not --text"),
+    (["--head-fusion", "max"], "--head-fusion goes with --image, not --text"),
+    (["--out", "maps.jpg"], "the output is a PNG file"),
+])
+def test_text_refusals(tmp_path, capsys, arguments, message):
+    folder = text_folder(tmp_path / "encoder", "encoder")
+    assert main(["attention", str(folder), "--text", TEXT, *arguments]) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1
+    assert not (folder / "attention").exists()
+
+
+def test_text_and_image_go_to_their_own_models(tmp_path, capsys):
+    vision = vision_folder(tmp_path / "vision")
+    assert main(["attention", str(vision), "--text", TEXT]) == 2
+    assert ("--text draws the attention of a decoder or an encoder; this model is architecture='vision' "
+            "(give it --image)") in capsys.readouterr().err
+    text = text_folder(tmp_path / "decoder", "decoder")
+    image = str(write_image(tmp_path / "image.png"))
+    assert main(["attention", str(text), "--image", image]) == 2
+    assert "a vision model with head 'image_classification' is needed" in capsys.readouterr().err
+    assert main(["attention", str(vision), "--image", image, "--layer", "1"]) == 2
+    assert "--layer goes with --text, not --image" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_code:
+        main(["attention", str(text), "--image", image, "--text", TEXT])
+    assert exit_code.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    tformer.build_model("gpt-nano").save(tmp_path / "no-tokenizer")
+    assert main(["attention", str(tmp_path / "no-tokenizer"), "--text", TEXT]) == 2
+    assert "attention --text needs one to read the text" in capsys.readouterr().err
+    assert not (vision / "attention").exists() and not (text / "attention").exists()
+
+
+def test_text_maps_replace_only_figures_tformer_wrote(tmp_path, capsys):
+    folder = text_folder(tmp_path / "decoder", "decoder")
+    users = write_image(tmp_path / "mine.png")
+    before = users.read_bytes()
+    assert main(["attention", str(folder), "--text", TEXT, "--out", str(users)]) == 2
+    assert "exists and is not a figure tformer wrote" in capsys.readouterr().err
+    assert users.read_bytes() == before
+    ours = tmp_path / "ours.png"
+    assert main(["attention", str(folder), "--text", TEXT, "--out", str(ours)]) == 0
+    first = ours.read_bytes()
+    assert main(["attention", str(folder), "--text", "the mat", "--out", str(ours)]) == 0
+    assert written_by_tformer(ours) and ours.read_bytes() != first
+
+
+def test_select_maps_refuses_what_the_model_does_not_have():
+    attentions = [torch.rand(1, 2, 4, 4) for _ in range(3)]
+    with pytest.raises(ValueError, match="layer 4 is out of range: this model has 3 layers, numbered 1 to 3"):
+        select_maps(attentions, layer=4)
+    with pytest.raises(ValueError, match="head 0 is out of range: this model has 2 heads, numbered 1 to 2"):
+        select_maps(attentions, head=0)

@@ -1,34 +1,65 @@
-"""``tformer attention MODEL --image IMAGE...``: where a Vision Transformer looks. For each image, the
-attention rollout (Abnar & Zuidema 2020) and the class token's last-layer attention, upsampled over the
-image, in one PNG (a row per image, the predicted label beside it); ``--positions`` adds the grid of
-learned position-embedding similarities (the ViT paper's Figure 7)."""
+"""``tformer attention MODEL --image IMAGE...`` or ``--text TEXT``: where a model looks.
+
+``--image`` (a Vision Transformer): for each image, the attention rollout (Abnar & Zuidema 2020) and the
+class token's last-layer attention, upsampled over the image, in one PNG (a row per image, the predicted
+label beside it); ``--positions`` adds the grid of learned position-embedding similarities (the ViT paper's
+Figure 7).
+
+``--text`` (a decoder or an encoder): the text in the model's tokens and a grid of heatmaps, a row per
+layer and a column per head (``--layer`` / ``--head``, counted from 1, draw one), the tokens on both axes."""
 
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 from tformer.viz.rollout import HEAD_FUSIONS
 
+TEXT_ARCHITECTURES = ("decoder", "encoder")
+DEFAULT_MAX_TOKENS = 64
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "attention", help="attention rollout overlays of a vision model on images (PNG)",
-        description="Run a vision model on PNG/JPEG images with its attention maps and draw, for each image, the "
-                    "attention rollout (every layer, the residual as identity) and the last layer's class-token "
-                    "attention over the image.",
+        "attention", help="attention maps: rollout overlays on images (vision) or per-head heatmaps of a text (PNG)",
+        description="With --image: run a vision model on PNG/JPEG images with its attention maps and draw, for each "
+                    "image, the attention rollout (every layer, the residual as identity) and the last layer's "
+                    "class-token attention over the image. With --text: run a decoder or an encoder on the text and "
+                    "draw each layer's and head's attention weights as heatmaps, tokens on both axes.",
     )
-    parser.add_argument("model", help="a vision model folder (a run, a checkpoint, a Hugging Face ViT folder)")
-    parser.add_argument("--image", nargs="+", required=True, metavar="IMAGE", help="PNG or JPEG files")
-    parser.add_argument("--out", help="the PNG to write (default: MODEL/attention/<first image's name>.png)")
-    parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean",
-                        help="how each layer's heads combine (default: mean)")
+    parser.add_argument("model", help="a model folder (a run, a checkpoint, a Hugging Face folder)")
+    inputs = parser.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--image", nargs="+", metavar="IMAGE", help="PNG or JPEG files (a vision model)")
+    inputs.add_argument("--text", help="a text (a decoder or an encoder with a tokenizer)")
+    parser.add_argument("--out", help="the PNG to write (default: MODEL/attention/<first image's name>.png, "
+                                      "MODEL/attention/text.png for --text)")
+    parser.add_argument("--head-fusion", choices=HEAD_FUSIONS,
+                        help="--image: how each layer's heads combine (default: mean)")
     parser.add_argument("--positions", metavar="PNG",
-                        help="also draw the learned position embeddings' similarities into this PNG")
+                        help="--image: also draw the learned position embeddings' similarities into this PNG")
+    parser.add_argument("--layer", type=int, help="--text: draw this layer only (counted from 1)")
+    parser.add_argument("--head", type=int, help="--text: draw this head only (counted from 1)")
+    parser.add_argument("--max-tokens", type=int,
+                        help=f"--text: draw at most this many tokens; a longer text is cut, with a warning "
+                             f"(default: {DEFAULT_MAX_TOKENS}, and never past the model's context)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.cli import UsageError
+
+    own, other = ("--text", "--image") if args.text is not None else ("--image", "--text")
+    options = {"--image": [("--head-fusion", args.head_fusion), ("--positions", args.positions)],
+               "--text": [("--layer", args.layer), ("--head", args.head), ("--max-tokens", args.max_tokens)]}
+    for option, value in options[other]:
+        if value is not None:
+            raise UsageError(f"{option} goes with {other}, not {own}")
+    return draw_text_maps(args) if args.text is not None else draw_image_maps(args)
+
+
+def draw_image_maps(args: argparse.Namespace) -> int:
+    """The rollout and last-layer overlays of a vision model on images (and the position similarities)."""
     import torch
 
     from tformer.cli import UsageError
@@ -43,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         upsample_map,
     )
 
+    head_fusion = args.head_fusion or "mean"
     model = load_classifier(args.model)
     config = model.config
     out = Path(args.out) if args.out else Path(args.model) / "attention" / f"{Path(args.image[0]).stem}.png"
@@ -55,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         output = model(model.image_processor(pixels), output_attentions=True)
     size, grid = tuple(pixels.shape[-2:]), (config.patch_grid,) * 2
-    rollout = patch_map(attention_rollout(output.attentions, args.head_fusion), grid, config.pooling)
-    last = patch_map(fuse_heads(output.attentions[-1], args.head_fusion), grid, config.pooling)
+    rollout = patch_map(attention_rollout(output.attentions, head_fusion), grid, config.pooling)
+    last = patch_map(fuse_heads(output.attentions[-1], head_fusion), grid, config.pooling)
     names = config.label_names or tuple(f"LABEL_{index}" for index in range(config.num_labels))
     probabilities = output.logits.float().softmax(-1)
     titles = [f"{Path(path).name}\n{names[int(row.argmax())]} ({float(row.max()):.2f})"
               for path, row in zip(args.image, probabilities, strict=True)]
-    maps = {f"rollout ({args.head_fusion})": upsample_map(rollout, size),
-            f"last layer ({args.head_fusion})": upsample_map(last, size)}
+    maps = {f"rollout ({head_fusion})": upsample_map(rollout, size),
+            f"last layer ({head_fusion})": upsample_map(last, size)}
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"attention  {plot_attention_maps(pixels.float() / 255, maps, out, titles)}")
     if args.positions:
@@ -70,6 +102,69 @@ def run(args: argparse.Namespace) -> int:
         similarity = position_similarity(table, grid)
         print(f"positions  {plot_position_similarity(similarity, args.positions, f'{args.model}: positions')}")
     return 0
+
+
+def draw_text_maps(args: argparse.Namespace) -> int:
+    """The per-layer, per-head attention heatmaps of a decoder or an encoder on one text."""
+    import torch
+
+    from tformer.cli import UsageError, check_text_option
+    from tformer.cli.generate import load_model
+    from tformer.viz.heatmaps import plot_attention_heatmaps, select_maps, token_labels
+
+    text = check_text_option(args.text, "--text")
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens {max_tokens} must be a positive integer")
+    model, tokenizer_problem = load_model(args.model)
+    config = model.config
+    if config.architecture not in TEXT_ARCHITECTURES:
+        raise UsageError(f"{args.model}: --text draws the attention of a decoder or an encoder; this model is "
+                         f"architecture={config.architecture!r}"
+                         + (" (give it --image)" if config.architecture == "vision" else ""))
+    if model.tokenizer is None:
+        raise UsageError(f"{tokenizer_problem or f'{args.model}: no tokenizer.json'}; attention --text needs one "
+                         "to read the text")
+    for option, value, count, what in (("--layer", args.layer, config.num_layers, "layers"),
+                                       ("--head", args.head, config.num_heads, "heads")):
+        if value is not None and not 1 <= value <= count:
+            raise UsageError(f"{option} {value}: this model has {count} {what}, numbered 1 to {count}")
+    out = Path(args.out) if args.out else Path(args.model) / "attention" / "text.png"
+    check_own_png(out)
+
+    encoding = encode_text(model.tokenizer, text, max_tokens, config.max_seq_len)
+    inputs = {"input_ids": torch.tensor([encoding.ids])}
+    if config.architecture == "encoder" and config.type_vocab_size > 0:
+        inputs["token_type_ids"] = torch.tensor([encoding.type_ids])
+    with torch.inference_mode():
+        output = model(**inputs, output_attentions=True)
+    maps, layers, heads = select_maps(output.attentions, args.layer, args.head)  # (rows, columns, T, T)
+    title = f"{args.model} ({config.architecture}): rows are queries, columns keys"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = plot_attention_heatmaps(maps, token_labels(model.tokenizer, encoding.ids), layers, heads, out, title)
+    print(f"attention  {written} ({_count(len(layers), 'layer')} x {_count(len(heads), 'head')}, "
+          f"{len(encoding)} tokens)")
+    return 0
+
+
+def encode_text(tokenizer, text: str, max_tokens: int, max_seq_len: int):
+    """The Encoding of ``text`` with the model's special tokens, cut to ``max_tokens`` and the model's
+    context with a warning naming how long it was."""
+    from tformer.cli import UsageError
+
+    encoding = tokenizer.encode_plus(text)
+    if len(encoding) == 0:
+        raise UsageError("--text encodes to no tokens; give some text")
+    limit = min(max_tokens, max_seq_len)
+    if len(encoding) > limit:
+        why = f"--max-tokens {max_tokens}" if max_tokens <= max_seq_len else f"the model's {max_seq_len} positions"
+        warnings.warn(f"--text is {len(encoding)} tokens; the maps show the first {limit} ({why})", stacklevel=2)
+        encoding = tokenizer.encode_plus(text, truncation=True, max_length=limit)
+    return encoding
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' if number != 1 else ''}"
 
 
 def check_own_png(path: Path) -> None:

@@ -64,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
     except GenerationError as error:
         option = OPTIONS.get(str(error).split("=", 1)[0])
         raise UsageError(f"{option}: {error}" if option else str(error)) from None
-    model, tokenizer_problem = _load(args.checkpoint)
+    model, tokenizer_problem = load_model(args.checkpoint)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; "
                          "generate needs one to read --prompt")
-    draft = _load(args.draft)[0] if args.draft else None
+    draft = load_model(args.draft)[0] if args.draft else None
     prompt_ids = encode_prompt(tokenizer, args.prompt)
 
     input_ids = torch.tensor([prompt_ids])
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(path: str):
+def load_model(path: str):
     """``tformer.load(path)`` and, when its tokenizer could not be attached, why (the warning's
     text, kept for the error instead of shown); other warnings are shown as they come."""
     import tformer

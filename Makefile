@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/tformer demo
 
 test: install-test
-	$(BIN)/ruff check tformer tests benchmarks tools
+	$(BIN)/ruff check tformer tests benchmarks tools examples
 	$(BIN)/python -m pytest -q
 
 clean:

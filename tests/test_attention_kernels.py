@@ -318,7 +318,7 @@ def test_a_narrow_window_changes_a_vision_model():
 
 @pytest.mark.parametrize("kernel", EXACT[1:], ids=lambda k: k["attention_kernel"])
 def test_chunked_kernels_return_the_reference_weights_when_asked(kernel):
-    config = tformer.PRESETS["gpt-nano"].replace(positional="alibi")
+    config = tformer.PRESETS["gpt-nano"].replace(positional="alibi", max_seq_len=160)
     base, other = _same_weights(config, **kernel)
     ids = torch.randint(0, 64, (2, 12))
     with torch.no_grad():
@@ -384,9 +384,9 @@ def _performer_model(**fields):
 
 
 def test_each_performer_layer_owns_its_projection():
+    model = _performer_model()
     from tformer.nn.performer import PerformerProjection
 
-    model = _performer_model()
     projections = [block.attention.performer for block in model.stack.blocks]
     assert all(isinstance(p, PerformerProjection) for p in projections)
     assert projections[0].projection.shape == (32, model.config.head_dim)

@@ -67,3 +67,56 @@ def test_non_default_fields_count_derived_values_as_defaults():
     assert non_default_fields(ModelConfig()) == []
     assert non_default_fields(ModelConfig(bias=False)) == ["bias"]  # norm/attention/feed-forward biases follow it
     assert non_default_fields(ModelConfig(num_heads=6, num_kv_heads=2)) == ["num_heads", "num_kv_heads"]
+
+
+VISION = {"architecture": "vision", "image_size": 16, "patch_size": 4, "d_model": 32, "num_heads": 4}
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"attention_kernel": "flash"},
+         "attention_kernel='flash' is not one of sdpa, reference, chunked, performer, sliding_window"),
+        ({"attention_kernel": "performer", "positional": "alibi"},
+         "attention_kernel='performer' cannot express positional='alibi' (an additive bias on scores it never "
+         "forms); allowed positional: learned, sinusoidal, rope, none"),
+        ({"attention_kernel": "performer", "positional": "relative"},
+         "attention_kernel='performer' cannot express positional='relative'"),
+        ({"attention_kernel": "performer", "performer_features": 0}, "performer_features=0 must be a positive integer"),
+        ({"attention_kernel": "performer", "performer_redraw_interval": -1},
+         "performer_redraw_interval=-1 must be an integer >= 0"),
+        ({"attention_kernel": "performer", "attention_dropout": 0.1},
+         "attention_dropout=0.1 is not supported by attention_kernel='performer' (needs 0.0"),
+        ({"attention_kernel": "chunked", "attention_dropout": 0.1},
+         "attention_dropout=0.1 is not supported by attention_kernel='chunked'"),
+        ({"attention_kernel": "sliding_window"},
+         "attention_window=0 must be an integer in [1, 1024] (the sequence length) for "
+         "attention_kernel='sliding_window'"),
+        ({"attention_kernel": "sliding_window", "attention_window": 1025}, "attention_window=1025 must be an integer"),
+        ({**VISION, "attention_kernel": "sliding_window", "attention_window": 18},
+         "attention_window=18 must be an integer in [1, 17]"),
+        ({"attention_window": 16},
+         "attention_window=16 is read only by attention_kernel='sliding_window', not attention_kernel='sdpa'"),
+        ({"attention_kernel": "chunked", "performer_features": 64},
+         "performer_features=64 is read only by attention_kernel='performer', not attention_kernel='chunked'"),
+        ({"performer_redraw_interval": 10},
+         "performer_redraw_interval=10 is read only by attention_kernel='performer'"),
+    ],
+)
+def test_bad_attention_kernel_settings_are_refused_at_build_time(fields, message):
+    with pytest.raises(ConfigError) as error:
+        ModelConfig(**fields)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_every_kernel_builds_from_a_config():
+    assert ModelConfig().attention_kernel == "sdpa"
+    assert all(config.attention_kernel == "sdpa" for config in PRESETS.values())
+    for kernel in ("reference", "chunked"):
+        assert ModelConfig(attention_kernel=kernel).attention_kernel == kernel
+    windowed = ModelConfig(attention_kernel="sliding_window", attention_window=1024)
+    assert ModelConfig.from_json(windowed.to_json()) == windowed
+    assert ModelConfig(**VISION, attention_kernel="sliding_window", attention_window=17).attention_window == 17
+    performer = ModelConfig(attention_kernel="performer", performer_features=16, performer_redraw_interval=100)
+    assert non_default_fields(performer) == ["attention_kernel", "performer_features", "performer_redraw_interval"]

@@ -16,6 +16,10 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
+# How attention is computed (``attention_kernel``): the first three compute exact softmax attention
+# (the same function), the last two another one (random-feature estimate, a local band of keys).
+ATTENTION_KERNELS = ("sdpa", "reference", "chunked", "performer", "sliding_window")
+EXACT_ATTENTION_KERNELS = ("sdpa", "reference", "chunked")
 # What an encoder puts on its hidden states (None: nothing, the bare encoder with its pooler).
 ENCODER_HEADS = (
     "masked_lm", "next_sentence", "pretraining", "sequence_classification", "token_classification",
@@ -98,6 +102,20 @@ class ModelConfig:
     vision model has no tokens: the token fields (``vocab_size``, ``max_seq_len``, the special token
     ids, ``tie_embeddings``, ``scale_embeddings``, ``type_vocab_size``) and those of rotary and
     relative positions stay at their defaults, unread; any other value is refused (``FAMILY_FIELDS``).
+
+    Attention kernels (every family; ``ATTENTION_KERNELS``): ``attention_kernel`` picks how attention is
+    computed. ``sdpa`` (PyTorch's fused kernel), ``reference`` (matmul, mask, softmax, matmul) and
+    ``chunked`` (query and key blocks with an online softmax: memory linear in length) compute the same
+    exact softmax attention. ``performer`` estimates it with ``performer_features`` positive random
+    features per head (FAVOR+), redrawn every ``performer_redraw_interval`` training steps (0: drawn
+    once); it has no score matrix, so it refuses the additive position biases (``positional`` alibi,
+    relative). ``sliding_window`` is exact attention restricted to a band of ``attention_window`` keys:
+    causal, query i sees keys i - W .. i (itself and the W previous tokens); bidirectional, keys with
+    |i - j| <= W (W on each side), counted in sequence order (a vision model's: the class token, then
+    the patches row by row); a decoder's cache then keeps only the last W positions. The window must be
+    at most the sequence length (``max_seq_len``; a vision model's: patches + 1). ``chunked``,
+    ``sliding_window`` and ``performer`` have no attention dropout (``attention_dropout`` must be 0);
+    the performer and window fields are refused away from their defaults with any other kernel.
     """
 
     architecture: str = "decoder"
@@ -120,6 +138,10 @@ class ModelConfig:
     relative_max_distance: int = 128
     dropout: float = 0.0
     attention_dropout: float = 0.0
+    attention_kernel: str = "sdpa"
+    performer_features: int = 256
+    performer_redraw_interval: int = 0
+    attention_window: int = 0
     bias: bool = True
     attention_bias: bool | None = None
     feedforward_bias: bool | None = None
@@ -164,6 +186,7 @@ class ModelConfig:
             self._check_encoder()
         elif self.architecture == "vision":
             self._check_vision()
+        self._check_attention_kernel()
 
     # ---- validation -------------------------------------------------------------------------
 
@@ -174,6 +197,7 @@ class ModelConfig:
             ("norm", NORMS),
             ("norm_position", NORM_POSITIONS),
             ("positional", POSITIONALS),
+            ("attention_kernel", ATTENTION_KERNELS),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -226,6 +250,35 @@ class ModelConfig:
             raise ConfigError(f"head_dim={self.head_dim} must be even for positional='rope'")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"d_model={self.d_model} must be even for positional='sinusoidal'")
+
+    def _check_attention_kernel(self) -> None:
+        kernel = self.attention_kernel
+        if kernel == "performer":
+            _require_positive_int("performer_features", self.performer_features)
+            redraw = self.performer_redraw_interval
+            if not isinstance(redraw, int) or isinstance(redraw, bool) or redraw < 0:
+                raise ConfigError(f"performer_redraw_interval={redraw!r} must be an integer >= 0 "
+                                  "(training steps between redraws; 0: draw once)")
+            if self.positional in ("alibi", "relative"):
+                raise ConfigError(f"attention_kernel='performer' cannot express positional={self.positional!r} (an "
+                                  "additive bias on scores it never forms); allowed positional: learned, sinusoidal, "
+                                  "rope, none")
+        if kernel == "sliding_window":
+            limit = self.num_patches + 1 if self.architecture == "vision" else self.max_seq_len
+            window = self.attention_window
+            if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= limit:
+                raise ConfigError(f"attention_window={window!r} must be an integer in [1, {limit}] (the sequence "
+                                  f"length) for attention_kernel='sliding_window'")
+        readers = {"performer_features": "performer", "performer_redraw_interval": "performer",
+                   "attention_window": "sliding_window"}
+        for name, reader in readers.items():
+            value = getattr(self, name)
+            if kernel != reader and value != field_default(type(self), name):
+                raise ConfigError(f"{name}={value!r} is read only by attention_kernel={reader!r}, "
+                                  f"not attention_kernel={kernel!r}")
+        if kernel not in ("sdpa", "reference") and self.attention_dropout:
+            raise ConfigError(f"attention_dropout={self.attention_dropout!r} is not supported by "
+                              f"attention_kernel={kernel!r} (needs 0.0; 'sdpa' and 'reference' have it)")
 
     def _check_encoder(self) -> None:
         head = self.head

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
-from tformer.config import ModelConfig, field_default, non_default_fields
+from tformer.config import EXACT_ATTENTION_KERNELS, ModelConfig, field_default, non_default_fields
 from tformer.interop.weight_map import ModuleMap
 
 
@@ -78,10 +78,18 @@ class Family(ABC):
 
     def mismatches(self, config: ModelConfig) -> list[str]:
         """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can:
-        handled fields with values the family lacks, then any field it does not handle set at all."""
+        handled fields with values the family lacks, then any field it does not handle set at all.
+
+        Every family computes exact softmax attention: a model on an exact kernel (sdpa, reference,
+        chunked) is the same function there; Performer and sliding windows are not, and are refused."""
         found = self.required_values(config)
+        kernel = config.attention_kernel
+        if kernel not in EXACT_ATTENTION_KERNELS:
+            exact = " or ".join(map(repr, EXACT_ATTENTION_KERNELS))
+            found.append(f"attention_kernel={kernel!r} (needs {exact}: {self.model_type} computes exact softmax "
+                         "attention)")
         for name in non_default_fields(config):
-            if name not in self.handled_fields:
+            if name not in self.handled_fields and name != "attention_kernel":
                 default = field_default(type(config), name)
                 found.append(f"{name}={getattr(config, name)!r} (needs {default!r}: not a {self.model_type} setting)")
         return found

@@ -1,21 +1,30 @@
-"""Scaled dot-product attention, written once: a readable reference, a fast dispatch, masks,
-a key/value cache and the multi-head module (self / cross, MHA / GQA / MQA).
+"""Scaled dot-product attention, written once: a readable reference, a fast dispatch, an exact
+chunked kernel with memory linear in length, masks, key/value caches and the multi-head module
+(self / cross, MHA / GQA / MQA) with its choice of kernel.
 
 Mask convention: ``mask`` is an *additive* float tensor broadcastable to ``(B, H, Tq, Tk)``
 holding 0 where a query may attend and a large negative number where it may not, plus any
 additive position bias (ALiBi, relative buckets). Boolean masks (True = attend) are turned
 into that form once, by ``additive_mask``, so both paths see exactly the same numbers.
+Kernels that never form the (Tq, Tk) matrix (chunked, sliding window, Performer) take the
+mask as its parts instead (``MaskParts``: causal or not, key padding, a bias built block by block).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.config import ATTENTION_KERNELS
 from tformer.nn.position import apply_rotary
+
+# bias(query_index (tq,), key_index (tk,)) -> additive bias (1|B, H, tq, tk) of those rows and columns.
+BlockBias = Callable[[Tensor, Tensor], Tensor]
 
 
 def attention_reference(
@@ -81,6 +90,231 @@ def attention(
     return out, None
 
 
+# ---- chunked exact attention ----------------------------------------------------------------
+
+
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    bias: Tensor | BlockBias | None = None,
+    scale: float | None = None,
+    query_block: int = 128,
+    key_block: int = 128,
+    window: int | None = None,
+) -> Tensor:
+    """Exact softmax attention over blocks of queries and keys with a running (online) softmax:
+    no (Tq, Tk) matrix is formed, so memory grows linearly in length (FlashAttention's recipe).
+
+    q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) with Hkv dividing H. Returns (B, H, Tq, Dh).
+    ``causal``: the queries are the last Tq of the Tk positions (a block continuing a cache) and
+    see keys up to their own; key blocks wholly in the future are skipped. ``window`` (W): each
+    query sees only the keys within W of it (causal: i - W .. i; otherwise |i - j| <= W), and key
+    blocks outside the band are skipped. ``key_padding_mask`` (B, Tk) bool, True = attend.
+    ``bias``: an additive tensor broadcastable to (B, H, Tq, Tk), or a callable ``bias(query_index,
+    key_index)`` of a block's query rows (tq,) and key columns (tk,) returning (1|B, H, tq, tk): ALiBi
+    and relative biases built block by block; gradients reach the parameters it reads. A query that
+    may see no key gets 0. The backward pass recomputes each block's scores from the saved output
+    and per-query log-sum-exp. No dropout (the model refuses attention_dropout with this kernel).
+    """
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads})")
+    for name, size in (("query_block", query_block), ("key_block", key_block)):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name}={size!r} must be a positive integer")
+    if window is not None and (not isinstance(window, int) or window < 0):
+        raise ValueError(f"window={window!r} must be None or an integer >= 0")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, k_len):
+        raise ValueError(f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected ({batch}, {k_len})")
+    spec = _ChunkSpec(causal, 1.0 / math.sqrt(head_dim) if scale is None else scale, query_block, key_block,
+                      window, bias if callable(bias) else None)
+    bias_tensor = None
+    if isinstance(bias, Tensor):
+        bias_tensor = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))  # (B|1, H|1, Tq|1, Tk|1)
+    leaves = _bias_leaves(spec.bias, q.device) if spec.bias is not None and torch.is_grad_enabled() else ()
+    return _ChunkedAttention.apply(q, k, v, key_padding_mask, bias_tensor, spec, *leaves)
+
+
+@dataclass(frozen=True)
+class _ChunkSpec:
+    causal: bool
+    scale: float
+    query_block: int
+    key_block: int
+    window: int | None
+    bias: BlockBias | None
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Forward: online softmax per query block; saves q, k, v, the output and the log-sum-exp of each
+    query row. Backward: recomputes each block's probabilities from the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, bias, spec, *leaves):
+        out = q.new_empty(q.shape)  # (B, H, Tq, Dh)
+        out5, q5, k5, v5 = _grouped(out, k), _grouped(q, k), k.unsqueeze(2), v.unsqueeze(2)
+        compute = _compute_dtype(q.dtype)
+        lse = torch.empty(out5.shape[:-1], dtype=compute, device=q.device)  # (B, Hkv, G, Tq)
+        for qs, qe, key_blocks in _block_plan(spec, q.shape[2], k.shape[2]):
+            rows = (*q5.shape[:3], qe - qs, 1)
+            running_max = torch.full(rows, -math.inf, dtype=compute, device=q.device)
+            total = torch.zeros(rows, dtype=compute, device=q.device)
+            acc = torch.zeros((*rows[:-1], q.shape[-1]), dtype=compute, device=q.device)
+            for ks, ke in key_blocks:
+                scores = _block_scores(q5, k5, qs, qe, ks, ke, key_padding_mask, bias, spec)[0]
+                new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
+                shift = new_max.masked_fill(new_max == -math.inf, 0.0)  # rows that have seen no key yet
+                probabilities = torch.exp(scores - shift)
+                correction = torch.exp(running_max - shift)
+                total = total * correction + probabilities.sum(-1, keepdim=True)
+                acc = acc * correction + torch.matmul(probabilities.to(v.dtype), v5[..., ks:ke, :]).to(compute)
+                running_max = new_max
+            seen = total > 0
+            out5[..., qs:qe, :] = torch.where(seen, acc / total.clamp(min=torch.finfo(compute).tiny), 0.0).to(q.dtype)
+            shift = running_max.masked_fill(~seen, 0.0)
+            lse[..., qs:qe] = torch.where(seen, shift + torch.log(total), math.inf).squeeze(-1)
+        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask, bias, *leaves)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, key_padding_mask, bias, *leaves = ctx.saved_tensors
+        spec: _ChunkSpec = ctx.spec
+        compute = lse.dtype
+        q5, k5, v5 = _grouped(q, k), k.unsqueeze(2), v.unsqueeze(2)
+        grad5 = _grouped(grad_out, k).to(compute)  # (B, Hkv, G, Tq, Dh)
+        delta = (grad5 * _grouped(out, k).to(compute)).sum(-1, keepdim=True)  # (B, Hkv, G, Tq, 1)
+        grad_q = torch.zeros(q5.shape, dtype=compute, device=q.device)
+        grad_k = torch.zeros(k.shape, dtype=compute, device=k.device)  # (B, Hkv, Tk, Dh)
+        grad_v = torch.zeros(v.shape, dtype=compute, device=v.device)
+        grad_bias = torch.zeros(bias.shape, dtype=compute, device=bias.device) if ctx.needs_input_grad[4] else None
+        grad_leaves: list[Tensor | None] = [None] * len(leaves)
+        for qs, qe, key_blocks in _block_plan(spec, q.shape[2], k.shape[2]):
+            q_rows, grad_rows = q5[..., qs:qe, :], grad5[..., qs:qe, :]
+            for ks, ke in key_blocks:
+                scores, bias_block = _block_scores(q5, k5, qs, qe, ks, ke, key_padding_mask, bias, spec,
+                                                   keep_graph=bool(leaves))
+                probabilities = torch.exp(scores - lse[..., qs:qe, None])  # (B, Hkv, G, tq, tk)
+                grad_v[:, :, ks:ke] += torch.matmul(probabilities.transpose(-2, -1), grad_rows).sum(2)
+                grad_p = torch.matmul(grad_rows, v5[..., ks:ke, :].transpose(-2, -1).to(compute))
+                grad_scores = probabilities * (grad_p - delta[..., qs:qe, :])  # (B, Hkv, G, tq, tk)
+                grad_q[..., qs:qe, :] += torch.matmul(grad_scores, k5[..., ks:ke, :].to(compute)) * spec.scale
+                grad_k[:, :, ks:ke] += (torch.matmul(grad_scores.transpose(-2, -1), q_rows.to(compute)).sum(2)
+                                        * spec.scale)
+                grad_heads = grad_scores.flatten(1, 2)  # (B, H, tq, tk)
+                if grad_bias is not None:
+                    rows = slice(qs, qe) if bias.shape[2] > 1 else slice(None)
+                    columns = slice(ks, ke) if bias.shape[3] > 1 else slice(None)
+                    target = grad_bias[:, :, rows, columns]
+                    target += grad_heads.sum_to_size(target.shape)
+                if leaves and bias_block is not None and bias_block.requires_grad:
+                    found = torch.autograd.grad(bias_block, leaves, grad_heads.sum_to_size(bias_block.shape).to(
+                        bias_block.dtype), allow_unused=True)
+                    grad_leaves = [g if total is None else total if g is None else total + g
+                                   for total, g in zip(grad_leaves, found, strict=True)]
+        return (grad_q.flatten(1, 2).to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None,
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, *grad_leaves)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax statistics and accumulators: float32 for half types, else the inputs' own."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _grouped(x: Tensor, kv: Tensor) -> Tensor:
+    """(B, H, T, Dh) -> (B, Hkv, G, T, Dh): query head h reads key/value head h // G (a view)."""
+    return x.unflatten(1, (kv.shape[1], x.shape[1] // kv.shape[1]))
+
+
+def _block_plan(spec: _ChunkSpec, q_len: int, k_len: int):
+    """For each query block [qs, qe): the key blocks [ks, ke) it may see (causality and the window)."""
+    offset = k_len - q_len  # queries are the last q_len of the k_len positions
+    window = spec.window
+    for qs in range(0, q_len, spec.query_block):
+        qe = min(qs + spec.query_block, q_len)
+        low = 0 if window is None else max(0, qs + offset - window)
+        if spec.causal:
+            high = min(k_len, qe + offset)
+        else:
+            high = k_len if window is None else min(k_len, qe + offset + window)
+        yield qs, qe, [(ks, min(ks + spec.key_block, high)) for ks in range(low, high, spec.key_block)]
+
+
+def _block_scores(q5, k5, qs, qe, ks, ke, key_padding_mask, bias, spec, keep_graph=False):
+    """Scaled scores of one block (B, Hkv, G, tq, tk) plus bias, -inf where a query may not look; and
+    the callable bias's block (1|B, H, tq, tk) with its graph when ``keep_graph`` (else None)."""
+    compute = _compute_dtype(q5.dtype)
+    scores = torch.matmul(q5[..., qs:qe, :], k5[..., ks:ke, :].transpose(-2, -1)).to(compute) * spec.scale
+    kv_heads, groups = q5.shape[1], q5.shape[2]
+    bias_block = None
+    if bias is not None:
+        rows = slice(qs, qe) if bias.shape[2] > 1 else slice(None)
+        columns = slice(ks, ke) if bias.shape[3] > 1 else slice(None)
+        block = bias[:, :, rows, columns]
+        heads = (kv_heads, groups) if block.shape[1] > 1 else (1, 1)
+        scores = scores + block.unflatten(1, heads).to(compute)
+    if spec.bias is not None:
+        device = scores.device
+        with torch.set_grad_enabled(keep_graph):
+            bias_block = spec.bias(torch.arange(qs, qe, device=device), torch.arange(ks, ke, device=device))
+        scores = scores + bias_block.detach().unflatten(1, (kv_heads, groups)).to(compute)
+    offset = k5.shape[3] - q5.shape[3]
+    allowed = _block_allowed(qs, qe, ks, ke, offset, spec.causal, spec.window, scores.device)
+    if key_padding_mask is not None:
+        padding = key_padding_mask[:, None, None, None, ks:ke]  # (B, 1, 1, 1, tk)
+        allowed = padding if allowed is None else allowed & padding
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
+    return scores, bias_block if keep_graph else None
+
+
+def _block_allowed(qs, qe, ks, ke, offset, causal, window, device) -> Tensor | None:
+    """Boolean (tq, tk), True = attend, of one block by position; None when every pair is allowed."""
+    first, last = qs + offset, qe - 1 + offset  # key positions of the block's first and last query
+    cuts_causal = causal and ke - 1 > first
+    cuts_window = window is not None and (ks < last - window or (not causal and ke - 1 > first + window))
+    if not (cuts_causal or cuts_window):
+        return None
+    return _band(torch.arange(first, last + 1, device=device), torch.arange(ks, ke, device=device), causal, window)
+
+
+def _band(query_positions: Tensor, key_positions: Tensor, causal: bool, window: int | None) -> Tensor:
+    """Boolean (Tq, Tk), True = attend: causality and the sliding window over (Tq,) and (Tk,) positions."""
+    distance = query_positions[:, None] - key_positions[None, :]  # (Tq, Tk) how far back each key is
+    allowed = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
+    if window is not None:
+        allowed = allowed & (distance <= window)
+        if not causal:
+            allowed = allowed & (distance >= -window)
+    return allowed
+
+
+def _bias_leaves(bias: BlockBias, device: torch.device) -> tuple[Tensor, ...]:
+    """The tensors requiring grad that a callable bias reads (its autograd graph's leaves), found on a
+    1 x 1 probe: the backward pass returns their gradients, block by block."""
+    index = torch.zeros(1, dtype=torch.long, device=device)
+    probe = bias(index, index)
+    leaves: list[Tensor] = []
+    seen: set = set()
+    pending = [probe.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
+        if variable is not None:
+            leaves.append(variable)
+        pending.extend(child for child, _ in node.next_functions)
+    return tuple(leaves)
+
+
 def _expand_kv(q: Tensor, kv: Tensor) -> Tensor:
     """Repeat each key/value head for the query heads that share it: (B, Hkv, T, Dh) -> (B, H, T, Dh)."""
     groups = q.shape[1] // kv.shape[1]
@@ -96,6 +330,16 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None
     q_pos = torch.arange(q_len, device=device).unsqueeze(1) + offset
     k_pos = torch.arange(k_len, device=device).unsqueeze(0)
     return k_pos <= q_pos
+
+
+def band_mask(
+    q_len: int, k_len: int, window: int, *, causal: bool, device: torch.device | str | None = None
+) -> Tensor:
+    """Boolean (Tq, Tk) mask, True = attend, of a sliding window of ``window`` (W) keys; the queries are
+    the last Tq of Tk positions. Causal: query i sees keys i - W .. i; otherwise keys with |i - j| <= W."""
+    offset = k_len - q_len
+    query_positions = torch.arange(offset, offset + q_len, device=device)
+    return _band(query_positions, torch.arange(k_len, device=device), causal, window)
 
 
 def padding_mask(attention_mask: Tensor) -> Tensor:
@@ -145,6 +389,47 @@ def build_mask(
     return mask, False
 
 
+@dataclass
+class MaskParts:
+    """The mask of one forward pass as its parts, for the kernels that never form a (Tq, Tk) matrix.
+
+    ``causal``: the queries are the last Tq of the Tk positions and see keys up to their own.
+    ``key_padding_mask`` (B, Tk) bool, True = attend. ``bias``: a ``BlockBias`` over query rows and key
+    columns (ALiBi, relative positions), or None. A rolling cache hands the kernel only its last keys:
+    ``shifted(start)`` is the same mask for keys from index ``start`` on.
+    """
+
+    causal: bool = False
+    key_padding_mask: Tensor | None = None
+    bias: BlockBias | None = None
+
+    def shifted(self, start: int) -> MaskParts:
+        if start == 0:
+            return self
+        bias = self.bias
+        return MaskParts(
+            self.causal,
+            None if self.key_padding_mask is None else self.key_padding_mask[:, start:],
+            None if bias is None else lambda query_index, key_index: bias(query_index, key_index + start),
+        )
+
+    def dense(self, q_len: int, k_len: int, window: int | None, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """The additive mask (B|1, H|1, Tq, Tk) these parts stand for, with the sliding window's band: for
+        the reference path when attention weights are asked for (inspection, not speed)."""
+        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed = causal_mask(q_len, k_len, device)
+        if window is not None:
+            allowed = allowed & band_mask(q_len, k_len, window, causal=self.causal, device=device)
+        allowed = allowed[None, None]
+        if self.key_padding_mask is not None:
+            allowed = allowed & self.key_padding_mask[:, None, None, :]
+        mask = additive_mask(allowed, dtype)
+        if self.bias is not None:
+            mask = mask + self.bias(torch.arange(q_len, device=device), torch.arange(k_len, device=device)).to(dtype)
+        return mask
+
+
 # ---- key/value cache ------------------------------------------------------------------------
 
 
@@ -153,6 +438,8 @@ class KVCache:
 
     Holds only the key/value heads, so grouped- and multi-query models cache less.
     """
+
+    start = 0  # index of the first key ``append`` returns (a rolling cache forgets the oldest)
 
     def __init__(
         self,
@@ -206,6 +493,66 @@ class KVCache:
         return self.keys.nbytes + self.values.nbytes
 
 
+class RollingKVCache(KVCache):
+    """The keys and values of the last ``window`` positions only: a sliding window's cache.
+
+    A query sees itself and the W previous positions, so W cached positions are all a step needs:
+    ``append`` returns the cached ones followed by the new ones (B, Hkv, held + T, Dh), whose first
+    index in the sequence is ``start``, then keeps the last W. Rotary angles are applied before
+    caching, so only the order matters. ``length`` counts every position seen; it can be set back
+    (``truncate``) only while nothing has been forgotten.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        window: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self._length = 0
+        super().__init__(batch_size, num_kv_heads, window, head_dim, dtype, device)
+        self.start = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        if value != self._length and not (0 <= value <= self._length <= self.max_len):
+            raise ValueError(f"a rolling key/value cache of {self.max_len} positions has forgotten positions "
+                             f"before {self._length - self.max_len}; it cannot go back to {value} tokens "
+                             "(attention_kernel='sliding_window' cannot rewind: no speculative decoding)")
+        self._length = value
+
+    @property
+    def held(self) -> int:
+        """Positions cached now: min(length, window)."""
+        return min(self._length, self.max_len)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new keys/values (B, Hkv, T, Dh); return the held ones and these, in order (a copy)."""
+        held = self.held
+        keys = torch.cat([self.keys[:, :, :held], k], dim=2)  # (B, Hkv, held + T, Dh)
+        values = torch.cat([self.values[:, :, :held], v], dim=2)
+        keep = min(self.max_len, keys.shape[2])
+        self.keys[:, :, :keep] = keys[:, :, -keep:]
+        self.values[:, :, :keep] = values[:, :, -keep:]
+        self.start = self._length - held
+        self._length += k.shape[2]
+        return keys, values
+
+    def cached(self) -> tuple[Tensor, Tensor]:
+        held = self.held
+        return self.keys[:, :, :held], self.values[:, :, :held]
+
+    def grow(self, max_len: int) -> None:
+        """Nothing to do: a window's cache never needs more room."""
+
+
 # ---- multi-head attention -------------------------------------------------------------------
 
 
@@ -218,6 +565,14 @@ class MultiHeadAttention(nn.Module):
     Self-attention projects queries, keys and values with one fused matrix
     ``qkv_proj`` (rows: H*Dh queries, then Hkv*Dh keys, then Hkv*Dh values); cross-attention
     projects queries from the input (``q_proj``) and keys/values from the context (``kv_proj``).
+
+    ``kernel`` (``config.ATTENTION_KERNELS``): ``sdpa`` (``attention``), ``reference``
+    (``attention_reference``), ``chunked`` (``chunked_attention``), ``sliding_window``
+    (``chunked_attention`` with ``window``: only the key blocks in the band are computed) or ``performer``
+    (``performer_attention`` with this module's own ``PerformerProjection``). The last three take the
+    mask as ``parts`` (``MaskParts``); given a dense ``mask`` instead, chunked kernels add it as a bias
+    and Performer refuses it. Weights (``need_weights``): the chunked kernels compute them on the
+    reference path with the same mask (for inspection); Performer has none and refuses.
     """
 
     def __init__(
@@ -229,13 +584,30 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         cross: bool = False,
+        kernel: str = "sdpa",
+        window: int | None = None,
+        performer_features: int = 256,
+        performer_redraw_interval: int = 0,
     ) -> None:
         super().__init__()
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"kernel={kernel!r} is not one of {', '.join(ATTENTION_KERNELS)}")
+        if (kernel == "sliding_window") != (window is not None):
+            raise ValueError("window (attention_window) is given with kernel='sliding_window' and only with it")
+        if dropout and kernel not in ("sdpa", "reference"):
+            raise ValueError(f"kernel={kernel!r} has no attention dropout (dropout={dropout}); "
+                             "use 'sdpa' or 'reference'")
         self.num_heads = num_heads
         self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.head_dim = d_model // num_heads if head_dim is None else head_dim
         self.dropout = dropout
         self.cross = cross
+        self.kernel = kernel
+        self.window = window
+        if kernel == "performer":
+            from tformer.nn.performer import PerformerProjection  # noqa: PLC0415 (written beside this branch)
+
+            self.performer = PerformerProjection(performer_features, self.head_dim, performer_redraw_interval)
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         if cross:
@@ -255,21 +627,56 @@ class MultiHeadAttention(nn.Module):
         rotary: Rotary | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        parts: MaskParts | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D); context (cross-attention): (B, S, D). Returns (B, T, D) and weights or None."""
+        """x: (B, T, D); context (cross-attention): (B, S, D). Returns (B, T, D) and weights or None.
+
+        ``mask``/``is_causal`` feed ``sdpa`` and ``reference``; ``parts`` the other kernels."""
         q, k, v = self._project(x, context, cache)
         if rotary is not None:
             cos, sin = rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.cached() if k is None else cache.append(k, v)
-        out, weights = attention(
-            q, k, v, mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
-        )
+        if self.kernel == "sdpa":
+            out, weights = attention(
+                q, k, v, mask=mask, is_causal=is_causal,
+                dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+            )
+        elif self.kernel == "reference":
+            out, weights = attention_reference(q, k, v, mask, is_causal, self.dropout if self.training else 0.0)
+            weights = weights if need_weights else None
+        else:
+            parts = MaskParts(causal=is_causal) if parts is None else parts
+            out, weights = self._structured(q, k, v, parts.shifted(0 if cache is None else cache.start), mask,
+                                            need_weights)
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
         return self.out_proj(out), weights
+
+    def _structured(
+        self, q: Tensor, k: Tensor, v: Tensor, parts: MaskParts, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The kernels that take the mask as its parts: chunked, sliding_window, performer."""
+        if self.kernel == "performer":
+            if need_weights:
+                raise ValueError("attention_kernel='performer' has no attention weights to return "
+                                 "(need_weights / output_attentions); use an exact kernel to inspect them")
+            if mask is not None or parts.bias is not None:
+                raise ValueError("attention_kernel='performer' cannot add an additive mask or position bias")
+            from tformer.nn.performer import performer_attention  # noqa: PLC0415 (written beside this branch)
+
+            out = performer_attention(q, k, v, self.performer(), causal=parts.causal,
+                                      key_padding_mask=parts.key_padding_mask)
+            return out, None
+        if need_weights:
+            dense = parts.dense(q.shape[2], k.shape[2], self.window, q.dtype, q.device)
+            return attention_reference(q, k, v, dense if mask is None else dense + mask)
+        if mask is not None and parts.bias is not None:
+            raise ValueError("give the chunked kernels a position bias as MaskParts.bias or inside mask, not both")
+        bias = parts.bias if mask is None else mask
+        return chunked_attention(q, k, v, causal=parts.causal, key_padding_mask=parts.key_padding_mask, bias=bias,
+                                 window=self.window), None
 
     def _project(
         self, x: Tensor, context: Tensor | None, cache: KVCache | None
@@ -294,3 +701,4 @@ class MultiHeadAttention(nn.Module):
             k = k.view(batch, source_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(batch, source_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return q, k, v
+

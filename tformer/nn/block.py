@@ -8,14 +8,19 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
-from tformer.nn.attention import KVCache, MultiHeadAttention, Rotary
+from tformer.nn.attention import KVCache, MaskParts, MultiHeadAttention, Rotary
 from tformer.nn.feedforward import FeedForward
 from tformer.nn.norm import build_norm
 
 
 @dataclass
 class AttentionContext:
-    """What every layer of one forward pass shares: the mask, rotary angles and caches' inputs."""
+    """What every layer of one forward pass shares: the mask, rotary angles and caches' inputs.
+
+    ``mask``/``is_causal`` (and ``encoder_mask``) feed the kernels that take a dense additive mask
+    (sdpa, reference); ``parts`` (and ``encoder_parts``) the mask as its parts for those that never
+    form one (chunked, sliding_window, performer). A stack fills in only what its kernel reads.
+    """
 
     mask: Tensor | None = None  # additive, broadcastable to (B, H, Tq, Tk)
     is_causal: bool = False
@@ -23,6 +28,8 @@ class AttentionContext:
     encoder_output: Tensor | None = None  # (B, S, D) for cross-attention
     encoder_mask: Tensor | None = None  # additive, broadcastable to (B, H, Tq, S)
     need_weights: bool = False
+    parts: MaskParts | None = None
+    encoder_parts: MaskParts | None = None
 
 
 @dataclass
@@ -48,9 +55,14 @@ class TransformerBlock(nn.Module):
             return build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)
 
         def mha(cross: bool) -> MultiHeadAttention:
+            # A sliding window bands a sequence against itself; cross-attention sees all of its source.
+            window = config.attention_kernel == "sliding_window" and not cross
+            kernel = "chunked" if config.attention_kernel == "sliding_window" and cross else config.attention_kernel
             return MultiHeadAttention(
                 config.d_model, config.num_heads, config.num_kv_heads, config.head_dim,
-                bias=config.attention_bias, dropout=config.attention_dropout, cross=cross,
+                bias=config.attention_bias, dropout=config.attention_dropout, cross=cross, kernel=kernel,
+                window=config.attention_window if window else None, performer_features=config.performer_features,
+                performer_redraw_interval=config.performer_redraw_interval,
             )
 
         self.attention_norm = norm()
@@ -74,6 +86,7 @@ class TransformerBlock(nn.Module):
             out, weights[0] = self.attention(
                 h, mask=context.mask, is_causal=context.is_causal, rotary=context.rotary,
                 cache=None if cache is None else cache.self_attention, need_weights=context.need_weights,
+                parts=context.parts,
             )
             return out
 
@@ -81,6 +94,7 @@ class TransformerBlock(nn.Module):
             out, weights[1] = self.cross_attention(
                 h, context=context.encoder_output, mask=context.encoder_mask,
                 cache=None if cache is None else cache.cross_attention, need_weights=context.need_weights,
+                parts=context.encoder_parts,
             )
             return out
 

@@ -9,11 +9,14 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
-from tformer.nn.attention import KVCache, additive_mask, build_mask, padding_mask
+from tformer.nn.attention import BlockBias, KVCache, MaskParts, RollingKVCache, additive_mask, build_mask, padding_mask
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.inputs import check_attention_mask, check_positions
 from tformer.nn.norm import build_norm
-from tformer.nn.position import positional_from_config, positions_from_mask
+from tformer.nn.position import Positional, positional_from_config, positions_from_mask
+
+# The kernels that take the mask as its parts (MaskParts) and never a dense (B, H, Tq, Tk) one.
+STRUCTURED_KERNELS = ("chunked", "sliding_window", "performer")
 
 
 @dataclass
@@ -44,6 +47,7 @@ class TransformerStack(nn.Module):
         self.config = config
         self.causal = causal
         self.cross_attention = cross_attention
+        self.structured = config.attention_kernel in STRUCTURED_KERNELS
         self.positional = positional_from_config(config, causal=causal, kind=None if add_positions else "none")
 
         def norm() -> nn.Module:
@@ -63,17 +67,24 @@ class TransformerStack(nn.Module):
     def new_cache(
         self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device, source_len: int | None = None
     ) -> list[LayerCache]:
-        """Empty key/value caches for ``max_len`` positions; with cross-attention, also for the
+        """Empty key/value caches for ``max_len`` positions (a sliding window's: a rolling cache of its
+        ``attention_window`` last positions, whatever ``max_len``); with cross-attention, also for the
         ``source_len`` encoder positions (filled by the first step, reused after)."""
         config = self.config
 
         def kv(length: int) -> KVCache:
             return KVCache(batch_size, config.num_kv_heads, length, config.head_dim, dtype, device)
 
+        def own() -> KVCache:
+            if config.attention_kernel == "sliding_window":
+                return RollingKVCache(batch_size, config.num_kv_heads, config.attention_window, config.head_dim,
+                                      dtype, device)
+            return kv(max_len)
+
         cross = self.cross_attention
         if cross and source_len is None:
             raise ValueError("a cross-attention stack's cache needs source_len (the encoder's length)")
-        return [LayerCache(kv(max_len), kv(source_len) if cross else None) for _ in range(config.num_layers)]
+        return [LayerCache(own(), kv(source_len) if cross else None) for _ in range(config.num_layers)]
 
     def forward(
         self,
@@ -107,17 +118,28 @@ class TransformerStack(nn.Module):
             x = self.embedding_norm(x)
         x = self.dropout(x)
 
-        mask, is_causal = build_mask(
-            length, past + length, causal=self.causal, attention_mask=attention_mask,
-            position_bias=self.positional.attention_bias(position_ids, key_positions),
-            dtype=x.dtype, device=x.device,
-        )
-        context = AttentionContext(
-            mask=mask, is_causal=is_causal, rotary=self.positional.rotary_angles(position_ids, x.dtype),
-            encoder_output=encoder_hidden,
-            encoder_mask=None if encoder_mask is None else additive_mask(padding_mask(encoder_mask), x.dtype),
-            need_weights=output_attentions,
-        )
+        rotary = self.positional.rotary_angles(position_ids, x.dtype)
+        if self.structured:
+            if output_attentions and self.config.attention_kernel == "performer":
+                raise ValueError("attention_kernel='performer' has no attention weights (output_attentions=True); "
+                                 "use an exact kernel (sdpa, reference, chunked) to inspect them")
+            context = AttentionContext(
+                rotary=rotary, encoder_output=encoder_hidden, need_weights=output_attentions,
+                parts=MaskParts(self.causal, None if attention_mask is None else attention_mask.bool(),
+                                _block_bias(self.positional, position_ids, key_positions)),
+                encoder_parts=MaskParts(key_padding_mask=None if encoder_mask is None else encoder_mask.bool()),
+            )
+        else:
+            mask, is_causal = build_mask(
+                length, past + length, causal=self.causal, attention_mask=attention_mask,
+                position_bias=self.positional.attention_bias(position_ids, key_positions),
+                dtype=x.dtype, device=x.device,
+            )
+            context = AttentionContext(
+                mask=mask, is_causal=is_causal, rotary=rotary, encoder_output=encoder_hidden,
+                encoder_mask=None if encoder_mask is None else additive_mask(padding_mask(encoder_mask), x.dtype),
+                need_weights=output_attentions,
+            )
         hidden_states: list[Tensor] = []
         attentions: list[Tensor] = []
         cross_attentions: list[Tensor] = []
@@ -145,3 +167,15 @@ def _key_positions(batch: int, total: int, attention_mask: Tensor | None, device
     if attention_mask is not None:
         return positions_from_mask(attention_mask)
     return torch.arange(total, device=device).expand(batch, total)
+
+
+def _block_bias(positional: Positional, query_positions: Tensor, key_positions: Tensor) -> BlockBias | None:
+    """The position bias (ALiBi, relative) of query rows and key columns, built block by block by the
+    kernel from positions (B, Tq) and (B, Tk); None when the scheme adds none."""
+    if not hasattr(positional, "bias"):
+        return None
+
+    def bias(query_index: Tensor, key_index: Tensor) -> Tensor:  # (B, H, tq, tk)
+        return positional.bias(query_positions[:, query_index], key_positions[:, key_index])
+
+    return bias

@@ -218,3 +218,15 @@ def test_select_maps_refuses_what_the_model_does_not_have():
         select_maps(attentions, layer=4)
     with pytest.raises(ValueError, match="head 0 is out of range: this model has 2 heads, numbered 1 to 2"):
         select_maps(attentions, head=0)
+
+
+def test_a_performer_model_has_no_maps_to_draw(tmp_path, capsys):
+    folder = tmp_path / "performer"
+    tformer.build_model("gpt-nano", attention_kernel="performer", performer_features=16).save(folder)
+    assert main(["attention", str(folder), "--text", TEXT]) == 2
+    error = capsys.readouterr().err
+    assert "attention_kernel='performer' never forms attention weights" in error
+    assert len(error.strip().splitlines()) == 1
+    vision = vision_folder(tmp_path / "vision", attention_kernel="performer", performer_features=16)
+    assert main(["attention", str(vision), "--image", str(write_image(tmp_path / "image.png"))]) == 2
+    assert "never forms attention weights" in capsys.readouterr().err

@@ -58,6 +58,16 @@ def run(args: argparse.Namespace) -> int:
     return draw_text_maps(args) if args.text is not None else draw_image_maps(args)
 
 
+def check_has_weights(model_path: str, config) -> None:
+    """Refuse a model whose attention kernel never forms the weights to draw (Performer estimates them)."""
+    from tformer.cli import UsageError
+
+    if config.attention_kernel == "performer":
+        raise UsageError(f"{model_path}: attention_kernel='performer' never forms attention weights, so there is "
+                         "nothing to draw; models with an exact kernel (sdpa, reference, chunked, sliding_window) "
+                         "have them")
+
+
 def draw_image_maps(args: argparse.Namespace) -> int:
     """The rollout and last-layer overlays of a vision model on images (and the position similarities)."""
     import torch
@@ -77,6 +87,7 @@ def draw_image_maps(args: argparse.Namespace) -> int:
     head_fusion = args.head_fusion or "mean"
     model = load_classifier(args.model)
     config = model.config
+    check_has_weights(args.model, config)
     out = Path(args.out) if args.out else Path(args.model) / "attention" / f"{Path(args.image[0]).stem}.png"
     outputs = [out] + ([Path(args.positions)] if args.positions else [])
     for path in outputs:
@@ -122,6 +133,7 @@ def draw_text_maps(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.model}: --text draws the attention of a decoder or an encoder; this model is "
                          f"architecture={config.architecture!r}"
                          + (" (give it --image)" if config.architecture == "vision" else ""))
+    check_has_weights(args.model, config)
     if model.tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.model}: no tokenizer.json'}; attention --text needs one "
                          "to read the text")

@@ -9,13 +9,13 @@ heads of 64, vocabulary 50257, float32, random weights: no download) with
 Cache bytes per token: ``tformer.generation.cache_bytes_per_token`` (2 x layers x KV heads x 64 x 4
 bytes), checked against the key/value tensors a decoding session of the same model really allocates
 (their bytes / (rows x positions)); the script stops if the two differ. Speed: new tokens per second
-of ``tformer.generate`` (greedy, the KV cache, no end token: always 128 new tokens) after the same
-32-token prompt, batch 1 and batch 8; the median of --rounds interleaved rounds
-(benchmarks/timing.py: every variant and batch once a round). The variants also differ in their key
+of ``tformer.generate`` (greedy, the KV cache, no end token: always --new-tokens new tokens) after
+the same random prompt of --prompt-length tokens, batch 1 and batch 8; the median of --rounds
+interleaved rounds (benchmarks/timing.py: every variant and batch once a round). The variants also differ in their key
 and value projections (fewer key/value heads, fewer weights: the table lists each one's parameters),
 which the speed includes.
 
-    python benchmarks/kv_cache_memory.py [--rounds 3] [--threads 2] [--new-tokens 128]
+    python benchmarks/kv_cache_memory.py [--rounds 3] [--threads 2] [--prompt-length 32] [--new-tokens 128]
                                          [--out benchmarks/logs/kv_cache_memory.png]  # + .json beside it
 """
 
@@ -40,7 +40,7 @@ from tformer.config import resolve_config  # noqa: E402
 from tformer.generation import cache_bytes_per_token, open_session  # noqa: E402
 from tformer.models import build_model  # noqa: E402
 
-PROMPT_LENGTH, BATCHES, FULL_CONTEXT = 32, (1, 8), 1024
+BATCHES, FULL_CONTEXT = (1, 8), 1024
 
 
 def variants(gqa_kv_heads: int) -> dict[str, tformer.ModelConfig]:
@@ -50,10 +50,10 @@ def variants(gqa_kv_heads: int) -> dict[str, tformer.ModelConfig]:
             for name, heads in (("MHA", base.num_heads), ("GQA", gqa_kv_heads), ("MQA", 1))}
 
 
-def allocated_cache(model, batch: int, new_tokens: int) -> tuple[int, int]:
+def allocated_cache(model, batch: int, prompt_length: int, new_tokens: int) -> tuple[int, int]:
     """Bytes of the key/value tensors a decoding session of ``batch`` rows holds, and the positions
     per row it holds room for."""
-    prompt = torch.zeros(batch, PROMPT_LENGTH, dtype=torch.long)
+    prompt = torch.zeros(batch, prompt_length, dtype=torch.long)
     with torch.inference_mode():
         session, _ = open_session(model, prompt, None, new_tokens)
     held = sum(layer.self_attention.nbytes() for layer in session.cache)
@@ -66,12 +66,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help=f"torch CPU threads (default here: {torch.get_num_threads()})")
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--gqa-kv-heads", type=int, default=4, help="key/value heads of the GQA variant (4)")
     parser.add_argument("--out", type=Path, default=None, help="PNG of the bar plot; the figures go to the "
                         "same name with .json")
     args = parser.parse_args()
-    if args.rounds < 1 or args.threads < 1 or args.new_tokens < 1:
-        parser.error("--rounds, --threads and --new-tokens must be at least 1")
+    if min(args.rounds, args.threads, args.new_tokens, args.prompt_length) < 1:
+        parser.error("--rounds, --threads, --new-tokens and --prompt-length must be at least 1")
+    if args.prompt_length + args.new_tokens > FULL_CONTEXT:
+        parser.error(f"--prompt-length + --new-tokens must fit GPT-2's {FULL_CONTEXT} positions")
     if args.out is not None and args.out.suffix != ".png":
         parser.error(f"--out {args.out}: name a .png file (the figures are written beside it as .json)")
     try:
@@ -80,18 +83,18 @@ def main() -> None:
         parser.error(f"--gqa-kv-heads {args.gqa_kv_heads}: {error}")
     torch.set_num_threads(args.threads)
     print(f"GPT-2 124M shape, random weights, float32, {args.threads} threads, torch {torch.__version__}; "
-          f"prompt {PROMPT_LENGTH} tokens, {args.new_tokens} new tokens, greedy; "
+          f"prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, greedy; "
           f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
 
     models, rows = {}, {}
     generator = torch.Generator().manual_seed(0)
-    prompts = {batch: torch.randint(0, 50257, (batch, PROMPT_LENGTH), generator=generator) for batch in BATCHES}
+    prompts = {batch: torch.randint(0, 50257, (batch, args.prompt_length), generator=generator) for batch in BATCHES}
     for name, config in configs.items():
         torch.manual_seed(0)
         model = build_model(config).eval()
         formula = cache_bytes_per_token(model)
         for batch in BATCHES:
-            held, positions = allocated_cache(model, batch, args.new_tokens)
+            held, positions = allocated_cache(model, batch, args.prompt_length, args.new_tokens)
             if held != formula * batch * positions:
                 raise SystemExit(f"{name}: cache_bytes_per_token says {formula} bytes per token, the session's "
                                  f"cache holds {held} bytes for {batch} x {positions} positions")
@@ -105,7 +108,7 @@ def main() -> None:
     def generation(model, prompt):
         def run() -> None:
             output = tformer.generate(model, prompt, args.new_tokens, eos_token_id=[])
-            assert output.shape[1] == PROMPT_LENGTH + args.new_tokens
+            assert output.shape[1] == args.prompt_length + args.new_tokens
         return run
 
     work = {(name, batch): generation(model, prompts[batch]) for batch in BATCHES for name, model in models.items()}
@@ -130,7 +133,7 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         settings = {"shape": "gpt2 (12 x 768, 12 heads, V=50257)", "dtype": "float32", "threads": args.threads,
-                    "prompt_tokens": PROMPT_LENGTH, "new_tokens": args.new_tokens, "rounds": args.rounds,
+                    "prompt_tokens": args.prompt_length, "new_tokens": args.new_tokens, "rounds": args.rounds,
                     "torch": torch.__version__, "date": f"{datetime.now(UTC):%Y-%m-%d}"}
         args.out.with_suffix(".json").write_text(json.dumps({"settings": settings, "variants": rows}, indent=1) + "\n")
         plot(rows, args.out)

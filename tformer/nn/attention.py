@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import ATTENTION_KERNELS
+from tformer.nn.performer import PerformerProjection, performer_attention
 from tformer.nn.position import apply_rotary
 
 # bias(query_index (tq,), key_index (tk,)) -> additive bias (1|B, H, tq, tk) of those rows and columns.
@@ -605,8 +606,6 @@ class MultiHeadAttention(nn.Module):
         self.kernel = kernel
         self.window = window
         if kernel == "performer":
-            from tformer.nn.performer import PerformerProjection  # noqa: PLC0415 (written beside this branch)
-
             self.performer = PerformerProjection(performer_features, self.head_dim, performer_redraw_interval)
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
@@ -664,8 +663,6 @@ class MultiHeadAttention(nn.Module):
                                  "(need_weights / output_attentions); use an exact kernel to inspect them")
             if mask is not None or parts.bias is not None:
                 raise ValueError("attention_kernel='performer' cannot add an additive mask or position bias")
-            from tformer.nn.performer import performer_attention  # noqa: PLC0415 (written beside this branch)
-
             out = performer_attention(q, k, v, self.performer(), causal=parts.causal,
                                       key_padding_mask=parts.key_padding_mask)
             return out, None

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from tformer.errors import TformerError
+from tformer.tokenizers.byte_level import token_bytes
 from tformer.viz.figures import pyplot, save_figure
 
 # Whitespace drawn as a visible mark, so a space token is not a blank label.
@@ -24,8 +25,6 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
     """What to print for each token on a map's axes: its vocabulary string, except that a byte-level
     BPE token (GPT-2's "Ġthe") is shown as the text it stands for (a byte of a character split over
     tokens as "\ufffd"), and spaces, newlines and tabs as visible marks (␣ ↵ →)."""
-    from tformer.tokenizers.byte_level import token_bytes
-
     labels = []
     for token_id in ids:
         token = tokenizer.id_to_token(int(token_id))

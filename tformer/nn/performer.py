@@ -133,27 +133,29 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
         carried_max = running[..., 0]
         state = values.new_zeros(batch, kv_heads, num_features, values.shape[-1])
         normaliser = values.new_zeros(batch, kv_heads, num_features)
+    if q_len == 0:
+        return q_features.new_zeros(*q_features.shape[:-1], values.shape[-1])
     size = min(chunk_size, q_len)
     below = torch.ones(size, size, dtype=torch.bool, device=k_logits.device).tril()  # key j <= query i
+    # Chunks by split, not by slicing in the loop: a slice's backward writes a zero tensor of the whole
+    # input, which would make the backward quadratic in length.
+    chunks = zip(q_features.split(chunk_size, dim=-2), k_logits[..., offset:, :].split(chunk_size, dim=-2),
+                 values[..., offset:, :].split(chunk_size, dim=-2), running[..., offset:].split(chunk_size, dim=-1),
+                 strict=True)
     outputs = []
-    for start in range(0, q_len, chunk_size):
-        stop = min(start + chunk_size, q_len)
-        keys = slice(offset + start, offset + stop)
-        level = running[..., keys]  # (B, Hkv, c)
-        k_features = torch.exp(k_logits[..., keys, :] - level[..., None])  # (B, Hkv, c, M), each <= 1
-        chunk_values = values[..., keys, :]  # (B, Hkv, c, Dv)
-        q_chunk = q_features[..., start:stop, :]  # (B, Hkv, G, c, M)
+    for q_chunk, chunk_logits, chunk_values, level in chunks:
+        # q_chunk (B, Hkv, G, c, M); chunk_logits (B, Hkv, c, M); chunk_values (B, Hkv, c, Dv); level (B, Hkv, c)
+        length = level.shape[-1]
+        k_features = torch.exp(chunk_logits - level[..., None])  # each <= 1
         # Within the chunk: key j for query i, rescaled from level j to level i (<= 1 for j <= i), 0 above.
         decay = torch.exp((level[..., None, :] - level[..., :, None]).clamp(max=0))  # (B, Hkv, c, c)
-        decay = decay * below[: stop - start, : stop - start]
+        decay = decay * below[:length, :length]
         scores = (q_chunk @ k_features.transpose(-2, -1).unsqueeze(2)) * decay.unsqueeze(2)  # (B, Hkv, G, c, c)
         # The state, brought from the carried level to each query's level.
         q_carry = q_chunk * torch.exp((carried_max[..., None] - level).clamp(max=0))[:, :, None, :, None]
         numerator = scores @ chunk_values.unsqueeze(2) + q_carry @ state.unsqueeze(2)
         denominator = scores.sum(-1, keepdim=True) + q_carry @ normaliser[:, :, None, :, None]
         outputs.append(_divide(numerator, denominator))
-        if stop == q_len:
-            break
         # Add this chunk's keys to the state, everything at the chunk's last level.
         last = level[..., -1]  # (B, Hkv)
         to_last = k_features * torch.exp((level - last[..., None]).clamp(max=0))[..., None]
@@ -161,8 +163,6 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
         state = state * carry[..., None, None] + to_last.transpose(-2, -1) @ chunk_values
         normaliser = normaliser * carry[..., None] + to_last.sum(-2)
         carried_max = last
-    if not outputs:  # no queries
-        return q_features.new_zeros(*q_features.shape[:-1], values.shape[-1])
     return torch.cat(outputs, dim=-2)
 
 

@@ -153,6 +153,20 @@ MUTATIONS = (
         ("tests/test_interop_vit.py", "-k", "outputs_equal"),
         "a ViT checkpoint's query and key matrices land in each other's rows of qkv_proj",
     ),
+    Mutation(
+        "chunked-attention-forgets-the-running-max", "tformer/nn/attention.py",
+        "total = total * correction + probabilities.sum(-1, keepdim=True)",
+        "total = total + probabilities.sum(-1, keepdim=True)",
+        ("tests/test_attention_kernels.py", "-k", "chunked_equals"),
+        "the online softmax adds a new key block's sum without rescaling the old one to the new maximum",
+    ),
+    Mutation(
+        "performer-causal-chunk-sees-ahead", "tformer/nn/performer.py",
+        "decay = decay * below[:length, :length]",
+        "decay = decay * below[:length, :length].T",
+        ("tests/test_performer.py",),
+        "inside a chunk, causal Performer lets a query read later keys instead of earlier ones",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -25,22 +25,21 @@ q/k/v. Each leg of 2000 steps takes minutes on a laptop CPU.
     python benchmarks/performer_error.py --lm [--kernels sdpa performer] [--features 256]
                                          [--redraw-interval 0] [--threads 2] [--set training.max_steps=500]
 
-Measured here on 2026-11-23 (2-core CPU shared with other jobs, float32), part 1 with one seed and one
-scale only (``--seeds 1 --logit-std 0.25``, 24 s of CPU; log: benchmarks/logs/performer_error-2026-11-23.log).
-The default run (3 seeds, 3 scales, about 4 minutes of CPU) and ``--lm`` are left for the next free CPU:
+Measured here on 2026-11-23 with the defaults (``python benchmarks/performer_error.py``: 3 seeds, 3 scales,
+181 s; 2-core CPU beside other jobs, float32; log: benchmarks/logs/performer_error-2026-11-23.log), median
+relative error:
 
          M   bidir orth    bidir iid  causal orth   causal iid      (logit std 0.25, |q'|^2 = 2.0)
-        16       1.1189       1.1830       0.7882       0.8594
-        64       0.7324       0.7553       0.5326       0.5812
-       256       0.4272       0.6492       0.3225       0.5062
-      1024       0.2434       0.9862       0.1889       0.6369
-     slope        -0.37        -0.06        -0.35        -0.09      (log error / log M over 16..1024)
+        16       1.1189       1.1830       0.7882       0.8274
+        64       0.6643       0.7230       0.4940       0.5060
+       256       0.4272       0.4390       0.3225       0.3288
+      1024       0.2434       0.2551       0.1837       0.1891
+     slope        -0.36        -0.37        -0.35        -0.35      (log error / log M over 16..1024)
 
-Orthogonal features keep improving (about M^-0.37, short of the M^-0.5 of a plain Monte Carlo mean because
-rows are normalised); i.i.d. ones stop improving past M = 256 in this draw (float64 gives the same numbers,
-so it is the estimator's heavy tail, not rounding). At logit std 0.5 and 1 (spot checks, one draw) even
-orthogonal features leave errors of 0.7 to 3 at M = 1024: FAVOR+ approximates only diffuse attention
-well, and a model trained with it adapts to it (what ``--lm`` measures).
+At logit std 0.5 the error at M = 1024 is 1.18 (bidirectional, orthogonal) and at std 1 it is 2.97: FAVOR+
+approximates only diffuse attention well, and a model trained with it adapts to it (what ``--lm`` measures;
+not run yet). Orthogonal and i.i.d. features give the same medians over these 3 draws (a single earlier draw
+showed i.i.d. features stalling past M = 256: the estimator's heavy tail).
 """
 
 from __future__ import annotations

@@ -188,6 +188,11 @@ class ModelConfig:
             self._check_vision()
         self._check_attention_kernel()
 
+    @property
+    def label_names_or_ids(self) -> tuple[str, ...]:
+        """The label names, or Hugging Face's ``LABEL_0`` .. ``LABEL_{n-1}`` when the config names none."""
+        return self.label_names or tuple(f"LABEL_{index}" for index in range(self.num_labels))
+
     # ---- validation -------------------------------------------------------------------------
 
     def _check_choices(self) -> None:

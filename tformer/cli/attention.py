@@ -100,7 +100,7 @@ def draw_image_maps(args: argparse.Namespace) -> int:
     size, grid = tuple(pixels.shape[-2:]), (config.patch_grid,) * 2
     rollout = patch_map(attention_rollout(output.attentions, head_fusion), grid, config.pooling)
     last = patch_map(fuse_heads(output.attentions[-1], head_fusion), grid, config.pooling)
-    names = config.label_names or tuple(f"LABEL_{index}" for index in range(config.num_labels))
+    names = config.label_names_or_ids
     probabilities = output.logits.float().softmax(-1)
     titles = [f"{Path(path).name}\n{names[int(row.argmax())]} ({float(row.max()):.2f})"
               for path, row in zip(args.image, probabilities, strict=True)]

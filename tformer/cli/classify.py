@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_classifier(args.model)
     pixels = read_model_images(args.images, model.image_processor)  # uint8 (N, C, H, W)
     config = model.config
-    names = config.label_names or tuple(f"LABEL_{index}" for index in range(config.num_labels))
+    names = config.label_names_or_ids
     top_k = min(args.top_k, config.num_labels)
     for start in range(0, len(pixels), CHUNK):
         batch = model.image_processor(pixels[start : start + CHUNK])  # (B, C, H, W) float32

@@ -78,7 +78,7 @@ def predict_label(model, text: str, pair: str | None, top_k: int) -> dict:
 
     encoded = _encode(model, text, pair)
     probabilities = torch.softmax(model(**encoded).logits[0].float(), dim=-1)
-    names = model.config.label_names or tuple(f"LABEL_{index}" for index in range(probabilities.numel()))
+    names = model.config.label_names_or_ids
     values, indices = probabilities.topk(min(top_k, probabilities.numel()))
     labels = [{"label": names[index], "probability": round(value, 4)} for value, index in
               zip(values.tolist(), indices.tolist(), strict=True)]

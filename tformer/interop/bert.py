@@ -255,6 +255,6 @@ def labels_from_hf(model_type: str, raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def labels_to_hf(config: ModelConfig) -> dict[str, Any]:
     """config.json's ``id2label`` and ``label2id`` for a classifier of ``config`` (``LABEL_i`` unnamed)."""
-    names = config.label_names or tuple(f"LABEL_{i}" for i in range(config.num_labels))
+    names = config.label_names_or_ids
     return {"id2label": {str(i): name for i, name in enumerate(names)},
             "label2id": {name: i for i, name in enumerate(names)}}

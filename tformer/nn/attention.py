@@ -417,11 +417,12 @@ class MaskParts:
     def dense(self, q_len: int, k_len: int, window: int | None, dtype: torch.dtype, device: torch.device) -> Tensor:
         """The additive mask (B|1, H|1, Tq, Tk) these parts stand for, with the sliding window's band: for
         the reference path when attention weights are asked for (inspection, not speed)."""
-        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-        if self.causal:
-            allowed = causal_mask(q_len, k_len, device)
         if window is not None:
-            allowed = allowed & band_mask(q_len, k_len, window, causal=self.causal, device=device)
+            allowed = band_mask(q_len, k_len, window, causal=self.causal, device=device)  # causality included
+        elif self.causal:
+            allowed = causal_mask(q_len, k_len, device)
+        else:
+            allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
         allowed = allowed[None, None]
         if self.key_padding_mask is not None:
             allowed = allowed & self.key_padding_mask[:, None, None, :]

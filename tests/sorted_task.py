@@ -23,6 +23,7 @@ from tformer.config import ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import ModelOutput
 from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.distributed import leave_process_group
 from tformer.training.tasks import Task
 from tformer.training.trainer import Trainer
 
@@ -130,6 +131,8 @@ def main() -> None:
         print(json.dumps({"resumed_from": trainer.resume("auto")}))
     result = trainer.train()
     print(json.dumps({"stopped": result.stopped, "steps": result.steps, "unit": result.unit}))
+    trainer = None  # freed before the process group goes, as tformer.training.run does
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -37,9 +37,14 @@ relative error:
      slope        -0.36        -0.37        -0.35        -0.35      (log error / log M over 16..1024)
 
 At logit std 0.5 the error at M = 1024 is 1.18 (bidirectional, orthogonal) and at std 1 it is 2.97: FAVOR+
-approximates only diffuse attention well, and a model trained with it adapts to it (what ``--lm`` measures;
-not run yet). Orthogonal and i.i.d. features give the same medians over these 3 draws (a single earlier draw
-showed i.i.d. features stalling past M = 256: the estimator's heavy tail).
+approximates only diffuse attention well, and a model trained with it adapts to it. Orthogonal and i.i.d.
+features give the same medians over these 3 draws (a single earlier draw showed i.i.d. features stalling
+past M = 256: the estimator's heavy tail).
+
+``--lm --kernels sdpa performer sliding_window chunked`` (2026-11-23, 2 threads; log:
+benchmarks/logs/performer_error-lm-2026-11-23.log), whole-validation loss after 2,000 steps: sdpa 1.8973,
+performer (M = 256) 1.9041 (+0.4%), sliding_window (32 keys) 1.8919 (-0.3%), chunked 1.8973; training wall
+216.5, 413.6, 231.1 and 233.7 s.
 """
 
 from __future__ import annotations

@@ -49,6 +49,20 @@ MUTATIONS = (
         "attention(is_causal=True, mask=...) on the fused path forgets causality",
     ),
     Mutation(
+        "paged-decode-ignores-padding", "tformer/serving/paged_decoder.py",
+        "attn_mask=step.decode_mask, enable_gqa=grouped)",
+        "attn_mask=None, enable_gqa=grouped)",
+        ("tests/test_serving_engine.py",),
+        "one-token sequences of different lengths attend to the padding slots of the shorter ones",
+    ),
+    Mutation(
+        "serving-leaks-finished-blocks", "tformer/serving/engine.py",
+        "            sequence.table.release()",
+        "            pass",
+        ("tests/test_serving_engine.py",),
+        "a finished sequence keeps its cache blocks",
+    ),
+    Mutation(
         "beam-never-bound-at-current-length", "tformer/generation/beam.py",
         'best_length = max_new_tokens if early_stopping == "never"',
         'best_length = generated if early_stopping == "never"',

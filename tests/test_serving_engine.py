@@ -1,0 +1,245 @@
+"""Continuous batching over the paged cache: each request among many decodes exactly what
+``tformer.generate`` decodes for it alone, the pool returns to empty, and a full pool, a cancelled
+request or a bad one never corrupts the others."""
+
+import pytest
+import torch
+
+import tformer
+from tformer.generation import GenerationConfig, GenerationError
+from tformer.serving import Engine, PagedStep
+from tformer.serving.paged_cache import BlockPool, BlockTable
+from tformer.tokenizers import CharTokenizer
+
+VOCAB = 61
+
+
+def small_model(**overrides):
+    settings = dict(vocab_size=VOCAB, max_seq_len=96, d_model=48, num_layers=2, num_heads=4)
+    settings.update(overrides)
+    return tformer.build_model("gpt-nano", **settings).eval()
+
+
+def prompts_of_lengths(lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (length,), generator=generator).tolist() for length in lengths]
+
+
+def alone(model, prompt, config):
+    return tformer.generate(model, torch.tensor([prompt]), generation_config=config)[0, len(prompt):].tolist()
+
+
+LENGTHS = [1, 17, 3, 40, 8, 5, 29, 2, 11, 33, 6, 16, 4, 23, 9, 31]
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(positional="learned"),
+    dict(positional="rope", num_kv_heads=2, norm="rmsnorm", activation="swiglu", bias=False),
+    dict(positional="sinusoidal", norm_position="post"),
+], ids=["gpt2-like", "llama-like-gqa", "post-norm-sinusoidal"])
+def test_sixteen_concurrent_greedy_requests_equal_each_alone(overrides):
+    model = small_model(**overrides)
+    prompts = prompts_of_lengths(LENGTHS)
+    config = GenerationConfig(max_new_tokens=20, eos_token_id=())
+    engine = Engine(model, cache_tokens=1024, block_size=8, max_running=16)
+    requests = engine.complete(prompts, config)
+    for prompt, request in zip(prompts, requests, strict=True):
+        assert request.outputs()[0] == alone(model, prompt, config)
+        assert request.finish_reasons() == ["length"]
+    assert engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0
+    # All 16 ran together: one prefill step, then one step per further token.
+    assert engine.stats.steps == 20
+
+
+def test_requests_joining_a_running_batch_equal_each_alone():
+    """Later requests are prefilled in the same steps as earlier ones decode."""
+    model = small_model(positional="rope")
+    prompts = prompts_of_lengths([5, 12, 7, 30, 1, 9])
+    config = GenerationConfig(max_new_tokens=12, eos_token_id=())
+    engine = Engine(model, cache_tokens=1024, block_size=4)
+    requests = []
+    for prompt in prompts:
+        requests.append(engine.submit(prompt, config))
+        engine.step()
+        engine.step()
+    engine.run_until_idle()
+    for prompt, request in zip(prompts, requests, strict=True):
+        assert request.outputs()[0] == alone(model, prompt, config)
+    assert engine.pool.blocks_in_use == 0
+
+
+def test_a_step_mixing_prefills_and_decodes_gives_the_models_logits():
+    model = small_model(positional="rope", num_kv_heads=2)
+    engine = Engine(model, cache_tokens=512, block_size=4)
+    pool, decoder = engine.pool, engine.decoder
+    sequences = prompts_of_lengths([6, 9, 3], seed=1)
+    tables = [BlockTable(pool, 8) for _ in sequences]
+    assert pool.reserve(24)
+    with torch.inference_mode():
+        for table, tokens in zip(tables[:2], sequences[:2], strict=True):  # the first two are already cached
+            table.append_slots(len(tokens) - 1)
+            decoder.step(PagedStep.build([table], [tokens[:-1]], decoder.dtype), pool)
+        new = [[sequences[0][-1]], [sequences[1][-1]], sequences[2]]  # two decode one token, one prefills
+        for table, tokens in zip(tables, new, strict=True):
+            table.append_slots(len(tokens))
+        logits = decoder.step(PagedStep.build(tables, new, decoder.dtype), pool)
+        for row, tokens in enumerate(sequences):
+            expected = model(torch.tensor([tokens])).logits[0, -1]
+            torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_seeded_sampling_draws_what_generate_draws():
+    model = small_model()
+    prompts = prompts_of_lengths([4, 10, 7], seed=2)
+    configs = [GenerationConfig(max_new_tokens=15, eos_token_id=(), temperature=0.8, top_k=20, seed=seed)
+               for seed in (1, 2, 3)]
+    engine = Engine(model, cache_tokens=1024)
+    requests = [engine.submit(prompt, config) for prompt, config in zip(prompts, configs, strict=True)]
+    engine.run_until_idle()
+    for prompt, config, request in zip(prompts, configs, requests, strict=True):
+        assert request.outputs()[0] == alone(model, prompt, config)
+
+
+def test_n_sequences_of_one_request_differ_and_each_is_reproducible():
+    model = small_model()
+    config = GenerationConfig(max_new_tokens=12, eos_token_id=(), do_sample=True, seed=7)
+    engine = Engine(model, cache_tokens=1024)
+    (first,) = engine.complete([[1, 2, 3]], config, n=3)
+    (again,) = engine.complete([[1, 2, 3]], config, n=3)
+    assert first.outputs() == again.outputs()
+    assert len({tuple(output) for output in first.outputs()}) == 3
+    assert first.outputs()[0] == alone(model, [1, 2, 3], config)
+
+
+def test_end_ids_and_stop_strings_finish_a_sequence_and_stay_out_of_the_text():
+    tokenizer = CharTokenizer.train("abcdefgh ")
+    model = small_model(vocab_size=tokenizer.vocab_size)
+    prompt = tokenizer.encode("ab")
+    free = alone(model, prompt, GenerationConfig(max_new_tokens=20, eos_token_id=()))
+    free_text = tokenizer.decode(free)
+    stop = free_text[5:7]
+    engine = Engine(model, tokenizer, cache_tokens=512)
+    events = []
+    request = engine.submit(prompt, GenerationConfig(max_new_tokens=20, eos_token_id=(), stop_strings=(stop,)),
+                            on_event=events.append)
+    engine.run_until_idle()
+    text = request.texts()[0]
+    assert text == free_text[: free_text.index(stop)] and request.finish_reasons() == ["stop"]
+    assert "".join(event.text for event in events) == text
+    assert events[-1].finish_reason == "stop" and all(event.finish_reason is None for event in events[:-1])
+    # An end id: kept in the ids, not in the text.
+    end = free[3]
+    (ended,) = engine.complete([prompt], GenerationConfig(max_new_tokens=20, eos_token_id=end))
+    assert ended.outputs()[0] == free[: free.index(end) + 1] and ended.finish_reasons() == ["stop"]
+    assert ended.texts()[0] == tokenizer.decode(free[: free.index(end)])
+    assert engine.pool.blocks_in_use == 0
+
+
+def test_logprobs_are_the_models_log_softmax():
+    model = small_model()
+    prompt = [3, 1, 4, 1, 5]
+    engine = Engine(model, cache_tokens=512)
+    events = []
+    engine.submit(prompt, GenerationConfig(max_new_tokens=3, eos_token_id=()), logprobs=2, on_event=events.append)
+    engine.run_until_idle()
+    ids = list(prompt)
+    for event in events:
+        with torch.no_grad():
+            expected = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+        assert event.logprob == pytest.approx(float(expected[event.token_id]), abs=1e-4)
+        assert [token for token, _ in event.top_logprobs] == expected.topk(2).indices.tolist()
+        ids.append(event.token_id)
+
+
+def test_a_full_pool_makes_requests_wait_and_never_corrupts_running_ones():
+    model = small_model()
+    prompts = prompts_of_lengths([10, 10, 10, 10], seed=3)
+    config = GenerationConfig(max_new_tokens=14, eos_token_id=())
+    engine = Engine(model, cache_tokens=48, block_size=8)  # 6 blocks: room for 2 of these requests at a time
+    held = []  # blocks in use at every event
+    requests = [engine.submit(prompt, config, on_event=lambda _: held.append(engine.pool.blocks_in_use))
+                for prompt in prompts]
+    engine.step()
+    assert engine.running == 2 and engine.queue_length == 2
+    engine.run_until_idle()
+    assert max(held) <= 6
+    for prompt, request in zip(prompts, requests, strict=True):
+        assert request.outputs()[0] == alone(model, prompt, config)
+    assert engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0
+
+
+def test_a_request_waiting_past_the_queue_timeout_finishes_with_timeout():
+    model = small_model()
+    engine = Engine(model, cache_tokens=24, block_size=8, queue_timeout=0.0)
+    config = GenerationConfig(max_new_tokens=12, eos_token_id=())
+    first = engine.submit([1] * 10, config)
+    engine.step()
+    late = engine.submit([2] * 10, config)
+    engine.run_until_idle()
+    assert first.finish_reasons() == ["length"] and late.finish_reasons() == ["timeout"]
+    assert late.outputs() == [[]] and engine.stats.requests_timed_out == 1
+
+
+def test_a_cancelled_request_frees_its_blocks_and_the_others_go_on():
+    model = small_model()
+    prompts = prompts_of_lengths([6, 14, 9], seed=4)
+    config = GenerationConfig(max_new_tokens=16, eos_token_id=())
+    engine = Engine(model, cache_tokens=1024, block_size=4)
+    requests = [engine.submit(prompt, config) for prompt in prompts]
+    for _ in range(5):
+        engine.step()
+    held = engine.pool.blocks_in_use
+    engine.cancel(requests[1])
+    engine.step()
+    assert engine.pool.blocks_in_use < held and requests[1].done.is_set()
+    engine.run_until_idle()
+    assert requests[1].finish_reasons() == ["cancelled"] and len(requests[1].outputs()[0]) == 5
+    for index in (0, 2):
+        assert requests[index].outputs()[0] == alone(model, prompts[index], config)
+    assert engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0
+
+
+def test_blocks_held_follow_the_tokens_stored():
+    model = small_model()
+    engine = Engine(model, cache_tokens=2048, block_size=8)
+    lengths = [3, 30, 12, 45, 7, 21]
+    for prompt in prompts_of_lengths(lengths, seed=5):
+        engine.submit(prompt, GenerationConfig(max_new_tokens=40, eos_token_id=()))
+    for _ in range(10):
+        engine.step()
+    stored = sum(length + 10 - 1 for length in lengths)  # the 10th token is not cached yet
+    held = engine.pool.blocks_in_use * engine.pool.block_size
+    assert stored <= held < stored + len(lengths) * engine.pool.block_size
+
+
+def test_requests_the_engine_cannot_serve_are_refused_by_name():
+    with pytest.raises(GenerationError, match="positional='alibi'"):
+        Engine(small_model(positional="alibi"))
+    engine = Engine(small_model(), cache_tokens=64, block_size=8)
+    refusals = [
+        (dict(prompt_ids=[]), "no tokens"),
+        (dict(prompt_ids=[VOCAB]), "outside the vocabulary"),
+        (dict(prompt_ids=[1] * 90, config=GenerationConfig(max_new_tokens=10)), "context of 96"),
+        (dict(prompt_ids=[1] * 60, config=GenerationConfig(max_new_tokens=10)), "the pool holds 8"),
+        (dict(prompt_ids=[1], config=GenerationConfig(num_beams=2)), "num_beams"),
+        (dict(prompt_ids=[1], config=GenerationConfig(stop_strings="x")), "need a tokenizer"),
+        (dict(prompt_ids=[1], n=0), "n=0"),
+    ]
+    for arguments, message in refusals:
+        with pytest.raises(GenerationError, match=message):
+            engine.submit(**arguments)
+    assert engine.queue_length == 0
+    engine.stop_admitting()
+    with pytest.raises(GenerationError, match="shutting down"):
+        engine.submit([1])
+
+
+def test_the_pool_hands_out_only_what_it_promised():
+    pool = BlockPool(4, 2, num_layers=1, num_kv_heads=1, head_dim=2)
+    assert pool.reserve(3) and not pool.reserve(2)
+    table = BlockTable(pool, 3)
+    assert table.append_slots(5).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match="past its reservation"):
+        table.append_slots(2)
+    table.release()
+    assert pool.blocks_in_use == 0 and pool.available == 4

@@ -1,0 +1,449 @@
+"""Continuous batching: one loop that, at every step, admits waiting requests into the running
+batch (their prompts prefilled in the same step as the others decode), samples one token for every
+running sequence, and removes finished sequences at once, their cache blocks back in the pool.
+
+Requests are submitted and cancelled from any thread; ``step`` runs on one (the server's engine
+thread, or the caller's in ``Engine.complete``). Each request carries a ``GenerationConfig`` (the
+options of ``tformer.generate``: ``max_new_tokens``, temperature, top-k/p, seed, end ids, stop
+strings), so a request alone decodes what ``generate`` would: greedy tokens identically, and
+seeded sampling with the same draws.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from tformer.generation.sampling import TokenChooser
+from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model
+from tformer.generation.stream import REPLACEMENT
+from tformer.serving.paged_cache import BlockTable, blocks_for
+from tformer.serving.paged_decoder import PagedDecoder, PagedStep
+
+FINISH_REASONS = ("stop", "length", "cancelled", "timeout")
+
+
+@dataclass
+class TokenEvent:
+    """What one step produced for one sequence: its new token and the text it completes."""
+
+    request: Request
+    index: int  # which of the request's ``n`` sequences
+    token_id: int
+    text: str  # new text (held back while it may be the start of a stop string or a character)
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None  # set on the sequence's last event
+
+
+@dataclass
+class _Sequence:
+    """One of a request's sequences while it decodes."""
+
+    index: int
+    generator: torch.Generator | None
+    table: BlockTable | None = None
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""  # text handed out so far
+    finish_reason: str | None = None
+
+
+class Request:
+    """One submitted prompt and its ``n`` sequences; ``on_event`` (called on the engine's thread)
+    receives every ``TokenEvent``; ``done`` is set when every sequence has finished."""
+
+    def __init__(self, request_id: int, prompt_ids: list[int], config: GenerationConfig, n: int, chooser: TokenChooser,
+                 end_ids: frozenset[int], on_event: Callable[[TokenEvent], None] | None, logprobs: int | None,
+                 blocks_needed: int) -> None:
+        self.id = request_id
+        self.prompt_ids = prompt_ids
+        self.config = config
+        self.chooser = chooser
+        self.end_ids = end_ids
+        self.on_event = on_event
+        self.logprobs = logprobs
+        self.blocks_needed = blocks_needed  # per sequence: prompt + longest answer
+        self.submitted = time.monotonic()
+        self.first_token_at: float | None = None
+        self.sequences = [_Sequence(index, _generator(config.seed, index)) for index in range(n)]
+        self.done = threading.Event()
+
+    @property
+    def finished(self) -> bool:
+        return all(sequence.finish_reason is not None for sequence in self.sequences)
+
+    def outputs(self) -> list[list[int]]:
+        """Each sequence's new token ids."""
+        return [list(sequence.output_ids) for sequence in self.sequences]
+
+    def texts(self) -> list[str]:
+        return [sequence.text for sequence in self.sequences]
+
+    def finish_reasons(self) -> list[str | None]:
+        return [sequence.finish_reason for sequence in self.sequences]
+
+
+def _generator(seed: int | None, index: int) -> torch.Generator | None:
+    """A request's draws: ``seed`` for its first sequence (as ``generate`` would), ``seed + index`` after."""
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed((seed + index) % 2**64)
+
+
+@dataclass
+class EngineStats:
+    """Counters for /metrics."""
+
+    requests_submitted: int = 0
+    requests_finished: int = 0
+    requests_cancelled: int = 0
+    requests_timed_out: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+
+
+class Engine:
+    """Continuous batching over a paged key/value cache for one decoder model.
+
+    ``cache_tokens``: the pool's size in tokens (rounded up to whole blocks of ``block_size``);
+    ``max_running``: sequences decoding at once; ``max_step_tokens``: new tokens per step (prompts
+    beyond it wait for the next step; a prompt longer than it runs alone); ``queue_timeout``:
+    seconds a request may wait for room before it finishes with reason ``timeout`` (None: forever).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
+                 max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None) -> None:
+        check_model(model)
+        for name, value in (("cache_tokens", cache_tokens), ("block_size", block_size), ("max_running", max_running),
+                            ("max_step_tokens", max_step_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise GenerationError(f"{name}={value!r} must be an integer >= 1")
+        reason = PagedDecoder.supports(model)
+        if reason is not None:
+            raise GenerationError(f"the server's paged decoder does not cover this model: {reason}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        with torch.inference_mode():
+            self.decoder = PagedDecoder(model)
+        self.pool = self.decoder.new_pool(blocks_for(cache_tokens, block_size), block_size)
+        self.max_running = max_running
+        self.max_step_tokens = max_step_tokens
+        self.queue_timeout = queue_timeout
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._waiting: deque[Request] = deque()
+        self._cancelled: set[int] = set()
+        self._running: list[tuple[Request, _Sequence]] = []
+        self._pending: dict[int, int] = {}  # id(sequence) -> its last token, not yet in the cache
+        self.admitting = True
+
+    # ---- from any thread --------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *, n: int = 1,
+               logprobs: int | None = None, on_event: Callable[[TokenEvent], None] | None = None) -> Request:
+        """Queue ``prompt_ids`` for ``n`` sequences decoded with ``config``; a GenerationError when it can
+        never run (bad ids, past the position table, more cache than the pool holds, beam search...)."""
+        config = config or GenerationConfig()
+        request = self._make_request(list(prompt_ids), config, n, logprobs, on_event)
+        with self._work:
+            if not self.admitting:
+                raise GenerationError("the server is shutting down and admits no new requests")
+            self._waiting.append(request)
+            self.stats.requests_submitted += 1
+            self._work.notify_all()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Stop ``request`` (a client went away): its sequences finish with reason ``cancelled`` at the
+        next step and their blocks return to the pool."""
+        with self._work:
+            self._cancelled.add(request.id)
+            self._work.notify_all()
+
+    def stop_admitting(self) -> None:
+        with self._work:
+            self.admitting = False
+
+    def wait_for_work(self, timeout: float | None = None) -> bool:
+        """Block until something is waiting, running or cancelled (or ``timeout``); whether there is."""
+        with self._work:
+            return self._work.wait_for(self.has_work, timeout)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self._cancelled)
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> int:
+        """One scheduling step: cancel, admit, run every sequence one token further. New tokens made."""
+        self._apply_cancellations()
+        admitted = self._admit()
+        self._expire_waiting()
+        if not self._running:
+            return 0
+        tables, new_tokens = [], []
+        for request, sequence in self._running:
+            tokens = request.prompt_ids if id(sequence) in admitted else [self._pending[id(sequence)]]
+            sequence.table.append_slots(len(tokens))
+            tables.append(sequence.table)
+            new_tokens.append(tokens)
+        step = PagedStep.build(tables, new_tokens, self.decoder.dtype)
+        logits = self.decoder.step(step, self.pool)  # (S, V)
+        self.stats.steps += 1
+        self._sample(logits)
+        return len(tables)
+
+    def complete(self, prompts: Sequence[Sequence[int]], config: GenerationConfig | None = None,
+                 n: int = 1) -> list[Request]:
+        """Submit every prompt, run until all are done (on this thread), return the requests in order."""
+        requests = [self.submit(prompt, config, n=n) for prompt in prompts]
+        self.run_until_idle()
+        return requests
+
+    def run_until_idle(self) -> None:
+        """Step (on this thread) until nothing waits or runs; a RuntimeError if requests wait with nothing
+        running, since no step could ever admit them (blocks leaked or promised to no one)."""
+        while self.has_work():
+            if self.step() == 0 and not self._running and self._waiting:
+                raise RuntimeError(f"{len(self._waiting)} request(s) wait for cache blocks with nothing running: "
+                                   f"{self.pool.blocks_in_use} blocks in use, {self.pool.reserved} reserved")
+
+    # ---- inside a step ----------------------------------------------------------------------------
+
+    def _apply_cancellations(self) -> None:
+        with self._work:
+            cancelled, self._cancelled = self._cancelled, set()
+            waiting = list(self._waiting)
+            self._waiting = deque(r for r in waiting if r.id not in cancelled)
+        for request in waiting:
+            if request.id in cancelled:
+                self._finish_unstarted(request, "cancelled")
+        for request, sequence in list(self._running):
+            if request.id in cancelled:
+                self._finish(request, sequence, "cancelled")
+
+    def _expire_waiting(self) -> None:
+        """Requests still waiting for room after ``queue_timeout`` seconds finish with reason ``timeout``."""
+        if self.queue_timeout is None:
+            return
+        now = time.monotonic()
+        with self._work:
+            expired = [r for r in self._waiting if now - r.submitted > self.queue_timeout]
+            self._waiting = deque(r for r in self._waiting if r not in expired)
+        for request in expired:
+            self._finish_unstarted(request, "timeout")
+
+    def _admit(self) -> set[int]:
+        """Move waiting requests (first come, first served) into the running batch while the pool
+        can promise their blocks, the batch has room and the step's token budget lasts."""
+        admitted: set[int] = set()  # id() of the sequences admitted now
+        budget = self.max_step_tokens - len(self._running)
+        with self._work:
+            while self._waiting:
+                request = self._waiting[0]
+                n = len(request.sequences)
+                tokens = n * len(request.prompt_ids)
+                if len(self._running) + n > self.max_running:
+                    break
+                if tokens > budget and (admitted or self._running):
+                    break
+                if not self.pool.reserve(n * request.blocks_needed):
+                    break
+                self._waiting.popleft()
+                budget -= tokens
+                for sequence in request.sequences:
+                    sequence.table = BlockTable(self.pool, request.blocks_needed)
+                    self._running.append((request, sequence))
+                    admitted.add(id(sequence))
+                self.stats.prompt_tokens += len(request.prompt_ids)
+        return admitted
+
+    def _sample(self, logits: Tensor) -> None:
+        """Choose each running sequence's next token from its row of ``logits`` (S, V) and hand it out."""
+        greedy = [row for row, (request, _) in enumerate(self._running) if not request.chooser.do_sample]
+        greedy_choice = {}
+        if greedy:
+            rows = torch.tensor(greedy)
+            scores = logits[rows].float()
+            for row, token in zip(greedy, self._greedy_tokens(scores, rows).tolist(), strict=True):
+                greedy_choice[row] = token
+        for row, (request, sequence) in enumerate(list(self._running)):
+            chooser = request.chooser
+            if row in greedy_choice:
+                token = greedy_choice[row]
+            else:
+                scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids))
+                token = int(chooser.choose(scores, sequence.generator))
+            self._accept(request, sequence, token, logits[row] if request.logprobs is not None else None)
+
+    def _greedy_tokens(self, scores: Tensor, rows: Tensor) -> Tensor:
+        """Argmax per row, with each request's end ids forbidden before its ``min_new_tokens``."""
+        for position, row in enumerate(rows.tolist()):
+            request, sequence = self._running[row]
+            chooser = request.chooser
+            if chooser.min_new_tokens and len(sequence.output_ids) < chooser.min_new_tokens:
+                scores[position] = chooser.scores(scores[position : position + 1], len(sequence.output_ids))[0]
+        return scores.argmax(dim=-1)
+
+    def _accept(self, request: Request, sequence: _Sequence, token: int, logits: Tensor | None) -> None:
+        """Record ``token`` for ``sequence``: its text, its end (end id, stop string, length), its event."""
+        if request.first_token_at is None:
+            request.first_token_at = time.monotonic()
+        sequence.output_ids.append(token)
+        self.stats.generated_tokens += 1
+        ended = token in request.end_ids  # the end token is kept in the ids, not in the text
+        text_ids = sequence.output_ids[:-1] if ended else sequence.output_ids
+        finish = "stop" if ended else None
+        text, stopped = self._new_text(request, sequence, text_ids, final=False)
+        if stopped:
+            finish = "stop"
+        elif finish is None and len(sequence.output_ids) >= request.config.max_new_tokens:
+            finish = "length"
+        if finish is not None and not stopped:
+            text += self._new_text(request, sequence, text_ids, final=True)[0]
+        logprob = top = None
+        if logits is not None:
+            logprob, top = _logprobs(logits, token, request.logprobs)
+        self._pending[id(sequence)] = token
+        event = TokenEvent(request, sequence.index, token, text, logprob, top, finish)
+        if finish is not None:
+            self._finish(request, sequence, finish, emit=False)
+        self._emit(event)
+        if request.finished:
+            self._close(request)
+
+    def _new_text(self, request: Request, sequence: _Sequence, ids: list[int], final: bool) -> tuple[str, bool]:
+        """The text ``ids`` (the sequence's tokens) add since the last event, and whether a stop string ended it.
+
+        Text is held back while it ends inside a character or could be the start of a stop string
+        (unless ``final``); a stop string and what follows it are never handed out."""
+        if self.tokenizer is None:
+            return "", False
+        decoded = self.tokenizer.decode(ids)
+        stops = request.config.stop_strings
+        search_from = max(0, len(sequence.text) - max((len(s) for s in stops), default=0))
+        cut = min((index for index in (decoded.find(s, search_from) for s in stops) if index >= 0), default=-1)
+        if cut >= 0:
+            new = decoded[len(sequence.text): cut]
+            sequence.text += new
+            return new, True
+        if not final:
+            if decoded.endswith(REPLACEMENT):
+                return "", False
+            decoded = decoded[: len(decoded) - _stop_prefix_length(decoded, stops)]
+        new = decoded[len(sequence.text):]
+        sequence.text += new
+        return new, False
+
+    def _finish(self, request: Request, sequence: _Sequence, reason: str, emit: bool = True) -> None:
+        """End ``sequence``: its blocks back to the pool, out of the running batch."""
+        sequence.finish_reason = reason
+        if sequence.table is not None:
+            sequence.table.release()
+        self._running = [(r, s) for r, s in self._running if s is not sequence]
+        self._pending.pop(id(sequence), None)
+        if emit:
+            self._emit(TokenEvent(request, sequence.index, -1, "", finish_reason=reason))
+            if request.finished:
+                self._close(request)
+
+    def _finish_unstarted(self, request: Request, reason: str) -> None:
+        for sequence in request.sequences:
+            sequence.finish_reason = reason
+            self._emit(TokenEvent(request, sequence.index, -1, "", finish_reason=reason))
+        self._close(request)
+
+    def _close(self, request: Request) -> None:
+        if request.done.is_set():
+            return
+        reasons = request.finish_reasons()
+        if "cancelled" in reasons:
+            self.stats.requests_cancelled += 1
+        elif "timeout" in reasons:
+            self.stats.requests_timed_out += 1
+        else:
+            self.stats.requests_finished += 1
+        request.done.set()
+
+    @staticmethod
+    def _emit(event: TokenEvent) -> None:
+        if event.request.on_event is not None:
+            event.request.on_event(event)
+
+    # ---- requests ---------------------------------------------------------------------------------
+
+    def _make_request(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
+                      on_event) -> Request:
+        model = self.model
+        if not prompt_ids:
+            raise GenerationError("the prompt has no tokens")
+        vocab = model.config.vocab_size
+        bad = [token for token in prompt_ids if not isinstance(token, int) or not 0 <= token < vocab]
+        if bad:
+            raise GenerationError(f"token id {bad[0]!r} in the prompt is outside the vocabulary [0, {vocab})")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise GenerationError(f"n={n!r} must be an integer >= 1")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= vocab):
+            raise GenerationError(f"logprobs={logprobs!r} must be an integer in [0, {vocab}]")
+        if config.num_beams > 1 or config.num_return_sequences > 1:
+            raise GenerationError("the server decodes one token at a time per sequence: num_beams and "
+                                  "num_return_sequences must be 1 (ask for n sequences instead)")
+        if config.max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens={config.max_new_tokens} must be >= 1 on the server")
+        if not config.use_cache:
+            raise GenerationError("the server always decodes over its cache: use_cache must be True")
+        check_call(config, model, torch.tensor([prompt_ids]), None, self.tokenizer, streaming=False)
+        length = len(prompt_ids) + config.max_new_tokens
+        limit = model.position_limit
+        if limit is not None and length > limit:
+            raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({config.max_new_tokens}) "
+                                  f"exceeds the model's context of {limit} positions")
+        blocks = blocks_for(length, self.pool.block_size)
+        if n * blocks > self.pool.num_blocks:
+            raise GenerationError(
+                f"{n} x ({len(prompt_ids)} prompt + {config.max_new_tokens} new) tokens need {n * blocks} cache "
+                f"blocks; the pool holds {self.pool.num_blocks} of {self.pool.block_size} tokens (raise cache_tokens)")
+        end_ids = config.end_ids(model.config)
+        eos = torch.tensor(end_ids, dtype=torch.long) if end_ids else None
+        chooser = TokenChooser(config.sampling, float(config.temperature), config.top_k,
+                               None if config.top_p is None else float(config.top_p), eos, config.min_new_tokens)
+        return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(end_ids), on_event, logprobs, blocks)
+
+
+def _stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that is the start of a stop string (held back)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+def _logprobs(logits: Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability under the model (before any sampling filter) and the ``top`` best."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(logprobs, top) if top else None
+    pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best is not None else []
+    return float(logprobs[token]), pairs

@@ -56,6 +56,21 @@ MUTATIONS = (
         "one-token sequences of different lengths attend to the padding slots of the shorter ones",
     ),
     Mutation(
+        "server-keeps-decoding-for-a-gone-client", "tformer/serving/server.py",
+        "            finally:  # the client went away, or the server is stopping: free the blocks\n"
+        "                submission.cancel()\n",
+        "            finally:\n                pass\n",
+        ("tests/test_serving_server.py::test_a_client_that_disconnects_mid_stream_frees_its_blocks",),
+        "a stream whose client disconnected decodes on to max_tokens, holding its cache blocks",
+    ),
+    Mutation(
+        "server-mixes-up-choices", "tformer/serving/server.py",
+        "        return self.prompt_index[event.request.id] * len(event.request.sequences) + event.index\n",
+        "        return self.prompt_index[event.request.id] * len(event.request.sequences)\n",
+        ("tests/test_serving_server.py::test_stop_strings_n_and_seeded_sampling",),
+        "the n sequences of one request are merged into one choice",
+    ),
+    Mutation(
         "serving-leaks-finished-blocks", "tformer/serving/engine.py",
         "            sequence.table.release()",
         "            pass",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tformer.errors import TformerError
 
-COMMANDS = ["attention", "classify", "convert", "demo", "evaluate", "generate", "info", "plot", "predict", "tokenize",
-            "tokenizer", "train"]
+COMMANDS = ["attention", "classify", "convert", "demo", "evaluate", "generate", "info", "plot", "predict", "serve",
+            "tokenize", "tokenizer", "train"]
 
 
 class UsageError(TformerError):

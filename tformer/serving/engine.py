@@ -182,9 +182,21 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._cancelled)
 
+    def cancel_all(self) -> None:
+        """Cancel every waiting and running request (the server is stopping)."""
+        with self._work:
+            self._cancelled.update(request.id for request in self._waiting)
+            self._cancelled.update(request.id for request, _ in self._running)
+            self._work.notify_all()
+
     @property
     def queue_length(self) -> int:
         return len(self._waiting)
+
+    @property
+    def tokens_stored(self) -> int:
+        """Tokens whose keys and values the pool holds now."""
+        return sum(sequence.table.length for _, sequence in list(self._running) if sequence.table is not None)
 
     @property
     def running(self) -> int:

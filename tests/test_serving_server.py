@@ -1,0 +1,342 @@
+"""``tformer serve`` through the real ``openai`` client: completions and chat (whole and streamed)
+equal to ``tformer.generate``, stop strings, ``n``, logprobs, errors as the client's exception
+types, concurrent requests, a client that disconnects, a full cache, SIGTERM and the API key."""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import tformer
+from tformer.cli import main
+from tformer.generation import GenerationConfig
+from tformer.serving import Engine
+from tformer.serving.chat import ChatTemplate
+from tformer.serving.server import OpenAIServer
+from tformer.tokenizers import CharTokenizer
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+TEXT = "to be or not to be, that is the question.\nROMEO: JULIET: user assistant\n"
+TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve") / "tiny"
+    tokenizer = CharTokenizer.train(TEXT)
+    torch.manual_seed(0)
+    model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, max_seq_len=128, initializer_range=0.2)
+    model.tokenizer = tokenizer
+    model.save(folder)
+    (folder / "chat_template.jinja").write_text(TEMPLATE)
+    return folder
+
+
+class ServerThread:
+    """An OpenAIServer under uvicorn on a free port, in this process (its engine is inspectable)."""
+
+    def __init__(self, checkpoint, api_key=None, chat=True, **engine_options):
+        model = tformer.load(checkpoint)
+        self.model = model
+        self.engine = Engine(model, model.tokenizer, **engine_options)
+        template = ChatTemplate.from_folder(checkpoint) if chat else None
+        self.server = OpenAIServer(self.engine, "tiny", api_key=api_key, chat_template=template)
+        config = uvicorn.Config(self.server.app(), host="127.0.0.1", port=0, log_level="error", lifespan="on")
+        self.uvicorn = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uvicorn.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        self.port = self.uvicorn.servers[0].sockets[0].getsockname()[1]
+
+    def client(self, api_key="unused"):
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+    def post(self, path, body: bytes, headers=None):
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+
+    def wait_idle(self):
+        deadline = time.monotonic() + 10
+        while self.engine.has_work() or self.engine.pool.blocks_in_use:
+            assert time.monotonic() < deadline, "requests still in the engine"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.uvicorn.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    server = ServerThread(checkpoint, cache_tokens=4096, block_size=8)
+    yield server
+    server.stop()
+
+
+def generated(model, prompt_ids, **options):
+    config = GenerationConfig(eos_token_id=(), **options)
+    ids = tformer.generate(model, torch.tensor([prompt_ids]), generation_config=config)[0, len(prompt_ids):]
+    return model.tokenizer.decode(ids.tolist())
+
+
+def test_a_completion_is_what_generate_gives(served):
+    client = served.client()
+    response = client.completions.create(model="tiny", prompt="to be", max_tokens=20, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    tokenizer = served.model.tokenizer
+    assert response.choices[0].text == generated(served.model, tokenizer.encode("to be"), max_new_tokens=20)
+    assert response.choices[0].finish_reason == "length"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (5, 20)
+    by_ids = client.completions.create(model="tiny", prompt=tokenizer.encode("to be"), max_tokens=20, temperature=0)
+    assert by_ids.choices[0].text == response.choices[0].text
+
+
+def test_a_stream_sends_one_chunk_per_token_then_usage(served):
+    client = served.client()
+    whole = client.completions.create(model="tiny", prompt="that is", max_tokens=15, temperature=0).choices[0]
+    chunks = list(client.completions.create(model="tiny", prompt="that is", max_tokens=15, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    token_chunks = [chunk for chunk in chunks if chunk.choices]
+    assert len(token_chunks) == 15
+    assert "".join(chunk.choices[0].text for chunk in token_chunks) == whole.text
+    assert token_chunks[-1].choices[0].finish_reason == whole.finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 15 and not chunks[-1].choices
+
+
+def test_stop_strings_n_and_seeded_sampling(served):
+    client = served.client()
+    tokenizer = served.model.tokenizer
+    prompt = tokenizer.encode("ROMEO:")
+    free = generated(served.model, prompt, max_new_tokens=30)
+    stop = free[8:10]
+    stopped = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=30, temperature=0, stop=[stop])
+    assert stopped.choices[0].text == free[: free.index(stop)] and stopped.choices[0].finish_reason == "stop"
+    sampled = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=12, temperature=0.9, seed=5, n=3,
+                                        extra_body={"ignore_eos": True})
+    assert [choice.index for choice in sampled.choices] == [0, 1, 2]
+    assert len({choice.text for choice in sampled.choices}) == 3
+    assert sampled.choices[0].text == generated(served.model, prompt, max_new_tokens=12, do_sample=True,
+                                                temperature=0.9, seed=5)
+    assert sampled.usage.completion_tokens == 36
+
+
+def test_logprobs_are_the_models(served):
+    client = served.client()
+    tokenizer = served.model.tokenizer
+    response = client.completions.create(model="tiny", prompt="to be", max_tokens=3, temperature=0, logprobs=2)
+    ids = tokenizer.encode("to be")
+    logprobs = response.choices[0].logprobs
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        with torch.no_grad():
+            expected = torch.log_softmax(served.model(torch.tensor([ids])).logits[0, -1], -1)
+        best = int(expected.argmax())
+        assert token == tokenizer.decode([best]) and value == pytest.approx(float(expected[best]), abs=1e-4)
+        assert list(top) == [tokenizer.decode([i]) for i in expected.topk(2).indices.tolist()]
+        ids.append(best)
+
+
+def test_chat_renders_the_template_and_streams(served):
+    client = served.client()
+    messages = [{"role": "user", "content": "to be?"}]
+    prompt = served.model.tokenizer.encode(ChatTemplate(TEMPLATE).render(messages), add_special_tokens=False)
+    expected = generated(served.model, prompt, max_new_tokens=10)
+    response = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
+                                              extra_body={"ignore_eos": True})
+    assert response.choices[0].message.content == expected and response.choices[0].message.role == "assistant"
+    assert response.usage.prompt_tokens == len(prompt)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_errors_are_the_clients_exception_types_and_the_server_keeps_serving(served):
+    client = served.client()
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt="to")
+    with pytest.raises(openai.BadRequestError, match="max_tokens.*exceeds the model's context of 128"):
+        client.completions.create(model="tiny", prompt="to be", max_tokens=500)
+    with pytest.raises(openai.BadRequestError, match="unknown field 'beam_width'"):
+        client.completions.create(model="tiny", prompt="to", extra_body={"beam_width": 4})
+    with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
+        client.completions.create(model="tiny", prompt="to", frequency_penalty=0.5)
+    with pytest.raises(openai.UnprocessableEntityError, match="max_tokens"):
+        client.completions.create(model="tiny", prompt="to", max_tokens="many")
+    with pytest.raises(openai.UnprocessableEntityError, match="temperature"):
+        client.completions.create(model="tiny", prompt="to", temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.completions.create(model="tiny", prompt=[1, 2, 99999])
+    status, body = served.post("/v1/completions", b'{"model": "tiny", "prompt": ')
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = served.post("/v1/completions", b'[1, 2]')
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert client.completions.create(model="tiny", prompt="to", max_tokens=2).usage.completion_tokens >= 1
+    served.wait_idle()
+
+
+def test_sixteen_concurrent_greedy_requests_equal_each_alone(served):
+    tokenizer = served.model.tokenizer
+    generator = torch.Generator().manual_seed(0)
+    lengths = [1, 17, 3, 40, 8, 5, 29, 2, 11, 33, 6, 16, 4, 23, 9, 31]
+    prompts = [torch.randint(0, tokenizer.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+    new = [10 + (index * 7) % 30 for index in range(16)]
+    client = served.client()
+
+    def ask(index):
+        return client.completions.create(model="tiny", prompt=prompts[index], max_tokens=new[index], temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        texts = list(pool.map(ask, range(16)))
+    for prompt, count, text in zip(prompts, new, texts, strict=True):
+        assert text == generated(served.model, prompt, max_new_tokens=count)
+    served.wait_idle()
+    assert served.engine.pool.blocks_in_use == 0 and served.engine.pool.reserved == 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(served):
+    cancelled = served.engine.stats.requests_cancelled
+    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    body = {"model": "tiny", "prompt": "to be", "max_tokens": 120, "stream": True, "ignore_eos": True}
+    connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")
+    connection.sock.shutdown(2)
+    connection.close()
+    served.wait_idle()
+    assert served.engine.stats.requests_cancelled == cancelled + 1
+    assert served.engine.pool.blocks_in_use == 0 and served.engine.pool.reserved == 0
+
+
+def test_metrics_count_requests_tokens_and_cache_blocks(served):
+    served.client().completions.create(model="tiny", prompt="to", max_tokens=4, temperature=0)
+    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    connection.request("GET", "/metrics")
+    lines = dict(line.rsplit(" ", 1) for line in connection.getresponse().read().decode().splitlines()
+                 if not line.startswith("#"))
+    assert float(lines['tformer_requests_total{outcome="finished"}']) >= 1
+    assert float(lines["tformer_generated_tokens_total"]) == served.engine.stats.generated_tokens
+    assert float(lines['tformer_http_responses_total{code="200"}']) >= 1
+    assert lines["tformer_cache_blocks_in_use"] == "0" and lines["tformer_cache_block_size"] == "8"
+
+
+def test_a_full_cache_makes_a_request_wait_then_refuses_it_with_429(checkpoint):
+    server = ServerThread(checkpoint, cache_tokens=64, block_size=8, queue_timeout=1.0)
+    try:
+        client = server.client()
+        pool = server.engine.pool
+        assert pool.reserve(pool.num_blocks)  # something else holds the whole pool
+        with pytest.raises(openai.RateLimitError, match="no room in the cache"):
+            client.completions.create(model="tiny", prompt="to be", max_tokens=5)
+        with concurrent.futures.ThreadPoolExecutor(1) as executor:
+            waiting = executor.submit(client.completions.create, model="tiny", prompt="to be", max_tokens=20,
+                                      temperature=0, extra_body={"ignore_eos": True})
+            time.sleep(0.3)
+            assert server.engine.queue_length == 1
+            pool.reserved -= pool.num_blocks  # the room comes back before the timeout
+            text = waiting.result(timeout=30).choices[0].text
+        assert text == generated(server.model, server.model.tokenizer.encode("to be"), max_new_tokens=20)
+        server.wait_idle()
+        assert pool.blocks_in_use == 0 and pool.reserved == 0
+    finally:
+        server.stop()
+
+
+def test_an_api_key_is_required_when_set(checkpoint):
+    server = ServerThread(checkpoint, api_key="sesame", chat=False)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            server.client("wrong").completions.create(model="tiny", prompt="to", max_tokens=2)
+        assert server.client("sesame").models.list().data[0].id == "tiny"
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            server.client("sesame").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}])
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request("GET", "/health")
+        assert connection.getresponse().status == 200
+    finally:
+        server.stop()
+
+
+def _start_cli_server(checkpoint, *options):
+    process = subprocess.Popen([sys.executable, "-m", "tformer", "serve", str(checkpoint), "--port", "0", *options],
+                               cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = process.stderr.readline()
+    assert "listening on http://" in line, line + process.stderr.read()
+    return process, int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
+
+
+def _stream_count(port, max_tokens, first_chunk: threading.Event):
+    """Tokens streamed by one request and whether it ended with [DONE]."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"model": "tiny", "prompt": "to be", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    tokens, done = 0, False
+    for line in response:
+        if line.startswith(b"data: [DONE]"):
+            done = True
+        elif line.startswith(b"data: "):
+            tokens += 1
+            first_chunk.set()
+    return tokens, done
+
+
+@pytest.mark.parametrize("shutdown_timeout, finished", [("30", True), ("0", False)], ids=["drained", "cancelled"])
+def test_sigterm_finishes_or_cancels_requests_in_flight_and_exits_0(checkpoint, shutdown_timeout, finished):
+    process, port = _start_cli_server(checkpoint, "--shutdown-timeout", shutdown_timeout, "--threads", "1")
+    try:
+        started = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            streams = [pool.submit(_stream_count, port, 120, started) for _ in range(3)]
+            assert started.wait(30)
+            process.send_signal(signal.SIGTERM)
+            results = [stream.result(timeout=60) for stream in streams]
+        assert process.wait(timeout=60) == 0
+        log = process.stderr.read()
+    finally:
+        process.kill()
+    if finished:
+        assert results == [(120, True)] * 3
+        assert "3 request(s) finished, 0 cancelled" in log
+    else:
+        assert all(tokens < 120 for tokens, _ in results)
+    assert "0 cache blocks in use" in log
+    with pytest.raises(ConnectionRefusedError):
+        http.client.HTTPConnection("127.0.0.1", port, timeout=5).request("GET", "/health")
+
+
+def test_serve_refuses_bad_options_with_exit_code_2(checkpoint, tmp_path, capsys):
+    assert main(["serve", str(checkpoint), "--port", "70000"]) == 2
+    assert "--port 70000 must be in [0, 65535]" in capsys.readouterr().err
+    tformer.build_model("gpt-nano").save(tmp_path / "no-tokenizer")
+    assert main(["serve", str(tmp_path / "no-tokenizer"), "--port", "0"]) == 2
+    assert "serve needs one" in capsys.readouterr().err
+    (tmp_path / "bad.jinja").write_text("{% for %}")
+    assert main(["serve", str(checkpoint), "--port", "0", "--chat-template", str(tmp_path / "bad.jinja")]) == 2
+    assert "does not compile" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", str(checkpoint), "--port", str(taken.getsockname()[1])]) == 2
+    assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err

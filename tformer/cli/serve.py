@@ -1,0 +1,120 @@
+"""``tformer serve RUN``: an OpenAI-compatible HTTP server (completions, chat completions, streaming)
+over a decoder checkpoint, with continuous batching over a paged key/value cache."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve a decoder checkpoint over HTTP with the OpenAI API (continuous batching, streaming)",
+        description="Serve a decoder checkpoint folder (tformer or Hugging Face format, with a tokenizer) with the "
+                    "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
+                    "template), GET /v1/models, /health and /metrics (Prometheus). Requests share one continuously "
+                    "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting, lets requests "
+                    "in flight finish for --shutdown-timeout seconds, and exits 0.",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    parser.add_argument("--model-name", help="the model's name in the API (default: the folder's name)")
+    parser.add_argument("--api-key", default=os.environ.get("TFORMER_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' (default: $TFORMER_API_KEY; none: no key)")
+    parser.add_argument("--chat-template", metavar="FILE",
+                        help="a Jinja chat template, for a tokenizer that ships none (or to replace its own)")
+    parser.add_argument("--cache-tokens", type=int, default=16384,
+                        help="the key/value cache's size in tokens, shared by all requests (default: 16384)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per cache block (default: 16)")
+    parser.add_argument("--max-running", type=int, default=64, help="sequences decoding at once (default: 64)")
+    parser.add_argument("--max-step-tokens", type=int, default=4096,
+                        help="prompt and decode tokens per step; longer prompts wait a step (default: 4096)")
+    parser.add_argument("--queue-timeout", type=float, default=60.0,
+                        help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds requests in flight get to finish after SIGTERM (default: 30)")
+    parser.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's)")
+    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
+                        help="the HTTP server's log level (default: warning)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tformer.cli import UsageError
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} must be in [0, 65535]")
+    for option, value in (("--cache-tokens", args.cache_tokens), ("--block-size", args.block_size),
+                          ("--max-running", args.max_running), ("--max-step-tokens", args.max_step_tokens)):
+        if value < 1:
+            raise UsageError(f"{option} {value} must be >= 1")
+    for option, value in (("--queue-timeout", args.queue_timeout), ("--shutdown-timeout", args.shutdown_timeout)):
+        if not value >= 0:
+            raise UsageError(f"{option} {value} must be a number of seconds >= 0")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads} must be >= 1")
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError("--api-key is empty; give a key, or leave the option out to serve without one")
+    _check_address(args.host, args.port)
+    try:
+        import pydantic  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as error:
+        raise UsageError(f"serve needs the serving extra ({error.name} is missing): "
+                         "pip install 'tformer[serve]'") from None
+
+    import torch
+
+    from tformer.cli.generate import load_model
+    from tformer.generation import GenerationError
+    from tformer.serving.chat import ChatTemplate, ChatTemplateError
+    from tformer.serving.engine import Engine
+    from tformer.serving.server import OpenAIServer
+    from tformer.serving.server import run as serve
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    template = None
+    try:
+        template = (ChatTemplate.from_file(args.chat_template) if args.chat_template
+                    else ChatTemplate.from_folder(args.checkpoint))
+    except ChatTemplateError as error:
+        raise UsageError(f"{args.chat_template or args.checkpoint}: {error}") from None
+    model, tokenizer_problem = load_model(args.checkpoint)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; serve needs one "
+                         "(requests and answers are text)")
+    name = args.model_name or Path(args.checkpoint).resolve().name
+    try:
+        engine = Engine(model, tokenizer, cache_tokens=args.cache_tokens, block_size=args.block_size,
+                        max_running=args.max_running, max_step_tokens=args.max_step_tokens,
+                        queue_timeout=args.queue_timeout)
+    except GenerationError as error:
+        raise UsageError(f"{args.checkpoint}: {error}") from None
+    server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template)
+    serve(server, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+    return 0
+
+
+def _check_address(host: str, port: int) -> None:
+    """Refuse an address that cannot be bound (in use, not this machine's) before the model loads."""
+    import socket
+
+    from tformer.cli import UsageError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UsageError(f"--host {host!r}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None

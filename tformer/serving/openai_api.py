@@ -1,0 +1,281 @@
+"""The OpenAI wire format: request bodies checked field by field, turned into ``GenerationConfig``s,
+and the response, stream-chunk and error objects the ``openai`` client reads.
+
+Failing closed: a known field the server cannot honour (``echo``, a penalty, ``logit_bias``, tools)
+is refused with 400 naming it, and so is an unknown field; a field of the wrong type is 422. The
+extensions vLLM made common are accepted: ``top_k``, ``ignore_eos`` and ``min_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tformer.errors import TformerError
+from tformer.generation.settings import GenerationConfig, GenerationError
+
+# GenerationConfig's names -> the request fields that set them, so an error names the field sent.
+FIELD_OF_OPTION = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "temperature": "temperature",
+                   "top_k": "top_k", "top_p": "top_p", "seed": "seed", "stop_strings": "stop"}
+
+
+class APIError(TformerError):
+    """An error answered as OpenAI's error object with an HTTP status."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             405: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+             500: "server_error", 503: "server_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """The fields completions and chat completions share."""
+
+    model: str
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = None  # extension; None, 0 or -1: no cut
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # an end-user id for the operator's logs; nothing to honour
+    ignore_eos: bool = False  # extension: never stop at the end token
+    min_tokens: int = Field(0, ge=0)  # extension: the end token is forbidden before this many
+
+    def unsupported(self) -> None:
+        """Refuse the fields a value of which this server cannot honour."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(400, f"{name}={getattr(self, name)} is not supported (only 0)", name)
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options needs stream=true", "stream_options")
+
+    def generation_config(self, max_new_tokens: int) -> GenerationConfig:
+        """The engine's options for these fields; a GenerationError re-worded as the field's 400."""
+        top_k = None if self.top_k in (None, 0, -1) else self.top_k
+        try:
+            return GenerationConfig(
+                max_new_tokens=max_new_tokens, min_new_tokens=self.min_tokens, do_sample=self.temperature > 0,
+                temperature=self.temperature, top_k=top_k, top_p=None if self.top_p == 1 else self.top_p,
+                seed=self.seed, stop_strings=() if self.stop is None else self.stop,
+                eos_token_id=() if self.ignore_eos else None,
+            )
+        except GenerationError as error:
+            raise as_api_error(error) from None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.echo:
+            raise APIError(400, "echo=true is not supported", "echo")
+        if self.suffix:
+            raise APIError(400, "suffix (insertion) is not supported", "suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise APIError(400, f"best_of={self.best_of} is not supported (only best_of = n)", "best_of")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: one text, one list of ids, or a list of either."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]
+        if not prompt:
+            raise APIError(400, "prompt is empty", "prompt")
+        return list(prompt)
+
+
+class ContentPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # templates may read fields such as "name"
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            kinds = {part.type for part in self.content} - {"text"}
+            if kinds:
+                raise APIError(400, f"content parts of type {', '.join(sorted(kinds))} are not supported (only text)",
+                               "messages")
+            message["content"] = "".join(part.text or "" for part in self.content)
+        return message
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.tools:
+            raise APIError(400, "tools are not supported", "tools")
+        if self.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice is not supported (only 'none')", "tool_choice")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise APIError(400, f"response_format {self.response_format.type!r} is not supported (only 'text')",
+                           "response_format")
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def parse_body(raw: bytes, schema: type[BaseModel]) -> Any:
+    """The request body as ``schema``: 400 for text that is not a JSON object or for unknown fields,
+    422 for a field of the wrong type or out of range, each naming the field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise APIError(400, f"the body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object, not {type(data).__name__}")
+    try:
+        request = schema.model_validate(data)
+    except ValidationError as error:
+        raise _validation_error(error, schema) from None
+    request.unsupported()
+    return request
+
+
+def _validation_error(error: ValidationError, schema: type[BaseModel]) -> APIError:
+    first = error.errors()[0]
+    param = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        known = ", ".join(sorted(schema.model_fields))
+        return APIError(400, f"unknown field {param!r}; known fields: {known}", param)
+    if first["type"] == "missing":
+        return APIError(422, f"{param} is required", param)
+    # Unions report one error per member; the first already says what was received.
+    return APIError(422, f"{param}: {first['msg']} (got {json.dumps(first.get('input'))[:80]})", param)
+
+
+def as_api_error(error: GenerationError) -> APIError:
+    """A GenerationError as 400, the engine's option names replaced by the request fields that set them."""
+    message, param = str(error), None
+    for option, field in FIELD_OF_OPTION.items():
+        if option in message:
+            message = message.replace(option, field)
+            param = param or field
+    return APIError(400, message, param)
+
+
+# ---- responses ----------------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_object(response_id: str, model: str, choices: list[dict], usage_counts: dict | None,
+                      chunk: bool = False) -> dict[str, Any]:
+    body = {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices}
+    if usage_counts is not None or not chunk:
+        body["usage"] = usage_counts
+    return body
+
+
+def chat_object(response_id: str, model: str, choices: list[dict], usage_counts: dict | None,
+                chunk: bool = False) -> dict[str, Any]:
+    body = {"id": response_id, "object": "chat.completion.chunk" if chunk else "chat.completion",
+            "created": int(time.time()), "model": model, "choices": choices}
+    if usage_counts is not None or not chunk:
+        body["usage"] = usage_counts
+    return body
+
+
+class CompletionLogprobs:
+    """The legacy completions ``logprobs`` object, grown one token at a time."""
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float] = []
+        self.top_logprobs: list[dict[str, float]] = []
+        self.text_offset: list[int] = []
+        self.offset = 0
+
+    def add(self, token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, list]:
+        """Record one token; the object for this token alone (a stream chunk's)."""
+        self.tokens.append(token)
+        self.token_logprobs.append(logprob)
+        self.top_logprobs.append(dict(top))
+        self.text_offset.append(self.offset)
+        self.offset += len(token)
+        return {"tokens": [token], "token_logprobs": [logprob], "top_logprobs": [dict(top)],
+                "text_offset": [self.offset - len(token)]}
+
+    def as_dict(self) -> dict[str, list]:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top_logprobs,
+                "text_offset": self.text_offset}
+
+
+def chat_logprob_entry(token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, Any]:
+    """One token of a chat ``logprobs.content`` list."""
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")),
+            "top_logprobs": [{"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+                             for text, value in top]}
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()

@@ -1,0 +1,478 @@
+"""The OpenAI-compatible HTTP server: Starlette routes in front of one ``Engine`` whose loop runs on
+its own thread. Each HTTP request submits its prompts and reads the engine's token events from an
+asyncio queue, streamed as server-sent events or gathered into one response.
+
+Lifecycle: SIGTERM (or SIGINT) stops admitting (new requests get 503), lets the requests in flight
+finish for ``shutdown_timeout`` seconds, cancels the rest, and exits 0. A client that goes away,
+mid-stream or while waiting for a whole answer, has its request cancelled and its blocks freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tformer.generation.settings import GenerationConfig, GenerationError
+from tformer.serving.chat import ChatTemplate, ChatTemplateError
+from tformer.serving.engine import Engine, Request, TokenEvent
+from tformer.serving.openai_api import (
+    APIError,
+    ChatRequest,
+    CompletionLogprobs,
+    CompletionRequest,
+    as_api_error,
+    chat_logprob_entry,
+    chat_object,
+    completion_object,
+    new_id,
+    parse_body,
+    sse,
+    usage,
+)
+
+DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
+POLL_SECONDS = 0.25  # how often a waiting handler looks for a gone client or a failed engine
+
+
+class EngineLoop:
+    """The engine's thread: step while there is work, sleep on the engine's condition when not."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tformer-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping.is_set():
+            if not engine.wait_for_work(timeout=0.1):
+                continue
+            try:
+                engine.step()
+            except Exception as error:  # the model failed: report it, answer 500 from now on
+                self.error = error
+                traceback.print_exc(file=sys.stderr)
+                return
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel whatever still waits or runs, let the loop free its blocks, end the thread."""
+        self.engine.stop_admitting()
+        self.engine.cancel_all()
+        deadline = time.monotonic() + timeout
+        while self.engine.has_work() and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
+class Submission:
+    """The engine requests one HTTP request made and the queue their events arrive on."""
+
+    def __init__(self, server: OpenAIServer, loop: asyncio.AbstractEventLoop) -> None:
+        self.server = server
+        self.loop = loop
+        self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.requests: list[Request] = []
+        self.prompt_index: dict[int, int] = {}  # engine request id -> which prompt of the HTTP request
+        self.unfinished = 0
+
+    def on_event(self, event: TokenEvent) -> None:  # on the engine's thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: the server is gone
+            pass
+
+    def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None) -> None:
+        engine = self.server.engine
+        try:
+            for index, prompt in enumerate(prompts):
+                request = engine.submit(prompt, config, n=n, logprobs=logprobs, on_event=self.on_event)
+                self.requests.append(request)
+                self.prompt_index[request.id] = index
+                self.unfinished += n
+        except GenerationError as error:
+            self.cancel()
+            if not engine.admitting:
+                raise APIError(503, "the server is shutting down", code="shutting_down") from None
+            raise as_api_error(error) from None
+
+    def choice_index(self, event: TokenEvent) -> int:
+        return self.prompt_index[event.request.id] * len(event.request.sequences) + event.index
+
+    async def events(self, http_request: HTTPRequest | None = None) -> AsyncIterator[TokenEvent]:
+        """Every event until each sequence has finished. Given ``http_request`` (a whole answer is
+        awaited), a client that went away cancels the requests. A queue timeout is a 429."""
+        while self.unfinished:
+            try:
+                event = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    event = await asyncio.wait_for(self.queue.get(), POLL_SECONDS)
+                except TimeoutError:
+                    if self.server.loop.error is not None:
+                        raise APIError(500, f"the model failed: {self.server.loop.error}") from None
+                    if http_request is not None and await http_request.is_disconnected():
+                        self.cancel()
+                        return
+                    continue
+            if event.finish_reason is not None:
+                self.unfinished -= 1
+            if event.finish_reason == "timeout":
+                self.cancel()
+                raise APIError(429, f"no room in the cache within {self.server.engine.queue_timeout} s; retry later",
+                               code="rate_limit_exceeded")
+            yield event
+
+    def cancel(self) -> None:
+        for request in self.requests:
+            if not request.done.is_set():
+                self.server.engine.cancel(request)
+
+    def prompt_tokens(self) -> int:
+        return sum(len(request.prompt_ids) for request in self.requests)
+
+    def completion_tokens(self) -> int:
+        return sum(len(ids) for request in self.requests for ids in request.outputs())
+
+
+class OpenAIServer:
+    """The routes, over one engine: completions, chat completions, models, health and metrics."""
+
+    def __init__(self, engine: Engine, model_name: str, *, api_key: str | None = None,
+                 chat_template: ChatTemplate | None = None) -> None:
+        if engine.tokenizer is None:
+            raise GenerationError("the server needs the model's tokenizer (text in, text out)")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+        self.api_key = api_key
+        self.chat_template = chat_template
+        self.loop = EngineLoop(engine)
+        self.responses: Counter[int] = Counter()  # HTTP status -> count, for /metrics
+        self.created = int(time.time())
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
+            Route("/v1/chat/completions", self._endpoint(self.chat_completions), methods=["POST"]),
+            Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+            Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
+            Route("/metrics", self._endpoint(self.metrics), methods=["GET"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_exception},
+                         lifespan=self._lifespan)
+
+    # ---- plumbing -----------------------------------------------------------------------------------
+
+    def _endpoint(self, handler: Callable[[HTTPRequest], Awaitable[Response]], open_: bool = False):
+        """``handler`` behind the API-key check, its APIErrors answered as OpenAI error objects."""
+        async def endpoint(http_request: HTTPRequest) -> Response:
+            try:
+                if not open_:
+                    self._check_key(http_request)
+                response = await handler(http_request)
+            except APIError as error:
+                response = JSONResponse(error.body(), status_code=error.status)
+            self.responses[response.status_code] += 1
+            return response
+
+        return endpoint
+
+    async def _http_exception(self, http_request: HTTPRequest, error: HTTPException) -> Response:
+        """Unknown paths and methods answered in the same error format."""
+        self.responses[error.status_code] += 1
+        message = f"{http_request.method} {http_request.url.path}: {error.detail}"
+        return JSONResponse(APIError(error.status_code, message).body(), status_code=error.status_code)
+
+    def _lifespan(self, app: Starlette):
+        server = self
+
+        class Lifespan:
+            async def __aenter__(self) -> None:
+                server.loop.start()
+
+            async def __aexit__(self, *exc_info: object) -> None:
+                await asyncio.to_thread(server.loop.stop)
+
+        return Lifespan()
+
+    def _check_key(self, http_request: HTTPRequest) -> None:
+        if self.api_key is None:
+            return
+        given = http_request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key")
+
+    def _check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                           "model", "model_not_found")
+
+    def _check_admitting(self) -> None:
+        if not self.engine.admitting:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        if self.loop.error is not None:
+            raise APIError(500, f"the model failed: {self.loop.error}")
+
+    def _prompt_ids(self, prompt: str | list[int], where: str) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise APIError(400, f"{where} has no tokens", "prompt")
+        return ids
+
+    def _default_tokens(self, prompt_length: int) -> int:
+        """Room left in the context after the prompt (a request that set no limit)."""
+        limit = self.engine.model.position_limit
+        return DEFAULT_CHAT_TOKENS if limit is None else max(1, limit - prompt_length)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _top(self, event: TokenEvent) -> list[tuple[str, float]]:
+        return [(self._token_text(token), value) for token, value in event.top_logprobs or []]
+
+    # ---- routes -------------------------------------------------------------------------------------
+
+    async def health(self, http_request: HTTPRequest) -> Response:
+        if self.loop.error is not None:
+            return JSONResponse({"status": "failed", "error": str(self.loop.error)}, status_code=500)
+        if not self.engine.admitting:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, http_request: HTTPRequest) -> Response:
+        model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "tformer",
+                 "max_model_len": self.engine.model.position_limit}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def metrics(self, http_request: HTTPRequest) -> Response:
+        return PlainTextResponse(self.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    async def completions(self, http_request: HTTPRequest) -> Response:
+        body: CompletionRequest = parse_body(await http_request.body(), CompletionRequest)
+        self._check_model(body.model)
+        self._check_admitting()
+        prompts = [self._prompt_ids(prompt, f"prompt {index}") for index, prompt in enumerate(body.prompts())]
+        tokens = body.max_tokens if body.max_tokens is not None else self._default_tokens(max(map(len, prompts)))
+        submission = Submission(self, asyncio.get_running_loop())
+        submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs)
+        response_id = new_id("cmpl")
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return await self._stream(submission, self._completion_chunks(submission, response_id, body.logprobs,
+                                                                          include_usage))
+        choices: dict[int, dict[str, Any]] = {}
+        logprobs: dict[int, CompletionLogprobs] = {}
+        async for event in submission.events(http_request):
+            choice = choices.setdefault(submission.choice_index(event), {"text": "", "logprobs": None,
+                                                                         "finish_reason": None})
+            choice["text"] += event.text
+            if event.token_id >= 0 and event.logprob is not None:
+                record = logprobs.setdefault(submission.choice_index(event), CompletionLogprobs())
+                record.add(self._token_text(event.token_id), event.logprob, self._top(event))
+            if event.finish_reason is not None:
+                choice["finish_reason"] = event.finish_reason
+        listed = [{"index": index, "text": choices[index]["text"],
+                   "logprobs": logprobs[index].as_dict() if index in logprobs else None,
+                   "finish_reason": choices[index]["finish_reason"]} for index in sorted(choices)]
+        counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+        return JSONResponse(completion_object(response_id, self.model_name, listed, counts))
+
+    async def _completion_chunks(self, submission: Submission, response_id: str, logprobs: int | None,
+                                 include_usage: bool) -> AsyncIterator[bytes]:
+        records: dict[int, CompletionLogprobs] = {}
+        async for event in submission.events():
+            index = submission.choice_index(event)
+            token_logprobs = None
+            if event.token_id >= 0 and event.logprob is not None:
+                record = records.setdefault(index, CompletionLogprobs())
+                token_logprobs = record.add(self._token_text(event.token_id), event.logprob, self._top(event))
+            choice = {"index": index, "text": event.text, "logprobs": token_logprobs,
+                      "finish_reason": event.finish_reason}
+            yield sse(completion_object(response_id, self.model_name, [choice], None, chunk=True))
+        if include_usage:
+            counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+            yield sse(completion_object(response_id, self.model_name, [], counts, chunk=True))
+
+    async def chat_completions(self, http_request: HTTPRequest) -> Response:
+        body: ChatRequest = parse_body(await http_request.body(), ChatRequest)
+        self._check_model(body.model)
+        if self.chat_template is None:
+            raise APIError(400, f"model {self.model_name!r} has no chat template (the checkpoint's tokenizer ships "
+                                "none; start the server with --chat-template FILE, or use /v1/completions)",
+                           "messages", "no_chat_template")
+        self._check_admitting()
+        try:
+            text = self.chat_template.render([message.as_template_input() for message in body.messages])
+        except ChatTemplateError as error:
+            raise APIError(400, str(error), "messages") from None
+        prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        if not prompt:
+            raise APIError(400, "the messages render to no tokens", "messages")
+        tokens = body.token_limit if body.token_limit is not None else self._default_tokens(len(prompt))
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        submission = Submission(self, asyncio.get_running_loop())
+        submission.submit([prompt], body.generation_config(tokens), body.n, top)
+        response_id = new_id("chatcmpl")
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return await self._stream(submission, self._chat_chunks(submission, response_id, include_usage))
+        choices: dict[int, dict[str, Any]] = {}
+        async for event in submission.events(http_request):
+            choice = choices.setdefault(submission.choice_index(event),
+                                        {"content": "", "logprobs": [] if body.logprobs else None,
+                                         "finish_reason": None})
+            choice["content"] += event.text
+            if event.token_id >= 0 and event.logprob is not None:
+                choice["logprobs"].append(chat_logprob_entry(self._token_text(event.token_id), event.logprob,
+                                                             self._top(event)))
+            if event.finish_reason is not None:
+                choice["finish_reason"] = event.finish_reason
+        listed = [{"index": index, "message": {"role": "assistant", "content": choice["content"]},
+                   "logprobs": None if choice["logprobs"] is None else {"content": choice["logprobs"]},
+                   "finish_reason": choice["finish_reason"]} for index, choice in sorted(choices.items())]
+        counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+        return JSONResponse(chat_object(response_id, self.model_name, listed, counts))
+
+    async def _chat_chunks(self, submission: Submission, response_id: str,
+                           include_usage: bool) -> AsyncIterator[bytes]:
+        opened: set[int] = set()
+        async for event in submission.events():
+            index = submission.choice_index(event)
+            delta: dict[str, Any] = {} if event.token_id < 0 else {"content": event.text}
+            if index not in opened:
+                opened.add(index)
+                delta = {"role": "assistant", **delta}
+            logprobs = None
+            if event.token_id >= 0 and event.logprob is not None:
+                logprobs = {"content": [chat_logprob_entry(self._token_text(event.token_id), event.logprob,
+                                                           self._top(event))]}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": event.finish_reason}
+            yield sse(chat_object(response_id, self.model_name, [choice], None, chunk=True))
+        if include_usage:
+            counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+            yield sse(chat_object(response_id, self.model_name, [], counts, chunk=True))
+
+    async def _stream(self, submission: Submission, chunks: AsyncIterator[bytes]) -> Response:
+        """A server-sent-event response. The first chunk is awaited before the headers go out, so a
+        request refused while waiting (a full cache past the queue timeout) is still a plain 429."""
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            submission.cancel()
+            raise
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                if first is not None:
+                    yield first
+                async for chunk in chunks:
+                    yield chunk
+                yield sse("[DONE]")
+            except APIError as error:
+                yield sse(error.body())
+                yield sse("[DONE]")
+            finally:  # the client went away, or the server is stopping: free the blocks
+                submission.cancel()
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # ---- metrics --------------------------------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        """Prometheus' text format: counters and gauges of the engine and the HTTP side."""
+        engine, stats, pool = self.engine, self.engine.stats, self.engine.pool
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP tformer_{name} {help_text}", f"# TYPE tformer_{name} {kind}"])
+            lines.extend(f"tformer_{name}{labels} {value}" for labels, value in samples)
+
+        metric("requests_total", "counter", "Engine requests by outcome.",
+               [('{outcome="submitted"}', stats.requests_submitted), ('{outcome="finished"}', stats.requests_finished),
+                ('{outcome="cancelled"}', stats.requests_cancelled), ('{outcome="timeout"}', stats.requests_timed_out)])
+        metric("http_responses_total", "counter", "HTTP responses by status code.",
+               [(f'{{code="{code}"}}', count) for code, count in sorted(self.responses.items())])
+        metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", stats.prompt_tokens)])
+        metric("generated_tokens_total", "counter", "Tokens generated.", [("", stats.generated_tokens)])
+        metric("engine_steps_total", "counter", "Engine steps (one forward each).", [("", stats.steps)])
+        metric("queue_length", "gauge", "Requests waiting for room.", [("", engine.queue_length)])
+        metric("running_sequences", "gauge", "Sequences decoding.", [("", engine.running)])
+        metric("cache_blocks_in_use", "gauge", "Key/value cache blocks allocated.", [("", pool.blocks_in_use)])
+        metric("cache_blocks_total", "gauge", "Key/value cache blocks in the pool.", [("", pool.num_blocks)])
+        metric("cache_block_size", "gauge", "Tokens per cache block.", [("", pool.block_size)])
+        metric("cache_tokens_stored", "gauge", "Tokens whose keys and values the cache holds.",
+               [("", engine.tokens_stored)])
+        return "\n".join(lines) + "\n"
+
+
+def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
+        log_level: str = "warning") -> None:
+    """Serve until SIGTERM or SIGINT, then drain (see the module's docstring) and return."""
+    import uvicorn
+
+    class Uvicorn(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if not self.should_exit:
+                print(f"tformer serve: stopping: no new requests; {server.engine.running} sequence(s) in flight "
+                      f"get up to {shutdown_timeout:g} s", file=sys.stderr, flush=True)
+            server.engine.stop_admitting()
+            super().handle_exit(sig, frame)
+
+        def capture_signals(self):  # uvicorn re-raises the signal after shutdown; a drained stop exits 0
+            return _signals_to(self.handle_exit)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                bound_host, bound_port = self.servers[0].sockets[0].getsockname()[:2]
+                print(f"tformer serve: listening on http://{bound_host}:{bound_port} (model {server.model_name!r})",
+                      file=sys.stderr, flush=True)
+
+    config = uvicorn.Config(server.app(), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+    Uvicorn(config).run()
+    stats, pool = server.engine.stats, server.engine.pool
+    print(f"tformer serve: stopped: {stats.requests_finished} request(s) finished, {stats.requests_cancelled} "
+          f"cancelled, {stats.requests_timed_out} timed out; {pool.blocks_in_use} cache blocks in use",
+          file=sys.stderr, flush=True)
+
+
+class _signals_to:
+    """Route SIGINT and SIGTERM to ``handler`` while inside; restore the old handlers after."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self.handler) for sig in self.SIGNALS}
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

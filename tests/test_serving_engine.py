@@ -17,7 +17,13 @@ VOCAB = 61
 def small_model(**overrides):
     settings = dict(vocab_size=VOCAB, max_seq_len=96, d_model=48, num_layers=2, num_heads=4)
     settings.update(overrides)
-    return tformer.build_model("gpt-nano", **settings).eval()
+    torch.manual_seed(0)
+    model = tformer.build_model("gpt-nano", **settings).eval()
+    with torch.no_grad():  # biases start at zero; a path that forgot one would go unseen
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.1)
+    return model
 
 
 def prompts_of_lengths(lengths, seed=0):
@@ -36,7 +42,8 @@ LENGTHS = [1, 17, 3, 40, 8, 5, 29, 2, 11, 33, 6, 16, 4, 23, 9, 31]
     dict(positional="learned"),
     dict(positional="rope", num_kv_heads=2, norm="rmsnorm", activation="swiglu", bias=False),
     dict(positional="sinusoidal", norm_position="post"),
-], ids=["gpt2-like", "llama-like-gqa", "post-norm-sinusoidal"])
+    dict(positional="learned", d_model=384, num_heads=6),  # projections large enough for the W @ x.T path
+], ids=["gpt2-like", "llama-like-gqa", "post-norm-sinusoidal", "wide"])
 def test_sixteen_concurrent_greedy_requests_equal_each_alone(overrides):
     model = small_model(**overrides)
     prompts = prompts_of_lengths(LENGTHS)

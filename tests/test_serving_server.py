@@ -39,7 +39,7 @@ def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve") / "tiny"
     tokenizer = CharTokenizer.train(TEXT)
     torch.manual_seed(0)
-    model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, max_seq_len=128, initializer_range=0.2)
+    model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, max_seq_len=512, initializer_range=0.2)
     model.tokenizer = tokenizer
     model.save(folder)
     (folder / "chat_template.jinja").write_text(TEMPLATE)
@@ -174,8 +174,8 @@ def test_errors_are_the_clients_exception_types_and_the_server_keeps_serving(ser
     client = served.client()
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt="to")
-    with pytest.raises(openai.BadRequestError, match="max_tokens.*exceeds the model's context of 128"):
-        client.completions.create(model="tiny", prompt="to be", max_tokens=500)
+    with pytest.raises(openai.BadRequestError, match="max_tokens.*exceeds the model's context of 512"):
+        client.completions.create(model="tiny", prompt="to be", max_tokens=510)
     with pytest.raises(openai.BadRequestError, match="unknown field 'beam_width'"):
         client.completions.create(model="tiny", prompt="to", extra_body={"beam_width": 4})
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
@@ -217,7 +217,7 @@ def test_sixteen_concurrent_greedy_requests_equal_each_alone(served):
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks(served):
     cancelled = served.engine.stats.requests_cancelled
     connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
-    body = {"model": "tiny", "prompt": "to be", "max_tokens": 120, "stream": True, "ignore_eos": True}
+    body = {"model": "tiny", "prompt": "to be", "max_tokens": 500, "stream": True, "ignore_eos": True}
     connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     response = connection.getresponse()
     assert response.status == 200 and response.readline().startswith(b"data: ")
@@ -306,10 +306,10 @@ def _stream_count(port, max_tokens, first_chunk: threading.Event):
 def test_sigterm_finishes_or_cancels_requests_in_flight_and_exits_0(checkpoint, shutdown_timeout, finished):
     process, port = _start_cli_server(checkpoint, "--shutdown-timeout", shutdown_timeout, "--threads", "1")
     try:
-        started = threading.Event()
+        started = [threading.Event() for _ in range(3)]
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            streams = [pool.submit(_stream_count, port, 120, started) for _ in range(3)]
-            assert started.wait(30)
+            streams = [pool.submit(_stream_count, port, 500, event) for event in started]
+            assert all(event.wait(30) for event in started)  # every request is in flight
             process.send_signal(signal.SIGTERM)
             results = [stream.result(timeout=60) for stream in streams]
         assert process.wait(timeout=60) == 0
@@ -317,10 +317,10 @@ def test_sigterm_finishes_or_cancels_requests_in_flight_and_exits_0(checkpoint, 
     finally:
         process.kill()
     if finished:
-        assert results == [(120, True)] * 3
+        assert results == [(500, True)] * 3
         assert "3 request(s) finished, 0 cancelled" in log
     else:
-        assert all(tokens < 120 for tokens, _ in results)
+        assert all(tokens < 500 for tokens, _ in results)
     assert "0 cache blocks in use" in log
     with pytest.raises(ConnectionRefusedError):
         http.client.HTTPConnection("127.0.0.1", port, timeout=5).request("GET", "/health")

@@ -56,6 +56,13 @@ MUTATIONS = (
         "one-token sequences of different lengths attend to the padding slots of the shorter ones",
     ),
     Mutation(
+        "many-rows-projection-drops-bias", "tformer/generation/fast_decoder.py",
+        "            return torch.addmm(self.bias_column, self.weight_out_in, x.t()).t().contiguous()\n",
+        "            return torch.mm(self.weight_out_in, x.t()).t().contiguous()\n",
+        ("tests/test_serving_engine.py::test_sixteen_concurrent_greedy_requests_equal_each_alone",),
+        "a large projection over many rows (a batched decode step, a prefill) forgets its bias",
+    ),
+    Mutation(
         "server-keeps-decoding-for-a-gone-client", "tformer/serving/server.py",
         "            finally:  # the client went away, or the server is stopping: free the blocks\n"
         "                submission.cancel()\n",

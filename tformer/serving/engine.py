@@ -52,6 +52,9 @@ class _Sequence:
     table: BlockTable | None = None
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # text handed out so far
+    decoded: str = ""  # text of the tokens decoded so far (handed out, or held back for a stop string)
+    prefix_offset: int = 0  # incremental decoding: the tokens decoded again as context for the next ones
+    read_offset: int = 0  # ... and the tokens whose text is in ``decoded``
     finish_reason: str | None = None
 
 
@@ -350,7 +353,8 @@ class Engine:
         (unless ``final``); a stop string and what follows it are never handed out."""
         if self.tokenizer is None:
             return "", False
-        decoded = self.tokenizer.decode(ids)
+        sequence.decoded += self._decode_new(sequence, ids, final)
+        decoded = sequence.decoded
         stops = request.config.stop_strings
         search_from = max(0, len(sequence.text) - max((len(s) for s in stops), default=0))
         cut = min((index for index in (decoded.find(s, search_from) for s in stops) if index >= 0), default=-1)
@@ -359,12 +363,24 @@ class Engine:
             sequence.text += new
             return new, True
         if not final:
-            if decoded.endswith(REPLACEMENT):
-                return "", False
             decoded = decoded[: len(decoded) - _stop_prefix_length(decoded, stops)]
         new = decoded[len(sequence.text):]
         sequence.text += new
         return new, False
+
+    def _decode_new(self, sequence: _Sequence, ids: list[int], final: bool) -> str:
+        """The text ``ids`` add after the ones already decoded; nothing while it ends inside a character
+        (unless ``final``). The last tokens decoded are decoded again as context, so tokenizers that
+        join tokens (spaces between words, a leading-space marker) give the text the whole would."""
+        prefix, read = sequence.prefix_offset, sequence.read_offset
+        if len(ids) <= read:
+            return ""
+        before = self.tokenizer.decode(ids[prefix:read])
+        after = self.tokenizer.decode(ids[prefix:])
+        if not final and after.endswith(REPLACEMENT):
+            return ""
+        sequence.prefix_offset, sequence.read_offset = read, len(ids)
+        return after[len(before):]
 
     def _finish(self, request: Request, sequence: _Sequence, reason: str, emit: bool = True) -> None:
         """End ``sequence``: its blocks back to the pool, out of the running batch."""

@@ -75,32 +75,40 @@ class BlockPool:
 
 
 class BlockTable:
-    """One sequence's blocks in order, the tokens they hold, and its remaining promise."""
+    """One sequence's blocks in order, the tokens they hold, and its remaining promise.
+
+    The pool rows of its tokens are kept as they are handed out (``slots``), so a step reads a
+    sequence's context without recomputing it from the block list."""
 
     def __init__(self, pool: BlockPool, reservation: int) -> None:
         self.pool = pool
         self.blocks: list[int] = []
         self.length = 0  # tokens stored
         self.reservation = reservation  # blocks promised and not yet allocated
+        self._slots = torch.empty(reservation * pool.block_size, dtype=torch.long)  # (capacity,) rows, in order
 
     def append_slots(self, count: int) -> Tensor:
         """Slots (count,) for the next ``count`` tokens, taking blocks from the promise as needed."""
-        end = self.length + count
-        while len(self.blocks) * self.pool.block_size < end:
-            if self.reservation < 1:
-                raise RuntimeError(f"sequence grew past its reservation ({len(self.blocks)} blocks)")
+        start, end, size = self.length, self.length + count, self.pool.block_size
+        if end > self._slots.numel():
+            raise RuntimeError(f"sequence grew past its reservation ({len(self.blocks)} blocks)")
+        while len(self.blocks) * size < end:
             self.blocks.append(self.pool.allocate())
             self.reservation -= 1
-        slots = self.slots(self.length, end)
+        if count == 1:
+            self._slots[start] = self.blocks[start // size] * size + start % size
+        else:
+            positions = torch.arange(start, end)
+            blocks = torch.tensor(self.blocks, dtype=torch.long)[positions // size]
+            self._slots[start:end] = blocks * size + positions % size
         self.length = end
-        return slots
+        return self._slots[start:end]
 
     def slots(self, start: int, end: int) -> Tensor:
-        """Pool rows of positions ``start`` .. ``end - 1``."""
-        size = self.pool.block_size
-        positions = torch.arange(start, end)
-        blocks = torch.tensor(self.blocks, dtype=torch.long)[positions // size]
-        return blocks * size + positions % size
+        """Pool rows of positions ``start`` .. ``end - 1`` (stored tokens only)."""
+        if not 0 <= start <= end <= self.length:
+            raise IndexError(f"positions {start}..{end - 1} are outside the {self.length} stored tokens")
+        return self._slots[start:end]
 
     def release(self) -> None:
         """Give every block and the unused promise back to the pool (idempotent)."""

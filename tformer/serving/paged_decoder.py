@@ -155,16 +155,18 @@ class PagedDecoder(FastDecoder):
         out = q.new_empty(rows, heads, head_dim)
         grouped = kv_heads != heads
         if step.decode_context is not None:
-            context_keys = keys[step.decode_context].transpose(1, 2)  # (Bd, Hkv, Lmax, Dh)
-            context_values = values[step.decode_context].transpose(1, 2)
+            batch, longest = step.decode_context.shape
+            flat = step.decode_context.view(-1)  # index_select gathers rows faster than indexing by a 2-D tensor
+            context_keys = keys.index_select(0, flat).view(batch, longest, kv_heads, head_dim).transpose(1, 2)
+            context_values = values.index_select(0, flat).view(batch, longest, kv_heads, head_dim).transpose(1, 2)
             queries = q[step.decode_rows].unsqueeze(2)  # (Bd, H, 1, Dh)
             attended = F.scaled_dot_product_attention(queries, context_keys, context_values,
                                                       attn_mask=step.decode_mask, enable_gqa=grouped)
             out[step.decode_rows] = attended.squeeze(2)
         for prefill in step.prefills:
             queries = q[prefill.rows].transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
-            context_keys = keys[prefill.context].transpose(0, 1).unsqueeze(0)  # (1, Hkv, L, Dh)
-            context_values = values[prefill.context].transpose(0, 1).unsqueeze(0)
+            context_keys = keys.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)  # (1, Hkv, L, Dh)
+            context_values = values.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)
             attended = F.scaled_dot_product_attention(queries, context_keys, context_values, attn_mask=prefill.mask,
                                                       is_causal=prefill.mask is None, enable_gqa=grouped)
             out[prefill.rows] = attended[0].transpose(0, 1)

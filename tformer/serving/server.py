@@ -45,14 +45,18 @@ from tformer.serving.openai_api import (
 )
 
 DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
-POLL_SECONDS = 0.25  # how often a waiting handler looks for a gone client or a failed engine
+POLL_SECONDS = 0.25
+# The engine's thread waits for the GIL whenever the HTTP thread holds it: Python's default 5 ms
+# between forced switches would add up to 5 ms to every step, so the server switches more often.
+SWITCH_INTERVAL = 0.0005  # how often a waiting handler looks for a gone client or a failed engine
 
 
 class EngineLoop:
     """The engine's thread: step while there is work, sleep on the engine's condition when not."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, after_step: Callable[[], None]) -> None:
         self.engine = engine
+        self.after_step = after_step  # hands the step's events to the HTTP side
         self.error: BaseException | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tformer-engine", daemon=True)
@@ -71,6 +75,8 @@ class EngineLoop:
                 self.error = error
                 traceback.print_exc(file=sys.stderr)
                 return
+            finally:
+                self.after_step()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel whatever still waits or runs, let the loop free its blocks, end the thread."""
@@ -87,19 +93,15 @@ class EngineLoop:
 class Submission:
     """The engine requests one HTTP request made and the queue their events arrive on."""
 
-    def __init__(self, server: OpenAIServer, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, server: OpenAIServer) -> None:
         self.server = server
-        self.loop = loop
         self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.requests: list[Request] = []
         self.prompt_index: dict[int, int] = {}  # engine request id -> which prompt of the HTTP request
         self.unfinished = 0
 
     def on_event(self, event: TokenEvent) -> None:  # on the engine's thread
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: the server is gone
-            pass
+        self.server.outbox.append((self, event))
 
     def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None) -> None:
         engine = self.server.engine
@@ -166,7 +168,9 @@ class OpenAIServer:
         self.model_name = model_name
         self.api_key = api_key
         self.chat_template = chat_template
-        self.loop = EngineLoop(engine)
+        self.loop = EngineLoop(engine, self._send_events)
+        self.outbox: list[tuple[Submission, TokenEvent]] = []  # a step's events, filled on the engine's thread
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self.responses: Counter[int] = Counter()  # HTTP status -> count, for /metrics
         self.created = int(time.time())
 
@@ -208,12 +212,24 @@ class OpenAIServer:
 
         class Lifespan:
             async def __aenter__(self) -> None:
+                server._event_loop = asyncio.get_running_loop()
                 server.loop.start()
 
             async def __aexit__(self, *exc_info: object) -> None:
                 await asyncio.to_thread(server.loop.stop)
 
         return Lifespan()
+
+    def _send_events(self) -> None:
+        """On the engine's thread after each step: the step's events to their queues, in one wake-up
+        of the HTTP thread (not one per token)."""
+        if not self.outbox or self._event_loop is None:
+            return
+        events, self.outbox = self.outbox, []
+        try:
+            self._event_loop.call_soon_threadsafe(_deliver, events)
+        except RuntimeError:  # the event loop is closed: the server is gone
+            pass
 
     def _check_key(self, http_request: HTTPRequest) -> None:
         if self.api_key is None:
@@ -273,7 +289,7 @@ class OpenAIServer:
         self._check_admitting()
         prompts = [self._prompt_ids(prompt, f"prompt {index}") for index, prompt in enumerate(body.prompts())]
         tokens = body.max_tokens if body.max_tokens is not None else self._default_tokens(max(map(len, prompts)))
-        submission = Submission(self, asyncio.get_running_loop())
+        submission = Submission(self)
         submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs)
         response_id = new_id("cmpl")
         if body.stream:
@@ -330,7 +346,7 @@ class OpenAIServer:
             raise APIError(400, "the messages render to no tokens", "messages")
         tokens = body.token_limit if body.token_limit is not None else self._default_tokens(len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
-        submission = Submission(self, asyncio.get_running_loop())
+        submission = Submission(self)
         submission.submit([prompt], body.generation_config(tokens), body.n, top)
         response_id = new_id("chatcmpl")
         if body.stream:
@@ -428,6 +444,11 @@ class OpenAIServer:
         return "\n".join(lines) + "\n"
 
 
+def _deliver(events: list[tuple[Submission, TokenEvent]]) -> None:
+    for submission, event in events:
+        submission.queue.put_nowait(event)
+
+
 def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
         log_level: str = "warning") -> None:
     """Serve until SIGTERM or SIGINT, then drain (see the module's docstring) and return."""
@@ -451,6 +472,7 @@ def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdow
                 print(f"tformer serve: listening on http://{bound_host}:{bound_port} (model {server.model_name!r})",
                       file=sys.stderr, flush=True)
 
+    sys.setswitchinterval(SWITCH_INTERVAL)
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
     Uvicorn(config).run()

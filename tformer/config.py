@@ -11,7 +11,7 @@ from typing import Any
 
 from tformer.errors import TformerError
 
-ARCHITECTURES = ("decoder", "encoder", "vision")
+ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -41,16 +41,16 @@ VISION_POSITIONALS = ("learned", "sinusoidal")
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     # Tokens and their positions: the text families'. A vision model reads pixels, and its sequence
     # length is its patch count (these stay at their defaults in its config).
-    "vocab_size": ("decoder", "encoder"),
-    "max_seq_len": ("decoder", "encoder"),
-    "tie_embeddings": ("decoder", "encoder"),
-    "scale_embeddings": ("decoder", "encoder"),
-    "pad_token_id": ("decoder", "encoder"),
-    "bos_token_id": ("decoder", "encoder"),
-    "eos_token_id": ("decoder", "encoder"),
-    "rope_theta": ("decoder", "encoder"),
-    "relative_num_buckets": ("decoder", "encoder"),
-    "relative_max_distance": ("decoder", "encoder"),
+    "vocab_size": ("decoder", "encoder", "encoder_decoder"),
+    "max_seq_len": ("decoder", "encoder", "encoder_decoder"),
+    "tie_embeddings": ("decoder", "encoder", "encoder_decoder"),
+    "scale_embeddings": ("decoder", "encoder", "encoder_decoder"),
+    "pad_token_id": ("decoder", "encoder", "encoder_decoder"),
+    "bos_token_id": ("decoder", "encoder", "encoder_decoder"),
+    "eos_token_id": ("decoder", "encoder", "encoder_decoder"),
+    "rope_theta": ("decoder", "encoder", "encoder_decoder"),
+    "relative_num_buckets": ("decoder", "encoder", "encoder_decoder"),
+    "relative_max_distance": ("decoder", "encoder", "encoder_decoder"),
     "type_vocab_size": ("encoder",),  # segment (token type) embeddings: BERT's sentence A / B
     "head": ("encoder", "vision"),
     "num_labels": ("encoder", "vision"),
@@ -62,6 +62,8 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "patch_size": ("vision",),
     "num_channels": ("vision",),
     "pooling": ("vision",),
+    "num_encoder_layers": ("encoder_decoder",),  # the encoder's depth; num_layers is the decoder's
+    "decoder_start_token_id": ("encoder_decoder",),
 }
 
 
@@ -102,6 +104,12 @@ class ModelConfig:
     vision model has no tokens: the token fields (``vocab_size``, ``max_seq_len``, the special token
     ids, ``tie_embeddings``, ``scale_embeddings``, ``type_vocab_size``) and those of rotary and
     relative positions stay at their defaults, unread; any other value is refused (``FAMILY_FIELDS``).
+
+    Encoder-decoder fields (``architecture="encoder_decoder"``, the 2017 translation model): a
+    bidirectional encoder of ``num_encoder_layers`` blocks (default: ``num_layers``) and a causal decoder
+    of ``num_layers`` blocks that cross-attend to its output; one token table for source, target and
+    (``tie_embeddings``) output, a joint vocabulary; generation starts the decoder at
+    ``decoder_start_token_id`` (default: ``bos_token_id``, else ``pad_token_id`` as Marian).
 
     Attention kernels (every family; ``ATTENTION_KERNELS``): ``attention_kernel`` picks how attention is
     computed. ``sdpa`` (PyTorch's fused kernel), ``reference`` (matmul, mask, softmax, matmul) and
@@ -160,6 +168,8 @@ class ModelConfig:
     num_channels: int = 3
     pooling: str = "cls"
     initializer_range: float = 0.02
+    num_encoder_layers: int | None = None
+    decoder_start_token_id: int | None = None
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -179,6 +189,8 @@ class ModelConfig:
             "attention_bias": self.bias if self.attention_bias is None else self.attention_bias,
             "feedforward_bias": self.bias if self.feedforward_bias is None else self.feedforward_bias,
         }
+        if self.architecture == "encoder_decoder" and self.num_encoder_layers is None:
+            derived["num_encoder_layers"] = self.num_layers
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         self._check_heads()
@@ -427,6 +439,8 @@ def _underived(config: ModelConfig) -> dict[str, Any]:
     for name in ("norm_bias", "attention_bias", "feedforward_bias"):
         if getattr(config, name) == config.bias:
             reset[name] = None
+    if config.architecture == "encoder_decoder" and config.num_encoder_layers == config.num_layers:
+        reset["num_encoder_layers"] = None
     return reset
 
 
@@ -502,6 +516,20 @@ PRESETS: dict[str, ModelConfig] = {
     "vit-tiny-patch16-224": _vit(192, 12, 3, num_labels=1000),
     # MNIST-sized (28 x 28 grey, 10 classes): 4 x 4 patches, a 7 x 7 grid; trains on a CPU in minutes.
     "vit-mnist": _vit(128, 6, 4, num_labels=10, image_size=28, patch_size=4, num_channels=1, norm_eps=1e-6),
+    # The 2017 paper's base translation model: 6 + 6 post-norm layers, 512 wide, 2,048 feed-forward, 8 heads,
+    # ReLU, sinusoidal positions, embeddings scaled by sqrt(512) and shared by source, target and output
+    # (a joint 37,000-token BPE vocabulary), dropout 0.1.
+    "transformer-base": ModelConfig(
+        architecture="encoder_decoder", vocab_size=37000, max_seq_len=512, d_model=512, num_layers=6, num_heads=8,
+        d_ff=2048, activation="relu", norm_position="post", positional="sinusoidal", scale_embeddings=True,
+        dropout=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    ),
+    # Multi30k-sized (29,000 training pairs): 3 + 3 layers, 256 wide, 512 feed-forward, 8 heads.
+    "transformer-multi30k": ModelConfig(
+        architecture="encoder_decoder", vocab_size=8000, max_seq_len=256, d_model=256, num_layers=3, num_heads=8,
+        d_ff=512, activation="relu", norm_position="post", positional="sinusoidal", scale_embeddings=True,
+        dropout=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    ),
     # For tests: tiny and fast.
     "gpt-nano": ModelConfig(
         vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,

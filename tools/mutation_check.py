@@ -56,6 +56,13 @@ MUTATIONS = (
         "one-token sequences of different lengths attend to the padding slots of the shorter ones",
     ),
     Mutation(
+        "translation-source-padding-attended", "tformer/models/encoder_decoder.py",
+        '"encoder_attention_mask": mask})\n',
+        '"encoder_attention_mask": torch.ones_like(mask)})\n',
+        ("tests/test_encoder_decoder.py",),
+        "the decoder cross-attends to the padding of a shorter source in a batch",
+    ),
+    Mutation(
         "many-rows-projection-drops-bias", "tformer/generation/fast_decoder.py",
         "            return torch.addmm(self.bias_column, self.weight_out_in, x.t()).t().contiguous()\n",
         "            return torch.mm(self.weight_out_in, x.t()).t().contiguous()\n",

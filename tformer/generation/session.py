@@ -20,6 +20,8 @@ encoder–decoder implements the same four and nothing else):
   ``input_ids`` (B, T) after the cached tokens and ``attention_mask`` (B, cached + T) or None
   when nothing is padded; returns an object with ``logits`` (B, T, V).
 - ``position_limit``: the most decoder positions it can take (a position table), or None.
+- ``encodes_prompt`` (optional, default False): the prompt is a source the model encodes, so
+  its padding may be on either side (a decoder's prompt must be left-padded).
 
 ``ModelSession`` runs any model through these hooks; reordering moves every row-indexed piece
 of state together: the self-attention caches, the cross-attention caches and the step inputs

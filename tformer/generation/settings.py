@@ -156,7 +156,8 @@ def check_model(model: object, role: str = "model") -> None:
 
 
 def check_prompt(model: nn.Module, input_ids: object, attention_mask: object) -> None:
-    """``input_ids`` (B, T) token ids of the model's vocabulary; ``attention_mask`` left padding."""
+    """``input_ids`` (B, T) token ids of the model's vocabulary; ``attention_mask`` left padding (a
+    decoder continues its prompt), or either side for a model whose ``encodes_prompt`` is True."""
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise GenerationError(f"input_ids must be a tensor of shape (batch, length >= 1), got {shape}")
@@ -179,6 +180,8 @@ def check_prompt(model: nn.Module, input_ids: object, attention_mask: object) ->
         raise GenerationError("attention_mask must hold only 0 (padding) and 1 (token)")
     if bool((mask.sum(-1) == 0).any()):
         raise GenerationError(f"attention_mask row {int((mask.sum(-1) == 0).nonzero()[0])} has no token")
+    if getattr(model, "encodes_prompt", False):  # a source for an encoder: padded on either side
+        return
     if bool((mask[:, 1:] < mask[:, :-1]).any()):
         row = int((mask[:, 1:] < mask[:, :-1]).any(-1).nonzero()[0])
         raise GenerationError(

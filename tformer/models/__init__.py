@@ -5,11 +5,12 @@ from __future__ import annotations
 from tformer.models.base import Model
 from tformer.models.decoder import DecoderLM
 from tformer.models.encoder import EncoderModel
-from tformer.models.output import EncoderOutput, ModelOutput, VisionOutput
+from tformer.models.encoder_decoder import EncoderDecoderLM
+from tformer.models.output import EncoderOutput, ModelOutput, Seq2SeqOutput, VisionOutput
 from tformer.models.registry import MODEL_CLASSES, build_model, model_class, register
 from tformer.models.vision import VisionModel
 
 __all__ = [
-    "DecoderLM", "EncoderModel", "EncoderOutput", "MODEL_CLASSES", "Model", "ModelOutput", "build_model", "model_class",
-    "register", "VisionModel", "VisionOutput",
+    "DecoderLM", "EncoderDecoderLM", "EncoderModel", "EncoderOutput", "MODEL_CLASSES", "Model", "ModelOutput",
+    "Seq2SeqOutput", "build_model", "model_class", "register", "VisionModel", "VisionOutput",
 ]

@@ -53,3 +53,13 @@ class VisionOutput(ModelOutput):
 
     last_hidden_state: Tensor | None = None
     pooled: Tensor | None = None
+
+
+@dataclass
+class Seq2SeqOutput(ModelOutput):
+    """``logits`` (B, T, V) of the decoder's tokens; ``loss`` against ``labels``; the encoder's output
+    (B, S, D) and, when asked for, the decoder's per-layer cross-attention weights (B, H, T, S)."""
+
+    encoder_output: Tensor | None = None
+    cross_attentions: list[Tensor] | None = None
+    encoder_attentions: list[Tensor] | None = None

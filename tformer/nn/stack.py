@@ -69,7 +69,8 @@ class TransformerStack(nn.Module):
     ) -> list[LayerCache]:
         """Empty key/value caches for ``max_len`` positions (a sliding window's: a rolling cache of its
         ``attention_window`` last positions, whatever ``max_len``); with cross-attention, also for the
-        ``source_len`` encoder positions (filled by the first step, reused after)."""
+        ``source_len`` encoder positions (filled by the first step, reused after), or, when
+        ``source_len`` is None, slots left empty for the model's first step to make."""
         config = self.config
 
         def kv(length: int) -> KVCache:
@@ -81,9 +82,7 @@ class TransformerStack(nn.Module):
                                       dtype, device)
             return kv(max_len)
 
-        cross = self.cross_attention
-        if cross and source_len is None:
-            raise ValueError("a cross-attention stack's cache needs source_len (the encoder's length)")
+        cross = self.cross_attention and source_len is not None
         return [LayerCache(own(), kv(source_len) if cross else None) for _ in range(config.num_layers)]
 
     def forward(

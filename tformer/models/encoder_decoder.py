@@ -1,0 +1,153 @@
+"""EncoderDecoderLM: the 2017 translation model on the shared core: a bidirectional encoder
+stack over the source, a causal decoder stack whose blocks cross-attend to the encoder's output,
+one token table for both sides (a joint vocabulary) and the output."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tformer.config import ModelConfig
+from tformer.models.base import Model
+from tformer.models.output import GenerationState, Seq2SeqOutput
+from tformer.models.registry import register
+from tformer.nn.attention import KVCache
+from tformer.nn.block import LayerCache
+from tformer.nn.embeddings import TokenEmbedding
+from tformer.nn.heads import LMHead
+from tformer.nn.inputs import check_token_ids
+from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
+from tformer.nn.stack import TransformerStack
+
+
+@register("encoder_decoder")
+class EncoderDecoderLM(Model):
+    """Token embedding (shared) -> encoder stack over the source; token embedding -> decoder stack
+    (causal, cross-attending) over the target -> LM head tied to the embedding."""
+
+    encodes_prompt = True  # generation's prompt is a source for the encoder: padded on either side
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.embedding = TokenEmbedding.from_config(config)
+        self.encoder = TransformerStack(config.replace(num_layers=config.num_encoder_layers), causal=False)
+        self.decoder = TransformerStack(config, causal=True, cross_attention=True)
+        self.lm_head = LMHead(config.d_model, config.vocab_size)
+        self.init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embedding.token.weight
+
+    def tied_parameters(self) -> dict[str, str]:
+        return {"lm_head.weight": "embedding.token.weight"} if self.config.tie_embeddings else {}
+
+    @property
+    def start_token_id(self) -> int:
+        """The decoder's first input: ``decoder_start_token_id``, else ``bos_token_id``, else ``pad_token_id``."""
+        config = self.config
+        for value in (config.decoder_start_token_id, config.bos_token_id, config.pad_token_id):
+            if value is not None:
+                return value
+        raise ValueError("this encoder-decoder has no decoder_start_token_id, bos_token_id or pad_token_id: "
+                         "set one, so the decoder knows how to start")
+
+    # ---- the two halves ------------------------------------------------------------------------
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+               output_attentions: bool = False):
+        """The source (B, S), 1 = token in ``attention_mask`` -> the encoder's StackOutput, hidden (B, S, D)."""
+        check_token_ids(input_ids, self.config.vocab_size)
+        return self.encoder(self.embedding(input_ids), attention_mask=attention_mask,
+                            output_attentions=output_attentions)
+
+    def decode(self, decoder_input_ids: Tensor, encoder_output: Tensor, encoder_attention_mask: Tensor | None = None,
+               decoder_attention_mask: Tensor | None = None, cache: list[LayerCache] | None = None,
+               output_attentions: bool = False, output_hidden_states: bool = False):
+        """Target tokens (B, T) after the cached ones, attending to ``encoder_output`` (B, S, D) -> StackOutput."""
+        check_token_ids(decoder_input_ids, self.config.vocab_size)
+        if cache is not None:
+            self._fill_cross_caches(cache, encoder_output)
+        return self.decoder(
+            self.embedding(decoder_input_ids), attention_mask=decoder_attention_mask, cache=cache,
+            encoder_hidden=encoder_output, encoder_mask=encoder_attention_mask,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
+
+    def _fill_cross_caches(self, cache: list[LayerCache], encoder_output: Tensor) -> None:
+        """Room for each block's cross-attention keys/values, projected from the encoder once (first step)."""
+        batch, source_len, _ = encoder_output.shape
+        config = self.config
+        for layer in cache:
+            if layer.cross_attention is None:
+                layer.cross_attention = KVCache(batch, config.num_kv_heads, source_len, config.head_dim,
+                                                encoder_output.dtype, encoder_output.device)
+
+    # ---- forward ---------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+        encoder_output: Tensor | None = None,
+        encoder_attention_mask: Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> Seq2SeqOutput:
+        """Training and scoring: ``input_ids`` the source (B, S) with ``attention_mask``; the target as
+        ``decoder_input_ids`` (B, T), or as ``labels`` (B, T) that the decoder reads shifted right behind
+        the start token (-100 in labels is ignored by the loss and read as padding).
+
+        A generation step (the Session protocol): given ``encoder_output`` (B, S, D) and
+        ``encoder_attention_mask``, ``input_ids`` are the decoder's tokens after the cached ones and
+        ``attention_mask`` covers the cached ones too."""
+        encoder_attentions = None
+        if encoder_output is None:
+            encoded = self.encode(input_ids, attention_mask, output_attentions)
+            encoder_output, encoder_attention_mask = encoded.hidden, attention_mask
+            encoder_attentions = encoded.attentions
+            if decoder_input_ids is None:
+                if labels is None:
+                    raise ValueError("give the target: decoder_input_ids, or labels to shift right")
+                decoder_input_ids = self.shift_right(labels)
+        else:
+            if decoder_input_ids is not None:
+                raise ValueError("a generation step takes the decoder's tokens as input_ids, not decoder_input_ids")
+            decoder_input_ids, decoder_attention_mask = input_ids, attention_mask
+        decoded = self.decode(decoder_input_ids, encoder_output, encoder_attention_mask, decoder_attention_mask, cache,
+                              output_attentions, output_hidden_states)
+        logits = self.lm_head(decoded.hidden)  # (B, T, V)
+        loss = None if labels is None else token_cross_entropy(logits, labels)
+        return Seq2SeqOutput(
+            logits=logits, loss=loss, attentions=decoded.attentions, hidden_states=decoded.hidden_states,
+            cache=cache, encoder_output=encoder_output, cross_attentions=decoded.cross_attentions,
+            encoder_attentions=encoder_attentions,
+        )
+
+    def shift_right(self, labels: Tensor) -> Tensor:
+        """The decoder's inputs for ``labels`` (B, T): the start token, then the labels but the last;
+        ignored positions (-100) read as padding."""
+        pad = self.config.pad_token_id if self.config.pad_token_id is not None else self.start_token_id
+        shifted = labels.new_full(labels.shape, self.start_token_id)
+        shifted[:, 1:] = labels[:, :-1]
+        return shifted.masked_fill(shifted == IGNORE_INDEX, pad)
+
+    # ---- generation hooks (the Session protocol: tformer/generation/session.py) -------------------
+
+    def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> GenerationState:
+        """Encode the source once; the decoder starts from the start token, and every step reads the
+        encoder's output and mask (reordered with the rows by beam search)."""
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        encoder_output = self.encode(input_ids, mask).hidden
+        start = torch.full((input_ids.shape[0], 1), self.start_token_id, dtype=torch.long, device=input_ids.device)
+        return GenerationState(input_ids=start, step_inputs={"encoder_output": encoder_output,
+                                                              "encoder_attention_mask": mask})
+
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
+                  device: torch.device | None = None) -> list[LayerCache]:
+        """Self-attention caches for ``max_len`` decoder positions; the cross-attention ones are made and
+        filled by the first step (the encoder's length is known then)."""
+        return self.decoder.new_cache(batch_size, max_len, dtype or self.dtype, device or self.device,
+                                      source_len=None)

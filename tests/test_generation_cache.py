@@ -20,6 +20,7 @@ VARIANTS = {
     "alibi": dict(positional="alibi"),
     "relative": dict(positional="relative"),
     "sinusoidal-post-norm": dict(positional="sinusoidal", norm_position="post"),
+    "sinusoidal-split": dict(positional="sinusoidal", sinusoidal_layout="split"),
     "no-positions-geglu-scaled": dict(positional="none", activation="geglu", scale_embeddings=True),
 }
 # Prefill 5 tokens, then a block of 3 (how speculative decoding verifies drafts), then one at a time.

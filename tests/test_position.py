@@ -98,3 +98,9 @@ def test_relative_buckets_exact_near_log_far_and_direction():
 def test_positions_from_left_padding():
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+
+
+def test_the_split_sinusoidal_layout_is_the_interleaved_table_with_sines_first():
+    interleaved = sinusoidal_table(50, 16)
+    split = sinusoidal_table(50, 16, layout="split")
+    torch.testing.assert_close(split, torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1))

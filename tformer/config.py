@@ -16,6 +16,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
+SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (the paper), or every sine first
 # How attention is computed (``attention_kernel``): the first three compute exact softmax attention
 # (the same function), the last two another one (random-feature estimate, a local band of keys).
 ATTENTION_KERNELS = ("sdpa", "reference", "chunked", "performer", "sliding_window")
@@ -62,6 +63,8 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "patch_size": ("vision",),
     "num_channels": ("vision",),
     "pooling": ("vision",),
+    "sinusoidal_layout": ("decoder", "encoder", "encoder_decoder"),
+    "lm_head_bias": ("encoder_decoder",),  # a per-token bias on the output logits (Marian's final_logits_bias)
     "num_encoder_layers": ("encoder_decoder",),  # the encoder's depth; num_layers is the decoder's
     "decoder_start_token_id": ("encoder_decoder",),
 }
@@ -109,7 +112,10 @@ class ModelConfig:
     bidirectional encoder of ``num_encoder_layers`` blocks (default: ``num_layers``) and a causal decoder
     of ``num_layers`` blocks that cross-attend to its output; one token table for source, target and
     (``tie_embeddings``) output, a joint vocabulary; generation starts the decoder at
-    ``decoder_start_token_id`` (default: ``bos_token_id``, else ``pad_token_id`` as Marian).
+    ``decoder_start_token_id`` (default: ``bos_token_id``, else ``pad_token_id`` as Marian);
+    ``lm_head_bias`` adds a learned per-token bias to the logits (Marian's ``final_logits_bias``).
+    ``sinusoidal_layout`` (text families, sinusoidal positions): ``interleaved`` alternates sine and
+    cosine channels as the paper writes it; ``split`` puts every sine first (Marian, fairseq).
 
     Attention kernels (every family; ``ATTENTION_KERNELS``): ``attention_kernel`` picks how attention is
     computed. ``sdpa`` (PyTorch's fused kernel), ``reference`` (matmul, mask, softmax, matmul) and
@@ -142,6 +148,7 @@ class ModelConfig:
     norm_bias: bool | None = None
     positional: str = "learned"
     rope_theta: float = 10000.0
+    sinusoidal_layout: str = "interleaved"
     relative_num_buckets: int = 32
     relative_max_distance: int = 128
     dropout: float = 0.0
@@ -170,6 +177,7 @@ class ModelConfig:
     initializer_range: float = 0.02
     num_encoder_layers: int | None = None
     decoder_start_token_id: int | None = None
+    lm_head_bias: bool = False
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -214,6 +222,7 @@ class ModelConfig:
             ("norm", NORMS),
             ("norm_position", NORM_POSITIONS),
             ("positional", POSITIONALS),
+            ("sinusoidal_layout", SINUSOIDAL_LAYOUTS),
             ("attention_kernel", ATTENTION_KERNELS),
         ):
             value = getattr(self, name)
@@ -229,6 +238,9 @@ class ModelConfig:
                     f"{name}={value!r} is a field of the {', '.join(families)} {kind}; "
                     f"architecture={self.architecture!r} does not use it"
                 )
+        if self.sinusoidal_layout != "interleaved" and self.positional != "sinusoidal":
+            raise ConfigError(f"sinusoidal_layout={self.sinusoidal_layout!r} lays out sinusoidal positions; "
+                              f"positional={self.positional!r} has none")
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):

@@ -63,6 +63,13 @@ MUTATIONS = (
         "the decoder cross-attends to the padding of a shorter source in a batch",
     ),
     Mutation(
+        "marian-positions-interleaved", "tformer/interop/marian.py",
+        '            sinusoidal_layout="split",\n',
+        '            sinusoidal_layout="interleaved",\n',
+        ("tests/test_interop_marian.py",),
+        "a Marian checkpoint runs with the paper's interleaved sine/cosine table instead of Marian's split one",
+    ),
+    Mutation(
         "many-rows-projection-drops-bias", "tformer/generation/fast_decoder.py",
         "            return torch.addmm(self.bias_column, self.weight_out_in, x.t()).t().contiguous()\n",
         "            return torch.mm(self.weight_out_in, x.t()).t().contiguous()\n",

@@ -38,7 +38,7 @@ from tformer.nn.position import apply_rotary
 # decoding; token ids and ``extra`` are metadata. Everything else must hold its default.
 HANDLED_FIELDS = frozenset({
     "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff",
-    "activation", "norm", "norm_position", "norm_eps", "norm_bias", "positional", "rope_theta",
+    "activation", "norm", "norm_position", "norm_eps", "norm_bias", "positional", "rope_theta", "sinusoidal_layout",
     "relative_num_buckets", "relative_max_distance", "dropout", "attention_dropout", "bias", "attention_bias",
     "feedforward_bias", "tie_embeddings", "scale_embeddings", "initializer_range", "pad_token_id",
     "bos_token_id", "eos_token_id", "extra",

@@ -8,12 +8,13 @@ from tformer.interop.bert import BertFamily
 from tformer.interop.family import Family
 from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
+from tformer.interop.marian import MarianFamily
 from tformer.interop.roberta import RobertaFamily
 from tformer.interop.vit import ViTFamily
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
-    for family in (GPT2Family(), LlamaFamily(), BertFamily(), RobertaFamily(), ViTFamily())
+    for family in (GPT2Family(), LlamaFamily(), BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily())
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

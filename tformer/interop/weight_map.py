@@ -4,8 +4,9 @@ A family describes, per tformer module, the Hugging Face module(s) it correspond
 (``ModuleMap``). From that and a model, ``weight_rules`` derives one ``WeightRule`` per
 tformer tensor; the rules then translate whole state dicts either way. tformer fuses some
 projections that Hugging Face keeps apart: the attention's ``qkv_proj`` holds the query,
-key and value rows in that order, and a gated feed-forward's ``in_proj`` holds the gate
-rows, then the up rows. GPT-2 stores its linear weights transposed, as (in, out).
+key and value rows in that order (cross-attention's ``kv_proj`` the key and value rows), and
+a gated feed-forward's ``in_proj`` holds the gate rows, then the up rows. GPT-2 stores its
+linear weights transposed, as (in, out).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import Tensor
 from tformer.checkpoint import check_weights
 from tformer.config import ModelConfig
 
-FUSIONS = ("qkv", "gate_up")
+FUSIONS = ("qkv", "kv", "gate_up")
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,11 @@ def weight_rules(modules: Mapping[str, ModuleMap], model) -> list[WeightRule]:
 
 def _fused_rows(fused: str, config: ModelConfig) -> tuple[int, ...]:
     """Row counts of the parts of tformer's fused matrices (their layout is fixed by the core)."""
+    kv_rows = config.num_kv_heads * config.head_dim
     if fused == "qkv":
-        kv_rows = config.num_kv_heads * config.head_dim
         return (config.num_heads * config.head_dim, kv_rows, kv_rows)
+    if fused == "kv":  # cross-attention: keys and values of the encoder's output
+        return (kv_rows, kv_rows)
     return (config.d_ff, config.d_ff)  # gate_up
 
 

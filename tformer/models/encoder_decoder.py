@@ -32,7 +32,7 @@ class EncoderDecoderLM(Model):
         self.embedding = TokenEmbedding.from_config(config)
         self.encoder = TransformerStack(config.replace(num_layers=config.num_encoder_layers), causal=False)
         self.decoder = TransformerStack(config, causal=True, cross_attention=True)
-        self.lm_head = LMHead(config.d_model, config.vocab_size)
+        self.lm_head = LMHead(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         self.init_weights()
         if config.tie_embeddings:
             self.lm_head.weight = self.embedding.token.weight

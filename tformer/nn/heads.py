@@ -9,11 +9,11 @@ from tformer.nn.feedforward import activation_function
 
 
 class LMHead(nn.Linear):
-    """Hidden states (B, T, D) -> next-token logits (B, T, V): one bias-free projection, whose
-    weight may be the token table itself (``tie_embeddings``)."""
+    """Hidden states (B, T, D) -> next-token logits (B, T, V): one projection, bias-free unless asked
+    (Marian's ``final_logits_bias``), whose weight may be the token table itself (``tie_embeddings``)."""
 
-    def __init__(self, d_model: int, vocab_size: int) -> None:
-        super().__init__(d_model, vocab_size, bias=False)
+    def __init__(self, d_model: int, vocab_size: int, bias: bool = False) -> None:
+        super().__init__(d_model, vocab_size, bias=bias)
 
 
 class MaskedLMHead(nn.Module):

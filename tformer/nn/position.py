@@ -13,11 +13,14 @@ import torch
 from torch import Tensor, nn
 
 
-def sinusoidal_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
-    """(length, dim) table of the 2017 paper: PE[t, 2i] = sin(t / base^(2i/dim)), PE[t, 2i+1] = cos(...)."""
+def sinusoidal_table(length: int, dim: int, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
+    """(length, dim) table of the 2017 paper: PE[t, 2i] = sin(t / base^(2i/dim)), PE[t, 2i+1] = cos(...);
+    ``layout="split"`` puts every sine first, then every cosine (Marian's, fairseq's)."""
     positions = torch.arange(length, dtype=torch.float64).unsqueeze(1)
     frequencies = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     angles = positions * frequencies  # (length, dim/2)
+    if layout == "split":
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()
     table = torch.empty(length, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
@@ -27,9 +30,9 @@ def sinusoidal_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal position encodings added to token embeddings."""
 
-    def __init__(self, max_len: int, dim: int, base: float = 10000.0) -> None:
+    def __init__(self, max_len: int, dim: int, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_len, dim, base), persistent=False)
+        self.register_buffer("table", sinusoidal_table(max_len, dim, base, layout), persistent=False)
 
     def forward(self, position_ids: Tensor) -> Tensor:
         """position_ids: (B, T) -> (B, T, D)."""
@@ -153,14 +156,14 @@ class Positional(nn.Module):
 
     def __init__(self, kind: str, *, max_len: int, d_model: int, num_heads: int, head_dim: int,
                  rope_theta: float = 10000.0, causal: bool = True, relative_num_buckets: int = 32,
-                 relative_max_distance: int = 128) -> None:
+                 relative_max_distance: int = 128, sinusoidal_layout: str = "interleaved") -> None:
         super().__init__()
         self.kind = kind
         self.max_len = max_len
         if kind == "learned":
             self.absolute = LearnedPositions(max_len, d_model)
         elif kind == "sinusoidal":
-            self.absolute = SinusoidalPositions(max_len, d_model)
+            self.absolute = SinusoidalPositions(max_len, d_model, layout=sinusoidal_layout)
         elif kind == "rope":
             self.rotary = RotaryEmbedding(head_dim, rope_theta)
         elif kind == "alibi":
@@ -194,7 +197,7 @@ def positional_from_config(config, causal: bool, kind: str | None = None) -> Pos
         config.positional if kind is None else kind, max_len=config.max_seq_len, d_model=config.d_model,
         num_heads=config.num_heads, head_dim=config.head_dim, rope_theta=config.rope_theta,
         causal=causal, relative_num_buckets=config.relative_num_buckets,
-        relative_max_distance=config.relative_max_distance,
+        relative_max_distance=config.relative_max_distance, sinusoidal_layout=config.sinusoidal_layout,
     )
 
 

@@ -1,0 +1,88 @@
+"""Marian (MarianMTModel) in and out: the same random weights give Hugging Face's logits on a
+right-padded batch, its greedy and beam-search translations token for token, and a folder tformer
+writes loads in ``from_pretrained`` with the same logits."""
+
+import pytest
+import torch
+
+import tformer
+from tformer.checkpoint import CheckpointError
+
+transformers = pytest.importorskip("transformers")
+
+PAD, EOS = 59, 0
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.MarianConfig(
+        vocab_size=60, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        activation_function="swish", scale_embedding=True, pad_token_id=PAD, eos_token_id=EOS,
+        decoder_start_token_id=PAD, forced_eos_token_id=None, init_std=0.1,
+    )
+    hf = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():  # biases start at zero; a mapping that lost one would go unseen
+        hf.final_logits_bias.normal_(0, 0.05)
+        for name, parameter in hf.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.1)
+    folder = tmp_path_factory.mktemp("hf-marian")
+    hf.save_pretrained(folder)
+    return hf, tformer.load(folder)
+
+
+def sources():
+    ids = torch.randint(1, PAD, (2, 9), generator=torch.Generator().manual_seed(3))
+    ids[0, -1] = EOS
+    ids[1, 6] = EOS
+    ids[1, 7:] = PAD  # the second source is 7 tokens, right-padded as Marian's tokenizer pads
+    return ids, (ids != PAD).long()
+
+
+def test_the_config_and_logits_equal_hugging_face(models):
+    hf, ours = models
+    config = ours.config
+    assert (config.num_encoder_layers, config.num_layers, config.sinusoidal_layout) == (2, 3, "split")
+    assert (config.activation, config.decoder_start_token_id, config.lm_head_bias) == ("silu", PAD, True)
+    ids, mask = sources()
+    target = torch.randint(1, PAD, (2, 6), generator=torch.Generator().manual_seed(4))
+    target[:, 0] = PAD
+    expected = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+    got = ours(ids, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam-4"])
+def test_translations_equal_hugging_face_generate(models, num_beams):
+    hf, ours = models
+    ids, mask = sources()
+    ends = [EOS, 26]  # 26: a token these weights produce mid-sentence, so some rows end early
+    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=12, num_beams=num_beams, do_sample=False,
+                           eos_token_id=ends, pad_token_id=PAD, decoder_start_token_id=PAD, output_scores=True,
+                           return_dict_in_generate=True)
+    got = tformer.generate(ours, ids, 12, attention_mask=mask, num_beams=num_beams, eos_token_id=ends,
+                           pad_token_id=PAD, output_scores=True, return_dict=True)
+    assert torch.equal(got.sequences, expected.sequences)
+    if num_beams == 1:
+        torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-4, atol=1e-4)
+
+
+def test_saved_folders_load_in_hugging_face_with_the_same_logits(models, tmp_path):
+    hf, ours = models
+    ours.save(tmp_path / "marian", format="hf")
+    again = transformers.MarianMTModel.from_pretrained(tmp_path / "marian").eval()
+    ids, mask = sources()
+    target = torch.full((2, 1), PAD)
+    torch.testing.assert_close(again(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits,
+                               hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits)
+
+
+def test_what_marian_cannot_hold_is_refused(tmp_path):
+    model = tformer.build_model("transformer-multi30k")  # interleaved positions, no output bias
+    with pytest.raises(CheckpointError, match="sinusoidal_layout='interleaved'.*lm_head_bias=False"):
+        model.save(tmp_path / "out", format="hf")
+    assert not (tmp_path / "out").exists()

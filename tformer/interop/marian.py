@@ -1,0 +1,172 @@
+"""Marian (``model_type: marian``, MarianMTModel): the Helsinki-NLP translation models, an
+encoder-decoder with post-norm blocks, sinusoidal positions with every sine before every cosine,
+embeddings scaled by sqrt(d_model) and shared by the encoder, the decoder and the output, and a
+per-token bias on the logits (``final_logits_bias``, stored as (1, V); tformer's ``lm_head.bias``).
+
+Hugging Face keeps the queries, keys and values apart; tformer stacks them (self-attention
+``qkv_proj``, cross-attention ``kv_proj``). Positions count from 0 over the whole padded row in
+Marian and over the real tokens in tformer: the same for the right-padded batches Marian's
+tokenizer makes, where padding is masked anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from tformer.config import ModelConfig
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
+from tformer.interop.weight_map import ModuleMap
+
+ACTIVATIONS_FROM_HF = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
+ACTIVATIONS_TO_HF = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
+LOGITS_BIAS = "final_logits_bias"
+
+
+def _layers(stack: str, theirs: str, cross: bool) -> dict[str, ModuleMap]:
+    """The module map of one stack's blocks (``stack``: encoder or decoder)."""
+    layer = f"model.{theirs}.layers.{{i}}"
+    modules = {
+        f"{stack}.blocks.{{i}}.attention_norm": ModuleMap((f"{layer}.self_attn_layer_norm",)),
+        f"{stack}.blocks.{{i}}.attention.qkv_proj": ModuleMap(
+            (f"{layer}.self_attn.q_proj", f"{layer}.self_attn.k_proj", f"{layer}.self_attn.v_proj"), fused="qkv"),
+        f"{stack}.blocks.{{i}}.attention.out_proj": ModuleMap((f"{layer}.self_attn.out_proj",)),
+        f"{stack}.blocks.{{i}}.feedforward_norm": ModuleMap((f"{layer}.final_layer_norm",)),
+        f"{stack}.blocks.{{i}}.feedforward.in_proj": ModuleMap((f"{layer}.fc1",)),
+        f"{stack}.blocks.{{i}}.feedforward.out_proj": ModuleMap((f"{layer}.fc2",)),
+    }
+    if cross:
+        modules.update({
+            f"{stack}.blocks.{{i}}.cross_attention_norm": ModuleMap((f"{layer}.encoder_attn_layer_norm",)),
+            f"{stack}.blocks.{{i}}.cross_attention.q_proj": ModuleMap((f"{layer}.encoder_attn.q_proj",)),
+            f"{stack}.blocks.{{i}}.cross_attention.kv_proj": ModuleMap(
+                (f"{layer}.encoder_attn.k_proj", f"{layer}.encoder_attn.v_proj"), fused="kv"),
+            f"{stack}.blocks.{{i}}.cross_attention.out_proj": ModuleMap((f"{layer}.encoder_attn.out_proj",)),
+        })
+    return modules
+
+
+class MarianFamily(Family):
+    model_type = "marian"
+    architecture = "encoder_decoder"
+    architecture_class = "MarianMTModel"
+    base_prefix = "model."
+    modules = {
+        "embedding.token": ModuleMap(("model.shared",)),
+        **_layers("encoder", "encoder", cross=False),
+        **_layers("decoder", "decoder", cross=True),
+        "lm_head": ModuleMap(("lm_head",)),
+    }
+    # The fixed position tables (never trained; rebuilt from the config) and the aliases of the shared table.
+    ignored_names = (r"embed_positions\.weight$", r"^model\.(encoder|decoder)\.embed_tokens\.weight$")
+    handled_fields = frozenset({
+        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_encoder_layers", "num_heads",
+        "num_kv_heads", "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional",
+        "sinusoidal_layout", "dropout", "attention_dropout", "bias", "norm_bias", "attention_bias",
+        "feedforward_bias", "tie_embeddings", "scale_embeddings", "lm_head_bias", "initializer_range",
+        "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+    })
+
+    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
+        vocab_size = hf_field(raw, "vocab_size", 58101)
+        require("marian", "decoder_vocab_size", hf_field(raw, "decoder_vocab_size", vocab_size), vocab_size)
+        require("marian", "share_encoder_decoder_embeddings", hf_field(raw, "share_encoder_decoder_embeddings", True),
+                True)
+        heads = hf_field(raw, "encoder_attention_heads", 16)
+        require("marian", "decoder_attention_heads", hf_field(raw, "decoder_attention_heads", 16), heads)
+        d_ff = hf_field(raw, "encoder_ffn_dim", 4096)
+        require("marian", "decoder_ffn_dim", hf_field(raw, "decoder_ffn_dim", 4096), d_ff)
+        require("marian", "normalize_before", hf_field(raw, "normalize_before", False), False)
+        require("marian", "activation_dropout", hf_field(raw, "activation_dropout", 0.0), 0.0)
+        special = special_token_ids("marian", raw, {"vocab_size": 58101, "pad_token_id": 58100, "eos_token_id": 0,
+                                                    "bos_token_id": None})
+        return ModelConfig(
+            architecture="encoder_decoder",
+            vocab_size=vocab_size,
+            max_seq_len=hf_field(raw, "max_position_embeddings", 1024),
+            d_model=hf_field(raw, "d_model", 1024),
+            num_layers=hf_field(raw, "decoder_layers", 12),
+            num_encoder_layers=hf_field(raw, "encoder_layers", 12),
+            num_heads=heads,
+            d_ff=d_ff,
+            activation=translated("marian", "activation_function", hf_field(raw, "activation_function", "gelu"),
+                                  ACTIVATIONS_FROM_HF),
+            norm="layernorm",
+            norm_position="post",
+            positional="sinusoidal",
+            sinusoidal_layout="split",
+            dropout=hf_field(raw, "dropout", 0.1),
+            attention_dropout=hf_field(raw, "attention_dropout", 0.0),
+            bias=True,
+            tie_embeddings=hf_field(raw, "tie_word_embeddings", True),
+            scale_embeddings=hf_field(raw, "scale_embedding", False),
+            lm_head_bias=True,
+            initializer_range=hf_field(raw, "init_std", 0.02),
+            decoder_start_token_id=hf_field(raw, "decoder_start_token_id", 58100),
+            **special,
+        )
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        return {
+            "architectures": [self.architecture_class],
+            "model_type": self.model_type,
+            "is_encoder_decoder": True,
+            "vocab_size": config.vocab_size,
+            "decoder_vocab_size": config.vocab_size,
+            "max_position_embeddings": config.max_seq_len,
+            "d_model": config.d_model,
+            "encoder_layers": config.num_encoder_layers,
+            "decoder_layers": config.num_layers,
+            "encoder_attention_heads": config.num_heads,
+            "decoder_attention_heads": config.num_heads,
+            "encoder_ffn_dim": config.d_ff,
+            "decoder_ffn_dim": config.d_ff,
+            "activation_function": ACTIVATIONS_TO_HF[config.activation],
+            "dropout": config.dropout,
+            "attention_dropout": config.attention_dropout,
+            "activation_dropout": 0.0,
+            "scale_embedding": config.scale_embeddings,
+            "share_encoder_decoder_embeddings": True,
+            "tie_word_embeddings": config.tie_embeddings,
+            "init_std": config.initializer_range,
+            "pad_token_id": config.pad_token_id,
+            "bos_token_id": config.bos_token_id,
+            "eos_token_id": config.eos_token_id,
+            "forced_eos_token_id": config.eos_token_id,
+            "decoder_start_token_id": config.decoder_start_token_id,
+        }
+
+    def required_values(self, config: ModelConfig) -> list[str]:
+        found = differences(config, {
+            "architecture": "encoder_decoder",
+            "positional": "sinusoidal",
+            "sinusoidal_layout": "split",
+            "norm": "layernorm",
+            "norm_position": "post",
+            "norm_eps": 1e-5,
+            "activation": tuple(ACTIVATIONS_TO_HF),
+            "num_kv_heads": config.num_heads,
+            "head_dim": config.d_model // config.num_heads,
+            "norm_bias": True,
+            "attention_bias": True,
+            "feedforward_bias": True,
+            "lm_head_bias": True,
+        })
+        if config.num_heads * config.head_dim != config.d_model:
+            found.append(f"num_heads * head_dim={config.num_heads * config.head_dim} (needs d_model={config.d_model})")
+        if config.pad_token_id is None:
+            found.append("pad_token_id=None (needs a token id: Marian pads and starts the decoder with it)")
+        return found
+
+    def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        state = super().normalized_state(hf_state, config)
+        if LOGITS_BIAS in state:  # (1, V) -> the output layer's bias (V,)
+            state["lm_head.bias"] = state.pop(LOGITS_BIAS).reshape(-1)
+        return state
+
+    def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        state = dict(hf_state)
+        state[LOGITS_BIAS] = state.pop("lm_head.bias").reshape(1, -1).contiguous()
+        return state

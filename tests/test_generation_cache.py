@@ -21,6 +21,7 @@ VARIANTS = {
     "relative": dict(positional="relative"),
     "sinusoidal-post-norm": dict(positional="sinusoidal", norm_position="post"),
     "sinusoidal-split": dict(positional="sinusoidal", sinusoidal_layout="split"),
+    "geglu-tanh-relative": dict(positional="relative", activation="geglu_tanh", norm="rmsnorm", bias=False),
     "no-positions-geglu-scaled": dict(positional="none", activation="geglu", scale_embeddings=True),
 }
 # Prefill 5 tokens, then a block of 3 (how speculative decoding verifies drafts), then one at a time.

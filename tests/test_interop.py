@@ -364,8 +364,8 @@ def write_config(folder, **changes) -> None:
 
 
 def test_unsupported_model_type_names_the_supported_ones(tmp_path, capsys):
-    tmp_path.joinpath("config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
-    with pytest.raises(CheckpointError, match=r"model_type 't5' is not supported; supported: gpt2, llama, bert, rob"):
+    tmp_path.joinpath("config.json").write_text(json.dumps({"model_type": "bart", "d_model": 8}))
+    with pytest.raises(CheckpointError, match=r"model_type 'bart' is not supported; supported: gpt2, llama, bert, rob"):
         tformer.load(tmp_path)
     assert cli_main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err

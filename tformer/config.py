@@ -12,7 +12,8 @@ from typing import Any
 from tformer.errors import TformerError
 
 ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # a gate and an up projection (geglu_tanh: T5 v1.1's)
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
@@ -65,6 +66,7 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "pooling": ("vision",),
     "sinusoidal_layout": ("decoder", "encoder", "encoder_decoder"),
     "lm_head_bias": ("encoder_decoder",),  # a per-token bias on the output logits (Marian's final_logits_bias)
+    "scale_decoder_output": ("encoder_decoder",),  # T5: the decoder's states x d_model^-0.5 before the output
     "num_encoder_layers": ("encoder_decoder",),  # the encoder's depth; num_layers is the decoder's
     "decoder_start_token_id": ("encoder_decoder",),
 }
@@ -113,7 +115,9 @@ class ModelConfig:
     of ``num_layers`` blocks that cross-attend to its output; one token table for source, target and
     (``tie_embeddings``) output, a joint vocabulary; generation starts the decoder at
     ``decoder_start_token_id`` (default: ``bos_token_id``, else ``pad_token_id`` as Marian);
-    ``lm_head_bias`` adds a learned per-token bias to the logits (Marian's ``final_logits_bias``).
+    ``lm_head_bias`` adds a learned per-token bias to the logits (Marian's ``final_logits_bias``);
+    ``scale_decoder_output`` multiplies the decoder's last hidden states by d_model^-0.5 before the
+    output layer (T5 with a tied output).
     ``sinusoidal_layout`` (text families, sinusoidal positions): ``interleaved`` alternates sine and
     cosine channels as the paper writes it; ``split`` puts every sine first (Marian, fairseq).
 
@@ -178,6 +182,7 @@ class ModelConfig:
     num_encoder_layers: int | None = None
     decoder_start_token_id: int | None = None
     lm_head_bias: bool = False
+    scale_decoder_output: bool = False
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -388,7 +393,7 @@ class ModelConfig:
         return self.patch_grid ** 2
 
     def _default_d_ff(self) -> int:
-        if self.activation in ("swiglu", "geglu"):
+        if self.activation in GATED_ACTIVATIONS:
             return 64 * -(-(8 * self.d_model // 3) // 64)
         return 4 * self.d_model
 
@@ -397,7 +402,7 @@ class ModelConfig:
     @property
     def gated(self) -> bool:
         """Whether the feed-forward is a gated linear unit (two input projections)."""
-        return self.activation in ("swiglu", "geglu")
+        return self.activation in GATED_ACTIVATIONS
 
     # ---- (de)serialisation ------------------------------------------------------------------
 

@@ -70,6 +70,13 @@ MUTATIONS = (
         "a Marian checkpoint runs with the paper's interleaved sine/cosine table instead of Marian's split one",
     ),
     Mutation(
+        "t5-scores-scaled-twice", "tformer/interop/t5.py",
+        "t * config.head_dim ** 0.5 if name.endswith(QUERY_SUFFIXES) else t",
+        "t if name.endswith(QUERY_SUFFIXES) else t",
+        ("tests/test_interop_t5.py",),
+        "T5's unscaled attention scores divided by sqrt(d_kv) (the query weights not rescaled on load)",
+    ),
+    Mutation(
         "many-rows-projection-drops-bias", "tformer/generation/fast_decoder.py",
         "            return torch.addmm(self.bias_column, self.weight_out_in, x.t()).t().contiguous()\n",
         "            return torch.mm(self.weight_out_in, x.t()).t().contiguous()\n",

@@ -10,11 +10,13 @@ from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
 from tformer.interop.marian import MarianFamily
 from tformer.interop.roberta import RobertaFamily
+from tformer.interop.t5 import T5Family
 from tformer.interop.vit import ViTFamily
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
-    for family in (GPT2Family(), LlamaFamily(), BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily())
+    for family in (GPT2Family(), LlamaFamily(), BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(),
+                   T5Family())
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

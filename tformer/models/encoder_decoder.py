@@ -118,7 +118,8 @@ class EncoderDecoderLM(Model):
             decoder_input_ids, decoder_attention_mask = input_ids, attention_mask
         decoded = self.decode(decoder_input_ids, encoder_output, encoder_attention_mask, decoder_attention_mask, cache,
                               output_attentions, output_hidden_states)
-        logits = self.lm_head(decoded.hidden)  # (B, T, V)
+        hidden = decoded.hidden * self.config.d_model ** -0.5 if self.config.scale_decoder_output else decoded.hidden
+        logits = self.lm_head(hidden)  # (B, T, V)
         loss = None if labels is None else token_cross_entropy(logits, labels)
         return Seq2SeqOutput(
             logits=logits, loss=loss, attentions=decoded.attentions, hidden_states=decoded.hidden_states,

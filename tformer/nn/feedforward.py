@@ -1,5 +1,5 @@
 """The position-wise feed-forward network: two projections around an activation, or a gated
-linear unit (SwiGLU / GeGLU) whose gate and value projections are one fused matrix."""
+linear unit (SwiGLU / GeGLU, exact or tanh GELU) whose gate and value projections are one fused matrix."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.config import GATED_ACTIVATIONS
+
 _ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
@@ -15,6 +17,7 @@ _ACTIVATIONS = {
     "silu": F.silu,
     "swiglu": F.silu,
     "geglu": F.gelu,
+    "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
 
 
@@ -34,7 +37,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool = True) -> None:
         super().__init__()
         self.activation = activation_function(activation)
-        self.gated = activation in ("swiglu", "geglu")
+        self.gated = activation in GATED_ACTIVATIONS
         self.in_proj = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.out_proj = nn.Linear(d_ff, d_model, bias=bias)
 

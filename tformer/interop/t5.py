@@ -1,0 +1,171 @@
+"""T5 (``model_type: t5``, T5ForConditionalGeneration): an encoder-decoder with pre-norm RMS norms
+(no mean, no bias), no biases anywhere, T5's bucketed relative position bias (one table per stack,
+shared by its blocks, bidirectional in the encoder), a ReLU (T5) or tanh-GELU gated (``gated-gelu``,
+T5 v1.1) feed-forward, and (T5, not v1.1) the decoder's last states scaled by d_model^-0.5 before the
+output: ``scale_decoder_outputs`` in transformers 5's configs, ``tie_word_embeddings`` in older ones.
+
+T5 does not divide attention scores by sqrt(head size); tformer does. The query weights are
+multiplied by sqrt(d_kv) on the way in and divided on the way out, so the scores are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from tformer.config import ModelConfig
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
+from tformer.interop.weight_map import ModuleMap
+
+ACTIVATIONS_FROM_HF = {"relu": "relu", "gated-gelu": "geglu_tanh"}
+ACTIVATIONS_TO_HF = {"relu": "relu", "geglu_tanh": "gated-gelu"}
+QUERY_SUFFIXES = (".SelfAttention.q.weight", ".EncDecAttention.q.weight")
+
+
+def _attention(prefix: str, theirs: str) -> dict[str, ModuleMap]:
+    return {
+        f"{prefix}.qkv_proj": ModuleMap((f"{theirs}.q", f"{theirs}.k", f"{theirs}.v"), fused="qkv"),
+        f"{prefix}.out_proj": ModuleMap((f"{theirs}.o",)),
+    }
+
+
+def _cross_attention(prefix: str, theirs: str) -> dict[str, ModuleMap]:
+    return {
+        f"{prefix}.q_proj": ModuleMap((f"{theirs}.q",)),
+        f"{prefix}.kv_proj": ModuleMap((f"{theirs}.k", f"{theirs}.v"), fused="kv"),
+        f"{prefix}.out_proj": ModuleMap((f"{theirs}.o",)),
+    }
+
+
+def _feedforward(prefix: str, theirs: str, gated: bool) -> dict[str, ModuleMap]:
+    if gated:
+        in_proj = ModuleMap((f"{theirs}.wi_0", f"{theirs}.wi_1"), fused="gate_up")
+    else:
+        in_proj = ModuleMap((f"{theirs}.wi",))
+    return {f"{prefix}.in_proj": in_proj, f"{prefix}.out_proj": ModuleMap((f"{theirs}.wo",))}
+
+
+def _modules(gated: bool) -> dict[str, ModuleMap]:
+    encoder, decoder = "encoder.block.{i}.layer", "decoder.block.{i}.layer"
+    bias = "block.0.layer.0.SelfAttention.relative_attention_bias"  # in the first block, shared by all
+    return {
+        "embedding.token": ModuleMap(("shared",)),
+        "encoder.positional.bias.embedding": ModuleMap((f"encoder.{bias}",)),
+        "encoder.blocks.{i}.attention_norm": ModuleMap((f"{encoder}.0.layer_norm",)),
+        **_attention("encoder.blocks.{i}.attention", f"{encoder}.0.SelfAttention"),
+        "encoder.blocks.{i}.feedforward_norm": ModuleMap((f"{encoder}.1.layer_norm",)),
+        **_feedforward("encoder.blocks.{i}.feedforward", f"{encoder}.1.DenseReluDense", gated),
+        "encoder.final_norm": ModuleMap(("encoder.final_layer_norm",)),
+        "decoder.positional.bias.embedding": ModuleMap((f"decoder.{bias}",)),
+        "decoder.blocks.{i}.attention_norm": ModuleMap((f"{decoder}.0.layer_norm",)),
+        **_attention("decoder.blocks.{i}.attention", f"{decoder}.0.SelfAttention"),
+        "decoder.blocks.{i}.cross_attention_norm": ModuleMap((f"{decoder}.1.layer_norm",)),
+        **_cross_attention("decoder.blocks.{i}.cross_attention", f"{decoder}.1.EncDecAttention"),
+        "decoder.blocks.{i}.feedforward_norm": ModuleMap((f"{decoder}.2.layer_norm",)),
+        **_feedforward("decoder.blocks.{i}.feedforward", f"{decoder}.2.DenseReluDense", gated),
+        "decoder.final_norm": ModuleMap(("decoder.final_layer_norm",)),
+        "lm_head": ModuleMap(("lm_head",)),
+    }
+
+
+class T5Family(Family):
+    model_type = "t5"
+    architecture = "encoder_decoder"
+    architecture_class = "T5ForConditionalGeneration"
+    base_prefix = ""
+    modules = _modules(gated=False)
+    ignored_names = (r"^(encoder|decoder)\.embed_tokens\.weight$",)  # aliases of the shared table
+    handled_fields = frozenset({
+        "architecture", "vocab_size", "d_model", "num_layers", "num_encoder_layers", "num_heads", "num_kv_heads",
+        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "relative_num_buckets",
+        "relative_max_distance", "dropout", "attention_dropout", "bias", "norm_bias", "attention_bias",
+        "feedforward_bias", "tie_embeddings", "scale_decoder_output", "initializer_range", "pad_token_id",
+        "bos_token_id", "eos_token_id", "decoder_start_token_id",
+    })
+
+    def module_map(self, config: ModelConfig) -> Mapping[str, ModuleMap]:
+        return _modules(gated=config.gated)
+
+    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
+        require("t5", "is_encoder_decoder", hf_field(raw, "is_encoder_decoder", True), True)
+        num_layers = hf_field(raw, "num_layers", 6)
+        tied = hf_field(raw, "tie_word_embeddings", True)
+        # transformers 5 writes scale_decoder_outputs; older configs say it by tie_word_embeddings (v1.1: False).
+        scale = hf_field(raw, "scale_decoder_outputs", tied)
+        special = special_token_ids("t5", raw, {"vocab_size": 32128, "pad_token_id": 0, "eos_token_id": 1,
+                                                "bos_token_id": None})
+        return ModelConfig(
+            architecture="encoder_decoder",
+            vocab_size=hf_field(raw, "vocab_size", 32128),
+            d_model=hf_field(raw, "d_model", 512),
+            num_layers=hf_field(raw, "num_decoder_layers", num_layers),
+            num_encoder_layers=num_layers,
+            num_heads=hf_field(raw, "num_heads", 8),
+            head_dim=hf_field(raw, "d_kv", 64),
+            d_ff=hf_field(raw, "d_ff", 2048),
+            activation=translated("t5", "feed_forward_proj", hf_field(raw, "feed_forward_proj", "relu"),
+                                  ACTIVATIONS_FROM_HF),
+            norm="rmsnorm",
+            norm_position="pre",
+            norm_eps=hf_field(raw, "layer_norm_epsilon", 1e-6),
+            positional="relative",
+            relative_num_buckets=hf_field(raw, "relative_attention_num_buckets", 32),
+            relative_max_distance=hf_field(raw, "relative_attention_max_distance", 128),
+            dropout=hf_field(raw, "dropout_rate", 0.1),
+            bias=False,
+            tie_embeddings=tied,
+            scale_decoder_output=scale,
+            initializer_range=hf_field(raw, "initializer_factor", 1.0) * 0.02,
+            decoder_start_token_id=hf_field(raw, "decoder_start_token_id", 0),
+            **special,
+        )
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        return {
+            "architectures": [self.architecture_class],
+            "model_type": self.model_type,
+            "is_encoder_decoder": True,
+            "vocab_size": config.vocab_size,
+            "d_model": config.d_model,
+            "d_kv": config.head_dim,
+            "d_ff": config.d_ff,
+            "num_layers": config.num_encoder_layers,
+            "num_decoder_layers": config.num_layers,
+            "num_heads": config.num_heads,
+            "relative_attention_num_buckets": config.relative_num_buckets,
+            "relative_attention_max_distance": config.relative_max_distance,
+            "dropout_rate": config.dropout,
+            "layer_norm_epsilon": config.norm_eps,
+            "feed_forward_proj": ACTIVATIONS_TO_HF[config.activation],
+            "tie_word_embeddings": config.tie_embeddings,
+            "scale_decoder_outputs": config.scale_decoder_output,
+            "initializer_factor": config.initializer_range / 0.02,
+            "pad_token_id": config.pad_token_id,
+            "eos_token_id": config.eos_token_id,
+            "decoder_start_token_id": config.decoder_start_token_id,
+        }
+
+    def required_values(self, config: ModelConfig) -> list[str]:
+        return differences(config, {
+            "architecture": "encoder_decoder",
+            "positional": "relative",
+            "norm": "rmsnorm",
+            "norm_position": "pre",
+            "activation": tuple(ACTIVATIONS_TO_HF),
+            "num_kv_heads": config.num_heads,
+            "bias": False,
+            "norm_bias": False,
+            "attention_bias": False,
+            "feedforward_bias": False,
+            "attention_dropout": 0.0,
+        })
+
+    def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        state = super().normalized_state(hf_state, config)
+        return {name: t * config.head_dim ** 0.5 if name.endswith(QUERY_SUFFIXES) else t for name, t in state.items()}
+
+    def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        return {name: (t / config.head_dim ** 0.5).contiguous() if name.endswith(QUERY_SUFFIXES) else t
+                for name, t in hf_state.items()}

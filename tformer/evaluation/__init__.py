@@ -1,6 +1,7 @@
 """Evaluation metrics, independent of any model: classification (accuracy, precision/recall/F1, the
 confusion matrix), entity-level tagging scores equal to seqeval's, and SQuAD v1.1 exact match / F1.
-Only numpy and the standard library are imported."""
+Only numpy and the standard library are imported (translation scores, in ``tformer.evaluation.translation``,
+import sacrebleu when called)."""
 
 from tformer.evaluation.classification import (
     ClassificationScores,

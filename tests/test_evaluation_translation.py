@@ -1,0 +1,57 @@
+"""Translation scores: BLEU and chrF equal to sacrebleu called directly on the same lines (the
+Multi30k test references against lightly damaged copies), signatures, and misaligned files."""
+
+import gzip
+import random
+
+import pytest
+from shared_data import SHARED_DATA, require
+
+from tformer.data.files import DataFileError
+from tformer.evaluation.translation import read_aligned_lines, translation_scores
+
+sacrebleu = pytest.importorskip("sacrebleu")
+
+
+def damaged(lines, seed=0):
+    """Each line with some words dropped or swapped: hypotheses of every quality."""
+    rng = random.Random(seed)
+    out = []
+    for line in lines:
+        words = line.split()
+        words = [w for w in words if rng.random() > 0.2] or words[:1]
+        if len(words) > 2 and rng.random() < 0.5:
+            i = rng.randrange(len(words) - 1)
+            words[i], words[i + 1] = words[i + 1], words[i]
+        out.append(" ".join(words))
+    return out
+
+
+def references():
+    path = SHARED_DATA / "multi30k" / "test_2016_flickr.en.gz"
+    require(path)
+    return gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+
+
+def test_scores_equal_sacrebleu_called_directly():
+    refs = references()
+    hyps = damaged(refs)
+    scores = translation_scores(hyps, refs, per_sentence=True)
+    assert scores.bleu == sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert scores.chrf == sacrebleu.corpus_chrf(hyps, [refs]).score
+    assert 0 < scores.bleu < 100 and scores.sentences == 1000
+    assert "tok:13a" in scores.bleu_signature and "case:mixed" in scores.bleu_signature
+    assert scores.sentence_bleu[7] == sacrebleu.sentence_bleu(hyps[7], [refs[7]]).score
+    lowered = translation_scores(hyps, refs, lowercase=True)
+    assert lowered.bleu == sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
+    assert "case:lc" in lowered.bleu_signature
+    assert translation_scores(refs, refs).bleu == pytest.approx(100.0)
+
+
+def test_misaligned_files_name_both_counts(tmp_path):
+    (tmp_path / "hyp.txt").write_text("a b c\nd e\n")
+    (tmp_path / "ref.txt").write_text("a b c\nd e\nf\n")
+    with pytest.raises(DataFileError, match=r"hyp.txt has 2 lines but .*ref.txt has 3"):
+        read_aligned_lines(tmp_path / "hyp.txt", tmp_path / "ref.txt")
+    (tmp_path / "hyp.txt").write_text("a b c\nd e\ng\n")
+    assert read_aligned_lines(tmp_path / "hyp.txt", tmp_path / "ref.txt")[0][2] == "g"

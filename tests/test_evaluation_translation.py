@@ -7,6 +7,7 @@ import random
 import pytest
 from shared_data import SHARED_DATA, require
 
+from tformer.cli import main
 from tformer.data.files import DataFileError
 from tformer.evaluation.translation import read_aligned_lines, translation_scores
 
@@ -55,3 +56,25 @@ def test_misaligned_files_name_both_counts(tmp_path):
         read_aligned_lines(tmp_path / "hyp.txt", tmp_path / "ref.txt")
     (tmp_path / "hyp.txt").write_text("a b c\nd e\ng\n")
     assert read_aligned_lines(tmp_path / "hyp.txt", tmp_path / "ref.txt")[0][2] == "g"
+
+
+def test_the_evaluate_command_scores_translation_files(tmp_path, capsys):
+    refs = references()[:200]
+    hyps = damaged(refs, seed=1)
+    (tmp_path / "hyp.txt").write_text("\n".join(hyps) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(refs) + "\n")
+    assert main(["evaluate", "--hypotheses", str(tmp_path / "hyp.txt"), "--reference", str(tmp_path / "ref.txt"),
+                 "--per-sentence"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[1] == f"{sacrebleu.corpus_bleu(hyps, [refs]).score:.2f}" and "tok:13a" in out[1]
+    assert out[2].split()[1] == f"{sacrebleu.corpus_chrf(hyps, [refs]).score:.2f}"
+    assert out[3 + 4] == f"5\t{sacrebleu.sentence_bleu(hyps[4], [refs[4]]).score:.2f}"
+    (tmp_path / "short.txt").write_text("\n".join(hyps[:150]) + "\n")
+    short = ["evaluate", "--hypotheses", str(tmp_path / "short.txt"), "--reference", str(tmp_path / "ref.txt")]
+    assert main(short) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "short.txt has 150 lines but" in err and "has 200" in err
+    assert main(["evaluate", "--hypotheses", str(tmp_path / "hyp.txt")]) == 2
+    assert "--hypotheses FILE and --reference FILE" in capsys.readouterr().err
+    assert main(["evaluate", "--data", str(tmp_path / "ref.txt")]) == 2
+    assert "give RUN and --data FILE" in capsys.readouterr().err

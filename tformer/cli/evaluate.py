@@ -1,6 +1,9 @@
 """``tformer evaluate RUN --data FILE``: the metrics of a trained model on a data file, by the task
 of the recipe it was trained with (accuracy and F1, entity F1, exact match, loss and perplexity).
-A classification run also gets its confusion matrix drawn as a PNG."""
+A classification run also gets its confusion matrix drawn as a PNG.
+
+``tformer evaluate --hypotheses FILE --reference FILE``: sacreBLEU's BLEU and chrF of translations
+already made (one line per reference), with their signatures."""
 
 from __future__ import annotations
 
@@ -18,10 +21,14 @@ def register(subparsers) -> None:
                     "--data, read and scored as the run's recipe reads and scores its evaluation data. Prints the "
                     "metrics and writes them, with a confusion matrix PNG for a classification run, into --out.",
     )
-    parser.add_argument("folder", metavar="RUN",
+    parser.add_argument("folder", metavar="RUN", nargs="?",
                         help="a run folder (with recipe.toml), or a checkpoint folder inside one")
-    parser.add_argument("--data", required=True,
-                        help="the file (or image folder) to evaluate on, in the format of the run's data")
+    parser.add_argument("--data", help="the file (or image folder) to evaluate on, in the format of the run's data")
+    parser.add_argument("--hypotheses", metavar="FILE",
+                        help="translations to score against --reference, one line each (no RUN): BLEU and chrF")
+    parser.add_argument("--reference", metavar="FILE", help="the reference translations, one line each")
+    parser.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU (default: cased)")
+    parser.add_argument("--per-sentence", action="store_true", help="also print each line's sentence BLEU")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
     parser.add_argument("--batch-size", type=int, help="rows per forward pass (default: the recipe's batch size)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
@@ -68,6 +75,32 @@ def run_recipe(folder: Path):
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.cli import UsageError
+
+    if args.hypotheses or args.reference:
+        if not (args.hypotheses and args.reference) or args.folder or args.data:
+            raise UsageError("scoring translations takes --hypotheses FILE and --reference FILE, without RUN or --data")
+        return score_translations(args)
+    if not args.folder or not args.data:
+        raise UsageError("give RUN and --data FILE (or --hypotheses FILE --reference FILE to score translations)")
+    return evaluate_run(args)
+
+
+def score_translations(args: argparse.Namespace) -> int:
+    """BLEU and chrF of a hypothesis file against a reference file, printed with their signatures."""
+    from tformer.evaluation.translation import read_aligned_lines, translation_scores
+
+    hypotheses, references = read_aligned_lines(args.hypotheses, args.reference)
+    scores = translation_scores(hypotheses, references, lowercase=args.lowercase, per_sentence=args.per_sentence)
+    print(f"sentences  {scores.sentences:,}")
+    print(f"bleu       {scores.bleu:.2f}   {scores.bleu_signature}")
+    print(f"chrf       {scores.chrf:.2f}   {scores.chrf_signature}")
+    for line, value in enumerate(scores.sentence_bleu, start=1):
+        print(f"{line}\t{value:.2f}")
+    return 0
+
+
+def evaluate_run(args: argparse.Namespace) -> int:
     import dataclasses
 
     import tformer

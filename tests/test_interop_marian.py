@@ -4,6 +4,7 @@ writes loads in ``from_pretrained`` with the same logits."""
 
 import pytest
 import torch
+from seq2seq_parity import assert_generate_equals, assert_saved_folder_loads
 
 import tformer
 from tformer.checkpoint import CheckpointError
@@ -59,26 +60,13 @@ def test_translations_equal_hugging_face_generate(models, num_beams):
     hf, ours = models
     ids, mask = sources()
     ends = [EOS, 26]  # 26: a token these weights produce mid-sentence, so some rows end early
-    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=12, num_beams=num_beams, do_sample=False,
-                           eos_token_id=ends, pad_token_id=PAD, decoder_start_token_id=PAD, output_scores=True,
-                           return_dict_in_generate=True)
-    got = tformer.generate(ours, ids, 12, attention_mask=mask, num_beams=num_beams, eos_token_id=ends,
-                           pad_token_id=PAD, output_scores=True, return_dict=True)
-    assert torch.equal(got.sequences, expected.sequences)
-    if num_beams == 1:
-        torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-4, atol=1e-4)
-    else:
-        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-4, atol=1e-4)
+    assert_generate_equals(hf, ours, ids, mask, num_beams, ends, PAD)
 
 
 def test_saved_folders_load_in_hugging_face_with_the_same_logits(models, tmp_path):
     hf, ours = models
-    ours.save(tmp_path / "marian", format="hf")
-    again = transformers.MarianMTModel.from_pretrained(tmp_path / "marian").eval()
     ids, mask = sources()
-    target = torch.full((2, 1), PAD)
-    torch.testing.assert_close(again(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits,
-                               hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits)
+    assert_saved_folder_loads(hf, ours, transformers.MarianMTModel, tmp_path / "marian", ids, mask, PAD)
 
 
 def test_what_marian_cannot_hold_is_refused(tmp_path):

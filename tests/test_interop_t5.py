@@ -5,6 +5,7 @@ token, and a folder tformer writes loads in ``from_pretrained`` with the same lo
 
 import pytest
 import torch
+from seq2seq_parity import assert_generate_equals, assert_saved_folder_loads
 
 import tformer
 
@@ -52,24 +53,10 @@ def test_logits_equal_hugging_face(models):
 def test_generate_equals_hugging_face(models, num_beams):
     hf, ours = models
     ids, mask = sources()
-    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=12, num_beams=num_beams, do_sample=False,
-                           eos_token_id=EOS, pad_token_id=PAD, decoder_start_token_id=PAD, output_scores=True,
-                           return_dict_in_generate=True)
-    got = tformer.generate(ours, ids, 12, attention_mask=mask, num_beams=num_beams, eos_token_id=EOS,
-                           pad_token_id=PAD, output_scores=True, return_dict=True)
-    assert torch.equal(got.sequences, expected.sequences)
-    if num_beams == 1:
-        torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-4, atol=1e-4)
-    else:
-        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-4, atol=1e-4)
+    assert_generate_equals(hf, ours, ids, mask, num_beams, EOS, PAD)
 
 
 def test_saved_folders_load_in_hugging_face_with_the_same_logits(models, tmp_path):
     hf, ours = models
-    ours.save(tmp_path / "t5", format="hf")
-    again = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "t5").eval()
     ids, mask = sources()
-    target = torch.full((2, 1), PAD)
-    torch.testing.assert_close(again(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits,
-                               hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits,
-                               rtol=1e-5, atol=1e-5)
+    assert_saved_folder_loads(hf, ours, transformers.T5ForConditionalGeneration, tmp_path / "t5", ids, mask, PAD)

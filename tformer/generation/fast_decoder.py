@@ -53,7 +53,7 @@ _POSITIONAL_KINDS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none
 # Smaller projections stay in cache and gain nothing from a second thread (measured here).
 SPLIT_MIN_ELEMENTS = 1 << 17
 # From this many rows, a large projection runs as W @ x.T: MKL is faster at a wide-by-skinny product
-# than at a skinny-by-wide one (1.2-1.5x for 16 rows on GPT-2's shapes, measured here).
+# than at a skinny-by-wide one (1.1-1.5x for 16 rows on GPT-2's shapes, measured here).
 TRANSPOSED_MIN_ROWS = 8
 
 

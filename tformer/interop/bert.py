@@ -17,7 +17,7 @@ from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated, width_mismatch
 from tformer.interop.weight_map import ModuleMap
 
 # HF ``hidden_act`` <-> tformer activation.
@@ -220,8 +220,7 @@ class BertFamily(Family):
             "head": tuple(self.heads.values()),
             **self.layout_required(config),
         })
-        if config.num_heads * config.head_dim != config.d_model:
-            found.append(f"num_heads * head_dim={config.num_heads * config.head_dim} (needs d_model={config.d_model})")
+        found += width_mismatch(config)
         if config.type_vocab_size < 1:
             found.append(f"type_vocab_size={config.type_vocab_size} (needs >= 1: {self.model_type} has segment "
                          "embeddings)")

@@ -153,6 +153,12 @@ def differences(config: ModelConfig, required: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def width_mismatch(config: ModelConfig) -> list[str]:
+    """The phrase for a config whose heads do not span d_model (HF families fix head_dim = d_model / heads)."""
+    width = config.num_heads * config.head_dim
+    return [] if width == config.d_model else [f"num_heads * head_dim={width} (needs d_model={config.d_model})"]
+
+
 def special_token_ids(model_type: str, raw: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """``pad_token_id``, ``bos_token_id`` and ``eos_token_id`` of a config.json, each ``raw[key]`` or its
     ``defaults[key]`` when absent; ids outside the vocabulary dropped (None), with one warning.

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated, width_mismatch
 from tformer.interop.weight_map import ModuleMap
 
 # HF ``activation_function`` <-> tformer activation.
@@ -125,6 +125,5 @@ class GPT2Family(Family):
             "attention_bias": True,
             "feedforward_bias": True,
         })
-        if config.num_heads * config.head_dim != config.d_model:
-            found.append(f"num_heads * head_dim={config.num_heads * config.head_dim} (needs d_model={config.d_model})")
+        found += width_mismatch(config)
         return found

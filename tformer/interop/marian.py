@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
+from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated, width_mismatch
 from tformer.interop.weight_map import ModuleMap
 
 ACTIVATIONS_FROM_HF = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
@@ -154,8 +154,7 @@ class MarianFamily(Family):
             "feedforward_bias": True,
             "lm_head_bias": True,
         })
-        if config.num_heads * config.head_dim != config.d_model:
-            found.append(f"num_heads * head_dim={config.num_heads * config.head_dim} (needs d_model={config.d_model})")
+        found += width_mismatch(config)
         if config.pad_token_id is None:
             found.append("pad_token_id=None (needs a token id: Marian pads and starts the decoder with it)")
         return found

@@ -20,7 +20,7 @@ from torch import Tensor
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
 from tformer.interop.bert import ACTIVATIONS_FROM_HF, ACTIVATIONS_TO_HF, labels_from_hf, labels_to_hf
-from tformer.interop.family import Family, differences, hf_field, require, translated
+from tformer.interop.family import Family, differences, hf_field, require, translated, width_mismatch
 from tformer.interop.weight_map import ModuleMap
 
 # transformers 5's module names -> the names its files hold (applied in order).
@@ -175,8 +175,7 @@ class ViTFamily(Family):
             "pooling": "cls",
             "head": tuple(self.heads.values()),
         })
-        if config.num_heads * config.head_dim != config.d_model:
-            found.append(f"num_heads * head_dim={config.num_heads * config.head_dim} (needs d_model={config.d_model})")
+        found += width_mismatch(config)
         return found
 
 

@@ -225,19 +225,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_object(response_id: str, model: str, choices: list[dict], usage_counts: dict | None,
-                      chunk: bool = False) -> dict[str, Any]:
-    body = {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices}
-    if usage_counts is not None or not chunk:
-        body["usage"] = usage_counts
-    return body
-
-
-def chat_object(response_id: str, model: str, choices: list[dict], usage_counts: dict | None,
-                chunk: bool = False) -> dict[str, Any]:
-    body = {"id": response_id, "object": "chat.completion.chunk" if chunk else "chat.completion",
-            "created": int(time.time()), "model": model, "choices": choices}
+def response_object(kind: str, response_id: str, model: str, choices: list[dict], usage_counts: dict | None,
+                    chunk: bool = False) -> dict[str, Any]:
+    """A response or stream chunk of ``kind`` ("text_completion" or "chat.completion"; a chat chunk's kind
+    is "chat.completion.chunk"); ``usage`` always in a whole response, in a chunk only when given."""
+    name = f"{kind}.chunk" if chunk and kind == "chat.completion" else kind
+    body = {"id": response_id, "object": name, "created": int(time.time()), "model": model, "choices": choices}
     if usage_counts is not None or not chunk:
         body["usage"] = usage_counts
     return body

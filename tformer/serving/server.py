@@ -10,6 +10,7 @@ mid-stream or while waiting for a whole answer, has its request cancelled and it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import signal
 import sys
@@ -36,16 +37,16 @@ from tformer.serving.openai_api import (
     CompletionRequest,
     as_api_error,
     chat_logprob_entry,
-    chat_object,
-    completion_object,
     new_id,
     parse_body,
+    response_object,
     sse,
     usage,
 )
 
 DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
 POLL_SECONDS = 0.25
+TEXT_COMPLETION, CHAT_COMPLETION = "text_completion", "chat.completion"  # the response objects' kinds
 # The engine's thread waits for the GIL whenever the HTTP thread holds it: Python's default 5 ms
 # between forced switches would add up to 5 ms to every step, so the server switches more often.
 SWITCH_INTERVAL = 0.0005  # how often a waiting handler looks for a gone client or a failed engine
@@ -207,18 +208,15 @@ class OpenAIServer:
         message = f"{http_request.method} {http_request.url.path}: {error.detail}"
         return JSONResponse(APIError(error.status_code, message).body(), status_code=error.status_code)
 
-    def _lifespan(self, app: Starlette):
-        server = self
-
-        class Lifespan:
-            async def __aenter__(self) -> None:
-                server._event_loop = asyncio.get_running_loop()
-                server.loop.start()
-
-            async def __aexit__(self, *exc_info: object) -> None:
-                await asyncio.to_thread(server.loop.stop)
-
-        return Lifespan()
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """The engine's thread runs while the app does; stopping it cancels what is left."""
+        self._event_loop = asyncio.get_running_loop()
+        self.loop.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(self.loop.stop)
 
     def _send_events(self) -> None:
         """On the engine's thread after each step: the step's events to their queues, in one wake-up
@@ -311,7 +309,7 @@ class OpenAIServer:
                    "logprobs": logprobs[index].as_dict() if index in logprobs else None,
                    "finish_reason": choices[index]["finish_reason"]} for index in sorted(choices)]
         counts = usage(submission.prompt_tokens(), submission.completion_tokens())
-        return JSONResponse(completion_object(response_id, self.model_name, listed, counts))
+        return JSONResponse(response_object(TEXT_COMPLETION, response_id, self.model_name, listed, counts))
 
     async def _completion_chunks(self, submission: Submission, response_id: str, logprobs: int | None,
                                  include_usage: bool) -> AsyncIterator[bytes]:
@@ -324,10 +322,10 @@ class OpenAIServer:
                 token_logprobs = record.add(self._token_text(event.token_id), event.logprob, self._top(event))
             choice = {"index": index, "text": event.text, "logprobs": token_logprobs,
                       "finish_reason": event.finish_reason}
-            yield sse(completion_object(response_id, self.model_name, [choice], None, chunk=True))
+            yield sse(response_object(TEXT_COMPLETION, response_id, self.model_name, [choice], None, chunk=True))
         if include_usage:
             counts = usage(submission.prompt_tokens(), submission.completion_tokens())
-            yield sse(completion_object(response_id, self.model_name, [], counts, chunk=True))
+            yield sse(response_object(TEXT_COMPLETION, response_id, self.model_name, [], counts, chunk=True))
 
     async def chat_completions(self, http_request: HTTPRequest) -> Response:
         body: ChatRequest = parse_body(await http_request.body(), ChatRequest)
@@ -367,7 +365,7 @@ class OpenAIServer:
                    "logprobs": None if choice["logprobs"] is None else {"content": choice["logprobs"]},
                    "finish_reason": choice["finish_reason"]} for index, choice in sorted(choices.items())]
         counts = usage(submission.prompt_tokens(), submission.completion_tokens())
-        return JSONResponse(chat_object(response_id, self.model_name, listed, counts))
+        return JSONResponse(response_object(CHAT_COMPLETION, response_id, self.model_name, listed, counts))
 
     async def _chat_chunks(self, submission: Submission, response_id: str,
                            include_usage: bool) -> AsyncIterator[bytes]:
@@ -383,10 +381,10 @@ class OpenAIServer:
                 logprobs = {"content": [chat_logprob_entry(self._token_text(event.token_id), event.logprob,
                                                            self._top(event))]}
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": event.finish_reason}
-            yield sse(chat_object(response_id, self.model_name, [choice], None, chunk=True))
+            yield sse(response_object(CHAT_COMPLETION, response_id, self.model_name, [choice], None, chunk=True))
         if include_usage:
             counts = usage(submission.prompt_tokens(), submission.completion_tokens())
-            yield sse(chat_object(response_id, self.model_name, [], counts, chunk=True))
+            yield sse(response_object(CHAT_COMPLETION, response_id, self.model_name, [], counts, chunk=True))
 
     async def _stream(self, submission: Submission, chunks: AsyncIterator[bytes]) -> Response:
         """A server-sent-event response. The first chunk is awaited before the headers go out, so a

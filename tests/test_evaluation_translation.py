@@ -9,7 +9,12 @@ from shared_data import SHARED_DATA, require
 
 from tformer.cli import main
 from tformer.data.files import DataFileError
-from tformer.evaluation.translation import read_aligned_lines, translation_scores
+from tformer.evaluation.translation import (
+    bleu_from_statistics,
+    bleu_statistics,
+    read_aligned_lines,
+    translation_scores,
+)
 
 sacrebleu = pytest.importorskip("sacrebleu")
 
@@ -47,6 +52,20 @@ def test_scores_equal_sacrebleu_called_directly():
     assert lowered.bleu == sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
     assert "case:lc" in lowered.bleu_signature
     assert translation_scores(refs, refs).bleu == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_bleu_statistics_summed_over_batches_give_sacrebleus_corpus_bleu(lowercase):
+    refs = references()
+    hyps = damaged(refs, seed=3)
+    hyps[5] = ""  # an empty translation counts too
+    totals = [0] * 10
+    for start in range(0, len(refs), 97):  # batches of any size add up
+        part = bleu_statistics(hyps[start : start + 97], refs[start : start + 97], lowercase=lowercase)
+        totals = [a + b for a, b in zip(totals, part, strict=True)]
+    expected = sacrebleu.corpus_bleu(hyps, [refs], lowercase=lowercase).score
+    assert bleu_from_statistics(totals) == pytest.approx(expected, abs=1e-9)
+    assert bleu_from_statistics(bleu_statistics(refs[:50], refs[:50])) == pytest.approx(100.0)
 
 
 def test_misaligned_files_name_both_counts(tmp_path):

@@ -70,7 +70,28 @@ def test_saved_folders_load_in_hugging_face_with_the_same_logits(models, tmp_pat
 
 
 def test_what_marian_cannot_hold_is_refused(tmp_path):
-    model = tformer.build_model("transformer-multi30k")  # interleaved positions, no output bias
-    with pytest.raises(CheckpointError, match="sinusoidal_layout='interleaved'.*lm_head_bias=False"):
+    model = tformer.build_model("transformer-multi30k", norm_position="pre", activation="gelu_tanh")
+    with pytest.raises(CheckpointError, match="norm_position='pre'"):
         model.save(tmp_path / "out", format="hf")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_trained_with_the_papers_positions_saves_as_an_equal_marian(tmp_path):
+    # transformer-multi30k: interleaved sine/cosine channels and no output bias; saved as Marian, its residual
+    # channels are re-laid out for Marian's split table and a zero final_logits_bias is added: the same logits.
+    torch.manual_seed(1)
+    ours = tformer.build_model("transformer-multi30k", vocab_size=60, d_model=32, num_layers=2, num_heads=4, d_ff=64,
+                               max_seq_len=64, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=1,
+                               decoder_start_token_id=PAD).eval()
+    assert (ours.config.sinusoidal_layout, ours.config.lm_head_bias) == ("interleaved", False)
+    ours.save(tmp_path / "marian", format="hf")
+    hf = transformers.MarianMTModel.from_pretrained(tmp_path / "marian").eval()
+    ids, mask = sources()
+    target = torch.randint(1, PAD, (2, 6), generator=torch.Generator().manual_seed(5))
+    target[:, 0] = PAD
+    with torch.no_grad():
+        expected = ours(ids, attention_mask=mask, decoder_input_ids=target).logits
+        got = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(tformer.generate(ours, ids, 8, attention_mask=mask, num_beams=3),
+                       tformer.generate(tformer.load(tmp_path / "marian"), ids, 8, attention_mask=mask, num_beams=3))

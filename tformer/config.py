@@ -11,7 +11,7 @@ from typing import Any
 
 from tformer.errors import TformerError
 
-ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder")
+ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder", "rnn_seq2seq")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # a gate and an up projection (geglu_tanh: T5 v1.1's)
 NORMS = ("layernorm", "rmsnorm")
@@ -38,18 +38,24 @@ POOLINGS = ("cls", "mean")
 # Positions over the patch grid: a learned table, or fixed 2D sine-cosine.
 VISION_POSITIONALS = ("learned", "sinusoidal")
 
+RNN_CELLS = ("gru", "lstm")
+# The attention-RNN's attention: Bahdanau's additive score (on the decoder's previous state), or Luong's
+# multiplicative ones on its new state: dot (s . h) or general (s . W h).
+RNN_ATTENTIONS = ("bahdanau", "luong_dot", "luong_general")
+TEXT_FAMILIES = ("decoder", "encoder", "encoder_decoder", "rnn_seq2seq")
+
 # Fields only some families read: field -> the architectures that use it. Any other family
 # refuses the field unless it holds its default, so a switch never sits in a config unread.
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     # Tokens and their positions: the text families'. A vision model reads pixels, and its sequence
     # length is its patch count (these stay at their defaults in its config).
-    "vocab_size": ("decoder", "encoder", "encoder_decoder"),
-    "max_seq_len": ("decoder", "encoder", "encoder_decoder"),
-    "tie_embeddings": ("decoder", "encoder", "encoder_decoder"),
+    "vocab_size": TEXT_FAMILIES,
+    "max_seq_len": TEXT_FAMILIES,
+    "tie_embeddings": TEXT_FAMILIES,
     "scale_embeddings": ("decoder", "encoder", "encoder_decoder"),
-    "pad_token_id": ("decoder", "encoder", "encoder_decoder"),
-    "bos_token_id": ("decoder", "encoder", "encoder_decoder"),
-    "eos_token_id": ("decoder", "encoder", "encoder_decoder"),
+    "pad_token_id": TEXT_FAMILIES,
+    "bos_token_id": TEXT_FAMILIES,
+    "eos_token_id": TEXT_FAMILIES,
     "rope_theta": ("decoder", "encoder", "encoder_decoder"),
     "relative_num_buckets": ("decoder", "encoder", "encoder_decoder"),
     "relative_max_distance": ("decoder", "encoder", "encoder_decoder"),
@@ -68,8 +74,18 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "lm_head_bias": ("encoder_decoder",),  # a per-token bias on the output logits (Marian's final_logits_bias)
     "scale_decoder_output": ("encoder_decoder",),  # T5: the decoder's states x d_model^-0.5 before the output
     "num_encoder_layers": ("encoder_decoder",),  # the encoder's depth; num_layers is the decoder's
-    "decoder_start_token_id": ("encoder_decoder",),
+    "decoder_start_token_id": ("encoder_decoder", "rnn_seq2seq"),
+    "rnn_cell": ("rnn_seq2seq",),
+    "rnn_attention": ("rnn_seq2seq",),
+    "rnn_hidden_size": ("rnn_seq2seq",),
+    "input_feeding": ("rnn_seq2seq",),
+    "teacher_forcing_ratio": ("rnn_seq2seq",),
 }
+# The only fields the attention-RNN reads: every other one (heads, norms, positions, kernels, ...) is a
+# transformer's and must keep its default in an rnn_seq2seq config.
+RNN_FIELDS = ("architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "dropout", "tie_embeddings",
+              "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+              "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio", "extra")
 
 
 class ConfigError(TformerError):
@@ -183,6 +199,11 @@ class ModelConfig:
     decoder_start_token_id: int | None = None
     lm_head_bias: bool = False
     scale_decoder_output: bool = False
+    rnn_cell: str = "gru"
+    rnn_attention: str = "bahdanau"
+    rnn_hidden_size: int | None = None
+    input_feeding: bool = False
+    teacher_forcing_ratio: float = 1.0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -193,6 +214,9 @@ class ModelConfig:
             object.__setattr__(self, "label_names", tuple(self.label_names))
         self._check_choices()
         self._check_family_fields()
+        if self.architecture == "rnn_seq2seq":
+            self._check_rnn()
+            return
         self._check_sizes()
         derived = {
             "num_kv_heads": self.num_heads if self.num_kv_heads is None else self.num_kv_heads,
@@ -229,6 +253,8 @@ class ModelConfig:
             ("positional", POSITIONALS),
             ("sinusoidal_layout", SINUSOIDAL_LAYOUTS),
             ("attention_kernel", ATTENTION_KERNELS),
+            ("rnn_cell", RNN_CELLS),
+            ("rnn_attention", RNN_ATTENTIONS),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -313,6 +339,31 @@ class ModelConfig:
         if kernel not in ("sdpa", "reference") and self.attention_dropout:
             raise ConfigError(f"attention_dropout={self.attention_dropout!r} is not supported by "
                               f"attention_kernel={kernel!r} (needs 0.0; 'sdpa' and 'reference' have it)")
+
+    def _check_rnn(self) -> None:
+        """The attention-RNN baseline reads ``RNN_FIELDS`` only; its hidden size defaults to ``d_model``."""
+        for name in (f.name for f in fields(self)):
+            if name not in RNN_FIELDS and getattr(self, name) != field_default(type(self), name):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is a transformer's field; "
+                                  f"architecture='rnn_seq2seq' reads {', '.join(RNN_FIELDS[1:-1])}")
+        for name in ("vocab_size", "max_seq_len", "d_model", "num_layers"):
+            _require_positive_int(name, getattr(self, name))
+        if self.rnn_hidden_size is None:
+            object.__setattr__(self, "rnn_hidden_size", self.d_model)
+        _require_positive_int("rnn_hidden_size", self.rnn_hidden_size)
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout={self.dropout!r} must be a number in [0, 1)")
+        ratio = self.teacher_forcing_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+            raise ConfigError(f"teacher_forcing_ratio={ratio!r} must be a number in [0, 1] (the share of decoder "
+                              "steps that read the true previous token while training)")
+        if self.input_feeding and self.rnn_attention == "bahdanau":
+            raise ConfigError("input_feeding=True is Luong's (rnn_attention='luong_dot' or 'luong_general'); "
+                              "Bahdanau's decoder already reads the context at every step")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size})")
 
     def _check_encoder(self) -> None:
         head = self.head
@@ -546,6 +597,13 @@ PRESETS: dict[str, ModelConfig] = {
         architecture="encoder_decoder", vocab_size=8000, max_seq_len=256, d_model=256, num_layers=3, num_heads=8,
         d_ff=512, activation="relu", norm_position="post", positional="sinusoidal", scale_embeddings=True,
         dropout=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    ),
+    # The attention-RNN baseline of the Multi30k recipe: about the transformer-multi30k's size (one joint
+    # vocabulary, 6.0M parameters at 8,000 tokens), a bidirectional GRU encoder and Bahdanau's attention.
+    "rnn-multi30k": ModelConfig(
+        architecture="rnn_seq2seq", vocab_size=8000, d_model=256, rnn_hidden_size=512, num_layers=1,
+        rnn_cell="gru", rnn_attention="bahdanau", dropout=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1,
     ),
     # For tests: tiny and fast.
     "gpt-nano": ModelConfig(

@@ -80,6 +80,10 @@ def model_bytes(config, element_size: int = 4) -> int:
         embeddings = (config.num_channels * config.patch_size ** 2 + config.num_patches + 1) * d_model
     else:
         embeddings = config.vocab_size * d_model * (1 if config.tie_embeddings else 2)
+    if config.architecture == "rnn_seq2seq":  # encoder and decoder: gates x hidden x (input + hidden) a layer
+        gates, hidden = (3 if config.rnn_cell == "gru" else 4), config.rnn_hidden_size
+        recurrent = 2 * config.num_layers * gates * hidden * (d_model + 2 * hidden)
+        return (embeddings + recurrent + 4 * hidden * (hidden + d_model)) * element_size
     attention = (2 * config.num_heads + 2 * config.num_kv_heads) * head_dim * d_model
     feedforward = (3 if config.gated else 2) * d_model * config.d_ff
     return (embeddings + config.num_layers * (attention + feedforward)) * element_size

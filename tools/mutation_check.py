@@ -224,6 +224,45 @@ MUTATIONS = (
         ("tests/test_performer.py",),
         "inside a chunk, causal Performer lets a query read later keys instead of earlier ones",
     ),
+    Mutation(
+        "bleu-matches-unclipped", "tformer/evaluation/translation.py",
+        "totals[1 + order] += sum(min(count, wanted.get(gram, 0)) for gram, count in found.items())",
+        "totals[1 + order] += sum(count for gram, count in found.items() if gram in wanted)",
+        ("tests/test_evaluation_translation.py",),
+        "BLEU during training counts a repeated n-gram more often than the reference has it",
+    ),
+    Mutation(
+        "translation-batches-overflow-the-budget", "tformer/training/tasks/translation.py",
+        "if length * (end - start) > self.batch_tokens:",
+        "if length * (end - start - 1) > self.batch_tokens:",
+        ("tests/test_tasks_translation.py::test_token_budget_batches_cover_every_pair_once_an_epoch",),
+        "a translation batch holds one pair more than its token budget allows",
+    ),
+    Mutation(
+        "rnn-attends-to-padding", "tformer/models/rnn_seq2seq.py",
+        'scores = self.scores(query, keys).masked_fill(~mask, float("-inf"))',
+        "scores = self.scores(query, keys)",
+        ("tests/test_rnn_seq2seq.py",),
+        "the attention RNN puts weight on the padding of a shorter source",
+    ),
+    Mutation(
+        "bahdanau-scores-on-the-new-state", "tformer/models/rnn_seq2seq.py",
+        "            context, weights = self.attention(cache.hidden[-1], cache.keys, memory, mask)  # on s(t-1)\n"
+        "            output, state = self.decoder(torch.cat([embedded, context], dim=-1)[:, None, :], state)\n",
+        "            output, state = self.decoder(torch.cat([embedded, embedded.new_zeros(embedded.shape[0], "
+        "memory.shape[-1])], dim=-1)[:, None, :], state)\n"
+        "            context, weights = self.attention(output[:, 0], cache.keys, memory, mask)\n",
+        ("tests/test_rnn_seq2seq.py",),
+        "Bahdanau's decoder never reads the context: it attends after its step, as Luong's does",
+    ),
+    Mutation(
+        "teacher-forcing-inverted", "tformer/models/rnn_seq2seq.py",
+        "keep = torch.rand(token.shape[0], device=token.device) < teacher_forcing_ratio",
+        "keep = torch.rand(token.shape[0], device=token.device) >= teacher_forcing_ratio",
+        ("tests/test_rnn_seq2seq.py",),
+        "teacher forcing below 1 reads the true token where it should read the model's own prediction",
+    ),
+
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tformer.errors import TformerError
 
-COMMANDS = ["attention", "classify", "convert", "demo", "evaluate", "generate", "info", "plot", "predict", "serve",
-            "tokenize", "tokenizer", "train"]
+COMMANDS = ["attention", "average", "classify", "convert", "demo", "evaluate", "generate", "info", "plot", "predict",
+            "serve", "tokenize", "tokenizer", "train", "translate"]
 
 
 class UsageError(TformerError):

@@ -6,7 +6,11 @@ label beside it); ``--positions`` adds the grid of learned position-embedding si
 Figure 7).
 
 ``--text`` (a decoder or an encoder): the text in the model's tokens and a grid of heatmaps, a row per
-layer and a column per head (``--layer`` / ``--head``, counted from 1, draw one), the tokens on both axes."""
+layer and a column per head (``--layer`` / ``--head``, counted from 1, draw one), the tokens on both axes.
+
+``--source`` (an encoder-decoder or the attention RNN): the sentence is translated (``--beam``), and the
+translation's attention over the source drawn as an alignment: a row per output token, a column per
+source token; a transformer's cross-attention of one ``--layer`` / ``--head`` or the mean of them."""
 
 from __future__ import annotations
 
@@ -32,14 +36,19 @@ def register(subparsers) -> None:
     inputs = parser.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--image", nargs="+", metavar="IMAGE", help="PNG or JPEG files (a vision model)")
     inputs.add_argument("--text", help="a text (a decoder or an encoder with a tokenizer)")
+    inputs.add_argument("--source", help="a sentence to translate and draw the alignment of (a translation model)")
     parser.add_argument("--out", help="the PNG to write (default: MODEL/attention/<first image's name>.png, "
-                                      "MODEL/attention/text.png for --text)")
+                                      "MODEL/attention/text.png for --text, MODEL/attention/alignment.png for "
+                                      "--source)")
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS,
                         help="--image: how each layer's heads combine (default: mean)")
     parser.add_argument("--positions", metavar="PNG",
                         help="--image: also draw the learned position embeddings' similarities into this PNG")
-    parser.add_argument("--layer", type=int, help="--text: draw this layer only (counted from 1)")
-    parser.add_argument("--head", type=int, help="--text: draw this head only (counted from 1)")
+    parser.add_argument("--layer", type=int,
+                        help="--text, --source: draw this layer only (counted from 1; --source default: the mean)")
+    parser.add_argument("--head", type=int,
+                        help="--text, --source: draw this head only (counted from 1; --source default: the mean)")
+    parser.add_argument("--beam", type=int, default=5, help="--source: beams of the translation (default: 5)")
     parser.add_argument("--max-tokens", type=int,
                         help=f"--text: draw at most this many tokens; a longer text is cut, with a warning "
                              f"(default: {DEFAULT_MAX_TOKENS}, and never past the model's context)")
@@ -49,12 +58,15 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError
 
-    own, other = ("--text", "--image") if args.text is not None else ("--image", "--text")
-    options = {"--image": [("--head-fusion", args.head_fusion), ("--positions", args.positions)],
-               "--text": [("--layer", args.layer), ("--head", args.head), ("--max-tokens", args.max_tokens)]}
-    for option, value in options[other]:
-        if value is not None:
-            raise UsageError(f"{option} goes with {other}, not {own}")
+    own = "--text" if args.text is not None else "--source" if args.source is not None else "--image"
+    options = {"--head-fusion": (args.head_fusion, ("--image",)), "--positions": (args.positions, ("--image",)),
+               "--layer": (args.layer, ("--text", "--source")), "--head": (args.head, ("--text", "--source")),
+               "--max-tokens": (args.max_tokens, ("--text",))}
+    for option, (value, owners) in options.items():
+        if value is not None and own not in owners:
+            raise UsageError(f"{option} goes with {' or '.join(owners)}, not {own}")
+    if own == "--source":
+        return draw_alignment(args)
     return draw_text_maps(args) if args.text is not None else draw_image_maps(args)
 
 
@@ -156,6 +168,60 @@ def draw_text_maps(args: argparse.Namespace) -> int:
     written = plot_attention_heatmaps(maps, token_labels(model.tokenizer, encoding.ids), layers, heads, out, title)
     print(f"attention  {written} ({_count(len(layers), 'layer')} x {_count(len(heads), 'head')}, "
           f"{len(encoding)} tokens)")
+    return 0
+
+
+def draw_alignment(args: argparse.Namespace) -> int:
+    """Translate --source and draw the translation's attention over the source tokens."""
+    import torch
+
+    import tformer
+    from tformer.cli import UsageError, check_text_option
+    from tformer.cli.translate import load_translator
+    from tformer.generation.translation import new_token_budget
+    from tformer.viz.alignment import alignment_weights, plot_alignment
+    from tformer.viz.heatmaps import token_labels
+
+    sentence = check_text_option(args.source, "--source").strip()
+    if args.beam < 1:
+        raise UsageError(f"--beam {args.beam} must be a positive integer")
+    out = Path(args.out) if args.out else Path(args.model) / "attention" / "alignment.png"
+    check_own_png(out)
+    model = load_translator(args.model, "cpu")
+    config = model.config
+    if config.architecture == "encoder_decoder":
+        check_has_weights(args.model, config)
+    layers = config.num_layers if config.architecture == "encoder_decoder" else 1
+    heads = config.num_heads if config.architecture == "encoder_decoder" else 1
+    for option, value, count, what in (("--layer", args.layer, layers, "layers"), ("--head", args.head, heads,
+                                                                                    "heads")):
+        if value is not None and not 1 <= value <= count:
+            raise UsageError(f"{option} {value}: this model has {count} cross-attention {what}, numbered 1 to {count}")
+    tokenizer = model.tokenizer
+    source_ids = [*tokenizer.encode(sentence, add_special_tokens=False), tokenizer.eos_token_id]
+    if not sentence or len(source_ids) < 2:
+        raise UsageError("--source encodes to no tokens; give a sentence")
+    limit = model.position_limit
+    if limit is not None and len(source_ids) > limit:
+        raise UsageError(f"--source is {len(source_ids)} tokens; the model reads at most {limit}")
+    source = torch.tensor([source_ids])
+    with torch.inference_mode():
+        output = tformer.generate(model, source, max_new_tokens=new_token_budget(model, len(source_ids)),
+                                  num_beams=args.beam)  # (1, T): the start token, the translation
+        decoder_inputs = output[:, :-1] if output[0, -1] == tokenizer.eos_token_id else output
+        result = model(source, decoder_input_ids=decoder_inputs, output_attentions=True)
+    produced = output[0, 1:].tolist()  # the tokens the rows predict (the end token included when written)
+    rows = len(produced)
+    weights = alignment_weights(result.cross_attentions, args.layer, args.head)[:rows]
+    translation = tokenizer.decode(produced, skip_special_tokens=True).strip()
+    which = "" if config.architecture != "encoder_decoder" else (
+        f", layer {args.layer or 'mean'}, head {args.head or 'mean'}")
+    title = f"{Path(args.model).name} ({config.architecture}{which})\n{sentence}\n-> {translation}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = plot_alignment(weights, token_labels(tokenizer, source_ids), token_labels(tokenizer, produced), out,
+                             title)
+    print(f"translation {translation}")
+    print(f"alignment  {written} ({rows} output x {len(source_ids)} source tokens)")
     return 0
 
 

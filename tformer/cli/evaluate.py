@@ -2,6 +2,9 @@
 of the recipe it was trained with (accuracy and F1, entity F1, exact match, loss and perplexity).
 A classification run also gets its confusion matrix drawn as a PNG.
 
+``tformer evaluate RUN --source FILE --reference FILE``: translate the sources with the run's
+encoder-decoder, then score the translations as below (they are written beside the metrics).
+
 ``tformer evaluate --hypotheses FILE --reference FILE``: sacreBLEU's BLEU and chrF of translations
 already made (one line per reference), with their signatures."""
 
@@ -26,7 +29,10 @@ def register(subparsers) -> None:
     parser.add_argument("--data", help="the file (or image folder) to evaluate on, in the format of the run's data")
     parser.add_argument("--hypotheses", metavar="FILE",
                         help="translations to score against --reference, one line each (no RUN): BLEU and chrF")
+    parser.add_argument("--source", metavar="FILE",
+                        help="sentences for RUN (an encoder-decoder) to translate and score against --reference")
     parser.add_argument("--reference", metavar="FILE", help="the reference translations, one line each")
+    parser.add_argument("--beam", type=int, default=5, help="with --source: beams (default: 5; 1 = greedy)")
     parser.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU (default: cased)")
     parser.add_argument("--per-sentence", action="store_true", help="also print each line's sentence BLEU")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
@@ -77,10 +83,15 @@ def run_recipe(folder: Path):
 def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError
 
-    if args.hypotheses or args.reference:
-        if not (args.hypotheses and args.reference) or args.folder or args.data:
-            raise UsageError("scoring translations takes --hypotheses FILE and --reference FILE, without RUN or --data")
+    if args.hypotheses:
+        if not args.reference or args.folder or args.data or args.source:
+            raise UsageError("scoring translations takes --hypotheses FILE and --reference FILE, without RUN, --data "
+                             "or --source")
         return score_translations(args)
+    if args.source or args.reference:
+        if not (args.folder and args.source and args.reference) or args.data:
+            raise UsageError("translating and scoring takes RUN, --source FILE and --reference FILE (without --data)")
+        return evaluate_translation(args)
     if not args.folder or not args.data:
         raise UsageError("give RUN and --data FILE (or --hypotheses FILE --reference FILE to score translations)")
     return evaluate_run(args)
@@ -88,16 +99,65 @@ def run(args: argparse.Namespace) -> int:
 
 def score_translations(args: argparse.Namespace) -> int:
     """BLEU and chrF of a hypothesis file against a reference file, printed with their signatures."""
-    from tformer.evaluation.translation import read_aligned_lines, translation_scores
+    from tformer.evaluation.translation import read_aligned_lines
 
     hypotheses, references = read_aligned_lines(args.hypotheses, args.reference)
+    print_scores(hypotheses, references, args)
+    return 0
+
+
+def evaluate_translation(args: argparse.Namespace) -> int:
+    """Translate --source with RUN's encoder-decoder, score against --reference, and write the metrics and
+    the translations into --out (default RUN/evaluation)."""
+    import time
+
+    from tformer.cli import UsageError
+    from tformer.cli.translate import load_translator
+    from tformer.data.parallel import read_aligned
+    from tformer.files import write_text_atomically
+    from tformer.generation.translation import translate
+
+    if args.beam < 1:
+        raise UsageError(f"--beam {args.beam} must be a positive integer")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
+    sources, references = read_aligned(args.source, args.reference, what="sentence")
+    folder = Path(args.folder)
+    out = Path(args.out) if args.out else folder / "evaluation"
+    stem = Path(args.source).name.split(".")[0]
+    check_own_output(out / f"{stem}.json", {})
+    hypotheses_file = out / f"{stem}.beam{args.beam}.txt"
+    if hypotheses_file.exists() and not (out / f"{stem}.json").exists():
+        raise UsageError(f"{hypotheses_file} exists and is not a translation tformer evaluate wrote; choose another "
+                         "--out")
+    model = load_translator(args.folder, args.device)
+    started = time.perf_counter()
+    result = translate(model, sources, num_beams=args.beam, batch_size=args.batch_size or 64, progress=True)
+    seconds = time.perf_counter() - started
+    notes = f" ({result.cut:,} sources cut to {model.position_limit} tokens)" if result.cut else ""
+    print(f"translated {len(sources):,} sentences in {seconds:.1f} s, beam {args.beam}{notes}")
+    scores = print_scores(result.texts, references, args)
+    record = {"model": str(folder), "data": str(args.source), "reference": str(args.reference), "task": "translation",
+              "beam": args.beam, "seconds": seconds, **scores.as_dict()}
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(hypotheses_file, "".join(f"{line}\n" for line in result.texts))
+    write_text_atomically(out / f"{stem}.json", json.dumps(record, indent=2) + "\n")
+    print(f"metrics    {out / f'{stem}.json'}")
+    print(f"output     {hypotheses_file}")
+    return 0
+
+
+def print_scores(hypotheses: list[str], references: list[str], args: argparse.Namespace):
+    """Print (and return) the BLEU and chrF of ``hypotheses`` with their signatures (and each line's BLEU)."""
+    from tformer.evaluation.translation import translation_scores
+
     scores = translation_scores(hypotheses, references, lowercase=args.lowercase, per_sentence=args.per_sentence)
     print(f"sentences  {scores.sentences:,}")
     print(f"bleu       {scores.bleu:.2f}   {scores.bleu_signature}")
     print(f"chrf       {scores.chrf:.2f}   {scores.chrf_signature}")
     for line, value in enumerate(scores.sentence_bleu, start=1):
         print(f"{line}\t{value:.2f}")
-    return 0
+    return scores
 
 
 def evaluate_run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 
 from tformer.data.files import DataFileError, read_data_text
 from tformer.data.lm import Tokens, num_tokens, split_tokens
+from tformer.data.parallel import corpus_file
 from tformer.data.token_file import TokenFileError, header_path, read_token_file, read_token_header
 from tformer.errors import TformerError
 from tformer.tokenizers import CharTokenizer
@@ -35,7 +36,10 @@ class DataConfig:
     the ``tokenizer`` ("char" to learn one from the text, or a tokenizer file: tokenizer.json,
     BERT's vocab.txt). For the encoder's tasks: ``columns`` names the columns of a TSV/CSV file
     without a header row, and ``skip_bad`` leaves out (and counts) bad rows instead of stopping. For
-    image classification ``train`` and ``eval`` are idx images files, image folders or .npz files."""
+    image classification ``train`` and ``eval`` are idx images files, image folders or .npz files. For
+    translation they are corpus prefixes (``train`` for train.de + train.en, .gz too) read from
+    ``source_language`` into ``target_language``, and ``tokenizer`` may be "bpe": a joint BPE learned
+    from the training pairs."""
 
     train: str = ""
     eval: str | None = None
@@ -44,6 +48,8 @@ class DataConfig:
     tokenizer: str = "char"
     columns: list[str] | None = None
     skip_bad: bool = False
+    source_language: str | None = None
+    target_language: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, str) or not self.train:
@@ -61,11 +67,20 @@ class DataConfig:
             path = getattr(self, key)
             if path is None:
                 continue
+            if self.source_language or self.target_language:
+                for language in (self.source_language, self.target_language):
+                    if language:
+                        try:
+                            corpus_file(path, language)
+                        except DataFileError as error:
+                            raise DataError(f"data.{key}: {error}") from None
+                continue
             folder_allowed = self.format in ("auto", "image_folder")  # an image folder is a folder
             if not (Path(path).is_file() or (folder_allowed and Path(path).is_dir())):
                 raise DataError(f"data.{key}: {path}: no such file" + (" or folder" if folder_allowed else ""))
-        if self.tokenizer != "char" and not Path(self.tokenizer).exists():
-            raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use \"char\" or a tokenizer.json path)")
+        if self.tokenizer not in ("char", "bpe") and not Path(self.tokenizer).exists():
+            raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use \"char\", \"bpe\" or a "
+                            "tokenizer.json path)")
 
     def file_format(self, path: str) -> str:
         """text, tokens (a .bin with its .json header) or npy: as set, or by the file's name."""

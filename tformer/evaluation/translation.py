@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tformer.data.files import DataFileError, read_data_text
+from tformer.data.parallel import read_aligned
 from tformer.errors import TformerError
 
 
@@ -49,11 +49,56 @@ def translation_scores(hypotheses: list[str], references: list[str], *, tokenize
                              len(hypotheses), sentence)
 
 
+BLEU_ORDER = 4
+BLEU_STATISTICS = 2 + 2 * BLEU_ORDER  # hypothesis length, reference length, matches and totals per n-gram order
+
+
+def _bleu_metric(tokenize: str = "13a", lowercase: bool = False):
+    try:
+        from sacrebleu.metrics import BLEU
+    except ImportError:
+        raise TformerError("BLEU needs sacrebleu: pip install 'tformer[translation]'") from None
+    return BLEU(tokenize=tokenize, lowercase=lowercase)
+
+
+def bleu_statistics(hypotheses: list[str], references: list[str], *, tokenize: str = "13a",
+                    lowercase: bool = False) -> list[int]:
+    """BLEU's sufficient statistics (``BLEU_STATISTICS`` counts: hypothesis and reference lengths, then
+    clipped n-gram matches and hypothesis n-grams for n = 1..4) over sentence pairs, tokenized as sacreBLEU
+    tokenizes them. They add up over batches and processes; ``bleu_from_statistics`` turns the totals into
+    the corpus BLEU that ``sacrebleu.corpus_bleu`` gives for all the sentences at once."""
+    tokenizer = _bleu_metric(tokenize, lowercase).tokenizer
+    totals = [0] * BLEU_STATISTICS
+    for hypothesis, reference in zip(hypotheses, references, strict=True):
+        if lowercase:
+            hypothesis, reference = hypothesis.lower(), reference.lower()
+        hypothesis_words = tokenizer(hypothesis.rstrip()).split()
+        reference_words = tokenizer(reference.rstrip()).split()
+        totals[0] += len(hypothesis_words)
+        totals[1] += len(reference_words)
+        for order in range(1, BLEU_ORDER + 1):
+            found = _ngrams(hypothesis_words, order)
+            wanted = _ngrams(reference_words, order)
+            totals[1 + order] += sum(min(count, wanted.get(gram, 0)) for gram, count in found.items())
+            totals[1 + BLEU_ORDER + order] += max(len(hypothesis_words) - order + 1, 0)
+    return totals
+
+
+def bleu_from_statistics(statistics: list[float]) -> float:
+    """Corpus BLEU (0-100, sacreBLEU's default exponential smoothing) from summed ``bleu_statistics``."""
+    counts = [round(value) for value in statistics]
+    correct, total = counts[2 : 2 + BLEU_ORDER], counts[2 + BLEU_ORDER :]
+    return _bleu_metric().compute_bleu(correct, total, counts[0], counts[1], smooth_method="exp").score
+
+
+def _ngrams(words: list[str], order: int) -> dict[tuple[str, ...], int]:
+    grams: dict[tuple[str, ...], int] = {}
+    for start in range(len(words) - order + 1):
+        gram = tuple(words[start : start + order])
+        grams[gram] = grams.get(gram, 0) + 1
+    return grams
+
+
 def read_aligned_lines(hypotheses: str | Path, references: str | Path) -> tuple[list[str], list[str]]:
     """The lines of a hypothesis file and a reference file (.gz read too), which must have as many."""
-    hypothesis_lines = read_data_text(hypotheses).splitlines()
-    reference_lines = read_data_text(references).splitlines()
-    if len(hypothesis_lines) != len(reference_lines):
-        raise DataFileError(f"{hypotheses} has {len(hypothesis_lines):,} lines but {references} has "
-                            f"{len(reference_lines):,}; a hypothesis file must have one line per reference")
-    return hypothesis_lines, reference_lines
+    return read_aligned(hypotheses, references, what="hypothesis per reference")

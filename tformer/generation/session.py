@@ -96,6 +96,9 @@ def cache_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) ->
     Grouped- and multi-query models cache only their key/value heads, so they need
     ``num_heads / num_kv_heads`` times less than multi-head attention of the same width.
     """
+    own = getattr(model, "cache_bytes_per_token", None)
+    if own is not None:  # a model whose state is not a key/value cache (a recurrent one) says what it holds
+        return own()
     config = model.config
     dtype = dtype or next(model.parameters()).dtype
     element = torch.empty((), dtype=dtype).element_size()
@@ -166,6 +169,9 @@ class ModelSession:
         """Forget every token after the first ``length`` (speculative decoding's rejected drafts)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a session of {self.length} tokens to {length}")
+        if self.cache is not None and not isinstance(self.cache, list):
+            raise GenerationError("a recurrent model's state cannot forget tokens (speculative decoding needs a "
+                                  "key/value cache)")
         self.length = length
         for cache in self._caches():
             cache.length = length
@@ -176,7 +182,9 @@ class ModelSession:
         self.batch_size = rows.shape[0]
         for cache in self._caches():
             _reorder_filled(cache, rows)
-        for layer in self.cache or ():
+        if self.cache is not None and not isinstance(self.cache, list):
+            self.cache.reorder(rows)  # a model's own state (a recurrent one)
+        for layer in self._layers():
             if layer.cross_attention is not None:
                 layer.cross_attention.reorder(rows)
         self.step_inputs = {name: value.index_select(0, rows) for name, value in self.step_inputs.items()}
@@ -207,9 +215,13 @@ class ModelSession:
         self.tokens[:, past:end] = input_ids
         return self.model(self.tokens[:, :end], attention_mask=mask, **self.step_inputs).logits[:, past:]
 
+    def _layers(self) -> list:
+        """The per-block caches (LayerCache), or none: no cache, or a model's own state (a recurrent one)."""
+        return self.cache if isinstance(self.cache, list) else []
+
     def _caches(self) -> list[KVCache]:
         """The self-attention caches, one per block."""
-        return [] if self.cache is None else [layer.self_attention for layer in self.cache]
+        return [layer.self_attention for layer in self._layers()]
 
 
 class DecoderSession(ModelSession):

@@ -12,6 +12,7 @@ from tformer.checkpoint import CONFIG_NAME, write_checkpoint_folder
 from tformer.interop.families import family_for_config
 from tformer.interop.hf_files import SAFETENSORS_NAME
 from tformer.interop.hf_load import HF_TOKENIZER_NAME
+from tformer.interop.marian import marian_equivalent
 from tformer.interop.weight_map import tformer_to_hf, weight_rules
 
 
@@ -24,6 +25,7 @@ def save_hf(model: nn.Module, path: str | Path) -> Path:
     Written like tformer's own checkpoints (``write_checkpoint_folder``): a new folder appears
     whole or not at all; into an existing one, config.json is replaced last.
     """
+    model = marian_equivalent(model)  # a model trained with the paper's positions is laid out as Marian's
     family = family_for_config(model.config)
     rules = weight_rules(family.module_map(model.config), model)
     state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
+from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
 from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated, width_mismatch
 from tformer.interop.weight_map import ModuleMap
@@ -169,3 +170,48 @@ class MarianFamily(Family):
         state = dict(hf_state)
         state[LOGITS_BIAS] = state.pop("lm_head.bias").reshape(1, -1).contiguous()
         return state
+
+
+# Parameters that read the residual stream (their columns are its channels) and that write it or scale it
+# (their rows are), by name suffix; the biases of projections into attention or the feed-forward are neither.
+READS_RESIDUAL = ("embedding.token.weight", "qkv_proj.weight", "q_proj.weight", "kv_proj.weight",
+                  "feedforward.in_proj.weight", "lm_head.weight")
+WRITES_RESIDUAL = ("out_proj.weight", "out_proj.bias", "_norm.weight", "_norm.bias", "final_norm.weight",
+                   "final_norm.bias")
+NEITHER = ("qkv_proj.bias", "q_proj.bias", "kv_proj.bias", "feedforward.in_proj.bias", "lm_head.bias")
+
+
+def marian_equivalent(model):
+    """A model Marian can hold that computes what ``model`` computes, or ``model`` itself when it can
+    already: an encoder-decoder with the paper's interleaved sinusoidal positions is re-laid out for
+    Marian's split table by permuting its residual channels (channel 2i -> i, 2i + 1 -> D/2 + i: every
+    weight reading or writing the stream, the norms and the token table alike; layer norms do not mind the
+    order), and one without an output bias gets a zero one (Marian's ``final_logits_bias``)."""
+    import torch
+
+    config = model.config
+    if config.architecture != "encoder_decoder" or config.positional != "sinusoidal" or (
+            config.sinusoidal_layout == "split" and config.lm_head_bias):
+        return model
+    from tformer.models import build_model
+
+    equivalent = build_model(config.replace(sinusoidal_layout="split", lm_head_bias=True))
+    width = config.d_model
+    order = torch.cat([torch.arange(0, width, 2), torch.arange(1, width, 2)])
+    if config.sinusoidal_layout == "split":
+        order = torch.arange(width)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith(NEITHER):
+            state[name] = tensor
+        elif name.endswith(READS_RESIDUAL):
+            state[name] = tensor[:, order]
+        elif name.endswith(WRITES_RESIDUAL):
+            state[name] = tensor[order]
+        else:
+            raise CheckpointError(f"cannot lay {name} out for Marian's positions: it is not a known weight of the "
+                                  "encoder-decoder")
+    state.setdefault("lm_head.bias", torch.zeros(config.vocab_size, dtype=model.dtype))
+    equivalent.load_state_dict(state)
+    equivalent.tokenizer = getattr(model, "tokenizer", None)
+    return equivalent.to(model.dtype)

@@ -13,6 +13,7 @@ from torch import nn
 from tformer.checkpoint import save_checkpoint
 from tformer.config import ModelConfig
 from tformer.interop import save_hf
+from tformer.nn.losses import IGNORE_INDEX
 from tformer.nn.stack import TransformerStack
 
 
@@ -90,3 +91,28 @@ class Model(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
+
+
+class Seq2SeqModel(Model):
+    """What the encoder-decoder families share: the source is generation's prompt (padded on either side),
+    and the decoder reads its target shifted right behind a start token."""
+
+    encodes_prompt = True
+
+    @property
+    def start_token_id(self) -> int:
+        """The decoder's first input: ``decoder_start_token_id``, else ``bos_token_id``, else ``pad_token_id``."""
+        config = self.config
+        for value in (config.decoder_start_token_id, config.bos_token_id, config.pad_token_id):
+            if value is not None:
+                return value
+        raise ValueError(f"this {config.architecture} model has no decoder_start_token_id, bos_token_id or "
+                         "pad_token_id: set one, so the decoder knows how to start")
+
+    def shift_right(self, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's inputs for ``labels`` (B, T): the start token, then the labels but the last;
+        ignored positions (-100) read as padding."""
+        pad = self.config.pad_token_id if self.config.pad_token_id is not None else self.start_token_id
+        shifted = labels.new_full(labels.shape, self.start_token_id)
+        shifted[:, 1:] = labels[:, :-1]
+        return shifted.masked_fill(shifted == IGNORE_INDEX, pad)

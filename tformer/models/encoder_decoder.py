@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import ModelConfig
-from tformer.models.base import Model
+from tformer.models.base import Seq2SeqModel
 from tformer.models.output import GenerationState, Seq2SeqOutput
 from tformer.models.registry import register
 from tformer.nn.attention import KVCache
@@ -16,16 +16,14 @@ from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
 from tformer.nn.inputs import check_token_ids
-from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
+from tformer.nn.losses import token_cross_entropy
 from tformer.nn.stack import TransformerStack
 
 
 @register("encoder_decoder")
-class EncoderDecoderLM(Model):
+class EncoderDecoderLM(Seq2SeqModel):
     """Token embedding (shared) -> encoder stack over the source; token embedding -> decoder stack
     (causal, cross-attending) over the target -> LM head tied to the embedding."""
-
-    encodes_prompt = True  # generation's prompt is a source for the encoder: padded on either side
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -39,16 +37,6 @@ class EncoderDecoderLM(Model):
 
     def tied_parameters(self) -> dict[str, str]:
         return {"lm_head.weight": "embedding.token.weight"} if self.config.tie_embeddings else {}
-
-    @property
-    def start_token_id(self) -> int:
-        """The decoder's first input: ``decoder_start_token_id``, else ``bos_token_id``, else ``pad_token_id``."""
-        config = self.config
-        for value in (config.decoder_start_token_id, config.bos_token_id, config.pad_token_id):
-            if value is not None:
-                return value
-        raise ValueError("this encoder-decoder has no decoder_start_token_id, bos_token_id or pad_token_id: "
-                         "set one, so the decoder knows how to start")
 
     # ---- the two halves ------------------------------------------------------------------------
 
@@ -126,14 +114,6 @@ class EncoderDecoderLM(Model):
             cache=cache, encoder_output=encoder_output, cross_attentions=decoded.cross_attentions,
             encoder_attentions=encoder_attentions,
         )
-
-    def shift_right(self, labels: Tensor) -> Tensor:
-        """The decoder's inputs for ``labels`` (B, T): the start token, then the labels but the last;
-        ignored positions (-100) read as padding."""
-        pad = self.config.pad_token_id if self.config.pad_token_id is not None else self.start_token_id
-        shifted = labels.new_full(labels.shape, self.start_token_id)
-        shifted[:, 1:] = labels[:, :-1]
-        return shifted.masked_fill(shifted == IGNORE_INDEX, pad)
 
     # ---- generation hooks (the Session protocol: tformer/generation/session.py) -------------------
 

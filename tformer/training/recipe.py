@@ -176,7 +176,7 @@ def recipe_from_dict(
 
     for key in PATH_KEYS:
         value = data_values.get(key)
-        if isinstance(value, str) and not (key == "tokenizer" and value == "char"):
+        if isinstance(value, str) and not (key == "tokenizer" and value in ("char", "bpe")):
             root = Path.cwd() if ("data", key) in from_command_line else base_dir
             data_values[key] = str((root / Path(value).expanduser()).resolve())
 
@@ -197,8 +197,8 @@ def recipe_from_dict(
     data = _build(origin, "data", lambda: DataConfig(**data_values))
     training = _build(origin, "training", lambda: TrainingConfig(**training_values))
     task = _build(origin, "task", lambda: TaskConfig(**task_values))
-    _build(origin, "data", data.check_files)
     _build(origin, "data", lambda: check_data_options(task.name, data))
+    _build(origin, "data", data.check_files)
     if training.seq_len is not None and training.seq_len > model.max_seq_len and model.positional in (
         "learned", "sinusoidal"
     ):

@@ -52,12 +52,12 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         model.tokenizer = data.tokenizer
         tokenizer = f" ({type(data.tokenizer).__name__}, {data.vocab_size} tokens)" if data.tokenizer else ""
         say(f"data       {data.description}{tokenizer}")
+        layers = recipe.model.num_layers
         say(f"model      {recipe.model.architecture}: {model.num_parameters():,} parameters, "
-            f"{recipe.model.num_layers} layers, width {recipe.model.d_model}, {_reads(recipe.model)}")
+            f"{layers} layer{'s' if layers != 1 else ''}, width {recipe.model.d_model}, {_reads(recipe.model)}")
         trainer = Trainer(model, config, task, out_dir=out, progress=progress, overwrite=overwrite)
-        rows = f"{config.batch_size} x {task.units_per_row}" if task.units_per_row > 1 else f"{config.batch_size}"
         say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
-            f"({rows} x {config.grad_accum_steps} accumulated x "
+            f"({task.describe_batch()} x {config.grad_accum_steps} accumulated x "
             f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
             f"{_threads(trainer)}, {config.precision}")
         if resume is not None:
@@ -111,4 +111,6 @@ def _reads(config) -> str:
     if config.architecture == "vision":
         return (f"images {config.num_channels} x {config.image_size} x {config.image_size} in {config.patch_size} x "
                 f"{config.patch_size} patches")
+    if config.architecture == "rnn_seq2seq":  # no position table: any length
+        return f"{config.rnn_cell.upper()} of {config.rnn_hidden_size} units, {config.rnn_attention} attention"
     return f"context {config.max_seq_len}"

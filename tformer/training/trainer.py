@@ -124,8 +124,7 @@ class Trainer:
             torch.set_num_threads(config.threads)
         elif self.context.device.type == "cpu" and not config.deterministic and torch.get_num_threads() > 1:
             self.thread_tuner = ThreadTuner(torch.get_num_threads())
-        self.units_per_step = (config.batch_size * task.units_per_row * config.grad_accum_steps
-                               * self.context.world_size)
+        self.units_per_step = task.units_per_batch() * config.grad_accum_steps * self.context.world_size
         self.state = RunState(self.model, self.optimizer, self.scaler, config, self.context, self.out_dir)
 
         # The loop's counters a checkpoint holds (besides weights, optimizer and RNG states).
@@ -524,4 +523,6 @@ def _format_metric(name: str, value: float) -> str:
     (accuracy, F1) to 3."""
     if name == "eval_ppl":
         return f"{value:.2f}" if not value >= 1e6 else f"{value:.3g}"
+    if name == "eval_bleu":
+        return f"{value:.2f}"  # 0-100, as sacreBLEU prints it
     return f"{value:.4f}" if name == "eval_loss" else f"{value:.3f}"

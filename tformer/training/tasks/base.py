@@ -65,6 +65,16 @@ class Task:
         """How many units (see ``unit``) one row of a batch holds: 1 example, or T tokens."""
         return 1
 
+    def units_per_batch(self) -> int:
+        """Units in one process's micro-batch: ``batch_size`` rows of ``units_per_row``; a task whose
+        batches vary in size (a token budget) gives their mean over an epoch."""
+        return self.config.batch_size * self.units_per_row
+
+    def describe_batch(self) -> str:
+        """A process's micro-batch, for the run's log: its rows (x the units of each)."""
+        per_row = self.units_per_row
+        return f"{self.config.batch_size} x {per_row}" if per_row > 1 else f"{self.config.batch_size}"
+
     @property
     def can_evaluate(self) -> bool:
         return False

@@ -14,6 +14,7 @@ from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
 from tformer.training.tasks.token_classification import TokenClassification
+from tformer.training.tasks.translation import Translation
 
 TASKS: dict[str, type[Task]] = {
     "lm": LanguageModelling,
@@ -22,6 +23,7 @@ TASKS: dict[str, type[Task]] = {
     "token_classification": TokenClassification,
     "span_qa": SpanQuestionAnswering,
     "image_classification": ImageClassification,
+    "translation": Translation,
 }
 # The [task] settings that belong to one task; set for another, they are refused rather than ignored.
 TASK_OPTIONS = {
@@ -34,6 +36,10 @@ TASK_OPTIONS = {
     "horizontal_flip": ("image_classification",),
     "image_mean": ("image_classification",),
     "image_std": ("image_classification",),
+    "batch_tokens": ("translation",),
+    "bpe_vocab_size": ("translation",),
+    "eval_bleu": ("translation",),
+    "eval_beams": ("translation",),
 }
 # The [data] settings each task reads besides train, eval and eval_fraction.
 DATA_OPTIONS = {
@@ -43,6 +49,7 @@ DATA_OPTIONS = {
     "token_classification": {"format": ("auto",), "tokenizer": True, "skip_bad": True},
     "span_qa": {"format": ("auto",), "tokenizer": True, "skip_bad": True},
     "image_classification": {"format": ("auto", "idx", "image_folder", "npz")},
+    "translation": {"format": ("auto",), "tokenizer": True, "source_language": True, "target_language": True},
 }
 
 
@@ -51,7 +58,8 @@ class TaskConfig:
     """The ``[task]`` section of a recipe: which task trains the model (``lm``: next-token language
     modelling, the default; ``mlm``: masked LM, + next-sentence pairs with the ``pretraining`` head;
     ``classification``, ``token_classification``, ``span_qa``: an encoder's fine-tuning tasks;
-    ``image_classification``: a vision model's) and the settings of that task."""
+    ``image_classification``: a vision model's; ``translation``: an encoder-decoder's, on sentence pairs) and
+    the settings of that task."""
 
     name: str = "lm"
     mask_probability: float = 0.15  # mlm: the share of tokens chosen (80% [MASK], 10% random, 10% kept)
@@ -63,6 +71,10 @@ class TaskConfig:
     horizontal_flip: bool = False  # image_classification: mirror half the training images (not for digits)
     image_mean: tuple[float, ...] | None = None  # image_classification: per channel, on 0..1 pixels; None: measured
     image_std: tuple[float, ...] | None = None  # image_classification: per channel; set with image_mean
+    batch_tokens: int = 4096  # translation: a batch's tokens on its longer side, padding included; 0: batch_size pairs
+    bpe_vocab_size: int = 8000  # translation with data.tokenizer = "bpe": the joint BPE's size
+    eval_bleu: bool = True  # translation: translate the evaluation sources and report BLEU (needs sacrebleu)
+    eval_beams: int = 1  # translation: beams of those evaluation translations (1: greedy)
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:
@@ -73,9 +85,15 @@ class TaskConfig:
                 raise TrainingError(f"task.{key} is a setting of the {' and '.join(tasks)} task, not {self.name!r}")
         if not 0.0 < self.mask_probability < 1.0:
             raise TrainingError(f"task.mask_probability={self.mask_probability} must be in (0, 1)")
-        for key in ("doc_stride", "max_answer_length", "n_best"):
+        for key in ("doc_stride", "max_answer_length", "n_best", "eval_beams"):
             if getattr(self, key) < 1:
                 raise TrainingError(f"task.{key}={getattr(self, key)} must be a positive integer")
+        if self.batch_tokens < 0:
+            raise TrainingError(f"task.batch_tokens={self.batch_tokens} must be 0 (training.batch_size pairs a batch) "
+                                "or a number of tokens")
+        if self.bpe_vocab_size < 259:
+            raise TrainingError(f"task.bpe_vocab_size={self.bpe_vocab_size} is too small: a byte-level BPE needs the "
+                                "256 bytes and 3 special tokens, at least 259")
         if self.crop_padding < 0:
             raise TrainingError(f"task.crop_padding={self.crop_padding} must be 0 (no augmentation) or more pixels")
         for key in ("image_mean", "image_std"):
@@ -94,9 +112,16 @@ def check_data_options(task: str, data: DataConfig) -> None:
         raise TrainingError(f"data.format={data.format!r} is not read by the {task} task; it reads "
                             f"{', '.join(allowed['format'])}")
     defaults = DataConfig.__dataclass_fields__
-    for key in ("tokenizer", "columns", "skip_bad"):
+    for key in ("tokenizer", "columns", "skip_bad", "source_language", "target_language"):
         if getattr(data, key) != defaults[key].default and key not in allowed:
             raise TrainingError(f"data.{key} is not read by the {task} task")
+    if task == "translation" and not (data.source_language and data.target_language):
+        raise TrainingError("the translation task reads data.train (and data.eval) as corpus prefixes: set "
+                            "data.source_language and data.target_language (PREFIX.de and PREFIX.en for \"de\", "
+                            "\"en\")")
+    if data.tokenizer == "bpe" and task != "translation":
+        raise TrainingError("data.tokenizer = \"bpe\" (a joint BPE learned from sentence pairs) is for the translation "
+                            "task; give a tokenizer file, or \"char\"")
 
 
 def task_for_recipe(config: TaskConfig, data: DataConfig, *, seq_len: int | None = None, tokenizer=None,
@@ -104,6 +129,9 @@ def task_for_recipe(config: TaskConfig, data: DataConfig, *, seq_len: int | None
     """The task a recipe names, on the data its ``[data]`` section loads. ``tokenizer``: the one a
     pretrained model folder brings (else the data's); ``label_names``: those the recipe declares."""
     check_data_options(config.name, data)
+    if config.name == "translation" and config.bpe_vocab_size != TaskConfig.bpe_vocab_size and data.tokenizer != "bpe":
+        raise TrainingError("task.bpe_vocab_size is the size of a learned BPE: it is read only with data.tokenizer = "
+                            "\"bpe\"")
     if tokenizer is not None and data.tokenizer != DataConfig.__dataclass_fields__["tokenizer"].default:
         raise TrainingError("data.tokenizer cannot be set with [model] init_from: the model folder's tokenizer "
                             "is the one its weights were trained with")

@@ -1,0 +1,47 @@
+"""Checkpoint averaging: the weights of a model's last few checkpoints, averaged (the 2017 paper's base
+models average the last 5), which often translates better than any one of them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from tformer.checkpoint import CheckpointError
+from tformer.hub import load
+from tformer.training.checkpoints import list_checkpoints
+
+
+def last_checkpoints(run_dir: str | Path, count: int) -> list[Path]:
+    """The newest ``count`` step checkpoints of a run folder, oldest first; fewer is an error naming how many."""
+    found = [folder for _, folder in list_checkpoints(run_dir)]
+    if count < 1:
+        raise CheckpointError(f"--last {count}: average at least 1 checkpoint")
+    if len(found) < count:
+        raise CheckpointError(f"{run_dir} holds {len(found)} step checkpoints, fewer than the {count} to average "
+                              "(training.keep_last keeps that many)")
+    return found[-count:]
+
+
+def average_checkpoints(folders: Sequence[str | Path]):
+    """The model of ``folders[0]`` (and its tokenizer) with every floating-point weight the mean of that
+    weight over all the folders, which must hold models of one config."""
+    if not folders:
+        raise CheckpointError("no checkpoints to average")
+    model = load(folders[0], device="cpu")
+    totals = {name: tensor.double().clone() for name, tensor in model.state_dict().items()
+              if tensor.is_floating_point()}
+    for folder in folders[1:]:
+        other = load(folder, device="cpu")
+        if other.config != model.config:
+            raise CheckpointError(f"{folder}: its model's config differs from {folders[0]}'s; only checkpoints of one "
+                                  "model average")
+        for name, tensor in other.state_dict().items():
+            if name in totals:
+                totals[name] += tensor.double()
+    with torch.no_grad():
+        state = model.state_dict()
+        for name, total in totals.items():
+            state[name].copy_((total / len(folders)).to(state[name].dtype))
+    return model

@@ -188,7 +188,7 @@ def test_text_and_image_go_to_their_own_models(tmp_path, capsys):
     assert main(["attention", str(text), "--image", image]) == 2
     assert "a vision model with head 'image_classification' is needed" in capsys.readouterr().err
     assert main(["attention", str(vision), "--image", image, "--layer", "1"]) == 2
-    assert "--layer goes with --text, not --image" in capsys.readouterr().err
+    assert "--layer goes with --text or --source, not --image" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_code:
         main(["attention", str(text), "--image", image, "--text", TEXT])
     assert exit_code.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

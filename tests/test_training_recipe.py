@@ -10,6 +10,7 @@ import pytest
 from shared_data import SHARED_DATA
 
 from tformer.checkpoint import write_model_files
+from tformer.data.parallel import corpus_file
 from tformer.training.recipe import RecipeError, load_recipe, parse_override, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,11 +121,15 @@ def test_the_shipped_recipes_are_valid(tmp_path):
     validates against a stand-in folder holding that recipe's model config where the run is not there."""
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
 
+    for language in ("de", "en"):  # a two-line corpus stands in for a translation recipe's
+        (tmp_path / f"pairs.{language}").write_text("a\nb\n", encoding="utf-8")
+
     def without_shared_data(raw: dict) -> dict:
         if not SHARED_DATA.is_dir():  # this file stands in for the data, a tiny vocabulary for the tokenizer
-            raw["data"]["train"] = __file__
+            translation = "source_language" in raw["data"]
+            raw["data"]["train"] = str(tmp_path / "pairs") if translation else __file__
             raw["data"].pop("eval", None)
-            if raw["data"].get("tokenizer", "char") != "char":
+            if raw["data"].get("tokenizer", "char") not in ("char", "bpe"):
                 raw["data"]["tokenizer"] = str(tmp_path / "vocab.txt")
         return raw
 
@@ -141,7 +146,10 @@ def test_the_shipped_recipes_are_valid(tmp_path):
             write_model_files(stand_in, model, {})
             raw["model"]["init_from"] = str(stand_in)
         recipe = recipe_from_dict(raw, source=str(path), base_dir=path.parent)
-        assert Path(recipe.data.train).is_file(), f"{path.name}: data.train={recipe.data.train} does not exist"
+        data = recipe.data
+        files = [corpus_file(data.train, language) for language in (data.source_language, data.target_language)] \
+            if data.source_language else [Path(data.train)]
+        assert all(file.is_file() for file in files), f"{path.name}: data.train={data.train} does not exist"
 
 
 def test_the_command_line_reports_a_bad_recipe_in_one_line_before_any_work(tmp_path):

@@ -22,6 +22,9 @@ encoder–decoder implements the same four and nothing else):
 - ``position_limit``: the most decoder positions it can take (a position table), or None.
 - ``encodes_prompt`` (optional, default False): the prompt is a source the model encodes, so
   its padding may be on either side (a decoder's prompt must be left-padded).
+- ``cache_bytes_per_token()`` (optional): what its cache holds per token and sequence, for a model whose
+  cache is not one key/value pair per block (a recurrent state: 0); ``new_cache`` may then return any
+  object with ``reorder(rows)`` (beam search), and the session refuses to truncate it.
 
 ``ModelSession`` runs any model through these hooks; reordering moves every row-indexed piece
 of state together: the self-attention caches, the cross-attention caches and the step inputs

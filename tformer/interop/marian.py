@@ -193,9 +193,7 @@ def marian_equivalent(model):
     if config.architecture != "encoder_decoder" or config.positional != "sinusoidal" or (
             config.sinusoidal_layout == "split" and config.lm_head_bias):
         return model
-    from tformer.models import build_model
-
-    equivalent = build_model(config.replace(sinusoidal_layout="split", lm_head_bias=True))
+    equivalent = type(model)(config.replace(sinusoidal_layout="split", lm_head_bias=True))
     width = config.d_model
     order = torch.cat([torch.arange(0, width, 2), torch.arange(1, width, 2)])
     if config.sinusoidal_layout == "split":

@@ -10,26 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from tformer.errors import TformerError
 from tformer.viz.figures import pyplot, save_figure
+from tformer.viz.heatmaps import select_maps
 
 
 def alignment_weights(cross_attentions: Sequence[Tensor], layer: int | None = None,
                       head: int | None = None) -> Tensor:
     """The first sentence's map (T, S): layer ``layer`` and head ``head`` (counted from 1), or the mean over
     the layers / heads not chosen. Each row still sums to 1."""
-    if not cross_attentions:
-        raise TformerError("no cross-attention to draw (call the model with output_attentions=True)")
-    num_layers, num_heads = len(cross_attentions), cross_attentions[0].shape[1]
-    for name, value, count in (("layer", layer, num_layers), ("head", head, num_heads)):
-        if value is not None and not 1 <= value <= count:
-            raise TformerError(f"{name} {value} is out of range: this model has {count} {name}s, numbered 1 to {count}")
-    maps = torch.stack([attention[0] for attention in cross_attentions]).float()  # (L, H, T, S)
-    maps = maps[layer - 1 : layer] if layer is not None else maps
-    maps = maps[:, head - 1 : head] if head is not None else maps
+    maps, _, _ = select_maps(cross_attentions, layer, head)  # (layers, heads, T, S): the chosen ones
     return maps.mean(dim=(0, 1))
 
 

@@ -348,13 +348,13 @@ def test_a_loss_with_every_label_ignored_warns_once():
 
 
 def test_an_unsupported_tokenizer_in_a_tformer_folder_warns_and_generate_says_why(work, capsys):
-    (work / "m" / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": []}}))
+    (work / "m" / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevelish", "vocab": []}}))
     with pytest.warns(TokenizerNotAttachedWarning, match="m: tokenizer not attached: .*unknown tokenizer model type "
-                                                         "'Unigram'"):
+                                                         "'WordLevelish'"):
         model = tformer.load("m")
     assert model.tokenizer is None and model.num_parameters() > 0
     refused_leaving(work, capsys, ["generate", "m", "--prompt", "to be"],
-                    "m: tokenizer not attached: m/tokenizer.json: unknown tokenizer model type 'Unigram'")
+                    "m: tokenizer not attached: m/tokenizer.json: unknown tokenizer model type 'WordLevelish'")
 
 
 @pytest.mark.parametrize("format", ["tformer", "hf"])

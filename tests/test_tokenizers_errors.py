@@ -64,14 +64,28 @@ def test_missing_and_undecodable_corpus_files(tmp_path):
         (b"{not json", "not a readable tokenizer file"),
         (b"\xff\xfe\x00garbage", "not a readable tokenizer file"),
         (b"[1, 2, 3]", "not a tokenizer.json"),
-        (b'{"model": {"type": "Unigram", "vocab": []}}', "unknown tokenizer model type 'Unigram'; known: BPE"),
+        (b'{"model": {"type": "WordLevelish", "vocab": []}}', "unknown tokenizer model type 'WordLevelish'; known: BPE"),
+        (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0, "byte_fallback": true}}',
+         "Unigram with byte_fallback=true is not supported"),
+        (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
+         b'"Metaspace", "prepend_scheme": "first"}}', "Metaspace prepend_scheme 'first' is not supported; known: always"),
+        (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
+         b'"Metaspace"}, "decoder": {"type": "ByteLevel"}}', "Unigram decoder 'ByteLevel' is not supported; known: Metaspace"),
+        (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 3}, "pre_tokenizer": {"type": '
+         b'"Metaspace"}, "decoder": {"type": "Metaspace"}}', "Unigram unk_id 3 is not an id of its 1 pieces"),
+        (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
+         b'"Metaspace"}, "decoder": {"type": "Metaspace"}, "normalizer": {"type": "Precompiled", '
+         b'"precompiled_charsmap": "not base64!"}}', "precompiled_charsmap is not valid base64"),
+        (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
+         b'"Metaspace"}, "decoder": {"type": "Metaspace"}, "normalizer": {"type": "Replace", "pattern": '
+         b'{"Regex": " +"}, "content": " "}}', "Replace normalizer with pattern .* is not supported; only a String"),
         (b'{"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": true}}', "byte_fallback=True"),
         (b'{"model": {"type": "BPE", "vocab": {}, "merges": []}, "decoder": {"type": "Metaspace"}}',
          "BPE decoder 'Metaspace' is not supported"),
         (b'{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}}, "pre_tokenizer": {"type": "Metaspace"}}',
          "WordPiece pre_tokenizer 'Metaspace' is not supported; known: BertPreTokenizer"),
-        (b'{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}}, "normalizer": {"type": "Replace"}, '
-         b'"pre_tokenizer": {"type": "BertPreTokenizer"}}', "normalizer 'Replace' is not supported"),
+        (b'{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}}, "normalizer": {"type": "NFKCish"}, '
+         b'"pre_tokenizer": {"type": "BertPreTokenizer"}}', "normalizer 'NFKCish' is not supported"),
         (b'{"model": {"type": "WordPiece", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "BertPreTokenizer"}}',
          "unk_token '\\[UNK\\]' is not in the WordPiece vocabulary"),
         (b'{"model": {"type": "BPE", "merges": []}, "decoder": {"type": "ByteLevel"}, '

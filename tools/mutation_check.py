@@ -262,6 +262,34 @@ MUTATIONS = (
         ("tests/test_rnn_seq2seq.py",),
         "teacher forcing below 1 reads the true token where it should read the model's own prediction",
     ),
+    Mutation(
+        "unigram-ties-go-to-the-later-cut", "tformer/tokenizers/unigram.py",
+        "if best[end] is None or candidate > best[end][0]:",
+        "if best[end] is None or candidate >= best[end][0]:",
+        ("tests/test_tokenizers_unigram.py",),
+        "equal-scoring cuts resolved the other way from Hugging Face's (the last piece starting later wins)",
+    ),
+    Mutation(
+        "unigram-unknowns-not-fused", "tformer/tokenizers/unigram.py",
+        "if unknown and spans and spans[-1][2]:",
+        "if False:",
+        ("tests/test_tokenizers_unigram.py",),
+        "each unknown character its own <unk> where SentencePiece fuses a run into one",
+    ),
+    Mutation(
+        "charsmap-takes-the-longest-key", "tformer/tokenizers/precompiled.py",
+        "                return units[position] & 0x7FFFFFFF\n        return None",
+        "                longest = units[position] & 0x7FFFFFFF\n        return locals().get('longest')",
+        ("tests/test_tokenizers_unigram.py",),
+        "the precompiled map replaces by the longest key that begins a grapheme, not the first as Hugging Face does",
+    ),
+    Mutation(
+        "metaspace-mark-stands-for-nothing", "tformer/tokenizers/unigram.py",
+        "                source.insert(0, offset)",
+        "                source.insert(0, offset - 1)",
+        ("tests/test_tokenizers_unigram.py",),
+        "the mark put before a word points one character early, so token offsets start too soon",
+    ),
 
 )
 

@@ -1,4 +1,5 @@
-"""The one loader: a ``tokenizer.json`` (Hugging Face's, or tformer's which is the same format),
+"""The one loader: a ``tokenizer.json`` (Hugging Face's, or tformer's which is the same format;
+byte-level BPE, WordPiece, SentencePiece Unigram, characters),
 GPT-2's ``encoder.json`` + ``vocab.bpe`` or ``vocab.json`` + ``merges.txt``, BERT's
 ``vocab.txt``, or a folder holding any of them. Every unsupported component is refused with
 its name and the supported ones, never silently approximated."""
@@ -17,6 +18,7 @@ from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.normalizers import NoNormalizer, normalizer_from_json
 from tformer.tokenizers.post_processor import Template, offset_trimming
 from tformer.tokenizers.pre_tokenizers import pre_tokenizer_from_json
+from tformer.tokenizers.unigram import Metaspace, UnigramTokenizer
 from tformer.tokenizers.wordpiece import WordPieceTokenizer
 
 # Folder layouts, in the order they are looked for.
@@ -81,6 +83,8 @@ def from_dict(data: dict) -> Tokenizer:
             return _bpe_from_dict(data)
         if kind == "WordPiece":
             return _wordpiece_from_dict(data)
+        if kind == "Unigram":
+            return _unigram_from_dict(data)
         if kind in ("WordLevel", "Char"):
             if kind == "WordLevel" and data.get("pre_tokenizer") != CHAR_SPLIT:
                 raise TokenizerError("WordLevel is supported only over single characters (tformer's CharTokenizer)")
@@ -88,7 +92,7 @@ def from_dict(data: dict) -> Tokenizer:
     except KeyError as error:
         raise TokenizerError(f"a {kind} tokenizer.json lacks the field {error}") from None
     raise TokenizerError(f"unknown tokenizer model type {kind!r}; known: BPE (byte-level), WordPiece, "
-                         "WordLevel (characters), Char")
+                         "Unigram (SentencePiece), WordLevel (characters), Char")
 
 
 def _guess_model_type(model: dict) -> str | None:
@@ -173,6 +177,47 @@ def _wordpiece_from_dict(data: dict) -> WordPieceTokenizer:
         template=Template.from_json(data.get("post_processor")),
         decoder_cleanup=bool(decoder.get("cleanup", True)),
     )
+
+
+def _unigram_from_dict(data: dict) -> UnigramTokenizer:
+    model = data["model"]
+    if model.get("byte_fallback"):
+        raise TokenizerError("Unigram with byte_fallback=true is not supported")
+    vocab = model["vocab"]
+    if not isinstance(vocab, list) or not all(isinstance(entry, (list, tuple)) and len(entry) == 2 for entry in vocab):
+        raise TokenizerError("a Unigram vocab must be a list of [piece, score] pairs")
+    if model.get("unk_id") is None:
+        raise TokenizerError("a Unigram tokenizer.json without unk_id is not supported")
+    metaspace = _metaspace_from_json(data.get("pre_tokenizer"))
+    decoder = data.get("decoder")
+    decoder_metaspace = _metaspace_from_json(decoder, "decoder") if decoder is not None else None
+    if decoder_metaspace is None or (decoder_metaspace.replacement, decoder_metaspace.prepend_scheme) != (
+            metaspace.replacement, metaspace.prepend_scheme):
+        raise TokenizerError(f"Unigram decoder {decoder!r} is not supported; it must be the Metaspace its "
+                             f"pre_tokenizer implies ({metaspace.decoder_json()})")
+    added, roles = _added_and_roles(data)
+    return UnigramTokenizer(
+        [(piece, score) for piece, score in vocab], unk_id=model["unk_id"], metaspace=metaspace,
+        normalizer=normalizer_from_json(data.get("normalizer")), added_tokens=added, roles=roles,
+        template=Template.from_json(data.get("post_processor")),
+    )
+
+
+def _metaspace_from_json(data: dict | None, what: str = "pre_tokenizer") -> Metaspace:
+    """Metaspace, alone or after WhitespaceSplit (T5); "add_prefix_space" of older files read as a scheme."""
+    kind = None if data is None else data.get("type")
+    whitespace_split = False
+    if kind == "Sequence":
+        steps = data.get("pretokenizers", [])
+        if len(steps) == 2 and steps[0].get("type") == "WhitespaceSplit":
+            whitespace_split, data, kind = True, steps[1], steps[1].get("type")
+    if kind != "Metaspace":
+        raise TokenizerError(f"Unigram {what} {kind!r} is not supported; known: Metaspace"
+                             + (", Sequence[WhitespaceSplit, Metaspace]" if what == "pre_tokenizer" else ""))
+    scheme = data.get("prepend_scheme")
+    if scheme is None:
+        scheme = "always" if data.get("add_prefix_space", True) else "never"
+    return Metaspace(data.get("replacement", "▁"), scheme, bool(data.get("split", True)), whitespace_split)
 
 
 def _bert_options(vocab_file: Path, lowercase: bool | None) -> tuple[bool, bool | None]:

@@ -9,7 +9,10 @@ import unicodedata
 from collections.abc import Callable
 from itertools import chain, repeat
 
+import regex
+
 from tformer.tokenizers.errors import TokenizerError
+from tformer.tokenizers.precompiled import CharsMap
 
 # Unicode's White_Space characters (Rust's char::is_whitespace, which Hugging Face uses).
 WHITE_SPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
@@ -81,6 +84,11 @@ def strip_accents(text: str) -> str:
 Alignment = list[int] | None
 
 
+_GRAPHEMES = regex.compile(r"\X")
+# Hugging Face's Precompiled step looks a whole grapheme up only when its UTF-8 form is shorter than this.
+_WHOLE_GRAPHEME_BYTES = 6
+
+
 class Normalizer:
     """A text → text step."""
 
@@ -90,7 +98,10 @@ class Normalizer:
     def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
         """The normalized text and its :data:`Alignment` to ``text`` (what offsets are made from)."""
         raise TokenizerError(f"offsets are not supported through the {type(self).__name__} normalizer; "
-                             "they are through BertNormalizer, Lowercase, StripAccents and none")
+                             "they are through BertNormalizer, Precompiled, Lowercase, StripAccents and none")
+
+    def to_json(self) -> dict | None:
+        raise NotImplementedError
 
 
 class _PieceTable(dict):
@@ -114,9 +125,6 @@ def _aligned_by_character(pieces: _PieceTable, text: str) -> tuple[str, Alignmen
     if lengths.count(1) == len(lengths):
         return normalized, None
     return normalized, list(chain.from_iterable(map(repeat, range(len(lengths)), lengths)))
-
-    def to_json(self) -> dict:
-        raise NotImplementedError
 
 
 class NoNormalizer(Normalizer):
@@ -179,7 +187,7 @@ class UnicodeStep(Normalizer):
     def __init__(self, kind: str) -> None:
         if kind not in self.KINDS:
             raise TokenizerError(f"normalizer {kind!r} is not supported; known: BertNormalizer, Sequence, "
-                                 f"{', '.join(self.KINDS)}")
+                                 f"Precompiled, Replace, {', '.join(self.KINDS)}")
         self.kind = kind
         self._pieces = _PieceTable(self)
 
@@ -193,7 +201,7 @@ class UnicodeStep(Normalizer):
     def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
         if self.kind not in ("Lowercase", "StripAccents"):  # (de)composition moves characters across others
             raise TokenizerError(f"offsets are not supported through the {self.kind} normalizer; they are through "
-                                 "BertNormalizer, Lowercase, StripAccents and none")
+                                 "BertNormalizer, Precompiled, Lowercase, StripAccents and none")
         return _aligned_by_character(self._pieces, text)
 
     def to_json(self) -> dict:
@@ -221,6 +229,92 @@ class SequenceNormalizer(Normalizer):
         return {"type": "Sequence", "normalizers": [step.to_json() for step in self.steps]}
 
 
+class PrecompiledNormalizer(Normalizer):
+    """Hugging Face's ``Precompiled`` normalizer over a base64 ``precompiled_charsmap``: each
+    grapheme shorter than 6 UTF-8 bytes is looked up whole, else (or failing that) each of its
+    characters; a character of the replacement stands for the grapheme's character at the
+    same position, extra ones for its last (so offsets match Hugging Face's)."""
+
+    def __init__(self, charsmap_base64: str) -> None:
+        self.charsmap_base64 = charsmap_base64
+        self.charsmap = CharsMap(charsmap_base64)
+        self._graphemes: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._ascii = {code: self._grapheme(chr(code))[0] for code in range(128)}
+
+    def _grapheme(self, grapheme: str) -> tuple[str, tuple[int, ...]]:
+        """A grapheme's normalized form and, for each of its characters, the index in the
+        grapheme of the character it stands for; remembered."""
+        cached = self._graphemes.get(grapheme)
+        if cached is not None:
+            return cached
+        whole = None
+        if len(grapheme.encode("utf-8")) < _WHOLE_GRAPHEME_BYTES:
+            whole = self.charsmap.lookup(grapheme)
+        if whole is not None:
+            last = len(grapheme) - 1
+            result = whole, tuple(min(index, last) for index in range(len(whole)))
+        else:
+            parts, sources = [], []
+            for index, char in enumerate(grapheme):
+                replacement = self.charsmap.lookup(char)
+                replacement = char if replacement is None else replacement
+                parts.append(replacement)
+                sources += [index] * len(replacement)
+            result = "".join(parts), tuple(sources)
+        self._graphemes[grapheme] = result
+        return result
+
+    def _pieces(self, text: str) -> list[str]:
+        if text.isascii() and "\r\n" not in text:  # every ASCII character is a grapheme of its own
+            return list(text)
+        return _GRAPHEMES.findall(text)
+
+    def __call__(self, text: str) -> str:
+        if text.isascii() and "\r\n" not in text:
+            return text.translate(self._ascii)
+        return "".join(self._grapheme(grapheme)[0] for grapheme in _GRAPHEMES.findall(text))
+
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        parts: list[str] = []
+        source: list[int] = []
+        position = 0
+        for grapheme in self._pieces(text):
+            normalized, sources = self._grapheme(grapheme)
+            parts.append(normalized)
+            source += [position + index for index in sources]
+            position += len(grapheme)
+        normalized = "".join(parts)
+        if len(source) == len(text) and source == list(range(len(text))):
+            return normalized, None
+        return normalized, source
+
+    def to_json(self) -> dict:
+        return {"type": "Precompiled", "precompiled_charsmap": self.charsmap_base64}
+
+
+class ReplaceNormalizer(Normalizer):
+    """Hugging Face's ``Replace`` with a plain-string pattern (regex patterns are refused)."""
+
+    def __init__(self, pattern: str, content: str) -> None:
+        if not pattern:
+            raise TokenizerError("a Replace normalizer needs a non-empty pattern")
+        self.pattern = pattern
+        self.content = content
+
+    def __call__(self, text: str) -> str:
+        return text.replace(self.pattern, self.content)
+
+    def to_json(self) -> dict:
+        return {"type": "Replace", "pattern": {"String": self.pattern}, "content": self.content}
+
+
+def _replace_from_json(data: dict) -> ReplaceNormalizer:
+    pattern = data.get("pattern") or {}
+    if "String" not in pattern or not isinstance(data.get("content"), str):
+        raise TokenizerError(f"Replace normalizer with pattern {pattern!r} is not supported; only a String pattern is")
+    return ReplaceNormalizer(pattern["String"], data["content"])
+
+
 def normalizer_from_json(data: dict | None) -> Normalizer | None:
     """The normalizer a tokenizer.json describes (None for none)."""
     if data is None:
@@ -233,4 +327,8 @@ def normalizer_from_json(data: dict | None) -> Normalizer | None:
         )
     if kind == "Sequence":
         return SequenceNormalizer([step for step in map(normalizer_from_json, data.get("normalizers", [])) if step])
+    if kind == "Precompiled":
+        return PrecompiledNormalizer(data.get("precompiled_charsmap", ""))
+    if kind == "Replace":
+        return _replace_from_json(data)
     return UnicodeStep(kind)

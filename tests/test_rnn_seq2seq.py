@@ -162,3 +162,19 @@ def test_fields_the_rnn_does_not_read_are_refused():
         rnn(rnn_hidden_size=15)
     with pytest.raises(Exception, match=r"speculative decoding needs a key/value cache|draft"):
         tformer.generate(rnn(), SOURCE, attention_mask=MASK, max_new_tokens=3, draft_model=rnn())
+
+
+def test_max_seq_len_bounds_what_the_rnn_reads_and_translate_cuts_to_it():
+    from tformer.generation.translation import translate
+    from tformer.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer.train(["abcdefghij"], special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    model = rnn(max_seq_len=6, vocab_size=tokenizer.vocab_size)
+    assert model.position_limit == 6
+    with pytest.raises(ValueError, match=r"the source \(input_ids\) has 7 tokens; this model reads at most "
+                                         r"max_seq_len=6"):
+        model(torch.full((1, 7), 5), labels=torch.full((1, 3), 5))
+    with pytest.raises(ValueError, match=r"the target has 7 tokens; this model reads at most max_seq_len=6"):
+        model(SOURCE, labels=torch.full((2, 7), 5))
+    result = translate(model, ["abcdefghij", "ab"], tokenizer, num_beams=2, max_new_tokens=3)
+    assert result.cut == 1 and len(result.texts) == 2

@@ -601,7 +601,7 @@ PRESETS: dict[str, ModelConfig] = {
     # The attention-RNN baseline of the Multi30k recipe: about the transformer-multi30k's size (one joint
     # vocabulary, 6.0M parameters at 8,000 tokens), a bidirectional GRU encoder and Bahdanau's attention.
     "rnn-multi30k": ModelConfig(
-        architecture="rnn_seq2seq", vocab_size=8000, d_model=256, rnn_hidden_size=512, num_layers=1,
+        architecture="rnn_seq2seq", vocab_size=8000, max_seq_len=256, d_model=256, rnn_hidden_size=512, num_layers=1,
         rnn_cell="gru", rnn_attention="bahdanau", dropout=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=1,
     ),

@@ -13,6 +13,7 @@ from torch import nn
 from tformer.checkpoint import save_checkpoint
 from tformer.config import ModelConfig
 from tformer.interop import save_hf
+from tformer.models.output import GenerationState
 from tformer.nn.losses import IGNORE_INDEX
 from tformer.nn.stack import TransformerStack
 
@@ -116,3 +117,30 @@ class Seq2SeqModel(Model):
         shifted = labels.new_full(labels.shape, self.start_token_id)
         shifted[:, 1:] = labels[:, :-1]
         return shifted.masked_fill(shifted == IGNORE_INDEX, pad)
+
+    def decoder_tokens(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None,
+                       labels: torch.Tensor | None, generation_step: bool) -> torch.Tensor:
+        """What the decoder reads in ``forward``: in training and scoring ``decoder_input_ids``, else the
+        ``labels`` shifted right; in a generation step (the encoder's output given) ``input_ids``."""
+        if generation_step:
+            if decoder_input_ids is not None:
+                raise ValueError("a generation step takes the decoder's tokens as input_ids, not decoder_input_ids")
+            return input_ids
+        if decoder_input_ids is not None:
+            return decoder_input_ids
+        if labels is None:
+            raise ValueError("give the target: decoder_input_ids, or labels to shift right")
+        return self.shift_right(labels)
+
+    def encoded_source(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The encoder's output (B, S, D) that every decoding step attends to."""
+        raise NotImplementedError
+
+    def prepare_generation(self, input_ids: torch.Tensor,
+                           attention_mask: torch.Tensor | None = None) -> GenerationState:
+        """Encode the source once; the decoder starts from the start token, and every step reads the
+        encoder's output and mask (reordered with the rows by beam search)."""
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        start = torch.full((input_ids.shape[0], 1), self.start_token_id, dtype=torch.long, device=input_ids.device)
+        return GenerationState(input_ids=start, step_inputs={"encoder_output": self.encoded_source(input_ids, mask),
+                                                              "encoder_attention_mask": mask})

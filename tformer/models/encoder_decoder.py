@@ -9,7 +9,7 @@ from torch import Tensor
 
 from tformer.config import ModelConfig
 from tformer.models.base import Seq2SeqModel
-from tformer.models.output import GenerationState, Seq2SeqOutput
+from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
 from tformer.nn.attention import KVCache
 from tformer.nn.block import LayerCache
@@ -92,18 +92,14 @@ class EncoderDecoderLM(Seq2SeqModel):
         ``encoder_attention_mask``, ``input_ids`` are the decoder's tokens after the cached ones and
         ``attention_mask`` covers the cached ones too."""
         encoder_attentions = None
-        if encoder_output is None:
+        generation_step = encoder_output is not None
+        decoder_input_ids = self.decoder_tokens(input_ids, decoder_input_ids, labels, generation_step)
+        if generation_step:
+            decoder_attention_mask = attention_mask
+        else:
             encoded = self.encode(input_ids, attention_mask, output_attentions)
             encoder_output, encoder_attention_mask = encoded.hidden, attention_mask
             encoder_attentions = encoded.attentions
-            if decoder_input_ids is None:
-                if labels is None:
-                    raise ValueError("give the target: decoder_input_ids, or labels to shift right")
-                decoder_input_ids = self.shift_right(labels)
-        else:
-            if decoder_input_ids is not None:
-                raise ValueError("a generation step takes the decoder's tokens as input_ids, not decoder_input_ids")
-            decoder_input_ids, decoder_attention_mask = input_ids, attention_mask
         decoded = self.decode(decoder_input_ids, encoder_output, encoder_attention_mask, decoder_attention_mask, cache,
                               output_attentions, output_hidden_states)
         hidden = decoded.hidden * self.config.d_model ** -0.5 if self.config.scale_decoder_output else decoded.hidden
@@ -117,14 +113,8 @@ class EncoderDecoderLM(Seq2SeqModel):
 
     # ---- generation hooks (the Session protocol: tformer/generation/session.py) -------------------
 
-    def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> GenerationState:
-        """Encode the source once; the decoder starts from the start token, and every step reads the
-        encoder's output and mask (reordered with the rows by beam search)."""
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        encoder_output = self.encode(input_ids, mask).hidden
-        start = torch.full((input_ids.shape[0], 1), self.start_token_id, dtype=torch.long, device=input_ids.device)
-        return GenerationState(input_ids=start, step_inputs={"encoder_output": encoder_output,
-                                                              "encoder_attention_mask": mask})
+    def encoded_source(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.encode(input_ids, attention_mask).hidden
 
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
                   device: torch.device | None = None) -> list[LayerCache]:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from tformer.config import ModelConfig
 from tformer.models.base import Seq2SeqModel
-from tformer.models.output import GenerationState, Seq2SeqOutput
+from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
 from tformer.nn.heads import LMHead
 from tformer.nn.inputs import check_token_ids
@@ -136,10 +136,23 @@ class RNNSeq2Seq(Seq2SeqModel):
 
     # ---- the two halves ------------------------------------------------------------------------
 
+    @property
+    def position_limit(self) -> int:
+        """The longest source or target it reads: ``max_seq_len``. A recurrence has no position table;
+        the limit is the configuration's promise, kept as the transformer keeps it (sources longer are
+        cut by translate, refused by forward)."""
+        return self.config.max_seq_len
+
+    def _check_length(self, ids: Tensor, name: str) -> None:
+        if ids.dim() == 2 and ids.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"{name} has {ids.shape[1]} tokens; this model reads at most max_seq_len="
+                             f"{self.config.max_seq_len}")
+
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Source states (B, S, H) of ``input_ids`` (B, S); padding (0 in ``attention_mask``, on either
         side) is skipped by both directions and its states are zero."""
         check_token_ids(input_ids, self.config.vocab_size)
+        self._check_length(input_ids, "the source (input_ids)")
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         lengths = mask.sum(dim=1)
         if bool((lengths == 0).any()):
@@ -241,20 +254,15 @@ class RNNSeq2Seq(Seq2SeqModel):
         head, (B, 1, T, S)."""
         if output_hidden_states:
             raise ValueError("output_hidden_states: the attention RNN does not return per-layer states")
-        if encoder_output is None:
+        generation_step = encoder_output is not None
+        decoder_input_ids = self.decoder_tokens(input_ids, decoder_input_ids, labels, generation_step)
+        if not generation_step:
+            self._check_length(decoder_input_ids, "the target")
             mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
             encoder_output, encoder_attention_mask = self.encode(input_ids, mask), mask
-            if decoder_input_ids is None:
-                if labels is None:
-                    raise ValueError("give the target: decoder_input_ids, or labels to shift right")
-                decoder_input_ids = self.shift_right(labels)
-        else:
-            if decoder_input_ids is not None:
-                raise ValueError("a generation step takes the decoder's tokens as input_ids, not decoder_input_ids")
-            decoder_input_ids = input_ids
-            if encoder_attention_mask is None:
-                encoder_attention_mask = torch.ones(encoder_output.shape[:2], dtype=torch.long,
-                                                    device=encoder_output.device)
+        elif encoder_attention_mask is None:
+            encoder_attention_mask = torch.ones(encoder_output.shape[:2], dtype=torch.long,
+                                                device=encoder_output.device)
         state = cache if cache is not None else RecurrentCache()
         ratio = self.config.teacher_forcing_ratio if self.training else 1.0
         logits, weights = self.decode(decoder_input_ids, encoder_output, encoder_attention_mask.bool(), state, ratio)
@@ -264,13 +272,8 @@ class RNNSeq2Seq(Seq2SeqModel):
 
     # ---- generation hooks (the Session protocol: tformer/generation/session.py) -------------------
 
-    def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> GenerationState:
-        """Encode the source once; the decoder starts from the start token."""
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        encoder_output = self.encode(input_ids, mask)
-        start = torch.full((input_ids.shape[0], 1), self.start_token_id, dtype=torch.long, device=input_ids.device)
-        return GenerationState(input_ids=start, step_inputs={"encoder_output": encoder_output,
-                                                              "encoder_attention_mask": mask})
+    def encoded_source(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.encode(input_ids, attention_mask)
 
     def cache_bytes_per_token(self) -> int:
         """A decoding state does not grow with the tokens it reads (generation's memory estimate)."""

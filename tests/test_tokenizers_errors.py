@@ -64,13 +64,16 @@ def test_missing_and_undecodable_corpus_files(tmp_path):
         (b"{not json", "not a readable tokenizer file"),
         (b"\xff\xfe\x00garbage", "not a readable tokenizer file"),
         (b"[1, 2, 3]", "not a tokenizer.json"),
-        (b'{"model": {"type": "WordLevelish", "vocab": []}}', "unknown tokenizer model type 'WordLevelish'; known: BPE"),
+        (b'{"model": {"type": "WordLevelish", "vocab": []}}',
+         "unknown tokenizer model type 'WordLevelish'; known: BPE"),
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0, "byte_fallback": true}}',
          "Unigram with byte_fallback=true is not supported"),
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
-         b'"Metaspace", "prepend_scheme": "first"}}', "Metaspace prepend_scheme 'first' is not supported; known: always"),
+         b'"Metaspace", "prepend_scheme": "first"}}',
+         "Metaspace prepend_scheme 'first' is not supported; known: always"),
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
-         b'"Metaspace"}, "decoder": {"type": "ByteLevel"}}', "Unigram decoder 'ByteLevel' is not supported; known: Metaspace"),
+         b'"Metaspace"}, "decoder": {"type": "ByteLevel"}}',
+         "Unigram decoder 'ByteLevel' is not supported; known: Metaspace"),
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 3}, "pre_tokenizer": {"type": '
          b'"Metaspace"}, "decoder": {"type": "Metaspace"}}', "Unigram unk_id 3 is not an id of its 1 pieces"),
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '

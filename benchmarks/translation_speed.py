@@ -112,6 +112,12 @@ def padded(ids: list[list[int]], rows: list[int]) -> tuple[torch.Tensor, torch.T
     return input_ids, mask
 
 
+def through_end(row: list[int], end_id: int = 2) -> list[int]:
+    """A generated row up to its end token: what follows is filler (tformer pads with 0, generate with
+    the end token)."""
+    return row[: row.index(end_id, 1) + 1] if end_id in row[1:] else row
+
+
 def measure_translation(run: Path, rounds: int) -> dict[str, object]:
     import transformers
 
@@ -138,7 +144,7 @@ def measure_translation(run: Path, rounds: int) -> dict[str, object]:
                 else:
                     out = model.generate(input_ids, attention_mask=mask, max_new_tokens=budget, num_beams=5,
                                          do_sample=False, eos_token_id=2, pad_token_id=0, decoder_start_token_id=1)
-                results += [[token for token in row.tolist() if token != 0] for row in out]
+                results += [through_end(row.tolist()) for row in out]
         outputs[name] = results
 
     times = {"tformer": [], "transformers": []}
@@ -149,9 +155,14 @@ def measure_translation(run: Path, rounds: int) -> dict[str, object]:
             times[name].append(time.perf_counter() - started)
         print(f"round {round_index + 1}: " + ", ".join(f"{name} {values[-1]:.1f} s" for name, values in times.items()),
               flush=True)
-    same = sum(a == b for a, b in zip(outputs["tformer"], outputs["transformers"], strict=True))
+    pairs = list(zip(outputs["tformer"], outputs["transformers"], strict=True))
+    order = [row for rows in batches for row in rows]  # outputs come in batch order
+    for position, (ours_row, theirs_row) in enumerate(pairs):
+        if ours_row != theirs_row:
+            print(f"different: line {order[position] + 1}\n  tformer      {tokenizer.decode(ours_row[1:], True)}\n"
+                  f"  transformers {tokenizer.decode(theirs_row[1:], True)}")
     return {"seconds": {name: statistics.median(values) for name, values in times.items()},
-            "sentences": len(sources), "identical": same}
+            "sentences": len(sources), "identical": sum(a == b for a, b in pairs)}
 
 
 def main() -> None:

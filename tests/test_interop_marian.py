@@ -63,6 +63,26 @@ def test_translations_equal_hugging_face_generate(models, num_beams):
     assert_generate_equals(hf, ours, ids, mask, num_beams, ends, PAD)
 
 
+@pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam-4"])
+def test_forced_eos_at_the_length_limit_as_hugging_face(models, tmp_path, num_beams):
+    """Marian's forced_eos_token_id (read from config.json; null means none): a row that reaches the
+    limit ends with it, in greedy and beam search, token for token and score for score with generate."""
+    hf, _ = models
+    hf.config.forced_eos_token_id = hf.generation_config.forced_eos_token_id = EOS
+    try:
+        hf.save_pretrained(tmp_path)
+        ours = tformer.load(tmp_path)
+        assert ours.config.forced_eos_token_id == EOS
+        ids, mask = sources()
+        assert_generate_equals(hf, ours, ids, mask, num_beams, [EOS], PAD, new_tokens=5)
+        got = tformer.generate(ours, ids, 5, attention_mask=mask, num_beams=num_beams)
+        assert bool((got[:, -1] == EOS).all())  # every row ran to the limit and was ended there
+        free = tformer.generate(ours, ids, 5, attention_mask=mask, num_beams=num_beams, forced_eos_token_id=False)
+        assert not bool((free[:, -1] == EOS).all())
+    finally:
+        hf.config.forced_eos_token_id = hf.generation_config.forced_eos_token_id = None
+
+
 def test_saved_folders_load_in_hugging_face_with_the_same_logits(models, tmp_path):
     hf, ours = models
     ids, mask = sources()

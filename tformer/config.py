@@ -75,6 +75,7 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "scale_decoder_output": ("encoder_decoder",),  # T5: the decoder's states x d_model^-0.5 before the output
     "num_encoder_layers": ("encoder_decoder",),  # the encoder's depth; num_layers is the decoder's
     "decoder_start_token_id": ("encoder_decoder", "rnn_seq2seq"),
+    "forced_eos_token_id": TEXT_FAMILIES,
     "rnn_cell": ("rnn_seq2seq",),
     "rnn_attention": ("rnn_seq2seq",),
     "rnn_hidden_size": ("rnn_seq2seq",),
@@ -85,7 +86,8 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
 # transformer's and must keep its default in an rnn_seq2seq config.
 RNN_FIELDS = ("architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "dropout", "tie_embeddings",
               "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
-              "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio", "extra")
+              "forced_eos_token_id", "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding",
+              "teacher_forcing_ratio", "extra")
 
 
 class ConfigError(TformerError):
@@ -131,6 +133,8 @@ class ModelConfig:
     of ``num_layers`` blocks that cross-attend to its output; one token table for source, target and
     (``tie_embeddings``) output, a joint vocabulary; generation starts the decoder at
     ``decoder_start_token_id`` (default: ``bos_token_id``, else ``pad_token_id`` as Marian);
+    ``forced_eos_token_id`` (any text family; Marian's, BART's) makes generation end a sequence that reaches
+    its length limit with this token, as Hugging Face's ``ForcedEOSTokenLogitsProcessor`` does;
     ``lm_head_bias`` adds a learned per-token bias to the logits (Marian's ``final_logits_bias``);
     ``scale_decoder_output`` multiplies the decoder's last hidden states by d_model^-0.5 before the
     output layer (T5 with a tied output).
@@ -197,6 +201,7 @@ class ModelConfig:
     initializer_range: float = 0.02
     num_encoder_layers: int | None = None
     decoder_start_token_id: int | None = None
+    forced_eos_token_id: int | None = None  # generation's default: the last token a length limit allows is this
     lm_head_bias: bool = False
     scale_decoder_output: bool = False
     rnn_cell: str = "gru"
@@ -360,7 +365,7 @@ class ModelConfig:
         if self.input_feeding and self.rnn_attention == "bahdanau":
             raise ConfigError("input_feeding=True is Luong's (rnn_attention='luong_dot' or 'luong_general'); "
                               "Bahdanau's decoder already reads the context at every step")
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
                 raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size})")

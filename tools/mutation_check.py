@@ -56,10 +56,10 @@ MUTATIONS = (
         "one-token sequences of different lengths attend to the padding slots of the shorter ones",
     ),
     Mutation(
-        "translation-source-padding-attended", "tformer/models/encoder_decoder.py",
+        "translation-source-padding-attended", "tformer/models/base.py",
         '"encoder_attention_mask": mask})\n',
         '"encoder_attention_mask": torch.ones_like(mask)})\n',
-        ("tests/test_encoder_decoder.py",),
+        ("tests/test_encoder_decoder.py", "tests/test_rnn_seq2seq.py"),
         "the decoder cross-attends to the padding of a shorter source in a batch",
     ),
     Mutation(
@@ -261,6 +261,13 @@ MUTATIONS = (
         "keep = torch.rand(token.shape[0], device=token.device) >= teacher_forcing_ratio",
         ("tests/test_rnn_seq2seq.py",),
         "teacher forcing below 1 reads the true token where it should read the model's own prediction",
+    ),
+    Mutation(
+        "forced-eos-one-step-early", "tformer/generation/sampling.py",
+        "elif not consecutive and last == 0:",
+        "elif not consecutive and last == 1:",
+        ("tests/test_interop_marian.py",),
+        "Marian's forced end token put one step before the length limit instead of at it",
     ),
     Mutation(
         "unigram-ties-go-to-the-later-cut", "tformer/tokenizers/unigram.py",

@@ -41,8 +41,13 @@ def beam_search(
     eos_count = 0 if run.stop.eos_ids is None else run.stop.eos_ids.numel()
     keep = max(2, 1 + eos_count) * num_beams  # candidates considered per prompt
     in_top_beams = torch.arange(keep, device=device) < num_beams  # (K,)
+    # A prompt whose search is over leaves the batch, so later steps compute only the others (not when
+    # every step's scores are returned for every row).
+    retire = run.scores is None
+    prompts = torch.arange(batch, device=device)  # each active prompt's index in the batch
+    results = _Results(batch, num_beams, max_length, run.pad_id, device)
 
-    # Running beams and finished hypotheses, per prompt: sequences (B, nb, max_length), scores (B, nb).
+    # Running beams and finished hypotheses, per active prompt: sequences (A, nb, max_length), scores (A, nb).
     running = torch.full((batch, num_beams, max_length), run.pad_id, dtype=torch.long, device=device)
     running[:, :, :prompt_length] = run.sequences[:, None, :prompt_length]
     running_scores = torch.zeros(batch, num_beams, device=device)
@@ -52,26 +57,26 @@ def beam_search(
     finished_lengths = torch.zeros(batch, num_beams, dtype=torch.long, device=device)
     is_finished = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
     can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
-    row_offsets = torch.arange(batch, device=device)[:, None] * num_beams
 
     session.reorder(torch.arange(batch, device=device).repeat_interleave(num_beams))
-    logits = logits.repeat_interleave(num_beams, dim=0)  # (B * nb, V)
+    logits = logits.repeat_interleave(num_beams, dim=0)  # (A * nb, V)
     for length in range(prompt_length, max_length):
+        active = prompts.shape[0]
         log_probs = run.chooser.scores(torch.log_softmax(logits.float(), dim=-1), length - prompt_length)
         if run.scores is not None:
             run.scores.append(log_probs)
-        totals = (log_probs.view(batch, num_beams, vocab) + running_scores[:, :, None]).view(batch, -1)
-        top_scores, top_indices = torch.topk(totals, keep)  # (B, K)
+        totals = (log_probs.view(active, num_beams, vocab) + running_scores[:, :, None]).view(active, -1)
+        top_scores, top_indices = torch.topk(totals, keep)  # (A, K)
         parents, tokens = top_indices // vocab, top_indices % vocab
         candidates = _gather(running, parents)
         candidates[:, :, length] = tokens
-        ends = run.stop.hits(candidates.view(batch * keep, max_length), length + 1).view(batch, keep)
+        ends = run.stop.hits(candidates.view(active * keep, max_length), length + 1).view(active, keep)
         if length + 1 >= max_length:
             ends = torch.ones_like(ends)
 
         # The best unfinished candidates run on.
         running_candidate_scores = top_scores + ends.float() * EXCLUDED
-        chosen = torch.topk(running_candidate_scores, num_beams).indices  # (B, nb)
+        chosen = torch.topk(running_candidate_scores, num_beams).indices  # (A, nb)
         running = _gather(candidates, chosen)
         running_scores = _gather(running_candidate_scores, chosen)
         beam_parents = _gather(parents, chosen)
@@ -95,14 +100,45 @@ def beam_search(
             running_scores, finished_scores, is_finished, length + 1 - prompt_length, run.max_new_tokens,
             length_penalty, early_stopping,
         )
-        if not bool(can_improve.any()) or bool(ends.all()) or (early_stopping is True and bool(is_finished.all())):
+        # A prompt is over when no running beam can beat its finished ones (or, with early_stopping=True,
+        # when it has num_beams finished): nothing it holds changes after that.
+        over = ~can_improve[:, 0]
+        if early_stopping is True:
+            over = over | is_finished.all(-1)
+        if bool(over.all()) or bool(ends.all()):
             break
-        session.reorder((beam_parents + row_offsets).flatten())
+        rows = (beam_parents + torch.arange(active, device=device)[:, None] * num_beams).flatten()
+        same_source = True  # each beam continues a beam of its own prompt
+        if retire and bool(over.any()):
+            same_source = False
+            results.store(prompts[over], finished[over], finished_scores[over], finished_lengths[over])
+            staying = (~over).nonzero().squeeze(1)
+            rows = rows.view(active, num_beams)[staying].flatten()
+            prompts, running, running_scores, can_improve = (
+                prompts[staying], running[staying], running_scores[staying], can_improve[staying])
+            finished, finished_scores = finished[staying], finished_scores[staying]
+            finished_lengths, is_finished = finished_lengths[staying], is_finished[staying]
+        session.reorder(rows, same_source)
         logits = session.extend(running[:, :, length].reshape(-1, 1), last_only=True)[:, -1]
 
-    sequences = finished[:, :num_return_sequences].reshape(batch * num_return_sequences, max_length)
-    generated = int(finished_lengths[:, :num_return_sequences].max())
-    return sequences[:, : prompt_length + generated], finished_scores[:, :num_return_sequences].flatten()
+    results.store(prompts, finished, finished_scores, finished_lengths)
+    sequences = results.sequences[:, :num_return_sequences].reshape(batch * num_return_sequences, max_length)
+    generated = int(results.lengths[:, :num_return_sequences].max())
+    return sequences[:, : prompt_length + generated], results.scores[:, :num_return_sequences].flatten()
+
+
+class _Results:
+    """Each prompt's finished hypotheses (sequences, scores, generated lengths), stored when its search ends."""
+
+    def __init__(self, batch: int, num_beams: int, max_length: int, pad_id: int, device: torch.device) -> None:
+        self.sequences = torch.full((batch, num_beams, max_length), pad_id, dtype=torch.long, device=device)
+        self.scores = torch.full((batch, num_beams), EXCLUDED, device=device)
+        self.lengths = torch.zeros(batch, num_beams, dtype=torch.long, device=device)
+
+    def store(self, prompts: Tensor, sequences: Tensor, scores: Tensor, lengths: Tensor) -> None:
+        self.sequences[prompts] = sequences
+        self.scores[prompts] = scores
+        self.lengths[prompts] = lengths
 
 
 def _gather(tensor: Tensor, indices: Tensor) -> Tensor:

@@ -186,7 +186,7 @@ class _Generation:
             max_new_tokens=config.max_new_tokens,
             chooser=TokenChooser(config.sampling, float(config.temperature), config.top_k,
                                  None if config.top_p is None else float(config.top_p), eos_ids,
-                                 config.min_new_tokens),
+                                 config.min_new_tokens, config.forced_end_id(model.config), config.max_new_tokens),
             stop=StopRule(eos_ids, config.stop_strings, tokenizer, prompt_length),
             pad_id=pad_id,
             generator=generator,

@@ -37,6 +37,8 @@ class TokenChooser:
     top_p: float | None = None
     eos_ids: Tensor | None = None  # (E,) ids that end a sequence
     min_new_tokens: int = 0
+    forced_eos_id: int | None = None  # the only token allowed as the last of max_new_tokens
+    max_new_tokens: int | None = None
 
     def scores(self, logits: Tensor, generated: int, consecutive: bool = False) -> Tensor:
         """Processed float scores (B, V) for the token after ``generated`` new ones: logits with
@@ -46,6 +48,13 @@ class TokenChooser:
         ``consecutive``: the rows are successive positions of one sequence, row i coming after
         ``generated + i`` new tokens (speculative decoding's verification)."""
         scores = logits.float()
+        if self.forced_eos_id is not None and self.max_new_tokens is not None:
+            last = self.max_new_tokens - 1 - generated  # the row that chooses the last token allowed
+            if consecutive and 0 <= last < scores.shape[0]:
+                scores = torch.cat([scores[:last], _only(scores[last:last + 1], self.forced_eos_id),
+                                    scores[last + 1:]])
+            elif not consecutive and last == 0:
+                scores = _only(scores, self.forced_eos_id)
         if generated < self.min_new_tokens and self.eos_ids is not None:
             early = self.min_new_tokens - generated if consecutive else scores.shape[0]
             forbidden = scores[:early].index_fill(-1, self.eos_ids, float("-inf"))
@@ -66,3 +75,10 @@ class TokenChooser:
             return scores.argmax(dim=-1)
         return torch.multinomial(scores.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
+
+def _only(scores: Tensor, token_id: int) -> Tensor:
+    """Scores (R, V) that allow ``token_id`` alone: 0 for it, -inf for every other token (Hugging Face's
+    forced end)."""
+    forced = torch.full_like(scores, float("-inf"))
+    forced[:, token_id] = 0.0
+    return forced

@@ -59,8 +59,10 @@ class Session(Protocol):
     def truncate(self, length: int) -> None:
         """Forget every token after the first ``length``."""
 
-    def reorder(self, rows: Tensor) -> None:
-        """Keep the rows named by ``rows`` (B',), in that order, repeating as asked."""
+    def reorder(self, rows: Tensor, same_source: bool = False) -> None:
+        """Keep the rows named by ``rows`` (B',), in that order, repeating as asked. ``same_source``:
+        every row is taken from a row with the same source (beams of one sentence), so what is held
+        per source (an encoder's output and cross-attention keys) may stay as it is."""
 
 
 GROWTH_CHUNK = 1024  # new tokens a growing session holds room for at first
@@ -179,18 +181,22 @@ class ModelSession:
         for cache in self._caches():
             cache.length = length
 
-    def reorder(self, rows: Tensor) -> None:
+    def reorder(self, rows: Tensor, same_source: bool = False) -> None:
         """Keep the rows named by ``rows`` (B',), in that order, repeating as asked (beam search):
-        self- and cross-attention caches, step inputs and the row layout alike."""
+        self- and cross-attention caches, step inputs and the row layout alike; with ``same_source``
+        and the batch keeping its size, the cross-attention caches and step inputs (the same for
+        every row of a source) are left as they are."""
+        keeps_sources = same_source and rows.shape[0] == self.batch_size
         self.batch_size = rows.shape[0]
         for cache in self._caches():
             _reorder_filled(cache, rows)
         if self.cache is not None and not isinstance(self.cache, list):
             self.cache.reorder(rows)  # a model's own state (a recurrent one)
-        for layer in self._layers():
-            if layer.cross_attention is not None:
-                layer.cross_attention.reorder(rows)
-        self.step_inputs = {name: value.index_select(0, rows) for name, value in self.step_inputs.items()}
+        if not keeps_sources:
+            for layer in self._layers():
+                if layer.cross_attention is not None:
+                    layer.cross_attention.reorder(rows)
+            self.step_inputs = {name: value.index_select(0, rows) for name, value in self.step_inputs.items()}
         self.attend = self.attend.index_select(0, rows)
         if self.tokens is not None:
             self.tokens = self.tokens.index_select(0, rows)
@@ -265,8 +271,8 @@ class DecoderSession(ModelSession):
         if self.fast is not None:
             self._lay_out()
 
-    def reorder(self, rows: Tensor) -> None:
-        super().reorder(rows)
+    def reorder(self, rows: Tensor, same_source: bool = False) -> None:
+        super().reorder(rows, same_source)
         if self.positions is not None:
             self.positions = self.positions.index_select(0, rows)
         if self.padding_mask is not None:

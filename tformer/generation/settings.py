@@ -36,6 +36,8 @@ class GenerationConfig:
 
     max_new_tokens: int = 32
     min_new_tokens: int = 0  # end ids are forbidden before this many new tokens
+    forced_eos_token_id: int | bool | None = None  # the last token a row may have; None: the model config's,
+    # False: none
     do_sample: bool | None = None  # None: sample when temperature != 1, top_k or top_p say so
     temperature: float = 1.0  # 0 = greedy
     top_k: int | None = None
@@ -78,6 +80,16 @@ class GenerationConfig:
         value = model_config.eos_token_id if self.eos_token_id is None else self.eos_token_id
         return _token_ids("eos_token_id", value, model_config.vocab_size)
 
+    def forced_end_id(self, model_config) -> int | None:
+        """The token a row that reaches ``max_new_tokens`` must end with (the option, else the model config's
+        ``forced_eos_token_id``), or None."""
+        value = getattr(model_config, "forced_eos_token_id", None) if self.forced_eos_token_id is None \
+            else self.forced_eos_token_id
+        if value is False or value is None:
+            return None
+        (forced_id,) = _token_ids("forced_eos_token_id", value, model_config.vocab_size)
+        return forced_id
+
     def pad_id(self, model_config) -> int:
         """The id finished rows are filled with: the option, the config's, else the first end id, else 0."""
         value = self.pad_token_id
@@ -93,6 +105,10 @@ class GenerationConfig:
     def _check(self) -> None:
         _require_int("max_new_tokens", self.max_new_tokens, 0)
         _require_int("min_new_tokens", self.min_new_tokens, 0)
+        forced = self.forced_eos_token_id
+        if forced is not None and forced is not False and (isinstance(forced, bool) or not isinstance(forced, int)):
+            raise GenerationError(f"forced_eos_token_id={forced!r} must be a token id, None (the model config's) "
+                                  "or False (none)")
         if self.min_new_tokens > self.max_new_tokens:
             raise GenerationError(f"min_new_tokens={self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}")
         if self.do_sample is not None and not isinstance(self.do_sample, bool):

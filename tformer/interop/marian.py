@@ -67,7 +67,7 @@ class MarianFamily(Family):
         "num_kv_heads", "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional",
         "sinusoidal_layout", "dropout", "attention_dropout", "bias", "norm_bias", "attention_bias",
         "feedforward_bias", "tie_embeddings", "scale_embeddings", "lm_head_bias", "initializer_range",
-        "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+        "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id",
     })
 
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
@@ -106,6 +106,8 @@ class MarianFamily(Family):
             lm_head_bias=True,
             initializer_range=hf_field(raw, "init_std", 0.02),
             decoder_start_token_id=hf_field(raw, "decoder_start_token_id", 58100),
+            # null means none here (hf_field would read it as absent); MarianConfig's default is 0
+            forced_eos_token_id=raw["forced_eos_token_id"] if "forced_eos_token_id" in raw else 0,
             **special,
         )
 
@@ -135,7 +137,7 @@ class MarianFamily(Family):
             "pad_token_id": config.pad_token_id,
             "bos_token_id": config.bos_token_id,
             "eos_token_id": config.eos_token_id,
-            "forced_eos_token_id": config.eos_token_id,
+            "forced_eos_token_id": config.forced_eos_token_id,
             "decoder_start_token_id": config.decoder_start_token_id,
         }
 

@@ -264,13 +264,16 @@ class PrecompiledNormalizer(Normalizer):
         self._graphemes[grapheme] = result
         return result
 
+    @staticmethod
+    def _one_character_graphemes(text: str) -> bool:
+        """Whether every character is a grapheme of its own (ASCII but CR LF): the fast path."""
+        return text.isascii() and "\r\n" not in text
+
     def _pieces(self, text: str) -> list[str]:
-        if text.isascii() and "\r\n" not in text:  # every ASCII character is a grapheme of its own
-            return list(text)
-        return _GRAPHEMES.findall(text)
+        return list(text) if self._one_character_graphemes(text) else _GRAPHEMES.findall(text)
 
     def __call__(self, text: str) -> str:
-        if text.isascii() and "\r\n" not in text:
+        if self._one_character_graphemes(text):
             return text.translate(self._ascii)
         return "".join(self._grapheme(grapheme)[0] for grapheme in _GRAPHEMES.findall(text))
 

@@ -16,7 +16,7 @@ from tformer.tokenizers.base import Tokenizer
 from tformer.tokenizers.bpe import CACHE_LIMIT
 from tformer.tokenizers.encoding import Offset
 from tformer.tokenizers.errors import TokenizerError
-from tformer.tokenizers.normalizers import Alignment, Normalizer
+from tformer.tokenizers.normalizers import Alignment, NoNormalizer, Normalizer
 from tformer.tokenizers.post_processor import Template
 from tformer.tokenizers.pre_tokenizers import WhitespaceSplitPreTokenizer
 
@@ -124,7 +124,7 @@ class UnigramTokenizer(Tokenizer):
         self._unknown_score = min(score for _, score in self._pieces) - UNKNOWN_PENALTY
         self._longest = max(len(piece) for piece, _ in self._pieces)
         self.metaspace = metaspace if metaspace is not None else Metaspace()
-        self.normalizer = normalizer
+        self.normalizer = normalizer if normalizer is not None else NoNormalizer()
         self._cache: dict[str, list[int]] = {}
         super().__init__(added_tokens, roles, template)
 
@@ -146,10 +146,10 @@ class UnigramTokenizer(Tokenizer):
     # ---- the model ------------------------------------------------------------------------------
 
     def _normalize(self, text: str) -> str:
-        return text if self.normalizer is None else self.normalizer(text)
+        return self.normalizer(text)
 
     def _normalize_aligned(self, text: str) -> tuple[str, Alignment]:
-        return (text, None) if self.normalizer is None else self.normalizer.normalize_aligned(text)
+        return self.normalizer.normalize_aligned(text)
 
     def _clear_cache(self) -> None:
         self._cache.clear()
@@ -225,7 +225,7 @@ class UnigramTokenizer(Tokenizer):
 
     def _json_parts(self) -> dict[str, Any]:
         return {
-            "normalizer": None if self.normalizer is None else self.normalizer.to_json(),
+            "normalizer": self.normalizer.to_json(),
             "pre_tokenizer": self.metaspace.pre_tokenizer_json(),
             "decoder": self.metaspace.decoder_json(),
             "model": {"type": "Unigram", "unk_id": self._unk_id, "vocab": [list(entry) for entry in self._pieces],

@@ -168,7 +168,7 @@ FINE_TUNING = {
     "wnut17": ("wnut17.toml", ("eval_f1", "eval_precision", "eval_recall")),
     "squad": ("squad.toml", ("eval_exact_match", "eval_f1")),
 }
-HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type")
+HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type", "pooling")
 
 
 def fine_tune(out: Path, task: str, start: str, steps: int | None = None, threads: int | None = None) -> dict:
@@ -235,7 +235,7 @@ def save_results(out: Path, stage: str, figures: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=["corpus", "pretrain", "baseline", "finetune", "report", "all"])
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "pretraining-helps")
+    parser.add_argument("--out", type=lambda text: Path(text).resolve(), default=ROOT / "runs" / "pretraining-helps")
     parser.add_argument("--pretrain-steps", type=int, help="override the recipe's max_steps")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted pretraining run")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",

@@ -198,6 +198,19 @@ def test_token_types_are_checked():
         tiny()(batch()["input_ids"], token_type_ids=torch.full((3, 9), 2))
 
 
+def test_mean_pooling_reads_the_tokens_that_are_not_padding():
+    model = tiny("sequence_classification", pooling="mean")
+    inputs = batch()
+    output = model(**inputs, output_hidden_states=True)
+    mask = inputs["attention_mask"][:, :, None].float()
+    mean = (output.last_hidden_state * mask).sum(1) / mask.sum(1)  # (B, D)
+    torch.testing.assert_close(output.pooled, torch.tanh(model.pooler.dense(mean)))
+    alone = model(**{name: tensor[2:, :3] for name, tensor in inputs.items()})  # row 2 without its padding
+    torch.testing.assert_close(output.logits[2:], alone.logits, atol=1e-5, rtol=0)
+    first = tiny("sequence_classification")  # the same weights, BERT's first-token pooling
+    assert not torch.allclose(first(**inputs).logits, output.logits)
+
+
 # ---- config ---------------------------------------------------------------------------------------
 
 
@@ -211,6 +224,8 @@ def test_token_types_are_checked():
      "label_names=['a', 'b'] must be 3 distinct names (num_labels=3)"),
     ({"position_offset": 2, "pad_token_id": None}, "position_offset=2 needs pad_token_id"),
     ({"head": "masked_lm", "pooler_input_dropout": True}, "pooler_input_dropout=True needs a head that reads"),
+    ({"head": "token_classification", "pooling": "mean"}, "pooling='mean' needs a head that reads the pooler"),
+    ({"head": "sequence_classification", "pooling": "max"}, "pooling='max' is not one of cls, mean"),
 ])
 def test_bad_encoder_config_names_the_field(fields, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
@@ -253,6 +268,21 @@ def test_fine_tuning_load_reports_dropped_and_new_weights(tmp_path):
     for name, tensor in model.state_dict().items():
         if not name.startswith("classifier."):
             assert torch.equal(tensor, state[name]), name
+
+
+def test_fine_tuning_load_chooses_the_pooling_and_a_head_without_a_pooler_drops_it(tmp_path):
+    pretrained = tiny("masked_lm")
+    pretrained.save(tmp_path / "mlm")
+    with pytest.warns(UserWarning, match="newly initialised: classifier"):
+        model = tformer.load(tmp_path / "mlm", head="sequence_classification", pooling="mean")
+    assert model.config.pooling == "mean"
+    backbone = model.stack.blocks[0].attention.qkv_proj.weight
+    assert torch.equal(backbone, pretrained.stack.blocks[0].attention.qkv_proj.weight)
+    model.save(tmp_path / "sst")
+    assert tformer.load(tmp_path / "sst").config.pooling == "mean"
+    with pytest.warns(UserWarning):
+        tagger = tformer.load(tmp_path / "sst", head="token_classification")
+    assert tagger.config.pooling == "cls" and tagger.pooler is None
 
 
 def test_fine_tuning_load_with_the_same_head_warns_nothing(tmp_path, recwarn):

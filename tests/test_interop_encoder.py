@@ -374,6 +374,7 @@ def test_features_tformer_lacks_are_refused_in_one_line(tmp_path, class_name, ch
     ({"positional": "rope"}, "as bert: positional='rope' (needs 'learned')"),
     ({"head": "pretraining", "pad_token_id": 1, "position_offset": 2},
      "as roberta: head='pretraining' (needs None or 'masked_lm' or"),
+    ({"head": "sequence_classification", "pooling": "mean"}, "as bert: pooling='mean'"),
 ])
 def test_encoders_without_a_hugging_face_equivalent_are_refused(tmp_path, overrides, reason):
     model = build_model("bert-tiny", vocab_size=VOCAB, max_seq_len=40, **overrides)

@@ -73,11 +73,17 @@ def test_bad_vision_config_names_the_field(fields, message):
     assert message in str(error.value)
 
 
-@pytest.mark.parametrize("field", [{"image_size": 32}, {"patch_size": 8}, {"num_channels": 1}, {"pooling": "mean"}])
+@pytest.mark.parametrize("field", [{"image_size": 32}, {"patch_size": 8}, {"num_channels": 1}])
 def test_vision_fields_are_refused_by_the_text_families(field):
     name = next(iter(field))
     with pytest.raises(ConfigError, match=f"{name}=.* is a field of the vision family; architecture='decoder'"):
         ModelConfig(**field)
+
+
+def test_pooling_is_refused_by_the_decoder():
+    with pytest.raises(ConfigError, match="pooling='mean' is a field of the encoder, vision families; "
+                                          "architecture='decoder'"):
+        ModelConfig(pooling="mean")
 
 
 def test_vision_model_bytes_count_patches_not_a_vocabulary():

@@ -69,7 +69,7 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "image_size": ("vision",),
     "patch_size": ("vision",),
     "num_channels": ("vision",),
-    "pooling": ("vision",),
+    "pooling": ("encoder", "vision"),
     "sinusoidal_layout": ("decoder", "encoder", "encoder_decoder"),
     "lm_head_bias": ("encoder_decoder",),  # a per-token bias on the output logits (Marian's final_logits_bias)
     "scale_decoder_output": ("encoder_decoder",),  # T5: the decoder's states x d_model^-0.5 before the output
@@ -115,7 +115,9 @@ class ModelConfig:
     one label, cross-entropy for integer labels, binary cross-entropy per label for float labels);
     ``position_offset`` > 0 numbers positions as RoBERTa: tokens other than ``pad_token_id`` from
     ``position_offset`` on, padding tokens at ``position_offset - 1``; ``pooler_input_dropout``
-    applies dropout to the first token's vector before the pooler (RoBERTa's classification head).
+    applies dropout to the first token's vector before the pooler (RoBERTa's classification head);
+    ``pooling`` the vector the pooler reads (``POOLINGS``: the first token's, BERT's, or the mean of
+    the tokens that are not padding; Hugging Face's classes have the first only).
 
     Vision fields (``architecture="vision"``, a Vision Transformer): square images of ``image_size``
     pixels with ``num_channels`` channels, cut into ``patch_size`` x ``patch_size`` patches (the size
@@ -387,6 +389,11 @@ class ModelConfig:
         if offset and (self.pad_token_id is None or self.positional not in ("learned", "sinusoidal")):
             raise ConfigError(f"position_offset={offset} needs pad_token_id (what counts as padding) and a "
                               f"position table (positional='learned' or 'sinusoidal')")
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"pooling={self.pooling!r} is not one of {', '.join(POOLINGS)}")
+        if self.pooling != "cls" and head not in POOLED_HEADS:
+            raise ConfigError(f"pooling={self.pooling!r} needs a head that reads the pooler "
+                              f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
         if self.pooler_input_dropout and head not in POOLED_HEADS:
             raise ConfigError(f"pooler_input_dropout=True needs a head that reads the pooler "
                               f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
@@ -620,12 +627,12 @@ PRESETS: dict[str, ModelConfig] = {
 
 def replace_head(
     config: ModelConfig, head: str | None, num_labels: int | None = None, label_names: tuple[str, ...] | None = None,
-    problem_type: str | None = None, **layout: Any,
+    problem_type: str | None = None, pooling: str | None = None, **layout: Any,
 ) -> ModelConfig:
     """``config`` with a new head (an encoder's or a vision model's), for fine-tuning: what the old
     head's fields said is kept only where it still applies (the same head and number of labels);
-    ``num_labels`` defaults to the number of ``label_names``, else 2. ``layout``: fields a family
-    fixes for the head."""
+    ``num_labels`` defaults to the number of ``label_names``, else 2; ``pooling`` to the config's where
+    the new head reads a pooled vector, else ``"cls"``. ``layout``: fields a family fixes for the head."""
     if label_names is not None:
         label_names = tuple(label_names)
         num_labels = len(label_names) if num_labels is None else num_labels
@@ -637,9 +644,11 @@ def replace_head(
     if problem_type is None and same_head:
         problem_type = config.problem_type
     pooler_input_dropout = config.pooler_input_dropout and head in POOLED_HEADS
+    if pooling is None:
+        pooling = config.pooling if config.architecture == "vision" or head in POOLED_HEADS else "cls"
     return config.replace(**{
         "head": head, "num_labels": num_labels, "label_names": label_names, "problem_type": problem_type,
-        "pooler_input_dropout": pooler_input_dropout, **layout,
+        "pooler_input_dropout": pooler_input_dropout, "pooling": pooling, **layout,
     })
 
 

@@ -36,27 +36,28 @@ def load(
     num_labels: int | None = None,
     label_names: Sequence[str] | None = None,
     problem_type: str | None = None,
+    pooling: str | None = None,
 ) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
     ``model_type``) into a model in eval mode, with its tokenizer attached when it has one (a vision
     model: its image processor, from preprocessor_config.json).
 
     Fine-tuning an encoder or a vision model: ``head`` (one of ``config.ENCODER_HEADS`` or
-    ``config.VISION_HEADS``, None for the bare model), ``num_labels``, ``label_names`` or
-    ``problem_type`` (encoders) give the model a new head: the backbone loads exactly, head weights
-    the folder holds in the right shape load too, the others are initialised afresh, and the folder's
-    weights the new model does not use are dropped. One warning lists the newly initialised tensors
-    (tformer's names) and the dropped ones (the folder's names), as does a load that drops another
-    head's weights (a Hugging Face BertForMaskedLM file with NSP weights).
+    ``config.VISION_HEADS``, None for the bare model), ``num_labels``, ``label_names``,
+    ``problem_type`` (encoders) or ``pooling`` (``config.POOLINGS``) give the model a new head: the
+    backbone loads exactly, head weights the folder holds in the right shape load too, the others are
+    initialised afresh, and the folder's weights the new model does not use are dropped. One warning
+    lists the newly initialised tensors (tformer's names) and the dropped ones (the folder's names), as
+    does a load that drops another head's weights (a Hugging Face BertForMaskedLM file with NSP weights).
     """
     folder = Path(path)
     raw = read_config(folder)
-    new_head = head is not _KEEP or num_labels is not None or label_names is not None or problem_type is not None
+    new_head = head is not _KEEP or any(value is not None for value in (num_labels, label_names, problem_type, pooling))
     if is_hf_config(raw):
         family, config = hf_config(folder, raw)
         saved_labels = config.label_names
         if new_head:
-            config = _with_head(config, head, num_labels, label_names, problem_type, family.head_layout)
+            config = _with_head(config, head, num_labels, label_names, problem_type, pooling, family.head_layout)
         model = _build(config, folder)
         changes = load_hf_weights(model, family, folder, new_head=new_head)
         model.tokenizer = attached_tokenizer(folder)
@@ -64,7 +65,7 @@ def load(
         config = config_from_checkpoint(raw)
         saved_labels = config.label_names
         if new_head:
-            config = _with_head(config, head, num_labels, label_names, problem_type, lambda _: {})
+            config = _with_head(config, head, num_labels, label_names, problem_type, pooling, lambda _: {})
         model = _build(config, folder)
         changes = load_weights(model, folder, new_head=new_head)
         model.tokenizer = load_attached_tokenizer(folder)
@@ -113,12 +114,12 @@ def _build(config: ModelConfig, folder: Path) -> Model:
     return model_class(config)(config)
 
 
-def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type, layout) -> ModelConfig:
+def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type, pooling, layout) -> ModelConfig:
     if config.architecture not in ("encoder", "vision"):
-        raise ConfigError(f"head, num_labels, label_names and problem_type choose an encoder's or a vision "
+        raise ConfigError(f"head, num_labels, label_names, problem_type and pooling choose an encoder's or a vision "
                           f"model's head; this checkpoint is architecture={config.architecture!r}")
     head = config.head if head is _KEEP else head
-    return replace_head(config, head, num_labels, label_names, problem_type, **layout(head))
+    return replace_head(config, head, num_labels, label_names, problem_type, pooling, **layout(head))
 
 
 def save(model: Model, path: str | Path, format: str = "tformer") -> Path:

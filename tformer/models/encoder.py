@@ -32,8 +32,8 @@ HEAD_LABELS = {
 @register("encoder")
 class EncoderModel(Model):
     """Token (+ segment) embedding -> bidirectional TransformerStack (learned positions, embedding
-    norm, post-norm blocks as BERT) -> the tanh pooler on the first token ([CLS]) where the head reads
-    it -> the head named by ``config.head``:
+    norm, post-norm blocks as BERT) -> the tanh pooler where the head reads it, on the first token
+    ([CLS]) or with ``config.pooling="mean"`` the mean of the tokens -> the head named by ``config.head``:
 
     - ``masked_lm``: ``mlm_head`` (dense, activation, norm, decoder tied to the token table, bias)
     - ``next_sentence``: ``nsp_head`` (2 classes) on the pooled output
@@ -128,7 +128,7 @@ class EncoderModel(Model):
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         hidden = stack.hidden  # (B, T, D)
-        pooled = self.pooler(hidden) if self.pooler is not None else None  # (B, D)
+        pooled = self.pooler(self._pooler_input(hidden, attention_mask)) if self.pooler is not None else None  # (B, D)
         output = EncoderOutput(
             logits=hidden, attentions=stack.attentions, hidden_states=stack.hidden_states,
             last_hidden_state=hidden, pooled=pooled,
@@ -169,6 +169,17 @@ class EncoderModel(Model):
             if start_positions is not None and end_positions is not None:
                 output.loss = span_loss(output.start_logits, output.end_logits, start_positions, end_positions)
         return output
+
+
+    def _pooler_input(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """(B, T, D) -> (B, D): the first token's vector ([CLS], ``pooling="cls"``, BERT's), or the mean
+        of the tokens that are not padding (``pooling="mean"``)."""
+        if self.config.pooling == "cls":
+            return hidden[:, 0]
+        if attention_mask is None:
+            return hidden.mean(dim=1)
+        weights = attention_mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
 def _check_label_arguments(head: str | None, given: list[str]) -> None:

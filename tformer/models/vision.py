@@ -94,7 +94,7 @@ class VisionModel(Model):
         )
         pooled = hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1:].mean(dim=1)  # (B, D)
         if self.pooler is not None:
-            output.pooled = self.pooler(pooled[:, None])  # the pooler reads the first (here: only) vector
+            output.pooled = self.pooler(pooled)
         if self.classifier is not None:
             output.logits = self.classifier(pooled)  # (B, L)
             if labels is not None:

@@ -35,13 +35,14 @@ class MaskedLMHead(nn.Module):
 
 
 class Pooler(nn.Module):
-    """BERT's pooler: tanh(dense(first token's hidden state)), (B, T, D) -> (B, D). With
-    ``input_dropout`` > 0 the first token's vector is dropped out first (RoBERTa's classification head)."""
+    """BERT's pooler: tanh(dense(vector)), (B, D) -> (B, D); the model picks the vector (the first
+    token's, or a mean). With ``input_dropout`` > 0 the vector is dropped out first (RoBERTa's
+    classification head)."""
 
     def __init__(self, d_model: int, input_dropout: float = 0.0) -> None:
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(input_dropout) if input_dropout > 0 else nn.Identity()
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        return torch.tanh(self.dense(self.dropout(hidden[:, 0])))
+    def forward(self, vector: Tensor) -> Tensor:
+        return torch.tanh(self.dense(self.dropout(vector)))

@@ -34,7 +34,7 @@ from tformer.training.tasks.registry import TaskConfig, check_data_options
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
                              "task": TaskConfig}
 PATH_KEYS = ("train", "eval", "tokenizer")  # [data] keys that name files
-HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type")  # what [model] may set beside init_from
+HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type", "pooling")  # what [model] may set beside init_from
 
 
 class RecipeError(TformerError):

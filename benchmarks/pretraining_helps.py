@@ -42,7 +42,7 @@ from tformer.data.conll import read_conll  # noqa: E402
 from tformer.data.lm import unigram_cross_entropy  # noqa: E402
 from tformer.data.squad import read_squad  # noqa: E402
 from tformer.tokenizers import load as load_tokenizer  # noqa: E402
-from tformer.training.recipe import load_recipe, recipe_from_dict  # noqa: E402
+from tformer.training.recipe import HEAD_KEYS, INIT_FROM_KEYS, load_recipe, recipe_from_dict  # noqa: E402
 from tformer.training.run import train_recipe  # noqa: E402
 from tformer.training.tasks.mlm import split_documents, text_documents  # noqa: E402
 
@@ -168,14 +168,14 @@ FINE_TUNING = {
     "wnut17": ("wnut17.toml", ("eval_f1", "eval_precision", "eval_recall")),
     "squad": ("squad.toml", ("eval_exact_match", "eval_f1")),
 }
-HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type", "pooling")
 
 
 def fine_tune(out: Path, task: str, start: str, steps: int | None = None, threads: int | None = None) -> dict:
     """One fine-tuning run: ``start`` is "pretrained" (init_from OUT/pretrain) or "scratch" (the
-    pretrained run's architecture, every [model] setting of its resolved recipe, from random
-    initialisation with the same tokenizer, recipe and seed). ``steps``: fewer steps than
-    the recipe's (the warmup and the evaluations scaled alike), for a shorter run. ``threads``: the
+    pretrained run's architecture, every [model] setting of its resolved recipe with the fine-tuning
+    recipe's head and dropout settings, from random initialisation with the same tokenizer, recipe and
+    seed). ``steps``: fewer steps than the recipe's (the warmup and the evaluations scaled alike), for a
+    shorter run. ``threads``: the
     run's CPU threads instead of the recipe's (two one-thread runs side by side share two cores with
     less waiting than one two-thread run beside other work)."""
     recipe_file = ROOT / "configs" / FINE_TUNING[task][0]
@@ -194,7 +194,7 @@ def fine_tune(out: Path, task: str, start: str, steps: int | None = None, thread
     else:
         pretrained = tomllib.loads((out / "pretrain" / "recipe.toml").read_text(encoding="utf-8"))
         raw["model"] = {**{key: value for key, value in pretrained["model"].items() if key not in HEAD_KEYS},
-                        **{key: value for key, value in raw["model"].items() if key in HEAD_KEYS}}
+                        **{key: value for key, value in raw["model"].items() if key in INIT_FROM_KEYS}}
         raw["data"]["tokenizer"] = pretrained["data"]["tokenizer"]
     recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
     run_folder = out / f"{task}-{start}"

@@ -285,6 +285,19 @@ def test_fine_tuning_load_chooses_the_pooling_and_a_head_without_a_pooler_drops_
     assert tagger.config.pooling == "cls" and tagger.pooler is None
 
 
+def test_a_load_may_change_the_dropout_rates_and_nothing_else_of_the_backbone(tmp_path):
+    tiny("sequence_classification", dropout=0.0, attention_dropout=0.0).save(tmp_path)
+    plain, dropped = tformer.load(tmp_path), tformer.load(tmp_path, dropout=0.1, attention_dropout=0.2)
+    assert (dropped.config.dropout, dropped.config.attention_dropout) == (0.1, 0.2)
+    assert dropped.config == plain.config.replace(dropout=0.1, attention_dropout=0.2)
+    inputs = batch()
+    assert torch.equal(dropped(**inputs).logits, plain(**inputs).logits)  # eval mode: the same function
+    torch.manual_seed(0)
+    assert not torch.allclose(dropped.train()(**inputs).logits, plain.train()(**inputs).logits)
+    with pytest.raises(ConfigError, match="dropout=1.5"):
+        tformer.load(tmp_path, dropout=1.5)
+
+
 def test_fine_tuning_load_with_the_same_head_warns_nothing(tmp_path, recwarn):
     tiny("sequence_classification").save(tmp_path)
     tformer.load(tmp_path, head="sequence_classification")

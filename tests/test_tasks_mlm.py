@@ -176,7 +176,7 @@ def test_a_recipe_pretrains_and_a_second_fine_tunes_from_its_folder(tmp_path):
     (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(
         f"{' '.join(document[:1])}\t{'yes' if index % 2 else 'no'}\n" for index, document in
         enumerate(documents(20))), encoding="utf-8")
-    raw = {"model": {"init_from": "pretrained", "head": "sequence_classification"},
+    raw = {"model": {"init_from": "pretrained", "head": "sequence_classification", "pooling": "mean", "dropout": 0.0},
            "data": {"train": "train.tsv", "eval_fraction": 0.25}, "task": {"name": "classification"},
            "training": {"max_steps": 2, "batch_size": 4, "seq_len": 32, "eval_every": 2, "threads": 1}}
     lines: list[str] = []
@@ -186,13 +186,16 @@ def test_a_recipe_pretrains_and_a_second_fine_tunes_from_its_folder(tmp_path):
                "not used: mlm_head" in line for line in lines)
     model = tformer.load(tmp_path / "classifier")
     assert model.config.label_names == ("no", "yes") and model.config.num_labels == 2
+    assert (model.config.pooling, model.config.dropout) == ("mean", 0.0)
     backbone = tformer.load(tmp_path / "pretrained")
+    assert (backbone.config.pooling, backbone.config.dropout) == ("cls", 0.1)
     assert not torch.equal(model.embedding.token.weight, backbone.embedding.token.weight)  # it trained
     written = (tmp_path / "classifier" / "recipe.toml").read_text()
     assert "init_from" in written and "d_model" not in written
     again = load_recipe(tmp_path / "classifier" / "recipe.toml")
     assert again.init_from == str((tmp_path / "pretrained").resolve())
-    assert again.head["label_names"] == ["no", "yes"]
+    assert again.init_settings == {"head": "sequence_classification", "pooling": "mean", "dropout": 0.0,
+                                   "label_names": ["no", "yes"], "num_labels": 2}
 
 
 def test_init_from_takes_only_head_settings(tmp_path):

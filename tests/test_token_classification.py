@@ -273,6 +273,7 @@ def test_the_wnut17_recipe_is_valid_and_names_the_shared_data(tmp_path):
     require(WNUT_TRAIN, WNUT_TEST)
     tformer.build_model("bert-tiny", head="masked_lm", vocab_size=64).save(tmp_path / "mlm")
     recipe = load_recipe(RECIPES / "wnut17.toml", [f"model.init_from={tmp_path / 'mlm'}"])
-    assert recipe.task.name == "token_classification" and recipe.head == {"head": "token_classification"}
+    assert recipe.task.name == "token_classification"
+    assert recipe.init_settings == {"head": "token_classification", "dropout": 0.1, "attention_dropout": 0.1}
     assert Path(recipe.data.train).samefile(WNUT_TRAIN) and Path(recipe.data.eval).samefile(WNUT_TEST)
     assert recipe.training.eval_batches == 0 and recipe.training.seq_len == 128

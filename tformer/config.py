@@ -35,6 +35,9 @@ PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "r
 VISION_HEADS = ("image_classification",)
 # The vector a vision model's head reads: the class token's, or the mean of the patch tokens'.
 POOLINGS = ("cls", "mean")
+# Fields a fine-tuning load may change in a pretrained model's config: they shape no weight (dropout off
+# for a short pretraining, BERT's 0.1 for fine-tuning).
+REGULARISATION_FIELDS = ("dropout", "attention_dropout")
 # Positions over the patch grid: a learned table, or fixed 2D sine-cosine.
 VISION_POSITIONALS = ("learned", "sinusoidal")
 

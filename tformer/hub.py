@@ -37,6 +37,8 @@ def load(
     label_names: Sequence[str] | None = None,
     problem_type: str | None = None,
     pooling: str | None = None,
+    dropout: float | None = None,
+    attention_dropout: float | None = None,
 ) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
     ``model_type``) into a model in eval mode, with its tokenizer attached when it has one (a vision
@@ -49,7 +51,12 @@ def load(
     initialised afresh, and the folder's weights the new model does not use are dropped. One warning
     lists the newly initialised tensors (tformer's names) and the dropped ones (the folder's names), as
     does a load that drops another head's weights (a Hugging Face BertForMaskedLM file with NSP weights).
+
+    ``dropout`` and ``attention_dropout`` replace the folder's rates (any family: they shape no weight),
+    e.g. to fine-tune with dropout a model pretrained without it.
     """
+    regularisation = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
+                      if value is not None}
     folder = Path(path)
     raw = read_config(folder)
     new_head = head is not _KEEP or any(value is not None for value in (num_labels, label_names, problem_type, pooling))
@@ -58,7 +65,7 @@ def load(
         saved_labels = config.label_names
         if new_head:
             config = _with_head(config, head, num_labels, label_names, problem_type, pooling, family.head_layout)
-        model = _build(config, folder)
+        model = _build(config.replace(**regularisation), folder)
         changes = load_hf_weights(model, family, folder, new_head=new_head)
         model.tokenizer = attached_tokenizer(folder)
     else:
@@ -66,7 +73,7 @@ def load(
         saved_labels = config.label_names
         if new_head:
             config = _with_head(config, head, num_labels, label_names, problem_type, pooling, lambda _: {})
-        model = _build(config, folder)
+        model = _build(config.replace(**regularisation), folder)
         changes = load_weights(model, folder, new_head=new_head)
         model.tokenizer = load_attached_tokenizer(folder)
     if config.architecture == "vision":

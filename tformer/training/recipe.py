@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.checkpoint import CheckpointError
-from tformer.config import ConfigError, ModelConfig, resolve_config
+from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, resolve_config
 from tformer.data.sources import DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.hub import read_model_config
@@ -34,7 +34,8 @@ from tformer.training.tasks.registry import TaskConfig, check_data_options
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
                              "task": TaskConfig}
 PATH_KEYS = ("train", "eval", "tokenizer")  # [data] keys that name files
-HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type", "pooling")  # what [model] may set beside init_from
+HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type", "pooling")
+INIT_FROM_KEYS = HEAD_KEYS + REGULARISATION_FIELDS  # what [model] may set beside init_from
 
 
 class RecipeError(TformerError):
@@ -47,7 +48,8 @@ class Recipe:
     tokenizer is known unless the recipe set ``vocab_size`` (``vocab_size_given``).
 
     ``init_from``: a pretrained model folder to start from (fine-tuning); ``model`` is then that
-    folder's config, and ``head`` the head settings (``HEAD_KEYS``) the recipe gives it."""
+    folder's config, and ``init_settings`` what the recipe changes in it (``INIT_FROM_KEYS``: the head
+    settings, the dropout rates), arguments of ``tformer.load``."""
 
     model: ModelConfig
     data: DataConfig
@@ -56,12 +58,12 @@ class Recipe:
     source: str = "<recipe>"
     vocab_size_given: bool = False
     init_from: str | None = None
-    head: dict[str, Any] = dataclasses.field(default_factory=dict)
+    init_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def declared_label_names(self) -> tuple[str, ...] | None:
         """The label names the recipe declares (the data's labels must be among them), or None."""
-        names = self.head.get("label_names") if self.init_from else self.model.label_names
+        names = self.init_settings.get("label_names") if self.init_from else self.model.label_names
         return tuple(names) if names else None
 
     def with_label_names(self, label_names: tuple[str, ...] | None) -> Recipe:
@@ -69,8 +71,8 @@ class Recipe:
         if not label_names or self.declared_label_names:
             return self
         if self.init_from:
-            return dataclasses.replace(self, head={**self.head, "label_names": list(label_names),
-                                                   "num_labels": len(label_names)})
+            return dataclasses.replace(self, init_settings={**self.init_settings, "label_names": list(label_names),
+                                                            "num_labels": len(label_names)})
         model = _build(lambda section, key: self.source, "model", lambda: dataclasses.replace(
             self.model, label_names=tuple(label_names), num_labels=len(label_names)))
         return dataclasses.replace(self, model=model)
@@ -100,7 +102,7 @@ class Recipe:
             lines.append(f"[{section}]")
             values = dataclasses.asdict(getattr(self, section))
             if section == "model" and self.init_from:
-                values = {"init_from": self.init_from, **self.head}
+                values = {"init_from": self.init_from, **self.init_settings}
             for key, value in values.items():
                 if value is None or value == {}:
                     continue
@@ -161,10 +163,10 @@ def recipe_from_dict(
             raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from={init_from!r} must be a model folder")
         root = Path.cwd() if ("model", "init_from") in from_command_line else base_dir
         init_from = str((root / Path(init_from).expanduser()).resolve())
-        others = [key for key in model_values if key not in HEAD_KEYS] + (["preset"] if preset else [])
+        others = [key for key in model_values if key not in INIT_FROM_KEYS] + (["preset"] if preset else [])
         if others:
             raise RecipeError(f"{origin('model', others[0])}: [model] {others[0]} cannot be set with init_from (the "
-                              f"folder's config is the model's); beside it only {', '.join(HEAD_KEYS)}")
+                              f"folder's config is the model's); beside it only {', '.join(INIT_FROM_KEYS)}")
     _check_keys(origin, "model", model_values, extra_allowed=("preset",))
     _check_keys(origin, "data", data_values)
     _check_keys(origin, "training", training_values)
@@ -181,7 +183,7 @@ def recipe_from_dict(
             data_values[key] = str((root / Path(value).expanduser()).resolve())
 
     vocab_size_given = "vocab_size" in model_values or init_from is not None
-    head = dict(model_values) if init_from is not None else {}
+    init_settings = dict(model_values) if init_from is not None else {}
 
     def make_model() -> ModelConfig:
         if init_from is not None:
@@ -211,7 +213,7 @@ def recipe_from_dict(
     if training.seq_len is None:
         training = dataclasses.replace(training, seq_len=model.max_seq_len)
     return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given,
-                  init_from=init_from, head=head)
+                  init_from=init_from, init_settings=init_settings)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

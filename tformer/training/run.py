@@ -83,10 +83,11 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
 
 
 def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
-    """The model of ``recipe.init_from`` with the recipe's head (the new head's weights listed in a warning)."""
+    """The model of ``recipe.init_from`` with the recipe's head and dropout (the new head's weights listed in a
+    warning)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = load(recipe.init_from, **recipe.head)
+        model = load(recipe.init_from, **recipe.init_settings)
     for warning in caught:
         say(f"init_from  {warning.message}")
     return model.train()

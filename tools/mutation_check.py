@@ -297,6 +297,20 @@ MUTATIONS = (
         ("tests/test_tokenizers_unigram.py",),
         "the mark put before a word points one character early, so token offsets start too soon",
     ),
+    Mutation(
+        "mean-pooling-counts-padding", "tformer/models/encoder.py",
+        "        weights = attention_mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)",
+        "        weights = torch.ones_like(attention_mask, dtype=hidden.dtype)[:, :, None]  # (B, T, 1)",
+        ("tests/test_encoder.py::test_mean_pooling_reads_the_tokens_that_are_not_padding",),
+        "pooling='mean' averages the padding too, so a sentence's label depends on its batch",
+    ),
+    Mutation(
+        "fine-tuning-load-keeps-the-folders-dropout", "tformer/hub.py",
+        "        model = _build(config.replace(**regularisation), folder)\n        changes = load_weights(",
+        "        model = _build(config, folder)\n        changes = load_weights(",
+        ("tests/test_encoder.py::test_a_load_may_change_the_dropout_rates_and_nothing_else_of_the_backbone",),
+        "tformer.load(dropout=0.1) silently fine-tunes without dropout",
+    ),
 
 )
 

@@ -177,9 +177,8 @@ def fine_tune(out: Path, task: str, start: str, steps: int | None = None, thread
     pretrained run's architecture, every [model] setting of its resolved recipe with the fine-tuning
     recipe's head and dropout settings, from random initialisation with the same tokenizer, recipe and
     seed). ``steps``: fewer steps than the recipe's (the warmup and the evaluations scaled alike), for a
-    shorter run. ``threads``: the
-    run's CPU threads instead of the recipe's (two one-thread runs side by side share two cores with
-    less waiting than one two-thread run beside other work)."""
+    shorter run. ``threads``: the run's CPU threads instead of the recipe's (two one-thread runs side by
+    side share two cores with less waiting than one two-thread run beside other work)."""
     recipe_file = ROOT / "configs" / FINE_TUNING[task][0]
     raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
     recipe_steps = raw["training"]["max_steps"]

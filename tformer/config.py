@@ -265,6 +265,7 @@ class ModelConfig:
             ("attention_kernel", ATTENTION_KERNELS),
             ("rnn_cell", RNN_CELLS),
             ("rnn_attention", RNN_ATTENTIONS),
+            ("pooling", POOLINGS),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -392,8 +393,6 @@ class ModelConfig:
         if offset and (self.pad_token_id is None or self.positional not in ("learned", "sinusoidal")):
             raise ConfigError(f"position_offset={offset} needs pad_token_id (what counts as padding) and a "
                               f"position table (positional='learned' or 'sinusoidal')")
-        if self.pooling not in POOLINGS:
-            raise ConfigError(f"pooling={self.pooling!r} is not one of {', '.join(POOLINGS)}")
         if self.pooling != "cls" and head not in POOLED_HEADS:
             raise ConfigError(f"pooling={self.pooling!r} needs a head that reads the pooler "
                               f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
@@ -432,8 +431,6 @@ class ModelConfig:
         if self.positional == "sinusoidal" and self.d_model % 4:
             raise ConfigError(f"d_model={self.d_model} must be a multiple of 4 for positional='sinusoidal' "
                               "(2D: a sine and a cosine for the row and for the column)")
-        if self.pooling not in POOLINGS:
-            raise ConfigError(f"pooling={self.pooling!r} is not one of {', '.join(POOLINGS)}")
         for name in ("image_size", "patch_size", "num_channels"):
             _require_positive_int(name, getattr(self, name))
         if self.image_size % self.patch_size:

@@ -20,7 +20,7 @@ from tformer.checkpoint import (
     load_weights,
     read_config,
 )
-from tformer.config import ConfigError, ModelConfig, replace_head
+from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, replace_head
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.memory import model_bytes, require_memory
 from tformer.models import Model, model_class
@@ -55,8 +55,8 @@ def load(
     ``dropout`` and ``attention_dropout`` replace the folder's rates (any family: they shape no weight),
     e.g. to fine-tune with dropout a model pretrained without it.
     """
-    regularisation = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
-                      if value is not None}
+    regularisation = {name: value for name, value in zip(REGULARISATION_FIELDS, (dropout, attention_dropout),
+                                                         strict=True) if value is not None}
     folder = Path(path)
     raw = read_config(folder)
     new_head = head is not _KEEP or any(value is not None for value in (num_labels, label_names, problem_type, pooling))

@@ -170,7 +170,6 @@ class EncoderModel(Model):
                 output.loss = span_loss(output.start_logits, output.end_logits, start_positions, end_positions)
         return output
 
-
     def _pooler_input(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
         """(B, T, D) -> (B, D): the first token's vector ([CLS], ``pooling="cls"``, BERT's), or the mean
         of the tokens that are not padding (``pooling="mean"``)."""

@@ -25,6 +25,7 @@ import argparse
 import fcntl
 import gzip
 import json
+import random
 import re
 import shutil
 import sys
@@ -79,14 +80,18 @@ def chunks(lines: list[str], size: int) -> list[list[str]]:
     return [lines[start : start + size] for start in range(0, len(lines), size)]
 
 
-def build_corpus(out: Path) -> dict:
-    """Write OUT/corpus.txt (documents between blank lines); return each source's line count."""
+def build_corpus(out: Path, sst2_passes: int = 1) -> dict:
+    """Write OUT/corpus.txt (documents between blank lines); return each source's line count.
+
+    ``sst2_passes`` > 1 writes the SST-2 training phrases that many times (each further pass in a new
+    shuffled order, so the packed rows differ) and moves Multi30k after them, so that the pretraining's
+    held-out tail (its last 5% of lines) holds none of the repeated phrases. Three passes (with
+    whole-word masking) left SST-2 dev accuracy lower, not higher: see docs/encoders.md."""
     sources: dict[str, list[list[str]]] = {}
     shakespeare = "\n".join(read_lines(DATA / "tinyshakespeare" / "input.txt.gz"))
     sources["tinyshakespeare"] = [block.splitlines() for block in shakespeare.split("\n\n") if block.strip()]
     sources["wikitext-2 valid+test"] = (wikitext_documents(DATA / "wikitext-2" / "valid.txt.gz")
                                         + wikitext_documents(DATA / "wikitext-2" / "test.txt.gz"))
-    sources["multi30k train.en"] = chunks([line for line in read_lines(DATA / "multi30k" / "train.en.gz") if line], 50)
     squad_train, _ = read_squad(DATA / "squad-v1.1" / "dev-v1.1.json.gz").split_articles(SQUAD_TRAIN_ARTICLES)
     contexts: dict[int, list[str]] = {}
     for example in squad_train.examples:
@@ -98,7 +103,16 @@ def build_corpus(out: Path) -> dict:
                 read_classification(DATA / "sst2" / "sentence-level" / split, columns=["label", "sentence"]).examples}
     phrases = [example.text.strip() for example in read_classification(DATA / "sst2" / "train.tsv.gz").examples]
     overlap = sum(phrase.lower() in held_out for phrase in phrases)
-    sources["sst-2 train phrases"] = chunks([phrase for phrase in phrases if phrase.lower() not in held_out], 50)
+    kept = [phrase for phrase in phrases if phrase.lower() not in held_out]
+    shuffler = random.Random(0)
+    passes = [kept] + [shuffler.sample(kept, len(kept)) for _ in range(sst2_passes - 1)]
+    sources["sst-2 train phrases" + (f" ({sst2_passes} passes)" if sst2_passes > 1 else "")] = [
+        document for order in passes for document in chunks(order, 50)]
+    multi30k = chunks([line for line in read_lines(DATA / "multi30k" / "train.en.gz") if line], 50)
+    if sst2_passes == 1:  # the corpus of the documented runs: Multi30k after WikiText
+        sources = {**dict(list(sources.items())[:2]), "multi30k train.en": multi30k, **dict(list(sources.items())[2:])}
+    else:
+        sources["multi30k train.en"] = multi30k
     wnut = read_conll(DATA / "wnut17" / "wnut17train.conll")
     sources["wnut-17 train"] = chunks([" ".join(sentence.tokens) for sentence in wnut.sentences], 50)
 
@@ -172,13 +186,15 @@ FINE_TUNING = {
 }
 
 
-def fine_tune(out: Path, task: str, start: str, steps: int | None = None, threads: int | None = None) -> dict:
+def fine_tune(out: Path, task: str, start: str, steps: int | None = None, threads: int | None = None,
+              settings: tuple[str, ...] = ()) -> dict:
     """One fine-tuning run: ``start`` is "pretrained" (init_from OUT/pretrain) or "scratch" (the
     pretrained run's architecture, every [model] setting of its resolved recipe with the fine-tuning
     recipe's head and dropout settings, from random initialisation with the same tokenizer, recipe and
     seed). ``steps``: fewer steps than the recipe's (the warmup and the evaluations scaled alike), for a
     shorter run. ``threads``: the run's CPU threads instead of the recipe's (two one-thread runs side by
-    side share two cores with less waiting than one two-thread run beside other work)."""
+    side share two cores with less waiting than one two-thread run beside other work). ``settings``:
+    ``--set``-style overrides of the fine-tuning recipe, the same for both starts."""
     recipe_file = ROOT / "configs" / FINE_TUNING[task][0]
     raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
     recipe_steps = raw["training"]["max_steps"]
@@ -197,7 +213,7 @@ def fine_tune(out: Path, task: str, start: str, steps: int | None = None, thread
         raw["model"] = {**{key: value for key, value in pretrained["model"].items() if key not in HEAD_KEYS},
                         **{key: value for key, value in raw["model"].items() if key in INIT_FROM_KEYS}}
         raw["data"]["tokenizer"] = pretrained["data"]["tokenizer"]
-    recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
+    recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent, overrides=settings)
     run_folder = out / f"{task}-{start}"
     if run_folder.exists():
         shutil.rmtree(run_folder)  # this script's own earlier run of the same recipe
@@ -237,6 +253,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=["corpus", "pretrain", "baseline", "finetune", "report", "all"])
     parser.add_argument("--out", type=lambda text: Path(text).resolve(), default=ROOT / "runs" / "pretraining-helps")
+    parser.add_argument("--sst2-passes", type=int, default=1,
+                        help="times the corpus holds the SST-2 training phrases (default: 1)")
     parser.add_argument("--pretrain-steps", type=int, help="override the recipe's max_steps")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted pretraining run")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
@@ -246,9 +264,11 @@ def main() -> int:
     parser.add_argument("--starts", nargs="+", choices=["pretrained", "scratch"], default=["pretrained", "scratch"])
     parser.add_argument("--steps", type=int, help="fine-tune for this many steps instead of each recipe's")
     parser.add_argument("--threads", type=int, help="fine-tune with this many CPU threads instead of each recipe's")
+    parser.add_argument("--finetune-set", dest="finetune_settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the fine-tuning recipes (as tformer train --set), both starts, repeatable")
     args = parser.parse_args()
     if args.stage in ("corpus", "all") or not (args.out / "corpus.txt").is_file():
-        save_results(args.out, "corpus", build_corpus(args.out))
+        save_results(args.out, "corpus", build_corpus(args.out, args.sst2_passes))
     if args.stage in ("pretrain", "all"):
         save_results(args.out, "pretrain", pretrain(args.out, args.pretrain_steps, args.resume, args.settings))
     if args.stage in ("baseline", "pretrain", "all"):
@@ -258,7 +278,8 @@ def main() -> int:
             raise SystemExit(f"{args.out / 'pretrain'}: no pretrained model yet (run the pretrain stage)")
         for task in args.tasks:
             for start in args.starts:
-                save_results(args.out, f"{task}-{start}", fine_tune(args.out, task, start, args.steps, args.threads))
+                save_results(args.out, f"{task}-{start}", fine_tune(args.out, task, start, args.steps, args.threads,
+                                                                      tuple(args.finetune_settings)))
     report(json.loads((args.out / "results.json").read_text()))
     return 0
 

@@ -17,9 +17,15 @@ Figures: tokens/s = tokens received / wall time of the run; TTFT = send to the f
 choice (``transformers serve`` sends one only once a token decodes to text, tformer serve one per
 token); per-token latency = (last chunk - first chunk) / (tokens - 1) per request; p50/p99 over the
 requests. (b) runs the 16-client list one request at a time in this process, timed through
-``generate``'s ``streamer`` callback. Cache: /metrics is read every --sample-every s during tformer
-serve's runs; blocks_in_use x block_size / tokens_stored over the samples taken while all N clients
-had a request in flight (target at 64 clients: <= 1.2).
+``generate``'s ``streamer`` callback. The engine row drives tformer serve's engine in this process with
+16 requests in flight and no HTTP: what its batching makes before HTTP and clients cost anything. The
+ceiling row runs the same list through ``generate`` in dense batches of 16 prompts of one length (no
+server, no paging, no mixed lengths): what tformer's decoder arithmetic gives a batch of 16 on this
+machine, above what a server at 16 clients can reach with it.
+Cache: /metrics is read every --sample-every s during tformer serve's runs; blocks_in_use x
+block_size / tokens_stored over the samples taken while all N clients had a request in flight (target
+at 64 clients: <= 1.2). CPU cores used: the server process's CPU time (every thread, read from /proc)
+and this process's (the clients) over the run's wall time; the machine's cores bound their sum.
 
 Prompts: ``transformers serve`` takes only text (a list of token ids is a 400) and tokenizes it
 itself, tformer serve gets the token ids: each prompt is a run of ids whose text encodes back to
@@ -46,6 +52,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import httpx2
@@ -65,7 +72,10 @@ from tformer.tokenizers.byte_level import BYTE_TO_CHAR  # noqa: E402
 
 PROMPT_LENGTHS = {"gpt-mini": (8, 120), "gpt2": (16, 240)}
 SYSTEMS = {"tformer": "(a) tformer serve", "generate": "(b) tformer.generate, 1 at a time",
-           "hf": "(c) transformers serve", "hf-cb": "(c) transformers serve --cb"}
+           "engine": "the engine alone, no HTTP", "static": "ceiling: generate, batches of 16",
+           "hf": "(c) transformers serve",
+           "hf-cb": "(c) transformers serve --cb"}
+STATIC_BATCH = 16
 GPT2_TOKENIZER = ROOT.parent / "shared" / "data" / "tokenizers" / "gpt2" / "encoder.json"
 WORDS = ("the of and to in is was for on that with as by at from his her it an are were which this be or "
          "had not but have one all they their time city river king house water light north music early "
@@ -177,6 +187,14 @@ class Server:
             lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
             raise Failed(f"exited with code {self.process.returncode}: {lines[-1] if lines else ''} (see {self.log})")
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the server process has used (all its threads), from /proc; None where there is none."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (AttributeError, OSError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
@@ -276,7 +294,7 @@ async def run_load(server: Server, bodies: list[tuple[dict, int]], clients: int,
             except (httpx2.HTTPError, ValueError) as error:
                 samples.append({"error": f"/metrics: {error}"})
 
-        started = time.perf_counter()
+        started, server_cpu, client_cpu = time.perf_counter(), server.cpu_seconds(), time.process_time()
         sampling = asyncio.create_task(sampler()) if sample_every else None
         try:
             async with asyncio.TaskGroup() as group:
@@ -289,7 +307,10 @@ async def run_load(server: Server, bodies: list[tuple[dict, int]], clients: int,
         finally:
             if sampling is not None:
                 sampling.cancel()
-        return {"results": results, "wall": time.perf_counter() - started, "samples": samples}
+        wall, server_used = time.perf_counter() - started, server.cpu_seconds()
+        cores = {"server_cores": (server_used - server_cpu) / wall if None not in (server_used, server_cpu) else None,
+                 "client_cores": (time.process_time() - client_cpu) / wall}
+        return {"results": results, "wall": wall, "samples": samples, **cores}
 
 
 def run_generate(folder: Path, prompts: list[Prompt], new_tokens: int) -> dict:
@@ -308,6 +329,57 @@ def run_generate(folder: Path, prompts: list[Prompt], new_tokens: int) -> dict:
             model, torch.tensor([p.ids]), new_tokens, eos_token_id=[], streamer=r), 1)
         results.append(Finished(arrivals[0][0] - started, arrivals[-1][0] - arrivals[0][0],
                                 sum(n for _, n in arrivals), len(prompt.ids), len(prompt.ids)))
+    return {"results": results, "wall": wall, "samples": []}
+
+
+def run_engine(folder: Path, prompts: list[Prompt], new_tokens: int, clients: int, cache_tokens: int) -> dict:
+    """tformer serve's engine driven in this process, ``clients`` requests in flight (a new one submitted as
+    one ends), no HTTP: what the server's continuous batching makes before any HTTP or client costs."""
+    from tformer.generation import GenerationConfig
+    from tformer.serving import Engine
+
+    model = tformer.load(folder)
+    engine = Engine(model, model.tokenizer, cache_tokens=cache_tokens, block_size=BLOCK_SIZE, max_running=clients)
+    engine.complete([prompts[0].ids], GenerationConfig(max_new_tokens=4, eos_token_id=()))  # warm up
+    config = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=())
+    waiting, in_flight, results = list(prompts), [], []
+
+    def submit(prompt: Prompt) -> None:
+        arrivals: list[float] = []
+        request = engine.submit(prompt.ids, config, on_event=lambda event, a=arrivals: a.append(time.perf_counter()))
+        in_flight.append((request, prompt, time.perf_counter(), arrivals))
+
+    started = time.perf_counter()
+    while waiting or in_flight:
+        while waiting and len(in_flight) < clients:
+            submit(waiting.pop(0))
+        engine.step()
+        for entry in [entry for entry in in_flight if entry[0].done.is_set()]:
+            request, prompt, sent, arrivals = entry
+            in_flight.remove(entry)
+            results.append(Finished(arrivals[0] - sent, arrivals[-1] - arrivals[0], len(request.outputs()[0]),
+                                    len(prompt.ids), len(prompt.ids)))
+    return {"results": results, "wall": time.perf_counter() - started, "samples": []}
+
+
+def run_static_batch(folder: Path, prompts: list[Prompt], new_tokens: int) -> dict:
+    """The most a batch of 16 gets from this machine, with no server and no paging: ``tformer.generate``
+    on dense batches of STATIC_BATCH prompts of one length (each group's mean, its prompts' ids repeated
+    or cut to it), in this process. A server running the same decoder arithmetic meets mixed lengths and
+    HTTP besides."""
+    model = tformer.load(folder)
+    tformer.generate(model, torch.tensor([prompts[0].ids] * 2), 4, eos_token_id=[])  # warm up
+    results, wall = [], 0.0
+    for start in range(0, len(prompts) - STATIC_BATCH + 1, STATIC_BATCH):
+        group = prompts[start : start + STATIC_BATCH]
+        length = round(sum(len(p.ids) for p in group) / len(group))
+        batch = torch.tensor([(p.ids * -(-length // len(p.ids)))[:length] for p in group])
+        arrivals: list[float] = []
+        started = time.perf_counter()
+        wall += timed(lambda b=batch, a=arrivals: tformer.generate(
+            model, b, new_tokens, eos_token_id=[], streamer=lambda chunk: a.append(time.perf_counter())), 1)
+        results += [Finished(arrivals[0] - started, arrivals[-1] - arrivals[0], len(arrivals), length, length)
+                    for _ in group]
     return {"results": results, "wall": wall, "samples": []}
 
 
@@ -339,7 +411,8 @@ def summary(run: dict, new_tokens: int) -> dict:
             "ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
             "per_token_p50": percentile(per_token, 0.5), "per_token_p99": percentile(per_token, 0.99),
             "cache_ratio_worst": max(ratios, default=None), "cache_ratio_median": percentile(ratios, 0.5),
-            "cache_samples": len(ratios), "metrics_error": metrics_errors[0] if metrics_errors else None}
+            "cache_samples": len(ratios), "metrics_error": metrics_errors[0] if metrics_errors else None,
+            "server_cores": run.get("server_cores"), "client_cores": run.get("client_cores")}
 
 
 def print_table(name: str, rows: list[dict], new_tokens: int) -> None:
@@ -358,7 +431,9 @@ def print_table(name: str, rows: list[dict], new_tokens: int) -> None:
                  f"{row['prompt_token_mismatches']} prompts tokenized differently"
                  if row["prompt_token_mismatches"] else "",
                  f"cache held/stored {row['cache_ratio_median']:.3f} median, {row['cache_ratio_worst']:.3f} worst of "
-                 f"{row['cache_samples']} samples" if row["cache_samples"] else "", row["metrics_error"] or ""]
+                 f"{row['cache_samples']} samples" if row["cache_samples"] else "", row["metrics_error"] or "",
+                 f"CPU cores used: server {row['server_cores']:.2f}, clients {row['client_cores']:.2f}"
+                 if row.get("server_cores") is not None else ""]
         print(f"{head} {row['requests']:>8} {row['tokens_per_s']:>8.1f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>13} {ms[3]:>7}  "
               + "; ".join(note for note in notes if note))
 
@@ -378,7 +453,14 @@ def targets(rows: list[dict], clients: list[int]) -> dict:
         met = value is not None and (value >= goal if sign == ">=" else value <= goal)
         shown = "not measured" if value is None else f"{value:.2f}, {'met' if met else 'NOT met'}"
         print(f"target {key}: {shown} (goal {sign} {goal})")
-    return {key: value for key, (value, _, _) in found.items()}
+    figures = {key: value for key, (value, _, _) in found.items()}
+    static = speed.get((STATIC_BATCH, "static"))
+    ceilings = {"static_batch_vs_generate": static / generate if static and generate else None,
+                "static_batch_vs_best_hf": static / hf if static and hf else None}
+    for key, value in ceilings.items():
+        if value is not None:
+            print(f"ceiling {key}: {value:.2f} (dense batches of {STATIC_BATCH} equal prompts, no server)")
+    return {**figures, **ceilings}
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -396,12 +478,14 @@ def measure_model(name: str, args) -> dict:
     cache_tokens = max(args.clients) * blocks_for(lengths[1] + args.new_tokens, BLOCK_SIZE) * BLOCK_SIZE
     rows = []
     for system in args.servers:
-        if system == "generate":
+        if system in ("generate", "static", "engine"):
+            runner, clients = {"generate": (run_generate, 1), "static": (run_static_batch, STATIC_BATCH),
+                               "engine": (partial(run_engine, clients=16, cache_tokens=cache_tokens), 16)}[system]
             try:
-                run = run_generate(folder, prompts[:generate_count], args.new_tokens)
-                rows.append({"clients": 1, "system": system, **summary(run, args.new_tokens)})
+                run = runner(folder, prompts[:generate_count], args.new_tokens)
+                rows.append({"clients": clients, "system": system, **summary(run, args.new_tokens)})
             except Exception as error:  # reported, not fatal: the other systems still run
-                rows.append({"clients": 1, "system": system, "error": f"{type(error).__name__}: {error}"})
+                rows.append({"clients": clients, "system": system, "error": f"{type(error).__name__}: {error}"})
             continue
         server = server_for(system, folder, name, free_port(), args, cache_tokens)
         model_name = name if system == "tformer" else str(folder)

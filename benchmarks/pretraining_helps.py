@@ -137,9 +137,11 @@ def build_corpus(out: Path, sst2_passes: int = 1) -> dict:
 # leave it within a hundred steps. Pre-norm and no dropout are the short-budget choices of Geiping &
 # Goldstein's "Cramming" (2022). Both threads: the machine is kept quiet for the half hour. Steps: what
 # fits in 30 minutes at the ~4,100 tokens/s this machine ran on 2026-11-24 (1,650 steps in 1,667 s); the
-# same machine ran 1,740 tokens/s a day earlier (700 steps then): check tokens_per_s before trusting it.
+# same machine ran 1,740 tokens/s a day earlier (700 steps then). training.max_minutes=30 stops a slower
+# machine's run at the half hour (after that step, evaluated and saved), its schedule cut short.
 PRETRAIN_SETTINGS = ["model.positional=rope", "model.norm_position=pre", "model.dropout=0.0",
-                     "model.attention_dropout=0.0", "training.threads=2", "training.max_steps=1650"]
+                     "model.attention_dropout=0.0", "training.threads=2", "training.max_steps=1650",
+                     "training.max_minutes=30"]
 
 
 def pretrain(out: Path, steps: int | None, resume: bool, settings: list[str]) -> dict:

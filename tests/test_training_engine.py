@@ -144,6 +144,50 @@ def test_early_stopping_when_the_eval_metric_stops_improving():
     assert result.steps == 6 and result.best_step == 2
 
 
+class FakeClock:
+    """The trainer's clock, moved on by ``step_seconds`` inside every training step."""
+
+    def __init__(self, monkeypatch, step_seconds):
+        self.now, self.step_seconds = 0.0, step_seconds
+        monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: self.now))
+        real_step = Trainer.train_step
+
+        def train_step(trainer, **options):
+            self.now += self.step_seconds
+            return real_step(trainer, **options)
+
+        monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+def test_max_minutes_stops_the_run_evaluates_and_saves_and_counts_across_resumes(tmp_path, monkeypatch):
+    FakeClock(monkeypatch, step_seconds=2.5)
+    _, result = run(tmp_path, max_steps=100, eval_every=50, max_minutes=0.1)  # 6 s: spent during step 3
+    assert result.stopped == "time_limit" and result.steps == 3
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 3 and "eval_loss" in records[-1]  # evaluated where it stopped
+    state = json.loads((tmp_path / "checkpoints" / "step-00000003" / "trainer_state.json").read_text())
+    assert state["elapsed_seconds"] == 7.5
+    assert tformer.load(tmp_path).config.num_layers == tiny_model().config.num_layers  # the model is saved
+
+    def resumed(minutes):
+        trainer = Trainer(tiny_model(), config(max_steps=100, eval_every=50, max_minutes=minutes),
+                          LanguageModelling(TOKENS, TOKENS[:500]), out_dir=tmp_path, progress=False)
+        trainer.resume("auto")
+        return trainer.train()
+
+    again = resumed(0.1)  # the budget was spent before: no step
+    assert again.stopped == "time_limit" and again.steps == 3
+    longer = resumed(0.2)  # 12 s in all: 7.5 before, then 10 after step 4, 12.5 after step 5
+    assert longer.stopped == "time_limit" and longer.steps == 5
+
+
+def test_max_minutes_is_refused_when_negative_and_ignored_when_zero():
+    with pytest.raises(TrainingError, match=r"training.max_minutes=-1 must be a finite number >= 0"):
+        config(max_minutes=-1)
+    _, result = run(max_minutes=0)
+    assert result.stopped == "completed" and result.steps == 6
+
+
 class InjectNaN:
     """Make the training loss NaN on the given (1-based) forward calls."""
 

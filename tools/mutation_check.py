@@ -155,6 +155,13 @@ MUTATIONS = (
         "checkpoints/best tracks the worst evaluation",
     ),
     Mutation(
+        "time-budget-restarts-on-resume", "tformer/training/trainer.py",
+        "seconds_before, budget = self.elapsed_seconds, 60 * config.max_minutes",
+        "seconds_before, budget = 0.0, 60 * config.max_minutes",
+        ("tests/test_training_engine.py", "-k", "max_minutes"),
+        "a resumed run gets training.max_minutes afresh instead of what the budget has left",
+    ),
+    Mutation(
         "bf16-autocast-off", "tformer/training/trainer.py",
         "return torch.autocast(device_type=self.context.device.type, dtype=dtype)",
         "return torch.autocast(device_type=self.context.device.type, dtype=dtype, enabled=False)",

@@ -32,6 +32,7 @@ class TrainingConfig:
 
     # steps and batches
     max_steps: int = 1000
+    max_minutes: float = 0.0  # wall-clock budget of the run, resumes included; 0 = none (see Trainer)
     batch_size: int = 12
     seq_len: int | None = None  # defaults to the model's max_seq_len
     grad_accum_steps: int = 1
@@ -103,6 +104,7 @@ class TrainingConfig:
         _require_number("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
         _require_number("early_stopping_min_delta", self.early_stopping_min_delta, low=0.0)
         _require_number("dist_timeout_s", self.dist_timeout_s, low=0.0, low_open=True)
+        _require_number("max_minutes", self.max_minutes, low=0.0)
         if self.schedule in ("cosine", "linear") and self.min_lr > self.lr:
             raise TrainingError(f"training.min_lr={self.min_lr} must not exceed training.lr={self.lr}")
 

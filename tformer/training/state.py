@@ -26,7 +26,7 @@ from tformer.training.reporting import Reporter, truncate_metrics
 
 # The loop's counters a checkpoint holds, with their values at the start of a fresh run.
 FRESH_COUNTERS = {"step": 0, "data_position": 0, "best_value": None, "best_step": None,
-                  "evals_without_improvement": 0, "skipped_steps": 0}
+                  "evals_without_improvement": 0, "skipped_steps": 0, "elapsed_seconds": 0.0}
 
 
 class NonFiniteState(TrainingError):
@@ -143,7 +143,7 @@ class RunState:
             "best_value": counters["best_value"], "best_step": counters["best_step"],
             "best_metric": config.early_stopping_metric,
             "evals_without_improvement": counters["evals_without_improvement"],
-            "skipped_steps": counters["skipped_steps"],
+            "skipped_steps": counters["skipped_steps"], "elapsed_seconds": counters["elapsed_seconds"],
             "scheduler": {"schedule": config.schedule, "lr": config.lr, "min_lr": config.min_lr,
                           "warmup_steps": config.warmup_steps, "max_steps": config.max_steps, "next_lr": next_lr},
             "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),

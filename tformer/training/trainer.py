@@ -44,7 +44,7 @@ def native_bf16_matmul() -> bool:
 @dataclass
 class TrainingResult:
     """What a finished (or stopped) run reports. ``stopped``: completed, interrupted,
-    early_stopping. ``throughput``: ``unit`` per second of training (tokens, examples)."""
+    early_stopping, time_limit. ``throughput``: ``unit`` per second of training (tokens, examples)."""
 
     steps: int
     final_train_loss: float
@@ -81,6 +81,9 @@ class Trainer:
     process is refused). A fresh run needs an empty folder; ``overwrite`` moves what is there
     into ``OUT.replaced-N`` beside it (nothing is ever deleted); otherwise resume the run there.
     A run stopped by SIGINT/SIGTERM saves a checkpoint and raises ``TrainingInterrupted``.
+    With ``max_minutes`` the run stops after the first step that ends past that much wall-clock
+    time (counted across resumes, evaluations and checkpoints included), evaluates and saves
+    there, and reports ``stopped="time_limit"``; the schedule still spans ``max_steps``.
     """
 
     def __init__(self, model, config: TrainingConfig, task: Task, out_dir: str | Path | None = None,
@@ -97,6 +100,9 @@ class Trainer:
         if config.early_stopping_metric not in task.metrics:
             raise TrainingError(f"training.early_stopping_metric={config.early_stopping_metric!r} is not reported "
                                 f"by the {task.name} task; it reports {', '.join(task.metrics)}")
+        if config.max_minutes and self.context.is_distributed:
+            raise TrainingError("training.max_minutes needs a single process: each rank's clock would stop it at a "
+                                "different step (use max_steps under torchrun)")
         if config.precision == "fp16" and self.context.device.type != "cuda":
             raise TrainingError("training.precision='fp16' needs a CUDA device (loss scaling); on CPU use 'bf16'")
         if config.precision == "bf16" and self.context.device.type == "cpu" and not native_bf16_matmul():
@@ -134,6 +140,7 @@ class Trainer:
         self.best_step: int | None = None
         self.evals_without_improvement = 0
         self.skipped_steps = 0
+        self.elapsed_seconds = 0.0  # wall-clock time of the run's loop, resumes included (training.max_minutes)
         self.resumed_from: Path | None = None
         self.restart = False  # resume("auto") found an unfinished run without a usable checkpoint
         self.last_good_step = 0  # the newest state whose training step was finite (see _stop_nonfinite)
@@ -298,12 +305,19 @@ class Trainer:
         start_step = self.step
         loss, eval_loss, stopped, signal_name = math.nan, None, "completed", None
         last_saved = self.step if self.resumed_from is not None else None  # resumed: that step is on disk
+        seconds_before, budget = self.elapsed_seconds, 60 * config.max_minutes
         try:
             with StopRequest() as stop:
                 while self.step < config.max_steps and stopped == "completed":
+                    if budget and self.elapsed_seconds >= budget:  # a resumed run that had spent its time
+                        stopped = "time_limit"
+                        break
                     outcome = self._timed_step(stop.requested is not None, window, reporter)
                     loss = outcome.loss
-                    evaluate = self.step % config.eval_every == 0 or self.step == config.max_steps
+                    self.elapsed_seconds = seconds_before + time.perf_counter() - started
+                    out_of_time = bool(budget) and self.elapsed_seconds >= budget
+                    evaluate = (self.step % config.eval_every == 0 or self.step == config.max_steps
+                                or (out_of_time and self.step < config.max_steps))
                     if window.steps >= config.log_every or evaluate or outcome.stop_requested:
                         record = window.record(self.step, outcome)
                         if evaluate:
@@ -315,6 +329,10 @@ class Trainer:
                     reporter.advance(1, loss, outcome.lr, window.smoothed_rate)
                     if outcome.stop_requested:
                         stopped, signal_name = "interrupted", stop.requested
+                    elif out_of_time and stopped == "completed" and self.step < config.max_steps:
+                        stopped = "time_limit"
+                        reporter.message(f"step {self.step}: stopping: training.max_minutes={config.max_minutes:g} "
+                                         f"spent ({self.elapsed_seconds / 60:.1f} min)")
                     due = config.checkpoint_every and self.step % config.checkpoint_every == 0
                     if self.out_dir is not None and (due or stopped != "completed"):
                         self.save_checkpoint(reporter)

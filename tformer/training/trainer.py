@@ -332,7 +332,7 @@ class Trainer:
                     elif out_of_time and stopped == "completed" and self.step < config.max_steps:
                         stopped = "time_limit"
                         reporter.message(f"step {self.step}: stopping: training.max_minutes={config.max_minutes:g} "
-                                         f"spent ({self.elapsed_seconds / 60:.1f} min)")
+                                         f"spent ({self.elapsed_seconds:.0f} s)")
                     due = config.checkpoint_every and self.step % config.checkpoint_every == 0
                     if self.out_dir is not None and (due or stopped != "completed"):
                         self.save_checkpoint(reporter)

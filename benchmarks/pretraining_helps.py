@@ -94,6 +94,9 @@ def build_corpus(out: Path, sst2_passes: int = 1) -> dict:
     sources["tinyshakespeare"] = [block.splitlines() for block in shakespeare.split("\n\n") if block.strip()]
     sources["wikitext-2 valid+test"] = (wikitext_documents(DATA / "wikitext-2" / "valid.txt.gz")
                                         + wikitext_documents(DATA / "wikitext-2" / "test.txt.gz"))
+    multi30k = chunks([line for line in read_lines(DATA / "multi30k" / "train.en.gz") if line], 50)
+    if sst2_passes == 1:  # the corpus of the documented runs: Multi30k after WikiText
+        sources["multi30k train.en"] = multi30k
     squad_train, _ = read_squad(DATA / "squad-v1.1" / "dev-v1.1.json.gz").split_articles(SQUAD_TRAIN_ARTICLES)
     contexts: dict[int, list[str]] = {}
     for example in squad_train.examples:
@@ -110,10 +113,7 @@ def build_corpus(out: Path, sst2_passes: int = 1) -> dict:
     passes = [kept] + [shuffler.sample(kept, len(kept)) for _ in range(sst2_passes - 1)]
     sources["sst-2 train phrases" + (f" ({sst2_passes} passes)" if sst2_passes > 1 else "")] = [
         document for order in passes for document in chunks(order, 50)]
-    multi30k = chunks([line for line in read_lines(DATA / "multi30k" / "train.en.gz") if line], 50)
-    if sst2_passes == 1:  # the corpus of the documented runs: Multi30k after WikiText
-        sources = {**dict(list(sources.items())[:2]), "multi30k train.en": multi30k, **dict(list(sources.items())[2:])}
-    else:
+    if sst2_passes > 1:
         sources["multi30k train.en"] = multi30k
     wnut = read_conll(DATA / "wnut17" / "wnut17train.conll")
     sources["wnut-17 train"] = chunks([" ".join(sentence.tokens) for sentence in wnut.sentences], 50)

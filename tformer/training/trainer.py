@@ -306,18 +306,16 @@ class Trainer:
         loss, eval_loss, stopped, signal_name = math.nan, None, "completed", None
         last_saved = self.step if self.resumed_from is not None else None  # resumed: that step is on disk
         seconds_before, budget = self.elapsed_seconds, 60 * config.max_minutes
+        if budget and self.elapsed_seconds >= budget:  # a resumed run that had spent its time
+            stopped = "time_limit"
         try:
             with StopRequest() as stop:
                 while self.step < config.max_steps and stopped == "completed":
-                    if budget and self.elapsed_seconds >= budget:  # a resumed run that had spent its time
-                        stopped = "time_limit"
-                        break
                     outcome = self._timed_step(stop.requested is not None, window, reporter)
                     loss = outcome.loss
                     self.elapsed_seconds = seconds_before + time.perf_counter() - started
-                    out_of_time = bool(budget) and self.elapsed_seconds >= budget
-                    evaluate = (self.step % config.eval_every == 0 or self.step == config.max_steps
-                                or (out_of_time and self.step < config.max_steps))
+                    out_of_time = bool(budget) and self.elapsed_seconds >= budget and self.step < config.max_steps
+                    evaluate = self.step % config.eval_every == 0 or self.step == config.max_steps or out_of_time
                     if window.steps >= config.log_every or evaluate or outcome.stop_requested:
                         record = window.record(self.step, outcome)
                         if evaluate:
@@ -329,7 +327,7 @@ class Trainer:
                     reporter.advance(1, loss, outcome.lr, window.smoothed_rate)
                     if outcome.stop_requested:
                         stopped, signal_name = "interrupted", stop.requested
-                    elif out_of_time and stopped == "completed" and self.step < config.max_steps:
+                    elif out_of_time and stopped == "completed":
                         stopped = "time_limit"
                         reporter.message(f"step {self.step}: stopping: training.max_minutes={config.max_minutes:g} "
                                          f"spent ({self.elapsed_seconds:.0f} s)")

@@ -73,8 +73,7 @@ from tformer.tokenizers.byte_level import BYTE_TO_CHAR  # noqa: E402
 PROMPT_LENGTHS = {"gpt-mini": (8, 120), "gpt2": (16, 240)}
 SYSTEMS = {"tformer": "(a) tformer serve", "generate": "(b) tformer.generate, 1 at a time",
            "engine": "the engine alone, no HTTP", "static": "ceiling: generate, batches of 16",
-           "hf": "(c) transformers serve",
-           "hf-cb": "(c) transformers serve --cb"}
+           "hf": "(c) transformers serve", "hf-cb": "(c) transformers serve --cb"}
 STATIC_BATCH = 16
 GPT2_TOKENIZER = ROOT.parent / "shared" / "data" / "tokenizers" / "gpt2" / "encoder.json"
 WORDS = ("the of and to in is was for on that with as by at from his her it an are were which this be or "

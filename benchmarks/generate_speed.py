@@ -34,9 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speculative_pair import DEFAULT_DATA, SEQ_LEN, load_or_train_pair, read_text  # noqa: E402
+from tformer.generation.fast_decoder import fast_decoder_for  # noqa: E402
 
 import tformer  # noqa: E402
-from tformer.generation.fast_decoder import fast_decoder_for  # noqa: E402
 
 SHAPES = {
     "a": ("(a) GPT-2 124M: 12 x 768, V=50257", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257)),

@@ -1,4 +1,5 @@
-"""The reference and fused attention paths agree, and masks/caches behave."""
+"""The reference and fused attention paths agree, the one mask convention (AttentionMask) means the
+same to every kernel, and caches behave."""
 
 import itertools
 import math
@@ -7,12 +8,13 @@ import pytest
 import torch
 
 from tformer.nn.attention import (
+    KERNELS,
+    AttentionMask,
     KVCache,
     MultiHeadAttention,
     additive_mask,
     attention,
     attention_reference,
-    build_mask,
     causal_mask,
 )
 
@@ -31,15 +33,26 @@ def padding(lengths, total):
     return (torch.arange(total)[None, :] >= total - torch.tensor(lengths)[:, None]).long()  # left padding
 
 
+def dense(q_len=TQ, k_len=TK, **parts):
+    """The additive mask an AttentionMask of these parts gives the dense kernels."""
+    return AttentionMask(**parts).dense(q_len, k_len, torch.float32, torch.device("cpu"))[0]
+
+
+def random_bias(query_positions, key_positions):  # a position bias (B, H, Tq, Tk) that ignores its positions
+    generator = torch.Generator().manual_seed(3)
+    return torch.randn(B, 4, query_positions.shape[1], key_positions.shape[1], generator=generator)
+
+
+POSITIONS = dict(query_positions=torch.arange(TK - TQ, TK).expand(B, TQ), key_positions=torch.arange(TK).expand(B, TK))
 MASK_CASES = {
     "none": lambda: (None, False, TQ, TK),
     "causal-square": lambda: (None, True, TK, TK),
-    "causal-offset": lambda: (build_mask(TQ, TK, causal=True)[0], False, TQ, TK),
-    "padding": lambda: (build_mask(TQ, TK, causal=False, attention_mask=padding([7, 4], TK))[0], False, TQ, TK),
-    "causal+padding": lambda: (build_mask(TQ, TK, causal=True, attention_mask=padding([7, 5], TK))[0], False, TQ, TK),
+    "causal-offset": lambda: (dense(causal=True), False, TQ, TK),
+    "padding": lambda: (dense(key_padding=padding([7, 4], TK).bool()), False, TQ, TK),
+    "causal+padding": lambda: (dense(causal=True, key_padding=padding([7, 5], TK).bool()), False, TQ, TK),
     "bias": lambda: (torch.randn(1, 4, TQ, TK), False, TQ, TK),
     "bias+causal+padding": lambda: (
-        build_mask(TQ, TK, causal=True, attention_mask=padding([6, 7], TK), position_bias=torch.randn(B, 4, TQ, TK))[0],
+        dense(causal=True, key_padding=padding([6, 7], TK).bool(), position_bias=random_bias, **POSITIONS),
         False, TQ, TK,
     ),
 }
@@ -91,9 +104,34 @@ def test_need_weights_returns_the_reference_weights():
 
 def test_fully_masked_rows_stay_finite():
     q, k, v = qkv(tq=TK)
-    mask = build_mask(TK, TK, causal=True, attention_mask=padding([2, 7], TK))[0]
-    out, _ = attention(q, k, v, mask=mask)
+    out, _ = attention(q, k, v, mask=dense(TK, TK, causal=True, key_padding=padding([2, 7], TK).bool()))
     assert torch.isfinite(out).all()
+
+
+def test_what_the_dense_form_needs_and_skips():
+    assert AttentionMask(causal=True).dense(TK, TK, torch.float32, torch.device("cpu")) == (None, True)
+    assert AttentionMask(causal=True).dense(1, TK, torch.float32, torch.device("cpu")) == (None, False)  # sees all
+    assert AttentionMask().dense(TQ, TK, torch.float32, torch.device("cpu")) == (None, False)
+    mask = AttentionMask(causal=True, key_padding=padding([2, 7], TK).bool())
+    first = mask.dense(TQ, TK, torch.float32, torch.device("cpu"))[0]
+    assert mask.dense(TQ, TK, torch.float32, torch.device("cpu"))[0] is first  # built once, shared by every layer
+    # Left padding: query i of row 0 (two real keys, the last two) sees a key only from key 5 on.
+    empty = mask.empty_rows(TQ, TK)
+    assert empty[0, 0, :, 0].tolist() == [True, True, True, False, False]
+    assert not empty[1].any()
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_every_kernel_gives_zero_to_a_query_that_sees_no_key(kernel):
+    settings = {"sliding_window": {"attention_window": 3}}.get(kernel, {})
+    mha = MultiHeadAttention(16, num_heads=4, num_kv_heads=2, kernel=kernel, kernel_settings=settings).eval()
+    x = torch.randn(B, TK, 16)
+    mask = AttentionMask(causal=True, key_padding=padding([3, 7], TK).bool())
+    with torch.no_grad():
+        out, _ = mha(x, mask=mask)
+        values_only = mha.out_proj(torch.zeros(B, TK, 16))  # what attention output 0 becomes
+    torch.testing.assert_close(out[0, :4], values_only[0, :4])  # the four padding queries of row 0
+    assert (out[1] - values_only[1]).abs().amax() > 1e-3
 
 
 def test_is_causal_with_unequal_lengths_is_refused():
@@ -113,7 +151,7 @@ def test_cross_attention_and_masks():
     x, context = torch.randn(B, 3, 16), torch.randn(B, 6, 16)
     out, weights = mha(x, context=context, need_weights=True)
     assert out.shape == (B, 3, 16) and weights.shape == (B, 4, 3, 6)
-    mask = build_mask(3, 6, causal=False, attention_mask=padding([6, 2], 6))[0]
+    mask = AttentionMask(key_padding=padding([6, 2], 6).bool())
     _, weights = mha(x, context=context, mask=mask, need_weights=True)
     assert torch.all(weights[1, :, :, :4] == 0)
 
@@ -130,13 +168,13 @@ def test_kv_parameters_shrink_by_the_group_factor():
 def test_incremental_cache_equals_full_pass(kv_heads):
     mha = MultiHeadAttention(32, num_heads=4, num_kv_heads=kv_heads).eval()
     x = torch.randn(B, 9, 32)
-    full, _ = mha(x, is_causal=True)
+    causal = AttentionMask(causal=True)
+    full, _ = mha(x, mask=causal)
     cache = KVCache(B, kv_heads, 16, 8)
-    first, _ = mha(x[:, :4], is_causal=True, cache=cache)
+    first, _ = mha(x[:, :4], mask=causal, cache=cache)
     outputs = [first]
     for t in range(4, 9):
-        mask, _ = build_mask(1, t + 1, causal=True)
-        step, _ = mha(x[:, t : t + 1], mask=mask, cache=cache)
+        step, _ = mha(x[:, t : t + 1], mask=causal, cache=cache)
         outputs.append(step)
     assert relative_error(torch.cat(outputs, 1), full) <= 1e-5
     assert cache.length == 9

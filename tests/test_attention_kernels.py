@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import tformer
 from tformer import ModelConfig, build_model
 from tformer.checkpoint import CheckpointError
-from tformer.generation.fast_decoder import FastDecoder
+from tformer.generation import GenerationError, StackSession, open_session
 from tformer.interop import family_for_model_type
 from tformer.nn.attention import (
     MultiHeadAttention,
@@ -342,9 +342,14 @@ def test_sliding_window_weights_are_zero_outside_the_band():
 # ---- fail closed ---------------------------------------------------------------------------------
 
 
-def test_other_kernels_stay_off_the_fast_decoder():
-    model = build_model(tformer.PRESETS["gpt-nano"].replace(attention_kernel="chunked"))
-    assert "attention_kernel='chunked'" in FastDecoder.supports(model)
+@pytest.mark.parametrize("kernel", [{"attention_kernel": "reference"}, {"attention_kernel": "chunked"},
+                                    {"attention_kernel": "sliding_window", "attention_window": 4},
+                                    {"attention_kernel": "performer", "performer_features": 16}],
+                         ids=lambda kernel: kernel["attention_kernel"])
+def test_every_kernel_decodes_on_the_stack_path(kernel):
+    model = build_model(tformer.PRESETS["gpt-nano"].replace(**kernel)).eval()
+    session, _ = open_session(model, torch.randint(0, 64, (1, 5)), None, 4)
+    assert isinstance(session, StackSession)
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama"])
@@ -371,9 +376,9 @@ def test_hugging_face_export_takes_exact_kernels_and_refuses_a_window(tmp_path, 
 def test_module_refuses_dropout_and_a_window_it_cannot_use():
     with pytest.raises(ValueError, match="kernel='chunked' has no attention dropout"):
         MultiHeadAttention(16, 2, dropout=0.1, kernel="chunked")
-    with pytest.raises(ValueError, match="window"):
-        MultiHeadAttention(16, 2, kernel="chunked", window=3)
-    with pytest.raises(ValueError, match="kernel='flash' is not one of"):
+    with pytest.raises(ValueError, match="'chunked' reads no settings; got attention_window"):
+        MultiHeadAttention(16, 2, kernel="chunked", kernel_settings={"attention_window": 3})
+    with pytest.raises(ValueError, match="attention kernel 'flash' is not one of sdpa, reference"):
         MultiHeadAttention(16, 2, kernel="flash")
 
 
@@ -410,8 +415,16 @@ def test_performer_cached_generation_equals_the_full_forward():
         full = model(ids).logits
         cache = model.new_cache(2, 12)
         steps = [model(ids[:, :5], cache=cache).logits]
+        size = cache[0].self_attention.nbytes()
         steps += [model(ids[:, t:t + 1], cache=cache).logits for t in range(5, 12)]
     assert relative_error(torch.cat(steps, 1), full) <= 1e-5
+    assert cache[0].self_attention.nbytes() == size  # its running sums, not the keys: it never grows
+
+
+def test_performer_decoding_cannot_rewind_so_speculative_decoding_is_refused():
+    model = _performer_model()
+    with pytest.raises(GenerationError, match="cannot forget"):
+        tformer.generate(model, torch.randint(0, 64, (1, 5)), 4, draft_model=model)
 
 
 def test_performer_export_is_refused(tmp_path):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tformer import ModelConfig, build_model
+from tformer.nn.attention import AttentionMask
 from tformer.nn.block import AttentionContext, TransformerBlock
 from tformer.nn.position import positional_from_config
 
@@ -44,7 +45,8 @@ def test_positions_break_permutation_equivariance(positional):
         absolute = scheme.embeddings(positions)
         context = AttentionContext(
             rotary=scheme.rotary_angles(positions, inputs.dtype),
-            mask=scheme.attention_bias(positions, positions),
+            mask=AttentionMask(query_positions=positions, key_positions=positions,
+                               position_bias=scheme.bias if scheme.adds_bias else None),
         )
         out, _, _ = block(inputs if absolute is None else inputs + absolute, context)
         return out

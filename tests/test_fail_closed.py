@@ -1,8 +1,10 @@
-"""Fail closed: the fast decoder and each Hugging Face family honour only the ModelConfig fields
-they declare; a switch they do not know (one added to the core later, or a real one such as
-embedding_norm) keeps a model off the fast path and out of Hugging Face's format."""
+"""Fail closed: the places that lay a pass out themselves (a decoding session, the serving engine) and
+each Hugging Face family honour only the ModelConfig fields they declare; a switch they do not know (one
+added to the core later) sends decoding through the model's own forward, makes the server refuse the
+model, and keeps it out of Hugging Face's format. Every field of ModelConfig and GenerationConfig is
+declared somewhere, so a new one fails a test until someone says what it means there."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 import torch
@@ -10,9 +12,12 @@ import torch
 import tformer
 from tformer import ModelConfig
 from tformer.checkpoint import CheckpointError
-from tformer.generation.fast_decoder import FastDecoder, fast_decoder_for
+from tformer.generation import GenerationConfig, GenerationError, ModelSession, StackSession, open_session
+from tformer.generation.session import stack_session_problem
 from tformer.interop import family_for_model_type
 from tformer.models import DecoderLM
+from tformer.nn.stack import LAYOUT_FIELDS
+from tformer.serving.engine import GENERATION_FIELDS, Engine
 
 NANO = tformer.PRESETS["gpt-nano"]
 
@@ -28,21 +33,29 @@ def _model(config: ModelConfig) -> DecoderLM:
     return DecoderLM(config).eval()
 
 
-@pytest.mark.parametrize("config, field", [
-    (_SwitchedConfig(**{**NANO.to_dict(), "new_switch": True}), "new_switch=True"),
-    (NANO.replace(embedding_norm=True), "embedding_norm=True"),
-])
-def test_unknown_switch_keeps_the_fast_decoder_off(config, field):
-    model = _model(config)
-    assert field in FastDecoder.supports(model)
-    assert fast_decoder_for(model) is None
+def test_every_model_config_field_is_one_the_layouts_know():
+    assert {field.name for field in fields(ModelConfig)} <= LAYOUT_FIELDS
+
+
+def test_every_generation_config_field_is_honoured_or_refused_by_the_engine():
+    assert set(GENERATION_FIELDS) == {field.name for field in fields(GenerationConfig)}
+
+
+def test_an_unknown_switch_decodes_through_the_models_forward_and_the_server_refuses_it():
+    model = _model(_SwitchedConfig(**{**NANO.to_dict(), "new_switch": True}))
+    assert "new_switch=True" in stack_session_problem(model)
     prompt = torch.randint(0, 64, (2, 4))
+    session, _ = open_session(model, prompt, None, 6)
+    assert type(session) is ModelSession
     assert torch.equal(tformer.generate(model, prompt, 6), tformer.generate(model, prompt, 6, use_cache=False))
+    with pytest.raises(GenerationError, match="new_switch=True"):
+        Engine(model)
 
 
-def test_the_same_model_without_the_switch_takes_the_fast_path():
-    assert fast_decoder_for(_model(_SwitchedConfig(**NANO.to_dict()))) is not None
-    assert fast_decoder_for(_model(NANO)) is not None
+def test_the_same_model_without_the_switch_decodes_on_the_stack_path():
+    for config in (_SwitchedConfig(**NANO.to_dict()), NANO, NANO.replace(embedding_norm=True)):
+        session, _ = open_session(_model(config), torch.randint(0, 64, (1, 3)), None, 2)
+        assert type(session) is StackSession
 
 
 @pytest.mark.parametrize("config, field", [

@@ -1,15 +1,17 @@
 """KV-cached decoding computes the same logits as a full forward pass, at every step, for every
-attention and position variant, with and without left padding, on the fast path and on the
-model's own forward; rewinding and reordering the cache keep it exact."""
+attention and position variant, with and without left padding, through the model's step hook (a
+StackSession) and through its forward (a ModelSession); rewinding and reordering the cache keep it
+exact; the prepacked weight backend follows the weights and the thread count."""
+
+import copy
 
 import pytest
 import torch
-from torch import nn
 
 import tformer
 from tformer import ModelConfig, build_model
-from tformer.generation import DecoderSession, cache_bytes_per_token
-from tformer.generation.fast_decoder import FastDecoder, fast_decoder_for
+from tformer.generation import ModelSession, StackSession, cache_bytes_per_token
+from tformer.nn.weights import PrepackedLinear, weights_in_use
 
 BASE = ModelConfig(vocab_size=61, max_seq_len=48, d_model=32, num_layers=2, num_heads=4)
 VARIANTS = {
@@ -36,16 +38,15 @@ def left_padded_batch():
     return ids, mask
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "model-forward"])
+@pytest.mark.parametrize("session_type", [StackSession, ModelSession], ids=["step-hook", "model-forward"])
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @torch.inference_mode()
-def test_cached_logits_equal_full_forward_at_every_step(variant, padded, fast):
-    model = build_model(BASE, **VARIANTS[variant]).eval()
+def test_cached_logits_equal_full_forward_at_every_step(variant, padded, session_type):
+    model = build_model(BASE, **VARIANTS[variant]).eval().prepare_for_decoding()
     ids, mask = left_padded_batch()
     mask = mask if padded else None
-    session = DecoderSession(model, 3, 14, None if mask is None else mask[:, :5], fast=fast)
-    assert (session.fast is not None) == fast
+    session = session_type(model, 3, 14, None if mask is None else mask[:, :5])
     for start, end in CHUNKS:
         cached = session.extend(ids[:, start:end])
         full = model(ids[:, :end], attention_mask=None if mask is None else mask[:, :end]).logits[:, start:end]
@@ -54,33 +55,33 @@ def test_cached_logits_equal_full_forward_at_every_step(variant, padded, fast):
 
 
 @pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama", "sinusoidal-post-norm"])
-@torch.inference_mode()
 def test_projections_split_across_threads_stay_exact(variant):
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the fast path then cuts each projection in two (one slice per thread)
+    torch.set_num_threads(2)  # the prepacked backend then cuts each projection in two (one slice per thread)
     try:
         model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).eval()  # big enough
-        decoder = fast_decoder_for(model)
-        assert decoder.layers[0].qkv.parts == decoder.lm_head.parts == 2
+        model.prepare_for_decoding()
+        assert model.stack.blocks[0].attention.qkv_proj.packed().parts == model.lm_head.packed().parts == 2
         ids, mask = left_padded_batch()
-        session = DecoderSession(model, 3, 14, mask[:, :5])
-        for start, end in CHUNKS:
-            cached = session.extend(ids[:, start:end])
-            full = model(ids[:, :end], attention_mask=mask[:, :end]).logits[:, start:end]
-            real = mask[:, start:end].bool()
-            torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
+        with torch.inference_mode():
+            session = StackSession(model, 3, 14, mask[:, :5])
+            for start, end in CHUNKS:
+                cached = session.extend(ids[:, start:end])
+                full = model(ids[:, :end], attention_mask=mask[:, :end]).logits[:, start:end]
+                real = mask[:, start:end].bool()
+                torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
         prompts = torch.randint(0, 61, (3, 6))  # a batch: the prefill's last positions are strided rows
         assert torch.equal(tformer.generate(model, prompts, 8), tformer.generate(model, prompts, 8, use_cache=False))
     finally:
         torch.set_num_threads(threads)
-    assert fast_decoder_for(model).layers[0].qkv.parts == 1  # rebuilt for the new thread count
+    assert model.stack.blocks[0].attention.qkv_proj.packed().parts == 1  # rebuilt for the new thread count
 
 
 @torch.inference_mode()
 def test_truncate_and_reorder_keep_the_cache_exact():
     model = build_model(BASE, positional="rope", num_kv_heads=2).eval()
     ids = torch.randint(0, 61, (2, 10))
-    session = DecoderSession(model, 2, 10)
+    session = StackSession(model, 2, 10)
     session.extend(ids[:, :6])
     session.extend(torch.randint(0, 61, (2, 3)))  # three drafts, all rejected
     session.truncate(6)
@@ -98,34 +99,66 @@ def test_cache_bytes_per_token_counts_only_key_value_heads():
     assert cache_bytes_per_token(gqa) * 2 == cache_bytes_per_token(mha)
     assert cache_bytes_per_token(mqa) * 4 == cache_bytes_per_token(mha)
     assert cache_bytes_per_token(mha, torch.bfloat16) * 2 == cache_bytes_per_token(mha)
-    session = DecoderSession(gqa, batch_size=3, max_len=20)
+    session = StackSession(gqa, batch_size=3, max_len=20)
     allocated = sum(layer.self_attention.nbytes() for layer in session.cache)
     assert allocated == 3 * 20 * cache_bytes_per_token(gqa)
 
 
-def test_fast_decoder_is_rebuilt_when_the_weights_change():
+def test_prepacked_weights_follow_the_weights_and_give_the_layers_back():
     model = build_model("gpt-nano").eval()
     prompt = torch.randint(0, 64, (1, 4))
-    first = fast_decoder_for(model)
-    assert fast_decoder_for(model) is first
-    tformer.generate(model, prompt, 5)
+    tformer.generate(model, prompt, 5)  # generation swaps in the CPU's decoding backend
+    assert weights_in_use(model) == {"prepacked"}
+    layer = model.stack.blocks[0].feedforward.in_proj
+    first = layer.packed()
+    assert layer.packed() is first
     with torch.no_grad():
-        model.stack.blocks[0].feedforward.in_proj.weight.mul_(3.0)  # in place: same storage, new version
-    assert fast_decoder_for(model) is not first
+        layer.weight.mul_(3.0)  # in place: same storage, new version
+    assert layer.packed() is not first
     assert torch.equal(tformer.generate(model, prompt, 12), tformer.generate(model, prompt, 12, use_cache=False))
+    names = list(model.state_dict())
+    model.prepare_for_decoding(weights="plain")
+    assert weights_in_use(model) == {"plain"} and list(model.state_dict()) == names
+    assert model.lm_head.weight is model.embedding.token.weight  # tied as before
 
 
-class _ExtraGate(nn.Module):
-    def forward(self, x):
-        return x
+def test_weights_made_in_inference_mode_are_read_as_they_are():
+    with torch.inference_mode():  # such weights keep no version counter: a change could not be seen
+        model = build_model("gpt-nano").eval().prepare_for_decoding()
+        assert model.lm_head.packed() is None
+        prompt = torch.randint(0, 64, (1, 4))
+        before = model(prompt).logits
+        model.stack.blocks[0].feedforward.in_proj.weight.mul_(3.0)  # in place, in inference mode
+        after = model(prompt).logits
+        assert (after - before).abs().max() > 1e-3
+        session = StackSession(model, 1, 4)
+        torch.testing.assert_close(session.extend(prompt), after, rtol=1e-5, atol=1e-5)
 
 
-def test_models_the_fast_path_does_not_know_use_their_own_forward():
+def test_training_multiplies_by_the_parameters_themselves():
+    model = build_model("gpt-nano").prepare_for_decoding()
+    assert isinstance(model.lm_head, PrepackedLinear)
+    model.train()
+    ids = torch.randint(0, 64, (2, 9))
+    model(ids, labels=ids).loss.backward()
+    assert all(parameter.grad is not None for parameter in model.parameters())
+
+
+def test_a_fused_optimiser_step_never_leaves_a_stale_layout():
     model = build_model("gpt-nano").eval()
-    model.stack.blocks[1].extra = _ExtraGate()  # a part the fast path has never heard of
-    assert "block 1" in FastDecoder.supports(model)
-    assert fast_decoder_for(model) is None
-    session = DecoderSession(model, 1, 8)
-    assert session.fast is None
-    prompt = torch.randint(0, 64, (2, 4))
-    assert torch.equal(tformer.generate(model, prompt, 8), tformer.generate(model, prompt, 8, use_cache=False))
+    prompt = torch.randint(0, 64, (1, 4))
+    tformer.generate(model, prompt, 4)  # the layout is made
+    layer = model.stack.blocks[0].attention.qkv_proj
+    version = layer.weight._version
+    optimiser = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+    model.train()
+    model(prompt, labels=prompt).loss.backward()  # the training forward drops the layout
+    model.eval()
+    with torch.no_grad():
+        model(prompt)  # ... and an inference forward makes it again, before the step
+    optimiser.step()  # fused: the weights change, their version does not
+    assert layer.weight._version == version
+    plain = copy.deepcopy(model).prepare_for_decoding(weights="plain")  # nn.Linear over the same weights
+    with torch.no_grad():
+        torch.testing.assert_close(model(prompt).logits, plain(prompt).logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(tformer.generate(model, prompt, 8), tformer.generate(plain, prompt, 8))

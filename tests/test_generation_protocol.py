@@ -12,14 +12,14 @@ import tformer
 from tformer import ModelConfig
 from tformer.generation import GenerationConfig, GenerationError, GenerationState, stream_generate
 from tformer.models import ModelOutput
-from tformer.nn.attention import KVCache, additive_mask, build_mask
+from tformer.nn.attention import AttentionMask, CrossAttentionCache, KVCache
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.position import positions_from_mask
 
 CONFIG = ModelConfig(vocab_size=11, max_seq_len=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2)
 START = 1  # the decoder's first token
 HOOKS = {"config", "prepare_generation", "new_cache", "position_limit", "forward", "encodes_prompt",
-         "cache_bytes_per_token"}  # the last two optional
+         "cache_bytes_per_token", "step", "prepare_for_decoding"}  # the last four optional
 MODULE_API = {name for name in dir(nn.Module) if not name.startswith("_")} | {"training"}  # eval, parameters, ...
 
 
@@ -59,7 +59,7 @@ class ToyTranslator(RecordsTouches):
     def _encode(self, source: torch.Tensor, source_mask: torch.Tensor) -> torch.Tensor:
         """(B, S) left-padded source -> (B, S, D); each token at its true position."""
         x = self._embedding(source) + self._positions(positions_from_mask(source_mask))
-        context = AttentionContext(mask=additive_mask(source_mask.bool(), x.dtype)[:, None, None, :])
+        context = AttentionContext(mask=AttentionMask(key_padding=source_mask.bool()))
         for block in self._encoder:
             x, _, _ = block(x, context)
         return x
@@ -82,7 +82,7 @@ class ToyTranslator(RecordsTouches):
 
     def new_cache(self, batch_size: int, max_len: int) -> list[LayerCache]:
         config = self._config
-        return [LayerCache(KVCache(batch_size, config.num_kv_heads, max_len, config.head_dim))
+        return [LayerCache(KVCache(batch_size, config.num_kv_heads, max_len, config.head_dim), CrossAttentionCache())
                 for _ in self._decoder]
 
     def forward(self, input_ids, attention_mask=None, cache=None, *, encoder_output, encoder_attention_mask):
@@ -90,17 +90,12 @@ class ToyTranslator(RecordsTouches):
         batch, length = input_ids.shape
         past = 0 if cache is None else cache[0].self_attention.length
         x = self._embedding(input_ids) + self._positions(torch.arange(past, past + length))
-        mask, is_causal = build_mask(length, past + length, causal=True, attention_mask=attention_mask, dtype=x.dtype)
         context = AttentionContext(
-            mask=mask, is_causal=is_causal, encoder_output=encoder_output,
-            encoder_mask=additive_mask(encoder_attention_mask.bool(), x.dtype)[:, None, None, :],
+            mask=AttentionMask(causal=True, key_padding=None if attention_mask is None else attention_mask.bool()),
+            encoder_output=encoder_output, encoder_mask=AttentionMask(key_padding=encoder_attention_mask.bool()),
         )
         for index, block in enumerate(self._decoder):
-            layer = None if cache is None else cache[index]
-            if layer is not None and layer.cross_attention is None:  # filled with the encoder's keys/values once
-                layer.cross_attention = KVCache(batch, self._config.num_kv_heads, encoder_output.shape[1],
-                                                self._config.head_dim)
-            x, _, _ = block(x, context, layer)
+            x, _, _ = block(x, context, None if cache is None else cache[index])
         return ModelOutput(logits=self._head(self._norm(x)))
 
 
@@ -223,14 +218,12 @@ def test_the_decoder_position_limit_is_checked_before_any_step():
 @pytest.mark.parametrize("options", [
     dict(), dict(num_beams=3, num_return_sequences=2), dict(temperature=0.8, top_k=5, seed=3),
 ], ids=["greedy", "beam", "sampling"])
-def test_a_decoder_seen_only_through_its_hooks_decodes_as_itself(monkeypatch, options):
+def test_a_decoder_seen_only_through_its_hooks_decodes_as_itself(options):
     decoder = tformer.build_model("gpt-nano").eval()
     hooks_only = DecoderThroughHooks(decoder)
     ids = torch.tensor([[0, 5, 9, 3], [7, 1, 2, 8]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    expected = tformer.generate(decoder, ids, 8, attention_mask=mask, eos_token_id=[], **options)  # the fast path
-    # The fast path probes a model's parts by design (fast_decoder.py); everything else may use only the hooks.
-    monkeypatch.setattr("tformer.generation.session.fast_decoder_for", lambda model: None)
+    expected = tformer.generate(decoder, ids, 8, attention_mask=mask, eos_token_id=[], **options)  # its step hook
     got = tformer.generate(hooks_only, ids, 8, attention_mask=mask, eos_token_id=[], **options)
     assert torch.equal(got, expected)
     assert {"prepare_generation", "new_cache", "position_limit", "config"} <= hooks_only._touched  # it records

@@ -14,7 +14,7 @@ from tformer.generation import GenerationError, TextStreamer, stream_generate
 from tformer.generation.beam import beam_search
 from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
-from tformer.generation.session import DecoderSession
+from tformer.generation.session import StackSession
 from tformer.generation.stopping import StopRule
 from tformer.tokenizers import CharTokenizer
 
@@ -69,7 +69,7 @@ def run_beam_search(model, prompt, max_new_tokens, num_beams, **options):
         prompt_length=prompt.shape[1], max_new_tokens=max_new_tokens, chooser=TokenChooser(),
         stop=StopRule(None), pad_id=0,
     )
-    session = DecoderSession(model, prompt.shape[0], prompt.shape[1] + max_new_tokens)
+    session = StackSession(model, prompt.shape[0], prompt.shape[1] + max_new_tokens)
     with torch.inference_mode():
         logits = session.extend(prompt, last_only=True)[:, -1]
         return beam_search(session, run, logits, num_beams, **options)

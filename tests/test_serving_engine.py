@@ -7,8 +7,8 @@ import torch
 
 import tformer
 from tformer.generation import GenerationConfig, GenerationError
-from tformer.serving import Engine, PagedStep
-from tformer.serving.paged_cache import BlockPool, BlockTable
+from tformer.nn.attention.paged import BlockPool, BlockTable, PagedLayout
+from tformer.serving import Engine
 from tformer.tokenizers import CharTokenizer
 
 VOCAB = 61
@@ -75,21 +75,31 @@ def test_requests_joining_a_running_batch_equal_each_alone():
     assert engine.pool.blocks_in_use == 0
 
 
-def test_a_step_mixing_prefills_and_decodes_gives_the_models_logits():
-    model = small_model(positional="rope", num_kv_heads=2)
+def paged_step(model, engine, tables, new):
+    """One step of the engine's model over ``tables``, whose sequences add the tokens ``new``."""
+    for table, tokens in zip(tables, new, strict=True):
+        table.append_slots(len(tokens))
+    layout = PagedLayout.build(tables, [len(tokens) for tokens in new], engine.device)
+    ids = torch.tensor([[token for tokens in new for token in tokens]])
+    return model.step(ids, layout, engine.caches)[0]  # (sequences, V)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(positional="rope", num_kv_heads=2), dict(positional="alibi"), dict(positional="relative", num_kv_heads=1),
+    dict(attention_kernel="chunked"), dict(attention_kernel="sliding_window", attention_window=4),
+    dict(attention_kernel="performer", performer_features=16),
+], ids=["rope-gqa", "alibi", "relative-mqa", "chunked", "sliding-window", "performer"])
+def test_a_step_mixing_prefills_and_decodes_gives_the_models_logits(overrides):
+    model = small_model(**overrides)
     engine = Engine(model, cache_tokens=512, block_size=4)
-    pool, decoder = engine.pool, engine.decoder
     sequences = prompts_of_lengths([6, 9, 3], seed=1)
-    tables = [BlockTable(pool, 8) for _ in sequences]
-    assert pool.reserve(24)
+    tables = [BlockTable(engine.pool, 8) for _ in sequences]
+    assert engine.pool.reserve(24)
     with torch.inference_mode():
         for table, tokens in zip(tables[:2], sequences[:2], strict=True):  # the first two are already cached
-            table.append_slots(len(tokens) - 1)
-            decoder.step(PagedStep.build([table], [tokens[:-1]], decoder.dtype), pool)
+            paged_step(model, engine, [table], [tokens[:-1]])
         new = [[sequences[0][-1]], [sequences[1][-1]], sequences[2]]  # two decode one token, one prefills
-        for table, tokens in zip(tables, new, strict=True):
-            table.append_slots(len(tokens))
-        logits = decoder.step(PagedStep.build(tables, new, decoder.dtype), pool)
+        logits = paged_step(model, engine, tables, new)
         for row, tokens in enumerate(sequences):
             expected = model(torch.tensor([tokens])).logits[0, -1]
             torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=1e-5)
@@ -220,8 +230,8 @@ def test_blocks_held_follow_the_tokens_stored():
 
 
 def test_requests_the_engine_cannot_serve_are_refused_by_name():
-    with pytest.raises(GenerationError, match="positional='alibi'"):
-        Engine(small_model(positional="alibi"))
+    with pytest.raises(GenerationError, match="encodes a source"):
+        Engine(tformer.build_model("transformer-multi30k", vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=4))
     engine = Engine(small_model(), cache_tokens=64, block_size=8)
     refusals = [
         (dict(prompt_ids=[]), "no tokens"),

@@ -82,11 +82,12 @@ def test_cached_cross_attention_decoding_equals_the_full_pass(positional):
     x, source = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
     source_mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
     full = core(x, encoder_hidden=source, encoder_mask=source_mask).hidden
-    cache = core.new_cache(2, 5, torch.float32, torch.device("cpu"), source_len=7)
+    cache = core.new_cache(2, 5, torch.float32, torch.device("cpu"))
+    assert not any(layer.cross_attention.filled for layer in cache)
     steps = [core(x[:, t:t + 1], cache=cache, encoder_hidden=source, encoder_mask=source_mask).hidden
              for t in range(5)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-    assert all(layer.cross_attention is None for layer in core.new_cache(2, 5, torch.float32, torch.device("cpu")))
+    assert all(layer.cross_attention.keys.shape == (2, 4, 7, 8) for layer in cache)  # projected once, kept
 
 
 def test_embedding_norm_normalises_what_enters_the_first_block():

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.errors import TformerError
+from tformer.nn.attention.registry import KERNELS
 
 ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder", "rnn_seq2seq")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
@@ -18,10 +19,11 @@ NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (the paper), or every sine first
-# How attention is computed (``attention_kernel``): the first three compute exact softmax attention
-# (the same function), the last two another one (random-feature estimate, a local band of keys).
-ATTENTION_KERNELS = ("sdpa", "reference", "chunked", "performer", "sliding_window")
-EXACT_ATTENTION_KERNELS = ("sdpa", "reference", "chunked")
+# How attention is computed (``attention_kernel``): the kernels of nn/attention/registry.py. The exact ones
+# compute softmax attention itself (the same function); the others another (a random-feature estimate, a band).
+ATTENTION_KERNELS = tuple(KERNELS)
+EXACT_ATTENTION_KERNELS = tuple(name for name, kernel in KERNELS.items() if kernel.exact)
+POSITION_BIASES = ("alibi", "relative")  # the positional schemes that add a bias to the attention scores
 # What an encoder puts on its hidden states (None: nothing, the bare encoder with its pooler).
 ENCODER_HEADS = (
     "masked_lm", "next_sentence", "pretraining", "sequence_classification", "token_classification",
@@ -323,33 +325,25 @@ class ModelConfig:
             raise ConfigError(f"d_model={self.d_model} must be even for positional='sinusoidal'")
 
     def _check_attention_kernel(self) -> None:
-        kernel = self.attention_kernel
-        if kernel == "performer":
-            _require_positive_int("performer_features", self.performer_features)
-            redraw = self.performer_redraw_interval
-            if not isinstance(redraw, int) or isinstance(redraw, bool) or redraw < 0:
-                raise ConfigError(f"performer_redraw_interval={redraw!r} must be an integer >= 0 "
-                                  "(training steps between redraws; 0: draw once)")
-            if self.positional in ("alibi", "relative"):
-                raise ConfigError(f"attention_kernel='performer' cannot express positional={self.positional!r} (an "
-                                  "additive bias on scores it never forms); allowed positional: learned, sinusoidal, "
-                                  "rope, none")
-        if kernel == "sliding_window":
-            limit = self.num_patches + 1 if self.architecture == "vision" else self.max_seq_len
-            window = self.attention_window
-            if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= limit:
-                raise ConfigError(f"attention_window={window!r} must be an integer in [1, {limit}] (the sequence "
-                                  f"length) for attention_kernel='sliding_window'")
-        readers = {"performer_features": "performer", "performer_redraw_interval": "performer",
-                   "attention_window": "sliding_window"}
-        for name, reader in readers.items():
-            value = getattr(self, name)
-            if kernel != reader and value != field_default(type(self), name):
-                raise ConfigError(f"{name}={value!r} is read only by attention_kernel={reader!r}, "
-                                  f"not attention_kernel={kernel!r}")
-        if kernel not in ("sdpa", "reference") and self.attention_dropout:
+        """The kernel's own fields (its ``config_problem``), no other kernel's, and only what it honours."""
+        kernel = KERNELS[self.attention_kernel]
+        problem = kernel.config_problem(self)
+        if problem is not None:
+            raise ConfigError(problem)
+        for other in KERNELS.values():
+            for name in other.fields:
+                value = getattr(self, name)
+                if name not in kernel.fields and value != field_default(type(self), name):
+                    raise ConfigError(f"{name}={value!r} is read only by attention_kernel={other.name!r}, "
+                                      f"not attention_kernel={kernel.name!r}")
+        if self.positional in POSITION_BIASES and not kernel.position_bias:
+            allowed = ", ".join(p for p in POSITIONALS if p not in POSITION_BIASES)
+            raise ConfigError(f"attention_kernel={kernel.name!r} cannot express positional={self.positional!r} (an "
+                              f"additive bias on scores it never forms); allowed positional: {allowed}")
+        if self.attention_dropout and not kernel.dropout:
+            with_dropout = " and ".join(repr(name) for name, other in KERNELS.items() if other.dropout)
             raise ConfigError(f"attention_dropout={self.attention_dropout!r} is not supported by "
-                              f"attention_kernel={kernel!r} (needs 0.0; 'sdpa' and 'reference' have it)")
+                              f"attention_kernel={kernel.name!r} (needs 0.0; {with_dropout} have it)")
 
     def _check_rnn(self) -> None:
         """The attention-RNN baseline reads ``RNN_FIELDS`` only; its hidden size defaults to ``d_model``."""

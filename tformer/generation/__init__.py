@@ -3,10 +3,10 @@
 from tformer.generation.generate import TokenStream, generate, stream_generate
 from tformer.generation.output import GenerationOutput
 from tformer.generation.session import (
-    DecoderSession,
     GenerationState,
     ModelSession,
     Session,
+    StackSession,
     cache_bytes_per_token,
     open_session,
 )
@@ -14,6 +14,7 @@ from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.generation.stream import TextStreamer
 
 __all__ = [
-    "DecoderSession", "GenerationConfig", "GenerationError", "GenerationOutput", "GenerationState", "ModelSession",
-    "Session", "TextStreamer", "TokenStream", "cache_bytes_per_token", "generate", "open_session", "stream_generate",
+    "GenerationConfig", "GenerationError", "GenerationOutput", "GenerationState", "ModelSession", "Session",
+    "StackSession", "TextStreamer", "TokenStream", "cache_bytes_per_token", "generate", "open_session",
+    "stream_generate",
 ]

@@ -70,7 +70,7 @@ def beam_search(
         parents, tokens = top_indices // vocab, top_indices % vocab
         candidates = _gather(running, parents)
         candidates[:, :, length] = tokens
-        ends = run.stop.hits(candidates.view(active * keep, max_length), length + 1).view(active, keep)
+        ends = run.stop.hits_anywhere(candidates.view(active * keep, max_length), length + 1).view(active, keep)
         if length + 1 >= max_length:
             ends = torch.ones_like(ends)
 

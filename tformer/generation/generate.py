@@ -160,6 +160,9 @@ class _Generation:
         end_ids = config.end_ids(model.config)
         grow = self._check_memory(input_ids, device, may_end_early=bool(end_ids or config.stop_strings))
         # The prompts are prepared (an encoder–decoder encodes its source) once, in eval mode.
+        for decoder in (model, draft_model):
+            if callable(getattr(decoder, "prepare_for_decoding", None)):
+                decoder.prepare_for_decoding()
         with self._eval_mode():
             self.session, state = open_session(model, input_ids, attention_mask, config.max_new_tokens,
                                                use_cache=config.use_cache, grow=grow)
@@ -169,6 +172,11 @@ class _Generation:
                                                                config.max_new_tokens, role="draft_model", grow=grow)
                 if not torch.equal(draft_state.input_ids, state.input_ids):
                     raise GenerationError("draft_model starts its decoder from other tokens than the model")
+                for role, session in (("model", self.session), ("draft_model", self.draft_session)):
+                    if not session.rewindable:
+                        raise GenerationError(
+                            f"speculative decoding forgets rejected drafts, and the {role}'s cache cannot forget "
+                            "tokens (a recurrent state, or running sums such as attention_kernel='performer''s)")
         self.prompt = state.input_ids  # (B, T0) the decoder's prompt
         batch, prompt_length = self.prompt.shape
 
@@ -184,9 +192,7 @@ class _Generation:
             sequences=sequences,
             prompt_length=prompt_length,
             max_new_tokens=config.max_new_tokens,
-            chooser=TokenChooser(config.sampling, float(config.temperature), config.top_k,
-                                 None if config.top_p is None else float(config.top_p), eos_ids,
-                                 config.min_new_tokens, config.forced_end_id(model.config), config.max_new_tokens),
+            chooser=TokenChooser.from_config(config, model.config, device),
             stop=StopRule(eos_ids, config.stop_strings, tokenizer, prompt_length),
             pad_id=pad_id,
             generator=generator,

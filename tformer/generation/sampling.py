@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tformer.generation.settings import GenerationConfig
+
 
 def filter_top_k(logits: Tensor, top_k: int) -> Tensor:
     """Keep the ``top_k`` largest logits of each row (B, V) (ties with the k-th kept too); -inf elsewhere."""
@@ -39,6 +41,27 @@ class TokenChooser:
     min_new_tokens: int = 0
     forced_eos_id: int | None = None  # the only token allowed as the last of max_new_tokens
     max_new_tokens: int | None = None
+
+    @classmethod
+    def from_config(cls, config: GenerationConfig, model_config, device: torch.device | None = None) -> TokenChooser:
+        """The chooser ``config`` asks for with this model: its end ids (the model config's by default) on
+        ``device``, the forced last token, the minimum and maximum new tokens, the sampling options. The one
+        way ``generate`` and the serving engine make theirs, so they choose alike."""
+        end_ids = config.end_ids(model_config)
+        return cls(config.sampling, float(config.temperature), config.top_k,
+                   None if config.top_p is None else float(config.top_p),
+                   torch.tensor(end_ids, dtype=torch.long, device=device) if end_ids else None,
+                   config.min_new_tokens, config.forced_end_id(model_config), config.max_new_tokens)
+
+    def alters(self, generated: int) -> bool:
+        """Whether the token after ``generated`` new ones is anything but the argmax of the logits: sampling,
+        an end id forbidden before ``min_new_tokens``, or the forced last token."""
+        if self.do_sample:
+            return True
+        if self.forced_eos_id is not None and self.max_new_tokens is not None \
+                and generated == self.max_new_tokens - 1:
+            return True
+        return generated < self.min_new_tokens and self.eos_ids is not None
 
     def scores(self, logits: Tensor, generated: int, consecutive: bool = False) -> Tensor:
         """Processed float scores (B, V) for the token after ``generated`` new ones: logits with

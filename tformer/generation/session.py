@@ -6,32 +6,36 @@ Strategies (greedy, sampling, beam search, speculative, streaming) call four thi
 ``truncate`` forgets the last tokens (rejected drafts), ``reorder`` picks and repeats rows
 (beams), and ``length`` says how many tokens it holds. They never read a model's attributes.
 
-A model family joins generation by offering these hooks (``DecoderLM`` has them; an
-encoder–decoder implements the same four and nothing else):
+A model family joins generation by offering these hooks (``DecoderLM`` and ``EncoderDecoderLM``
+have them all; a model may offer just the required ones):
 
 - ``config``: its ``ModelConfig`` (``vocab_size``, default ``eos_token_id`` / ``pad_token_id``).
 - ``prepare_generation(input_ids, attention_mask) -> GenerationState``: called once per
   ``generate`` call. A decoder continues its prompt as it is; an encoder–decoder encodes the
   source once and returns its decoder's start tokens plus the encoder state every step needs.
 - ``new_cache(batch_size, max_len) -> list[LayerCache]``: one per block, for up to ``max_len``
-  decoder positions. The ``cross_attention`` slot may stay None: the model's forward fills it
-  on its first step (the projected encoder output, computed once).
+  decoder positions (each block's kernel picks its cache backend; cross-attention's slot is
+  filled by the first step).
 - ``forward(input_ids, attention_mask=..., cache=..., **state.step_inputs)``: one step, with
   ``input_ids`` (B, T) after the cached tokens and ``attention_mask`` (B, cached + T) or None
   when nothing is padded; returns an object with ``logits`` (B, T, V).
 - ``position_limit``: the most decoder positions it can take (a position table), or None.
+- ``step(input_ids, layout, cache, **state.step_inputs) -> logits`` (optional): the same step over
+  the model's own blocks without checks, laid out by the session (``StepLayout``: positions,
+  padding, the rows wanted). A model that has it decodes in a ``StackSession``.
+- ``prepare_for_decoding()`` (optional): called once per call, before the first step (weight
+  backends: ``Model.prepare_for_decoding``).
 - ``encodes_prompt`` (optional, default False): the prompt is a source the model encodes, so
   its padding may be on either side (a decoder's prompt must be left-padded).
 - ``cache_bytes_per_token()`` (optional): what its cache holds per token and sequence, for a model whose
   cache is not one key/value pair per block (a recurrent state: 0); ``new_cache`` may then return any
   object with ``reorder(rows)`` (beam search), and the session refuses to truncate it.
 
-``ModelSession`` runs any model through these hooks; reordering moves every row-indexed piece
+``ModelSession`` runs any model through ``forward``; reordering moves every row-indexed piece
 of state together: the self-attention caches, the cross-attention caches and the step inputs
-(encoder output, encoder mask). ``DecoderSession`` adds the decoder's fast path: positions and
-masks laid out once per session (the whole row layout ``(B, max_len)`` is known up front: the
-prompt's padding, then real tokens only), and the lean ``FastDecoder`` forward when it covers
-the model.
+(encoder output, encoder mask). ``StackSession`` steps through ``step`` instead: the whole row
+layout ``(B, max_len)`` is known up front (the prompt's padding, then real tokens only), so each
+step's positions and padding are slices of the session's tables, and nothing is checked per step.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from tformer.generation.fast_decoder import FastDecoder, fast_decoder_for
+from tformer.config import non_default_fields
 from tformer.generation.settings import GenerationError
 from tformer.models.output import GenerationState
-from tformer.nn.attention import KVCache, additive_mask, causal_mask
+from tformer.nn.attention import StepLayout
 from tformer.nn.position import positions_from_mask
+from tformer.nn.stack import LAYOUT_FIELDS
+from tformer.nn.weights import decoding_step
 
 
 class Session(Protocol):
@@ -74,9 +80,9 @@ def open_session(
 ) -> tuple[ModelSession, GenerationState]:
     """Prepare the prompt (``prepare_generation``) and open a session for it and ``max_new_tokens`` more.
 
-    A model whose steps need nothing but tokens gets a ``DecoderSession`` (the fast path when
-    it covers the model); any other model a ``ModelSession``. With ``grow`` (a run that may end
-    early) the session first holds room for ``GROWTH_CHUNK`` new tokens and doubles as needed."""
+    A model with the ``step`` hook whose config the session lays out gets a ``StackSession``; any
+    other model (or ``use_cache=False``) a ``ModelSession``. With ``grow`` (a run that may end early)
+    the session first holds room for ``GROWTH_CHUNK`` new tokens and doubles as needed."""
     state = model.prepare_generation(input_ids, attention_mask)
     batch, prompt_length = state.input_ids.shape
     limit = model.position_limit
@@ -87,12 +93,24 @@ def open_session(
         )
     max_len = prompt_length + max_new_tokens
     capacity = min(max_len, prompt_length + GROWTH_CHUNK) if grow else max_len
-    if state.step_inputs:
+    if use_cache and stack_session_problem(model) is None:
+        session = StackSession(model, batch, max_len, state.attention_mask, step_inputs=state.step_inputs,
+                               capacity=capacity)
+    else:
         session = ModelSession(model, batch, max_len, state.attention_mask, step_inputs=state.step_inputs,
                                use_cache=use_cache, capacity=capacity)
-    else:
-        session = DecoderSession(model, batch, max_len, state.attention_mask, use_cache=use_cache, capacity=capacity)
     return session, state
+
+
+def stack_session_problem(model: nn.Module) -> str | None:
+    """Why ``model`` cannot decode in a ``StackSession`` (no ``step`` hook, or a config field the session
+    does not lay out: fail closed), or None."""
+    if not callable(getattr(model, "step", None)):
+        return f"{type(model).__name__} has no step hook"
+    unknown = [name for name in non_default_fields(model.config) if name not in LAYOUT_FIELDS]
+    if unknown:
+        return "config " + ", ".join(f"{name}={getattr(model.config, name)!r}" for name in unknown)
+    return None
 
 
 def cache_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> int:
@@ -166,7 +184,8 @@ class ModelSession:
         past, end = self.length, self.length + input_ids.shape[1]
         if end > self.capacity:
             self._grow(end)
-        logits = self._step(input_ids, past, end, last_only)
+        with decoding_step:
+            logits = self._step(input_ids, past, end, last_only)
         self.length = end
         return logits[:, -1:] if last_only else logits
 
@@ -177,9 +196,17 @@ class ModelSession:
         if self.cache is not None and not isinstance(self.cache, list):
             raise GenerationError("a recurrent model's state cannot forget tokens (speculative decoding needs a "
                                   "key/value cache)")
-        self.length = length
         for cache in self._caches():
             cache.length = length
+        self.length = length
+
+    @property
+    def rewindable(self) -> bool:
+        """Whether ``truncate`` can forget tokens: every cache keeps its keys (not a recurrent state or
+        Performer's running sums). A sliding window's can until it has forgotten its oldest."""
+        if self.cache is None:
+            return True
+        return isinstance(self.cache, list) and all(getattr(cache, "rewindable", True) for cache in self._caches())
 
     def reorder(self, rows: Tensor, same_source: bool = False) -> None:
         """Keep the rows named by ``rows`` (B',), in that order, repeating as asked (beam search):
@@ -189,7 +216,7 @@ class ModelSession:
         keeps_sources = same_source and rows.shape[0] == self.batch_size
         self.batch_size = rows.shape[0]
         for cache in self._caches():
-            _reorder_filled(cache, rows)
+            cache.reorder(rows)
         if self.cache is not None and not isinstance(self.cache, list):
             self.cache.reorder(rows)  # a model's own state (a recurrent one)
         if not keeps_sources:
@@ -228,18 +255,16 @@ class ModelSession:
         """The per-block caches (LayerCache), or none: no cache, or a model's own state (a recurrent one)."""
         return self.cache if isinstance(self.cache, list) else []
 
-    def _caches(self) -> list[KVCache]:
+    def _caches(self) -> list:
         """The self-attention caches, one per block."""
         return [layer.self_attention for layer in self._layers()]
 
 
-class DecoderSession(ModelSession):
-    """A decoder-only model's session: the lean ``FastDecoder`` forward when it covers the model
-    (``fast=False`` or no cache: the model's own forward), with positions and masks laid out once.
-
-    A step slices its positions from the session's table and, when nothing is padded and
-    there is no position bias, a one-token step needs no mask at all.
-    """
+class StackSession(ModelSession):
+    """The session of a model with the ``step`` hook (a decoder, an encoder–decoder): each step runs the
+    model's own blocks through ``step`` with a ``StepLayout`` cut from the session's tables (every
+    column's true position, which columns are real tokens), made once, so a step builds nothing but
+    the slices and checks nothing (``generate`` checked the prompt once)."""
 
     def __init__(
         self,
@@ -248,63 +273,31 @@ class DecoderSession(ModelSession):
         max_len: int,
         attention_mask: Tensor | None = None,
         *,
-        use_cache: bool = True,
-        fast: bool = True,
+        step_inputs: dict[str, Tensor] | None = None,
         capacity: int | None = None,
     ) -> None:
-        super().__init__(model, batch_size, max_len, attention_mask, use_cache=use_cache, capacity=capacity)
-        self.fast: FastDecoder | None = fast_decoder_for(model) if fast and use_cache else None
-        self.positions = self.padding_mask = self.bias = None
-        if self.fast is not None:
-            self.bias = getattr(self.fast.positional, "bias", None)  # ALiBi / relative: an additive bias module
-            self._lay_out()
-
-    def _lay_out(self) -> None:
-        """The fast path's per-column tables for the session's capacity, from the row layout."""
-        self.fast.reserve_positions(self.capacity)
-        self.positions = positions_from_mask(self.attend)  # (B, capacity) true position of each column
-        # Additive padding mask for one-token steps (B, 1, 1, capacity); None when nothing is padded.
-        self.padding_mask = additive_mask(self.attend, self.fast.dtype)[:, None, None, :] if self.padded else None
+        super().__init__(model, batch_size, max_len, attention_mask, step_inputs=step_inputs, capacity=capacity)
+        self.positions = positions_from_mask(self.attend)  # (B, capacity) the true position of each column
+        # Columns from here on are real tokens in every row (left padding comes first).
+        self.real_from = 0 if not self.padded else int(attention_mask.shape[1] - attention_mask.bool().sum(-1).min())
 
     def _grow(self, end: int) -> None:
         super()._grow(end)
-        if self.fast is not None:
-            self._lay_out()
+        self.positions = positions_from_mask(self.attend)
 
     def reorder(self, rows: Tensor, same_source: bool = False) -> None:
         super().reorder(rows, same_source)
-        if self.positions is not None:
-            self.positions = self.positions.index_select(0, rows)
-        if self.padding_mask is not None:
-            self.padding_mask = self.padding_mask.index_select(0, rows)
+        self.positions = self.positions.index_select(0, rows)
 
     def _step(self, input_ids: Tensor, past: int, end: int, last_only: bool) -> Tensor:
-        if self.fast is None:
-            return super()._step(input_ids, past, end, last_only)
-        positions = self.positions[:, past:end]
-        return self.fast.forward(input_ids, positions, self._caches(), self._mask(past, end), last_only)
-
-    def _mask(self, past: int, end: int) -> Tensor | None:
-        """The additive mask (B|1, 1|H, T, end) of the fast path, or None when none is needed."""
-        length = end - past
-        if length == 1:
-            mask = None if self.padding_mask is None else self.padding_mask[:, :, :, :end]
-        else:
-            allowed = causal_mask(length, end, self.attend.device)[None, None]  # (1, 1, T, end)
-            if self.padded:
-                allowed = allowed & self.attend[:, None, None, :end]
-            mask = additive_mask(allowed, self.fast.dtype)
-        if self.bias is not None:
-            bias = self.bias(self.positions[:, past:end], self.positions[:, :end]).to(self.fast.dtype)
-            mask = bias if mask is None else mask + bias
-        return mask
+        layout = StepLayout(
+            positions=self.positions[:, past:end],
+            key_positions=self.positions[:, :end],
+            key_padding=self.attend[:, :end] if self.padded else None,
+            queries_see_keys=past >= self.real_from,
+            keep=LAST if last_only and end - past > 1 else None,
+        )
+        return self.model.step(input_ids, layout, self.cache, **self.step_inputs)
 
 
-def _reorder_filled(cache: KVCache, rows: Tensor) -> None:
-    """Reorder a self-attention cache's rows; in place over its filled part when the batch keeps its size."""
-    if cache.keys.shape[0] != rows.shape[0]:
-        cache.reorder(rows)
-        return
-    filled = slice(0, cache.length)
-    cache.keys[:, :, filled] = cache.keys[:, :, filled].index_select(0, rows)
-    cache.values[:, :, filled] = cache.values[:, :, filled].index_select(0, rows)
+LAST = slice(-1, None)  # a step that wants only the last position's logits

@@ -11,38 +11,37 @@ from typing import TextIO
 
 from torch import Tensor
 
-REPLACEMENT = "\ufffd"  # what a decoder shows for an incomplete multi-byte character
+from tformer.generation.detokenize import IncrementalDetokenizer
 
 
 class TextStreamer:
-    """Decodes the new tokens of one sequence and writes the text as soon as it is complete.
-
-    Text ending in an incomplete character (a byte-level token cut inside a UTF-8 sequence)
-    is held back until the following token completes it. ``text`` holds everything written.
-    """
+    """Decodes the new tokens of one sequence (``IncrementalDetokenizer``) and writes the text as soon as
+    it is complete: text ending in an incomplete character is held back until the following token
+    completes it. ``text`` holds everything written."""
 
     def __init__(self, tokenizer, file: TextIO | None = None) -> None:
         self.tokenizer = tokenizer
         self.file = file if file is not None else sys.stdout
-        self.token_ids: list[int] = []
-        self.text = ""
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+
+    @property
+    def text(self) -> str:
+        return self.detokenizer.text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.detokenizer.ids
 
     def __call__(self, tokens: Tensor) -> None:
         if tokens.shape[0] != 1:
             raise ValueError(f"TextStreamer prints one sequence; got a batch of {tokens.shape[0]}")
-        self.token_ids.extend(tokens[0].tolist())
-        decoded = self.tokenizer.decode(self.token_ids)
-        if decoded.endswith(REPLACEMENT):
-            return
-        self._write(decoded)
+        self._write(self.detokenizer.add(tokens[0].tolist()))
 
     def end(self) -> None:
         """Write whatever is still held back (the sequence ended inside a character)."""
-        self._write(self.tokenizer.decode(self.token_ids))
+        self._write(self.detokenizer.finish())
 
-    def _write(self, decoded: str) -> None:
-        new = decoded[len(self.text):]
+    def _write(self, new: str) -> None:
         if new:
             self.file.write(new)
             self.file.flush()
-        self.text = decoded

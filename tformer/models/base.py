@@ -16,6 +16,7 @@ from tformer.interop import save_hf
 from tformer.models.output import GenerationState
 from tformer.nn.losses import IGNORE_INDEX
 from tformer.nn.stack import TransformerStack
+from tformer.nn.weights import decoding_weights, use_weights
 
 
 class Model(nn.Module):
@@ -76,6 +77,14 @@ class Model(nn.Module):
         if format != "tformer":
             raise ValueError(f"format={format!r} is not one of tformer, hf")
         return save_checkpoint(self, path)
+
+    def prepare_for_decoding(self, weights: str | None = None) -> Model:
+        """Ready the model to decode: its linear layers on the weight backend ``weights`` (``nn.weights``;
+        default: prepacked on the CPU, plain elsewhere), swapped in as modules, so every path (generation,
+        the serving engine) runs the same blocks. Generation and the engine call it; ``weights="plain"``
+        gives the layers back. Returns the model."""
+        use_weights(self, decoding_weights(self.device) if weights is None else weights)
+        return self
 
     @property
     def position_limit(self) -> int | None:

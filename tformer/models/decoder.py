@@ -9,6 +9,7 @@ from tformer.config import ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import GenerationState, ModelOutput
 from tformer.models.registry import register
+from tformer.nn.attention import StepLayout
 from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
@@ -64,6 +65,11 @@ class DecoderLM(Model):
 
     # ---- generation hooks (the Session protocol: tformer/generation/session.py) --------------------
     # new_cache, forward(..., cache=...) and position_limit are hooks too.
+
+    def step(self, input_ids: Tensor, layout: StepLayout, cache: list[LayerCache]) -> Tensor:
+        """A decoding step: ``input_ids`` (B, T) after the cached tokens, laid out by the caller (positions,
+        padding, the rows it wants), unchecked: a session checks its prompt once. Logits (B, kept rows, V)."""
+        return self.lm_head(self.stack.run(self.embedding(input_ids), layout, cache).hidden)
 
     def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> GenerationState:
         """The prompt as it is: a decoder has nothing to encode, and its steps need nothing but tokens."""

@@ -11,7 +11,7 @@ from tformer.config import ModelConfig
 from tformer.models.base import Seq2SeqModel
 from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
-from tformer.nn.attention import KVCache
+from tformer.nn.attention import StepLayout
 from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
@@ -52,22 +52,11 @@ class EncoderDecoderLM(Seq2SeqModel):
                output_attentions: bool = False, output_hidden_states: bool = False):
         """Target tokens (B, T) after the cached ones, attending to ``encoder_output`` (B, S, D) -> StackOutput."""
         check_token_ids(decoder_input_ids, self.config.vocab_size)
-        if cache is not None:
-            self._fill_cross_caches(cache, encoder_output)
         return self.decoder(
             self.embedding(decoder_input_ids), attention_mask=decoder_attention_mask, cache=cache,
             encoder_hidden=encoder_output, encoder_mask=encoder_attention_mask,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
-
-    def _fill_cross_caches(self, cache: list[LayerCache], encoder_output: Tensor) -> None:
-        """Room for each block's cross-attention keys/values, projected from the encoder once (first step)."""
-        batch, source_len, _ = encoder_output.shape
-        config = self.config
-        for layer in cache:
-            if layer.cross_attention is None:
-                layer.cross_attention = KVCache(batch, config.num_kv_heads, source_len, config.head_dim,
-                                                encoder_output.dtype, encoder_output.device)
 
     # ---- forward ---------------------------------------------------------------------------------
 
@@ -102,8 +91,7 @@ class EncoderDecoderLM(Seq2SeqModel):
             encoder_attentions = encoded.attentions
         decoded = self.decode(decoder_input_ids, encoder_output, encoder_attention_mask, decoder_attention_mask, cache,
                               output_attentions, output_hidden_states)
-        hidden = decoded.hidden * self.config.d_model ** -0.5 if self.config.scale_decoder_output else decoded.hidden
-        logits = self.lm_head(hidden)  # (B, T, V)
+        logits = self._logits(decoded.hidden)  # (B, T, V)
         loss = None if labels is None else token_cross_entropy(logits, labels)
         return Seq2SeqOutput(
             logits=logits, loss=loss, attentions=decoded.attentions, hidden_states=decoded.hidden_states,
@@ -118,7 +106,21 @@ class EncoderDecoderLM(Seq2SeqModel):
 
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
                   device: torch.device | None = None) -> list[LayerCache]:
-        """Self-attention caches for ``max_len`` decoder positions; the cross-attention ones are made and
-        filled by the first step (the encoder's length is known then)."""
-        return self.decoder.new_cache(batch_size, max_len, dtype or self.dtype, device or self.device,
-                                      source_len=None)
+        """Self-attention caches for ``max_len`` decoder positions; the cross-attention ones are filled by the
+        first step (the encoder's keys and values, projected once)."""
+        return self.decoder.new_cache(batch_size, max_len, dtype or self.dtype, device or self.device)
+
+    def step(self, input_ids: Tensor, layout: StepLayout, cache: list[LayerCache], *, encoder_output: Tensor,
+             encoder_attention_mask: Tensor) -> Tensor:
+        """A decoding step: the decoder's tokens (B, T) after the cached ones, laid out by the caller,
+        unchecked (a session checks its source once), attending to ``encoder_output`` (B, S, D) where
+        ``encoder_attention_mask`` (B, S) is 1. Logits (B, kept rows, V)."""
+        decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output,
+                                   encoder_attention_mask.bool())
+        return self._logits(decoded.hidden)
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """The decoder's last hidden states (B, T, D) -> logits (B, T, V) (T5 scales them first)."""
+        if self.config.scale_decoder_output:
+            hidden = hidden * self.config.d_model ** -0.5
+        return self.lm_head(hidden)

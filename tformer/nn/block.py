@@ -1,43 +1,39 @@
 """TransformerBlock: self-attention, optional cross-attention and a feed-forward network,
-each a residual branch, with the norm before (pre-norm) or after (post-norm) the residual add."""
+each a residual branch, with the norm before (pre-norm) or after (post-norm) the residual add.
+It is the only block forward: training, cached decoding and the serving engine all run it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
-from tformer.nn.attention import KVCache, MaskParts, MultiHeadAttention, Rotary
+from tformer.nn.attention import AttentionMask, MultiHeadAttention, Rotary, kernel_class
 from tformer.nn.feedforward import FeedForward
 from tformer.nn.norm import build_norm
 
 
 @dataclass
 class AttentionContext:
-    """What every layer of one forward pass shares: the mask, rotary angles and caches' inputs.
+    """What every layer of one pass shares, built once by the stack: the self-attention mask, rotary
+    angles, and for cross-attention the encoder's output (B, S, D) and its mask."""
 
-    ``mask``/``is_causal`` (and ``encoder_mask``) feed the kernels that take a dense additive mask
-    (sdpa, reference); ``parts`` (and ``encoder_parts``) the mask as its parts for those that never
-    form one (chunked, sliding_window, performer). A stack fills in only what its kernel reads.
-    """
-
-    mask: Tensor | None = None  # additive, broadcastable to (B, H, Tq, Tk)
-    is_causal: bool = False
+    mask: AttentionMask | None = None  # None: every query sees every key
     rotary: Rotary | None = None
-    encoder_output: Tensor | None = None  # (B, S, D) for cross-attention
-    encoder_mask: Tensor | None = None  # additive, broadcastable to (B, H, Tq, S)
+    encoder_output: Tensor | None = None
+    encoder_mask: AttentionMask | None = None
     need_weights: bool = False
-    parts: MaskParts | None = None
-    encoder_parts: MaskParts | None = None
+    shape: tuple[int, int] | None = None  # (B, T) when the blocks get their inputs as rows (B * T, D)
 
 
 @dataclass
 class LayerCache:
-    """The key/value caches of one block: self-attention, and cross-attention when it has one."""
+    """The cache backends of one block: self-attention's, and cross-attention's when it has one."""
 
-    self_attention: KVCache
-    cross_attention: KVCache | None = None
+    self_attention: Any
+    cross_attention: Any = None
 
 
 class TransformerBlock(nn.Module):
@@ -50,19 +46,16 @@ class TransformerBlock(nn.Module):
     def __init__(self, config: ModelConfig, cross_attention: bool = False) -> None:
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
+        kernel = kernel_class(config.attention_kernel)
+        settings = {name: getattr(config, name) for name in kernel.fields}
 
         def norm() -> nn.Module:
             return build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)
 
         def mha(cross: bool) -> MultiHeadAttention:
-            # A sliding window bands a sequence against itself; cross-attention sees all of its source.
-            window = config.attention_kernel == "sliding_window" and not cross
-            kernel = "chunked" if config.attention_kernel == "sliding_window" and cross else config.attention_kernel
             return MultiHeadAttention(
-                config.d_model, config.num_heads, config.num_kv_heads, config.head_dim,
-                bias=config.attention_bias, dropout=config.attention_dropout, cross=cross, kernel=kernel,
-                window=config.attention_window if window else None, performer_features=config.performer_features,
-                performer_redraw_interval=config.performer_redraw_interval,
+                config.d_model, config.num_heads, config.num_kv_heads, config.head_dim, bias=config.attention_bias,
+                dropout=config.attention_dropout, cross=cross, kernel=config.attention_kernel, kernel_settings=settings,
             )
 
         self.attention_norm = norm()
@@ -78,33 +71,33 @@ class TransformerBlock(nn.Module):
     def forward(
         self, x: Tensor, context: AttentionContext, cache: LayerCache | None = None
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x: (B, T, D) -> (B, T, D), and when the context asks for them the self-attention
-        weights (B, H, T, past + T) and the cross-attention weights (B, H, T, S), else None."""
-        weights: list[Tensor | None] = [None, None]  # self, cross
+        """x: (B, T, D), or its rows (B * T, D) with ``context.shape`` = (B, T) -> the same layout, and when
+        the context asks for them the self-attention weights (B, H, T, past + T) and the cross-attention
+        weights (B, H, T, S), else None. Every part but attention reads rows alone."""
+        layers = self._modules  # read directly: a decoding step runs every block once per token
+        self_cache = cross_cache = None
+        if cache is not None:
+            self_cache, cross_cache = cache.self_attention, cache.cross_attention
+        x, self_weights = self._attend(x, layers["attention_norm"], layers["attention"], context.mask, None,
+                                       context.rotary, self_cache, context)
+        cross_weights = None
+        cross_attention = layers.get("cross_attention")
+        if cross_attention is not None:
+            x, cross_weights = self._attend(x, layers["cross_attention_norm"], cross_attention, context.encoder_mask,
+                                            context.encoder_output, None, cross_cache, context)
+        norm, feedforward = layers["feedforward_norm"], layers["feedforward"]
+        out = feedforward(norm(x) if self.pre_norm else x)
+        if self.training:
+            out = self.dropout(out)
+        x = x + out if self.pre_norm else norm(x + out)
+        return x, self_weights, cross_weights
 
-        def self_attention(h: Tensor) -> Tensor:
-            out, weights[0] = self.attention(
-                h, mask=context.mask, is_causal=context.is_causal, rotary=context.rotary,
-                cache=None if cache is None else cache.self_attention, need_weights=context.need_weights,
-                parts=context.parts,
-            )
-            return out
-
-        def cross_attention(h: Tensor) -> Tensor:
-            out, weights[1] = self.cross_attention(
-                h, context=context.encoder_output, mask=context.encoder_mask,
-                cache=None if cache is None else cache.cross_attention, need_weights=context.need_weights,
-                parts=context.encoder_parts,
-            )
-            return out
-
-        x = self._residual(x, self.attention_norm, self_attention)
-        if self.cross_attention is not None:
-            x = self._residual(x, self.cross_attention_norm, cross_attention)
-        x = self._residual(x, self.feedforward_norm, self.feedforward)
-        return x, weights[0], weights[1]
-
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
-        if self.pre_norm:
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+    def _attend(self, x: Tensor, norm: nn.Module, attention: MultiHeadAttention, mask: AttentionMask | None,
+                source: Tensor | None, rotary: Rotary | None, cache: Any,
+                context: AttentionContext) -> tuple[Tensor, Tensor | None]:
+        """One attention sublayer as a residual branch (self-attention, or cross-attention to ``source``)."""
+        out, weights = attention(norm(x) if self.pre_norm else x, mask=mask, context=source, rotary=rotary,
+                                 cache=cache, need_weights=context.need_weights, shape=context.shape)
+        if self.training:
+            out = self.dropout(out)
+        return x + out if self.pre_norm else norm(x + out), weights

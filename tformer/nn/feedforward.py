@@ -4,6 +4,7 @@ linear unit (SwiGLU / GeGLU, exact or tanh GELU) whose gate and value projection
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -13,11 +14,11 @@ from tformer.config import GATED_ACTIVATIONS
 _ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "silu": F.silu,
     "swiglu": F.silu,
     "geglu": F.gelu,
-    "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "geglu_tanh": partial(F.gelu, approximate="tanh"),
 }
 
 
@@ -42,8 +43,10 @@ class FeedForward(nn.Module):
         self.out_proj = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x: (B, T, D) -> (B, T, D)."""
-        return self.out_proj(self.activate(self.in_proj(x)))
+        """x: (..., D) -> (..., D)."""
+        projections = self._modules  # read directly: a decoding step runs every layer once per token
+        hidden = projections["in_proj"](x)
+        return projections["out_proj"](self.activate(hidden) if self.gated else self.activation(hidden))
 
     def activate(self, hidden: Tensor) -> Tensor:
         """The activation between the projections: (..., d_ff or 2 * d_ff) -> (..., d_ff)."""

@@ -28,6 +28,8 @@ so training holds (T / chunk) M Dh per head instead of the T M Dh of a cumulativ
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -81,27 +83,78 @@ def performer_attention(
     Returns (B, H, Tq, Dv) in q's dtype; features are computed in float32 (or float64 for float64 input).
     """
     _check_inputs(q, k, v, projection, causal, key_padding_mask, scale, chunk_size)
-    batch, heads, q_len, head_dim = q.shape
-    kv_heads = k.shape[1]
-    groups = heads // kv_heads
-    scale = head_dim ** -0.5 if scale is None else scale
-    compute = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
-        weights = projection.to(device=q.device, dtype=compute).T  # (Dh, M)
-        # q' = q * scale**0.5, query heads of one group side by side: (B, Hkv, G, Tq, Dh).
-        q_scaled = q.to(compute).reshape(batch, kv_heads, groups, q_len, head_dim) * scale ** 0.5
-        q_logits = q_scaled @ weights  # (B, Hkv, G, Tq, M)
-        q_features = torch.exp(q_logits - q_logits.detach().amax(-1, keepdim=True))
-        k_scaled = k.to(compute) * scale ** 0.5
-        k_logits = k_scaled @ weights - k_scaled.square().sum(-1, keepdim=True) / 2  # (B, Hkv, Tk, M)
-        if key_padding_mask is not None:
-            k_logits = k_logits.masked_fill(~key_padding_mask[:, None, :, None], float("-inf"))
-        values = v.to(compute)
+        q_features, k_logits, values = _features(q, k, v, projection, key_padding_mask, scale)
         if causal:
-            out = _causal(q_features, k_logits, values, chunk_size)
+            out = _causal(q_features, k_logits, values, chunk_size)[0]
         else:
             out = _bidirectional(q_features, k_logits, values)
-    return out.reshape(batch, heads, q_len, v.shape[-1]).to(q.dtype)
+    return out.reshape(*q.shape[:3], v.shape[-1]).to(q.dtype)
+
+
+@dataclass
+class PerformerState:
+    """What causal Performer attention keeps of the keys seen so far, per sequence and key/value head: the
+    running sums over their features, both relative to one stabiliser, and the largest key logit so far.
+
+    ``state`` (B, Hkv, M, Dv) = sum_j phi(k_j)^T v_j and ``normaliser`` (B, Hkv, M) = sum_j phi(k_j), each
+    feature taken relative to ``level`` (B, Hkv); ``raw_max`` (B, Hkv) the running max of the key logits
+    (-inf while only padding has been seen), from which later levels continue.
+    """
+
+    state: Tensor
+    normaliser: Tensor
+    level: Tensor
+    raw_max: Tensor
+
+    def index_select(self, rows: Tensor) -> PerformerState:
+        return PerformerState(*(tensor.index_select(0, rows) for tensor in
+                                (self.state, self.normaliser, self.level, self.raw_max)))
+
+
+def performer_decode(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    projection: Tensor,
+    state: PerformerState | None,
+    *,
+    key_padding_mask: Tensor | None = None,
+    scale: float | None = None,
+    chunk_size: int = 64,
+) -> tuple[Tensor, PerformerState]:
+    """Causal Performer attention of T new positions after the keys ``state`` summarises (None: none):
+    q (B, H, T, Dh) and the new keys and values (B, Hkv, T, Dh); ``key_padding_mask`` (B, T) for the new
+    keys. Returns the output (B, H, T, Dv), what ``performer_attention`` gives these queries over all the
+    keys (to rounding), and the state after them: a decoding step costs O(M Dh), whatever the length."""
+    _check_inputs(q, k, v, projection, True, key_padding_mask, scale, chunk_size)
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"performer_decode: the new queries ({q.shape[2]}) and keys ({k.shape[2]}) are the same "
+                         "positions")
+    with torch.autocast(q.device.type, enabled=False):
+        q_features, k_logits, values = _features(q, k, v, projection, key_padding_mask, scale)
+        out, state = _causal(q_features, k_logits, values, chunk_size, state)
+    return out.reshape(*q.shape[:3], v.shape[-1]).to(q.dtype), state
+
+
+def _features(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, key_padding_mask: Tensor | None,
+              scale: float | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Query features (B, Hkv, G, Tq, M), each query's relative to its own max; key logits (B, Hkv, Tk, M),
+    -inf for padded keys; values (B, Hkv, Tk, Dv); in float32 (float64 for float64 input)."""
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads = k.shape[1]
+    scale = head_dim ** -0.5 if scale is None else scale
+    compute = torch.promote_types(q.dtype, torch.float32)
+    weights = projection.to(device=q.device, dtype=compute).T  # (Dh, M)
+    # q' = q * scale**0.5, query heads of one group side by side: (B, Hkv, G, Tq, Dh).
+    q_scaled = q.to(compute).reshape(batch, kv_heads, heads // kv_heads, q_len, head_dim) * scale ** 0.5
+    q_logits = q_scaled @ weights  # (B, Hkv, G, Tq, M)
+    q_features = torch.exp(q_logits - q_logits.detach().amax(-1, keepdim=True))
+    k_scaled = k.to(compute) * scale ** 0.5
+    k_logits = k_scaled @ weights - k_scaled.square().sum(-1, keepdim=True) / 2  # (B, Hkv, Tk, M)
+    if key_padding_mask is not None:
+        k_logits = k_logits.masked_fill(~key_padding_mask[:, None, :, None], float("-inf"))
+    return q_features, k_logits, v.to(compute)
 
 
 def _bidirectional(q_features: Tensor, k_logits: Tensor, values: Tensor) -> Tensor:
@@ -113,18 +166,25 @@ def _bidirectional(q_features: Tensor, k_logits: Tensor, values: Tensor) -> Tens
     return _divide(q_features @ state, q_features @ normaliser)
 
 
-def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: int) -> Tensor:
-    """Query i (the last Tq of Tk positions) sees keys j <= its position: a scan over query chunks.
+def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: int,
+            carried: PerformerState | None = None) -> tuple[Tensor, PerformerState]:
+    """Query i (the last Tq of Tk positions) sees keys j <= its position: a scan over query chunks, after
+    the keys ``carried`` summarises (then Tq == Tk). Returns (B, Hkv, G, Tq, Dv) and the state after it.
 
     Every quantity of position i is kept relative to ``running[i]``, the max key logit up to i, so a
     query's output depends on no later key (bitwise) and no feature exceeds 1.
     """
     q_len, k_len = q_features.shape[-2], k_logits.shape[-2]
     offset = k_len - q_len
-    running = _finite_or_zero(k_logits.detach().amax(-1).cummax(-1).values)  # (B, Hkv, Tk)
+    raw = k_logits.detach().amax(-1).cummax(-1).values  # (B, Hkv, Tk)
+    if carried is not None:
+        raw = torch.maximum(raw, carried.raw_max[..., None])
+    running = _finite_or_zero(raw)
     batch, kv_heads, _, num_features = k_logits.shape
+    if carried is not None:
+        state, normaliser, carried_max = carried.state, carried.normaliser, carried.level
     # The keys before the first query (a cached prefix) enter as the initial state, relative to their max.
-    if offset > 0:
+    elif offset > 0:
         carried_max = running[..., offset - 1]  # (B, Hkv)
         prefix = torch.exp(k_logits[..., :offset, :] - carried_max[..., None, None])  # (B, Hkv, offset, M)
         state = prefix.transpose(-2, -1) @ values[..., :offset, :]  # (B, Hkv, M, Dv)
@@ -134,7 +194,8 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
         state = values.new_zeros(batch, kv_heads, num_features, values.shape[-1])
         normaliser = values.new_zeros(batch, kv_heads, num_features)
     if q_len == 0:
-        return q_features.new_zeros(*q_features.shape[:-1], values.shape[-1])
+        empty = q_features.new_zeros(*q_features.shape[:-1], values.shape[-1])
+        return empty, PerformerState(state, normaliser, carried_max, raw[..., -1] if k_len else carried.raw_max)
     size = min(chunk_size, q_len)
     below = torch.ones(size, size, dtype=torch.bool, device=k_logits.device).tril()  # key j <= query i
     # Chunks by split, not by slicing in the loop: a slice's backward writes a zero tensor of the whole
@@ -163,7 +224,7 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
         state = state * carry[..., None, None] + to_last.transpose(-2, -1) @ chunk_values
         normaliser = normaliser * carry[..., None] + to_last.sum(-2)
         carried_max = last
-    return torch.cat(outputs, dim=-2)
+    return torch.cat(outputs, dim=-2), PerformerState(state, normaliser, carried_max, raw[..., -1])
 
 
 def _finite_or_zero(stabiliser: Tensor) -> Tensor:

@@ -160,6 +160,10 @@ class Positional(nn.Module):
         super().__init__()
         self.kind = kind
         self.max_len = max_len
+        # What the scheme adds, as plain flags: a decoding step asks for all three.
+        self.adds_embeddings = kind in ("learned", "sinusoidal")
+        self.rotates = kind == "rope"
+        self.adds_bias = kind in ("alibi", "relative")
         if kind == "learned":
             self.absolute = LearnedPositions(max_len, d_model)
         elif kind == "sinusoidal":
@@ -180,15 +184,15 @@ class Positional(nn.Module):
 
     def embeddings(self, position_ids: Tensor) -> Tensor | None:
         """(B, T) -> (B, T, D) absolute encodings, or None."""
-        return self.absolute(position_ids) if hasattr(self, "absolute") else None
+        return self.absolute(position_ids) if self.adds_embeddings else None
 
     def rotary_angles(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
         """(B, T) -> cos, sin (B, 1, T, Dh), or None."""
-        return self.rotary(position_ids, dtype) if hasattr(self, "rotary") else None
+        return self.rotary(position_ids, dtype) if self.rotates else None
 
     def attention_bias(self, query_positions: Tensor, key_positions: Tensor) -> Tensor | None:
         """(B, Tq), (B, Tk) -> additive bias (B, H, Tq, Tk), or None."""
-        return self.bias(query_positions, key_positions) if hasattr(self, "bias") else None
+        return self.bias(query_positions, key_positions) if self.adds_bias else None
 
 
 def positional_from_config(config, causal: bool, kind: str | None = None) -> Positional:

@@ -9,14 +9,33 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
-from tformer.nn.attention import BlockBias, KVCache, MaskParts, RollingKVCache, additive_mask, build_mask, padding_mask
+from tformer.nn.attention import AttentionMask, CrossAttentionCache, PositionBias, StepLayout, kernel_class
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.inputs import check_attention_mask, check_positions
 from tformer.nn.norm import build_norm
-from tformer.nn.position import Positional, positional_from_config, positions_from_mask
+from tformer.nn.position import positional_from_config, positions_from_mask
 
-# The kernels that take the mask as its parts (MaskParts) and never a dense (B, H, Tq, Tk) one.
-STRUCTURED_KERNELS = ("chunked", "sliding_window", "performer")
+# The ModelConfig fields that a pass laid out outside the stack (a decoding session's StepLayout, the
+# serving engine's paged layout) is known to compute exactly: the layout carries positions and padding,
+# the stack builds everything else from the config as its forward does. A field added later is not here
+# until someone checks the layouts honour it; a model whose config sets it away from its default then
+# decodes through its own forward and the engine refuses it (fail closed). Grouped by what they shape.
+LAYOUT_FIELDS = frozenset({
+    # sizes, the block and its attention
+    "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+    "d_ff", "activation", "norm", "norm_position", "norm_eps", "norm_bias", "bias", "attention_bias",
+    "feedforward_bias", "attention_kernel", "performer_features", "performer_redraw_interval", "attention_window",
+    # positions (the layout's own business: counted over real tokens, as forward counts them)
+    "positional", "rope_theta", "sinusoidal_layout", "relative_num_buckets", "relative_max_distance",
+    # embeddings and heads of the families that decode
+    "tie_embeddings", "scale_embeddings", "embedding_norm", "num_encoder_layers", "lm_head_bias",
+    "scale_decoder_output",
+    # not read when decoding: training only (dropout, initialisation) or metadata (ids, labels, the other families)
+    "dropout", "attention_dropout", "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
+    "decoder_start_token_id", "forced_eos_token_id", "extra", "type_vocab_size", "head", "num_labels", "problem_type",
+    "label_names", "position_offset", "pooler_input_dropout", "image_size", "patch_size", "num_channels", "pooling",
+    "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio",
+})
 
 
 @dataclass
@@ -47,7 +66,6 @@ class TransformerStack(nn.Module):
         self.config = config
         self.causal = causal
         self.cross_attention = cross_attention
-        self.structured = config.attention_kernel in STRUCTURED_KERNELS
         self.positional = positional_from_config(config, causal=causal, kind=None if add_positions else "none")
 
         def norm() -> nn.Module:
@@ -64,26 +82,12 @@ class TransformerStack(nn.Module):
         """The number of positions when they index a fixed table (learned, sinusoidal), else None."""
         return self.positional.max_len if self.positional.has_table else None
 
-    def new_cache(
-        self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device, source_len: int | None = None
-    ) -> list[LayerCache]:
-        """Empty key/value caches for ``max_len`` positions (a sliding window's: a rolling cache of its
-        ``attention_window`` last positions, whatever ``max_len``); with cross-attention, also for the
-        ``source_len`` encoder positions (filled by the first step, reused after), or, when
-        ``source_len`` is None, slots left empty for the model's first step to make."""
-        config = self.config
-
-        def kv(length: int) -> KVCache:
-            return KVCache(batch_size, config.num_kv_heads, length, config.head_dim, dtype, device)
-
-        def own() -> KVCache:
-            if config.attention_kernel == "sliding_window":
-                return RollingKVCache(batch_size, config.num_kv_heads, config.attention_window, config.head_dim,
-                                      dtype, device)
-            return kv(max_len)
-
-        cross = self.cross_attention and source_len is not None
-        return [LayerCache(own(), kv(source_len) if cross else None) for _ in range(config.num_layers)]
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> list[LayerCache]:
+        """Empty caches for decoding up to ``max_len`` positions, one per block: its kernel's self-attention
+        backend (a dense key/value cache; a sliding window's keeps its last positions, Performer's a running
+        state), and with cross-attention a slot the first step fills with the encoder's keys and values."""
+        return [LayerCache(block.attention.new_cache(batch_size, max_len, dtype, device),
+                           CrossAttentionCache() if self.cross_attention else None) for block in self.blocks]
 
     def forward(
         self,
@@ -98,7 +102,8 @@ class TransformerStack(nn.Module):
     ) -> StackOutput:
         """x: embedded inputs (B, T, D). ``attention_mask`` (B, past + T), 1 = attend, covers cached
         positions too; ``position_ids`` (B, T) default to counting attended tokens. ``encoder_hidden``
-        (B, S, D) and ``encoder_mask`` (B, S), 1 = attend, feed cross-attention."""
+        (B, S, D) and ``encoder_mask`` (B, S), 1 = attend, feed cross-attention. Checks its inputs, lays
+        out the pass (``StepLayout``) and runs it (``run``)."""
         if encoder_hidden is not None and not self.cross_attention:
             raise ValueError("encoder_hidden given, but this stack has no cross-attention (cross_attention=False)")
         batch, length, _ = x.shape
@@ -109,47 +114,59 @@ class TransformerStack(nn.Module):
         if position_ids is None:
             position_ids = key_positions[:, past:]
         check_positions(position_ids, self.position_limit, self.positional.kind)
+        kernel = self.config.attention_kernel
+        if output_attentions and not kernel_class(kernel).weights:
+            raise ValueError(f"attention_kernel={kernel!r} has no attention weights (output_attentions=True); "
+                             "use an exact kernel (sdpa, reference, chunked) to inspect them")
+        layout = StepLayout(position_ids, key_positions, None if attention_mask is None else attention_mask.bool())
+        return self.run(x, layout, cache, encoder_hidden, None if encoder_mask is None else encoder_mask.bool(),
+                        output_attentions=output_attentions, output_hidden_states=output_hidden_states)
 
-        absolute = self.positional.embeddings(position_ids)
+    def run(
+        self,
+        x: Tensor,
+        layout: StepLayout,
+        cache: list[LayerCache] | None = None,
+        encoder_hidden: Tensor | None = None,
+        encoder_padding: Tensor | None = None,
+        *,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> StackOutput:
+        """The pass itself, for inputs already checked: ``forward``'s, or a decoding session's and the
+        serving engine's, which check theirs once and lay out every step from their own tables. Positions,
+        the mask and rotary angles are built here once and shared by every block. ``encoder_padding``
+        (B, S) bool, True = a real source token."""
+        absolute = self.positional.embeddings(layout.positions)
         if absolute is not None:
             x = x + absolute
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         x = self.dropout(x)
-
-        rotary = self.positional.rotary_angles(position_ids, x.dtype)
-        if self.structured:
-            if output_attentions and self.config.attention_kernel == "performer":
-                raise ValueError("attention_kernel='performer' has no attention weights (output_attentions=True); "
-                                 "use an exact kernel (sdpa, reference, chunked) to inspect them")
-            context = AttentionContext(
-                rotary=rotary, encoder_output=encoder_hidden, need_weights=output_attentions,
-                parts=MaskParts(self.causal, None if attention_mask is None else attention_mask.bool(),
-                                _block_bias(self.positional, position_ids, key_positions)),
-                encoder_parts=MaskParts(key_padding_mask=None if encoder_mask is None else encoder_mask.bool()),
-            )
-        else:
-            mask, is_causal = build_mask(
-                length, past + length, causal=self.causal, attention_mask=attention_mask,
-                position_bias=self.positional.attention_bias(position_ids, key_positions),
-                dtype=x.dtype, device=x.device,
-            )
-            context = AttentionContext(
-                mask=mask, is_causal=is_causal, rotary=rotary, encoder_output=encoder_hidden,
-                encoder_mask=None if encoder_mask is None else additive_mask(padding_mask(encoder_mask), x.dtype),
-                need_weights=output_attentions,
-            )
+        batch, length, width = x.shape
+        context = AttentionContext(
+            mask=layout.attention_mask(self.causal, self._position_bias()),
+            rotary=self.positional.rotary_angles(layout.positions, x.dtype),
+            encoder_output=encoder_hidden,
+            encoder_mask=None if encoder_padding is None else AttentionMask(key_padding=encoder_padding),
+            need_weights=output_attentions,
+            shape=(batch, length),
+        )
+        x = x.reshape(batch * length, width)  # the blocks read rows; only attention needs (B, T)
         hidden_states: list[Tensor] = []
         attentions: list[Tensor] = []
         cross_attentions: list[Tensor] = []
         for index, block in enumerate(self.blocks):
             if output_hidden_states:
-                hidden_states.append(x)
+                hidden_states.append(x.view(batch, length, width))
             x, self_weights, cross_weights = block(x, context, None if cache is None else cache[index])
             if output_attentions:
                 attentions.append(self_weights)
                 if cross_weights is not None:
                     cross_attentions.append(cross_weights)
+        x = x.view(batch, length, width)
+        if layout.keep is not None:
+            x = x[:, layout.keep]
         x = self.final_norm(x)
         if output_hidden_states:
             hidden_states.append(x)
@@ -160,21 +177,13 @@ class TransformerStack(nn.Module):
             hidden_states=hidden_states if output_hidden_states else None,
         )
 
+    def _position_bias(self) -> PositionBias | None:
+        """The additive bias by query and key positions (ALiBi, relative buckets), or None."""
+        return self.positional.bias if self.positional.adds_bias else None
+
 
 def _key_positions(batch: int, total: int, attention_mask: Tensor | None, device: torch.device) -> Tensor:
     """(B, past + T) position of every key: counted over attended tokens when padded."""
     if attention_mask is not None:
         return positions_from_mask(attention_mask)
     return torch.arange(total, device=device).expand(batch, total)
-
-
-def _block_bias(positional: Positional, query_positions: Tensor, key_positions: Tensor) -> BlockBias | None:
-    """The position bias (ALiBi, relative) of query rows and key columns, built block by block by the
-    kernel from positions (B, Tq) and (B, Tk); None when the scheme adds none."""
-    if not hasattr(positional, "bias"):
-        return None
-
-    def bias(query_index: Tensor, key_index: Tensor) -> Tensor:  # (B, H, tq, tk)
-        return positional.bias(query_positions[:, query_index], key_positions[:, key_index])
-
-    return bias

@@ -2,11 +2,15 @@
 batch (their prompts prefilled in the same step as the others decode), samples one token for every
 running sequence, and removes finished sequences at once, their cache blocks back in the pool.
 
+A step runs the model's own blocks (its ``step`` hook) over every running sequence's new tokens at
+once, their keys and values in a paged pool (``nn.attention.paged``), on the model's device.
+
 Requests are submitted and cancelled from any thread; ``step`` runs on one (the server's engine
 thread, or the caller's in ``Engine.complete``). Each request carries a ``GenerationConfig`` (the
-options of ``tformer.generate``: ``max_new_tokens``, temperature, top-k/p, seed, end ids, stop
-strings), so a request alone decodes what ``generate`` would: greedy tokens identically, and
-seeded sampling with the same draws.
+options of ``tformer.generate``), chosen from by the same ``TokenChooser`` and read as text by the same
+``IncrementalDetokenizer``, so a request alone decodes what ``generate`` would: greedy tokens
+identically, and seeded sampling with the same draws. Every field of ``GenerationConfig`` is either
+honoured or refused away from its default (``GENERATION_FIELDS``).
 """
 
 from __future__ import annotations
@@ -21,13 +25,33 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.sampling import TokenChooser
+from tformer.generation.session import stack_session_problem
 from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model
-from tformer.generation.stream import REPLACEMENT
-from tformer.serving.paged_cache import BlockTable, blocks_for
-from tformer.serving.paged_decoder import PagedDecoder, PagedStep
+from tformer.nn.attention.paged import BlockPool, BlockTable, PagedCache, PagedLayout, blocks_for
+from tformer.nn.block import LayerCache
+from tformer.nn.weights import decoding_step
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout")
+HONOURED = None
+# Every GenerationConfig field: None where the engine honours it as ``generate`` does, else why it refuses
+# a value other than the default (with a GenerationError naming the field). A field added to
+# GenerationConfig must be entered here (a test enumerates the dataclass), so none is silently dropped.
+GENERATION_FIELDS: dict[str, str | None] = {
+    "max_new_tokens": HONOURED, "min_new_tokens": HONOURED, "forced_eos_token_id": HONOURED,
+    "do_sample": HONOURED, "temperature": HONOURED, "top_k": HONOURED, "top_p": HONOURED, "seed": HONOURED,
+    "eos_token_id": HONOURED, "stop_strings": HONOURED,
+    "pad_token_id": "a sequence that ends is not padded: the server returns each one as it is",
+    "num_beams": "the server decodes one token at a time per sequence (no beam search)",
+    "length_penalty": "it is beam search's, and the server does no beam search",
+    "early_stopping": "it is beam search's, and the server does no beam search",
+    "num_return_sequences": "ask for n sequences instead",
+    "num_draft_tokens": "the server decodes without a draft model",
+    "output_scores": "ask for logprobs instead",
+    "return_dict": "the server answers in its own format",
+    "use_cache": "the server always decodes over its cache",
+}
 
 
 @dataclass
@@ -49,13 +73,14 @@ class _Sequence:
 
     index: int
     generator: torch.Generator | None
+    detokenizer: IncrementalDetokenizer | None  # its text (None: the engine has no tokenizer)
     table: BlockTable | None = None
     output_ids: list[int] = field(default_factory=list)
-    text: str = ""  # text handed out so far
-    decoded: str = ""  # text of the tokens decoded so far (handed out, or held back for a stop string)
-    prefix_offset: int = 0  # incremental decoding: the tokens decoded again as context for the next ones
-    read_offset: int = 0  # ... and the tokens whose text is in ``decoded``
     finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "" if self.detokenizer is None else self.detokenizer.text
 
 
 class Request:
@@ -64,7 +89,7 @@ class Request:
 
     def __init__(self, request_id: int, prompt_ids: list[int], config: GenerationConfig, n: int, chooser: TokenChooser,
                  end_ids: frozenset[int], on_event: Callable[[TokenEvent], None] | None, logprobs: int | None,
-                 blocks_needed: int) -> None:
+                 blocks_needed: int, device: torch.device, tokenizer=None) -> None:
         self.id = request_id
         self.prompt_ids = prompt_ids
         self.config = config
@@ -75,7 +100,11 @@ class Request:
         self.blocks_needed = blocks_needed  # per sequence: prompt + longest answer
         self.submitted = time.monotonic()
         self.first_token_at: float | None = None
-        self.sequences = [_Sequence(index, _generator(config.seed, index)) for index in range(n)]
+        self.sequences = [
+            _Sequence(index, _generator(config.seed, index, device),
+                      None if tokenizer is None else IncrementalDetokenizer(tokenizer, config.stop_strings))
+            for index in range(n)
+        ]
         self.done = threading.Event()
 
     @property
@@ -93,11 +122,12 @@ class Request:
         return [sequence.finish_reason for sequence in self.sequences]
 
 
-def _generator(seed: int | None, index: int) -> torch.Generator | None:
-    """A request's draws: ``seed`` for its first sequence (as ``generate`` would), ``seed + index`` after."""
+def _generator(seed: int | None, index: int, device: torch.device) -> torch.Generator | None:
+    """A request's draws on the model's device: ``seed`` for its first sequence (as ``generate`` would),
+    ``seed + index`` after."""
     if seed is None:
         return None
-    return torch.Generator().manual_seed((seed + index) % 2**64)
+    return torch.Generator(device=device).manual_seed((seed + index) % 2**64)
 
 
 @dataclass
@@ -114,7 +144,7 @@ class EngineStats:
 
 
 class Engine:
-    """Continuous batching over a paged key/value cache for one decoder model.
+    """Continuous batching over a paged key/value cache for one decoder model, on its device.
 
     ``cache_tokens``: the pool's size in tokens (rounded up to whole blocks of ``block_size``);
     ``max_running``: sequences decoding at once; ``max_step_tokens``: new tokens per step (prompts
@@ -129,14 +159,19 @@ class Engine:
                             ("max_step_tokens", max_step_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name}={value!r} must be an integer >= 1")
-        reason = PagedDecoder.supports(model)
+        reason = serving_problem(model)
         if reason is not None:
-            raise GenerationError(f"the server's paged decoder does not cover this model: {reason}")
+            raise GenerationError(f"the server cannot decode this model: {reason}")
         self.model = model.eval()
+        if callable(getattr(model, "prepare_for_decoding", None)):
+            model.prepare_for_decoding()
         self.tokenizer = tokenizer
-        with torch.inference_mode():
-            self.decoder = PagedDecoder(model)
-        self.pool = self.decoder.new_pool(blocks_for(cache_tokens, block_size), block_size)
+        parameter = next(model.parameters())
+        self.device = parameter.device
+        config = model.config
+        self.pool = BlockPool(blocks_for(cache_tokens, block_size), block_size, config.num_layers, config.num_kv_heads,
+                              config.head_dim, parameter.dtype, self.device)
+        self.caches = [LayerCache(PagedCache(self.pool, layer)) for layer in range(config.num_layers)]
         self.max_running = max_running
         self.max_step_tokens = max_step_tokens
         self.queue_timeout = queue_timeout
@@ -215,14 +250,17 @@ class Engine:
         self._expire_waiting()
         if not self._running:
             return 0
-        tables, new_tokens = [], []
+        tables, counts, input_ids = [], [], []
         for request, sequence in self._running:
             tokens = request.prompt_ids if id(sequence) in admitted else [self._pending[id(sequence)]]
             sequence.table.append_slots(len(tokens))
             tables.append(sequence.table)
-            new_tokens.append(tokens)
-        step = PagedStep.build(tables, new_tokens, self.decoder.dtype)
-        logits = self.decoder.step(step, self.pool)  # (S, V)
+            counts.append(len(tokens))
+            input_ids.extend(tokens)
+        layout = PagedLayout.build(tables, counts, self.device)
+        ids = torch.tensor([input_ids], device=self.device)  # (1, N): every new token, one sequence after another
+        with decoding_step:
+            logits = self.model.step(ids, layout, self.caches)[0]  # (S, V) each sequence's last token
         self.stats.steps += 1
         self._sample(logits)
         return len(tables)
@@ -293,31 +331,21 @@ class Engine:
         return admitted
 
     def _sample(self, logits: Tensor) -> None:
-        """Choose each running sequence's next token from its row of ``logits`` (S, V) and hand it out."""
-        greedy = [row for row, (request, _) in enumerate(self._running) if not request.chooser.do_sample]
-        greedy_choice = {}
-        if greedy:
-            rows = torch.tensor(greedy)
-            scores = logits[rows].float()
-            for row, token in zip(greedy, self._greedy_tokens(scores, rows).tolist(), strict=True):
-                greedy_choice[row] = token
-        for row, (request, sequence) in enumerate(list(self._running)):
-            chooser = request.chooser
-            if row in greedy_choice:
-                token = greedy_choice[row]
-            else:
+        """Choose each running sequence's next token from its row of ``logits`` (S, V) and hand it out: one
+        argmax over the rows whose choice is the plain argmax, the chooser row by row for the others."""
+        running = list(self._running)
+        plain = [row for row, (request, sequence) in enumerate(running)
+                 if not request.chooser.alters(len(sequence.output_ids))]
+        tokens: dict[int, int] = {}
+        if plain:
+            rows = torch.tensor(plain, device=logits.device)
+            tokens = dict(zip(plain, logits.index_select(0, rows).argmax(-1).tolist(), strict=True))
+        for row, (request, sequence) in enumerate(running):
+            if row not in tokens:
+                chooser = request.chooser
                 scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids))
-                token = int(chooser.choose(scores, sequence.generator))
-            self._accept(request, sequence, token, logits[row] if request.logprobs is not None else None)
-
-    def _greedy_tokens(self, scores: Tensor, rows: Tensor) -> Tensor:
-        """Argmax per row, with each request's end ids forbidden before its ``min_new_tokens``."""
-        for position, row in enumerate(rows.tolist()):
-            request, sequence = self._running[row]
-            chooser = request.chooser
-            if chooser.min_new_tokens and len(sequence.output_ids) < chooser.min_new_tokens:
-                scores[position] = chooser.scores(scores[position : position + 1], len(sequence.output_ids))[0]
-        return scores.argmax(dim=-1)
+                tokens[row] = int(chooser.choose(scores, sequence.generator))
+            self._accept(request, sequence, tokens[row], logits[row] if request.logprobs is not None else None)
 
     def _accept(self, request: Request, sequence: _Sequence, token: int, logits: Tensor | None) -> None:
         """Record ``token`` for ``sequence``: its text, its end (end id, stop string, length), its event."""
@@ -326,15 +354,13 @@ class Engine:
         sequence.output_ids.append(token)
         self.stats.generated_tokens += 1
         ended = token in request.end_ids  # the end token is kept in the ids, not in the text
-        text_ids = sequence.output_ids[:-1] if ended else sequence.output_ids
-        finish = "stop" if ended else None
-        text, stopped = self._new_text(request, sequence, text_ids, final=False)
-        if stopped:
-            finish = "stop"
-        elif finish is None and len(sequence.output_ids) >= request.config.max_new_tokens:
+        detokenizer = sequence.detokenizer
+        text = "" if detokenizer is None or ended else detokenizer.add([token])
+        finish = "stop" if ended or (detokenizer is not None and detokenizer.stopped) else None
+        if finish is None and len(sequence.output_ids) >= request.config.max_new_tokens:
             finish = "length"
-        if finish is not None and not stopped:
-            text += self._new_text(request, sequence, text_ids, final=True)[0]
+        if finish is not None and detokenizer is not None:
+            text += detokenizer.finish()
         logprob = top = None
         if logits is not None:
             logprob, top = _logprobs(logits, token, request.logprobs)
@@ -345,42 +371,6 @@ class Engine:
         self._emit(event)
         if request.finished:
             self._close(request)
-
-    def _new_text(self, request: Request, sequence: _Sequence, ids: list[int], final: bool) -> tuple[str, bool]:
-        """The text ``ids`` (the sequence's tokens) add since the last event, and whether a stop string ended it.
-
-        Text is held back while it ends inside a character or could be the start of a stop string
-        (unless ``final``); a stop string and what follows it are never handed out."""
-        if self.tokenizer is None:
-            return "", False
-        sequence.decoded += self._decode_new(sequence, ids, final)
-        decoded = sequence.decoded
-        stops = request.config.stop_strings
-        search_from = max(0, len(sequence.text) - max((len(s) for s in stops), default=0))
-        cut = min((index for index in (decoded.find(s, search_from) for s in stops) if index >= 0), default=-1)
-        if cut >= 0:
-            new = decoded[len(sequence.text): cut]
-            sequence.text += new
-            return new, True
-        if not final:
-            decoded = decoded[: len(decoded) - _stop_prefix_length(decoded, stops)]
-        new = decoded[len(sequence.text):]
-        sequence.text += new
-        return new, False
-
-    def _decode_new(self, sequence: _Sequence, ids: list[int], final: bool) -> str:
-        """The text ``ids`` add after the ones already decoded; nothing while it ends inside a character
-        (unless ``final``). The last tokens decoded are decoded again as context, so tokenizers that
-        join tokens (spaces between words, a leading-space marker) give the text the whole would."""
-        prefix, read = sequence.prefix_offset, sequence.read_offset
-        if len(ids) <= read:
-            return ""
-        before = self.tokenizer.decode(ids[prefix:read])
-        after = self.tokenizer.decode(ids[prefix:])
-        if not final and after.endswith(REPLACEMENT):
-            return ""
-        sequence.prefix_offset, sequence.read_offset = read, len(ids)
-        return after[len(before):]
 
     def _finish(self, request: Request, sequence: _Sequence, reason: str, emit: bool = True) -> None:
         """End ``sequence``: its blocks back to the pool, out of the running batch."""
@@ -433,13 +423,9 @@ class Engine:
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                      or not 0 <= logprobs <= vocab):
             raise GenerationError(f"logprobs={logprobs!r} must be an integer in [0, {vocab}]")
-        if config.num_beams > 1 or config.num_return_sequences > 1:
-            raise GenerationError("the server decodes one token at a time per sequence: num_beams and "
-                                  "num_return_sequences must be 1 (ask for n sequences instead)")
+        refuse_unhonoured(config)
         if config.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens={config.max_new_tokens} must be >= 1 on the server")
-        if not config.use_cache:
-            raise GenerationError("the server always decodes over its cache: use_cache must be True")
         check_call(config, model, torch.tensor([prompt_ids]), None, self.tokenizer, streaming=False)
         length = len(prompt_ids) + config.max_new_tokens
         limit = model.position_limit
@@ -451,22 +437,26 @@ class Engine:
             raise GenerationError(
                 f"{n} x ({len(prompt_ids)} prompt + {config.max_new_tokens} new) tokens need {n * blocks} cache "
                 f"blocks; the pool holds {self.pool.num_blocks} of {self.pool.block_size} tokens (raise cache_tokens)")
-        end_ids = config.end_ids(model.config)
-        eos = torch.tensor(end_ids, dtype=torch.long) if end_ids else None
-        chooser = TokenChooser(config.sampling, float(config.temperature), config.top_k,
-                               None if config.top_p is None else float(config.top_p), eos, config.min_new_tokens)
-        return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(end_ids), on_event, logprobs, blocks)
+        chooser = TokenChooser.from_config(config, model.config, self.device)
+        return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),
+                       on_event, logprobs, blocks, self.device, self.tokenizer)
 
 
-def _stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest end of ``text`` that is the start of a stop string (held back)."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
+def serving_problem(model: nn.Module) -> str | None:
+    """Why the engine cannot decode ``model``, or None: it steps a decoder-only model's own blocks (the
+    ``step`` hook) over a paged layout, which must know every switch of its config (fail closed)."""
+    if getattr(model, "encodes_prompt", False):
+        return "it encodes a source (an encoder-decoder); the server continues prompts with a decoder"
+    return stack_session_problem(model)
+
+
+def refuse_unhonoured(config: GenerationConfig) -> None:
+    """A GenerationError naming the first field of ``config`` the engine does not honour set away from its
+    default (``GENERATION_FIELDS``)."""
+    defaults = GenerationConfig()
+    for name, reason in GENERATION_FIELDS.items():
+        if reason is not None and getattr(config, name) != getattr(defaults, name):
+            raise GenerationError(f"{name}={getattr(config, name)!r} is not supported by the server: {reason}")
 
 
 def _logprobs(logits: Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:

@@ -1,0 +1,198 @@
+"""Cache backends: what an attention layer keeps between decoding steps, and how a step attends over it.
+
+Every backend offers ``attend(kernel, q, k, v, mask)``: it takes the step's new keys and values,
+stores what it keeps, and calls the layer's kernel over what the step's queries may see. The
+dense ``KVCache`` preallocates every position; the ``RollingKVCache`` keeps a sliding window's last
+keys; the ``CrossAttentionCache`` holds what cross-attention projected from the encoder on the first
+step. The paged pool (``paged.py``) and Performer's running state (``performer.py``) are backends
+too. A kernel names the backend it decodes with (``AttentionKernel.new_cache``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from tformer.nn.attention.mask import AttentionMask
+
+# A layer's attention kernel, as a backend calls it: (q, k, v, mask, need_weights=) -> (out, weights or None).
+Kernel = Callable[..., tuple[Tensor, Tensor | None]]
+
+
+class KVCache:
+    """Preallocated keys and values of one attention layer, filled as decoding proceeds.
+
+    Holds only the key/value heads, so grouped- and multi-query models cache less.
+    """
+
+    start = 0  # index of the first key ``append`` returns (a rolling cache forgets the oldest)
+    rewindable = True  # ``length`` may be set back (speculative decoding forgets rejected drafts)
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        shape = (batch_size, num_kv_heads, max_len, head_dim)  # (B, Hkv, Tmax, Dh)
+        self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self.values = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.keys.shape[2]
+
+    def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Store the step's keys and values (B, Hkv, T, Dh); the kernel's output over every cached key."""
+        past = self.length
+        end = past + k.shape[2]
+        if end > self.keys.shape[2]:
+            raise ValueError(f"KV cache overflow: {end} positions exceed its length {self.max_len}")
+        self.keys.narrow(2, past, end - past).copy_(k)
+        self.values.narrow(2, past, end - past).copy_(v)
+        self.length = end
+        return kernel(q, self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end), mask, need_weights=need_weights)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store new keys/values (B, Hkv, T, Dh); return all cached so far (views, no copy)."""
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions exceed its length {self.max_len}")
+        self.keys[:, :, self.length:end] = k
+        self.values[:, :, self.length:end] = v
+        self.length = end
+        return self.cached()
+
+    def cached(self) -> tuple[Tensor, Tensor]:
+        """Everything cached so far (views): (B, Hkv, length, Dh) each."""
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+    def reorder(self, batch_indices: Tensor) -> None:
+        """Keep the rows named by ``batch_indices`` (beam search), in that order: in place over the filled
+        positions when the batch keeps its size, else into new storage."""
+        if batch_indices.shape[0] != self.keys.shape[0]:
+            self.keys = self.keys.index_select(0, batch_indices)
+            self.values = self.values.index_select(0, batch_indices)
+            return
+        filled = slice(0, self._filled())
+        self.keys[:, :, filled] = self.keys[:, :, filled].index_select(0, batch_indices)
+        self.values[:, :, filled] = self.values[:, :, filled].index_select(0, batch_indices)
+
+    def _filled(self) -> int:
+        return self.length
+
+    def grow(self, max_len: int) -> None:
+        """Make room for ``max_len`` positions, keeping what is cached (the filled part is copied)."""
+        if max_len <= self.max_len:
+            return
+        batch, kv_heads, _, head_dim = self.keys.shape
+        keys = self.keys.new_empty(batch, kv_heads, max_len, head_dim)
+        values = self.values.new_empty(batch, kv_heads, max_len, head_dim)
+        keys[:, :, : self.length] = self.keys[:, :, : self.length]
+        values[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = keys, values
+
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+class RollingKVCache(KVCache):
+    """The keys and values of the last ``window`` positions only: a sliding window's cache.
+
+    A query sees itself and the W previous positions, so W cached positions are all a step needs:
+    ``append`` returns the cached ones followed by the new ones (B, Hkv, held + T, Dh), whose first
+    index in the sequence is ``start``, then keeps the last W. Rotary angles are applied before
+    caching, so only the order matters. ``length`` counts every position seen; it can be set back
+    (``truncate``) only while nothing has been forgotten.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        window: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self._length = 0
+        super().__init__(batch_size, num_kv_heads, window, head_dim, dtype, device)
+        self.start = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        if value != self._length and not (0 <= value <= self._length <= self.max_len):
+            raise ValueError(f"a rolling key/value cache of {self.max_len} positions has forgotten positions "
+                             f"before {self._length - self.max_len}; it cannot go back to {value} tokens "
+                             "(attention_kernel='sliding_window' cannot rewind: no speculative decoding)")
+        self._length = value
+
+    @property
+    def held(self) -> int:
+        """Positions cached now: min(length, window)."""
+        return min(self._length, self.max_len)
+
+    def _filled(self) -> int:
+        return self.held
+
+    def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        keys, values = self.append(k, v)
+        return kernel(q, keys, values, mask.shifted(self.start), need_weights=need_weights)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new keys/values (B, Hkv, T, Dh); return the held ones and these, in order (a copy)."""
+        held = self.held
+        keys = torch.cat([self.keys[:, :, :held], k], dim=2)  # (B, Hkv, held + T, Dh)
+        values = torch.cat([self.values[:, :, :held], v], dim=2)
+        keep = min(self.max_len, keys.shape[2])
+        self.keys[:, :, :keep] = keys[:, :, -keep:]
+        self.values[:, :, :keep] = values[:, :, -keep:]
+        self.start = self._length - held
+        self._length += k.shape[2]
+        return keys, values
+
+    def cached(self) -> tuple[Tensor, Tensor]:
+        held = self.held
+        return self.keys[:, :, :held], self.values[:, :, :held]
+
+    def grow(self, max_len: int) -> None:
+        """Nothing to do: a window's cache never needs more room."""
+
+
+class CrossAttentionCache:
+    """The keys and values cross-attention projects from the encoder's output (B, Hkv, S, Dh): stored by
+    the first decoding step, read by every later one (the source does not change while decoding)."""
+
+    def __init__(self) -> None:
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+
+    @property
+    def filled(self) -> bool:
+        return self.keys is not None
+
+    def attend(self, kernel: Kernel, q: Tensor, k: Tensor | None, v: Tensor | None, mask: AttentionMask,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if k is not None:
+            self.keys, self.values = k, v
+        return kernel(q, self.keys, self.values, mask, need_weights=need_weights)
+
+    def reorder(self, batch_indices: Tensor) -> None:
+        if self.filled:
+            self.keys = self.keys.index_select(0, batch_indices)
+            self.values = self.values.index_select(0, batch_indices)
+
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes

@@ -1,0 +1,67 @@
+"""What an attention kernel is: one class in its own file, listed by name in ``registry.py``.
+
+A kernel computes attention from queries (B, H, Tq, Dh), keys and values (B, Hkv, Tk, Dh), Hkv
+dividing H, and the pass's ``AttentionMask``; it returns (B, H, Tq, Dh), and the weights
+(B, H, Tq, Tk) when they are asked for and it has them. A query that sees no key gets zeros.
+It declares what it honours, so configs and callers ask it instead of comparing names:
+
+- ``exact``: it computes softmax attention itself (the same function as ``sdpa``); Hugging Face
+  export and the parity tests take only these.
+- ``dropout``: attention dropout (training); ``weights``: it can return the weights;
+  ``position_bias``: additive position biases (ALiBi, relative buckets).
+- ``fields``: the ModelConfig fields it reads (any other kernel refuses them away from their
+  defaults), checked by ``config_problem``.
+- ``new_cache``: the cache backend a layer decodes with (``cache.py``); the backend says whether it can
+  forget its last tokens (``rewindable``: speculative decoding needs it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from tformer.nn.attention.cache import KVCache
+from tformer.nn.attention.mask import AttentionMask
+
+
+class AttentionKernel:
+    """The base of every kernel: the defaults of an exact kernel that decodes over a dense cache."""
+
+    name: ClassVar[str]
+    exact: ClassVar[bool] = True
+    dropout: ClassVar[bool] = False
+    weights: ClassVar[bool] = True
+    position_bias: ClassVar[bool] = True
+    fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, head_dim: int, cross: bool = False, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(self.fields))
+        if unknown:
+            raise ValueError(f"attention kernel {self.name!r} reads {', '.join(self.fields) or 'no settings'}; "
+                             f"got {', '.join(unknown)}")
+        self.head_dim = head_dim
+        self.cross = cross
+
+    @classmethod
+    def config_problem(cls, config: Any) -> str | None:
+        """Why ``config``'s values of this kernel's fields cannot be used, or None."""
+        return None
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Modules holding this kernel's state (parameters, buffers), registered on the attention layer under
+        these names; none by default."""
+        return {}
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
+                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def new_cache(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
+                  device: torch.device) -> Any:
+        """The self-attention cache a layer with this kernel decodes over, for up to ``max_len`` positions."""
+        return KVCache(batch_size, num_kv_heads, max_len, head_dim, dtype, device)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,252 @@
+"""The paged cache backend: keys and values in fixed-size blocks from one pool that every sequence
+shares, each sequence reaching its own through a block table (PagedAttention's layout, Kwon et al.
+2023), and the layout of a step that decodes many sequences at once over it.
+
+Why pages: a preallocated (B, Hkv, Tmax, Dh) cache holds the longest answer's room for every
+request; blocks are taken as tokens arrive and given back the moment a request ends, so the
+memory held follows the tokens actually stored (at most one part-filled block per sequence).
+
+Admission reserves, allocation draws: a request is admitted only when the pool can promise it
+the blocks of its prompt plus its longest answer (``reserve``); blocks are then allocated one at
+a time from that promise as the sequence grows. A running sequence therefore never finds the
+pool empty, and a full pool makes new requests wait instead of corrupting running ones.
+
+A paged step mixes sequences that decode one token with sequences whose prompt is prefilled: every
+new token is one row of the step (the model runs them as one batch of N rows), so projections and
+feed-forward layers are single matrix products over all of them; only attention is grouped
+(``PagedCache``): the one-token sequences attend together over their slots, gathered into one
+left-padded batch, and each prefill attends alone, causal over its context. The kernel is the
+model's own, whichever it is, under an ``AttentionMask`` per group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from tformer.nn.attention.cache import Kernel
+from tformer.nn.attention.mask import AttentionMask, PositionBias, StepLayout
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """How many blocks of ``block_size`` hold ``tokens`` tokens."""
+    return -(-tokens // block_size)
+
+
+class BlockPool:
+    """Keys and values of every layer in ``num_blocks`` blocks of ``block_size`` token slots.
+
+    Storage is slot-major, (layers, num_blocks * block_size, Hkv, Dh): token slot ``s`` of
+    block ``b`` is row ``b * block_size + s``, so writing a step's keys is one ``index_copy_`` and
+    reading a sequence's is one gather by its slots.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a block pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)  # (L, slots, Hkv, Dh)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self._free = list(range(num_blocks - 1, -1, -1))  # a stack: the lowest id is handed out first
+        self.reserved = 0  # blocks promised to admitted sequences and not yet allocated
+
+    @property
+    def blocks_in_use(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def available(self) -> int:
+        """Blocks neither allocated nor promised."""
+        return len(self._free) - self.reserved
+
+    def bytes_per_block(self) -> int:
+        return 2 * self.keys[:, : self.block_size].nbytes
+
+    def reserve(self, count: int) -> bool:
+        """Promise ``count`` blocks to one sequence; False (nothing promised) when the pool cannot."""
+        if count > self.available:
+            return False
+        self.reserved += count
+        return True
+
+    def allocate(self) -> int:
+        """One block out of a promise made by ``reserve``."""
+        if self.reserved < 1:
+            raise RuntimeError("allocate() without a reservation")
+        self.reserved -= 1
+        return self._free.pop()
+
+    def release(self, blocks: list[int], unused_reservation: int) -> None:
+        """Give back a sequence's ``blocks`` and what it was promised but never allocated."""
+        self.reserved -= unused_reservation
+        self._free.extend(reversed(blocks))
+
+
+class BlockTable:
+    """One sequence's blocks in order, the tokens they hold, and its remaining promise.
+
+    The pool rows of its tokens are kept as they are handed out (``slots``), so a step reads a
+    sequence's context without recomputing it from the block list."""
+
+    def __init__(self, pool: BlockPool, reservation: int) -> None:
+        self.pool = pool
+        self.blocks: list[int] = []
+        self.length = 0  # tokens stored
+        self.reservation = reservation  # blocks promised and not yet allocated
+        self._slots = torch.empty(reservation * pool.block_size, dtype=torch.long)  # (capacity,) rows, in order
+
+    def append_slots(self, count: int) -> Tensor:
+        """Slots (count,) for the next ``count`` tokens, taking blocks from the promise as needed."""
+        start, end, size = self.length, self.length + count, self.pool.block_size
+        if end > self._slots.numel():
+            raise RuntimeError(f"sequence grew past its reservation ({len(self.blocks)} blocks)")
+        while len(self.blocks) * size < end:
+            self.blocks.append(self.pool.allocate())
+            self.reservation -= 1
+        if count == 1:
+            self._slots[start] = self.blocks[start // size] * size + start % size
+        else:
+            positions = torch.arange(start, end)
+            blocks = torch.tensor(self.blocks, dtype=torch.long)[positions // size]
+            self._slots[start:end] = blocks * size + positions % size
+        self.length = end
+        return self._slots[start:end]
+
+    def slots(self, start: int, end: int) -> Tensor:
+        """Pool rows of positions ``start`` .. ``end - 1`` (stored tokens only)."""
+        if not 0 <= start <= end <= self.length:
+            raise IndexError(f"positions {start}..{end - 1} are outside the {self.length} stored tokens")
+        return self._slots[start:end]
+
+    def release(self) -> None:
+        """Give every block and the unused promise back to the pool (idempotent)."""
+        self.pool.release(self.blocks, self.reservation)
+        self.blocks, self.reservation, self.length = [], 0, 0
+
+
+@dataclass
+class PagedPrefill:
+    """A sequence of a paged step that runs several new tokens (a prompt): its rows and context."""
+
+    rows: slice  # its new tokens' rows in the step
+    context: Tensor  # (L,) slots of all its tokens, in order
+    positions: Tensor  # (1, L) their positions
+
+    @property
+    def query_positions(self) -> Tensor:
+        """(1, T) the positions of its new tokens: the last T of its context."""
+        return self.positions[:, self.positions.shape[1] - (self.rows.stop - self.rows.start):]
+
+
+@dataclass(eq=False)
+class PagedLayout(StepLayout):
+    """One step over a ``BlockPool``: every sequence's new tokens as the rows of one batch (1, N), where
+    their keys and values go, and what each group of rows attends over. ``keep``: each sequence's last
+    new row, whose logits the step returns."""
+
+    slots: Tensor = field(default=None)  # (N,) pool rows of the new keys and values
+    decode_rows: Tensor | None = None  # (Bd,) rows of the sequences adding one token
+    decode_context: Tensor | None = None  # (Bd, Lmax) their slots, left-padded with slot 0
+    decode_padding: Tensor | None = None  # (Bd, Lmax) True = a real key; None when every context is Lmax long
+    decode_positions: Tensor | None = None  # (Bd, Lmax) key positions (negative on the padding)
+    prefills: list[PagedPrefill] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, tables: list[BlockTable], new_tokens: list[int], device: torch.device) -> PagedLayout:
+        """The layout for sequences whose ``tables`` already hold room for their ``new_tokens`` (a count each)."""
+        positions, slots, last_rows, decode_rows, decode_contexts, prefills = [], [], [], [], [], []
+        row = 0
+        for table, count in zip(tables, new_tokens, strict=True):
+            context = table.slots(0, table.length)  # (L,)
+            positions.extend(range(table.length - count, table.length))
+            slots.append(context[-count:])
+            if count == 1:
+                decode_rows.append(row)
+                decode_contexts.append(context)
+            else:
+                prefills.append(PagedPrefill(slice(row, row + count), context.to(device),
+                                             torch.arange(table.length, device=device)[None]))
+            row += count
+            last_rows.append(row - 1)
+        layout = cls(torch.tensor([positions], device=device), queries_see_keys=True,
+                     keep=torch.tensor(last_rows, device=device), slots=torch.cat(slots).to(device),
+                     prefills=prefills)
+        if decode_contexts:
+            layout._lay_out_decodes(decode_rows, decode_contexts, device)
+        return layout
+
+    def _lay_out_decodes(self, rows: list[int], contexts: list[Tensor], device: torch.device) -> None:
+        """The one-token sequences' contexts as one left-padded batch: each query is the last position of
+        its row, so causality, a sliding window and position biases read the same as for one sequence."""
+        longest = max(len(context) for context in contexts)
+        lengths = torch.tensor([len(context) for context in contexts])
+        padded = torch.zeros(len(contexts), longest, dtype=torch.long)
+        for index, context in enumerate(contexts):
+            padded[index, longest - len(context):] = context
+        self.decode_rows = torch.tensor(rows, device=device)
+        self.decode_context = padded.to(device)
+        self.decode_positions = (torch.arange(longest)[None, :] - (longest - lengths)[:, None]).to(device)
+        if bool((lengths < longest).any()):
+            self.decode_padding = self.decode_positions >= 0
+
+    def attention_mask(self, causal: bool, position_bias: PositionBias | None) -> PagedMask:
+        if not causal:
+            raise ValueError("a paged step decodes: its attention is causal")
+        return PagedMask(self, position_bias)
+
+
+class PagedMask:
+    """The mask of a paged step: an ``AttentionMask`` for the one-token sequences together, and one per
+    prefill, built once per step and read by every layer's ``PagedCache``."""
+
+    def __init__(self, layout: PagedLayout, position_bias: PositionBias | None) -> None:
+        self.layout = layout
+        self.decode = None
+        if layout.decode_rows is not None:
+            queries = layout.decode_positions[:, -1:]  # (Bd, 1) each query is its context's last position
+            self.decode = AttentionMask(True, layout.decode_padding, queries, layout.decode_positions, position_bias,
+                                        queries_see_keys=True)
+        self.prefills = [AttentionMask(True, None, prefill.query_positions, prefill.positions, position_bias,
+                                       queries_see_keys=True) for prefill in layout.prefills]
+
+
+class PagedCache:
+    """One layer's part of a ``BlockPool``, as a cache backend: a paged step's new keys and values go to
+    their slots, then each group of rows attends over its sequences' slots (gathered) with the kernel."""
+
+    rewindable = False
+
+    def __init__(self, pool: BlockPool, layer: int) -> None:
+        self.pool = pool
+        self.layer = layer
+
+    def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: PagedMask,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """q (1, H, N, Dh), k and v (1, Hkv, N, Dh): the step's rows -> (1, H, N, Dh)."""
+        if need_weights:
+            raise ValueError("a paged step returns no attention weights")
+        layout = mask.layout
+        keys, values = self.pool.keys[self.layer], self.pool.values[self.layer]  # (slots, Hkv, Dh)
+        keys.index_copy_(0, layout.slots, k[0].transpose(0, 1))
+        values.index_copy_(0, layout.slots, v[0].transpose(0, 1))
+        rows = q[0].transpose(0, 1)  # (N, H, Dh)
+        out = torch.empty_like(rows)
+        kv_heads, head_dim = keys.shape[1], keys.shape[2]
+        if layout.decode_rows is not None:
+            batch, longest = layout.decode_context.shape
+            flat = layout.decode_context.view(-1)  # index_select gathers rows faster than indexing by a 2-D tensor
+            context_keys = keys.index_select(0, flat).view(batch, longest, kv_heads, head_dim).transpose(1, 2)
+            context_values = values.index_select(0, flat).view(batch, longest, kv_heads, head_dim).transpose(1, 2)
+            queries = rows[layout.decode_rows].unsqueeze(2)  # (Bd, H, 1, Dh)
+            out[layout.decode_rows] = kernel(queries, context_keys, context_values, mask.decode)[0].squeeze(2)
+        for prefill, prefill_mask in zip(layout.prefills, mask.prefills, strict=True):
+            queries = rows[prefill.rows].transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
+            context_keys = keys.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)  # (1, Hkv, L, Dh)
+            context_values = values.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)
+            out[prefill.rows] = kernel(queries, context_keys, context_values, prefill_mask)[0][0].transpose(0, 1)
+        return out.transpose(0, 1).unsqueeze(0), None

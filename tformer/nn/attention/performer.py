@@ -1,0 +1,110 @@
+"""The ``performer`` kernel: FAVOR+ (``nn/performer.py``), softmax attention estimated with
+``performer_features`` positive random features per head, in time and memory linear in length.
+
+It decodes with its own cache: causal Performer attention needs of the past only two running sums
+over the keys' features (``PerformerState``), so a step costs the same at any length and the cache
+never grows; in exchange it cannot forget tokens (no speculative decoding)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tformer.nn.attention.kernel import AttentionKernel
+from tformer.nn.attention.mask import AttentionMask
+from tformer.nn.performer import PerformerProjection, PerformerState, performer_attention, performer_decode
+
+
+class PerformerKernel(AttentionKernel):
+    """FAVOR+ with this layer's own ``PerformerProjection`` (redrawn every ``performer_redraw_interval``
+    training steps; 0: drawn once). It has no score matrix, so no weights and no additive position bias."""
+
+    name = "performer"
+    exact = False
+    weights = False
+    position_bias = False
+    fields = ("performer_features", "performer_redraw_interval")
+
+    def __init__(self, head_dim: int, cross: bool = False, **settings: Any) -> None:
+        super().__init__(head_dim, cross, **settings)
+        self.projection = PerformerProjection(settings.get("performer_features", 256), head_dim,
+                                              settings.get("performer_redraw_interval", 0))
+
+    @classmethod
+    def config_problem(cls, config: Any) -> str | None:
+        features, redraw = config.performer_features, config.performer_redraw_interval
+        if not isinstance(features, int) or isinstance(features, bool) or features < 1:
+            return f"performer_features={features!r} must be a positive integer"
+        if not isinstance(redraw, int) or isinstance(redraw, bool) or redraw < 0:
+            return (f"performer_redraw_interval={redraw!r} must be an integer >= 0 (training steps between redraws; "
+                    "0: draw once)")
+        return None
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"performer": self.projection}
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
+                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        self._check(mask, need_weights)
+        return performer_attention(q, k, v, self.projection(), causal=mask.causal,
+                                   key_padding_mask=mask.key_padding), None
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None,
+               state: PerformerState | None) -> tuple[Tensor, PerformerState]:
+        """Causal attention of new positions (queries, keys and values of the same T) after ``state``."""
+        return performer_decode(q, k, v, self.projection(), state, key_padding_mask=key_padding)
+
+    @staticmethod
+    def _check(mask: AttentionMask, need_weights: bool) -> None:
+        if need_weights:
+            raise ValueError("attention_kernel='performer' has no attention weights to return "
+                             "(need_weights / output_attentions); use an exact kernel to inspect them")
+        if mask.position_bias is not None:
+            raise ValueError("attention_kernel='performer' cannot add a position bias (it forms no scores)")
+
+    def new_cache(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
+                  device: torch.device) -> PerformerCache:
+        return PerformerCache()
+
+
+class PerformerCache:
+    """A causal Performer layer's decoding cache: the ``PerformerState`` of every key seen, not the keys."""
+
+    rewindable = False  # running sums cannot forget a token
+
+    def __init__(self) -> None:
+        self.state: PerformerState | None = None
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        if value != self._length:
+            raise ValueError(f"attention_kernel='performer' keeps running sums over the keys, not the keys: its "
+                             f"cache cannot go back from {self._length} to {value} tokens (no speculative decoding)")
+
+    def attend(self, kernel: PerformerKernel, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        kernel._check(mask, need_weights)
+        new = k.shape[2]
+        padding = None if mask.key_padding is None else mask.key_padding[:, -new:]
+        out, self.state = kernel.decode(q, k, v, padding, self.state)
+        self._length += new
+        return out, None
+
+    def reorder(self, batch_indices: Tensor) -> None:
+        if self.state is not None:
+            self.state = self.state.index_select(batch_indices)
+
+    def grow(self, max_len: int) -> None:
+        """Nothing to do: the state has one size whatever the length."""
+
+    def nbytes(self) -> int:
+        if self.state is None:
+            return 0
+        return sum(t.nbytes for t in (self.state.state, self.state.normaliser, self.state.level, self.state.raw_max))

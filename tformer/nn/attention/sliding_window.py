@@ -1,0 +1,45 @@
+"""The ``sliding_window`` kernel: exact attention restricted to a band of ``attention_window`` (W) keys,
+computed by the chunked kernel over the key blocks inside the band only; a decoder's cache keeps the
+last W positions (``RollingKVCache``). Cross-attention sees its whole source (no band)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tformer.nn.attention.cache import RollingKVCache
+from tformer.nn.attention.chunked import ChunkedKernel
+
+
+class SlidingWindowKernel(ChunkedKernel):
+    """Causal: query i sees keys i - W .. i (itself and the W previous); bidirectional: |i - j| <= W,
+    counted in sequence order. O(T W) time, O(T) memory, no dropout; weights for inspection."""
+
+    name = "sliding_window"
+    exact = False
+    fields = ("attention_window",)
+
+    def __init__(self, head_dim: int, cross: bool = False, **settings: Any) -> None:
+        super().__init__(head_dim, cross, **settings)
+        if not cross:
+            window = settings.get("attention_window")
+            if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+                raise ValueError(f"attention_window={window!r} must be an integer >= 1 for the sliding_window kernel")
+            self.window = window
+
+    @classmethod
+    def config_problem(cls, config: Any) -> str | None:
+        limit = config.num_patches + 1 if config.architecture == "vision" else config.max_seq_len
+        window = config.attention_window
+        if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= limit:
+            return (f"attention_window={window!r} must be an integer in [1, {limit}] (the sequence length) for "
+                    "attention_kernel='sliding_window'")
+        return None
+
+    def new_cache(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
+                  device: torch.device) -> RollingKVCache:
+        return RollingKVCache(batch_size, num_kv_heads, self.window, head_dim, dtype, device)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(window={self.window})"

@@ -1,0 +1,52 @@
+"""Weight backends: how a model's linear layers hold and multiply their weights, swapped in as modules
+(``use_weights``) so that the model's code never changes. Adding a backend is one file (a subclass of
+``LinearBackend``) and one entry in ``WEIGHT_BACKENDS``.
+
+- ``plain``: ``nn.Linear`` itself (training; the default on accelerators).
+- ``prepacked``: the same parameters, read at inference from a copy laid out for the CPU's matrix
+  library (the default for decoding on the CPU; ``prepacked.py`` says why and what it costs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tformer.nn.weights.backend import LinearBackend, decoding_step
+from tformer.nn.weights.prepacked import PrepackedLinear
+
+WEIGHT_BACKENDS: dict[str, type[nn.Linear]] = {"plain": nn.Linear, "prepacked": PrepackedLinear}
+
+
+def decoding_weights(device: torch.device) -> str:
+    """The weight backend decoding uses by default on ``device``: prepacked on the CPU, plain elsewhere."""
+    return "prepacked" if device.type == "cpu" else "plain"
+
+
+def use_weights(model: nn.Module, name: str) -> nn.Module:
+    """Swap every linear layer of ``model`` to the weight backend ``name`` (in place; returned too); layers
+    already on it check that what they derived from the weights still holds (``verify``)."""
+    if name not in WEIGHT_BACKENDS:
+        raise ValueError(f"weight backend {name!r} is not one of {', '.join(WEIGHT_BACKENDS)}")
+    backend = WEIGHT_BACKENDS[name]
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            if type(child) is backend:
+                if isinstance(child, LinearBackend):
+                    child.verify()
+                continue
+            linear = child.to_linear() if isinstance(child, LinearBackend) else child
+            setattr(module, child_name, linear if backend is nn.Linear else backend.from_linear(linear))
+    return model
+
+
+def weights_in_use(model: nn.Module) -> set[str]:
+    """The names of the weight backends of ``model``'s linear layers (a subclass of nn.Linear counts as plain)."""
+    names = {backend: name for name, backend in WEIGHT_BACKENDS.items()}
+    return {names.get(type(m), "plain") for m in model.modules() if isinstance(m, nn.Linear)}
+
+
+__all__ = ["WEIGHT_BACKENDS", "LinearBackend", "PrepackedLinear", "decoding_step", "decoding_weights", "use_weights",
+           "weights_in_use"]

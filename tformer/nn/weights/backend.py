@@ -1,0 +1,57 @@
+"""What a weight backend is: a module that takes the place of an ``nn.Linear`` (a module swap; the
+model's code does not change) and multiplies by the same weights its own way."""
+
+from __future__ import annotations
+
+import threading
+
+from torch import nn
+
+
+class _DecodingStep(threading.local):
+    """Whether this thread is inside a decoding step: ``with decoding_step:`` (generation sessions and the
+    serving engine enter it for each step). Backends that keep a derived copy of the weights read it only
+    there, where the weights cannot change under them; everywhere else they act as nn.Linear."""
+
+    depth = 0
+
+    @property
+    def active(self) -> bool:
+        return self.depth > 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.depth -= 1
+
+
+decoding_step = _DecodingStep()
+
+
+class LinearBackend(nn.Linear):
+    """The base of the weight backends other than plain ``nn.Linear``: it is built from a linear layer
+    (``from_linear``) and gives that layer back (``to_linear``), so a model can move between backends.
+
+    A backend that keeps the layer's parameters (a layout for reading them faster) holds the same
+    ``weight`` and ``bias`` parameter objects, so checkpoints, tied weights and training see no change.
+    """
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> LinearBackend:
+        raise NotImplementedError
+
+    def verify(self) -> None:
+        """Check that what the backend derived from the weights still holds; by default it derives nothing."""
+
+    def to_linear(self) -> nn.Linear:
+        """The linear layer this backend was made from."""
+        return self.__dict__["_source"]
+
+    def _adopt(self, linear: nn.Linear) -> None:
+        """Take ``linear``'s shape and its very parameters, and remember it for ``to_linear``."""
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.register_parameter("bias", linear.bias)
+        self.__dict__["_source"] = linear  # not a submodule: its parameters are these

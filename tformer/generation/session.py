@@ -294,7 +294,7 @@ class StackSession(ModelSession):
             positions=self.positions[:, past:end],
             key_positions=self.positions[:, :end],
             key_padding=self.attend[:, :end] if self.padded else None,
-            queries_see_keys=past >= self.real_from,
+            real_queries=past >= self.real_from,
             keep=LAST if last_only and end - past > 1 else None,
         )
         return self.model.step(input_ids, layout, self.cache, **self.step_inputs)

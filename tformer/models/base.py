@@ -14,6 +14,7 @@ from tformer.checkpoint import save_checkpoint
 from tformer.config import ModelConfig
 from tformer.interop import save_hf
 from tformer.models.output import GenerationState
+from tformer.nn.lean import observed
 from tformer.nn.losses import IGNORE_INDEX
 from tformer.nn.stack import TransformerStack
 from tformer.nn.weights import decoding_weights, use_weights
@@ -33,6 +34,7 @@ class Model(nn.Module):
         super().__init__()
         self.config = config
         self.tokenizer: Any = None
+        self.decodes_directly = False  # decoding steps call every part's forward directly (prepare_for_decoding)
 
     # ---- parameters --------------------------------------------------------------------------
 
@@ -81,9 +83,11 @@ class Model(nn.Module):
     def prepare_for_decoding(self, weights: str | None = None) -> Model:
         """Ready the model to decode: its linear layers on the weight backend ``weights`` (``nn.weights``;
         default: prepacked on the CPU, plain elsewhere), swapped in as modules, so every path (generation,
-        the serving engine) runs the same blocks. Generation and the engine call it; ``weights="plain"``
-        gives the layers back. Returns the model."""
+        the serving engine) runs the same blocks; and whether its decoding steps may call each part's
+        forward directly (nothing observes its modules: nn/lean.py). Generation and the engine call it;
+        ``weights="plain"`` gives the layers back. Returns the model."""
         use_weights(self, decoding_weights(self.device) if weights is None else weights)
+        self.decodes_directly = not observed(self)
         return self
 
     @property

@@ -69,7 +69,11 @@ class DecoderLM(Model):
     def step(self, input_ids: Tensor, layout: StepLayout, cache: list[LayerCache]) -> Tensor:
         """A decoding step: ``input_ids`` (B, T) after the cached tokens, laid out by the caller (positions,
         padding, the rows it wants), unchecked: a session checks its prompt once. Logits (B, kept rows, V)."""
-        return self.lm_head(self.stack.run(self.embedding(input_ids), layout, cache).hidden)
+        parts, direct = self._modules, self.decodes_directly
+        embedding, lm_head = parts["embedding"], parts["lm_head"]
+        x = embedding.forward(input_ids) if direct else embedding(input_ids)
+        hidden = parts["stack"].run(x, layout, cache, direct=direct).hidden
+        return lm_head.forward(hidden) if direct else lm_head(hidden)
 
     def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> GenerationState:
         """The prompt as it is: a decoder has nothing to encode, and its steps need nothing but tokens."""

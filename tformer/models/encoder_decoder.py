@@ -116,7 +116,7 @@ class EncoderDecoderLM(Seq2SeqModel):
         unchecked (a session checks its source once), attending to ``encoder_output`` (B, S, D) where
         ``encoder_attention_mask`` (B, S) is 1. Logits (B, kept rows, V)."""
         decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output,
-                                   encoder_attention_mask.bool())
+                                   encoder_attention_mask.bool(), direct=self.decodes_directly)
         return self._logits(decoded.hidden)
 
     def _logits(self, hidden: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ class AttentionContext:
     encoder_mask: AttentionMask | None = None
     need_weights: bool = False
     shape: tuple[int, int] | None = None  # (B, T) when the blocks get their inputs as rows (B * T, D)
+    direct: bool = False  # call the parts' forwards directly: nothing observes the modules (nn/lean.py)
 
 
 @dataclass
@@ -86,18 +87,25 @@ class TransformerBlock(nn.Module):
             x, cross_weights = self._attend(x, layers["cross_attention_norm"], cross_attention, context.encoder_mask,
                                             context.encoder_output, None, cross_cache, context)
         norm, feedforward = layers["feedforward_norm"], layers["feedforward"]
+        if context.direct:
+            out = feedforward.forward(norm.forward(x) if self.pre_norm else x, direct=True)
+            return (x + out if self.pre_norm else norm.forward(x + out)), self_weights, cross_weights
         out = feedforward(norm(x) if self.pre_norm else x)
         if self.training:
             out = self.dropout(out)
-        x = x + out if self.pre_norm else norm(x + out)
-        return x, self_weights, cross_weights
+        return (x + out if self.pre_norm else norm(x + out)), self_weights, cross_weights
 
     def _attend(self, x: Tensor, norm: nn.Module, attention: MultiHeadAttention, mask: AttentionMask | None,
                 source: Tensor | None, rotary: Rotary | None, cache: Any,
                 context: AttentionContext) -> tuple[Tensor, Tensor | None]:
         """One attention sublayer as a residual branch (self-attention, or cross-attention to ``source``)."""
+        if context.direct:  # a decoding step: no dropout, no hooks
+            out, weights = attention.forward(norm.forward(x) if self.pre_norm else x, mask=mask, context=source,
+                                             rotary=rotary, cache=cache, need_weights=context.need_weights,
+                                             shape=context.shape, direct=True)
+            return (x + out if self.pre_norm else norm.forward(x + out)), weights
         out, weights = attention(norm(x) if self.pre_norm else x, mask=mask, context=source, rotary=rotary,
                                  cache=cache, need_weights=context.need_weights, shape=context.shape)
         if self.training:
             out = self.dropout(out)
-        return x + out if self.pre_norm else norm(x + out), weights
+        return (x + out if self.pre_norm else norm(x + out)), weights

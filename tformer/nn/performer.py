@@ -28,6 +28,7 @@ so training holds (T / chunk) M Dh per head instead of the T M Dh of a cumulativ
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +84,7 @@ def performer_attention(
     Returns (B, H, Tq, Dv) in q's dtype; features are computed in float32 (or float64 for float64 input).
     """
     _check_inputs(q, k, v, projection, causal, key_padding_mask, scale, chunk_size)
-    with torch.autocast(q.device.type, enabled=False):
+    with _without_autocast(q.device):
         q_features, k_logits, values = _features(q, k, v, projection, key_padding_mask, scale)
         if causal:
             out = _causal(q_features, k_logits, values, chunk_size)[0]
@@ -131,10 +132,31 @@ def performer_decode(
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"performer_decode: the new queries ({q.shape[2]}) and keys ({k.shape[2]}) are the same "
                          "positions")
-    with torch.autocast(q.device.type, enabled=False):
+    return decode_unchecked(q, k, v, projection, state, key_padding_mask, scale, chunk_size)
+
+
+def decode_unchecked(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, state: PerformerState | None,
+                     key_padding_mask: Tensor | None = None, scale: float | None = None,
+                     chunk_size: int = 64) -> tuple[Tensor, PerformerState]:
+    """``performer_decode`` for inputs its caller has checked (a decoding cache, every step): one new real
+    position after a state, the common step, is computed directly (``decode_one``)."""
+    if state is not None and q.shape[2] == 1 and key_padding_mask is None:
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return decode_one(q, k, v, decoding_weights(projection, state.state.dtype, scale), state, scale)
+    with _without_autocast(q.device):
         q_features, k_logits, values = _features(q, k, v, projection, key_padding_mask, scale)
         out, state = _causal(q_features, k_logits, values, chunk_size, state)
     return out.reshape(*q.shape[:3], v.shape[-1]).to(q.dtype), state
+
+
+def decoding_weights(projection: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
+    """The projection as ``decode_one`` multiplies by it: (Dh, M), times scale**0.5 (q' = q * scale**0.5)."""
+    return projection.to(dtype).t() * scale ** 0.5
+
+
+def _without_autocast(device: torch.device):
+    """Autocast off for the features (float32 at least), or nothing to do when it is not on."""
+    return torch.autocast(device.type, enabled=False) if torch.is_autocast_enabled(device.type) else nullcontext()
 
 
 def _features(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, key_padding_mask: Tensor | None,
@@ -225,6 +247,40 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
         normaliser = normaliser * carry[..., None] + to_last.sum(-2)
         carried_max = last
     return torch.cat(outputs, dim=-2), PerformerState(state, normaliser, carried_max, raw[..., -1])
+
+
+def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: PerformerState,
+               scale: float) -> tuple[Tensor, PerformerState]:
+    """One new real position after ``carried``, with ``weights`` from ``decoding_weights`` for ``scale`` (the
+    score scale, 1 / sqrt(Dh) by default): ``_causal``'s
+    arithmetic for a chunk of one (whose decay is 1), as batched products over the (batch, key/value head)
+    pairs, the carried sums updated in place (the cache owns them). The running max never falls, so the
+    sums are brought to a new level only when it rises, which after the first tokens is rare; and the
+    output reads the updated sums, since q' (S c + phi(k)^T v) = (q' c) S + (q' . phi(k)) v is what
+    ``_causal`` computes. Returns (B, H, 1, Dv) and the state."""
+    batch, heads, _, head_dim = q.shape
+    kv_heads, width = k.shape[1], v.shape[-1]
+    rows, features = batch * kv_heads, weights.shape[1]
+    compute = weights.dtype
+    queries = q.to(compute).reshape(rows, heads // kv_heads, head_dim)  # (rows, G, Dh)
+    keys = k.to(compute).reshape(rows, 1, head_dim)
+    q_logits = queries @ weights  # (rows, G, M)
+    q_features = torch.exp(q_logits - q_logits.amax(-1, keepdim=True))
+    k_logits = (keys @ weights).sub_(torch.linalg.vecdot(keys, keys)[..., None], alpha=scale / 2)  # k'W^T - |k'|^2/2
+    level = carried.level.view(rows, 1, 1)
+    raw = torch.maximum(level, k_logits.amax(-1, keepdim=True))  # finite: a real key
+    state, normaliser = carried.state.view(rows, features, width), carried.normaliser.view(rows, features, 1)
+    if not torch.equal(raw, level):  # the running max rose
+        carry = torch.exp(level - raw)  # the carried sums brought to the new level
+        state.mul_(carry)
+        normaliser.mul_(carry)
+    k_features = torch.exp(k_logits - raw).transpose(1, 2)  # (rows, M, 1), each <= 1
+    state.baddbmm_(k_features, v.to(compute).reshape(rows, 1, width))
+    normaliser.add_(k_features)
+    out = _divide(torch.bmm(q_features, state), torch.bmm(q_features, normaliser))  # (rows, G, Dv)
+    new_level = raw.view(batch, kv_heads)
+    return out.view(batch, heads, 1, width).to(q.dtype), PerformerState(carried.state, carried.normaliser, new_level,
+                                                                        new_level)
 
 
 def _finite_or_zero(stabiliser: Tensor) -> Tensor:

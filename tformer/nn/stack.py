@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
-from tformer.nn.attention import AttentionMask, CrossAttentionCache, PositionBias, StepLayout, kernel_class
+from tformer.nn.attention import AttentionMask, CrossAttentionCache, StepLayout, kernel_class
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.inputs import check_attention_mask, check_positions
 from tformer.nn.norm import build_norm
@@ -132,34 +132,42 @@ class TransformerStack(nn.Module):
         *,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        direct: bool = False,
     ) -> StackOutput:
         """The pass itself, for inputs already checked: ``forward``'s, or a decoding session's and the
         serving engine's, which check theirs once and lay out every step from their own tables. Positions,
         the mask and rotary angles are built here once and shared by every block. ``encoder_padding``
-        (B, S) bool, True = a real source token."""
-        absolute = self.positional.embeddings(layout.positions)
+        (B, S) bool, True = a real source token. ``direct``: call every part's forward directly (a decoding
+        step of a model nothing observes: nn/lean.py)."""
+        parts = self._modules  # read directly: a decoding step runs this once per token
+        positional = parts["positional"]
+        absolute = positional.embeddings(layout.positions)
         if absolute is not None:
             x = x + absolute
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        x = self.dropout(x)
+        if self.training:
+            x = self.dropout(x)
         batch, length, width = x.shape
         context = AttentionContext(
-            mask=layout.attention_mask(self.causal, self._position_bias()),
-            rotary=self.positional.rotary_angles(layout.positions, x.dtype),
+            mask=layout.attention_mask(self.causal, positional.bias if positional.adds_bias else None),
+            rotary=positional.rotary_angles(layout.positions, x.dtype),
             encoder_output=encoder_hidden,
             encoder_mask=None if encoder_padding is None else AttentionMask(key_padding=encoder_padding),
             need_weights=output_attentions,
             shape=(batch, length),
+            direct=direct,
         )
         x = x.reshape(batch * length, width)  # the blocks read rows; only attention needs (B, T)
         hidden_states: list[Tensor] = []
         attentions: list[Tensor] = []
         cross_attentions: list[Tensor] = []
-        for index, block in enumerate(self.blocks):
+        for index, block in enumerate(parts["blocks"]):
             if output_hidden_states:
                 hidden_states.append(x.view(batch, length, width))
-            x, self_weights, cross_weights = block(x, context, None if cache is None else cache[index])
+            layer_cache = None if cache is None else cache[index]
+            x, self_weights, cross_weights = (block.forward(x, context, layer_cache) if direct
+                                              else block(x, context, layer_cache))
             if output_attentions:
                 attentions.append(self_weights)
                 if cross_weights is not None:
@@ -167,7 +175,8 @@ class TransformerStack(nn.Module):
         x = x.view(batch, length, width)
         if layout.keep is not None:
             x = x[:, layout.keep]
-        x = self.final_norm(x)
+        final_norm = parts["final_norm"]
+        x = final_norm.forward(x) if direct else final_norm(x)
         if output_hidden_states:
             hidden_states.append(x)
         return StackOutput(
@@ -176,10 +185,6 @@ class TransformerStack(nn.Module):
             cross_attentions=cross_attentions if output_attentions and cross_attentions else None,
             hidden_states=hidden_states if output_hidden_states else None,
         )
-
-    def _position_bias(self) -> PositionBias | None:
-        """The additive bias by query and key positions (ALiBi, relative buckets), or None."""
-        return self.positional.bias if self.positional.adds_bias else None
 
 
 def _key_positions(batch: int, total: int, attention_mask: Tensor | None, device: torch.device) -> Tensor:

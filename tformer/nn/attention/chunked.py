@@ -286,6 +286,6 @@ def _block_mask(mask: AttentionMask, q_len: int, k_len: int, window: int | None,
         bias = mask.position_bias(mask.query_positions, mask.key_positions).to(dtype)
         additive = bias if additive is None else additive + bias
     empty = None
-    if allowed is not None and not mask.queries_see_keys:
+    if allowed is not None and not mask.real_queries:
         empty = ~allowed.any(-1, keepdim=True)  # (B|1, 1, Tq, 1)
     return additive, empty

@@ -77,8 +77,8 @@ class AttentionMask:
     ``causal``: the queries are the last Tq of the Tk positions and see keys up to their own.
     ``key_padding`` (B, Tk) bool, True = a real key (None: none padded). ``position_bias`` with
     ``query_positions`` (B, Tq) and ``key_positions`` (B, Tk): an additive bias by position (None:
-    none). ``queries_see_keys``: the caller knows every query sees at least one key (a step of real
-    tokens), so no row needs zeroing. One object serves every layer of a pass: what it derives (the
+    none). ``real_queries``: the caller knows every query is a real token (none is padding), so each sees at
+    least itself and no row needs zeroing. One object serves every layer of a pass: what it derives (the
     dense form, the empty rows) is computed once and kept.
     """
 
@@ -87,7 +87,7 @@ class AttentionMask:
     query_positions: Tensor | None = None
     key_positions: Tensor | None = None
     position_bias: PositionBias | None = None
-    queries_see_keys: bool = False
+    real_queries: bool = False
     _derived: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -130,7 +130,7 @@ class AttentionMask:
 
     def empty_rows(self, q_len: int, k_len: int) -> Tensor | None:
         """True where a query sees no key at all, (B, 1, Tq | 1, 1); None when no row can be empty."""
-        if self.queries_see_keys or self.key_padding is None:
+        if self.real_queries or self.key_padding is None:
             return None
         key = ("empty", q_len, k_len)
         if key not in self._derived:
@@ -144,16 +144,23 @@ class AttentionMask:
         return self._derived[key]
 
     def shifted(self, start: int) -> AttentionMask:
-        """The same mask for the keys from index ``start`` on (a rolling cache holds only its last keys)."""
+        """The same mask for the keys from index ``start`` on (a rolling cache holds only its last keys); one
+        object per start, shared by the layers of a pass."""
         if start == 0:
             return self
+        key = ("shifted", start)
+        if key not in self._derived:
+            self._derived[key] = self._shifted(start)
+        return self._derived[key]
+
+    def _shifted(self, start: int) -> AttentionMask:
         return AttentionMask(
             self.causal,
             None if self.key_padding is None else self.key_padding[:, start:],
             self.query_positions,
             None if self.key_positions is None else self.key_positions[:, start:],
             self.position_bias,
-            self.queries_see_keys,
+            self.real_queries,
         )
 
 
@@ -177,8 +184,8 @@ class StepLayout:
 
     ``positions`` (B, T): each new token's position. ``key_positions`` (B, Tk): every key's (cached and
     new), for position biases; None: the new tokens are all the keys. ``key_padding`` (B, Tk) bool,
-    True = a real token; None: nothing padded. ``queries_see_keys``: every new token is real (a decoding
-    step after the prompt). ``keep``: the rows (of T) carried past the last block (a step that wants only
+    True = a real token; None: nothing padded. ``real_queries``: every new token is real, none is padding (a
+    decoding step after the prompt). ``keep``: the rows (of T) carried past the last block (a step that wants only
     the last token's logits); None: all. A stack turns it into the mask its layers share
     (``attention_mask``); a paged layout (``nn.attention.paged``) gives the mask its pool reads.
     """
@@ -186,9 +193,9 @@ class StepLayout:
     positions: Tensor
     key_positions: Tensor | None = None
     key_padding: Tensor | None = None
-    queries_see_keys: bool = False
+    real_queries: bool = False
     keep: slice | Tensor | None = None
 
     def attention_mask(self, causal: bool, position_bias: PositionBias | None) -> AttentionMask:
         keys = self.positions if self.key_positions is None else self.key_positions
-        return AttentionMask(causal, self.key_padding, self.positions, keys, position_bias, self.queries_see_keys)
+        return AttentionMask(causal, self.key_padding, self.positions, keys, position_bias, self.real_queries)

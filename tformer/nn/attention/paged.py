@@ -173,7 +173,7 @@ class PagedLayout(StepLayout):
                                              torch.arange(table.length, device=device)[None]))
             row += count
             last_rows.append(row - 1)
-        layout = cls(torch.tensor([positions], device=device), queries_see_keys=True,
+        layout = cls(torch.tensor([positions], device=device), real_queries=True,
                      keep=torch.tensor(last_rows, device=device), slots=torch.cat(slots).to(device),
                      prefills=prefills)
         if decode_contexts:
@@ -210,9 +210,9 @@ class PagedMask:
         if layout.decode_rows is not None:
             queries = layout.decode_positions[:, -1:]  # (Bd, 1) each query is its context's last position
             self.decode = AttentionMask(True, layout.decode_padding, queries, layout.decode_positions, position_bias,
-                                        queries_see_keys=True)
+                                        real_queries=True)
         self.prefills = [AttentionMask(True, None, prefill.query_positions, prefill.positions, position_bias,
-                                       queries_see_keys=True) for prefill in layout.prefills]
+                                       real_queries=True) for prefill in layout.prefills]
 
 
 class PagedCache:

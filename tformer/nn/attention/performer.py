@@ -14,7 +14,14 @@ from torch import Tensor, nn
 
 from tformer.nn.attention.kernel import AttentionKernel
 from tformer.nn.attention.mask import AttentionMask
-from tformer.nn.performer import PerformerProjection, PerformerState, performer_attention, performer_decode
+from tformer.nn.performer import (
+    PerformerProjection,
+    PerformerState,
+    decode_one,
+    decode_unchecked,
+    decoding_weights,
+    performer_attention,
+)
 
 
 class PerformerKernel(AttentionKernel):
@@ -31,6 +38,7 @@ class PerformerKernel(AttentionKernel):
         super().__init__(head_dim, cross, **settings)
         self.projection = PerformerProjection(settings.get("performer_features", 256), head_dim,
                                               settings.get("performer_redraw_interval", 0))
+        self._decoding_weights: tuple | None = None  # (the projection it was made from, the weights)
 
     @classmethod
     def config_problem(cls, config: Any) -> str | None:
@@ -53,8 +61,16 @@ class PerformerKernel(AttentionKernel):
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None,
                state: PerformerState | None) -> tuple[Tensor, PerformerState]:
-        """Causal attention of new positions (queries, keys and values of the same T) after ``state``."""
-        return performer_decode(q, k, v, self.projection(), state, key_padding_mask=key_padding)
+        """Causal attention of new positions (queries, keys and values of the same T) after ``state``; a step
+        of one real token reads the projection as ``decode_one`` wants it, made once per projection."""
+        projection = self.projection()
+        if state is None or q.shape[2] != 1 or key_padding is not None:
+            return decode_unchecked(q, k, v, projection, state, key_padding)
+        scale = self.head_dim ** -0.5
+        key = (projection.data_ptr(), projection._version, state.state.dtype)
+        if self._decoding_weights is None or self._decoding_weights[0] != key:
+            self._decoding_weights = key, decoding_weights(projection, state.state.dtype, scale)
+        return decode_one(q, k, v, self._decoding_weights[1], state, scale)
 
     @staticmethod
     def _check(mask: AttentionMask, need_weights: bool) -> None:
@@ -92,7 +108,7 @@ class PerformerCache:
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         kernel._check(mask, need_weights)
         new = k.shape[2]
-        padding = None if mask.key_padding is None else mask.key_padding[:, -new:]
+        padding = None if mask.key_padding is None or mask.real_queries else mask.key_padding[:, -new:]
         out, self.state = kernel.decode(q, k, v, padding, self.state)
         self._length += new
         return out, None

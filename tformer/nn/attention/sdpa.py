@@ -61,6 +61,6 @@ class SdpaKernel(AttentionKernel):
         dense, is_causal = mask.dense(q.shape[2], k.shape[2], q.dtype, q.device)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout_p, is_causal=is_causal,
                                              enable_gqa=k.shape[1] != q.shape[1])
-        if mask.key_padding is None or mask.queries_see_keys:  # no row can be empty
+        if mask.key_padding is None or mask.real_queries:  # no row can be empty
             return out, None
         return zero_empty_rows(out, None, mask, k.shape[2])

@@ -10,8 +10,9 @@ from torch import nn
 
 class _DecodingStep(threading.local):
     """Whether this thread is inside a decoding step: ``with decoding_step:`` (generation sessions and the
-    serving engine enter it for each step). Backends that keep a derived copy of the weights read it only
-    there, where the weights cannot change under them; everywhere else they act as nn.Linear."""
+    serving engine enter it for each step, without gradients). Backends that keep a derived copy of the
+    weights read it only there, where the weights cannot change under them; everywhere else they act as
+    nn.Linear."""
 
     depth = 0
 

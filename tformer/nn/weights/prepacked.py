@@ -46,10 +46,11 @@ class PrepackedLinear(LinearBackend):
     def forward(self, x: Tensor) -> Tensor:
         parameters = self._parameters  # read directly: a decoding step calls this a few hundred times
         weight, bias = parameters["weight"], parameters["bias"]
-        if not decoding_step.active or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
-            return F.linear(x, weight, bias)  # outside decoding, or training: the parameters themselves
-        packed = self._packed
-        if packed is None or packed.source != _fingerprint(weight, bias):
+        if not decoding_step.depth:
+            return F.linear(x, weight, bias)  # outside decoding steps: exactly nn.Linear
+        packed = self._packed  # a step runs without gradients; a new thread count is seen by verify()
+        if (packed is None or weight._version != packed.version or weight.data_ptr() != packed.pointer
+                or (bias is not None and bias._version != packed.bias_version)):
             packed = self.packed()
             if packed is None:
                 return F.linear(x, weight, bias)
@@ -63,8 +64,7 @@ class PrepackedLinear(LinearBackend):
             return None
         if self._packed is None or self._packed.source != _fingerprint(weight, bias):
             with torch.no_grad():
-                threads = torch.get_num_threads() if weight.device.type == "cpu" else 1
-                self._packed = PackedWeight(weight.detach(), None if bias is None else bias.detach(), threads)
+                self._packed = PackedWeight(weight, bias)
         return self._packed
 
     def verify(self) -> None:
@@ -87,9 +87,13 @@ class PackedWeight:
 
     SAMPLES = 32  # values of the weight (spread over it) and of the bias that ``holds`` compares
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, parts: int = 1) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         self.source = _fingerprint(weight, bias)
+        self.pointer, self.version, self.threads, self.bias_version = self.source  # what a call compares
         self.sample = _sample(weight, bias, self.SAMPLES)
+        weight = weight.detach()
+        bias = None if bias is None else bias.detach()
+        parts = self.threads if weight.device.type == "cpu" else 1
         size_out, size_in = weight.shape
         self.size_out = size_out
         self.weight_in_out = weight.t().contiguous()  # (in, out)

@@ -34,9 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speculative_pair import DEFAULT_DATA, SEQ_LEN, load_or_train_pair, read_text  # noqa: E402
-from tformer.generation.fast_decoder import fast_decoder_for  # noqa: E402
 
 import tformer  # noqa: E402
+from tformer.nn.weights import PrepackedLinear  # noqa: E402
 
 SHAPES = {
     "a": ("(a) GPT-2 124M: 12 x 768, V=50257", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257)),
@@ -113,10 +113,8 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
 def matvec_floor(model) -> None:
     """Only the matrix-vector products of NEW_TOKENS one-token steps, back to back: every weight
     read once per token, nothing else. Its speed is the ceiling of any batch-1 decoder here."""
-    weights = fast_decoder_for(model)
-    projections = [p for layer in weights.layers
-                   for p in (layer.qkv, layer.attention_out, layer.feedforward_in, layer.feedforward_out)]
-    projections.append(weights.lm_head)
+    model.prepare_for_decoding()  # the weight backend decoding reads (prepacked on the CPU)
+    projections = [module.packed() for module in model.modules() if isinstance(module, PrepackedLinear)]
     inputs = [torch.randn(1, p.weight_in_out.shape[0]) for p in projections]
     with torch.inference_mode():
         for _ in range(NEW_TOKENS):

@@ -20,6 +20,7 @@ from tformer.nn.attention import (
     band_mask,
     chunked_attention,
 )
+from tformer.nn.attention.sliding_window import REWIND_SLACK
 from tformer.nn.position import ALiBi, RelativePositionBias
 
 B, H, DH = 2, 4, 8
@@ -217,7 +218,7 @@ def test_cached_generation_with_a_rolling_window_equals_the_full_forward(positio
         full = model(ids, attention_mask=mask).logits
         cache = model.new_cache(2, 16)
         assert all(isinstance(layer.self_attention, RollingKVCache) for layer in cache)
-        assert cache[0].self_attention.keys.shape[2] == 3  # attention_window positions, not max_len
+        assert cache[0].self_attention.keys.shape[2] == 3 + REWIND_SLACK  # the window and its slack, not max_len
         steps = [model(ids[:, :7], attention_mask=mask[:, :7], cache=cache).logits]  # prefill longer than W
         steps.append(model(ids[:, 7:9], attention_mask=mask[:, :9], cache=cache).logits)  # a two-token step
         for t in range(9, 16):
@@ -229,13 +230,15 @@ def test_cached_generation_with_a_rolling_window_equals_the_full_forward(positio
                        tformer.generate(model, prompt, 10, attention_mask=prompt_mask, use_cache=False))
 
 
-def test_a_rolling_cache_refuses_to_rewind_once_it_has_forgotten():
-    cache = RollingKVCache(1, 1, 3, 4)
+def test_a_rolling_cache_rewinds_only_while_it_still_holds_the_window():
+    cache = RollingKVCache(1, 1, 5, 4, window=2)  # window 2, three positions of slack
     cache.append(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
     cache.length = 1  # nothing forgotten yet: a rewind is exact
-    cache.append(torch.randn(1, 1, 4, 4), torch.randn(1, 1, 4, 4))
-    with pytest.raises(ValueError, match="cannot go back to 4 tokens"):
-        cache.length = 4
+    cache.append(torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4))  # 7 seen, positions 2..6 held
+    cache.length = 4  # positions 2..3 still hold the window of the next query
+    assert (cache.held, cache.cached()[0].shape[2]) == (2, 2)
+    with pytest.raises(ValueError, match="cannot go back to 3 tokens and still see the 2 before them"):
+        cache.length = 3
 
 
 def test_a_wider_window_than_the_sequence_is_full_attention():

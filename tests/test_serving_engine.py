@@ -260,3 +260,58 @@ def test_the_pool_hands_out_only_what_it_promised():
         table.append_slots(2)
     table.release()
     assert pool.blocks_in_use == 0 and pool.available == 4
+
+
+def test_sixteen_requests_with_every_option_equal_generate_alone():
+    """Whatever GenerationConfig offers that the engine honours (GENERATION_FIELDS), sixteen requests at once,
+    each with its own options, decode the ids generate decodes for each alone, and stop for the same reason."""
+    tokenizer = CharTokenizer.train("abcdefghij ")
+    model = small_model(vocab_size=tokenizer.vocab_size, forced_eos_token_id=4)  # the model config's forced end
+    prompts = [tokenizer.encode(text) for text in ("ab", "c", "j h", "dd", "e", "fgh ", "a b", "i", "bb", "c d",
+                                                    "jj", "g", "h i", "aa", "e f", "d")]
+    free = [alone(model, prompt, GenerationConfig(max_new_tokens=12, eos_token_id=())) for prompt in prompts]
+    options = [
+        dict(), dict(eos_token_id=()), dict(forced_eos_token_id=False), dict(forced_eos_token_id=7),
+        dict(min_new_tokens=5, eos_token_id=free[4][1]), dict(eos_token_id=(free[5][2], 9)),
+        dict(stop_strings=(tokenizer.decode(free[6][3:5]),)), dict(stop_strings=("zz", tokenizer.decode(free[7][2:3]))),
+        dict(temperature=0.7, seed=3), dict(do_sample=True, top_k=3, seed=4), dict(top_p=0.8, seed=5),
+        dict(temperature=0.0), dict(max_new_tokens=3), dict(min_new_tokens=12, eos_token_id=free[13][0]),
+        dict(do_sample=True, temperature=1.3, top_k=5, top_p=0.9, seed=9, min_new_tokens=2),
+        dict(max_new_tokens=1),
+    ]
+    configs = [GenerationConfig(**{"max_new_tokens": 12, **option}) for option in options]
+    engine = Engine(model, tokenizer, cache_tokens=2048, block_size=4, max_running=16)
+    requests = [engine.submit(prompt, config) for prompt, config in zip(prompts, configs, strict=True)]
+    engine.run_until_idle()
+    for prompt, config, request in zip(prompts, configs, requests, strict=True):
+        output = tformer.generate(model, torch.tensor([prompt]), generation_config=config, tokenizer=tokenizer,
+                                  return_dict=True)
+        expected = output.new_tokens[0].tolist()
+        ended = config.end_ids(model.config)
+        if ended and any(token in ended for token in expected):  # generate pads after the end; the server stops
+            expected = expected[: next(i for i, t in enumerate(expected) if t in ended) + 1]
+        assert request.outputs()[0] == expected, config
+    assert engine.stats.steps == 12 and engine.pool.blocks_in_use == 0
+    # The forced end: the model config's (4) unless a request sets its own (7) or none (False).
+    assert [requests[index].outputs()[0][-1] for index in (0, 1, 2, 3)] == [4, 4, 2, 7]
+
+
+def test_every_option_the_engine_does_not_honour_is_refused_by_name():
+    from dataclasses import fields
+
+    from tformer.serving.engine import GENERATION_FIELDS
+
+    engine = Engine(small_model(), cache_tokens=64, block_size=8)
+    unusual = {"pad_token_id": 3, "num_beams": 2, "length_penalty": 0.5, "early_stopping": True,
+               "num_return_sequences": 2, "num_draft_tokens": 2, "output_scores": True, "return_dict": True,
+               "use_cache": False}
+    refused = {name for name, reason in GENERATION_FIELDS.items() if reason is not None}
+    assert refused == set(unusual) and set(GENERATION_FIELDS) == {f.name for f in fields(GenerationConfig)}
+    for name, value in unusual.items():
+        config = GenerationConfig(**({"num_beams": 2} if name in ("num_return_sequences", "length_penalty",
+                                                                   "early_stopping") else {}), **{name: value})
+        with pytest.raises(GenerationError, match="is not supported by the server"):
+            engine.submit([1], config)
+        with pytest.raises(GenerationError, match=name if name not in ("length_penalty", "early_stopping",
+                                                                       "num_return_sequences") else "num_beams"):
+            engine.submit([1], config)

@@ -42,16 +42,16 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
-        "attention-causal-dropped-with-mask", "tformer/nn/attention.py",
+        "attention-causal-dropped-with-mask", "tformer/nn/attention/sdpa.py",
         "        mask = mask + additive_mask(causal_mask(q.shape[-2], k.shape[-2], q.device), mask.dtype)\n",
         "",
         ("tests/test_attention.py",),
         "attention(is_causal=True, mask=...) on the fused path forgets causality",
     ),
     Mutation(
-        "paged-decode-ignores-padding", "tformer/serving/paged_decoder.py",
-        "attn_mask=step.decode_mask, enable_gqa=grouped)",
-        "attn_mask=None, enable_gqa=grouped)",
+        "paged-decode-ignores-padding", "tformer/nn/attention/paged.py",
+        "            self.decode_padding = self.decode_positions >= 0\n",
+        "            pass\n",
         ("tests/test_serving_engine.py",),
         "one-token sequences of different lengths attend to the padding slots of the shorter ones",
     ),
@@ -77,9 +77,9 @@ MUTATIONS = (
         "T5's unscaled attention scores divided by sqrt(d_kv) (the query weights not rescaled on load)",
     ),
     Mutation(
-        "many-rows-projection-drops-bias", "tformer/generation/fast_decoder.py",
-        "            return torch.addmm(self.bias_column, self.weight_out_in, x.t()).t().contiguous()\n",
-        "            return torch.mm(self.weight_out_in, x.t()).t().contiguous()\n",
+        "many-rows-projection-drops-bias", "tformer/nn/weights/prepacked.py",
+        "                out = torch.addmm(self.bias_column, self.weight_out_in, rows)\n",
+        "                out = torch.mm(self.weight_out_in, rows)\n",
         ("tests/test_serving_engine.py::test_sixteen_concurrent_greedy_requests_equal_each_alone",),
         "a large projection over many rows (a batched decode step, a prefill) forgets its bias",
     ),
@@ -113,8 +113,8 @@ MUTATIONS = (
         'early_stopping="never" bounds a running beam at its current length instead of the longest',
     ),
     Mutation(
-        "beam-reorder-skips-values", "tformer/generation/session.py",
-        "    cache.values[:, :, filled] = cache.values[:, :, filled].index_select(0, rows)\n",
+        "beam-reorder-skips-values", "tformer/nn/attention/cache.py",
+        "        self.values[:, :, filled] = self.values[:, :, filled].index_select(0, batch_indices)\n",
         "",
         ("tests/test_generation_strategies.py", "-k", "beam"),
         "beam search reorders the key cache but not the value cache",
@@ -218,7 +218,7 @@ MUTATIONS = (
         "a ViT checkpoint's query and key matrices land in each other's rows of qkv_proj",
     ),
     Mutation(
-        "chunked-attention-forgets-the-running-max", "tformer/nn/attention.py",
+        "chunked-attention-forgets-the-running-max", "tformer/nn/attention/chunked.py",
         "total = total * correction + probabilities.sum(-1, keepdim=True)",
         "total = total + probabilities.sum(-1, keepdim=True)",
         ("tests/test_attention_kernels.py", "-k", "chunked_equals"),
@@ -319,6 +319,57 @@ MUTATIONS = (
         "tformer.load(dropout=0.1) silently fine-tunes without dropout",
     ),
 
+    Mutation(
+        "empty-rows-not-zeroed", "tformer/nn/attention/sdpa.py",
+        "        return zero_empty_rows(out, None, mask, k.shape[2])\n",
+        "        return out, None\n",
+        ("tests/test_one_forward.py", "-k", "switching"),
+        "the fused kernel gives a query that sees no key (left padding) the mean of the values, not zeros: the "
+        "loss changes with the kernel",
+    ),
+    Mutation(
+        "prepacked-layout-survives-a-fused-step", "tformer/nn/weights/prepacked.py",
+        "        if packed is not None and not packed.holds(self.weight, self.bias):\n",
+        "        if False:\n",
+        ("tests/test_generation_cache.py", "-k", "fused"),
+        "a fused AdamW step (which keeps the weights' version) leaves generation reading the old weights' layout",
+    ),
+    Mutation(
+        "performer-decode-keeps-the-old-level", "tformer/nn/performer.py",
+        "    if not torch.equal(raw, level):  # the running max rose\n",
+        "    if False:\n",
+        ("tests/test_attention_kernels.py", "-k", "performer", "tests/test_performer.py"),
+        "a Performer decoding step whose key raises the running max adds to sums still at the old level",
+    ),
+    Mutation(
+        "engine-drops-the-forced-end", "tformer/serving/engine.py",
+        "        chooser = TokenChooser.from_config(config, model.config, self.device)\n",
+        "        chooser = TokenChooser.from_config(config.replace(forced_eos_token_id=False), model.config, "
+        "self.device)\n",
+        ("tests/test_serving_engine.py", "-k", "sixteen_requests"),
+        "the server drifts from generate: it drops the forced end token (Marian's forced_eos_token_id)",
+    ),
+    Mutation(
+        "decoding-skips-the-users-hooks", "tformer/models/base.py",
+        "        self.decodes_directly = not observed(self)\n",
+        "        self.decodes_directly = True\n",
+        ("tests/test_one_forward.py", "-k", "hooks"),
+        "a decoding step calls the parts' forwards directly even when a user registered a hook on one",
+    ),
+    Mutation(
+        "session-forgets-the-padding", "tformer/generation/session.py",
+        "            key_padding=self.attend[:, :end] if self.padded else None,\n",
+        "            key_padding=None,\n",
+        ("tests/test_generation_cache.py", "-k", "left-padded"),
+        "a left-padded batch's decoding steps attend to the padding before the shorter prompts",
+    ),
+    Mutation(
+        "rolling-cache-rewinds-past-its-window", "tformer/nn/attention/cache.py",
+        "        if not (0 <= value <= self._length and held >= min(value, self.window)):\n",
+        "        if not (0 <= value <= self._length):\n",
+        ("tests/test_attention_kernels.py", "-k", "rolling"),
+        "a sliding window's cache takes back tokens past the point where it still holds the window",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -90,6 +90,32 @@ def refuse_output_over_input(output: str | Path, inputs: Iterable[str | Path], o
                              "that folder: move the input out or choose another output folder")
 
 
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device``: where the model runs (``resolve_device`` reads it)."""
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda, cuda:N, or auto (cuda when PyTorch sees a GPU, else cpu) (default: cpu)")
+
+
+def resolve_device(text: str, option: str = "--device"):
+    """The torch.device a ``--device`` value names, refused in one line when this machine has no such device."""
+    import torch
+
+    text = text.strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise UsageError(f"{option} {text!r} is not one of cpu, cuda, cuda:N, auto")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{option} {text}: PyTorch sees no CUDA device on this machine (use cpu or auto)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise UsageError(f"{option} {text}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return torch.device(text)
+
+
 def check_text_option(text: str, option: str) -> str:
     """A text given on the command line, refused when it is not UTF-8 (the bytes the system could
     not decode reach Python as lone surrogates)."""

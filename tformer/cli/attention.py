@@ -73,11 +73,12 @@ def run(args: argparse.Namespace) -> int:
 def check_has_weights(model_path: str, config) -> None:
     """Refuse a model whose attention kernel never forms the weights to draw (Performer estimates them)."""
     from tformer.cli import UsageError
+    from tformer.nn.attention import KERNELS
 
-    if config.attention_kernel == "performer":
-        raise UsageError(f"{model_path}: attention_kernel='performer' never forms attention weights, so there is "
-                         "nothing to draw; models with an exact kernel (sdpa, reference, chunked, sliding_window) "
-                         "have them")
+    if not KERNELS[config.attention_kernel].weights:
+        with_weights = ", ".join(name for name, kernel in KERNELS.items() if kernel.weights)
+        raise UsageError(f"{model_path}: attention_kernel={config.attention_kernel!r} never forms attention weights, "
+                         f"so there is nothing to draw; models with {with_weights} have them")
 
 
 def draw_image_maps(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from tformer.cli import add_device_option
+
 RECIPE_NAME = "recipe.toml"
 
 
@@ -37,7 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--per-sentence", action="store_true", help="also print each line's sentence BLEU")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
     parser.add_argument("--batch-size", type=int, help="rows per forward pass (default: the recipe's batch size)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    add_device_option(parser)
     parser.set_defaults(run=run)
 
 

@@ -8,6 +8,8 @@ import sys
 import time
 import warnings
 
+from tformer.cli import add_device_option
+
 # GenerationConfig fields -> the options that set them, so an option's error names the option.
 OPTIONS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "temperature": "--temperature",
            "top_k": "--top-k", "top_p": "--top-p", "num_beams": "--num-beams", "seed": "--seed",
@@ -36,6 +38,7 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", metavar="CKPT", help="a small checkpoint to draft tokens (speculative decoding)")
     parser.add_argument("--num-draft-tokens", type=int, default=4, help="tokens drafted per round (default: 4)")
     parser.add_argument("--stream", action="store_true", help="print the text as it is produced")
+    add_device_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import tformer
-    from tformer.cli import UsageError, check_text_option, encode_prompt
+    from tformer.cli import UsageError, check_text_option, encode_prompt, resolve_device
     from tformer.generation import GenerationConfig, GenerationError, TextStreamer
 
     if args.stream and args.num_beams > 1:
@@ -64,15 +67,16 @@ def run(args: argparse.Namespace) -> int:
     except GenerationError as error:
         option = OPTIONS.get(str(error).split("=", 1)[0])
         raise UsageError(f"{option}: {error}" if option else str(error)) from None
-    model, tokenizer_problem = load_model(args.checkpoint)
+    device = resolve_device(args.device)
+    model, tokenizer_problem = load_model(args.checkpoint, device)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; "
                          "generate needs one to read --prompt")
-    draft = load_model(args.draft)[0] if args.draft else None
+    draft = load_model(args.draft, device)[0] if args.draft else None
     prompt_ids = encode_prompt(tokenizer, args.prompt)
 
-    input_ids = torch.tensor([prompt_ids])
+    input_ids = torch.tensor([prompt_ids], device=device)
     started = time.perf_counter()
     if config.num_beams > 1:
         output = tformer.generate(model, input_ids, generation_config=config, tokenizer=tokenizer)
@@ -104,15 +108,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_model(path: str):
-    """``tformer.load(path)`` and, when its tokenizer could not be attached, why (the warning's
+def load_model(path: str, device="cpu"):
+    """``tformer.load(path, device)`` and, when its tokenizer could not be attached, why (the warning's
     text, kept for the error instead of shown); other warnings are shown as they come."""
     import tformer
     from tformer.checkpoint import TokenizerNotAttachedWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = tformer.load(path)
+        model = tformer.load(path, device=device)
     problem = None
     for warning in caught:
         if issubclass(warning.category, TokenizerNotAttachedWarning):

@@ -7,6 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
+from tformer.cli import add_device_option
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -37,13 +39,14 @@ def register(subparsers) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds requests in flight get to finish after SIGTERM (default: 30)")
     parser.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's)")
+    add_device_option(parser)
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                         help="the HTTP server's log level (default: warning)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, resolve_device
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} must be in [0, 65535]")
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads {args.threads} must be >= 1")
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("--api-key is empty; give a key, or leave the option out to serve without one")
+    device = resolve_device(args.device)
     _check_address(args.host, args.port)
     try:
         import pydantic  # noqa: F401
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                     else ChatTemplate.from_folder(args.checkpoint))
     except ChatTemplateError as error:
         raise UsageError(f"{args.chat_template or args.checkpoint}: {error}") from None
-    model, tokenizer_problem = load_model(args.checkpoint)
+    model, tokenizer_problem = load_model(args.checkpoint, device)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; serve needs one "

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from tformer.cli import add_device_option
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -26,7 +28,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int,
                         help="tokens a translation may have (default: 1.5 x the longest source in its batch + 10)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output when it exists")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    add_device_option(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
@@ -57,9 +59,9 @@ def check_options(args: argparse.Namespace) -> None:
 def load_translator(folder: str, device: str):
     """The encoder-decoder of ``folder`` with its tokenizer, or a one-line UsageError."""
     import tformer
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, resolve_device
 
-    model = tformer.load(folder, device=device)
+    model = tformer.load(folder, device=resolve_device(device))
     if not getattr(model, "encodes_prompt", False):
         raise UsageError(f"{folder}: a {model.config.architecture} model does not translate; give an encoder-decoder "
                          "(architecture encoder_decoder or rnn_seq2seq)")

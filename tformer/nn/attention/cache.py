@@ -104,26 +104,30 @@ class KVCache:
 
 
 class RollingKVCache(KVCache):
-    """The keys and values of the last ``window`` positions only: a sliding window's cache.
+    """The keys and values of a sliding window's last positions only: ``keep`` of them (the window W, plus
+    some so that speculative decoding can take back rejected drafts).
 
     A query sees itself and the W previous positions, so W cached positions are all a step needs:
     ``append`` returns the cached ones followed by the new ones (B, Hkv, held + T, Dh), whose first
-    index in the sequence is ``start``, then keeps the last W. Rotary angles are applied before
-    caching, so only the order matters. ``length`` counts every position seen; it can be set back
-    (``truncate``) only while nothing has been forgotten.
+    index in the sequence is ``start``, then keeps the last ``keep`` (the kernel's band hides any older
+    than W). Rotary angles are applied before caching, so only the order matters. ``length`` counts
+    every position seen; it can be set back (``truncate``) only to a position still held.
     """
 
     def __init__(
         self,
         batch_size: int,
         num_kv_heads: int,
-        window: int,
+        keep: int,
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        window: int | None = None,
     ) -> None:
         self._length = 0
-        super().__init__(batch_size, num_kv_heads, window, head_dim, dtype, device)
+        super().__init__(batch_size, num_kv_heads, keep, head_dim, dtype, device)
+        self.window = keep if window is None else window  # W: what the next query must still see
+        self.held = 0  # positions cached now: the last ``held`` of the ``length`` seen
         self.start = 0
 
     @property
@@ -132,16 +136,17 @@ class RollingKVCache(KVCache):
 
     @length.setter
     def length(self, value: int) -> None:
-        if value != self._length and not (0 <= value <= self._length <= self.max_len):
-            raise ValueError(f"a rolling key/value cache of {self.max_len} positions has forgotten positions "
-                             f"before {self._length - self.max_len}; it cannot go back to {value} tokens "
-                             "(attention_kernel='sliding_window' cannot rewind: no speculative decoding)")
-        self._length = value
-
-    @property
-    def held(self) -> int:
-        """Positions cached now: min(length, window)."""
-        return min(self._length, self.max_len)
+        """Set back to ``value`` tokens (rejected drafts): the positions held after it still cover the window
+        the next query reads, or it is refused."""
+        if value == self._length:
+            return
+        held = self.held - (self._length - value)
+        if not (0 <= value <= self._length and held >= min(value, self.window)):
+            raise ValueError(f"a rolling key/value cache holds positions {self._length - self.held} to "
+                             f"{self._length - 1}; it cannot go back to {value} tokens and still see the "
+                             f"{self.window} before them (attention_kernel='sliding_window' keeps its window and "
+                             f"{self.max_len - self.window} more)")
+        self._length, self.held = value, held
 
     def _filled(self) -> int:
         return self.held
@@ -161,11 +166,11 @@ class RollingKVCache(KVCache):
         self.values[:, :, :keep] = values[:, :, -keep:]
         self.start = self._length - held
         self._length += k.shape[2]
+        self.held = keep
         return keys, values
 
     def cached(self) -> tuple[Tensor, Tensor]:
-        held = self.held
-        return self.keys[:, :, :held], self.values[:, :, :held]
+        return self.keys[:, :, :self.held], self.values[:, :, :self.held]
 
     def grow(self, max_len: int) -> None:
         """Nothing to do: a window's cache never needs more room."""

@@ -1,6 +1,7 @@
 """The ``sliding_window`` kernel: exact attention restricted to a band of ``attention_window`` (W) keys,
 computed by the chunked kernel over the key blocks inside the band only; a decoder's cache keeps the
-last W positions (``RollingKVCache``). Cross-attention sees its whole source (no band)."""
+last W positions and a few more to take back rejected drafts (``RollingKVCache``). Cross-attention sees
+its whole source (no band)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import torch
 
 from tformer.nn.attention.cache import RollingKVCache
 from tformer.nn.attention.chunked import ChunkedKernel
+
+# Positions a decoding cache keeps beyond the window, so that speculative decoding can take back up to this
+# many rejected drafts (a draft run proposes num_draft_tokens at a time).
+REWIND_SLACK = 16
 
 
 class SlidingWindowKernel(ChunkedKernel):
@@ -39,7 +44,8 @@ class SlidingWindowKernel(ChunkedKernel):
 
     def new_cache(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
                   device: torch.device) -> RollingKVCache:
-        return RollingKVCache(batch_size, num_kv_heads, self.window, head_dim, dtype, device)
+        return RollingKVCache(batch_size, num_kv_heads, self.window + REWIND_SLACK, head_dim, dtype, device,
+                              window=self.window)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(window={self.window})"

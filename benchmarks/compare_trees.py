@@ -17,6 +17,9 @@ sides through ``tformer.load``, so they are the same weights.
   by beam search (5 beams, 64 sentences a batch) with a random model of the Multi30k recipe's shape and a
   joint byte-level BPE of 8,000 tokens learned from its training pairs; random weights never end a
   sentence early, so every beam runs to the length budget (the most decoding steps a batch can take).
+- ``serve-gpt-mini`` / ``serve-gpt2``: each tree's own ``benchmarks/serve_load.py`` at 16 clients, tformer
+  serve only, 128 new tokens a request (its random gpt-mini or GPT-2-shaped model, written in each run's
+  work folder from seed 0): tokens/s received by the clients.
 - ``kernels`` (this tree only): ``generate-b``'s model and workload with each attention kernel of the
   registry (the sliding window at 64 positions, Performer with 256 features), against sdpa; each must
   decode through the model's step hook (a StackSession), which the worker checks.
@@ -41,7 +44,7 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SHAPES = {"a": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257),
           "b": dict(n_embd=384, n_layer=6, n_head=6, vocab_size=8192)}
 PROMPT_LENGTH, NEW_TOKENS = 32, 128
-WORKLOADS = ("generate-a", "generate-b", "translate", "kernels")
+WORKLOADS = ("generate-a", "generate-b", "translate", "serve-gpt-mini", "serve-gpt2", "kernels")
 KERNELS = {"sdpa": {}, "reference": {"attention_kernel": "reference"}, "chunked": {"attention_kernel": "chunked"},
            "sliding_window": {"attention_kernel": "sliding_window", "attention_window": 64},
            "performer": {"attention_kernel": "performer", "performer_features": 256}}
@@ -186,6 +189,23 @@ WORKERS = {"generate": work_generate, "hf-generate": work_hf_generate, "translat
            "kernels": work_kernels}
 
 
+def run_serve_load(tree: Path, model: str, work: Path, threads: int | None) -> dict:
+    """``tree``'s own serve_load.py at 16 clients (tformer serve alone), in a subprocess that imports ``tree``."""
+    out = work / f"serve-{model}-{tree.name}.json"
+    command = [sys.executable, str(tree / "benchmarks" / "serve_load.py"), "--models", model, "--clients", "16",
+               "--servers", "tformer", "--new-tokens", str(NEW_TOKENS), "--work", str(work / f"serve-{tree.name}"),
+               "--out", str(out)] + (["--threads", str(threads)] if threads else [])
+    done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+                          cwd=tree)
+    if done.returncode:
+        raise SystemExit(f"serve_load ({tree}) failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    (row,) = [r for r in json.loads(out.read_text())["models"][model]["rows"] if r["system"] == "tformer"]
+    if "error" in row:
+        raise SystemExit(f"serve_load ({tree}): {row['error']}")
+    return {"tokens_per_s": row["tokens_per_s"], "tokens": row["tokens"], "short_requests": row["short_requests"],
+            "server_cores": row.get("server_cores")}
+
+
 def run_worker(tree: Path | None, worker: str, folder: Path, repeats: int, threads: int | None) -> dict:
     """One worker in a subprocess whose tformer is ``tree``'s (None: this environment's own)."""
     env = dict(os.environ)
@@ -230,6 +250,22 @@ def compare(args) -> dict:
                                  "ratio_to_sdpa": {name: medians[name] / medians["sdpa"] for name in names}}
             print_kernels(results[workload])
             continue
+        if workload.startswith("serve"):
+            model = workload.removeprefix("serve-")
+            sides = {"before": before, "after": ROOT}
+            per_side = {side: [] for side in sides}
+            for round_index in range(args.rounds):
+                for side in (list(sides) if round_index % 2 == 0 else list(sides)[::-1]):
+                    per_side[side].append(run_serve_load(sides[side], model, work, args.threads))
+                print(f"{workload} round {round_index + 1}: " + ", ".join(
+                    f"{side} {per_side[side][-1]['tokens_per_s']:.1f}" for side in sides), flush=True)
+            medians = {side: statistics.median(r["tokens_per_s"] for r in rows) for side, rows in per_side.items()}
+            summary = {"key": "tokens_per_s", "median": medians, "rounds": per_side,
+                       "after_over_before": medians["after"] / medians["before"],
+                       "same_output": all(r["short_requests"] == 0 for rows in per_side.values() for r in rows)}
+            results[workload] = summary
+            print_summary(workload, summary)
+            continue
         if workload.startswith("generate"):
             folder = gpt2_folder(work, workload[-1])
             sides = {"before": ("generate", before), "after": ("generate", ROOT), "hf": ("hf-generate", None)}
@@ -265,7 +301,8 @@ def print_summary(workload: str, summary: dict) -> None:
     if "over_hf" in summary:
         line += (f"; Hugging Face {medians['hf']:.2f}: before/HF {summary['over_hf']['before']:.2f}x, "
                  f"after/HF {summary['over_hf']['after']:.2f}x")
-    print(line + f"; same output: {'yes' if summary['same_output'] else 'NO'}", flush=True)
+    check = "every request got all its tokens" if workload.startswith("serve") else "same output"
+    print(line + f"; {check}: {'yes' if summary['same_output'] else 'NO'}", flush=True)
 
 
 def print_kernels(summary: dict) -> None:

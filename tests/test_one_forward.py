@@ -240,3 +240,29 @@ def test_a_decoding_step_runs_the_hooks_a_user_registered():
     assert len(calls) == 5  # the prefill and four one-token steps
     assert not torch.equal(steered, plain)  # what the hook returned was used
     assert torch.equal(tformer.generate(model, prompt, 5, eos_token_id=[]), plain)  # and after it is removed
+
+
+# ---- devices ---------------------------------------------------------------------------------------------
+
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine: the suite runs without one"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_generation_and_the_engine_run_on_the_models_device(device):
+    """Sessions, strategies and the engine keep their tables, caches, index tensors and generators on the
+    model's device, and decode there what they decode on the CPU."""
+    model = model_for(DECODER.replace(positional="rope", num_kv_heads=2)).to(device)
+    prompt = torch.randint(2, VOCAB, (1, 5), generator=torch.Generator().manual_seed(7)).to(device)
+    greedy = tformer.generate(model, prompt, 6, eos_token_id=[])
+    assert greedy.device.type == device
+    assert first_difference_is_a_tie(model, prompt, greedy, tformer.generate(model, prompt, 6, eos_token_id=[],
+                                                                             use_cache=False))
+    sampling = GenerationConfig(max_new_tokens=6, eos_token_id=(), temperature=0.8, seed=3)
+    sampled = tformer.generate(model, prompt, generation_config=sampling)
+    engine = Engine(model, cache_tokens=64, block_size=4)
+    assert engine.pool.keys.device.type == device
+    (request,) = engine.complete([prompt[0].tolist()], sampling)
+    assert request.outputs()[0] == sampled[0, 5:].tolist()  # the same draws from a generator on the device
+    beams = tformer.generate(model, prompt, 4, eos_token_id=[], num_beams=2)
+    assert beams.device.type == device

@@ -40,6 +40,7 @@ step's positions and padding are slices of the session's tables, and nothing is 
 
 from __future__ import annotations
 
+import weakref
 from typing import Protocol
 
 import torch
@@ -104,13 +105,19 @@ def open_session(
 
 def stack_session_problem(model: nn.Module) -> str | None:
     """Why ``model`` cannot decode in a ``StackSession`` (no ``step`` hook, or a config field the session
-    does not lay out: fail closed), or None."""
+    does not lay out: fail closed), or None. Worked out once per config a model has."""
     if not callable(getattr(model, "step", None)):
         return f"{type(model).__name__} has no step hook"
-    unknown = [name for name in non_default_fields(model.config) if name not in LAYOUT_FIELDS]
-    if unknown:
-        return "config " + ", ".join(f"{name}={getattr(model.config, name)!r}" for name in unknown)
-    return None
+    config = model.config
+    known = _LAYOUT_PROBLEMS.get(model)
+    if known is None or known[0] is not config:
+        unknown = [name for name in non_default_fields(config) if name not in LAYOUT_FIELDS]
+        problem = "config " + ", ".join(f"{name}={getattr(config, name)!r}" for name in unknown) if unknown else None
+        known = _LAYOUT_PROBLEMS[model] = (config, problem)
+    return known[1]
+
+
+_LAYOUT_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (config, problem)
 
 
 def cache_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> int:

@@ -79,8 +79,15 @@ class TransformerBlock(nn.Module):
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.self_attention, cache.cross_attention
-        x, self_weights = self._attend(x, layers["attention_norm"], layers["attention"], context.mask, None,
-                                       context.rotary, self_cache, context)
+        if context.direct:  # a decoding step's self-attention, written out (see _attend)
+            norm, attention = layers["attention_norm"], layers["attention"]
+            out, self_weights = attention.forward(norm.forward(x) if self.pre_norm else x, mask=context.mask,
+                                                  rotary=context.rotary, cache=self_cache, shape=context.shape,
+                                                  direct=True)
+            x = x + out if self.pre_norm else norm.forward(x + out)
+        else:
+            x, self_weights = self._attend(x, layers["attention_norm"], layers["attention"], context.mask, None,
+                                           context.rotary, self_cache, context)
         cross_weights = None
         cross_attention = layers.get("cross_attention")
         if cross_attention is not None:

@@ -58,9 +58,11 @@ class SdpaKernel(AttentionKernel):
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if need_weights:
             return reference_with_mask(q, k, v, mask, dropout_p)
-        dense, is_causal = mask.dense(q.shape[2], k.shape[2], q.dtype, q.device)
+        q_len, k_len = q.shape[2], k.shape[2]
+        found = mask._derived.get((q_len, k_len, q.dtype))  # the dense form, once built, read directly
+        dense, is_causal = mask.dense(q_len, k_len, q.dtype, q.device) if found is None else found
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout_p, is_causal=is_causal,
                                              enable_gqa=k.shape[1] != q.shape[1])
         if mask.key_padding is None or mask.real_queries:  # no row can be empty
             return out, None
-        return zero_empty_rows(out, None, mask, k.shape[2])
+        return zero_empty_rows(out, None, mask, k_len)

@@ -48,13 +48,33 @@ class PrepackedLinear(LinearBackend):
         weight, bias = parameters["weight"], parameters["bias"]
         if not decoding_step.depth:
             return F.linear(x, weight, bias)  # outside decoding steps: exactly nn.Linear
-        packed = self._packed  # a step runs without gradients; a new thread count is seen by verify()
-        if (packed is None or weight._version != packed.version or weight.data_ptr() != packed.pointer
-                or (bias is not None and bias._version != packed.bias_version)):
+        # A step runs without gradients; new storage or a new thread count is seen by verify() (every
+        # prepare_for_decoding), an in-place change here.
+        packed = self._packed
+        if packed is None or weight._version != packed.version or (
+                bias is not None and bias._version != packed.bias_version):
             packed = self.packed()
             if packed is None:
                 return F.linear(x, weight, bias)
-        return packed(x)
+        # The product, written here rather than in a method of PackedWeight: one Python frame less per
+        # projection, a few hundred times a step.
+        rows = x.shape[0] if x.ndim == 2 else x.numel() // x.shape[-1]  # the stack passes rows (N, in)
+        if packed.weight_out_in is not None and rows >= TRANSPOSED_MIN_ROWS:
+            columns = x.reshape(rows, x.shape[-1]).t()  # (in, N)
+            if packed.bias_column is None:
+                out = torch.mm(packed.weight_out_in, columns)
+            else:
+                out = torch.addmm(packed.bias_column, packed.weight_out_in, columns)
+            out = out.t().contiguous()
+        elif packed.parts > 1:
+            slices = x.reshape(rows, packed.parts, packed.slice_size).transpose(0, 1)  # (parts, N, in / parts)
+            if packed.bias_parts is None:
+                out = torch.bmm(slices, packed.weight_parts).sum(0)
+            else:
+                out = torch.baddbmm(packed.bias_parts, slices, packed.weight_parts).sum(0)
+        else:
+            return F.linear(x, packed.weight_view, packed.bias)
+        return out if x.ndim == 2 else out.view(*x.shape[:-1], packed.size_out)
 
     def packed(self) -> PackedWeight | None:
         """The packed copy of the current weights (rebuilt when they or the thread count changed); None for
@@ -79,11 +99,10 @@ class PrepackedLinear(LinearBackend):
 
 
 class PackedWeight:
-    """A weight (out, in) and bias laid out for ``x @ weight_in_out + bias`` on inputs (..., in) -> (..., out).
-
-    With ``parts > 1`` the input dimension is cut into that many slices whose partial products run as one
-    batched product (one slice per thread) and are then summed.
-    """
+    """A weight (out, in) and bias laid out for ``x @ weight_in_out + bias`` on inputs (..., in) -> (..., out)
+    (``PrepackedLinear.forward`` multiplies). With ``parts > 1`` the input dimension is cut into that many
+    slices whose partial products run as one batched product (one slice per thread) and are then summed;
+    ``weight_out_in`` (the parameter itself) serves many rows at once."""
 
     SAMPLES = 32  # values of the weight (spread over it) and of the bias that ``holds`` compares
 
@@ -118,22 +137,6 @@ class PackedWeight:
         return self.source == _fingerprint(weight, bias) and all(
             torch.equal(now, then) for now, then in zip(_sample(weight, bias, self.SAMPLES), self.sample, strict=True))
 
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.weight_out_in is not None and x.numel() >= TRANSPOSED_MIN_ROWS * x.shape[-1]:
-            rows = x.reshape(-1, x.shape[-1]).t()  # (in, N)
-            if self.bias_column is None:
-                out = torch.mm(self.weight_out_in, rows)
-            else:
-                out = torch.addmm(self.bias_column, self.weight_out_in, rows)
-            return out.t().contiguous().view(*x.shape[:-1], self.size_out)
-        if self.parts > 1:
-            slices = x.reshape(-1, self.parts, self.slice_size).transpose(0, 1)  # (parts, N, in / parts)
-            if self.bias_parts is None:
-                out = torch.bmm(slices, self.weight_parts).sum(0)
-            else:
-                out = torch.baddbmm(self.bias_parts, slices, self.weight_parts).sum(0)
-            return out.view(*x.shape[:-1], self.size_out)
-        return F.linear(x, self.weight_view, self.bias)
 
 
 def _sample(weight: Tensor, bias: Tensor | None, count: int) -> tuple[Tensor, ...]:

@@ -7,8 +7,10 @@ one run, with Hugging Face beside them where it has the same workload.
 
 Each workload runs in a fresh subprocess per tree and round, ``PYTHONPATH`` pointing at that tree, so each
 side imports its own tformer; the order alternates from round to round and every figure is the median
-over the rounds. The models are written once (random weights, seed 0) into ``--work`` and loaded by both
-sides through ``tformer.load``, so they are the same weights.
+over the rounds; the comparison is also given as the median of each round's after/before ratio (a
+round's two runs are back to back, so drifting machine speed moves both). The models are written once
+(random weights, seed 0) into ``--work`` and loaded by both sides through ``tformer.load``, so they are
+the same weights.
 
 - ``generate-a`` / ``generate-b``: greedy, batch 1, a 32-token prompt, 128 new tokens, fp32: GPT-2's 124M
   shape, and 6 layers x 384 (14M) with an 8,192-token vocabulary, as ``generate_speed.py``; Hugging Face
@@ -262,6 +264,7 @@ def compare(args) -> dict:
             medians = {side: statistics.median(r["tokens_per_s"] for r in rows) for side, rows in per_side.items()}
             summary = {"key": "tokens_per_s", "median": medians, "rounds": per_side,
                        "after_over_before": medians["after"] / medians["before"],
+                       "paired": paired_ratio(per_side, "tokens_per_s"),
                        "same_output": all(r["short_requests"] == 0 for rows in per_side.values() for r in rows)}
             results[workload] = summary
             print_summary(workload, summary)
@@ -284,7 +287,7 @@ def compare(args) -> dict:
                 f"{side} {per_side[side][-1][key]:.2f}" for side in sides), flush=True)
         medians = {side: statistics.median(r[key] for r in rows) for side, rows in per_side.items()}
         summary = {"key": key, "median": medians, "after_over_before": medians["after"] / medians["before"],
-                   "rounds": per_side}
+                   "paired": paired_ratio(per_side, key), "rounds": per_side}
         if "hf" in medians:
             summary["over_hf"] = {side: medians[side] / medians["hf"] for side in ("before", "after")}
         summary["same_output"] = per_side["before"][-1].get("last_tokens", per_side["before"][-1].get(
@@ -294,10 +297,17 @@ def compare(args) -> dict:
     return results
 
 
+def paired_ratio(per_side: dict[str, list[dict]], key: str) -> float:
+    """The median over rounds of after / before within each round: the two sides of a round run back to
+    back, so a machine that speeds up or slows down over the run moves both."""
+    return statistics.median(after[key] / before[key] for before, after in zip(per_side["before"], per_side["after"],
+                                                                                strict=True))
+
+
 def print_summary(workload: str, summary: dict) -> None:
     medians, key = summary["median"], summary["key"]
     line = (f"== {workload}: {key} median before {medians['before']:.2f}, after {medians['after']:.2f}: "
-            f"after/before {summary['after_over_before']:.3f}")
+            f"after/before {summary['after_over_before']:.3f} (median of each round's ratio {summary['paired']:.3f})")
     if "over_hf" in summary:
         line += (f"; Hugging Face {medians['hf']:.2f}: before/HF {summary['over_hf']['before']:.2f}x, "
                  f"after/HF {summary['over_hf']['after']:.2f}x")

@@ -224,6 +224,7 @@ class PagedCache:
     def __init__(self, pool: BlockPool, layer: int) -> None:
         self.pool = pool
         self.layer = layer
+        self.keys, self.values = pool.keys[layer], pool.values[layer]  # (slots, Hkv, Dh) views, made once
 
     def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: PagedMask,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -231,19 +232,24 @@ class PagedCache:
         if need_weights:
             raise ValueError("a paged step returns no attention weights")
         layout = mask.layout
-        keys, values = self.pool.keys[self.layer], self.pool.values[self.layer]  # (slots, Hkv, Dh)
+        keys, values = self.keys, self.values  # (slots, Hkv, Dh)
         keys.index_copy_(0, layout.slots, k[0].transpose(0, 1))
         values.index_copy_(0, layout.slots, v[0].transpose(0, 1))
         rows = q[0].transpose(0, 1)  # (N, H, Dh)
-        out = torch.empty_like(rows)
         kv_heads, head_dim = keys.shape[1], keys.shape[2]
         if layout.decode_rows is not None:
             batch, longest = layout.decode_context.shape
             flat = layout.decode_context.view(-1)  # index_select gathers rows faster than indexing by a 2-D tensor
             context_keys = keys.index_select(0, flat).view(batch, longest, kv_heads, head_dim).transpose(1, 2)
             context_values = values.index_select(0, flat).view(batch, longest, kv_heads, head_dim).transpose(1, 2)
+            if not layout.prefills:  # every row decodes one token, in order: no gather, no scatter
+                out = kernel(rows.unsqueeze(2), context_keys, context_values, mask.decode)[0]  # (N, H, 1, Dh)
+                return out.squeeze(2).transpose(0, 1).unsqueeze(0), None
+            out = torch.empty_like(rows)
             queries = rows[layout.decode_rows].unsqueeze(2)  # (Bd, H, 1, Dh)
             out[layout.decode_rows] = kernel(queries, context_keys, context_values, mask.decode)[0].squeeze(2)
+        else:
+            out = torch.empty_like(rows)
         for prefill, prefill_mask in zip(layout.prefills, mask.prefills, strict=True):
             queries = rows[prefill.rows].transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
             context_keys = keys.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)  # (1, Hkv, L, Dh)

@@ -6,8 +6,9 @@ product reads an (in, out) contiguous weight about 1.6x faster than nn.Linear's 
 this project's machine). A weight of 512 KB or more is also cut along its input into one slice per
 thread whose partial products run as one batched product and are summed: MKL runs a matrix-vector
 product of a few MB on one thread, and the batched form reads the weights with every thread (about
-1.4x faster on two cores). From 8 rows on, a large weight is multiplied as W @ x.T from the (out, in)
-weight, which MKL does faster for a wide-by-skinny product (1.1-1.5x at 16 rows on GPT-2's shapes).
+1.4x faster on two cores). From 8 to 64 rows, a large weight is multiplied as W @ x.T from the (out, in)
+weight, which MKL does faster for a wide-by-skinny product (1.1-1.5x at 16 rows on GPT-2's shapes); more
+rows (beam search over a batch) read the (in, out) copy in one product.
 
 The copy costs one more model's worth of memory while the backend is in place. It is read only inside
 a decoding step (``decoding()``, which generation sessions and the serving engine enter for each step);
@@ -29,8 +30,10 @@ from tformer.nn.weights.backend import LinearBackend, decoding_step
 
 # Smaller weights stay in cache and gain nothing from a second thread (measured here).
 SPLIT_MIN_ELEMENTS = 1 << 17
-# From this many rows, a large weight runs as W @ x.T (see the module's docstring).
-TRANSPOSED_MIN_ROWS = 8
+# From 8 to 64 rows a large weight runs as W @ x.T (see the module's docstring); beyond, the output's
+# transposed copy costs more than the product gains (2.4x slower at 320 rows for an 8,000-token output
+# layer of width 256, measured here: beam search's batches).
+TRANSPOSED_MIN_ROWS, TRANSPOSED_MAX_ROWS = 8, 64
 
 
 class PrepackedLinear(LinearBackend):
@@ -59,19 +62,22 @@ class PrepackedLinear(LinearBackend):
         # The product, written here rather than in a method of PackedWeight: one Python frame less per
         # projection, a few hundred times a step.
         rows = x.shape[0] if x.ndim == 2 else x.numel() // x.shape[-1]  # the stack passes rows (N, in)
-        if packed.weight_out_in is not None and rows >= TRANSPOSED_MIN_ROWS:
+        if packed.weight_out_in is not None and TRANSPOSED_MIN_ROWS <= rows <= TRANSPOSED_MAX_ROWS:
             columns = x.reshape(rows, x.shape[-1]).t()  # (in, N)
             if packed.bias_column is None:
                 out = torch.mm(packed.weight_out_in, columns)
             else:
                 out = torch.addmm(packed.bias_column, packed.weight_out_in, columns)
             out = out.t().contiguous()
-        elif packed.parts > 1:
+        elif packed.parts > 1 and rows < TRANSPOSED_MIN_ROWS:  # a few rows: read the weight with every thread
             slices = x.reshape(rows, packed.parts, packed.slice_size).transpose(0, 1)  # (parts, N, in / parts)
             if packed.bias_parts is None:
                 out = torch.bmm(slices, packed.weight_parts).sum(0)
             else:
                 out = torch.baddbmm(packed.bias_parts, slices, packed.weight_parts).sum(0)
+        elif x.ndim == 2:
+            bias = packed.bias
+            return torch.mm(x, packed.weight_in_out) if bias is None else torch.addmm(bias, x, packed.weight_in_out)
         else:
             return F.linear(x, packed.weight_view, packed.bias)
         return out if x.ndim == 2 else out.view(*x.shape[:-1], packed.size_out)

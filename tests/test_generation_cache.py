@@ -12,6 +12,7 @@ import tformer
 from tformer import ModelConfig, build_model
 from tformer.generation import ModelSession, StackSession, cache_bytes_per_token
 from tformer.nn.weights import PrepackedLinear, weights_in_use
+from tformer.nn.weights.backend import decoding_step
 
 BASE = ModelConfig(vocab_size=61, max_seq_len=48, d_model=32, num_layers=2, num_heads=4)
 VARIANTS = {
@@ -75,6 +76,26 @@ def test_projections_split_across_threads_stay_exact(variant):
     finally:
         torch.set_num_threads(threads)
     assert model.stack.blocks[0].attention.qkv_proj.packed().parts == 1  # rebuilt for the new thread count
+
+
+@pytest.mark.parametrize("size_out", [768, 601], ids=["outputs-split", "inputs-split"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_a_large_projection_equals_nn_linear_at_every_row_count(size_out, bias):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # two blocks: of outputs when they divide (768), of inputs when they do not (601)
+    try:
+        linear = torch.nn.Linear(256, size_out, bias=bias)  # over 512 KB: split across threads
+        prepacked = PrepackedLinear.from_linear(linear)
+        with torch.no_grad(), decoding_step:
+            packed = prepacked.packed()
+            assert packed.parts == 2 and (packed.row_parts is not None) == (size_out % 2 == 0)
+            for rows in (1, 3, 7, 8, 16, 64, 65, 100):  # split, W @ x.T, the (in, out) copy
+                x = torch.randn(rows, 256)
+                torch.testing.assert_close(prepacked(x), linear(x), rtol=1e-5, atol=1e-5)
+            x = torch.randn(2, 3, 256)  # (B, T, in) as a head gets it
+            torch.testing.assert_close(prepacked(x), linear(x), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @torch.inference_mode()

@@ -78,9 +78,10 @@ MUTATIONS = (
     ),
     Mutation(
         "many-rows-projection-drops-bias", "tformer/nn/weights/prepacked.py",
-        "                out = torch.addmm(self.bias_column, self.weight_out_in, rows)\n",
-        "                out = torch.mm(self.weight_out_in, rows)\n",
-        ("tests/test_serving_engine.py::test_sixteen_concurrent_greedy_requests_equal_each_alone",),
+        "                out = torch.addmm(packed.bias_column, packed.weight_out_in, rows.t()).t().contiguous()\n",
+        "                out = torch.mm(packed.weight_out_in, rows.t()).t().contiguous()\n",
+        ("tests/test_serving_engine.py::test_sixteen_concurrent_greedy_requests_equal_each_alone",
+         "tests/test_generation_cache.py", "-k", "row_count"),
         "a large projection over many rows (a batched decode step, a prefill) forgets its bias",
     ),
     Mutation(
@@ -321,11 +322,18 @@ MUTATIONS = (
 
     Mutation(
         "empty-rows-not-zeroed", "tformer/nn/attention/sdpa.py",
-        "        return zero_empty_rows(out, None, mask, k.shape[2])\n",
+        "        return zero_empty_rows(out, None, mask, k_len)\n",
         "        return out, None\n",
         ("tests/test_one_forward.py", "-k", "switching"),
         "the fused kernel gives a query that sees no key (left padding) the mean of the values, not zeros: the "
         "loss changes with the kernel",
+    ),
+    Mutation(
+        "output-blocks-read-as-rows", "tformer/nn/weights/prepacked.py",
+        "out.view(packed.size_out, count).t().contiguous()",
+        "out.view(count, packed.size_out)",
+        ("tests/test_generation_cache.py", "-k", "row_count or split_across"),
+        "a few rows multiplied by blocks of output rows come back with rows and outputs interleaved",
     ),
     Mutation(
         "prepacked-layout-survives-a-fused-step", "tformer/nn/weights/prepacked.py",

@@ -1,14 +1,17 @@
 """The ``prepacked`` weight backend: nn.Linear's own parameters, and for inference a copy of each
 weight laid out as the CPU's matrix library reads it fastest at decoding sizes.
 
-Why: a decoding step multiplies a few rows by every weight, and on the CPU MKL's matrix-vector
-product reads an (in, out) contiguous weight about 1.6x faster than nn.Linear's (out, in) (measured on
-this project's machine). A weight of 512 KB or more is also cut along its input into one slice per
-thread whose partial products run as one batched product and are summed: MKL runs a matrix-vector
-product of a few MB on one thread, and the batched form reads the weights with every thread (about
-1.4x faster on two cores). From 8 to 64 rows, a large weight is multiplied as W @ x.T from the (out, in)
-weight, which MKL does faster for a wide-by-skinny product (1.1-1.5x at 16 rows on GPT-2's shapes); more
-rows (beam search over a batch) read the (in, out) copy in one product.
+Why: a decoding step multiplies a few rows by every weight, and on the CPU MKL runs a matrix-vector
+product on one thread whatever the thread count. For one to seven rows, a weight of 512 KB or more is
+therefore cut along its outputs into one block of rows per thread, and the blocks multiply the inputs
+as one batched product: every thread reads its share of nn.Linear's own (out, in) weight, no copy
+(decoding steps of a 14M GPT-2 about 1.4x faster on two cores than cutting along the inputs and summing
+the partial products, which is what an output size the thread count does not divide still gets;
+measured with benchmarks/compare_trees.py). Smaller weights read an (in, out) contiguous copy, which
+MKL's matrix-vector product reads about 1.6x faster than the (out, in) layout. From 8 to 64 rows, a
+large weight is multiplied as W @ x.T from the (out, in) weight, which MKL does faster for a
+wide-by-skinny product (1.1-1.5x at 16 rows on GPT-2's shapes); more rows (beam search over a batch)
+read the (in, out) copy in one product.
 
 The copy costs one more model's worth of memory while the backend is in place. It is read only inside
 a decoding step (``decoding()``, which generation sessions and the serving engine enter for each step);
@@ -28,7 +31,8 @@ from torch import Tensor, nn
 
 from tformer.nn.weights.backend import LinearBackend, decoding_step
 
-# Smaller weights stay in cache and gain nothing from a second thread (measured here).
+# Smaller weights stay in cache and gain nothing from a second thread, nor from W @ x.T at 8-64 rows
+# (measured here).
 SPLIT_MIN_ELEMENTS = 1 << 17
 # From 8 to 64 rows a large weight runs as W @ x.T (see the module's docstring); beyond, the output's
 # transposed copy costs more than the product gains (2.4x slower at 320 rows for an 8,000-token output
@@ -47,39 +51,41 @@ class PrepackedLinear(LinearBackend):
         return module
 
     def forward(self, x: Tensor) -> Tensor:
-        parameters = self._parameters  # read directly: a decoding step calls this a few hundred times
-        weight, bias = parameters["weight"], parameters["bias"]
-        if not decoding_step.depth:
-            return F.linear(x, weight, bias)  # outside decoding steps: exactly nn.Linear
-        # A step runs without gradients; new storage or a new thread count is seen by verify() (every
-        # prepare_for_decoding), an in-place change here.
         packed = self._packed
-        if packed is None or weight._version != packed.version or (
-                bias is not None and bias._version != packed.bias_version):
-            packed = self.packed()
-            if packed is None:
-                return F.linear(x, weight, bias)
+        # A step runs without gradients; new storage or a new thread count is seen by verify() (every
+        # prepare_for_decoding), an in-place change here by the version counters the copy was made at.
+        if (packed is None or not decoding_step.depth or packed.weight._version != packed.version
+                or (packed.bias is not None and packed.bias._version != packed.bias_version)):
+            packed = self.packed() if decoding_step.depth else None
+            if packed is None:  # outside decoding steps (or inference-mode weights): exactly nn.Linear
+                parameters = self._parameters
+                return F.linear(x, parameters["weight"], parameters["bias"])
         # The product, written here rather than in a method of PackedWeight: one Python frame less per
         # projection, a few hundred times a step.
-        rows = x.shape[0] if x.ndim == 2 else x.numel() // x.shape[-1]  # the stack passes rows (N, in)
-        if packed.weight_out_in is not None and TRANSPOSED_MIN_ROWS <= rows <= TRANSPOSED_MAX_ROWS:
-            columns = x.reshape(rows, x.shape[-1]).t()  # (in, N)
-            if packed.bias_column is None:
-                out = torch.mm(packed.weight_out_in, columns)
+        rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])  # (N, in): the stack passes rows already
+        count, bias = rows.shape[0], packed.bias
+        if count < TRANSPOSED_MIN_ROWS and packed.row_parts is not None:  # a few rows: every thread its outputs
+            columns = rows.t().expand(packed.parts, -1, -1)  # (parts, in, N)
+            if bias is None:
+                out = torch.bmm(packed.row_parts, columns)
             else:
-                out = torch.addmm(packed.bias_column, packed.weight_out_in, columns)
-            out = out.t().contiguous()
-        elif packed.parts > 1 and rows < TRANSPOSED_MIN_ROWS:  # a few rows: read the weight with every thread
-            slices = x.reshape(rows, packed.parts, packed.slice_size).transpose(0, 1)  # (parts, N, in / parts)
-            if packed.bias_parts is None:
+                out = torch.baddbmm(packed.bias_rows, packed.row_parts, columns)  # (parts, out / parts, N)
+            out = out.view(1, packed.size_out) if count == 1 else out.view(packed.size_out, count).t().contiguous()
+        elif count < TRANSPOSED_MIN_ROWS and packed.parts > 1:  # outputs that do not divide: cut the inputs
+            slices = rows.reshape(count, packed.parts, packed.slice_size).transpose(0, 1)  # (parts, N, in / parts)
+            if bias is None:
                 out = torch.bmm(slices, packed.weight_parts).sum(0)
             else:
                 out = torch.baddbmm(packed.bias_parts, slices, packed.weight_parts).sum(0)
-        elif x.ndim == 2:
-            bias = packed.bias
-            return torch.mm(x, packed.weight_in_out) if bias is None else torch.addmm(bias, x, packed.weight_in_out)
+        elif count >= TRANSPOSED_MIN_ROWS and count <= TRANSPOSED_MAX_ROWS and packed.weight_out_in is not None:
+            if bias is None:
+                out = torch.mm(packed.weight_out_in, rows.t()).t().contiguous()
+            else:
+                out = torch.addmm(packed.bias_column, packed.weight_out_in, rows.t()).t().contiguous()
+        elif bias is None:
+            out = torch.mm(rows, packed.weight_in_out)
         else:
-            return F.linear(x, packed.weight_view, packed.bias)
+            out = torch.addmm(bias, rows, packed.weight_in_out)
         return out if x.ndim == 2 else out.view(*x.shape[:-1], packed.size_out)
 
     def packed(self) -> PackedWeight | None:
@@ -106,9 +112,10 @@ class PrepackedLinear(LinearBackend):
 
 class PackedWeight:
     """A weight (out, in) and bias laid out for ``x @ weight_in_out + bias`` on inputs (..., in) -> (..., out)
-    (``PrepackedLinear.forward`` multiplies). With ``parts > 1`` the input dimension is cut into that many
-    slices whose partial products run as one batched product (one slice per thread) and are then summed;
-    ``weight_out_in`` (the parameter itself) serves many rows at once."""
+    (``PrepackedLinear.forward`` multiplies). With ``parts > 1`` a few rows are multiplied by ``row_parts``,
+    the weight's output rows cut into that many blocks (one per thread) as one batched product, or when
+    the output size does not divide, by ``weight_parts``, the input dimension cut into slices whose partial
+    products are summed; ``weight_out_in`` (the parameter itself) serves 8 to 64 rows."""
 
     SAMPLES = 32  # values of the weight (spread over it) and of the bias that ``holds`` compares
 
@@ -121,14 +128,17 @@ class PackedWeight:
         parts = self.threads if weight.device.type == "cpu" else 1
         size_out, size_in = weight.shape
         self.size_out = size_out
+        self.weight, self.bias = weight, bias  # detached: the same storage and version counters as the parameters
         self.weight_in_out = weight.t().contiguous()  # (in, out)
-        self.weight_view = self.weight_in_out.t()  # (out, in) as F.linear takes it, reading the (in, out) copy
-        self.bias = bias
         large = weight.numel() >= SPLIT_MIN_ELEMENTS
         self.parts = parts if large and parts > 1 and size_in % parts == 0 else 1
         # (out, in), contiguous: the same weights for many rows at once (the parameter itself, no copy)
         self.weight_out_in = weight if large and weight.is_contiguous() else None
         self.bias_column = None if bias is None else bias[:, None]
+        self.row_parts = self.bias_rows = None  # (parts, out / parts, in) and (parts, out / parts, 1): no copies
+        if self.parts > 1 and size_out % self.parts == 0 and self.weight_out_in is not None:
+            self.row_parts = weight.view(self.parts, size_out // self.parts, size_in)
+            self.bias_rows = None if bias is None else bias.view(self.parts, size_out // self.parts, 1)
         if self.parts > 1:
             self.slice_size = size_in // self.parts
             self.weight_parts = self.weight_in_out.view(self.parts, self.slice_size, size_out)  # no copy

@@ -216,9 +216,11 @@ def test_cached_generation_with_a_rolling_window_equals_the_full_forward(positio
     mask[1, :2] = 0  # a left-padded prompt
     with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
+        assert model.new_cache(2, 500)[0].self_attention.keys.shape[2] == 3 + REWIND_SLACK + RollingKVCache.HEADROOM
+        assert model.new_cache(2, 40)[0].self_attention.keys.shape[2] == 40  # no more room than 40 positions need
         cache = model.new_cache(2, 16)
         assert all(isinstance(layer.self_attention, RollingKVCache) for layer in cache)
-        assert cache[0].self_attention.keys.shape[2] == 3 + REWIND_SLACK  # the window and its slack, not max_len
+        assert cache[0].self_attention.keys.shape[2] == 3 + REWIND_SLACK  # the window and its slack at least
         steps = [model(ids[:, :7], attention_mask=mask[:, :7], cache=cache).logits]  # prefill longer than W
         steps.append(model(ids[:, 7:9], attention_mask=mask[:, :9], cache=cache).logits)  # a two-token step
         for t in range(9, 16):
@@ -232,13 +234,32 @@ def test_cached_generation_with_a_rolling_window_equals_the_full_forward(positio
 
 def test_a_rolling_cache_rewinds_only_while_it_still_holds_the_window():
     cache = RollingKVCache(1, 1, 5, 4, window=2)  # window 2, three positions of slack
+    room = cache.keys.shape[2]
+    assert room == 5 + RollingKVCache.HEADROOM
     cache.append(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
     cache.length = 1  # nothing forgotten yet: a rewind is exact
-    cache.append(torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4))  # 7 seen, positions 2..6 held
-    cache.length = 4  # positions 2..3 still hold the window of the next query
-    assert (cache.held, cache.cached()[0].shape[2]) == (2, 2)
-    with pytest.raises(ValueError, match="cannot go back to 3 tokens and still see the 2 before them"):
-        cache.length = 3
+    cache.append(torch.randn(1, 1, room - 1, 4), torch.randn(1, 1, room - 1, 4))  # the buffer is full
+    keys, _ = cache.append(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4))  # keeps the last 5, then adds one
+    assert (cache.length, cache.held, cache.start, keys.shape[2]) == (room + 1, 6, room - 2, 3)  # sees W + itself
+    cache.length = room - 2  # positions room - 5 .. room - 3 still hold the window of the next query
+    assert (cache.held, cache.cached()[0].shape[2]) == (3, 3)
+    with pytest.raises(ValueError, match=f"cannot go back to {room - 4} tokens and still see the 2 before them"):
+        cache.length = room - 4
+
+
+def test_a_rolling_cache_returns_what_each_step_sees_and_keeps_the_window():
+    """Prompts shorter and longer than the buffer, then one-token steps past several moves to its front: every
+    append returns the last W keys before the first new position and the new ones, and ``start`` indexes them."""
+    cache = RollingKVCache(1, 2, 7, 3, window=4)
+    sequence = torch.arange(400, dtype=torch.float32).view(1, 1, 400, 1).expand(1, 2, 400, 3)
+    seen = 0
+    for new in (150, 3, *[1] * 200, 40):
+        keys, values = cache.append(sequence[:, :, seen:seen + new], -sequence[:, :, seen:seen + new])
+        first = max(0, seen - 4)
+        assert cache.start == first
+        assert torch.equal(keys, sequence[:, :, first:seen + new]) and torch.equal(values, -keys)
+        seen += new
+        assert cache.length == seen and cache.held >= min(seen, 7)
 
 
 def test_a_wider_window_than_the_sequence_is_full_attention():

@@ -260,13 +260,15 @@ def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: Perfor
     ``_causal`` computes. Returns (B, H, 1, Dv) and the state."""
     batch, heads, _, head_dim = q.shape
     kv_heads, width = k.shape[1], v.shape[-1]
-    rows, features = batch * kv_heads, weights.shape[1]
-    compute = weights.dtype
-    queries = q.to(compute).reshape(rows, heads // kv_heads, head_dim)  # (rows, G, Dh)
-    keys = k.to(compute).reshape(rows, 1, head_dim)
-    q_logits = queries @ weights  # (rows, G, M)
-    q_features = torch.exp(q_logits - q_logits.amax(-1, keepdim=True))
-    k_logits = (keys @ weights).sub_(torch.linalg.vecdot(keys, keys)[..., None], alpha=scale / 2)  # k'W^T - |k'|^2/2
+    group, rows, features = heads // kv_heads, batch * kv_heads, weights.shape[1]
+    out_dtype = q.dtype
+    if q.dtype != weights.dtype:
+        q, k, v = q.to(weights.dtype), k.to(weights.dtype), v.to(weights.dtype)
+    keys = k.reshape(rows, 1, head_dim)
+    # The queries' and the key's logits in one product: (rows, G + 1, M), the key's in the last row.
+    q_logits, k_logits = (torch.cat([q.reshape(rows, group, head_dim), keys], 1) @ weights).split([group, 1], 1)
+    q_features = q_logits.sub_(q_logits.amax(-1, keepdim=True)).exp_()
+    k_logits.sub_(torch.linalg.vecdot(keys, keys)[..., None], alpha=scale / 2)  # k'W^T - |k'|^2/2
     level = carried.level.view(rows, 1, 1)
     raw = torch.maximum(level, k_logits.amax(-1, keepdim=True))  # finite: a real key
     state, normaliser = carried.state.view(rows, features, width), carried.normaliser.view(rows, features, 1)
@@ -274,13 +276,13 @@ def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: Perfor
         carry = torch.exp(level - raw)  # the carried sums brought to the new level
         state.mul_(carry)
         normaliser.mul_(carry)
-    k_features = torch.exp(k_logits - raw).transpose(1, 2)  # (rows, M, 1), each <= 1
-    state.baddbmm_(k_features, v.to(compute).reshape(rows, 1, width))
+    k_features = k_logits.sub_(raw).exp_().transpose(1, 2)  # (rows, M, 1), each <= 1
+    state.addcmul_(k_features, v.reshape(rows, 1, width))  # + phi(k)^T v
     normaliser.add_(k_features)
     out = _divide(torch.bmm(q_features, state), torch.bmm(q_features, normaliser))  # (rows, G, Dv)
     new_level = raw.view(batch, kv_heads)
-    return out.view(batch, heads, 1, width).to(q.dtype), PerformerState(carried.state, carried.normaliser, new_level,
-                                                                        new_level)
+    return out.view(batch, heads, 1, width).to(out_dtype), PerformerState(carried.state, carried.normaliser,
+                                                                          new_level, new_level)
 
 
 def _finite_or_zero(stabiliser: Tensor) -> Tensor:

@@ -105,14 +105,18 @@ class KVCache:
 
 class RollingKVCache(KVCache):
     """The keys and values of a sliding window's last positions only: ``keep`` of them (the window W, plus
-    some so that speculative decoding can take back rejected drafts).
+    some so that speculative decoding can take back rejected drafts), in a buffer with ``HEADROOM`` more
+    (fewer when ``max_len``, the most positions it will see, is smaller).
 
-    A query sees itself and the W previous positions, so W cached positions are all a step needs:
-    ``append`` returns the cached ones followed by the new ones (B, Hkv, held + T, Dh), whose first
-    index in the sequence is ``start``, then keeps the last ``keep`` (the kernel's band hides any older
-    than W). Rotary angles are applied before caching, so only the order matters. ``length`` counts
-    every position seen; it can be set back (``truncate``) only to a position still held.
+    A query sees itself and the W previous positions, so W cached positions are all a step needs. New
+    keys are written after the held ones, in place; when the buffer is full, the last ``keep`` are moved
+    to its front first (once every ``HEADROOM`` one-token steps). ``append`` returns views of the keys the
+    new queries can see (B, Hkv, up to W + T, Dh), whose first index in the sequence is ``start``. Rotary
+    angles are applied before caching, so only the order matters. ``length`` counts every position seen;
+    it can be set back only to a position whose window is still held.
     """
+
+    HEADROOM = 64  # one-token steps between two moves of the kept positions to the buffer's front
 
     def __init__(
         self,
@@ -123,9 +127,12 @@ class RollingKVCache(KVCache):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         window: int | None = None,
+        max_len: int | None = None,
     ) -> None:
         self._length = 0
-        super().__init__(batch_size, num_kv_heads, keep, head_dim, dtype, device)
+        room = keep + self.HEADROOM if max_len is None else max(keep, min(keep + self.HEADROOM, max_len))
+        super().__init__(batch_size, num_kv_heads, room, head_dim, dtype, device)
+        self.keep = keep
         self.window = keep if window is None else window  # W: what the next query must still see
         self.held = 0  # positions cached now: the last ``held`` of the ``length`` seen
         self.start = 0
@@ -145,7 +152,7 @@ class RollingKVCache(KVCache):
             raise ValueError(f"a rolling key/value cache holds positions {self._length - self.held} to "
                              f"{self._length - 1}; it cannot go back to {value} tokens and still see the "
                              f"{self.window} before them (attention_kernel='sliding_window' keeps its window and "
-                             f"{self.max_len - self.window} more)")
+                             f"{self.keep - self.window} more)")
         self._length, self.held = value, held
 
     def _filled(self) -> int:
@@ -157,17 +164,36 @@ class RollingKVCache(KVCache):
         return kernel(q, keys, values, mask.shifted(self.start), need_weights=need_weights)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add new keys/values (B, Hkv, T, Dh); return the held ones and these, in order (a copy)."""
+        """Add new keys/values (B, Hkv, T, Dh); return those the new queries can see, the held ones from
+        W before the first new position, then the new ones (views of the buffer, or a copy when T does not
+        fit in it)."""
+        new, room = k.shape[2], self.keys.shape[2]
+        if self.held + new > room:
+            self._keep_last()
         held = self.held
-        keys = torch.cat([self.keys[:, :, :held], k], dim=2)  # (B, Hkv, held + T, Dh)
-        values = torch.cat([self.values[:, :, :held], v], dim=2)
-        keep = min(self.max_len, keys.shape[2])
-        self.keys[:, :, :keep] = keys[:, :, -keep:]
-        self.values[:, :, :keep] = values[:, :, -keep:]
-        self.start = self._length - held
-        self._length += k.shape[2]
-        self.held = keep
+        first = max(0, held - self.window)  # the oldest key the first new query sees
+        if held + new <= room:
+            self.keys[:, :, held:held + new] = k
+            self.values[:, :, held:held + new] = v
+            keys, values = self.keys[:, :, first:held + new], self.values[:, :, first:held + new]
+            self.held = held + new
+        else:  # a prompt longer than the buffer: the visible keys are a copy, the last ``keep`` stay
+            keys = torch.cat([self.keys[:, :, first:held], k], dim=2)
+            values = torch.cat([self.values[:, :, first:held], v], dim=2)
+            self.held = min(self.keep, keys.shape[2])
+            self.keys[:, :, :self.held] = keys[:, :, -self.held:]
+            self.values[:, :, :self.held] = values[:, :, -self.held:]
+        self.start = self._length - (held - first)
+        self._length += new
         return keys, values
+
+    def _keep_last(self) -> None:
+        """Move the last ``keep`` held positions to the front of the buffer (the rest are forgotten)."""
+        kept = min(self.keep, self.held)
+        if kept and self.held > kept:
+            self.keys[:, :, :kept] = self.keys[:, :, self.held - kept:self.held].clone()
+            self.values[:, :, :kept] = self.values[:, :, self.held - kept:self.held].clone()
+        self.held = kept
 
     def cached(self) -> tuple[Tensor, Tensor]:
         return self.keys[:, :, :self.held], self.values[:, :, :self.held]

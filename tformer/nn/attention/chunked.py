@@ -246,24 +246,27 @@ class ChunkedKernel(AttentionKernel):
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         q_len, k_len = q.shape[2], k.shape[2]
+        # A window that reaches every key (no two positions further apart than W) excludes nothing.
+        window = self.window if self.window is not None and k_len - 1 > self.window else None
         if need_weights:
             band_part = None
-            if self.window is not None:
-                band_part = additive_mask(band_mask(q_len, k_len, self.window, causal=mask.causal, device=q.device),
+            if window is not None:
+                band_part = additive_mask(band_mask(q_len, k_len, window, causal=mask.causal, device=q.device),
                                           q.dtype)
             return reference_with_mask(q, k, v, mask, extra=band_part)
         if not torch.is_grad_enabled() and q_len * k_len <= QUERY_BLOCK * KEY_BLOCK:
-            return self._one_block(q, k, v, mask), None
+            return self._one_block(q, k, v, mask, window), None
         return chunked_attention(q, k, v, causal=mask.causal, key_padding_mask=mask.key_padding, bias=mask.bias,
-                                 window=self.window), None
+                                 window=window), None
 
-    def _one_block(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask) -> Tensor:
+    @staticmethod
+    def _one_block(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, window: int | None) -> Tensor:
         """The whole pass as one block, through the fused kernel: its mask (causality, the window, padding,
         the position bias) built once per pass and shared by every layer; rows that see no key get 0."""
         q_len, k_len = q.shape[2], k.shape[2]
-        key = ("one block", q_len, k_len, q.dtype, self.window)
+        key = ("one block", q_len, k_len, q.dtype, window)
         if key not in mask._derived:
-            mask._derived[key] = _block_mask(mask, q_len, k_len, self.window, q.dtype, q.device)
+            mask._derived[key] = _block_mask(mask, q_len, k_len, window, q.dtype, q.device)
         additive, empty = mask._derived[key]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, enable_gqa=k.shape[1] != q.shape[1])
         return out if empty is None else out.masked_fill(empty, 0.0)

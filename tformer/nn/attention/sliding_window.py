@@ -45,7 +45,7 @@ class SlidingWindowKernel(ChunkedKernel):
     def new_cache(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
                   device: torch.device) -> RollingKVCache:
         return RollingKVCache(batch_size, num_kv_heads, self.window + REWIND_SLACK, head_dim, dtype, device,
-                              window=self.window)
+                              window=self.window, max_len=max_len)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(window={self.window})"

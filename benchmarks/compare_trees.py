@@ -24,7 +24,10 @@ the same weights.
   work folder from seed 0): tokens/s received by the clients.
 - ``kernels`` (this tree only): ``generate-b``'s model and workload with each attention kernel of the
   registry (the sliding window at 64 positions, Performer with 256 features), against sdpa; each must
-  decode through the model's step hook (a StackSession), which the worker checks.
+  decode through the model's step hook (a StackSession), which the worker checks. Inside a worker every
+  kernel runs once a repeat in a rotating order; a kernel's figure is the median over rounds of its
+  median time per call, and its ratio to sdpa the median over rounds of the median of its per-repeat
+  ratios (each taken beside an sdpa call of the same repeat).
 
 Nothing here is downloaded: the tokenizer and the Multi30k text come from ../shared/data.
 """
@@ -43,6 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
+# GPT-2's tokenizer files, from this tree's ../shared (a worktree of the other tree has none beside it).
+GPT2_TOKENIZER = ROOT.parent / "shared" / "data" / "tokenizers" / "gpt2" / "encoder.json"
 SHAPES = {"a": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257),
           "b": dict(n_embd=384, n_layer=6, n_head=6, vocab_size=8192)}
 PROMPT_LENGTH, NEW_TOKENS = 32, 128
@@ -174,7 +179,7 @@ def work_kernels(folder: Path, repeats: int) -> dict:
 
     base = tformer.load(folder).eval()
     prompt = prompt_ids(base.config.vocab_size)
-    speeds = {}
+    models = {}
     for name, fields in KERNELS.items():
         torch.manual_seed(0)
         model = tformer.build_model(base.config.replace(dropout=0.0, attention_dropout=0.0, **fields)).eval()
@@ -182,9 +187,19 @@ def work_kernels(folder: Path, repeats: int) -> dict:
         session, _ = open_session(model, prompt, None, NEW_TOKENS)
         if not isinstance(session, StackSession):
             raise SystemExit(f"attention_kernel {name} does not decode through the step hook")
-        seconds = time_calls(lambda m=model: tformer.generate(m, prompt, NEW_TOKENS, eos_token_id=[]), repeats)
-        speeds[name] = NEW_TOKENS / seconds
-    return {"tokens_per_s": speeds}
+        tformer.generate(model, prompt, NEW_TOKENS, eos_token_id=[])  # warm up
+        models[name] = model
+    # Every kernel once a repeat, the order rotating, so that each sees the same machine load as sdpa.
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    names = list(models)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            started = time.perf_counter()
+            tformer.generate(models[name], prompt, NEW_TOKENS, eos_token_id=[])
+            seconds[name].append(time.perf_counter() - started)
+    return {"tokens_per_s": {name: NEW_TOKENS / statistics.median(times) for name, times in seconds.items()},
+            "ratio_to_sdpa": {name: statistics.median(s / t for s, t in zip(seconds["sdpa"], times, strict=True))
+                              for name, times in seconds.items()}}
 
 
 WORKERS = {"generate": work_generate, "hf-generate": work_hf_generate, "translate": work_translate,
@@ -196,7 +211,8 @@ def run_serve_load(tree: Path, model: str, work: Path, threads: int | None) -> d
     out = work / f"serve-{model}-{tree.name}.json"
     command = [sys.executable, str(tree / "benchmarks" / "serve_load.py"), "--models", model, "--clients", "16",
                "--servers", "tformer", "--new-tokens", str(NEW_TOKENS), "--work", str(work / f"serve-{tree.name}"),
-               "--out", str(out)] + (["--threads", str(threads)] if threads else [])
+               "--out", str(out), "--gpt2-tokenizer", str(GPT2_TOKENIZER)] + (["--threads", str(threads)] if threads
+                                                                              else [])
     done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                           cwd=tree)
     if done.returncode:
@@ -248,8 +264,8 @@ def compare(args) -> dict:
             rounds = [run_worker(ROOT, "kernels", folder, args.repeats, args.threads) for _ in range(args.rounds)]
             names = list(KERNELS)
             medians = {name: statistics.median(r["tokens_per_s"][name] for r in rounds) for name in names}
-            results[workload] = {"rounds": rounds, "median": medians,
-                                 "ratio_to_sdpa": {name: medians[name] / medians["sdpa"] for name in names}}
+            ratios = {name: statistics.median(r["ratio_to_sdpa"][name] for r in rounds) for name in names}
+            results[workload] = {"rounds": rounds, "median": medians, "ratio_to_sdpa": ratios}
             print_kernels(results[workload])
             continue
         if workload.startswith("serve"):

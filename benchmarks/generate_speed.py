@@ -4,6 +4,7 @@ decoding on a trained target/draft pair.
     python benchmarks/generate_speed.py                 # both parts
     python benchmarks/generate_speed.py --part hf       # greedy vs Hugging Face only
     python benchmarks/generate_speed.py --part speculative --pair runs/speculative-pair
+    python benchmarks/generate_speed.py --part quantized --shapes a   # int8 / int4 beside fp32 and HF
 
 Part 1 (greedy, batch 1, a 32-token prompt, 128 new tokens, fp32, CPU) runs, in this one
 process, a randomly initialised Hugging Face ``GPT2LMHeadModel`` of each shape and the same
@@ -12,6 +13,13 @@ vocabulary 8192. It prints new tokens/s for both, their ratio, tformer without i
 the matrix-vector products alone (the ceiling), and whether the tokens are identical. Each of
 ``--repeats`` rounds runs every one of these once, in an order that rotates from round to round,
 and the medians are reported, so all see the same machine load.
+
+Part 3 (``--part quantized``) runs the same greedy workload with tformer's fp32 model, the same weights
+quantized to int8 and to int4 (groups of 64; ``tformer.quantization``) and Hugging Face fp32 ``generate``,
+alternately, and prints each one's new tokens/s and its ratios to Hugging Face and to tformer fp32, with
+the dtype each quantized kernel runs in on this host (measured at load) and how many of the 128 tokens
+each quantized model shares with fp32 before the first difference (random weights: greedy paths part
+at the first near-tie; ``tests/test_quantization.py`` checks the logits).
 
 Part 2 decodes tinyshakespeare prompts greedily with a 6-layer character-level target, alone
 and with a 1-layer draft (both trained by ``speculative_pair.py`` on first use and saved in
@@ -122,6 +130,49 @@ def matvec_floor(model) -> None:
                 projection(x)
 
 
+# ---- part 3: quantized weights ----------------------------------------------------------------
+
+
+def compare_quantized(shape: str, repeats: int) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tformer.quantization import compute_dtypes, quantize
+
+    title, sizes = SHAPES[shape]
+    torch.manual_seed(0)
+    config = GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0, pad_token_id=0, **sizes)
+    hf = GPT2LMHeadModel(config).eval()
+    hf.generation_config.eos_token_id = None
+    models = {}
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        models["fp32"] = tformer.load(folder).eval()
+        models["int8"] = quantize(tformer.load(folder).eval(), "int8")
+        models["int4"] = quantize(tformer.load(folder).eval(), "int4", group_size=64)
+    prompt = torch.randint(0, config.vocab_size, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompt)
+
+    def run_hf(new=NEW_TOKENS):
+        with torch.inference_mode():
+            return hf.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+
+    measurements = {"hf": run_hf}
+    for name, model in models.items():
+        measurements[name] = lambda model=model, new=NEW_TOKENS: tformer.generate(model, prompt, new, eos_token_id=[])
+    for run in measurements.values():
+        run(new=8)  # warm up (the kernels' dtype measurement, packed layouts)
+    wall, _, tokens = alternated(measurements, repeats)
+    speed = {name: NEW_TOKENS / statistics.median(values) for name, values in wall.items()}
+    reference = tokens["fp32"][0, PROMPT_LENGTH:]
+    shared = {}
+    for name in ("int8", "int4"):
+        differs = (tokens[name][0, PROMPT_LENGTH:] != reference).nonzero()
+        shared[name] = int(differs[0]) if len(differs) else NEW_TOKENS
+    dtypes = {**compute_dtypes(models["int8"]), **compute_dtypes(models["int4"])}
+    return dict(title=title, speed=speed, shared=shared, dtypes=dtypes,
+                identical_fp32=torch.equal(tokens["hf"], tokens["fp32"]))
+
+
 # ---- part 2: speculative decoding ----------------------------------------------------------------
 
 
@@ -168,7 +219,8 @@ def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_cou
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "hf", "speculative"], default="all")
+    parser.add_argument("--part", choices=["all", "hf", "speculative", "quantized"], default="all",
+                        help="all: hf and speculative; quantized: int8 / int4 beside fp32 and HF")
     parser.add_argument("--shapes", default="ab", help="which of the shapes a, b to compare (default: ab)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the median counts")
     parser.add_argument("--no-cache", action=argparse.BooleanOptionalAction, default=True,
@@ -203,6 +255,22 @@ def main() -> None:
         print("tok/s: new tokens per wall-clock second; CPU-time ratio: the same ratio in CPU seconds used by each.\n"
               "matvec-only: just the weight matrix-vector products of the same steps, nothing else; the "
               "ceiling of batch-1 decoding on this machine")
+    if args.part == "quantized":
+        print(f"\n== quantized weights: greedy, batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, CPU; "
+              f"medians of {args.repeats} rounds, each running every column once, in rotating order ==")
+        print(f"{'shape':<36} {'HF fp32':>8} {'fp32':>8} {'int8':>8} {'int4':>8} {'int8/HF':>8} {'int8/fp32':>10} "
+              f"{'int4/HF':>8} {'int4/fp32':>10} {'kernels in':>22} {'same tokens int8/int4':>22}")
+        for shape in args.shapes:
+            row = compare_quantized(shape, args.repeats)
+            speed = row["speed"]
+            kernels = ", ".join(f"{name} {dtype}" for name, dtype in sorted(row["dtypes"].items()))
+            print(f"{row['title']:<36} {speed['hf']:>8.1f} {speed['fp32']:>8.1f} {speed['int8']:>8.1f} "
+                  f"{speed['int4']:>8.1f} {speed['int8'] / speed['hf']:>7.2f}x {speed['int8'] / speed['fp32']:>9.2f}x "
+                  f"{speed['int4'] / speed['hf']:>7.2f}x {speed['int4'] / speed['fp32']:>9.2f}x {kernels:>22} "
+                  f"{row['shared']['int8']:>10} / {row['shared']['int4']:<9}", flush=True)
+        print("tok/s: new tokens per wall-clock second (HF fp32 and tformer fp32 give the same tokens: "
+              f"{'yes' if row['identical_fp32'] else 'NO'}); same tokens: new tokens equal to fp32's before the "
+              "first difference")
     if args.part in ("all", "speculative"):
         speculative(args.pair, args.data, args.repeats, args.speculative_tokens,
                     [int(k) for k in args.draft_tokens.split(",")])

@@ -34,6 +34,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 FORMAT_VERSION = 1
+QUANTIZATION_KEY = "quantization"  # config.json's record of a quantized model's scheme (tformer.quantization)
 
 
 class CheckpointError(TformerError):
@@ -108,9 +109,11 @@ def save_checkpoint(model, path: str | Path) -> Path:
              if name not in model.tied_parameters()}
     tokenizer = getattr(model, "tokenizer", None)
     image_processor = getattr(model, "image_processor", None)
+    quantization = getattr(model, "quantization", None)
 
     def write(folder: Path) -> None:
-        write_model_files(folder, model.config, state, tokenizer, image_processor)
+        write_model_files(folder, model.config, state, tokenizer, image_processor,
+                          None if quantization is None else quantization.to_dict())
 
     return write_checkpoint_folder(path, write)
 
@@ -135,17 +138,20 @@ def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> 
 
 def write_model_files(
     folder: Path, config: ModelConfig, state: dict[str, torch.Tensor], tokenizer=None,
-    image_processor: ImageProcessing | None = None,
+    image_processor: ImageProcessing | None = None, quantization: dict | None = None,
 ) -> None:
     """Write model.safetensors (``state``: untied CPU tensors), tokenizer.json and
-    preprocessor_config.json when given, then config.json into an existing (usually temporary)
-    folder. The trainer calls this with weights gathered from every process."""
+    preprocessor_config.json when given, then config.json (with the ``quantization`` scheme of a
+    quantized model) into an existing (usually temporary) folder. The trainer calls this with
+    weights gathered from every process."""
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save(folder / TOKENIZER_NAME)
     if image_processor is not None:
         image_processor.save(folder)
-    config_text = json.dumps({"tformer_format": FORMAT_VERSION, **config.to_dict()}, indent=2, sort_keys=True)
+    extra = {} if quantization is None else {QUANTIZATION_KEY: quantization}
+    config_text = json.dumps({"tformer_format": FORMAT_VERSION, **config.to_dict(), **extra}, indent=2,
+                             sort_keys=True)
     (folder / CONFIG_NAME).write_text(config_text + "\n")
 
 
@@ -172,6 +178,7 @@ def config_from_checkpoint(raw: dict) -> ModelConfig:
         raise CheckpointError(f"{CONFIG_NAME} is not a JSON object")
     raw = dict(raw)
     raw.pop("tformer_format", None)
+    raw.pop(QUANTIZATION_KEY, None)
     return ModelConfig.from_dict(raw)
 
 

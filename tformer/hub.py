@@ -12,6 +12,7 @@ import torch
 
 from tformer.checkpoint import (
     CONFIG_NAME,
+    QUANTIZATION_KEY,
     CheckpointError,
     config_from_checkpoint,
     is_hf_config,
@@ -24,6 +25,8 @@ from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, repl
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.memory import model_bytes, require_memory
 from tformer.models import Model, model_class
+from tformer.quantization import QuantizationError, QuantizationScheme, prepare_quantized, scheme_for
+from tformer.quantization import quantize as quantize_model
 
 _KEEP: Any = object()  # "the checkpoint's own head"
 
@@ -39,6 +42,7 @@ def load(
     pooling: str | None = None,
     dropout: float | None = None,
     attention_dropout: float | None = None,
+    quantize: str | QuantizationScheme | None = None,
 ) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
     ``model_type``) into a model in eval mode, with its tokenizer attached when it has one (a vision
@@ -54,12 +58,26 @@ def load(
 
     ``dropout`` and ``attention_dropout`` replace the folder's rates (any family: they shape no weight),
     e.g. to fine-tune with dropout a model pretrained without it.
+
+    A folder written from a quantized model loads quantized (its config.json records the scheme).
+    ``quantize`` ("int8", "int4" or a ``QuantizationScheme``) quantizes a float checkpoint as it loads
+    (``tformer.quantization.quantize``); asking a quantized folder for another scheme is refused.
     """
     regularisation = {name: value for name, value in zip(REGULARISATION_FIELDS, (dropout, attention_dropout),
                                                          strict=True) if value is not None}
     folder = Path(path)
     raw = read_config(folder)
     new_head = head is not _KEEP or any(value is not None for value in (num_labels, label_names, problem_type, pooling))
+    saved_scheme = _saved_scheme(folder, raw)
+    wanted = scheme_for(quantize) if isinstance(quantize, str) else quantize
+    if saved_scheme is not None and (new_head or wanted is not None):
+        if new_head:
+            raise CheckpointError(f"{folder}: a quantized model ({saved_scheme.describe()}) cannot take a new head; "
+                                  "fine-tune its float checkpoint, then quantize")
+        if (wanted.method, wanted.group_size, wanted.head) != (saved_scheme.method, saved_scheme.group_size,
+                                                               saved_scheme.head):
+            raise CheckpointError(f"{folder}: quantized already ({saved_scheme.describe()}); it cannot be quantized "
+                                  f"again as {wanted.describe()} (quantize its float checkpoint)")
     if is_hf_config(raw):
         family, config = hf_config(folder, raw)
         saved_labels = config.label_names
@@ -74,6 +92,8 @@ def load(
         if new_head:
             config = _with_head(config, head, num_labels, label_names, problem_type, pooling, lambda _: {})
         model = _build(config.replace(**regularisation), folder)
+        if saved_scheme is not None:
+            prepare_quantized(model, saved_scheme)
         changes = load_weights(model, folder, new_head=new_head)
         model.tokenizer = load_attached_tokenizer(folder)
     if config.architecture == "vision":
@@ -82,7 +102,19 @@ def load(
     if changes or relabelled:
         described = "; ".join(part for part in (relabelled, changes.describe()) if part)
         warnings.warn(f"{folder}: loaded with head={model.config.head!r}: {described}", stacklevel=2)
+    if wanted is not None and saved_scheme is None:
+        quantize_model(model, wanted)
     return model.to(device).eval()
+
+
+def _saved_scheme(folder: Path, raw: dict) -> QuantizationScheme | None:
+    """The quantization scheme config.json records (tformer's format only), or None."""
+    if QUANTIZATION_KEY not in raw or is_hf_config(raw):
+        return None
+    try:
+        return QuantizationScheme.from_dict(raw[QUANTIZATION_KEY])
+    except QuantizationError as error:
+        raise CheckpointError(f"{folder / CONFIG_NAME}: {error}") from None
 
 
 def _reset_relabelled_classifier(model: Model, saved_labels: Sequence[str]) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from tformer.errors import TformerError
 
 COMMANDS = ["attention", "average", "classify", "convert", "demo", "evaluate", "generate", "info", "plot", "predict",
-            "serve", "tokenize", "tokenizer", "train", "translate"]
+            "quantize", "serve", "tokenize", "tokenizer", "train", "translate"]
 
 
 class UsageError(TformerError):
@@ -94,6 +94,32 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
     """``--device``: where the model runs (``resolve_device`` reads it)."""
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda, cuda:N, or auto (cuda when PyTorch sees a GPU, else cpu) (default: cpu)")
+
+
+def add_quantize_option(parser: argparse.ArgumentParser) -> None:
+    """``--quantize`` and ``--group-size``: quantize the model's weights as it loads (``quantize_option`` reads
+    them)."""
+    parser.add_argument("--quantize", choices=("int8", "int4"),
+                        help="quantize the weights as they load: int8 (per output channel) or int4 (groups of "
+                             "--group-size inputs); a folder written by tformer quantize loads quantized without it")
+    parser.add_argument("--group-size", type=int, metavar="N", help="with --quantize int4: inputs per group, 32, 64 or "
+                                                                    "128 (default: 64)")
+
+
+def quantize_option(args: argparse.Namespace):
+    """The ``QuantizationScheme`` that ``--quantize`` / ``--group-size`` ask for, or None."""
+    from tformer.quantization import QuantizationError, scheme_for
+
+    if args.quantize is None:
+        if args.group_size is not None:
+            raise UsageError("--group-size goes with --quantize int4")
+        return None
+    if args.quantize == "int8" and args.group_size is not None:
+        raise UsageError("--group-size goes with --quantize int4 (int8 is per output channel)")
+    try:
+        return scheme_for(args.quantize, args.group_size)
+    except QuantizationError as error:
+        raise UsageError(f"--group-size: {error}") from None
 
 
 def resolve_device(text: str, option: str = "--device"):

@@ -9,6 +9,8 @@ import argparse
 import json
 from pathlib import Path
 
+from tformer.cli import add_quantize_option
+
 CHUNK = 64  # images per forward pass
 
 
@@ -23,17 +25,18 @@ def register(subparsers) -> None:
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="PNG or JPEG files")
     parser.add_argument("--top-k", type=int, default=5, help="labels to show per image (default: 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_quantize_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, quantize_option
 
     if args.top_k < 1:
         raise UsageError(f"--top-k {args.top_k} must be a positive integer")
-    model = load_classifier(args.model)
+    model = load_classifier(args.model, quantize_option(args))
     pixels = read_model_images(args.images, model.image_processor)  # uint8 (N, C, H, W)
     config = model.config
     names = config.label_names_or_ids
@@ -52,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_classifier(folder: str):
-    """The vision model with an image-classification head in ``folder``, with its image processor;
-    a UsageError naming what the folder holds otherwise."""
+def load_classifier(folder: str, quantize=None):
+    """The vision model with an image-classification head in ``folder`` (quantized as ``quantize`` asks),
+    with its image processor; a UsageError naming what the folder holds otherwise."""
     import tformer
     from tformer.cli import UsageError
 
-    model = tformer.load(folder)
+    model = tformer.load(folder, quantize=quantize)
     config = model.config
     if config.architecture != "vision" or config.head != "image_classification":
         raise UsageError(f"{folder}: a vision model with head 'image_classification' is needed; this model "

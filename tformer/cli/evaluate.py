@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tformer.cli import add_device_option
+from tformer.cli import add_device_option, add_quantize_option
 
 RECIPE_NAME = "recipe.toml"
 
@@ -40,6 +40,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
     parser.add_argument("--batch-size", type=int, help="rows per forward pass (default: the recipe's batch size)")
     add_device_option(parser)
+    add_quantize_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -113,12 +114,13 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     the translations into --out (default RUN/evaluation)."""
     import time
 
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, quantize_option
     from tformer.cli.translate import load_translator
     from tformer.data.parallel import read_aligned
     from tformer.files import write_text_atomically
     from tformer.generation.translation import translate
 
+    quantize = quantize_option(args)
     if args.beam < 1:
         raise UsageError(f"--beam {args.beam} must be a positive integer")
     if args.batch_size is not None and args.batch_size < 1:
@@ -126,13 +128,13 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     sources, references = read_aligned(args.source, args.reference, what="sentence")
     folder = Path(args.folder)
     out = Path(args.out) if args.out else folder / "evaluation"
-    stem = Path(args.source).name.split(".")[0]
+    stem = Path(args.source).name.split(".")[0] + quantized_suffix(quantize)
     check_own_output(out / f"{stem}.json", {})
     hypotheses_file = out / f"{stem}.beam{args.beam}.txt"
     if hypotheses_file.exists() and not (out / f"{stem}.json").exists():
         raise UsageError(f"{hypotheses_file} exists and is not a translation tformer evaluate wrote; choose another "
                          "--out")
-    model = load_translator(args.folder, args.device)
+    model = load_translator(args.folder, args.device, quantize)
     started = time.perf_counter()
     result = translate(model, sources, num_beams=args.beam, batch_size=args.batch_size or 64, progress=True)
     seconds = time.perf_counter() - started
@@ -140,7 +142,7 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     print(f"translated {len(sources):,} sentences in {seconds:.1f} s, beam {args.beam}{notes}")
     scores = print_scores(result.texts, references, args)
     record = {"model": str(folder), "data": str(args.source), "reference": str(args.reference), "task": "translation",
-              "beam": args.beam, "seconds": seconds, **scores.as_dict()}
+              "beam": args.beam, "seconds": seconds, **quantization_record(model), **scores.as_dict()}
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomically(hypotheses_file, "".join(f"{line}\n" for line in result.texts))
     write_text_atomically(out / f"{stem}.json", json.dumps(record, indent=2) + "\n")
@@ -166,7 +168,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
     import dataclasses
 
     import tformer
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, quantize_option
     from tformer.files import write_text_atomically
     from tformer.training.tasks import task_for_recipe
     from tformer.training.trainer import Trainer
@@ -177,8 +179,9 @@ def evaluate_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--data {data_file}: no such file or folder")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
+    quantize = quantize_option(args)
     recipe = run_recipe(folder)
-    model = tformer.load(folder, device="cpu")
+    model = tformer.load(folder, device="cpu", quantize=quantize)
     if model.config.architecture == "vision":
         if getattr(model, "image_processor", None) is None:
             raise UsageError(f"{folder}: the model folder has no preprocessor_config.json (the normalisation its "
@@ -201,8 +204,9 @@ def evaluate_run(args: argparse.Namespace) -> int:
         print(f"{name:<18} {value:.4f}")
 
     out = Path(args.out) if args.out else folder / "evaluation"
-    stem = data_file.name.split(".")[0]
-    record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **metrics}
+    stem = data_file.name.split(".")[0] + quantized_suffix(quantize)
+    record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **quantization_record(model),
+              **metrics}
     check_own_output(out / f"{stem}.json", record)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomically(out / f"{stem}.json", json.dumps(record, indent=2) + "\n")
@@ -215,3 +219,15 @@ def evaluate_run(args: argparse.Namespace) -> int:
                                     title=f"{folder.name} on {data_file.name}")
         print(f"plot       {png}")
     return 0
+
+
+def quantized_suffix(scheme) -> str:
+    """What the output files' names carry when --quantize asked for a scheme (".int8"), so that they stand
+    beside the float model's instead of replacing them; "" otherwise."""
+    return "" if scheme is None else f".{scheme.method}" + (f"-g{scheme.group_size}" if scheme.group_size else "")
+
+
+def quantization_record(model) -> dict:
+    """The quantization scheme of ``model`` for the metrics file, or nothing for a float model."""
+    scheme = getattr(model, "quantization", None)
+    return {} if scheme is None else {"quantization": scheme.to_dict()}

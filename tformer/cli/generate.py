@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 
-from tformer.cli import add_device_option
+from tformer.cli import add_device_option, add_quantize_option
 
 # GenerationConfig fields -> the options that set them, so an option's error names the option.
 OPTIONS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "temperature": "--temperature",
@@ -39,6 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=4, help="tokens drafted per round (default: 4)")
     parser.add_argument("--stream", action="store_true", help="print the text as it is produced")
     add_device_option(parser)
+    add_quantize_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import tformer
-    from tformer.cli import UsageError, check_text_option, encode_prompt, resolve_device
+    from tformer.cli import UsageError, check_text_option, encode_prompt, quantize_option, resolve_device
     from tformer.generation import GenerationConfig, GenerationError, TextStreamer
 
     if args.stream and args.num_beams > 1:
@@ -68,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
         option = OPTIONS.get(str(error).split("=", 1)[0])
         raise UsageError(f"{option}: {error}" if option else str(error)) from None
     device = resolve_device(args.device)
-    model, tokenizer_problem = load_model(args.checkpoint, device)
+    quantize = quantize_option(args)
+    model, tokenizer_problem = load_model(args.checkpoint, device, quantize)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; "
                          "generate needs one to read --prompt")
-    draft = load_model(args.draft, device)[0] if args.draft else None
+    draft = load_model(args.draft, device, quantize)[0] if args.draft else None
     prompt_ids = encode_prompt(tokenizer, args.prompt)
 
     input_ids = torch.tensor([prompt_ids], device=device)
@@ -108,15 +110,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_model(path: str, device="cpu"):
-    """``tformer.load(path, device)`` and, when its tokenizer could not be attached, why (the warning's
-    text, kept for the error instead of shown); other warnings are shown as they come."""
+def load_model(path: str, device="cpu", quantize=None):
+    """``tformer.load(path, device, quantize=...)`` and, when its tokenizer could not be attached, why (the
+    warning's text, kept for the error instead of shown); other warnings are shown as they come."""
     import tformer
     from tformer.checkpoint import TokenizerNotAttachedWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = tformer.load(path, device=device)
+        model = tformer.load(path, device=device, quantize=quantize)
     problem = None
     for warning in caught:
         if issubclass(warning.category, TokenizerNotAttachedWarning):

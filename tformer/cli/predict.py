@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+from tformer.cli import add_quantize_option
+
 HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
 
 
@@ -28,6 +30,7 @@ def register(subparsers) -> None:
     parser.add_argument("--top-k", type=int, default=1, help="labels or tokens to show per prediction (default: 1)")
     parser.add_argument("--max-answer-length", type=int, default=30, help="longest answer in tokens (default: 30)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_quantize_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -35,12 +38,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import tformer
-    from tformer.cli import UsageError, check_text_option
+    from tformer.cli import UsageError, check_text_option, quantize_option
 
     if args.top_k < 1:
         raise UsageError(f"--top-k {args.top_k} must be a positive integer")
     texts = [check_text_option(text, "--text") for text in args.text]
-    model = tformer.load(args.model)
+    model = tformer.load(args.model, quantize=quantize_option(args))
     head = getattr(model.config, "head", None)
     if model.config.architecture != "encoder" or head not in HEADS:
         raise UsageError(f"{args.model}: predict reads an encoder's task head ({', '.join(HEADS)}); this model is "

@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tformer.cli import add_device_option
+from tformer.cli import add_device_option, add_quantize_option
 
 
 def register(subparsers) -> None:
@@ -40,13 +40,14 @@ def register(subparsers) -> None:
                         help="seconds requests in flight get to finish after SIGTERM (default: 30)")
     parser.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's)")
     add_device_option(parser)
+    add_quantize_option(parser)
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                         help="the HTTP server's log level (default: warning)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.cli import UsageError, resolve_device
+    from tformer.cli import UsageError, quantize_option, resolve_device
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} must be in [0, 65535]")
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("--api-key is empty; give a key, or leave the option out to serve without one")
     device = resolve_device(args.device)
+    quantize = quantize_option(args)
     _check_address(args.host, args.port)
     try:
         import pydantic  # noqa: F401
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                     else ChatTemplate.from_folder(args.checkpoint))
     except ChatTemplateError as error:
         raise UsageError(f"{args.chat_template or args.checkpoint}: {error}") from None
-    model, tokenizer_problem = load_model(args.checkpoint, device)
+    model, tokenizer_problem = load_model(args.checkpoint, device, quantize)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; serve needs one "

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tformer.cli import add_device_option
+from tformer.cli import add_device_option, add_quantize_option
 
 
 def register(subparsers) -> None:
@@ -29,6 +29,7 @@ def register(subparsers) -> None:
                         help="tokens a translation may have (default: 1.5 x the longest source in its batch + 10)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output when it exists")
     add_device_option(parser)
+    add_quantize_option(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
@@ -56,12 +57,13 @@ def check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"--output {output} exists; give --overwrite to replace it, or another file")
 
 
-def load_translator(folder: str, device: str):
-    """The encoder-decoder of ``folder`` with its tokenizer, or a one-line UsageError."""
+def load_translator(folder: str, device: str, quantize=None):
+    """The encoder-decoder of ``folder`` with its tokenizer (quantized as ``quantize`` asks), or a one-line
+    UsageError."""
     import tformer
     from tformer.cli import UsageError, resolve_device
 
-    model = tformer.load(folder, device=resolve_device(device))
+    model = tformer.load(folder, device=resolve_device(device), quantize=quantize)
     if not getattr(model, "encodes_prompt", False):
         raise UsageError(f"{folder}: a {model.config.architecture} model does not translate; give an encoder-decoder "
                          "(architecture encoder_decoder or rnn_seq2seq)")
@@ -83,12 +85,14 @@ def read_lines(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.cli import quantize_option
     from tformer.files import write_text_atomically
     from tformer.generation.translation import translate
 
     check_options(args)
+    quantize = quantize_option(args)
     lines = read_lines(args.input)
-    model = load_translator(args.model, args.device)
+    model = load_translator(args.model, args.device, quantize)
     started = time.perf_counter()
     result = translate(model, lines, num_beams=args.beam, batch_size=args.batch_size,
                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens,

@@ -3,7 +3,9 @@ parameter counting and saving (loading is ``tformer.hub``'s: it needs every mode
 
 from __future__ import annotations
 
+import copy
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from tformer.nn.lean import observed
 from tformer.nn.losses import IGNORE_INDEX
 from tformer.nn.stack import TransformerStack
 from tformer.nn.weights import decoding_weights, use_weights
+from tformer.quantization import dequantized
 
 
 class Model(nn.Module):
@@ -35,6 +38,7 @@ class Model(nn.Module):
         self.config = config
         self.tokenizer: Any = None
         self.decodes_directly = False  # decoding steps call every part's forward directly (prepare_for_decoding)
+        self.quantization: Any = None  # the QuantizationScheme of its layers (tformer.quantization), or None
 
     # ---- parameters --------------------------------------------------------------------------
 
@@ -75,7 +79,11 @@ class Model(nn.Module):
         """Write a checkpoint folder: config.json, model.safetensors, tokenizer.json if attached;
         in tformer's format, or Hugging Face's (``format="hf"``) for the families interop knows."""
         if format == "hf":
-            return save_hf(self, path)
+            if self.quantization is None:
+                return save_hf(self, path)
+            warnings.warn(f"a quantized model ({self.quantization.describe()}) is written to the Hugging Face format "
+                          "dequantized: float32 weights that carry the quantization's rounding", stacklevel=2)
+            return save_hf(dequantized(copy.deepcopy(self)), path)
         if format != "tformer":
             raise ValueError(f"format={format!r} is not one of tformer, hf")
         return save_checkpoint(self, path)

@@ -31,7 +31,7 @@ class MaskedLMHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         """hidden (..., D) -> logits (..., V)."""
-        return nn.functional.linear(self.norm(self.activation(self.dense(hidden))), self.decoder.weight, self.bias)
+        return self.decoder(self.norm(self.activation(self.dense(hidden)))) + self.bias
 
 
 class Pooler(nn.Module):

@@ -172,6 +172,7 @@ class Trainer:
 
     def train_step(self, stop_requested: bool = False) -> StepOutcome:
         """One optimisation step (skipped, not applied, when the loss or gradients are not finite)."""
+        self._refuse_quantized()
         config = self.config
         lr = self.learning_rate(self.step)
         if lr != self._lr_in_optimizer:
@@ -222,6 +223,14 @@ class Trainer:
             self.model.set_requires_gradient_sync(False)
             return nullcontext()
         return self.wrapped.no_sync()
+
+    def _refuse_quantized(self) -> None:
+        """A quantized model evaluates but does not train: its weights are integers."""
+        scheme = getattr(self.model, "quantization", None)
+        if scheme is not None:
+            raise TrainingError(f"this model is quantized ({scheme.describe()}): its weights are integers for "
+                                "inference and cannot be trained; train or fine-tune the float checkpoint, then "
+                                "quantize it")
 
     def _clip_gradients(self) -> float:
         """The total gradient norm before clipping (clipping to ``grad_clip`` when it is > 0)."""
@@ -287,6 +296,7 @@ class Trainer:
     def train(self) -> TrainingResult:
         """Train from ``self.step`` to ``max_steps`` (or until stopped; SIGINT/SIGTERM save a
         checkpoint and raise ``TrainingInterrupted``); see the class doc."""
+        self._refuse_quantized()
         self.prepare_out_dir()
         try:
             return self._train()

@@ -5,6 +5,8 @@
 - ``plain``: ``nn.Linear`` itself (training; the default on accelerators).
 - ``prepacked``: the same parameters, read at inference from a copy laid out for the CPU's matrix
   library (the default for decoding on the CPU; ``prepacked.py`` says why and what it costs).
+- ``int8``, ``int4``: quantized weights (``quantized.py``), put in place by ``tformer.quantization``; they
+  hold no float weight, so no other backend replaces them.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ import torch
 from torch import nn
 
 from tformer.nn.weights.backend import LinearBackend, decoding_step
+from tformer.nn.weights.int4 import Int4Linear
+from tformer.nn.weights.int8 import Int8Linear
 from tformer.nn.weights.prepacked import PrepackedLinear
+from tformer.nn.weights.quantized import QuantizedLinear
 
 WEIGHT_BACKENDS: dict[str, type[nn.Linear]] = {"plain": nn.Linear, "prepacked": PrepackedLinear}
+QUANTIZED_BACKENDS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
 
 
 def decoding_weights(device: torch.device) -> str:
@@ -25,7 +31,8 @@ def decoding_weights(device: torch.device) -> str:
 
 def use_weights(model: nn.Module, name: str) -> nn.Module:
     """Swap every linear layer of ``model`` to the weight backend ``name`` (in place; returned too); layers
-    already on it check that what they derived from the weights still holds (``verify``)."""
+    already on it check that what they derived from the weights still holds (``verify``). Quantized layers
+    stay as they are (``tformer.quantization.dequantized`` gives float layers back)."""
     if name not in WEIGHT_BACKENDS:
         raise ValueError(f"weight backend {name!r} is not one of {', '.join(WEIGHT_BACKENDS)}")
     backend = WEIGHT_BACKENDS[name]
@@ -33,7 +40,7 @@ def use_weights(model: nn.Module, name: str) -> nn.Module:
         for child_name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
-            if type(child) is backend:
+            if type(child) is backend or (isinstance(child, LinearBackend) and not child.lossless):
                 if isinstance(child, LinearBackend):
                     child.verify()
                 continue
@@ -44,9 +51,9 @@ def use_weights(model: nn.Module, name: str) -> nn.Module:
 
 def weights_in_use(model: nn.Module) -> set[str]:
     """The names of the weight backends of ``model``'s linear layers (a subclass of nn.Linear counts as plain)."""
-    names = {backend: name for name, backend in WEIGHT_BACKENDS.items()}
+    names = {backend: name for name, backend in {**WEIGHT_BACKENDS, **QUANTIZED_BACKENDS}.items()}
     return {names.get(type(m), "plain") for m in model.modules() if isinstance(m, nn.Linear)}
 
 
-__all__ = ["WEIGHT_BACKENDS", "LinearBackend", "PrepackedLinear", "decoding_step", "decoding_weights", "use_weights",
-           "weights_in_use"]
+__all__ = ["QUANTIZED_BACKENDS", "WEIGHT_BACKENDS", "Int4Linear", "Int8Linear", "LinearBackend", "PrepackedLinear",
+           "QuantizedLinear", "decoding_step", "decoding_weights", "use_weights", "weights_in_use"]

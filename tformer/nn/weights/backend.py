@@ -36,7 +36,11 @@ class LinearBackend(nn.Linear):
 
     A backend that keeps the layer's parameters (a layout for reading them faster) holds the same
     ``weight`` and ``bias`` parameter objects, so checkpoints, tied weights and training see no change.
+    A ``lossless`` = False backend (quantized weights) holds something else, and is never swapped for
+    another backend by ``use_weights``.
     """
+
+    lossless = True
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> LinearBackend:

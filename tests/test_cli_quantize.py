@@ -1,0 +1,81 @@
+"""``tformer quantize`` writes a folder every command loads quantized; ``--quantize`` quantizes as a command
+loads; the options are checked before anything is loaded or written."""
+
+import json
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+import tformer
+from tformer.cli import main
+from tformer.tokenizers import CharTokenizer
+
+TEXT = "to be or not to be, that is the question.\n"
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model") / "float"
+    tokenizer = CharTokenizer.train(TEXT)
+    torch.manual_seed(0)
+    model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, d_model=64, initializer_range=0.2)
+    model.tokenizer = tokenizer
+    model.save(folder)
+    return folder
+
+
+def greedy_text(model, prompt="to be", new=20):
+    ids = torch.tensor([model.tokenizer.encode(prompt)])
+    return prompt + model.tokenizer.decode(tformer.generate(model, ids, new)[0, ids.shape[1]:].tolist())
+
+
+@pytest.mark.parametrize("bits, options", [(8, []), (4, ["--group-size", "32"])], ids=["int8", "int4"])
+def test_quantize_writes_a_folder_that_generate_loads_quantized(model_folder, tmp_path, capsys, bits, options):
+    out = tmp_path / f"int{bits}"
+    assert main(["quantize", str(model_folder), "--bits", str(bits), *options, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out} (int{bits}" in printed and "x the" in printed and "MB" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["method"] == f"int{bits}"
+    assert (out / "model.safetensors").stat().st_size < (model_folder / "model.safetensors").stat().st_size
+    model = tformer.load(out)
+    assert main(["generate", str(out), "--prompt", "to be", "--max-new-tokens", "20"]) == 0
+    assert capsys.readouterr().out == greedy_text(model) + "\n"
+    assert main(["info", str(out)]) == 0
+    assert f"quantized    int{bits}" in capsys.readouterr().out
+
+
+def test_generate_quantize_option_equals_the_quantized_folder(model_folder, capsys):
+    command = ["generate", str(model_folder), "--prompt", "to be", "--max-new-tokens", "20", "--quantize", "int8"]
+    assert main(command) == 0
+    assert capsys.readouterr().out == greedy_text(tformer.load(model_folder, quantize="int8")) + "\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "FLOAT", "--prompt", "a", "--group-size", "32"], "--group-size goes with --quantize int4"),
+    (["generate", "FLOAT", "--prompt", "a", "--quantize", "int4", "--group-size", "48"],
+     "--group-size: int4 group_size=48 is not one of 32, 64, 128"),
+    (["generate", "FLOAT", "--prompt", "a", "--quantize", "int3"], "invalid choice: 'int3'"),
+    (["quantize", "FLOAT", "--bits", "8", "--group-size", "64", "--out", "OUT"], "--group-size goes with --bits 4"),
+    (["quantize", "FLOAT", "--bits", "8", "--out", "FLOAT"], "is an input of this command"),
+    (["quantize", "FLOAT", "--bits", "8", "--out", "BUSY"], "is not empty; give --overwrite"),
+    (["quantize", "FLOAT", "--bits", "8", "--out", "BUSY", "--overwrite"], "holds files but no model folder"),
+])
+def test_options_are_checked_in_one_line(model_folder, tmp_path, capsys, args, message):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    names = {"FLOAT": str(model_folder), "OUT": str(tmp_path / "out"), "BUSY": str(busy)}
+    with pytest.raises(SystemExit) if "invalid choice" in message else nullcontext():
+        assert main([names.get(arg, arg) for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert (busy / "notes.txt").read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+def test_quantizing_a_quantized_folder_again_is_refused(model_folder, tmp_path, capsys):
+    assert main(["quantize", str(model_folder), "--bits", "8", "--out", str(tmp_path / "q")]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "q"), "--prompt", "a", "--quantize", "int4"]) == 2
+    assert "quantized already (int8); it cannot be quantized again as int4" in capsys.readouterr().err

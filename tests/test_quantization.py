@@ -1,0 +1,269 @@
+"""Quantized weights: the int8 and int4 backends against a plain dequantized reference, in both compute
+dtypes; every transformer family's quantized logits near its float logits; cached greedy decoding of a
+quantized model equal to its own uncached forward; quantized folders that save, load, refuse what they
+cannot be, and are refused for training."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import tformer
+from tformer.checkpoint import CheckpointError
+from tformer.nn.weights import Int4Linear, Int8Linear, QuantizedLinear, use_weights, weights_in_use
+from tformer.nn.weights.int4 import pack_nibbles, quantize_int4, unpack_nibbles
+from tformer.nn.weights.int8 import quantize_int8
+from tformer.quantization import QuantizationError, QuantizationScheme, dequantized, quantize
+from tformer.training.tasks import LanguageModelling
+from tformer.training.trainer import Trainer, TrainingConfig, TrainingError
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def linear(in_features=256, out_features=96, bias=True, seed=0) -> nn.Linear:
+    torch.manual_seed(seed)
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        layer.weight.mul_(torch.linspace(0.2, 3.0, out_features)[:, None])  # rows of different ranges
+    return layer
+
+
+# ---- the schemes' arithmetic ----------------------------------------------------------------------------
+
+
+def test_int8_round_trip_is_within_half_a_step_per_row():
+    weight = linear().weight
+    integers, scales = quantize_int8(weight)
+    assert integers.dtype == torch.int8 and scales.shape == (96,)
+    assert integers.abs().max() <= 127 and (integers.abs().amax(1) == 127).all()  # each row's max uses the range
+    error = (integers.float() * scales[:, None] - weight).abs()
+    assert (error <= scales[:, None] / 2 * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_int4_round_trip_is_within_half_a_step_per_group(group_size):
+    weight = linear().weight
+    integers, scales, zeros = quantize_int4(weight, group_size)
+    assert integers.min() >= 0 and integers.max() <= 15
+    groups = weight.reshape(96, -1, group_size)
+    restored = ((integers.reshape(96, -1, group_size) - 8) * scales[..., None] + zeros[..., None])
+    assert ((restored - groups).abs() <= scales[..., None] / 2 * (1 + 1e-4)).all()
+    assert torch.equal(unpack_nibbles(pack_nibbles(integers)), integers)
+
+
+def test_constant_and_zero_weights_quantize_exactly():
+    weight = torch.zeros(4, 64)
+    weight[1] = 0.5
+    integers, scales = quantize_int8(weight)
+    assert torch.equal(integers.float() * scales[:, None], weight)
+    integers, scales, zeros = quantize_int4(weight, 32)
+    restored = ((integers.reshape(4, 2, 32) - 8) * scales[..., None] + zeros[..., None]).reshape(4, 64)
+    assert torch.equal(restored, weight)
+
+
+# ---- the kernels against the reference x @ (q * scale).T ------------------------------------------------
+
+
+def layers():
+    return [Int8Linear.from_linear(linear()), *[Int4Linear.from_linear(linear(), group_size=g) for g in (32, 64, 128)]]
+
+
+@pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("layer", layers(), ids=lambda layer: f"{layer.name}-{getattr(layer, 'group_size', '')}")
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_kernels_equal_the_dequantized_reference(layer, compute, rows):
+    layer._prepare(compute)
+    layer._compute = compute  # this dtype, whatever this host's measurement chose
+    x = torch.randn(rows, 256)
+    reference = x @ layer.dequantized_weight().t() + layer.bias
+    with torch.no_grad():
+        got = layer(x)
+    assert got.dtype == torch.float32
+    # bfloat16 keeps 8 bits of mantissa: the inputs and the product each lose up to 2**-9 relative
+    assert relative_error(got, reference) <= (1e-5 if compute == torch.float32 else 1e-2)
+    assert relative_error(layer(x.view(rows, 1, 256)).view(rows, 96), reference) <= 1e-2  # (B, T, D) inputs
+
+
+def test_compute_dtype_is_measured_once_and_is_one_of_the_two():
+    layer = Int8Linear.from_linear(linear())
+    layer(torch.randn(2, 256))
+    assert layer._compute in (torch.float32, torch.bfloat16)
+    assert Int8Linear.from_linear(linear(seed=1))(torch.randn(1, 256)) is not None
+
+
+def test_quantized_layers_stay_when_other_backends_are_asked_for():
+    model = quantize(tformer.build_model("gpt-nano"), "int8")
+    model.prepare_for_decoding()  # prepacked on the CPU: for float layers only
+    use_weights(model, "plain")
+    assert weights_in_use(model) == {"int8"}
+
+
+# ---- every family: quantized logits near the float logits ----------------------------------------------
+
+FAMILIES = {
+    "decoder": lambda: tformer.build_model("gpt-nano", d_model=64, num_heads=4),
+    "llama-decoder": lambda: tformer.build_model("llama-small", vocab_size=96, d_model=64, num_layers=2, num_heads=4),
+    "encoder": lambda: tformer.build_model("bert-tiny", vocab_size=96, head="masked_lm"),
+    "encoder-classifier": lambda: tformer.build_model("bert-tiny", vocab_size=96, head="sequence_classification",
+                                                      num_labels=3),
+    "encoder-decoder": lambda: tformer.build_model("transformer-multi30k", vocab_size=96, num_layers=2, d_model=64,
+                                                   num_heads=4, d_ff=128),
+    "vision": lambda: tformer.build_model("vit-mnist", num_layers=2, d_model=64),
+}
+# Relative error of the logits (norm of the difference over the norm) on random weights, whose logits are
+# small sums of many terms; int4's step is 17 times int8's (15 levels per group against 255 per row).
+TOLERANCE = {"int8": 0.03, "int4": 0.25}
+
+
+def family_inputs(name: str, model) -> dict:
+    generator = torch.Generator().manual_seed(3)
+    if name == "vision":
+        return {"pixel_values": torch.randn(2, 1, 28, 28, generator=generator)}
+    ids = torch.randint(0, 96 if name != "decoder" else 64, (2, 12), generator=generator)
+    if name == "encoder-decoder":
+        return {"input_ids": ids, "decoder_input_ids": ids[:, :7]}
+    return {"input_ids": ids}
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+@torch.no_grad()
+def test_every_family_quantizes_within_tolerance(family, method):
+    torch.manual_seed(0)
+    model = FAMILIES[family]().eval()
+    inputs = family_inputs(family, model)
+    want = model(**inputs).logits
+    quantize(model, method, group_size=32 if method == "int4" else None)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all(isinstance(m, QuantizedLinear) for m in linears), "every linear layer quantized, heads included"
+    got = model(**inputs).logits
+    assert 0 < relative_error(got, want) <= TOLERANCE[method]
+
+
+def test_a_tied_head_gets_its_own_copy_and_the_table_stays_exact():
+    torch.manual_seed(0)
+    model = tformer.build_model("gpt-nano")
+    table = model.embedding.token.weight.detach().clone()
+    quantize(model, "int8")
+    assert isinstance(model.lm_head, Int8Linear)
+    assert torch.equal(model.embedding.token.weight, table)
+    kept = quantize(tformer.build_model("gpt-nano"), "int8", head=False)
+    assert type(kept.lm_head).__name__ == "LMHead" and kept.lm_head.weight is kept.embedding.token.weight
+
+
+def test_int4_keeps_layers_whose_inputs_do_not_group_in_float_and_says_so():
+    model = quantize(tformer.build_model("gpt-nano", d_model=48, num_heads=4), "int4", group_size=32)
+    assert len(model.quantization.float_layers) > 0  # 48 inputs: not a multiple of 32
+    assert all(not isinstance(model.get_submodule(name), QuantizedLinear) for name in model.quantization.float_layers)
+    assert "feedforward.out_proj" not in " ".join(model.quantization.float_layers)  # 192 inputs group
+
+
+# ---- decoding ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@torch.no_grad()
+def test_greedy_decoding_of_a_quantized_model_follows_its_own_forward(method):
+    torch.manual_seed(0)
+    model = quantize(tformer.build_model("gpt-nano", d_model=64, num_heads=4).eval(), method,
+                     group_size=32 if method == "int4" else None)
+    prompt = torch.randint(0, 64, (2, 5))
+    generated = tformer.generate(model, prompt, 12, eos_token_id=[])
+    for step in range(5, generated.shape[1]):
+        logits = model(generated[:, :step]).logits[:, -1]
+        assert torch.equal(logits.argmax(-1), generated[:, step])
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------
+
+
+def quantized_folder(tmp_path, method="int8", **options):
+    torch.manual_seed(0)
+    model = quantize(tformer.build_model("gpt-nano", d_model=64, num_heads=4).eval(), method, **options)
+    model.save(tmp_path / method)
+    return model, tmp_path / method
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@torch.no_grad()
+def test_a_quantized_folder_loads_back_the_same_model(tmp_path, method):
+    model, folder = quantized_folder(tmp_path, method, group_size=32 if method == "int4" else None)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["quantization"]["method"] == method
+    tensors = load_file(folder / "model.safetensors")
+    assert tensors["stack.blocks.0.attention.qkv_proj.qweight"].dtype == (torch.int8 if method == "int8"
+                                                                          else torch.uint8)
+    assert not any(name.endswith("proj.weight") for name in tensors)  # no float copy of a quantized weight
+    loaded = tformer.load(folder)
+    assert loaded.quantization == model.quantization
+    ids = torch.randint(0, 64, (2, 9))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_load_quantizes_a_float_folder_and_refuses_to_requantize(tmp_path):
+    torch.manual_seed(0)
+    tformer.build_model("gpt-nano").save(tmp_path / "float")
+    model = tformer.load(tmp_path / "float", quantize="int4")
+    assert model.quantization.method == "int4" and model.quantization.group_size == 64
+    _, folder = quantized_folder(tmp_path)
+    assert tformer.load(folder, quantize="int8").quantization.method == "int8"  # what it is already
+    with pytest.raises(CheckpointError, match="quantized already \\(int8\\); it cannot be quantized again as int4"):
+        tformer.load(folder, quantize="int4")
+
+
+def test_a_corrupted_scale_tensor_or_an_unknown_scheme_is_refused_at_load(tmp_path):
+    _, folder = quantized_folder(tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["stack.blocks.0.attention.qkv_proj.scales"] = tensors["stack.blocks.0.attention.qkv_proj.scales"][:-1]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="scales"):
+        tformer.load(folder)
+    _, folder = quantized_folder(tmp_path / "other")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization"]["method"] = "int3"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="quantization method 'int3' is not one of int8, int4"):
+        tformer.load(folder)
+
+
+def test_schemes_are_checked():
+    with pytest.raises(QuantizationError, match="int4 group_size=48 is not one of 32, 64, 128"):
+        QuantizationScheme("int4", 48)
+    with pytest.raises(QuantizationError, match="takes no group_size"):
+        QuantizationScheme("int8", 64)
+    with pytest.raises(QuantizationError, match="quantized already"):
+        quantize(quantize(tformer.build_model("gpt-nano"), "int8"), "int8")
+    with pytest.raises(QuantizationError, match="RNN baseline"):
+        quantize(tformer.build_model("rnn-multi30k", vocab_size=50), "int8")
+
+
+def test_training_a_quantized_model_is_refused_and_evaluating_it_is_not(tmp_path):
+    tokens = torch.arange(64).repeat(20)
+    model, _ = quantized_folder(tmp_path)
+    trainer = Trainer(model, TrainingConfig(max_steps=1, batch_size=2, seq_len=8, eval_batches=1),
+                      LanguageModelling(tokens, tokens), out_dir=tmp_path / "run", progress=False)
+    assert trainer.evaluate() > 0
+    with pytest.raises(TrainingError, match="quantized \\(int8\\).*cannot be trained"):
+        trainer.train()
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_hugging_face_export_writes_the_dequantized_weights_with_a_warning(tmp_path):
+    model, _ = quantized_folder(tmp_path)
+    with pytest.warns(UserWarning, match="dequantized"):
+        model.save(tmp_path / "hf", format="hf")
+    assert model.quantization is not None  # the model itself stays quantized
+    back = tformer.load(tmp_path / "hf")
+    assert back.quantization is None
+    torch.testing.assert_close(back.stack.blocks[0].attention.qkv_proj.weight,
+                               model.stack.blocks[0].attention.qkv_proj.dequantized_weight())
+
+
+def test_dequantized_gives_float_layers_and_ties_the_head_again():
+    model = dequantized(quantize(tformer.build_model("gpt-nano"), "int8"))
+    assert weights_in_use(model) == {"plain"} and model.quantization is None
+    assert model.lm_head.weight is model.embedding.token.weight

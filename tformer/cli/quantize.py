@@ -1,0 +1,74 @@
+"""``tformer quantize RUN --bits 8|4 --out DIR``: write a model folder whose linear layers hold int8 or int4
+weights (``tformer.quantization``), which every command loads as it is."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tformer.cli import UsageError, refuse_output_over_input
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "quantize", help="write an int8 or int4 copy of a model folder (weight-only quantization for inference)",
+        description="Load RUN (a run or model folder, tformer or Hugging Face format), quantize the weights of every "
+                    "linear layer (the output head too unless --keep-head), and write a tformer folder to --out: "
+                    "model.safetensors holds the integers and scales, config.json the scheme. tformer generate, "
+                    "serve, translate, predict, classify and evaluate load it quantized; training it is refused.",
+    )
+    parser.add_argument("model", metavar="RUN", help="the float model folder to quantize")
+    parser.add_argument("--bits", type=int, required=True, choices=(8, 4),
+                        help="8: int8, one scale per output channel; 4: int4, a scale and offset per group of inputs")
+    parser.add_argument("--group-size", type=int, metavar="N", help="--bits 4: inputs per group, 32, 64 or 128 "
+                                                                    "(default: 64)")
+    parser.add_argument("--keep-head", action="store_true", help="keep the output head (LM head, task head) in float")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out when it holds a model folder")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import tformer
+    from tformer.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+    from tformer.quantization import QuantizationError, compute_dtypes, scheme_for
+
+    method = f"int{args.bits}"
+    if args.group_size is not None and args.bits != 4:
+        raise UsageError("--group-size goes with --bits 4 (int8 is per output channel)")
+    try:
+        scheme = scheme_for(method, args.group_size, head=not args.keep_head)
+    except QuantizationError as error:
+        raise UsageError(f"--group-size: {error}") from None
+    out = Path(args.out)
+    refuse_output_over_input(out, [args.model], option="--out")
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: exists and is not a folder")
+        if any(out.iterdir()):
+            if not args.overwrite:
+                raise UsageError(f"--out {out} is not empty; give --overwrite to replace the model folder in it, or "
+                                 "an empty or new folder")
+            if not (out / CONFIG_NAME).is_file():
+                raise UsageError(f"--out {out} holds files but no model folder (no {CONFIG_NAME}); tformer replaces "
+                                 "only a model folder it could have written: choose an empty or new folder")
+    model = tformer.load(args.model, quantize=scheme)
+    model.save(out)
+    source_bytes = _weights_bytes(Path(args.model))
+    written = (out / WEIGHTS_NAME).stat().st_size
+    print(f"wrote {out} ({model.quantization.describe()}; kernels run in "
+          f"{', '.join(f'{name} {dtype}' for name, dtype in compute_dtypes(model).items())} on this host)")
+    if model.quantization.float_layers:
+        print(f"kept in float (inputs not a multiple of {scheme.group_size}): "
+              f"{', '.join(model.quantization.float_layers)}")
+    size = f"weights {written / 1e6:,.1f} MB"
+    if source_bytes:
+        size += f", {written / source_bytes:.2f}x the {source_bytes / 1e6:,.1f} MB of {args.model}"
+    print(size)
+    return 0
+
+
+def _weights_bytes(folder: Path) -> int:
+    """The size of a model folder's weight files (safetensors, or PyTorch's), 0 when it has none."""
+    return sum(file.stat().st_size for pattern in ("*.safetensors", "pytorch_model*.bin")
+               for file in folder.glob(pattern))

@@ -1,0 +1,45 @@
+"""The ``int8`` weight backend: each output row of the weight as 8-bit integers and one float scale
+(symmetric: w ~ q * scale, q in [-127, 127], scale = max |w| of the row / 127), multiplied by
+``aten._weight_int8pack_mm``. A quarter of float32's bytes; the error of a weight is at most half a
+step (scale / 2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from tformer.nn.weights.quantized import QuantizedLinear
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """weight (out, in) -> (int8 (out, in), float32 scales (out,)), symmetric per output row."""
+    weight = weight.detach().float()
+    scales = weight.abs().amax(dim=1) / 127
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero row: any scale, q = 0
+    integers = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return integers, scales
+
+
+class Int8Linear(QuantizedLinear):
+    """A linear layer whose weight is ``qweight`` (out, in) int8 times ``scales`` (out,) float32."""
+
+    name = "int8"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        module = cls.__new__(cls)
+        module._start(linear.in_features, linear.out_features, linear.bias)
+        integers, scales = quantize_int8(linear.weight)
+        module.register_buffer("qweight", integers)
+        module.register_buffer("scales", scales)
+        module._kernel_scales = None
+        return module
+
+    def dequantized_weight(self) -> Tensor:
+        return self.qweight.float() * self.scales[:, None]
+
+    def _prepare(self, dtype: torch.dtype) -> None:
+        self._kernel_scales = self.scales.to(dtype)
+
+    def _kernel(self, rows: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self._kernel_scales)

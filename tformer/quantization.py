@@ -1,0 +1,166 @@
+"""Quantized models: every linear layer of a transformer family on the ``int8`` or ``int4`` weight backend
+(``nn/weights``), and the scheme a checkpoint records in config.json so that ``tformer.load`` gives the same
+quantized model back.
+
+``quantize(model, "int8")`` swaps the layers in place (the output head too unless ``head=False``; a tied head
+gets its own quantized copy while the token table keeps its exact lookup). int4 groups ``group_size``
+inputs; a layer whose inputs are not a multiple of it stays in float and the scheme lists it
+(``float_layers``). A quantized model is for inference: training it is refused, and a Hugging Face export
+writes its dequantized weights (with a warning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from tformer.errors import TformerError
+from tformer.nn.weights import QUANTIZED_BACKENDS
+from tformer.nn.weights.int4 import GROUP_SIZES, Int4Linear, int4_problem
+from tformer.nn.weights.int8 import Int8Linear
+from tformer.nn.weights.quantized import QuantizedLinear, compute_dtype
+
+METHODS = QUANTIZED_BACKENDS
+DEFAULT_GROUP_SIZE = 64
+
+
+class QuantizationError(TformerError):
+    """A quantization that cannot be done or read: an unknown scheme, a family it does not apply to."""
+
+
+@dataclass(frozen=True)
+class QuantizationScheme:
+    """How a model's linear layers are quantized: ``method`` (int8: per output channel; int4: per group of
+    ``group_size`` inputs), whether the output ``head`` is, and the layers kept in float (``float_layers``)."""
+
+    method: str
+    group_size: int | None = None
+    head: bool = True
+    float_layers: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise QuantizationError(f"quantization method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.method == "int4" and self.group_size not in GROUP_SIZES:
+            raise QuantizationError(f"int4 group_size={self.group_size!r} is not one of "
+                                    f"{', '.join(map(str, GROUP_SIZES))}")
+        if self.method == "int8" and self.group_size is not None:
+            raise QuantizationError("int8 is per output channel: it takes no group_size")
+        if not isinstance(self.head, bool):
+            raise QuantizationError(f"quantization head={self.head!r} must be true or false")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "group_size": self.group_size, "head": self.head,
+                "float_layers": list(self.float_layers)}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> QuantizationScheme:
+        """The scheme config.json records; anything else is refused with the reason."""
+        if not isinstance(raw, dict) or set(raw) - {"method", "group_size", "head", "float_layers"}:
+            raise QuantizationError(f"quantization {raw!r} is not a scheme tformer knows (an object with method, "
+                                    "group_size, head, float_layers)")
+        layers = raw.get("float_layers", [])
+        if not isinstance(layers, list) or not all(isinstance(name, str) for name in layers):
+            raise QuantizationError(f"quantization float_layers={layers!r} must be a list of layer names")
+        return cls(raw.get("method"), raw.get("group_size"), raw.get("head", True), tuple(layers))
+
+    def describe(self) -> str:
+        text = self.method + (f", groups of {self.group_size}" if self.group_size else "")
+        text += "" if self.head else ", head in float"
+        return text + (f", {len(self.float_layers)} layer(s) in float" if self.float_layers else "")
+
+
+def scheme_for(method: str, group_size: int | None = None, head: bool = True) -> QuantizationScheme:
+    """The scheme a user asks for by name: int4's group size defaults to 64, int8 takes none."""
+    if method == "int4" and group_size is None:
+        group_size = DEFAULT_GROUP_SIZE
+    return QuantizationScheme(method, group_size, head)
+
+
+def quantize(model: nn.Module, method: str | QuantizationScheme, group_size: int | None = None,
+             head: bool = True) -> nn.Module:
+    """Quantize ``model``'s linear layers in place (returned too) and record the scheme as
+    ``model.quantization``."""
+    scheme = method if isinstance(method, QuantizationScheme) else scheme_for(method, group_size, head)
+    _check_model(model)
+    if getattr(model, "quantization", None) is not None:
+        raise QuantizationError(f"this model is quantized already ({model.quantization.describe()}); quantize "
+                                "its float checkpoint instead")
+    kept = []
+    for name, parent, child_name, linear in _linear_layers(model):
+        if not scheme.head and _is_head(model, name):
+            continue
+        if scheme.method == "int4" and int4_problem(linear.in_features, linear.out_features, scheme.group_size):
+            kept.append(name)
+            continue
+        setattr(parent, child_name, _quantized(scheme, linear))
+    model.quantization = QuantizationScheme(scheme.method, scheme.group_size, scheme.head, tuple(kept))
+    return model
+
+
+def prepare_quantized(model: nn.Module, scheme: QuantizationScheme) -> nn.Module:
+    """Give a freshly built model the quantized layers of ``scheme`` (empty, for ``load_state_dict`` to fill:
+    loading a quantized checkpoint)."""
+    _check_model(model)
+    for name, parent, child_name, linear in _linear_layers(model):
+        if (not scheme.head and _is_head(model, name)) or name in scheme.float_layers:
+            continue
+        backend = METHODS[scheme.method]
+        options = {"group_size": scheme.group_size} if scheme.method == "int4" else {}
+        setattr(parent, child_name, backend.empty(linear.in_features, linear.out_features, linear.bias is not None,
+                                                  **options))
+    model.quantization = scheme
+    return model
+
+
+def dequantized(model: nn.Module) -> nn.Module:
+    """``model`` with every quantized layer back in float (in place; the quantization's error stays in the
+    weights), tied heads tied again to the token table, and no scheme."""
+    for _, parent, child_name, linear in _linear_layers(model):
+        if isinstance(linear, QuantizedLinear):
+            setattr(parent, child_name, linear.to_linear())
+    for alias, source in getattr(model, "tied_parameters", dict)().items():
+        owner_name, _, attribute = alias.rpartition(".")
+        setattr(model.get_submodule(owner_name), attribute, model.get_parameter(source))
+    model.quantization = None
+    return model
+
+
+def compute_dtypes(model: nn.Module) -> dict[str, str]:
+    """The dtype each quantized backend of ``model`` runs its kernel in on this host (measured once)."""
+    backends = {type(m) for m in model.modules() if isinstance(m, QuantizedLinear)}
+    return {backend.name: str(compute_dtype(backend)).removeprefix("torch.") for backend in backends}
+
+
+def quantized_weights(model: nn.Module) -> int:
+    """How many weights ``model`` holds as integers (every quantized layer's inputs x outputs)."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantizedLinear))
+
+
+def _quantized(scheme: QuantizationScheme, linear: nn.Linear) -> QuantizedLinear:
+    if scheme.method == "int4":
+        return Int4Linear.from_linear(linear, group_size=scheme.group_size)
+    return Int8Linear.from_linear(linear)
+
+
+def _check_model(model: nn.Module) -> None:
+    config = getattr(model, "config", None)
+    if getattr(config, "architecture", None) == "rnn_seq2seq":
+        raise QuantizationError("quantization applies to the transformer families; the RNN baseline "
+                                "(architecture rnn_seq2seq) keeps its float weights")
+
+
+def _linear_layers(model: nn.Module):
+    """(name, parent, attribute, layer) of every linear layer of ``model``, in module order."""
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                yield (f"{parent_name}.{child_name}" if parent_name else child_name), parent, child_name, child
+
+
+def _is_head(model: nn.Module, name: str) -> bool:
+    """Whether the linear layer ``name`` belongs to the model's output head (the LM head, a task head)."""
+    top = name.split(".", 1)[0]
+    return top == "lm_head" or top in getattr(model, "head_modules", ())

@@ -267,3 +267,20 @@ def test_dequantized_gives_float_layers_and_ties_the_head_again():
     model = dequantized(quantize(tformer.build_model("gpt-nano"), "int8"))
     assert weights_in_use(model) == {"plain"} and model.quantization is None
     assert model.lm_head.weight is model.embedding.token.weight
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_loaded_quantized_folder_serves_what_it_generates_alone(tmp_path, method):
+    from tformer.generation import GenerationConfig
+    from tformer.serving.engine import Engine
+
+    _, folder = quantized_folder(tmp_path, method, group_size=32 if method == "int4" else None)
+    model = tformer.load(folder)
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 64, (length,), generator=generator).tolist() for length in (3, 9, 5, 17, 1, 12)]
+    config = GenerationConfig(max_new_tokens=12, eos_token_id=())
+    requests = Engine(model, cache_tokens=1024, block_size=8, max_running=16).complete(prompts, config)
+    assert weights_in_use(model) == {method}
+    for prompt, request in zip(prompts, requests, strict=True):
+        alone = tformer.generate(model, torch.tensor([prompt]), 12, eos_token_id=[])[0, len(prompt):].tolist()
+        assert request.outputs()[0] == alone

@@ -49,6 +49,27 @@ MUTATIONS = (
         "attention(is_causal=True, mask=...) on the fused path forgets causality",
     ),
     Mutation(
+        "int8-scales-per-input-column", "tformer/nn/weights/int8.py",
+        "    scales = weight.abs().amax(dim=1) / 127\n",
+        "    scales = weight.abs().amax(dim=0)[: weight.shape[0]] / 127\n",
+        ("tests/test_quantization.py",),
+        "int8 scales taken over the wrong axis: rows quantized with another row's range",
+    ),
+    Mutation(
+        "int4-zero-point-one-step-off", "tformer/nn/weights/int4.py",
+        "    zeros = low + 8 * scales  # the value of q = 8\n",
+        "    zeros = low + 7 * scales  # the value of q = 8\n",
+        ("tests/test_quantization.py",),
+        "int4 zeros one step off the kernel's q = 8 convention: every weight shifted by a step",
+    ),
+    Mutation(
+        "rolling-cache-hides-the-oldest-key", "tformer/nn/attention/cache.py",
+        "        first = max(0, held - self.window)  # the oldest key the first new query sees\n",
+        "        first = max(0, held - self.window + 1)  # the oldest key the first new query sees\n",
+        ("tests/test_attention_kernels.py",),
+        "a sliding window's decoding step misses the key W positions back",
+    ),
+    Mutation(
         "paged-decode-ignores-padding", "tformer/nn/attention/paged.py",
         "            self.decode_padding = self.decode_positions >= 0\n",
         "            pass\n",

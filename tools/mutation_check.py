@@ -335,8 +335,8 @@ MUTATIONS = (
     ),
     Mutation(
         "fine-tuning-load-keeps-the-folders-dropout", "tformer/hub.py",
-        "        model = _build(config.replace(**regularisation), folder)\n        changes = load_weights(",
-        "        model = _build(config, folder)\n        changes = load_weights(",
+        "        model = _build(config.replace(**regularisation), folder)\n        if saved_scheme",
+        "        model = _build(config, folder)\n        if saved_scheme",
         ("tests/test_encoder.py::test_a_load_may_change_the_dropout_rates_and_nothing_else_of_the_backbone",),
         "tformer.load(dropout=0.1) silently fine-tunes without dropout",
     ),

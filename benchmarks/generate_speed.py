@@ -136,7 +136,7 @@ def matvec_floor(model) -> None:
 def compare_quantized(shape: str, repeats: int) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tformer.quantization import compute_dtypes, quantize
+    from tformer.quantization import plans, quantize
 
     title, sizes = SHAPES[shape]
     torch.manual_seed(0)
@@ -168,7 +168,8 @@ def compare_quantized(shape: str, repeats: int) -> dict:
     for name in ("int8", "int4"):
         differs = (tokens[name][0, PROMPT_LENGTH:] != reference).nonzero()
         shared[name] = int(differs[0]) if len(differs) else NEW_TOKENS
-    dtypes = {**compute_dtypes(models["int8"]), **compute_dtypes(models["int4"])}
+    dtypes = {name: str(plan.few).removeprefix("torch.") for model in (models["int8"], models["int4"])
+              for name, plan in plans(model).items()}
     return dict(title=title, speed=speed, shared=shared, dtypes=dtypes,
                 identical_fp32=torch.equal(tokens["hf"], tokens["fp32"]))
 

@@ -15,6 +15,7 @@ from tformer.checkpoint import CheckpointError
 from tformer.nn.weights import Int4Linear, Int8Linear, QuantizedLinear, use_weights, weights_in_use
 from tformer.nn.weights.int4 import pack_nibbles, quantize_int4, unpack_nibbles
 from tformer.nn.weights.int8 import quantize_int8
+from tformer.nn.weights.quantized import Plan
 from tformer.quantization import QuantizationError, QuantizationScheme, dequantized, quantize
 from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer, TrainingConfig, TrainingError
@@ -72,12 +73,13 @@ def layers():
     return [Int8Linear.from_linear(linear()), *[Int4Linear.from_linear(linear(), group_size=g) for g in (32, 64, 128)]]
 
 
+@pytest.mark.parametrize("way", ["kernel", "product"])
 @pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("layer", layers(), ids=lambda layer: f"{layer.name}-{getattr(layer, 'group_size', '')}")
-@pytest.mark.parametrize("rows", [1, 5, 33])
-def test_kernels_equal_the_dequantized_reference(layer, compute, rows):
+@pytest.mark.parametrize("rows", [1, 5, 33, 70])
+def test_kernels_and_products_equal_the_dequantized_reference(layer, compute, way, rows):
     layer._prepare(compute)
-    layer._compute = compute  # this dtype, whatever this host's measurement chose
+    layer._plan = Plan(compute, way, compute)  # this way, whatever this host's measurement chose
     x = torch.randn(rows, 256)
     reference = x @ layer.dequantized_weight().t() + layer.bias
     with torch.no_grad():
@@ -88,11 +90,14 @@ def test_kernels_equal_the_dequantized_reference(layer, compute, rows):
     assert relative_error(layer(x.view(rows, 1, 256)).view(rows, 96), reference) <= 1e-2  # (B, T, D) inputs
 
 
-def test_compute_dtype_is_measured_once_and_is_one_of_the_two():
+def test_the_plan_is_measured_once_per_backend():
     layer = Int8Linear.from_linear(linear())
     layer(torch.randn(2, 256))
-    assert layer._compute in (torch.float32, torch.bfloat16)
-    assert Int8Linear.from_linear(linear(seed=1))(torch.randn(1, 256)) is not None
+    plan = layer._plan
+    assert plan.few in (torch.float32, torch.bfloat16) and plan.many_way in ("kernel", "product")
+    other = Int8Linear.from_linear(linear(seed=1))
+    other(torch.randn(1, 256))
+    assert other._plan is plan
 
 
 def test_quantized_layers_stay_when_other_backends_are_asked_for():

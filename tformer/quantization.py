@@ -20,7 +20,7 @@ from tformer.errors import TformerError
 from tformer.nn.weights import QUANTIZED_BACKENDS
 from tformer.nn.weights.int4 import GROUP_SIZES, Int4Linear, int4_problem
 from tformer.nn.weights.int8 import Int8Linear
-from tformer.nn.weights.quantized import QuantizedLinear, compute_dtype
+from tformer.nn.weights.quantized import Plan, QuantizedLinear, plan_for
 
 METHODS = QUANTIZED_BACKENDS
 DEFAULT_GROUP_SIZE = 64
@@ -128,10 +128,10 @@ def dequantized(model: nn.Module) -> nn.Module:
     return model
 
 
-def compute_dtypes(model: nn.Module) -> dict[str, str]:
-    """The dtype each quantized backend of ``model`` runs its kernel in on this host (measured once)."""
+def plans(model: nn.Module) -> dict[str, Plan]:
+    """How each quantized backend of ``model`` multiplies on this host (measured once per process)."""
     backends = {type(m) for m in model.modules() if isinstance(m, QuantizedLinear)}
-    return {backend.name: str(compute_dtype(backend)).removeprefix("torch.") for backend in backends}
+    return {backend.name: plan_for(backend) for backend in sorted(backends, key=lambda b: b.name)}
 
 
 def quantized_weights(model: nn.Module) -> int:

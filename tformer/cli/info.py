@@ -22,11 +22,12 @@ def run(args: argparse.Namespace) -> int:
           f"({model.num_parameters(exclude_embeddings=True):,} without embeddings)")
     scheme = model.quantization
     if scheme is not None:
-        from tformer.quantization import compute_dtypes, quantized_weights
+        from tformer.quantization import plans, quantized_weights
 
-        kernels = ", ".join(f"{name} in {dtype}" for name, dtype in compute_dtypes(model).items())
         print(f"quantized    {scheme.describe()}: {quantized_weights(model):,} weights as integers besides the "
-              f"float parameters above (kernels: {kernels}, measured on this host)")
+              "float parameters above")
+        for name, plan in plans(model).items():
+            print(f"             {name} on this host: {plan.describe()} (measured)")
     tokenizer = getattr(model, "tokenizer", None)
     print(f"tokenizer    {type(tokenizer).__name__ + f' ({tokenizer.vocab_size} tokens)' if tokenizer else 'none'}")
     print("config")

@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import tformer
     from tformer.checkpoint import CONFIG_NAME, WEIGHTS_NAME
-    from tformer.quantization import QuantizationError, compute_dtypes, scheme_for
+    from tformer.quantization import QuantizationError, plans, scheme_for
 
     method = f"int{args.bits}"
     if args.group_size is not None and args.bits != 4:
@@ -56,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
     model.save(out)
     source_bytes = _weights_bytes(Path(args.model))
     written = (out / WEIGHTS_NAME).stat().st_size
-    print(f"wrote {out} ({model.quantization.describe()}; kernels run in "
-          f"{', '.join(f'{name} {dtype}' for name, dtype in compute_dtypes(model).items())} on this host)")
+    print(f"wrote {out} ({model.quantization.describe()})")
+    for name, plan in plans(model).items():
+        print(f"{name} on this host: {plan.describe()} (measured)")
     if model.quantization.float_layers:
         print(f"kept in float (inputs not a multiple of {scheme.group_size}): "
               f"{', '.join(model.quantization.float_layers)}")

@@ -6,6 +6,7 @@ step (scale / 2)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.nn.weights.quantized import QuantizedLinear
@@ -43,3 +44,7 @@ class Int8Linear(QuantizedLinear):
 
     def _kernel(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self._kernel_scales)
+
+    def _product(self, rows: Tensor) -> Tensor:
+        # The integers are exact in bfloat16 and float32 alike; the row scales apply to the outputs.
+        return F.linear(rows, self.qweight.to(rows.dtype)) * self.scales.to(rows.dtype)

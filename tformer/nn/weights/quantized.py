@@ -4,10 +4,14 @@ CPU kernels, which read the packed integers directly (weight-only quantization: 
 floating point).
 
 A decoding step reads every weight once, so its speed is the memory bandwidth over the model's bytes:
-fewer bytes per weight is the way past that ceiling. The kernels run their arithmetic in the activations'
-dtype; which one is faster depends on the host (bfloat16 on CPUs with native bf16 units, often float32 on
-others), so ``compute_dtype`` measures both once per process and kind and keeps the faster. Results
-differ between the two by bfloat16's rounding only.
+fewer bytes per weight is the way past that ceiling. Many rows at once (beam search over a batch, an
+encoder, a prompt) are arithmetic rather than bandwidth, and there the fused kernels are slower than a
+matrix product: so a layer multiplies up to ``MANY_ROWS`` rows by its kernel, and more rows by a matrix
+product over its integers converted to floats on the fly (``_product``; int8's integers are exact in
+bfloat16, the scales applied to the output). Which dtype each way runs fastest in depends on the host
+(bfloat16 on CPUs with native bf16 units, float32 on others), so ``plan_for`` measures the ways once per
+process and backend and keeps the fastest for few rows and for many (a ``Plan``). Results differ
+between the ways by bfloat16's rounding only.
 
 A quantized layer keeps no float weight: it is lossy, so ``use_weights`` never swaps it for another
 backend (``to_linear`` gives a float layer back explicitly, with the quantization's error in it). Off the
@@ -17,6 +21,7 @@ CPU, the same integers and scales are multiplied as a dequantized float weight.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -26,12 +31,32 @@ from torch import Tensor, nn
 from tformer.nn.weights.backend import LinearBackend
 
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
-_measured: dict[tuple[str, str], torch.dtype] = {}  # (backend name, device type) -> the faster compute dtype
+# From this many rows a layer multiplies by a matrix product over its integers rather than by the fused
+# kernel: at 16 rows the two tie on GPT-2's 2,304 x 768 projection, at 32 the product is 1.5x faster, at
+# 320 (beam search) 2.5x (bfloat16, AVX512-BF16 host, measured here).
+MANY_ROWS = 32
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a backend multiplies on this host: few rows by its kernel in ``few``; many rows by ``many_way``
+    ("kernel" or "product") in ``many``."""
+
+    few: torch.dtype
+    many_way: str
+    many: torch.dtype
+
+    def describe(self) -> str:
+        return f"few rows: kernel in {_name(self.few)}; many rows: {self.many_way} in {_name(self.many)}"
+
+
+_plans: dict[str, Plan] = {}  # backend name -> its measured plan
 
 
 class QuantizedLinear(LinearBackend):
-    """The base of the int8 and int4 layers: ``(..., in) -> (..., out)`` through the backend's kernel, in
-    ``compute_dtype`` (measured), the result in the input's dtype, plus the float bias."""
+    """The base of the int8 and int4 layers: ``(..., in) -> (..., out)`` as this host's ``Plan`` says (the
+    fused kernel for a few rows, the faster of it and a matrix product for many), the result in the input's
+    dtype, plus the float bias."""
 
     name: ClassVar[str]
     lossless = False
@@ -41,7 +66,7 @@ class QuantizedLinear(LinearBackend):
         self.in_features, self.out_features = in_features, out_features
         self.register_parameter("weight", None)  # no float weight: integers and scales instead
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        self._compute: torch.dtype | None = None  # chosen on the first call (``compute_dtype``)
+        self._plan: Plan | None = None  # chosen on the first call (``plan_for``)
         self.register_load_state_dict_post_hook(_forget_prepared)  # loaded integers: prepare them again
 
     @classmethod
@@ -70,8 +95,12 @@ class QuantizedLinear(LinearBackend):
         raise NotImplementedError
 
     def _kernel(self, rows: Tensor) -> Tensor:
-        """rows (N, in) in the compute dtype -> (N, out), by the fused CPU kernel."""
+        """rows (N, in) in the dtype ``_prepare`` was given -> (N, out), by the fused CPU kernel."""
         raise NotImplementedError
+
+    def _product(self, rows: Tensor) -> Tensor:
+        """rows (N, in) -> (N, out) in rows' dtype, by a matrix product over the integers as floats."""
+        return F.linear(rows, self.dequantized_weight().to(rows.dtype))
 
     def _prepare(self, dtype: torch.dtype) -> None:
         """Make what the kernel reads in ``dtype`` (scales cast once, not at every call)."""
@@ -79,13 +108,20 @@ class QuantizedLinear(LinearBackend):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         if x.device.type != "cpu":  # the CPU kernels only: the same integers as a float weight elsewhere
-            out = F.linear(rows, self.dequantized_weight().to(rows.dtype))
+            out = self._product(rows)
         else:
-            compute = self._compute
-            if compute is None:
-                compute = self._compute = compute_dtype(type(self))
-                self._prepare(compute)
-            out = self._kernel(rows.to(compute).contiguous())
+            plan = self._plan
+            if plan is None:
+                plan = self._plan = plan_for(type(self))
+                self._prepare(plan.few)
+            if rows.shape[0] < MANY_ROWS:
+                out = self._kernel(rows.to(plan.few).contiguous())
+            elif plan.many_way == "product":
+                out = self._product(rows.to(plan.many))
+            else:
+                if plan.many != plan.few:
+                    raise RuntimeError("a plan's kernel runs in one dtype")  # plan_for never makes one
+                out = self._kernel(rows.to(plan.few).contiguous())
         if out.dtype != x.dtype:
             out = out.to(x.dtype)
         if self.bias is not None:
@@ -93,7 +129,7 @@ class QuantizedLinear(LinearBackend):
         return out.view(*x.shape[:-1], self.out_features)
 
     def _apply(self, fn, recurse=True):
-        self._compute = None  # a move or cast: prepare the kernel's inputs again on the next call
+        self._plan = None  # a move or cast: prepare the kernel's inputs again on the next call
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
@@ -102,38 +138,52 @@ class QuantizedLinear(LinearBackend):
 
 
 def _forget_prepared(module: QuantizedLinear, incompatible_keys) -> None:
-    module._compute = None
+    module._plan = None
 
 
-def compute_dtype(backend: type[QuantizedLinear], device: str = "cpu") -> torch.dtype:
-    """The dtype ``backend``'s kernel runs fastest in on this host, measured once per process: float32 and
-    bfloat16 on a layer of GPT-2's width at one and at sixteen rows (a decoding step, a batch)."""
-    key = (backend.name, device)
-    if key not in _measured:
-        _measured[key] = _measure(backend)
-    return _measured[key]
+def plan_for(backend: type[QuantizedLinear]) -> Plan:
+    """How ``backend`` multiplies fastest on this host, measured once per process on a layer of GPT-2's width:
+    its kernel in float32 and in bfloat16 at one and eight rows (decoding), and for 64 rows the kernel and the
+    matrix product in each dtype. The kernel's dtype serves both regimes when it wins both."""
+    if backend.name not in _plans:
+        _plans[backend.name] = _measure(backend)
+    return _plans[backend.name]
 
 
-def _measure(backend: type[QuantizedLinear]) -> torch.dtype:
+def _measure(backend: type[QuantizedLinear]) -> Plan:
     generator = torch.Generator().manual_seed(0)
     linear = nn.Linear(768, 768)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(768, 768, generator=generator) * 0.02)
     layer = backend.from_linear(linear)
-    inputs = [torch.randn(rows, 768, generator=generator) for rows in (1, 16)]
-    seconds = {}
+    few = [torch.randn(rows, 768, generator=generator) for rows in (1, 8)]
+    many = [torch.randn(64, 768, generator=generator)]
+    seconds: dict[tuple[str, str, torch.dtype], float] = {}
     with torch.no_grad():
         for dtype in COMPUTE_DTYPES:
             layer._prepare(dtype)
-            cast = [x.to(dtype) for x in inputs]
-            for x in cast:
-                layer._kernel(x)  # warm up
-            rounds = []
-            for _ in range(5):
-                started = time.perf_counter()
-                for _ in range(10):
-                    for x in cast:
-                        layer._kernel(x)
-                rounds.append(time.perf_counter() - started)
-            seconds[dtype] = sorted(rounds)[len(rounds) // 2]
-    return min(COMPUTE_DTYPES, key=lambda dtype: seconds[dtype])
+            for regime, inputs in (("few", few), ("many", many)):
+                cast = [x.to(dtype).contiguous() for x in inputs]
+                seconds["kernel", regime, dtype] = _time(lambda cast=cast: [layer._kernel(x) for x in cast])
+            cast = [x.to(dtype) for x in many]
+            seconds["product", "many", dtype] = _time(lambda cast=cast: [layer._product(x) for x in cast])
+    few_dtype = min(COMPUTE_DTYPES, key=lambda dtype: seconds["kernel", "few", dtype])
+    ways = [("kernel", few_dtype)] + [("product", dtype) for dtype in COMPUTE_DTYPES]
+    many_way, many_dtype = min(ways, key=lambda way: seconds[way[0], "many", way[1]])
+    return Plan(few_dtype, many_way, many_dtype)
+
+
+def _time(call) -> float:
+    """The median seconds of five rounds of ten calls, after one."""
+    call()
+    rounds = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(10):
+            call()
+        rounds.append(time.perf_counter() - started)
+    return sorted(rounds)[2]
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -2,6 +2,7 @@
 size of their weights on disk and the memory a process holds once the model is loaded.
 
     python benchmarks/quantization.py runs/shakespeare-char [RUN ...] [--methods int8,int4] [--group-size 64]
+    python benchmarks/quantization.py --sizes-only FOLDER [FOLDER ...]    # any model folder: sizes and memory
 
 Each RUN is a finished run folder (``tformer train``): it is evaluated on its own recipe's evaluation split
 exactly as training evaluated it, over the whole split (``tformer evaluate``'s code path), once per scheme
@@ -85,7 +86,8 @@ def resident_memory(folder: Path, scheme) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="finished run folders")
+    parser.add_argument("runs", nargs="+", type=Path, help="finished run folders (model folders with --sizes-only)")
+    parser.add_argument("--sizes-only", action="store_true", help="no evaluation: sizes and memory of model folders")
     parser.add_argument("--methods", default="int8,int4")
     parser.add_argument("--group-size", type=int, default=64, help="int4 inputs per group (default: 64)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
@@ -96,19 +98,25 @@ def main() -> None:
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
+    if not args.sizes_only:
+        for run in args.runs:
+            try:
+                run_recipe(run)
+            except FileNotFoundError as error:
+                parser.error(f"{run}: not a finished run folder ({error.strerror}); --sizes-only for model folders")
     report = {}
     for run in args.runs:
         rows = {}
         for name, scheme in schemes.items():
-            metrics = evaluate(run, scheme)
+            metrics = {} if args.sizes_only else evaluate(run, scheme)
             rows[name] = {"metrics": metrics, "disk_bytes": weights_on_disk(run, scheme),
                           "resident_bytes": resident_memory(run, scheme)}
-            shown = ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
-            print(f"{run} {name:>5}: {shown}; weights on disk {rows[name]['disk_bytes'] / 1e6:.2f} MB "
+            shown = "".join(f"{key} {value:.4f}, " for key, value in metrics.items())
+            print(f"{run} {name:>5}: {shown}weights on disk {rows[name]['disk_bytes'] / 1e6:.2f} MB "
                   f"({rows[name]['disk_bytes'] / rows['fp32']['disk_bytes']:.2f}x fp32); resident "
                   f"{rows[name]['resident_bytes'] / 1e6:.1f} MB", flush=True)
         for name in schemes:
-            if name == "fp32":
+            if name == "fp32" or args.sizes_only:
                 continue
             changes = ", ".join(
                 f"{key} {value - rows['fp32']['metrics'][key]:+.4f} ({(value / rows['fp32']['metrics'][key] - 1):+.2%})"

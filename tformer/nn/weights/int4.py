@@ -72,6 +72,21 @@ class Int4Linear(QuantizedLinear):
         module._packed = module._scales_and_zeros = None
         return module
 
+    @classmethod
+    def empty(cls, in_features: int, out_features: int, bias: bool, group_size: int = 64) -> Int4Linear:
+        problem = int4_problem(in_features, out_features, group_size)
+        if problem is not None:
+            raise ValueError(f"int4 weights: a linear layer ({in_features} -> {out_features}): {problem}")
+        module = cls.__new__(cls)
+        module._start(in_features, out_features, torch.zeros(out_features) if bias else None)
+        module.group_size = group_size
+        groups = in_features // group_size
+        module.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        module.register_buffer("scales", torch.ones(out_features, groups))
+        module.register_buffer("zeros", torch.zeros(out_features, groups))
+        module._packed = module._scales_and_zeros = None
+        return module
+
     def dequantized_weight(self) -> Tensor:
         groups = unpack_nibbles(self.qweight).float().reshape(self.out_features, -1, self.group_size)
         return ((groups - 8) * self.scales[..., None] + self.zeros[..., None]).reshape(self.out_features, -1)

@@ -36,6 +36,15 @@ class Int8Linear(QuantizedLinear):
         module._kernel_scales = None
         return module
 
+    @classmethod
+    def empty(cls, in_features: int, out_features: int, bias: bool) -> Int8Linear:
+        module = cls.__new__(cls)
+        module._start(in_features, out_features, torch.zeros(out_features) if bias else None)
+        module.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        module.register_buffer("scales", torch.ones(out_features))
+        module._kernel_scales = None
+        return module
+
     def dequantized_weight(self) -> Tensor:
         return self.qweight.float() * self.scales[:, None]
 

@@ -62,6 +62,7 @@ class QuantizedLinear(LinearBackend):
     lossless = False
 
     def _start(self, in_features: int, out_features: int, bias: Tensor | None) -> None:
+        """The state every quantized layer has: its shape, no float weight, the float bias (a copy)."""
         nn.Module.__init__(self)
         self.in_features, self.out_features = in_features, out_features
         self.register_parameter("weight", None)  # no float weight: integers and scales instead
@@ -71,14 +72,9 @@ class QuantizedLinear(LinearBackend):
 
     @classmethod
     def empty(cls, in_features: int, out_features: int, bias: bool, **scheme) -> QuantizedLinear:
-        """A layer of this shape with zero weights, to be filled by ``load_state_dict`` (loading a quantized
-        checkpoint)."""
-        zeros = nn.Linear(in_features, out_features, bias=bias)
-        with torch.no_grad():
-            zeros.weight.zero_()
-            if bias:
-                zeros.bias.zero_()
-        return cls.from_linear(zeros, **scheme)
+        """A layer of this shape holding zeros, to be filled by ``load_state_dict`` (loading a quantized
+        checkpoint): its integer buffers are made directly, no float weight on the way."""
+        raise NotImplementedError
 
     def to_linear(self) -> nn.Linear:
         """A float nn.Linear holding the dequantized weight (the quantization's error stays in it)."""

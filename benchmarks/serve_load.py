@@ -211,7 +211,8 @@ def server_for(system: str, folder: Path, name: str, port: int, args, cache_toke
         command = [sys.executable, "-m", "tformer", "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),
                    "--model-name", name, "--max-running", str(max(args.clients)), "--cache-tokens", str(cache_tokens),
                    "--block-size", str(BLOCK_SIZE)]
-        return Server(command + (["--threads", str(args.threads)] if args.threads else []), port, log)
+        command += ["--threads", str(args.threads)] if args.threads else []
+        return Server(command + (["--quantize", args.quantize] if args.quantize else []), port, log)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
@@ -530,6 +531,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="folder for the checkpoints and server logs (default: a temporary "
                         "one; a given one keeps them and reuses the checkpoints)")
     parser.add_argument("--gpt2-tokenizer", type=Path, default=GPT2_TOKENIZER)
+    parser.add_argument("--quantize", choices=("int8", "int4"), help="tformer serve --quantize (its rows only)")
     parser.add_argument("--start-timeout", type=float, default=300)
     parser.add_argument("--sample-every", type=float, default=0.5, help="seconds between /metrics reads")
     parser.add_argument("--out", type=Path, help="write every figure here as JSON")

@@ -18,8 +18,7 @@ from torch import nn
 
 from tformer.errors import TformerError
 from tformer.nn.weights import QUANTIZED_BACKENDS
-from tformer.nn.weights.int4 import GROUP_SIZES, Int4Linear, int4_problem
-from tformer.nn.weights.int8 import Int8Linear
+from tformer.nn.weights.int4 import GROUP_SIZES, int4_problem
 from tformer.nn.weights.quantized import Plan, QuantizedLinear, plan_for
 
 METHODS = QUANTIZED_BACKENDS
@@ -95,7 +94,7 @@ def quantize(model: nn.Module, method: str | QuantizationScheme, group_size: int
         if scheme.method == "int4" and int4_problem(linear.in_features, linear.out_features, scheme.group_size):
             kept.append(name)
             continue
-        setattr(parent, child_name, _quantized(scheme, linear))
+        setattr(parent, child_name, METHODS[scheme.method].from_linear(linear, **_options(scheme)))
     model.quantization = QuantizationScheme(scheme.method, scheme.group_size, scheme.head, tuple(kept))
     return model
 
@@ -107,10 +106,8 @@ def prepare_quantized(model: nn.Module, scheme: QuantizationScheme) -> nn.Module
     for name, parent, child_name, linear in _linear_layers(model):
         if (not scheme.head and _is_head(model, name)) or name in scheme.float_layers:
             continue
-        backend = METHODS[scheme.method]
-        options = {"group_size": scheme.group_size} if scheme.method == "int4" else {}
-        setattr(parent, child_name, backend.empty(linear.in_features, linear.out_features, linear.bias is not None,
-                                                  **options))
+        setattr(parent, child_name, METHODS[scheme.method].empty(linear.in_features, linear.out_features,
+                                                                 linear.bias is not None, **_options(scheme)))
     model.quantization = scheme
     return model
 
@@ -139,10 +136,9 @@ def quantized_weights(model: nn.Module) -> int:
     return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantizedLinear))
 
 
-def _quantized(scheme: QuantizationScheme, linear: nn.Linear) -> QuantizedLinear:
-    if scheme.method == "int4":
-        return Int4Linear.from_linear(linear, group_size=scheme.group_size)
-    return Int8Linear.from_linear(linear)
+def _options(scheme: QuantizationScheme) -> dict[str, Any]:
+    """What the scheme's backend takes besides the layer: int4's group size."""
+    return {"group_size": scheme.group_size} if scheme.method == "int4" else {}
 
 
 def _check_model(model: nn.Module) -> None:

@@ -24,7 +24,9 @@ def register(subparsers) -> None:
                                                                     "(default: 64)")
     parser.add_argument("--keep-head", action="store_true", help="keep the output head (LM head, task head) in float")
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out when it holds a model folder")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into --out when it holds a model folder (its model files are replaced, other "
+                             "files kept)")
     parser.set_defaults(run=run)
 
 
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {out}: exists and is not a folder")
         if any(out.iterdir()):
             if not args.overwrite:
-                raise UsageError(f"--out {out} is not empty; give --overwrite to replace the model folder in it, or "
+                raise UsageError(f"--out {out} is not empty; give --overwrite to replace the model files in it, or "
                                  "an empty or new folder")
             if not (out / CONFIG_NAME).is_file():
                 raise UsageError(f"--out {out} holds files but no model folder (no {CONFIG_NAME}); tformer replaces "

@@ -52,6 +52,12 @@ def int4_problem(in_features: int, out_features: int, group_size: int) -> str | 
     return None
 
 
+def _check_shape(in_features: int, out_features: int, group_size: int) -> None:
+    problem = int4_problem(in_features, out_features, group_size)
+    if problem is not None:
+        raise ValueError(f"int4 weights: a linear layer ({in_features} -> {out_features}): {problem}")
+
+
 class Int4Linear(QuantizedLinear):
     """A linear layer whose weight is held as 4-bit integers in groups of ``group_size`` inputs."""
 
@@ -59,31 +65,27 @@ class Int4Linear(QuantizedLinear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 64) -> Int4Linear:
-        problem = int4_problem(linear.in_features, linear.out_features, group_size)
-        if problem is not None:
-            raise ValueError(f"int4 weights: a linear layer ({linear.in_features} -> {linear.out_features}): {problem}")
-        module = cls.__new__(cls)
-        module._start(linear.in_features, linear.out_features, linear.bias)
-        module.group_size = group_size
+        _check_shape(linear.in_features, linear.out_features, group_size)
         integers, scales, zeros = quantize_int4(linear.weight, group_size)
-        module.register_buffer("qweight", pack_nibbles(integers))
-        module.register_buffer("scales", scales)
-        module.register_buffer("zeros", zeros)
-        module._packed = module._scales_and_zeros = None
-        return module
+        return cls._holding(linear.bias, group_size, pack_nibbles(integers), scales, zeros)
 
     @classmethod
     def empty(cls, in_features: int, out_features: int, bias: bool, group_size: int = 64) -> Int4Linear:
-        problem = int4_problem(in_features, out_features, group_size)
-        if problem is not None:
-            raise ValueError(f"int4 weights: a linear layer ({in_features} -> {out_features}): {problem}")
-        module = cls.__new__(cls)
-        module._start(in_features, out_features, torch.zeros(out_features) if bias else None)
-        module.group_size = group_size
+        _check_shape(in_features, out_features, group_size)
         groups = in_features // group_size
-        module.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
-        module.register_buffer("scales", torch.ones(out_features, groups))
-        module.register_buffer("zeros", torch.zeros(out_features, groups))
+        return cls._holding(torch.zeros(out_features) if bias else None, group_size,
+                            torch.zeros(out_features, in_features // 2, dtype=torch.uint8),
+                            torch.ones(out_features, groups), torch.zeros(out_features, groups))
+
+    @classmethod
+    def _holding(cls, bias: Tensor | None, group_size: int, packed: Tensor, scales: Tensor,
+                 zeros: Tensor) -> Int4Linear:
+        module = cls.__new__(cls)
+        module._start(packed.shape[1] * 2, packed.shape[0], bias)
+        module.group_size = group_size
+        module.register_buffer("qweight", packed)
+        module.register_buffer("scales", scales)
+        module.register_buffer("zeros", zeros)
         module._packed = module._scales_and_zeros = None
         return module
 

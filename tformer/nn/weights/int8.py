@@ -28,20 +28,19 @@ class Int8Linear(QuantizedLinear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
-        module = cls.__new__(cls)
-        module._start(linear.in_features, linear.out_features, linear.bias)
-        integers, scales = quantize_int8(linear.weight)
-        module.register_buffer("qweight", integers)
-        module.register_buffer("scales", scales)
-        module._kernel_scales = None
-        return module
+        return cls._holding(linear.bias, *quantize_int8(linear.weight))
 
     @classmethod
     def empty(cls, in_features: int, out_features: int, bias: bool) -> Int8Linear:
+        return cls._holding(torch.zeros(out_features) if bias else None,
+                            torch.zeros(out_features, in_features, dtype=torch.int8), torch.ones(out_features))
+
+    @classmethod
+    def _holding(cls, bias: Tensor | None, integers: Tensor, scales: Tensor) -> Int8Linear:
         module = cls.__new__(cls)
-        module._start(in_features, out_features, torch.zeros(out_features) if bias else None)
-        module.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
-        module.register_buffer("scales", torch.ones(out_features))
+        module._start(integers.shape[1], integers.shape[0], bias)
+        module.register_buffer("qweight", integers)
+        module.register_buffer("scales", scales)
         module._kernel_scales = None
         return module
 

@@ -110,13 +110,9 @@ class QuantizedLinear(LinearBackend):
             if plan is None:
                 plan = self._plan = plan_for(type(self))
                 self._prepare(plan.few)
-            if rows.shape[0] < MANY_ROWS:
-                out = self._kernel(rows.to(plan.few).contiguous())
-            elif plan.many_way == "product":
+            if rows.shape[0] >= MANY_ROWS and plan.many_way == "product":
                 out = self._product(rows.to(plan.many))
-            else:
-                if plan.many != plan.few:
-                    raise RuntimeError("a plan's kernel runs in one dtype")  # plan_for never makes one
+            else:  # the kernel runs in one dtype for both regimes (plan_for never makes another)
                 out = self._kernel(rows.to(plan.few).contiguous())
         if out.dtype != x.dtype:
             out = out.to(x.dtype)

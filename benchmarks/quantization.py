@@ -1,7 +1,7 @@
-"""The quantization quality report: trained runs evaluated in float32, int8 and int4 side by side, with the
+"""The quantization quality report: trained runs evaluated in float32, int8, w8a8 and int4 side by side, with the
 size of their weights on disk and the memory a process holds once the model is loaded.
 
-    python benchmarks/quantization.py runs/shakespeare-char [RUN ...] [--methods int8,int4] [--group-size 64]
+    python benchmarks/quantization.py runs/shakespeare-char [RUN ...] [--methods int8,w8a8,int4] [--group-size 64]
     python benchmarks/quantization.py --sizes-only FOLDER [FOLDER ...]    # any model folder: sizes and memory
 
 Each RUN is a finished run folder (``tformer train``): it is evaluated on its own recipe's evaluation split
@@ -88,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="finished run folders (model folders with --sizes-only)")
     parser.add_argument("--sizes-only", action="store_true", help="no evaluation: sizes and memory of model folders")
-    parser.add_argument("--methods", default="int8,int4")
+    parser.add_argument("--methods", default="int8,w8a8,int4")
     parser.add_argument("--group-size", type=int, default=64, help="int4 inputs per group (default: 64)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()

@@ -3,11 +3,11 @@ and encoder classification (batch-1 decoding is ``generate_speed.py --part quant
 
   translate  beam-5 translation of test_2016_flickr's first --sentences German sentences, 64 at a time, by a
              random model of the Multi30k recipe's shape (3 + 3 layers, width 256, 8,000-token joint BPE learned
-             from its training pairs): tformer float32, int8 and int4 (groups of 64); sentences/s. Random
+             from its training pairs): tformer float32, int8, w8a8 and int4 (groups of 64); sentences/s. Random
              weights never end a sentence early, so every beam runs to the length budget.
   classify   bert-mini sequence classification inference (batch 32, 128 tokens, 4 x 256, random weights):
-             Hugging Face BertForSequenceClassification float32 beside tformer float32, int8 and int4 on the same
-             weights; ms per batch.
+             Hugging Face BertForSequenceClassification float32 beside tformer float32, int8, w8a8 and int4 on the
+             same weights; ms per batch.
 
 Every column runs once a round in the order given, --rounds rounds, medians reported; ratios are against
 tformer float32 and (classify) Hugging Face float32. Each quantized layer multiplies as the host's measured
@@ -42,7 +42,7 @@ from tformer.nn.weights import QUANTIZED_BACKENDS  # noqa: E402
 from tformer.nn.weights.quantized import plan_for  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
-METHODS = ("int8", "int4")
+METHODS = ("int8", "w8a8", "int4")
 
 
 def medians_by_round(work: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:

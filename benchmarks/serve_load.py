@@ -531,7 +531,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="folder for the checkpoints and server logs (default: a temporary "
                         "one; a given one keeps them and reuses the checkpoints)")
     parser.add_argument("--gpt2-tokenizer", type=Path, default=GPT2_TOKENIZER)
-    parser.add_argument("--quantize", choices=("int8", "int4"), help="tformer serve --quantize (its rows only)")
+    parser.add_argument("--quantize", choices=("int8", "w8a8", "int4"), help="tformer serve --quantize (its rows only)")
     parser.add_argument("--start-timeout", type=float, default=300)
     parser.add_argument("--sample-every", type=float, default=0.5, help="seconds between /metrics reads")
     parser.add_argument("--out", type=Path, help="write every figure here as JSON")

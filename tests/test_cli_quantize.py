@@ -30,20 +30,22 @@ def greedy_text(model, prompt="to be", new=20):
     return prompt + model.tokenizer.decode(tformer.generate(model, ids, new)[0, ids.shape[1]:].tolist())
 
 
-@pytest.mark.parametrize("bits, options", [(8, []), (4, ["--group-size", "32"])], ids=["int8", "int4"])
-def test_quantize_writes_a_folder_that_generate_loads_quantized(model_folder, tmp_path, capsys, bits, options):
-    out = tmp_path / f"int{bits}"
-    assert main(["quantize", str(model_folder), "--bits", str(bits), *options, "--out", str(out)]) == 0
+@pytest.mark.parametrize("method, options", [("int8", ["--bits", "8"]), ("int4", ["--bits", "4", "--group-size", "32"]),
+                                             ("w8a8", ["--bits", "8", "--activations", "int8"])],
+                         ids=["int8", "int4", "w8a8"])
+def test_quantize_writes_a_folder_that_generate_loads_quantized(model_folder, tmp_path, capsys, method, options):
+    out = tmp_path / method
+    assert main(["quantize", str(model_folder), *options, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert f"wrote {out} (int{bits}" in printed and "x the" in printed and "MB" in printed
+    assert f"wrote {out} ({method}" in printed and "x the" in printed and "MB" in printed
     config = json.loads((out / "config.json").read_text())
-    assert config["quantization"]["method"] == f"int{bits}"
+    assert config["quantization"]["method"] == method
     assert (out / "model.safetensors").stat().st_size < (model_folder / "model.safetensors").stat().st_size
     model = tformer.load(out)
     assert main(["generate", str(out), "--prompt", "to be", "--max-new-tokens", "20"]) == 0
     assert capsys.readouterr().out == greedy_text(model) + "\n"
     assert main(["info", str(out)]) == 0
-    assert f"quantized    int{bits}" in capsys.readouterr().out
+    assert f"quantized    {method}" in capsys.readouterr().out
 
 
 def test_generate_quantize_option_equals_the_quantized_folder(model_folder, capsys):
@@ -58,6 +60,10 @@ def test_generate_quantize_option_equals_the_quantized_folder(model_folder, caps
      "--group-size: int4 group_size=48 is not one of 32, 64, 128"),
     (["generate", "FLOAT", "--prompt", "a", "--quantize", "int3"], "invalid choice: 'int3'"),
     (["quantize", "FLOAT", "--bits", "8", "--group-size", "64", "--out", "OUT"], "--group-size goes with --bits 4"),
+    (["quantize", "FLOAT", "--bits", "4", "--activations", "int8", "--out", "OUT"],
+     "--activations int8 goes with --bits 8"),
+    (["generate", "FLOAT", "--prompt", "a", "--quantize", "w8a8", "--group-size", "32"],
+     "--group-size goes with --quantize int4 (w8a8 is per output channel)"),
     (["quantize", "FLOAT", "--bits", "8", "--out", "FLOAT"], "is an input of this command"),
     (["quantize", "FLOAT", "--bits", "8", "--out", "BUSY"], "is not empty; give --overwrite"),
     (["quantize", "FLOAT", "--bits", "8", "--out", "BUSY", "--overwrite"], "holds files but no model folder"),

@@ -12,7 +12,7 @@ from torch import nn
 
 import tformer
 from tformer.checkpoint import CheckpointError
-from tformer.nn.weights import Int4Linear, Int8Linear, QuantizedLinear, use_weights, weights_in_use
+from tformer.nn.weights import Int4Linear, Int8Linear, QuantizedLinear, W8A8Linear, use_weights, weights_in_use
 from tformer.nn.weights.int4 import pack_nibbles, quantize_int4, unpack_nibbles
 from tformer.nn.weights.int8 import quantize_int8
 from tformer.nn.weights.quantized import Plan
@@ -79,7 +79,7 @@ def layers():
 @pytest.mark.parametrize("rows", [1, 5, 33, 70])
 def test_kernels_and_products_equal_the_dequantized_reference(layer, compute, way, rows):
     layer._prepare(compute)
-    layer._plan = Plan(compute, way, compute)  # this way, whatever this host's measurement chose
+    layer._plan = Plan("kernel", compute, way, compute)  # these ways, whatever this host's measurement chose
     x = torch.randn(rows, 256)
     reference = x @ layer.dequantized_weight().t() + layer.bias
     with torch.no_grad():
@@ -90,12 +90,35 @@ def test_kernels_and_products_equal_the_dequantized_reference(layer, compute, wa
     assert relative_error(layer(x.view(rows, 1, 256)).view(rows, 96), reference) <= 1e-2  # (B, T, D) inputs
 
 
-def test_the_plan_is_measured_once_per_backend():
-    layer = Int8Linear.from_linear(linear())
+def dynamic_reference(layer, x):
+    """x's rows rounded to int8 (one step per row: max |x| / 127), times the dequantized weight, plus the bias."""
+    steps = x.abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(x / steps) * steps @ layer.dequantized_weight().t() + layer.bias
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33, 70])
+def test_the_dynamic_way_equals_its_integer_reference(rows):
+    layer = W8A8Linear.from_linear(linear())
+    layer._plan = Plan("dynamic", None, "dynamic", None)
+    x = torch.randn(rows, 256) * torch.linspace(0.1, 10, rows)[:, None]  # rows of different ranges
+    with torch.no_grad():
+        got = layer(x)
+    assert got.dtype == torch.float32
+    assert relative_error(got, dynamic_reference(layer, x)) <= 1e-5  # integer sums are exact
+    # each input rounded by at most half a step (max |x| / 254): about 1% of a Gaussian row's output
+    assert relative_error(got, x @ layer.dequantized_weight().t() + layer.bias) <= 2e-2
+    with torch.no_grad():
+        assert torch.equal(layer(torch.zeros(1, 256))[0], layer.bias)  # a zero row: the bias exactly
+
+
+@pytest.mark.parametrize("backend", [Int8Linear, W8A8Linear])
+def test_the_plan_is_measured_once_per_backend(backend):
+    layer = backend.from_linear(linear())
     layer(torch.randn(2, 256))
     plan = layer._plan
-    assert plan.few in (torch.float32, torch.bfloat16) and plan.many_way in ("kernel", "product")
-    other = Int8Linear.from_linear(linear(seed=1))
+    assert plan.few_way in backend.ways and plan.many_way in backend.ways
+    assert plan.kernel_dtype in (None, torch.float32, torch.bfloat16)
+    other = backend.from_linear(linear(seed=1))
     other(torch.randn(1, 256))
     assert other._plan is plan
 
@@ -121,7 +144,8 @@ FAMILIES = {
 }
 # Relative error of the logits (norm of the difference over the norm) on random weights, whose logits are
 # small sums of many terms; int4's step is 17 times int8's (15 levels per group against 255 per row).
-TOLERANCE = {"int8": 0.03, "int4": 0.25}
+# w8a8 (its dynamic way forced) adds each activation's rounding to int8's.
+TOLERANCE = {"int8": 0.03, "w8a8": 0.05, "int4": 0.25}
 
 
 def family_inputs(name: str, model) -> dict:
@@ -134,7 +158,15 @@ def family_inputs(name: str, model) -> dict:
     return {"input_ids": ids}
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+def force_dynamic(model):
+    """Every w8a8 layer of ``model`` multiplies by its dynamic way, whatever this host's measurement chose."""
+    for module in model.modules():
+        if isinstance(module, W8A8Linear):
+            module._plan = Plan("dynamic", None, "dynamic", None)
+    return model
+
+
+@pytest.mark.parametrize("method", ["int8", "w8a8", "int4"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 @torch.no_grad()
 def test_every_family_quantizes_within_tolerance(family, method):
@@ -142,7 +174,7 @@ def test_every_family_quantizes_within_tolerance(family, method):
     model = FAMILIES[family]().eval()
     inputs = family_inputs(family, model)
     want = model(**inputs).logits
-    quantize(model, method, group_size=32 if method == "int4" else None)
+    force_dynamic(quantize(model, method, group_size=32 if method == "int4" else None))
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert all(isinstance(m, QuantizedLinear) for m in linears), "every linear layer quantized, heads included"
     got = model(**inputs).logits
@@ -170,12 +202,12 @@ def test_int4_keeps_layers_whose_inputs_do_not_group_in_float_and_says_so():
 # ---- decoding ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "w8a8", "int4"])
 @torch.no_grad()
 def test_greedy_decoding_of_a_quantized_model_follows_its_own_forward(method):
     torch.manual_seed(0)
-    model = quantize(tformer.build_model("gpt-nano", d_model=64, num_heads=4).eval(), method,
-                     group_size=32 if method == "int4" else None)
+    model = force_dynamic(quantize(tformer.build_model("gpt-nano", d_model=64, num_heads=4).eval(), method,
+                                   group_size=32 if method == "int4" else None))
     prompt = torch.randint(0, 64, (2, 5))
     generated = tformer.generate(model, prompt, 12, eos_token_id=[])
     for step in range(5, generated.shape[1]):
@@ -193,18 +225,18 @@ def quantized_folder(tmp_path, method="int8", **options):
     return model, tmp_path / method
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "w8a8", "int4"])
 @torch.no_grad()
 def test_a_quantized_folder_loads_back_the_same_model(tmp_path, method):
     model, folder = quantized_folder(tmp_path, method, group_size=32 if method == "int4" else None)
     config = json.loads((folder / "config.json").read_text())
     assert config["quantization"]["method"] == method
     tensors = load_file(folder / "model.safetensors")
-    assert tensors["stack.blocks.0.attention.qkv_proj.qweight"].dtype == (torch.int8 if method == "int8"
-                                                                          else torch.uint8)
+    assert tensors["stack.blocks.0.attention.qkv_proj.qweight"].dtype == (torch.uint8 if method == "int4"
+                                                                          else torch.int8)
     assert not any(name.endswith("proj.weight") for name in tensors)  # no float copy of a quantized weight
     loaded = tformer.load(folder)
-    assert loaded.quantization == model.quantization
+    assert loaded.quantization == model.quantization and weights_in_use(loaded) == {method}
     ids = torch.randint(0, 64, (2, 9))
     assert torch.equal(loaded(ids).logits, model(ids).logits)
 
@@ -231,15 +263,16 @@ def test_a_corrupted_scale_tensor_or_an_unknown_scheme_is_refused_at_load(tmp_pa
     config = json.loads((folder / "config.json").read_text())
     config["quantization"]["method"] = "int3"
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="quantization method 'int3' is not one of int8, int4"):
+    with pytest.raises(CheckpointError, match="quantization method 'int3' is not one of int8, int4, w8a8"):
         tformer.load(folder)
 
 
 def test_schemes_are_checked():
     with pytest.raises(QuantizationError, match="int4 group_size=48 is not one of 32, 64, 128"):
         QuantizationScheme("int4", 48)
-    with pytest.raises(QuantizationError, match="takes no group_size"):
-        QuantizationScheme("int8", 64)
+    for method in ("int8", "w8a8"):
+        with pytest.raises(QuantizationError, match=f"{method} is per output channel: it takes no group_size"):
+            QuantizationScheme(method, 64)
     with pytest.raises(QuantizationError, match="quantized already"):
         quantize(quantize(tformer.build_model("gpt-nano"), "int8"), "int8")
     with pytest.raises(QuantizationError, match="RNN baseline"):
@@ -274,13 +307,13 @@ def test_dequantized_gives_float_layers_and_ties_the_head_again():
     assert model.lm_head.weight is model.embedding.token.weight
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "w8a8", "int4"])
 def test_a_loaded_quantized_folder_serves_what_it_generates_alone(tmp_path, method):
     from tformer.generation import GenerationConfig
     from tformer.serving.engine import Engine
 
     _, folder = quantized_folder(tmp_path, method, group_size=32 if method == "int4" else None)
-    model = tformer.load(folder)
+    model = force_dynamic(tformer.load(folder))
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 64, (length,), generator=generator).tolist() for length in (3, 9, 5, 17, 1, 12)]
     config = GenerationConfig(max_new_tokens=12, eos_token_id=())

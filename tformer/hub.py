@@ -60,7 +60,7 @@ def load(
     e.g. to fine-tune with dropout a model pretrained without it.
 
     A folder written from a quantized model loads quantized (its config.json records the scheme).
-    ``quantize`` ("int8", "int4" or a ``QuantizationScheme``) quantizes a float checkpoint as it loads
+    ``quantize`` ("int8", "w8a8", "int4" or a ``QuantizationScheme``) quantizes a float checkpoint as it loads
     (``tformer.quantization.quantize``); asking a quantized folder for another scheme is refused.
     """
     regularisation = {name: value for name, value in zip(REGULARISATION_FIELDS, (dropout, attention_dropout),

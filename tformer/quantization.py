@@ -1,5 +1,5 @@
-"""Quantized models: every linear layer of a transformer family on the ``int8`` or ``int4`` weight backend
-(``nn/weights``), and the scheme a checkpoint records in config.json so that ``tformer.load`` gives the same
+"""Quantized models: every linear layer of a transformer family on the ``int8``, ``w8a8`` or ``int4`` weight
+backend (``nn/weights``), and the scheme a checkpoint records in config.json so that ``tformer.load`` gives the same
 quantized model back.
 
 ``quantize(model, "int8")`` swaps the layers in place (the output head too unless ``head=False``; a tied head
@@ -31,8 +31,9 @@ class QuantizationError(TformerError):
 
 @dataclass(frozen=True)
 class QuantizationScheme:
-    """How a model's linear layers are quantized: ``method`` (int8: per output channel; int4: per group of
-    ``group_size`` inputs), whether the output ``head`` is, and the layers kept in float (``float_layers``)."""
+    """How a model's linear layers are quantized: ``method`` (int8: per output channel; w8a8: int8's weights,
+    activations rounded to int8 per row where faster; int4: per group of ``group_size`` inputs), whether the
+    output ``head`` is, and the layers kept in float (``float_layers``)."""
 
     method: str
     group_size: int | None = None
@@ -45,8 +46,8 @@ class QuantizationScheme:
         if self.method == "int4" and self.group_size not in GROUP_SIZES:
             raise QuantizationError(f"int4 group_size={self.group_size!r} is not one of "
                                     f"{', '.join(map(str, GROUP_SIZES))}")
-        if self.method == "int8" and self.group_size is not None:
-            raise QuantizationError("int8 is per output channel: it takes no group_size")
+        if self.method != "int4" and self.group_size is not None:
+            raise QuantizationError(f"{self.method} is per output channel: it takes no group_size")
         if not isinstance(self.head, bool):
             raise QuantizationError(f"quantization head={self.head!r} must be true or false")
 
@@ -72,7 +73,7 @@ class QuantizationScheme:
 
 
 def scheme_for(method: str, group_size: int | None = None, head: bool = True) -> QuantizationScheme:
-    """The scheme a user asks for by name: int4's group size defaults to 64, int8 takes none."""
+    """The scheme a user asks for by name: int4's group size defaults to 64, int8 and w8a8 take none."""
     if method == "int4" and group_size is None:
         group_size = DEFAULT_GROUP_SIZE
     return QuantizationScheme(method, group_size, head)

@@ -99,9 +99,10 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
 def add_quantize_option(parser: argparse.ArgumentParser) -> None:
     """``--quantize`` and ``--group-size``: quantize the model's weights as it loads (``quantize_option`` reads
     them)."""
-    parser.add_argument("--quantize", choices=("int8", "int4"),
-                        help="quantize the weights as they load: int8 (per output channel) or int4 (groups of "
-                             "--group-size inputs); a folder written by tformer quantize loads quantized without it")
+    parser.add_argument("--quantize", choices=("int8", "w8a8", "int4"),
+                        help="quantize the weights as they load: int8 (per output channel), w8a8 (int8 weights, "
+                             "activations rounded to int8 where that is faster) or int4 (groups of --group-size "
+                             "inputs); a folder written by tformer quantize loads quantized without it")
     parser.add_argument("--group-size", type=int, metavar="N", help="with --quantize int4: inputs per group, 32, 64 or "
                                                                     "128 (default: 64)")
 
@@ -114,8 +115,8 @@ def quantize_option(args: argparse.Namespace):
         if args.group_size is not None:
             raise UsageError("--group-size goes with --quantize int4")
         return None
-    if args.quantize == "int8" and args.group_size is not None:
-        raise UsageError("--group-size goes with --quantize int4 (int8 is per output channel)")
+    if args.quantize != "int4" and args.group_size is not None:
+        raise UsageError(f"--group-size goes with --quantize int4 ({args.quantize} is per output channel)")
     try:
         return scheme_for(args.quantize, args.group_size)
     except QuantizationError as error:

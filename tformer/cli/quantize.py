@@ -1,5 +1,5 @@
-"""``tformer quantize RUN --bits 8|4 --out DIR``: write a model folder whose linear layers hold int8 or int4
-weights (``tformer.quantization``), which every command loads as it is."""
+"""``tformer quantize RUN --bits 8|4 [--activations int8] --out DIR``: write a model folder whose linear layers
+hold int8 or int4 weights (``tformer.quantization``), which every command loads as it is."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def register(subparsers) -> None:
                         help="8: int8, one scale per output channel; 4: int4, a scale and offset per group of inputs")
     parser.add_argument("--group-size", type=int, metavar="N", help="--bits 4: inputs per group, 32, 64 or 128 "
                                                                     "(default: 64)")
+    parser.add_argument("--activations", choices=("float", "int8"), default="float",
+                        help="--bits 8: int8 also rounds the activations to int8 per row where that multiplies "
+                             "faster on the host (scheme w8a8; default: float, weight-only)")
     parser.add_argument("--keep-head", action="store_true", help="keep the output head (LM head, task head) in float")
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
     parser.add_argument("--overwrite", action="store_true",
@@ -38,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     method = f"int{args.bits}"
     if args.group_size is not None and args.bits != 4:
         raise UsageError("--group-size goes with --bits 4 (int8 is per output channel)")
+    if args.activations == "int8":
+        if args.bits != 8:
+            raise UsageError("--activations int8 goes with --bits 8 (int4 keeps float activations)")
+        method = "w8a8"
     try:
         scheme = scheme_for(method, args.group_size, head=not args.keep_head)
     except QuantizationError as error:

@@ -6,7 +6,8 @@
 - ``prepacked``: the same parameters, read at inference from a copy laid out for the CPU's matrix
   library (the default for decoding on the CPU; ``prepacked.py`` says why and what it costs).
 - ``int8``, ``int4``: quantized weights (``quantized.py``), put in place by ``tformer.quantization``; they
-  hold no float weight, so no other backend replaces them.
+  hold no float weight, so no other backend replaces them. ``w8a8``: int8's weights, and activations
+  rounded to int8 per row where that multiplies faster (``int8.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from torch import nn
 
 from tformer.nn.weights.backend import LinearBackend, decoding_step
 from tformer.nn.weights.int4 import Int4Linear
-from tformer.nn.weights.int8 import Int8Linear
+from tformer.nn.weights.int8 import Int8Linear, W8A8Linear
 from tformer.nn.weights.prepacked import PrepackedLinear
 from tformer.nn.weights.quantized import QuantizedLinear
 
 WEIGHT_BACKENDS: dict[str, type[nn.Linear]] = {"plain": nn.Linear, "prepacked": PrepackedLinear}
-QUANTIZED_BACKENDS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
+QUANTIZED_BACKENDS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear,
+                                                         "w8a8": W8A8Linear}
 
 
 def decoding_weights(device: torch.device) -> str:
@@ -56,4 +58,4 @@ def weights_in_use(model: nn.Module) -> set[str]:
 
 
 __all__ = ["QUANTIZED_BACKENDS", "WEIGHT_BACKENDS", "Int4Linear", "Int8Linear", "LinearBackend", "PrepackedLinear",
-           "QuantizedLinear", "decoding_step", "decoding_weights", "use_weights", "weights_in_use"]
+           "QuantizedLinear", "W8A8Linear", "decoding_step", "decoding_weights", "use_weights", "weights_in_use"]

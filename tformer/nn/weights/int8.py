@@ -56,3 +56,22 @@ class Int8Linear(QuantizedLinear):
     def _product(self, rows: Tensor) -> Tensor:
         # The integers are exact in bfloat16 and float32 alike; the row scales apply to the outputs.
         return F.linear(rows, self.qweight.to(rows.dtype)) * self.scales.to(rows.dtype)
+
+
+class W8A8Linear(Int8Linear):
+    """The int8 weights of ``Int8Linear`` with one more way to multiply, measured beside the others:
+    "dynamic", each row of activations rounded to int8 with its own scale (max |x| of the row / 127) and
+    multiplied by an integer matrix product (``torch._int_mm``, int32 sums; VNNI units where the CPU has
+    them), the two scales applied to the output. The activations' rounding adds an error of at most half a
+    step per input, about what bfloat16's does to large inputs but more to small ones; in exchange many
+    rows multiply several times faster than in float. The checkpoint is int8's."""
+
+    name = "w8a8"
+    ways = ("kernel", "product", "dynamic")
+
+    def _dynamic(self, rows: Tensor) -> Tensor:
+        rows = rows.float()
+        steps = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_(min=torch.finfo(torch.float32).tiny)  # (N, 1)
+        integers = rows.div(steps).round_().to(torch.int8)  # |x| / step <= 127: no clamp needed
+        sums = torch._int_mm(integers, self.qweight.t())  # (N, out) int32: exact up to in = 133,000
+        return sums.float().mul_(steps).mul_(self.scales)

@@ -39,15 +39,23 @@ MANY_ROWS = 32
 
 @dataclass(frozen=True)
 class Plan:
-    """How a backend multiplies on this host: few rows by its kernel in ``few``; many rows by ``many_way``
-    ("kernel" or "product") in ``many``."""
+    """How a backend multiplies on this host: few rows by ``few_way`` in ``few``, many rows by ``many_way`` in
+    ``many``. A way is "kernel" (the fused kernel), "product" (a matrix product over the integers as floats) or,
+    for backends that take it, "dynamic" (activations rounded to int8 per row, an integer matrix product; its
+    dtype is None)."""
 
-    few: torch.dtype
+    few_way: str
+    few: torch.dtype | None
     many_way: str
-    many: torch.dtype
+    many: torch.dtype | None
 
     def describe(self) -> str:
-        return f"few rows: kernel in {_name(self.few)}; many rows: {self.many_way} in {_name(self.many)}"
+        return f"few rows: {_way_text(self.few_way, self.few)}; many rows: {_way_text(self.many_way, self.many)}"
+
+    @property
+    def kernel_dtype(self) -> torch.dtype | None:
+        """The dtype the kernel's inputs are prepared in (one for both regimes; ``_measure`` never makes two)."""
+        return self.few if self.few_way == "kernel" else self.many if self.many_way == "kernel" else None
 
 
 _plans: dict[str, Plan] = {}  # backend name -> its measured plan
@@ -60,6 +68,7 @@ class QuantizedLinear(LinearBackend):
 
     name: ClassVar[str]
     lossless = False
+    ways: ClassVar[tuple[str, ...]] = ("kernel", "product")  # what ``plan_for`` measures for this backend
 
     def _start(self, in_features: int, out_features: int, bias: Tensor | None) -> None:
         """The state every quantized layer has: its shape, no float weight, the float bias (a copy)."""
@@ -101,6 +110,19 @@ class QuantizedLinear(LinearBackend):
     def _prepare(self, dtype: torch.dtype) -> None:
         """Make what the kernel reads in ``dtype`` (scales cast once, not at every call)."""
 
+    def _dynamic(self, rows: Tensor) -> Tensor:
+        """rows (N, in) -> (N, out) float32, the activations rounded to int8 per row (backends whose ``ways``
+        name "dynamic")."""
+        raise NotImplementedError
+
+    def _multiply(self, way: str, dtype: torch.dtype | None, rows: Tensor) -> Tensor:
+        """rows (N, in) -> (N, out) by ``way`` in ``dtype`` (a ``Plan``'s choice)."""
+        if way == "kernel":
+            return self._kernel(rows.to(dtype).contiguous())
+        if way == "product":
+            return self._product(rows.to(dtype))
+        return self._dynamic(rows)
+
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         if x.device.type != "cpu":  # the CPU kernels only: the same integers as a float weight elsewhere
@@ -109,11 +131,12 @@ class QuantizedLinear(LinearBackend):
             plan = self._plan
             if plan is None:
                 plan = self._plan = plan_for(type(self))
-                self._prepare(plan.few)
-            if rows.shape[0] >= MANY_ROWS and plan.many_way == "product":
-                out = self._product(rows.to(plan.many))
-            else:  # the kernel runs in one dtype for both regimes (plan_for never makes another)
-                out = self._kernel(rows.to(plan.few).contiguous())
+                if plan.kernel_dtype is not None:
+                    self._prepare(plan.kernel_dtype)
+            if rows.shape[0] >= MANY_ROWS:
+                out = self._multiply(plan.many_way, plan.many, rows)
+            else:
+                out = self._multiply(plan.few_way, plan.few, rows)
         if out.dtype != x.dtype:
             out = out.to(x.dtype)
         if self.bias is not None:
@@ -136,7 +159,8 @@ def _forget_prepared(module: QuantizedLinear, incompatible_keys) -> None:
 def plan_for(backend: type[QuantizedLinear]) -> Plan:
     """How ``backend`` multiplies fastest on this host, measured once per process on a layer of GPT-2's width:
     its kernel in float32 and in bfloat16 at one and eight rows (decoding), and for 64 rows the kernel and the
-    matrix product in each dtype. The kernel's dtype serves both regimes when it wins both."""
+    matrix product in each dtype; the dynamic way too where the backend takes it. The kernel runs in one
+    dtype, the faster at few rows, in both regimes."""
     if backend.name not in _plans:
         _plans[backend.name] = _measure(backend)
     return _plans[backend.name]
@@ -147,35 +171,49 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
     linear = nn.Linear(768, 768)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(768, 768, generator=generator) * 0.02)
-    layer = backend.from_linear(linear)
-    few = [torch.randn(rows, 768, generator=generator) for rows in (1, 8)]
-    many = [torch.randn(64, 768, generator=generator)]
-    seconds: dict[tuple[str, str, torch.dtype], float] = {}
+    layers = {dtype: backend.from_linear(linear) for dtype in COMPUTE_DTYPES}  # one prepared per kernel dtype
+    for dtype, layer in layers.items():
+        layer._prepare(dtype)
+    inputs = {"few": [torch.randn(rows, 768, generator=generator) for rows in (1, 8)],
+              "many": [torch.randn(64, 768, generator=generator)]}
+    candidates = [(way, regime, dtype) for dtype in COMPUTE_DTYPES for way, regime in
+                  (("kernel", "few"), ("kernel", "many"), ("product", "many"))]
+    if "dynamic" in backend.ways:
+        candidates += [("dynamic", "few", None), ("dynamic", "many", None)]
+    calls = {(way, regime, dtype): lambda way=way, regime=regime, dtype=dtype: [
+        layers[dtype or torch.float32]._multiply(way, dtype, x) for x in inputs[regime]]
+        for way, regime, dtype in candidates}
     with torch.no_grad():
-        for dtype in COMPUTE_DTYPES:
-            layer._prepare(dtype)
-            for regime, inputs in (("few", few), ("many", many)):
-                cast = [x.to(dtype).contiguous() for x in inputs]
-                seconds["kernel", regime, dtype] = _time(lambda cast=cast: [layer._kernel(x) for x in cast])
-            cast = [x.to(dtype) for x in many]
-            seconds["product", "many", dtype] = _time(lambda cast=cast: [layer._product(x) for x in cast])
-    few_dtype = min(COMPUTE_DTYPES, key=lambda dtype: seconds["kernel", "few", dtype])
-    ways = [("kernel", few_dtype)] + [("product", dtype) for dtype in COMPUTE_DTYPES]
-    many_way, many_dtype = min(ways, key=lambda way: seconds[way[0], "many", way[1]])
-    return Plan(few_dtype, many_way, many_dtype)
+        seconds = {key: value for regime in inputs for key, value in
+                   _fastest_of_rounds({key: call for key, call in calls.items() if key[1] == regime}).items()}
+    kernel_dtype = min(COMPUTE_DTYPES, key=lambda dtype: seconds["kernel", "few", dtype])
+    few = [("kernel", kernel_dtype)] + [("dynamic", None)] * ("dynamic" in backend.ways)
+    many = few[:1] + [("product", dtype) for dtype in COMPUTE_DTYPES] + few[1:]
+    few_way, few_dtype = min(few, key=lambda way: seconds[way[0], "few", way[1]])
+    many_way, many_dtype = min(many, key=lambda way: seconds[way[0], "many", way[1]])
+    return Plan(few_way, few_dtype, many_way, many_dtype)
 
 
-def _time(call) -> float:
-    """The median seconds of five rounds of ten calls, after one."""
-    call()
-    rounds = []
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(10):
-            call()
-        rounds.append(time.perf_counter() - started)
-    return sorted(rounds)[2]
+def _fastest_of_rounds(calls: dict, rounds: int = 5, repeats: int = 10) -> dict:
+    """Each call's fastest time over ``rounds`` rounds of ``repeats`` calls, the calls taking turns within a
+    round (after one call each): on a busy host another process slows some rounds, and the fastest round of
+    each, measured side by side, compares the ways as they run on a quiet one. A call three times slower than
+    the fastest after the first round is out of the race (its time stays that round's)."""
+    for call in calls.values():
+        call()
+    best = dict.fromkeys(calls, float("inf"))
+    for round_index in range(rounds):
+        for key, call in calls.items():
+            if round_index and best[key] > 3 * min(best.values()):
+                continue
+            started = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            best[key] = min(best[key], time.perf_counter() - started)
+    return best
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def _way_text(way: str, dtype: torch.dtype | None) -> str:
+    if way == "dynamic":
+        return "dynamic (activations rounded to int8 per row, integer product)"
+    return f"{way} in {str(dtype).removeprefix('torch.')}"

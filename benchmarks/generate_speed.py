@@ -4,7 +4,7 @@ decoding on a trained target/draft pair.
     python benchmarks/generate_speed.py                 # both parts
     python benchmarks/generate_speed.py --part hf       # greedy vs Hugging Face only
     python benchmarks/generate_speed.py --part speculative --pair runs/speculative-pair
-    python benchmarks/generate_speed.py --part quantized --shapes a   # int8 / int4 beside fp32 and HF
+    python benchmarks/generate_speed.py --part quantized --shapes a   # int8 / w8a8 / int4 beside fp32, HF, peers
 
 Part 1 (greedy, batch 1, a 32-token prompt, 128 new tokens, fp32, CPU) runs, in this one
 process, a randomly initialised Hugging Face ``GPT2LMHeadModel`` of each shape and the same
@@ -15,11 +15,15 @@ the matrix-vector products alone (the ceiling), and whether the tokens are ident
 and the medians are reported, so all see the same machine load.
 
 Part 3 (``--part quantized``) runs the same greedy workload with tformer's fp32 model, the same weights
-quantized to int8 and to int4 (groups of 64; ``tformer.quantization``) and Hugging Face fp32 ``generate``,
-alternately, and prints each one's new tokens/s and its ratios to Hugging Face and to tformer fp32, with
-the dtype each quantized kernel runs in on this host (measured at load) and how many of the 128 tokens
-each quantized model shares with fp32 before the first difference (random weights: greedy paths part
-at the first near-tie; ``tests/test_quantization.py`` checks the logits).
+quantized to int8, w8a8 and int4 (groups of 64; ``tformer.quantization``), Hugging Face fp32 ``generate``,
+and the peers that are installed: torchao's int8 weight-only config (``Int8WeightOnlyConfig``) and
+dynamic-activation config (``Int8DynamicActivationInt8WeightConfig``) on the Hugging Face model, and
+llama.cpp (``llama-cpp-python``) on Q8_0 and Q4_0 GGUF files of the same weights (``llama_cpp_peer.py``;
+``--llama-converter`` names llama.cpp's convert_hf_to_gguf.py), alternately, and prints each one's new
+tokens/s and its ratios to Hugging Face and to tformer fp32, the plan each tformer backend runs on this host
+(measured at load), and how many of the 128 tokens each shares with tformer fp32 before the first
+difference (random weights: greedy paths part at the first near-tie; ``tests/test_quantization.py`` checks
+the logits).
 
 Part 2 decodes tinyshakespeare prompts greedily with a 6-layer character-level target, alone
 and with a 1-layer draft (both trained by ``speculative_pair.py`` on first use and saved in
@@ -133,7 +137,9 @@ def matvec_floor(model) -> None:
 # ---- part 3: quantized weights ----------------------------------------------------------------
 
 
-def compare_quantized(shape: str, repeats: int) -> dict:
+def compare_quantized(shape: str, repeats: int, llama_converter: Path | None) -> dict:
+    """Tokens/s and the generated tokens of every engine of part 3 on ``shape`` (those whose library is
+    installed), and the plan of each tformer backend."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from tformer.quantization import plans, quantize
@@ -143,35 +149,84 @@ def compare_quantized(shape: str, repeats: int) -> dict:
     config = GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0, pad_token_id=0, **sizes)
     hf = GPT2LMHeadModel(config).eval()
     hf.generation_config.eos_token_id = None
+    prompt = torch.randint(0, config.vocab_size, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompt)
+    engines: dict[str, Callable[..., torch.Tensor]] = {}
     models = {}
     with tempfile.TemporaryDirectory() as folder:
         hf.save_pretrained(folder)
-        models["fp32"] = tformer.load(folder).eval()
-        models["int8"] = quantize(tformer.load(folder).eval(), "int8")
-        models["int4"] = quantize(tformer.load(folder).eval(), "int4", group_size=64)
-    prompt = torch.randint(0, config.vocab_size, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(prompt)
+        for name, method, options in (("tformer fp32", None, {}), ("tformer int8", "int8", {}),
+                                      ("tformer w8a8", "w8a8", {}), ("tformer int4", "int4", {"group_size": 64})):
+            model = tformer.load(folder).eval()
+            models[name] = model if method is None else quantize(model, method, **options)
+        engines.update(_torchao_engines(hf, prompt, mask))
+        engines.update(_llama_engines(Path(folder), prompt, llama_converter))
 
-    def run_hf(new=NEW_TOKENS):
+    def run_hf(new=NEW_TOKENS, model=hf):
         with torch.inference_mode():
-            return hf.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+            return model.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
 
-    measurements = {"hf": run_hf}
-    for name, model in models.items():
-        measurements[name] = lambda model=model, new=NEW_TOKENS: tformer.generate(model, prompt, new, eos_token_id=[])
-    for run in measurements.values():
-        run(new=8)  # warm up (the kernels' dtype measurement, packed layouts)
-    wall, _, tokens = alternated(measurements, repeats)
-    speed = {name: NEW_TOKENS / statistics.median(values) for name, values in wall.items()}
-    reference = tokens["fp32"][0, PROMPT_LENGTH:]
-    shared = {}
-    for name in ("int8", "int4"):
-        differs = (tokens[name][0, PROMPT_LENGTH:] != reference).nonzero()
-        shared[name] = int(differs[0]) if len(differs) else NEW_TOKENS
-    dtypes = {name: str(plan.few).removeprefix("torch.") for model in (models["int8"], models["int4"])
-              for name, plan in plans(model).items()}
-    return dict(title=title, speed=speed, shared=shared, dtypes=dtypes,
-                identical_fp32=torch.equal(tokens["hf"], tokens["fp32"]))
+    engines = {"HF fp32": run_hf, **{name: engine for name, engine in engines.items() if name.startswith("HF")},
+               **{name: (lambda model=model, new=NEW_TOKENS: tformer.generate(model, prompt, new, eos_token_id=[]))
+                  for name, model in models.items()},
+               **{name: engine for name, engine in engines.items() if not name.startswith("HF")}}
+    for run in engines.values():
+        run(new=8)  # warm up (the kernels' plans, packed layouts, llama.cpp's buffers)
+    wall, _, tokens = alternated(engines, repeats)
+    reference = tokens["tformer fp32"][0, PROMPT_LENGTH:]
+    rows = {}
+    for name, values in wall.items():
+        generated = tokens[name][0, PROMPT_LENGTH:]
+        differs = (generated != reference).nonzero()
+        rows[name] = {"speed": NEW_TOKENS / statistics.median(values),
+                      "shared": int(differs[0]) if len(differs) else NEW_TOKENS}
+    plan_text = {name: plan.describe() for model in models.values() for name, plan in plans(model).items()}
+    return dict(title=title, rows=rows, plans=plan_text)
+
+
+def _torchao_engines(hf, prompt: torch.Tensor, mask: torch.Tensor) -> dict[str, Callable[..., torch.Tensor]]:
+    """torchao's int8 configs applied to copies of the Hugging Face model (none when torchao is missing)."""
+    import copy
+
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+    except ImportError:
+        print("  (torchao is not installed: pip install torchao --no-deps; its columns are left out)")
+        return {}
+    engines = {}
+    for name, quantization in (("HF + torchao int8 weight-only", Int8WeightOnlyConfig()),
+                               ("HF + torchao int8 dynamic activations", Int8DynamicActivationInt8WeightConfig())):
+        model = copy.deepcopy(hf)
+        quantize_(model, quantization)
+
+        def run(new=NEW_TOKENS, model=model):
+            with torch.inference_mode():
+                return model.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                                      pad_token_id=0)
+        engines[name] = run
+    return engines
+
+
+def _llama_engines(folder: Path, prompt: torch.Tensor,
+                   converter: Path | None) -> dict[str, Callable[..., torch.Tensor]]:
+    """llama.cpp on Q8_0 and Q4_0 GGUF files of the Hugging Face folder's weights (none when it cannot run)."""
+    import llama_cpp_peer
+
+    converter = converter or llama_cpp_peer.DEFAULT_CONVERTER
+    reason = llama_cpp_peer.available(converter)
+    if reason:
+        print(f"  (llama.cpp left out: {reason})")
+        return {}
+    files = llama_cpp_peer.gguf_files(folder, folder / "gguf", converter)
+    engines = {}
+    for kind in ("q8_0", "q4_0"):
+        peer = llama_cpp_peer.LlamaPeer(files[kind], torch.get_num_threads())
+
+        def run(new=NEW_TOKENS, peer=peer):
+            ids = peer.generate(prompt[0].tolist(), new)
+            return torch.cat([prompt, torch.tensor([ids])], dim=1)
+        engines[f"llama.cpp {kind.upper()}"] = run
+    return engines
 
 
 # ---- part 2: speculative decoding ----------------------------------------------------------------
@@ -221,7 +276,7 @@ def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_cou
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["all", "hf", "speculative", "quantized"], default="all",
-                        help="all: hf and speculative; quantized: int8 / int4 beside fp32 and HF")
+                        help="all: hf and speculative; quantized: int8 / w8a8 / int4 beside fp32, HF and peers")
     parser.add_argument("--shapes", default="ab", help="which of the shapes a, b to compare (default: ab)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the median counts")
     parser.add_argument("--no-cache", action=argparse.BooleanOptionalAction, default=True,
@@ -232,6 +287,9 @@ def main() -> None:
     parser.add_argument("--speculative-tokens", type=int, default=200)
     parser.add_argument("--draft-tokens", default="3,4,6", help="draft lengths to measure (default: 3,4,6)")
     parser.add_argument("--threads", type=int, help="CPU threads for both libraries (default: torch's default)")
+    parser.add_argument("--llama-converter", type=Path, metavar="PY",
+                        help="--part quantized: llama.cpp's convert_hf_to_gguf.py (llama.cpp's rows need it and "
+                             "llama-cpp-python; default: $LLAMA_CPP_CONVERTER or llama_cpp_peer.DEFAULT_CONVERTER)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -258,20 +316,19 @@ def main() -> None:
               "ceiling of batch-1 decoding on this machine")
     if args.part == "quantized":
         print(f"\n== quantized weights: greedy, batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, CPU; "
-              f"medians of {args.repeats} rounds, each running every column once, in rotating order ==")
-        print(f"{'shape':<36} {'HF fp32':>8} {'fp32':>8} {'int8':>8} {'int4':>8} {'int8/HF':>8} {'int8/fp32':>10} "
-              f"{'int4/HF':>8} {'int4/fp32':>10} {'kernels in':>22} {'same tokens int8/int4':>22}")
+              f"medians of {args.repeats} rounds, each running every engine once, in rotating order ==")
         for shape in args.shapes:
-            row = compare_quantized(shape, args.repeats)
-            speed = row["speed"]
-            kernels = ", ".join(f"{name} {dtype}" for name, dtype in sorted(row["dtypes"].items()))
-            print(f"{row['title']:<36} {speed['hf']:>8.1f} {speed['fp32']:>8.1f} {speed['int8']:>8.1f} "
-                  f"{speed['int4']:>8.1f} {speed['int8'] / speed['hf']:>7.2f}x {speed['int8'] / speed['fp32']:>9.2f}x "
-                  f"{speed['int4'] / speed['hf']:>7.2f}x {speed['int4'] / speed['fp32']:>9.2f}x {kernels:>22} "
-                  f"{row['shared']['int8']:>10} / {row['shared']['int4']:<9}", flush=True)
-        print("tok/s: new tokens per wall-clock second (HF fp32 and tformer fp32 give the same tokens: "
-              f"{'yes' if row['identical_fp32'] else 'NO'}); same tokens: new tokens equal to fp32's before the "
-              "first difference")
+            result = compare_quantized(shape, args.repeats, args.llama_converter)
+            rows = result["rows"]
+            print(f"{result['title']}")
+            print(f"  {'engine':<40} {'tok/s':>8} {'/ HF fp32':>10} {'/ tformer fp32':>15} {'same tokens':>12}")
+            for name, row in rows.items():
+                print(f"  {name:<40} {row['speed']:>8.1f} {row['speed'] / rows['HF fp32']['speed']:>9.2f}x "
+                      f"{row['speed'] / rows['tformer fp32']['speed']:>14.2f}x {row['shared']:>12}", flush=True)
+            for name, plan in result["plans"].items():
+                print(f"  tformer {name} on this host: {plan}")
+        print("tok/s: new tokens per wall-clock second (the prompt's processing included); same tokens: new tokens "
+              "equal to tformer fp32's before the first difference")
     if args.part in ("all", "speculative"):
         speculative(args.pair, args.data, args.repeats, args.speculative_tokens,
                     [int(k) for k in args.draft_tokens.split(",")])

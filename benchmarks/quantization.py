@@ -1,14 +1,17 @@
-"""The quantization quality report: trained runs evaluated in float32, int8, w8a8 and int4 side by side, with the
-size of their weights on disk and the memory a process holds once the model is loaded.
+"""The quantization quality report: trained runs evaluated in float32, int8, w8a8 and int4 side by side, with
+the size of their weights on disk and the memory a process holds once the model is loaded.
 
     python benchmarks/quantization.py runs/shakespeare-char [RUN ...] [--methods int8,w8a8,int4] [--group-size 64]
     python benchmarks/quantization.py --sizes-only FOLDER [FOLDER ...]    # any model folder: sizes and memory
 
 Each RUN is a finished run folder (``tformer train``): it is evaluated on its own recipe's evaluation split
 exactly as training evaluated it, over the whole split (``tformer evaluate``'s code path), once per scheme
-(the float model, then ``tformer.load(RUN, quantize=...)``). Size: the model.safetensors of the folder
-``tformer quantize`` would write. Memory: the resident set of a fresh process after ``tformer.load``,
-less that of the same process before the load (torch imported), the median of three processes.
+(the float model, then ``tformer.load(RUN, quantize=...)``). A translation run is also scored on a test
+set with beam search (``--translation-test``, default Multi30k's test_2016_flickr, German to English, beam
+``--beam`` 5; BLEU and chrF by sacrebleu, as ``tformer evaluate --source/--reference`` scores them).
+Size: the model.safetensors of the folder ``tformer quantize`` would write. Memory: the resident set of
+a fresh process after ``tformer.load``, less that of the same process before the load (torch imported),
+the median of three processes.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tformer.quantization import scheme_for  # noqa: E402
 from tformer.training.tasks import task_for_recipe  # noqa: E402
 from tformer.training.trainer import Trainer  # noqa: E402
 
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 MEMORY_PROBE = """
 import json, sys, warnings
 import torch
@@ -59,6 +63,21 @@ def evaluate(folder: Path, scheme) -> dict[str, float]:
                               label_names=label_names)
     training = dataclasses.replace(recipe.training, eval_batches=0, compile=False, device="cpu")
     return Trainer(model, training, task, out_dir=None, progress=False).evaluate_metrics() or {}
+
+
+def translation_test(folder: Path, scheme, source: Path, reference: Path, beam: int) -> dict[str, float]:
+    """BLEU and chrF of the run's translations of ``source`` (beam search) against ``reference``."""
+    from tformer.data.parallel import read_aligned
+    from tformer.evaluation.translation import translation_scores
+    from tformer.generation.translation import translate
+
+    sources, references = read_aligned(str(source), str(reference), what="sentence")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tformer.load(folder, quantize=scheme).eval()
+    texts = translate(model, sources, num_beams=beam, batch_size=64).texts
+    scores = translation_scores(texts, references)
+    return {f"test_bleu_beam{beam}": scores.bleu, f"test_chrf_beam{beam}": scores.chrf}
 
 
 def weights_on_disk(folder: Path, scheme) -> int:
@@ -90,6 +109,11 @@ def main() -> None:
     parser.add_argument("--sizes-only", action="store_true", help="no evaluation: sizes and memory of model folders")
     parser.add_argument("--methods", default="int8,w8a8,int4")
     parser.add_argument("--group-size", type=int, default=64, help="int4 inputs per group (default: 64)")
+    parser.add_argument("--translation-test", nargs=2, type=Path, metavar=("SOURCE", "REFERENCE"),
+                        default=[MULTI30K / "test_2016_flickr.de.gz", MULTI30K / "test_2016_flickr.en.gz"],
+                        help="translation runs: the test set scored with beam search (default: Multi30k "
+                             "test_2016_flickr, de -> en)")
+    parser.add_argument("--beam", type=int, default=5, help="translation runs: beams for the test set (default: 5)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
     schemes = {"fp32": None}
@@ -109,6 +133,8 @@ def main() -> None:
         rows = {}
         for name, scheme in schemes.items():
             metrics = {} if args.sizes_only else evaluate(run, scheme)
+            if not args.sizes_only and run_recipe(run).task.name == "translation":
+                metrics.update(translation_test(run, scheme, *args.translation_test, args.beam))
             rows[name] = {"metrics": metrics, "disk_bytes": weights_on_disk(run, scheme),
                           "resident_bytes": resident_memory(run, scheme)}
             shown = "".join(f"{key} {value:.4f}, " for key, value in metrics.items())

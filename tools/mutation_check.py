@@ -56,6 +56,13 @@ MUTATIONS = (
         "int8 scales taken over the wrong axis: rows quantized with another row's range",
     ),
     Mutation(
+        "w8a8-one-step-for-the-whole-batch", "tformer/nn/weights/int8.py",
+        "        steps = rows.abs().amax(dim=1, keepdim=True)",
+        "        steps = rows.abs().amax().expand(rows.shape[0], 1)",
+        ("tests/test_quantization.py",),
+        "w8a8 rounds a batch's activations with one shared step: a row's result depends on the other rows",
+    ),
+    Mutation(
         "int4-zero-point-one-step-off", "tformer/nn/weights/int4.py",
         "    zeros = low + 8 * scales  # the value of q = 8\n",
         "    zeros = low + 7 * scales  # the value of q = 8\n",

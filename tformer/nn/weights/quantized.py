@@ -11,7 +11,8 @@ product over its integers converted to floats on the fly (``_product``; int8's i
 bfloat16, the scales applied to the output). Which dtype each way runs fastest in depends on the host
 (bfloat16 on CPUs with native bf16 units, float32 on others), so ``plan_for`` measures the ways once per
 process and backend and keeps the fastest for few rows and for many (a ``Plan``). Results differ
-between the ways by bfloat16's rounding only.
+between the ways by bfloat16's rounding only. The ``w8a8`` backend adds a third way, "dynamic"
+(``int8.py``: activations rounded to int8 per row, an integer product), whose rounding is its scheme's.
 
 A quantized layer keeps no float weight: it is lossy, so ``use_weights`` never swaps it for another
 backend (``to_linear`` gives a float layer back explicitly, with the quantization's error in it). Off the

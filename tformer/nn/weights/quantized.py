@@ -161,7 +161,10 @@ def plan_for(backend: type[QuantizedLinear]) -> Plan:
     """How ``backend`` multiplies fastest on this host, measured once per process on a layer of GPT-2's width:
     its kernel in float32 and in bfloat16 at one and eight rows (decoding), and for 64 rows the kernel and the
     matrix product in each dtype; the dynamic way too where the backend takes it. The kernel runs in one
-    dtype, the faster at few rows, in both regimes."""
+    dtype, the faster at few rows, in both regimes. The ways are timed on one thread: they divide their work
+    among threads alike, and on a host whose cores are busy with other work, threads that wait on each other
+    make the times of several threads a measure of the other processes rather than of the ways (a measurement
+    on two busy cores chose int8's float32 kernel, ten times slower than its bfloat16 one)."""
     if backend.name not in _plans:
         _plans[backend.name] = _measure(backend)
     return _plans[backend.name]
@@ -184,9 +187,14 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
     calls = {(way, regime, dtype): lambda way=way, regime=regime, dtype=dtype: [
         layers[dtype or torch.float32]._multiply(way, dtype, x) for x in inputs[regime]]
         for way, regime, dtype in candidates}
-    with torch.no_grad():
-        seconds = {key: value for regime in inputs for key, value in
-                   _fastest_of_rounds({key: call for key, call in calls.items() if key[1] == regime}).items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see plan_for
+    try:
+        with torch.no_grad():
+            seconds = {key: value for regime in inputs for key, value in
+                       _fastest_of_rounds({key: call for key, call in calls.items() if key[1] == regime}).items()}
+    finally:
+        torch.set_num_threads(threads)
     kernel_dtype = min(COMPUTE_DTYPES, key=lambda dtype: seconds["kernel", "few", dtype])
     few = [("kernel", kernel_dtype)] + [("dynamic", None)] * ("dynamic" in backend.ways)
     many = few[:1] + [("product", dtype) for dtype in COMPUTE_DTYPES] + few[1:]

@@ -51,17 +51,20 @@ print(json.dumps(resident() - before))
 """
 
 
-def evaluate(folder: Path, scheme) -> dict[str, float]:
-    """The run's evaluation metrics over its whole evaluation split, with the model quantized as ``scheme``."""
+def evaluate(folder: Path, scheme, threads: int | None = None) -> dict[str, float]:
+    """The run's evaluation metrics over its whole evaluation split, with the model quantized as ``scheme``
+    (on ``threads`` CPU threads; default: the recipe's)."""
     recipe = run_recipe(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = tformer.load(folder, quantize=scheme)
     label_names = tuple(model.config.label_names) or None
     tokenizer = getattr(model, "tokenizer", None)
-    task, _ = task_for_recipe(recipe.task, recipe.data, seq_len=recipe.training.seq_len, tokenizer=tokenizer,
+    data = dataclasses.replace(recipe.data, tokenizer="char")  # none named: the model's own tokenizer reads it
+    task, _ = task_for_recipe(recipe.task, data, seq_len=recipe.training.seq_len, tokenizer=tokenizer,
                               label_names=label_names)
-    training = dataclasses.replace(recipe.training, eval_batches=0, compile=False, device="cpu")
+    training = dataclasses.replace(recipe.training, eval_batches=0, compile=False, device="cpu",
+                                   threads=threads or recipe.training.threads)
     return Trainer(model, training, task, out_dir=None, progress=False).evaluate_metrics() or {}
 
 
@@ -114,6 +117,7 @@ def main() -> None:
                         help="translation runs: the test set scored with beam search (default: Multi30k "
                              "test_2016_flickr, de -> en)")
     parser.add_argument("--beam", type=int, default=5, help="translation runs: beams for the test set (default: 5)")
+    parser.add_argument("--threads", type=int, help="CPU threads for the evaluations (default: each recipe's)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
     schemes = {"fp32": None}
@@ -121,6 +125,8 @@ def main() -> None:
         schemes[method] = scheme_for(method, args.group_size if method == "int4" else None)
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
     if not args.sizes_only:
         for run in args.runs:
@@ -132,7 +138,7 @@ def main() -> None:
     for run in args.runs:
         rows = {}
         for name, scheme in schemes.items():
-            metrics = {} if args.sizes_only else evaluate(run, scheme)
+            metrics = {} if args.sizes_only else evaluate(run, scheme, args.threads)
             if not args.sizes_only and run_recipe(run).task.name == "translation":
                 metrics.update(translation_test(run, scheme, *args.translation_test, args.beam))
             rows[name] = {"metrics": metrics, "disk_bytes": weights_on_disk(run, scheme),

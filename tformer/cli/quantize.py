@@ -11,9 +11,10 @@ from tformer.cli import UsageError, refuse_output_over_input
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "quantize", help="write an int8 or int4 copy of a model folder (weight-only quantization for inference)",
+        "quantize", help="write an int8, w8a8 or int4 copy of a model folder (quantization for inference)",
         description="Load RUN (a run or model folder, tformer or Hugging Face format), quantize the weights of every "
-                    "linear layer (the output head too unless --keep-head), and write a tformer folder to --out: "
+                    "linear layer (the output head too unless --keep-head; with --activations int8, the activations "
+                    "too where that is faster: scheme w8a8), and write a tformer folder to --out: "
                     "model.safetensors holds the integers and scales, config.json the scheme. tformer generate, "
                     "serve, translate, predict, classify and evaluate load it quantized; training it is refused.",
     )

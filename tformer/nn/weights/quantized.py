@@ -180,26 +180,25 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
         layer._prepare(dtype)
     inputs = {"few": [torch.randn(rows, 768, generator=generator) for rows in (1, 8)],
               "many": [torch.randn(64, 768, generator=generator)]}
-    candidates = [(way, regime, dtype) for dtype in COMPUTE_DTYPES for way, regime in
-                  (("kernel", "few"), ("kernel", "many"), ("product", "many"))]
-    if "dynamic" in backend.ways:
-        candidates += [("dynamic", "few", None), ("dynamic", "many", None)]
-    calls = {(way, regime, dtype): lambda way=way, regime=regime, dtype=dtype: [
-        layers[dtype or torch.float32]._multiply(way, dtype, x) for x in inputs[regime]]
-        for way, regime, dtype in candidates}
+
+    def timed(regime: str, ways: list[tuple[str, torch.dtype | None]]) -> dict:
+        return _fastest_of_rounds({(way, dtype): lambda way=way, dtype=dtype: [
+            layers[dtype or torch.float32]._multiply(way, dtype, x) for x in inputs[regime]] for way, dtype in ways})
+
+    dynamic = [("dynamic", None)] * ("dynamic" in backend.ways)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see plan_for
     try:
         with torch.no_grad():
-            seconds = {key: value for regime in inputs for key, value in
-                       _fastest_of_rounds({key: call for key, call in calls.items() if key[1] == regime}).items()}
+            few = timed("few", [("kernel", dtype) for dtype in COMPUTE_DTYPES] + dynamic)
+            # The kernel runs in its faster dtype at few rows; many rows race it in that dtype only.
+            kernel_dtype = min(COMPUTE_DTYPES, key=lambda dtype: few["kernel", dtype])
+            few_way, few_dtype = min([("kernel", kernel_dtype)] + dynamic, key=few.__getitem__)
+            many = timed("many", [("kernel", kernel_dtype)] + [("product", dtype) for dtype in COMPUTE_DTYPES]
+                         + dynamic)
+            many_way, many_dtype = min(many, key=many.__getitem__)
     finally:
         torch.set_num_threads(threads)
-    kernel_dtype = min(COMPUTE_DTYPES, key=lambda dtype: seconds["kernel", "few", dtype])
-    few = [("kernel", kernel_dtype)] + [("dynamic", None)] * ("dynamic" in backend.ways)
-    many = few[:1] + [("product", dtype) for dtype in COMPUTE_DTYPES] + few[1:]
-    few_way, few_dtype = min(few, key=lambda way: seconds[way[0], "few", way[1]])
-    many_way, many_dtype = min(many, key=lambda way: seconds[way[0], "many", way[1]])
     return Plan(few_way, few_dtype, many_way, many_dtype)
 
 

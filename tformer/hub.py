@@ -22,6 +22,7 @@ from tformer.checkpoint import (
     read_config,
 )
 from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, replace_head
+from tformer.hub_cache import resolve_model
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.memory import model_bytes, require_memory
 from tformer.models import Model, model_class
@@ -43,10 +44,16 @@ def load(
     dropout: float | None = None,
     attention_dropout: float | None = None,
     quantize: str | QuantizationScheme | None = None,
+    revision: str | None = None,
+    local_only: bool = False,
 ) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
     ``model_type``) into a model in eval mode, with its tokenizer attached when it has one (a vision
     model: its image processor, from preprocessor_config.json).
+
+    ``path`` may also be a Hugging Face Hub name ("openai-community/gpt2") when no such local path
+    exists: its snapshot at ``revision`` (a branch, tag or commit) comes from the Hub cache, fetched
+    when missing unless ``local_only`` or ``HF_HUB_OFFLINE=1`` (``tformer.hub_cache``).
 
     Fine-tuning an encoder or a vision model: ``head`` (one of ``config.ENCODER_HEADS`` or
     ``config.VISION_HEADS``, None for the bare model), ``num_labels``, ``label_names``,
@@ -65,7 +72,7 @@ def load(
     """
     regularisation = {name: value for name, value in zip(REGULARISATION_FIELDS, (dropout, attention_dropout),
                                                          strict=True) if value is not None}
-    folder = Path(path)
+    folder = resolve_model(path, revision, local_only)
     raw = read_config(folder)
     new_head = head is not _KEEP or any(value is not None for value in (num_labels, label_names, problem_type, pooling))
     saved_scheme = _saved_scheme(folder, raw)
@@ -131,16 +138,16 @@ def _reset_relabelled_classifier(model: Model, saved_labels: Sequence[str]) -> s
             f"{', '.join(labels)}")
 
 
-def read_model_config(path: str | Path) -> ModelConfig:
-    """The ModelConfig of a checkpoint folder (tformer's or Hugging Face's), without its weights."""
-    folder = Path(path)
+def read_model_config(path: str | Path, revision: str | None = None, local_only: bool = False) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder (tformer's or Hugging Face's) or Hub name, without its weights."""
+    folder = resolve_model(path, revision, local_only)
     raw = read_config(folder)
     return hf_config(folder, raw)[1] if is_hf_config(raw) else config_from_checkpoint(raw)
 
 
-def load_tokenizer(path: str | Path):
-    """The tokenizer a checkpoint folder holds (tformer's or Hugging Face's files), or None."""
-    folder = Path(path)
+def load_tokenizer(path: str | Path, revision: str | None = None, local_only: bool = False):
+    """The tokenizer a checkpoint folder or Hub name holds (tformer's or Hugging Face's files), or None."""
+    folder = resolve_model(path, revision, local_only)
     return attached_tokenizer(folder) if is_hf_config(read_config(folder)) else load_attached_tokenizer(folder)
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tformer.errors import TformerError
 
-COMMANDS = ["attention", "average", "classify", "convert", "demo", "evaluate", "generate", "info", "plot", "predict",
-            "quantize", "serve", "tokenize", "tokenizer", "train", "translate"]
+COMMANDS = ["attention", "average", "classify", "convert", "demo", "download", "evaluate", "generate", "info", "plot",
+            "predict", "quantize", "serve", "tokenize", "tokenizer", "train", "translate"]
 
 
 class UsageError(TformerError):
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _warning_printer(args.command)
         try:
+            resolve_model_argument(args)
             return args.run(args) or 0
         except (TformerError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
             print(f"tformer {args.command}: error: {_one_line(error)}", file=sys.stderr)
@@ -88,6 +89,47 @@ def refuse_output_over_input(output: str | Path, inputs: Iterable[str | Path], o
         if output.is_dir() and output.resolve() in source.resolve().parents:
             raise UsageError(f"{option} {output} holds the input {source}, and this command replaces what is in "
                              "that folder: move the input out or choose another output folder")
+
+
+def add_model_argument(parser: argparse.ArgumentParser, dest: str, help: str, metavar: str | None = None,
+                       nargs: str | None = None) -> None:
+    """The command's model: a local folder or a Hugging Face Hub name, with ``--revision`` and
+    ``--local-only``. ``main`` turns a name into its cached snapshot folder before the command runs
+    (``resolve_model_argument``), so commands only ever see folders."""
+    parser.add_argument(dest, metavar=metavar, nargs=nargs,
+                        help=f"{help}; or a Hugging Face Hub name (org/name) when no such local path exists")
+    parser.add_argument("--revision", help="with a Hub name: its branch, tag or commit (default: the main branch)")
+    parser.add_argument("--local-only", action="store_true",
+                        help="with a Hub name: read the Hugging Face cache only, never the network")
+    parser.set_defaults(model_argument=dest)
+
+
+def resolve_model_argument(args: argparse.Namespace) -> None:
+    """Replace a command's model argument by the folder it names (a Hub name by its snapshot folder in
+    the Hugging Face cache); ``args.hub_name`` keeps the name (None for a local folder)."""
+    from tformer.hub_cache import resolve_model
+
+    dest = getattr(args, "model_argument", None)
+    args.hub_name = None
+    if dest is None:
+        return
+    if getattr(args, dest) is None:
+        if args.revision is not None:
+            raise UsageError("--revision goes with a Hub model name")
+        return
+    source = getattr(args, dest)
+    folder = resolve_model(source, args.revision, args.local_only)
+    if str(folder) != str(Path(source).expanduser()):
+        args.hub_name = source
+        setattr(args, dest, str(folder))
+
+
+def output_beside_model(args: argparse.Namespace, folder: str | Path, *default: str) -> Path:
+    """``--out``, or by default the path ``default`` inside the model's folder; for a Hub model (whose
+    snapshot in the cache is not ours to write) inside a folder named after it in the working directory."""
+    if args.out:
+        return Path(args.out)
+    return (Path(args.hub_name.replace("/", "--")) if args.hub_name else Path(folder)).joinpath(*default)
 
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:

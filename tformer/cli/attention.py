@@ -18,6 +18,7 @@ import argparse
 import warnings
 from pathlib import Path
 
+from tformer.cli import add_model_argument, output_beside_model
 from tformer.viz.rollout import HEAD_FUSIONS
 
 TEXT_ARCHITECTURES = ("decoder", "encoder")
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
                     "class-token attention over the image. With --text: run a decoder or an encoder on the text and "
                     "draw each layer's and head's attention weights as heatmaps, tokens on both axes.",
     )
-    parser.add_argument("model", help="a model folder (a run, a checkpoint, a Hugging Face folder)")
+    add_model_argument(parser, "model", "a model folder (a run, a checkpoint, a Hugging Face folder)")
     inputs = parser.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--image", nargs="+", metavar="IMAGE", help="PNG or JPEG files (a vision model)")
     inputs.add_argument("--text", help="a text (a decoder or an encoder with a tokenizer)")
@@ -101,7 +102,7 @@ def draw_image_maps(args: argparse.Namespace) -> int:
     model = load_classifier(args.model)
     config = model.config
     check_has_weights(args.model, config)
-    out = Path(args.out) if args.out else Path(args.model) / "attention" / f"{Path(args.image[0]).stem}.png"
+    out = output_beside_model(args, args.model, "attention", f"{Path(args.image[0]).stem}.png")
     outputs = [out] + ([Path(args.positions)] if args.positions else [])
     for path in outputs:
         check_own_png(path)
@@ -154,7 +155,7 @@ def draw_text_maps(args: argparse.Namespace) -> int:
                                        ("--head", args.head, config.num_heads, "heads")):
         if value is not None and not 1 <= value <= count:
             raise UsageError(f"{option} {value}: this model has {count} {what}, numbered 1 to {count}")
-    out = Path(args.out) if args.out else Path(args.model) / "attention" / "text.png"
+    out = output_beside_model(args, args.model, "attention", "text.png")
     check_own_png(out)
 
     encoding = encode_text(model.tokenizer, text, max_tokens, config.max_seq_len)
@@ -186,7 +187,7 @@ def draw_alignment(args: argparse.Namespace) -> int:
     sentence = check_text_option(args.source, "--source").strip()
     if args.beam < 1:
         raise UsageError(f"--beam {args.beam} must be a positive integer")
-    out = Path(args.out) if args.out else Path(args.model) / "attention" / "alignment.png"
+    out = output_beside_model(args, args.model, "attention", "alignment.png")
     check_own_png(out)
     model = load_translator(args.model, "cpu")
     config = model.config

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tformer.cli import add_quantize_option
+from tformer.cli import add_model_argument, add_quantize_option
 
 CHUNK = 64  # images per forward pass
 
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
                     "PNG/JPEG images and print each one's likeliest labels with their probabilities. --json prints "
                     "one JSON object per image instead of lines.",
     )
-    parser.add_argument("model", help="a model folder: a vision model with head 'image_classification'")
+    add_model_argument(parser, "model", "a model folder: a vision model with head 'image_classification'")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="PNG or JPEG files")
     parser.add_argument("--top-k", type=int, default=5, help="labels to show per image (default: 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")

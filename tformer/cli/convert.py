@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tformer.cli import UsageError, refuse_output_over_input
+from tformer.cli import UsageError, add_model_argument, refuse_output_over_input
 
 FORMATS = ("hf", "tformer")
 
@@ -15,7 +15,7 @@ def register(subparsers) -> None:
         "convert", help="convert a checkpoint between tformer's and Hugging Face's format",
         description="Load SRC (either format) and write it to DST in the format given by --to.",
     )
-    parser.add_argument("source", metavar="SRC", help="a checkpoint folder (tformer or Hugging Face format)")
+    add_model_argument(parser, "source", "a checkpoint folder (tformer or Hugging Face format)", "SRC")
     parser.add_argument("destination", metavar="DST", help="the folder to write")
     parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
     parser.add_argument(

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_quantize_option
+from tformer.cli import add_device_option, add_model_argument, add_quantize_option, output_beside_model
 
 RECIPE_NAME = "recipe.toml"
 
@@ -26,8 +26,8 @@ def register(subparsers) -> None:
                     "--data, read and scored as the run's recipe reads and scores its evaluation data. Prints the "
                     "metrics and writes them, with a confusion matrix PNG for a classification run, into --out.",
     )
-    parser.add_argument("folder", metavar="RUN", nargs="?",
-                        help="a run folder (with recipe.toml), or a checkpoint folder inside one")
+    add_model_argument(parser, "folder", "a run folder (with recipe.toml), or a checkpoint folder inside one "
+                       "(with --data); any model folder (with --source)", "RUN", nargs="?")
     parser.add_argument("--data", help="the file (or image folder) to evaluate on, in the format of the run's data")
     parser.add_argument("--hypotheses", metavar="FILE",
                         help="translations to score against --reference, one line each (no RUN): BLEU and chrF")
@@ -127,7 +127,7 @@ def evaluate_translation(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
     sources, references = read_aligned(args.source, args.reference, what="sentence")
     folder = Path(args.folder)
-    out = Path(args.out) if args.out else folder / "evaluation"
+    out = output_beside_model(args, folder, "evaluation")
     stem = Path(args.source).name.split(".")[0] + quantized_suffix(quantize)
     check_own_output(out / f"{stem}.json", {})
     hypotheses_file = out / f"{stem}.beam{args.beam}.txt"
@@ -203,7 +203,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
     for name, value in metrics.items():
         print(f"{name:<18} {value:.4f}")
 
-    out = Path(args.out) if args.out else folder / "evaluation"
+    out = output_beside_model(args, folder, "evaluation")
     stem = data_file.name.split(".")[0] + quantized_suffix(quantize)
     record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **quantization_record(model),
               **metrics}

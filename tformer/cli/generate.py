@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 
-from tformer.cli import add_device_option, add_quantize_option
+from tformer.cli import add_device_option, add_model_argument, add_quantize_option
 
 # GenerationConfig fields -> the options that set them, so an option's error names the option.
 OPTIONS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "temperature": "--temperature",
@@ -24,7 +24,8 @@ def register(subparsers) -> None:
                     "speculatively with a smaller model of the same vocabulary. The text goes to standard "
                     "output, the speed (new tokens/s) to standard error.",
     )
-    parser.add_argument("checkpoint", help="a checkpoint folder with a tokenizer.json (tformer or Hugging Face format)")
+    add_model_argument(parser, "checkpoint", "a checkpoint folder with a tokenizer.json (tformer or Hugging Face "
+                                             "format)")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=100, help="at most this many new tokens (default: 100)")
     parser.add_argument("--min-new-tokens", type=int, default=0, help="never end before this many (default: 0)")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from tformer.cli import add_model_argument
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("info", help="print a checkpoint's config and parameter count")
-    parser.add_argument("checkpoint", help="a checkpoint folder (tformer or Hugging Face format)")
+    add_model_argument(parser, "checkpoint", "a checkpoint folder (tformer or Hugging Face format)")
     parser.set_defaults(run=run)
 
 

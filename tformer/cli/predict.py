@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from tformer.cli import add_quantize_option
+from tformer.cli import add_model_argument, add_quantize_option
 
 HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
 
@@ -22,7 +22,7 @@ def register(subparsers) -> None:
                     "on the command line, reading the answer its head gives: a label, entities, an answer span or "
                     "masked tokens. --json prints one JSON object per text instead of lines.",
     )
-    parser.add_argument("model", help="a model folder with a tokenizer (an encoder with a task head)")
+    add_model_argument(parser, "model", "a model folder with a tokenizer (an encoder with a task head)")
     parser.add_argument("--text", action="append", default=[], help="a text to classify, tag or fill (repeatable)")
     parser.add_argument("--pair", help="the second text of a pair (sequence classification of pairs)")
     parser.add_argument("--question", help="a question (extractive QA; with --context)")

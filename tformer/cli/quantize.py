@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tformer.cli import UsageError, refuse_output_over_input
+from tformer.cli import UsageError, add_model_argument, refuse_output_over_input
 
 
 def register(subparsers) -> None:
@@ -18,7 +18,7 @@ def register(subparsers) -> None:
                     "model.safetensors holds the integers and scales, config.json the scheme. tformer generate, "
                     "serve, translate, predict, classify and evaluate load it quantized; training it is refused.",
     )
-    parser.add_argument("model", metavar="RUN", help="the float model folder to quantize")
+    add_model_argument(parser, "model", "the float model folder to quantize", "RUN")
     parser.add_argument("--bits", type=int, required=True, choices=(8, 4),
                         help="8: int8, one scale per output channel; 4: int4, a scale and offset per group of inputs")
     parser.add_argument("--group-size", type=int, metavar="N", help="--bits 4: inputs per group, 32, 64 or 128 "

@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_quantize_option
+from tformer.cli import add_device_option, add_model_argument, add_quantize_option
 
 
 def register(subparsers) -> None:
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
                     "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting, lets requests "
                     "in flight finish for --shutdown-timeout seconds, and exits 0.",
     )
-    parser.add_argument("checkpoint", help="a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
+    add_model_argument(parser, "checkpoint", "a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; serve needs one "
                          "(requests and answers are text)")
-    name = args.model_name or Path(args.checkpoint).resolve().name
+    name = args.model_name or args.hub_name or Path(args.checkpoint).resolve().name
     try:
         engine = Engine(model, tokenizer, cache_tokens=args.cache_tokens, block_size=args.block_size,
                         max_running=args.max_running, max_step_tokens=args.max_step_tokens,

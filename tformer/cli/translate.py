@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_quantize_option
+from tformer.cli import add_device_option, add_model_argument, add_quantize_option
 
 
 def register(subparsers) -> None:
@@ -18,7 +18,7 @@ def register(subparsers) -> None:
                     "folder, by beam search (--beam 1: greedy). Writes one line per input line, in order (an empty "
                     "line stays empty), to --output or standard output; counts and speed go to standard error.",
     )
-    parser.add_argument("model", metavar="RUN", help="a run or model folder with a tokenizer (tformer or Hugging Face)")
+    add_model_argument(parser, "model", "a run or model folder with a tokenizer (tformer or Hugging Face)", "RUN")
     parser.add_argument("--input", required=True, metavar="FILE", help="sentences to translate, one a line")
     parser.add_argument("--output", metavar="FILE", help="where to write the translations (default: standard output)")
     parser.add_argument("--beam", type=int, default=5, help="beams (default: 5; 1 = greedy)")

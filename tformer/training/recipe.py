@@ -28,6 +28,7 @@ from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, reso
 from tformer.data.sources import DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.hub import read_model_config
+from tformer.hub_cache import is_hub_name
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.tasks.registry import TaskConfig, check_data_options
 
@@ -47,9 +48,10 @@ class Recipe:
     """A validated recipe. ``model`` holds a placeholder vocabulary size until the data's
     tokenizer is known unless the recipe set ``vocab_size`` (``vocab_size_given``).
 
-    ``init_from``: a pretrained model folder to start from (fine-tuning); ``model`` is then that
-    folder's config, and ``init_settings`` what the recipe changes in it (``INIT_FROM_KEYS``: the head
-    settings, the dropout rates), arguments of ``tformer.load``."""
+    ``init_from``: a pretrained model folder or Hugging Face Hub name to start from (fine-tuning), at
+    ``init_revision`` for a name; ``model`` is then that model's config, and ``init_settings`` what the
+    recipe changes in it (``INIT_FROM_KEYS``: the head settings, the dropout rates), arguments of
+    ``tformer.load``."""
 
     model: ModelConfig
     data: DataConfig
@@ -58,6 +60,7 @@ class Recipe:
     source: str = "<recipe>"
     vocab_size_given: bool = False
     init_from: str | None = None
+    init_revision: str | None = None
     init_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -102,7 +105,7 @@ class Recipe:
             lines.append(f"[{section}]")
             values = dataclasses.asdict(getattr(self, section))
             if section == "model" and self.init_from:
-                values = {"init_from": self.init_from, **self.init_settings}
+                values = {"init_from": self.init_from, "init_revision": self.init_revision, **self.init_settings}
             for key, value in values.items():
                 if value is None or value == {}:
                     continue
@@ -158,11 +161,17 @@ def recipe_from_dict(
     if preset is not None and not isinstance(preset, str):
         raise RecipeError(f"{origin('model', 'preset')}: [model] preset={preset!r} must be a preset name")
     init_from = model_values.pop("init_from", None)
+    init_revision = model_values.pop("init_revision", None)
+    if init_revision is not None and not (isinstance(init_revision, str) and init_from is not None):
+        raise RecipeError(f"{origin('model', 'init_revision')}: [model] init_revision={init_revision!r} must be a "
+                          "branch, tag or commit (a string) of the Hub model init_from names")
     if init_from is not None:
         if not isinstance(init_from, str):
-            raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from={init_from!r} must be a model folder")
+            raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from={init_from!r} must be a model folder "
+                              "or a Hub name")
         root = Path.cwd() if ("model", "init_from") in from_command_line else base_dir
-        init_from = str((root / Path(init_from).expanduser()).resolve())
+        local = (root / Path(init_from).expanduser()).resolve()
+        init_from = str(local) if local.exists() or not is_hub_name(init_from) else init_from
         others = [key for key in model_values if key not in INIT_FROM_KEYS] + (["preset"] if preset else [])
         if others:
             raise RecipeError(f"{origin('model', others[0])}: [model] {others[0]} cannot be set with init_from (the "
@@ -188,7 +197,7 @@ def recipe_from_dict(
     def make_model() -> ModelConfig:
         if init_from is not None:
             try:
-                return read_model_config(init_from)
+                return read_model_config(init_from, init_revision)
             except CheckpointError as error:
                 raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from: {error}") from None
         if preset is None:
@@ -213,7 +222,7 @@ def recipe_from_dict(
     if training.seq_len is None:
         training = dataclasses.replace(training, seq_len=model.max_seq_len)
     return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given,
-                  init_from=init_from, init_settings=init_settings)
+                  init_from=init_from, init_revision=init_revision, init_settings=init_settings)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -42,7 +42,8 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         if resume is None and existing:
             raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
                                 "continue it with --resume auto, or choose another --out")
-        pretrained_tokenizer = None if recipe.init_from is None else load_tokenizer(recipe.init_from)
+        pretrained_tokenizer = (None if recipe.init_from is None
+                                else load_tokenizer(recipe.init_from, recipe.init_revision))
         task, data = task_for_recipe(recipe.task, recipe.data, seq_len=config.seq_len, tokenizer=pretrained_tokenizer,
                                      label_names=recipe.declared_label_names)
         recipe = recipe.with_vocab_size(data.vocab_size).with_label_names(data.label_names)
@@ -87,7 +88,7 @@ def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
     warning)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = load(recipe.init_from, **recipe.init_settings)
+        model = load(recipe.init_from, revision=recipe.init_revision, **recipe.init_settings)
     for warning in caught:
         say(f"init_from  {warning.message}")
     return model.train()

@@ -189,3 +189,28 @@ def test_a_recipe_fine_tunes_from_a_name_at_a_revision(offline, tmp_path):
     assert (again.init_from, again.init_revision) == (NAME, "v1")
     with pytest.raises(Exception, match="init_revision.* of the Hub model init_from names"):
         recipe_from_dict({**raw, "model": {"init_revision": "v1", "preset": "gpt-nano"}}, base_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("error_code", "status", "message"), [
+    ("RepoNotFound", 404, r"org/unknown: not a checkpoint folder \(no such directory\), nor a model on the Hugging "
+                          r"Face Hub \(a private repo needs HF_TOKEN\)"),
+    ("GatedRepo", 401, r"org/unknown@v2: a gated repo; accept its terms on huggingface.co and set HF_TOKEN"),
+    ("RevisionNotFound", 404, r"org/unknown: the Hub repo has no revision 'v2'"),
+])
+def test_what_the_hub_answers_is_said_in_one_line(hub_cache, monkeypatch, tmp_path, error_code, status, message):
+    """The Hub's answers as huggingface_hub turns them into errors (its own ``hf_raise_for_status`` on a
+    response with the Hub's error code), through snapshot_download's own handling of them."""
+    import httpx2
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import hf_raise_for_status
+
+    def answer(self, repo_id, **options):
+        request = httpx2.Request("GET", f"https://huggingface.co/api/models/{repo_id}")
+        hf_raise_for_status(httpx2.Response(status, headers={"X-Error-Code": error_code}, request=request))
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(HfApi, "repo_info", answer)
+    revision = None if error_code == "RepoNotFound" else "v2"
+    with pytest.raises(HubError, match=message):
+        tformer.load("org/unknown", revision=revision)

@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, help="seed for reproducible sampling")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
                         help="stop once the new text contains TEXT (repeatable)")
-    parser.add_argument("--draft", metavar="CKPT", help="a small checkpoint to draft tokens (speculative decoding)")
+    parser.add_argument("--draft", metavar="CKPT", help="a small checkpoint (a folder, or a Hub name at its main "
+                                                         "branch) to draft tokens (speculative decoding)")
     parser.add_argument("--num-draft-tokens", type=int, default=4, help="tokens drafted per round (default: 4)")
     parser.add_argument("--stream", action="store_true", help="print the text as it is produced")
     add_device_option(parser)
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; "
                          "generate needs one to read --prompt")
-    draft = load_model(args.draft, device, quantize)[0] if args.draft else None
+    draft = load_model(args.draft, device, quantize, local_only=args.local_only)[0] if args.draft else None
     prompt_ids = encode_prompt(tokenizer, args.prompt)
 
     input_ids = torch.tensor([prompt_ids], device=device)
@@ -111,15 +112,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_model(path: str, device="cpu", quantize=None):
-    """``tformer.load(path, device, quantize=...)`` and, when its tokenizer could not be attached, why (the
-    warning's text, kept for the error instead of shown); other warnings are shown as they come."""
+def load_model(path: str, device="cpu", quantize=None, local_only: bool = False):
+    """``tformer.load(path, device, quantize=..., local_only=...)`` and, when its tokenizer could not be attached,
+    why (the warning's text, kept for the error instead of shown); other warnings are shown as they come."""
     import tformer
     from tformer.checkpoint import TokenizerNotAttachedWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = tformer.load(path, device=device, quantize=quantize)
+        model = tformer.load(path, device=device, quantize=quantize, local_only=local_only)
     problem = None
     for warning in caught:
         if issubclass(warning.category, TokenizerNotAttachedWarning):

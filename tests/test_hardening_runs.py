@@ -329,3 +329,18 @@ def test_sigterm_during_training_saves_then_raises_and_the_command_exits_143(rec
         trainer.train()  # a program calling the Trainer stops too, with the result in the exception
     assert isinstance(caught.value, KeyboardInterrupt) and caught.value.exit_code == 143
     assert caught.value.result.stopped == "interrupted" and caught.value.result.steps == 3
+
+
+# ---- issue 37: what tformer did not write, and --overwrite as documented ---------------------------
+
+
+def test_overwrite_moves_a_finished_run_aside_as_documented(recipe, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train(recipe, run) == 0
+    before = snapshot(run)
+    capsys.readouterr()
+
+    assert train(recipe, run, "--overwrite", "--set", "training.max_steps=2") == 0
+    assert f"{run} was not empty: moved its contents to {tmp_path / 'run.replaced-1'}" in capsys.readouterr().out
+    assert snapshot(tmp_path / "run.replaced-1") == before  # the old run, whole
+    assert [step for step, _ in checkpoints_module.list_checkpoints(run)] == [2]  # the new run alone

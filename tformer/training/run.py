@@ -39,9 +39,10 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         if out.exists() and not out.is_dir():
             raise TrainingError(f"output folder {out}: exists and is not a folder")
         existing = checkpoints.list_checkpoints(out)
-        if resume is None and existing:
+        if resume is None and existing and not overwrite:  # with overwrite, prepare_out_dir moves the run aside
             raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
-                                "continue it with --resume auto, or choose another --out")
+                                "continue it with --resume auto, choose another --out, or pass --overwrite to move "
+                                f"it to {out.resolve().name}.replaced-N beside it (nothing is deleted)")
         pretrained_tokenizer = None if recipe.init_from is None else load_tokenizer(recipe.init_from)
         task, data = task_for_recipe(recipe.task, recipe.data, seq_len=config.seq_len, tokenizer=pretrained_tokenizer,
                                      label_names=recipe.declared_label_names)

@@ -119,8 +119,9 @@ class RunState:
                     notes.append(f"{out} was not empty: moved its contents to {moved} (nothing is deleted)")
                 elif existing:
                     raise TrainingError(
-                        f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
-                        "resume it with --resume auto, or choose another output folder"
+                        f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); resume it with "
+                        f"--resume auto, choose another output folder, or pass --overwrite to move it to "
+                        f"{out.resolve().name}.replaced-N beside it (nothing is deleted)"
                     )
                 else:
                     names = run_folder.contents(out)

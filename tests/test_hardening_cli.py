@@ -379,3 +379,15 @@ def test_perplexity_after_divergence_is_inf():
     assert perplexity(800.0) == math.inf and _format_metric("eval_ppl", perplexity(800.0)) == "inf"
     assert _format_metric("eval_ppl", perplexity(100.0)) == "2.69e+43"
     assert _format_metric("eval_ppl", perplexity(2.0)) == "7.39"
+
+
+# ---- issue 37: refuse what would give a wrong result; replace only what tformer wrote ------------------------
+
+
+def test_average_refuses_checkpoints_whose_tokenizers_differ(work, capsys):
+    shutil.copytree(work / "m", work / "m2")
+    other = CharTokenizer.train(TEXT.upper())  # as many characters, other ones: the same config, other tokens
+    assert other.vocab_size == tformer.load("m").tokenizer.vocab_size
+    other.save(work / "m2" / "tokenizer.json")
+    err = refused_leaving(work, capsys, ["average", "m", "m2", "--out", "avg"], "m2: its tokenizer (")
+    assert "token ids) differs from m's" in err and not (work / "avg").exists()

@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 
-def write_text_atomically(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically; the folder must exist."""
+def write_text_atomically(path: str | Path, text: str, tag: str | None = None) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; the folder must exist. The temporary name is
+    ``.NAME.tmp-TAG``: a run passes its token (debris it can prove is its own), the default is the pid."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary = path.with_name(f".{path.name}.tmp-{tag or os.getpid()}")
     try:
         temporary.write_text(text, encoding="utf-8")
         os.replace(temporary, path)

@@ -68,7 +68,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
             elif not trainer.restart:
                 say(f"no checkpoint in {out} yet: starting at step 0")
         trainer.prepare_out_dir()  # locked and checked before the recipe is written into it
-        trainer.state.on_main(lambda: write_recipe(out, recipe))
+        trainer.state.on_main(lambda: write_recipe(out, recipe, trainer.state.run_token))
         try:
             result = trainer.train()
         except TrainingInterrupted:
@@ -94,9 +94,9 @@ def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
     return model.train()
 
 
-def write_recipe(out: Path, recipe: Recipe) -> Path:
-    """Save the resolved recipe as RUN/recipe.toml (atomically)."""
-    return write_text_atomically(out / RECIPE_NAME, recipe.to_toml())
+def write_recipe(out: Path, recipe: Recipe, tag: str | None = None) -> Path:
+    """Save the resolved recipe as RUN/recipe.toml (atomically; ``tag``: the run's token)."""
+    return write_text_atomically(out / RECIPE_NAME, recipe.to_toml(), tag)
 
 
 def _threads(trainer: Trainer) -> str:

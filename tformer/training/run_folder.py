@@ -9,12 +9,18 @@
   tformer run that stopped before its first usable checkpoint when a resume was asked for
   (``is_unfinished_run``: it starts again at step 0), or with ``overwrite``, which moves the old
   contents aside into the sibling folder ``RUN.replaced-N`` (``move_aside``), never deleting them.
+* A run's temporary files and folders carry its token in their names (``run_token``: a random
+  string recorded in its training_config.json), so that the debris a killed run leaves can be told
+  from anything else: only names with the token of the run the folder holds are ever removed.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import re
+import secrets
 from pathlib import Path
 
 from tformer.training.config import TrainingError
@@ -24,6 +30,8 @@ TRAINING_CONFIG_NAME = "training_config.json"
 # What a run writes into its folder (the final model, its records, its checkpoints).
 RUN_ENTRIES = frozenset({TRAINING_CONFIG_NAME, "recipe.toml", "metrics.jsonl", "tensorboard", "checkpoints",
                          "config.json", "model.safetensors", "tokenizer.json", "loss_curve.png"})
+RUN_TOKEN_KEY = "run_token"  # in training_config.json: the token the run's temporary names carry
+RUN_TOKEN_PATTERN = re.compile(r"^[0-9a-f]{16}$")
 
 
 class RunFolderBusy(TrainingError):
@@ -91,6 +99,23 @@ def is_unfinished_run(folder: Path) -> bool:
     stopped before its first usable checkpoint (the caller has found none to resume from)."""
     names = set(contents(folder))
     return TRAINING_CONFIG_NAME in names and "model.safetensors" not in names and names <= RUN_ENTRIES
+
+
+def run_token(folder: Path) -> str | None:
+    """The token of the run ``folder`` holds (recorded in its training_config.json), or None when it
+    holds no tformer run that recorded one: then none of its entries is tformer's debris."""
+    path = Path(folder) / TRAINING_CONFIG_NAME
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    token = saved.get(RUN_TOKEN_KEY) if isinstance(saved, dict) else None
+    return token if isinstance(token, str) and RUN_TOKEN_PATTERN.match(token) else None
+
+
+def new_run_token() -> str:
+    """A fresh random run token (16 hexadecimal digits)."""
+    return secrets.token_hex(8)
 
 
 def describe(names: list[str], limit: int = 4) -> str:

@@ -373,5 +373,6 @@ def test_resume_auto_removes_no_look_alike_of_a_temporary_and_only_its_own_run_d
         (folder / "img.png").write_bytes(b"\x89PNG user")
     assert train(recipe, run, "--resume", "auto") == 0
     assert not any(path.exists() for path in [*own, run / f".metrics.jsonl.tmp-{token}"])
-    assert (run / ".staging-photos" / "img.png").is_file() and (run / "checkpoints" / ".best.tmp-1" / "img.png").is_file()
+    kept = (run / ".staging-photos", run / "checkpoints" / ".best.tmp-1")
+    assert all((folder / "img.png").is_file() for folder in kept)
     assert json.loads((run / "training_config.json").read_text())["run_token"] == token

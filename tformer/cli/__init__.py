@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tformer.errors import TformerError
@@ -88,6 +88,21 @@ def refuse_output_over_input(output: str | Path, inputs: Iterable[str | Path], o
         if output.is_dir() and output.resolve() in source.resolve().parents:
             raise UsageError(f"{option} {output} holds the input {source}, and this command replaces what is in "
                              "that folder: move the input out or choose another output folder")
+
+
+def check_replaceable(path: str | Path, overwrite: bool | None, option: str = "--out",
+                      written_by_tformer: Callable[[Path], bool] | None = None, what: str = "") -> None:
+    """Refuse to replace an existing ``path`` unless ``overwrite`` was given, or ``written_by_tformer(path)``
+    proves it is output of this command (``what`` names it: "a figure tformer wrote"); without that test every
+    existing file is refused. ``overwrite`` None: the command has no --overwrite, so the message offers none."""
+    path = Path(path)
+    if overwrite or not (path.exists() or path.is_symlink()):
+        return
+    if written_by_tformer is not None and written_by_tformer(path):
+        return
+    kind = f" and is not {what}" if what else ""
+    offer = "" if overwrite is None else ", or pass --overwrite to replace it"
+    raise UsageError(f"{path} exists{kind}; choose another {option}{offer}")
 
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ import re
 import secrets
 from pathlib import Path
 
+from tformer import files
 from tformer.training.config import TrainingError
 
 LOCK_NAME = ".tformer.lock"
@@ -125,23 +126,4 @@ def describe(names: list[str], limit: int = 4) -> str:
 
 def move_aside(folder: Path) -> Path:
     """Move everything in ``folder`` but its lock into a new sibling ``NAME.replaced-N``; return it."""
-    folder = Path(folder).resolve()
-    for number in range(1, 10_000):
-        target = folder.parent / f"{folder.name}.replaced-{number}"
-        try:
-            target.mkdir()
-            break
-        except FileExistsError:
-            continue
-        except OSError as error:
-            raise TrainingError(f"--overwrite: cannot create {target} to move the old contents of {folder} into "
-                                f"({error.strerror or error}); move them yourself or choose another --out") from None
-    else:
-        raise TrainingError(f"--overwrite: {folder.parent} already holds {folder.name}.replaced-1 to -9999")
-    for name in contents(folder):
-        try:
-            os.replace(folder / name, target / name)
-        except OSError as error:
-            raise TrainingError(f"--overwrite: cannot move {folder / name} to {target} ({error.strerror or error}); "
-                                "nothing was deleted") from None
-    return target
+    return files.move_aside(folder, contents(folder))

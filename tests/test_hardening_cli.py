@@ -440,7 +440,7 @@ def test_evaluate_keeps_hand_edited_translations_beside_its_metrics_unless_overw
     hypotheses = work / "mt" / "evaluation" / "s.beam1.txt"
     hypotheses.write_text("a dog.\na man.\n")  # corrected by hand; s.json still sits beside it
     capsys.readouterr()
-    refused_leaving(work, capsys, evaluate, "s.beam1.txt exists and is not the translation tformer evaluate wrote")
+    refused_leaving(work, capsys, evaluate, "s.beam1.txt exists and is not the translation s.json records (edited")
     assert main([*evaluate, "--overwrite"]) == 0 and hypotheses.read_text() != "a dog.\na man.\n"
 
 

@@ -156,8 +156,9 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     metrics_file = out / f"{stem}.json"
     check_own_output(metrics_file, args.overwrite)
     hypotheses_file = out / f"{stem}.beam{args.beam}.txt"
-    check_replaceable(hypotheses_file, args.overwrite, what="the translation tformer evaluate wrote (its metrics "
-                      "JSON records it)", written_by_tformer=lambda path: written_beside(path, metrics_file))
+    check_replaceable(hypotheses_file, args.overwrite, what=f"the translation {metrics_file.name} records (edited "
+                      "since, or not written by tformer evaluate)",
+                      written_by_tformer=lambda path: written_beside(path, metrics_file))
     model = load_translator(args.folder, args.device, quantize)
     started = time.perf_counter()
     result = translate(model, sources, num_beams=args.beam, batch_size=args.batch_size or 64, progress=True)

@@ -379,3 +379,82 @@ def test_perplexity_after_divergence_is_inf():
     assert perplexity(800.0) == math.inf and _format_metric("eval_ppl", perplexity(800.0)) == "inf"
     assert _format_metric("eval_ppl", perplexity(100.0)) == "2.69e+43"
     assert _format_metric("eval_ppl", perplexity(2.0)) == "7.39"
+
+
+# ---- issue 37: refuse what would give a wrong result; replace only what tformer wrote ------------------------
+
+
+def test_average_refuses_checkpoints_whose_tokenizers_differ(work, capsys):
+    shutil.copytree(work / "m", work / "m2")
+    other = CharTokenizer.train(TEXT.upper())  # as many characters, other ones: the same config, other tokens
+    assert other.vocab_size == tformer.load("m").tokenizer.vocab_size
+    other.save(work / "m2" / "tokenizer.json")
+    err = refused_leaving(work, capsys, ["average", "m", "m2", "--out", "avg"], "m2: its tokenizer (")
+    assert "token ids) differs from m's" in err and not (work / "avg").exists()
+
+
+def test_plot_keeps_a_png_it_did_not_draw_unless_overwrite(work, capsys):
+    (work / "run").mkdir()
+    (work / "run" / "metrics.jsonl").write_text('{"step": 1, "train_loss": 2.0}\n{"step": 2, "train_loss": 1.5}\n')
+    (work / "run" / "loss_curve.png").write_bytes(b"\x89PNG\r\n\x1a\n the user's own figure")
+    refused_leaving(work, capsys, ["plot", "run"], "run/loss_curve.png exists and is not a figure tformer wrote; "
+                                                   "choose another --out, or pass --overwrite to replace it")
+    assert main(["plot", "run", "--overwrite"]) == 0
+    assert main(["plot", "run"]) == 0  # its own figure is redrawn without --overwrite
+    assert b"the user's own figure" not in (work / "run" / "loss_curve.png").read_bytes()
+
+
+def test_tokenize_and_tokenizer_train_replace_an_existing_output_only_with_overwrite(work, capsys):
+    tokenize = ["tokenize", "--tokenizer", "m/tokenizer.json", "corpus.txt", "--out", "data.bin", "--quiet"]
+    for existing in ("data.bin", "data.bin.json"):
+        (work / existing).write_text("mine\n")
+        refused_leaving(work, capsys, tokenize, f"{existing} exists; choose another --out, or pass --overwrite")
+        (work / existing).unlink()
+    (work / "data.bin").write_text("mine\n")
+    assert main([*tokenize, "--overwrite"]) == 0 and (work / "data.bin").read_bytes() != b"mine\n"
+
+    train = ["tokenizer", "train", "--kind", "char", "corpus.txt", "--quiet", "--out"]
+    (work / "tok.json").write_text("mine\n")
+    refused_leaving(work, capsys, [*train, "tok.json"], "tok.json exists; choose another --out, or pass --overwrite")
+    refused_leaving(work, capsys, [*train, "m"], "m/tokenizer.json exists; choose another --out, or pass --overwrite")
+    assert main([*train, "tok.json", "--overwrite"]) == 0 and tformer.tokenizers.load("tok.json").vocab_size > 1
+
+
+def test_evaluate_keeps_hand_edited_translations_beside_its_metrics_unless_overwrite(work, capsys):
+    pytest.importorskip("sacrebleu")
+    from tformer.training.tasks.translation import learn_joint_bpe
+
+    (work / "s.de").write_text("ein hund.\nein mann.\n")
+    (work / "s.en").write_text("a dog.\na man.\n")
+    from tformer.data.parallel import read_parallel
+
+    tokenizer = learn_joint_bpe(read_parallel(work / "s", "de", "en"), 270)
+    torch.manual_seed(0)
+    model = tformer.build_model("transformer-multi30k", vocab_size=tokenizer.vocab_size, d_model=16, num_layers=1,
+                                num_heads=2, d_ff=32, max_seq_len=32)
+    model.tokenizer = tokenizer
+    model.save(work / "mt")
+    evaluate = ["evaluate", "mt", "--source", "s.de", "--reference", "s.en", "--beam", "1"]
+    assert main(evaluate) == 0
+    assert main(evaluate) == 0  # its own translations are replaced
+    hypotheses = work / "mt" / "evaluation" / "s.beam1.txt"
+    hypotheses.write_text("a dog.\na man.\n")  # corrected by hand; s.json still sits beside it
+    capsys.readouterr()
+    refused_leaving(work, capsys, evaluate, "s.beam1.txt exists and is not the translation s.json records (edited")
+    assert main([*evaluate, "--overwrite"]) == 0 and hypotheses.read_text() != "a dog.\na man.\n"
+
+
+def test_convert_overwrite_leaves_no_stale_file_of_the_old_checkpoint(work, capsys):
+    from tformer.serving.chat import ChatTemplate
+
+    assert main(["convert", "m", "out", "--to", "tformer"]) == 0
+    (work / "out" / "tokenizer_config.json").write_text('{"chat_template": "STALE {{ messages }}"}\n')
+    before = snapshot(work / "out")
+    (work / "out" / "notes.txt").write_text("mine\n")
+    assert main(["convert", "m", "out", "--to", "tformer", "--overwrite"]) == 0
+    assert "moved the checkpoint files in out (config.json, model.safetensors, tokenizer.json, " \
+           f"tokenizer_config.json) to {work / 'out.replaced-1'}" in capsys.readouterr().out
+    assert snapshot(work / "out.replaced-1") == before  # moved aside, not deleted
+    assert not (work / "out" / "tokenizer_config.json").exists() and ChatTemplate.from_folder(work / "out") is None
+    assert (work / "out" / "notes.txt").read_text() == "mine\n"  # not a checkpoint file: it stays
+    assert tformer.load(work / "out").num_parameters() == tformer.load("m").num_parameters()

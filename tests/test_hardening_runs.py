@@ -329,3 +329,50 @@ def test_sigterm_during_training_saves_then_raises_and_the_command_exits_143(rec
         trainer.train()  # a program calling the Trainer stops too, with the result in the exception
     assert isinstance(caught.value, KeyboardInterrupt) and caught.value.exit_code == 143
     assert caught.value.result.stopped == "interrupted" and caught.value.result.steps == 3
+
+
+# ---- issue 37: what tformer did not write, and --overwrite as documented ---------------------------
+
+
+def test_overwrite_moves_a_finished_run_aside_as_documented(recipe, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train(recipe, run) == 0
+    before = snapshot(run)
+    capsys.readouterr()
+
+    assert train(recipe, run, "--overwrite", "--set", "training.max_steps=2") == 0
+    assert f"{run} was not empty: moved its contents to {tmp_path / 'run.replaced-1'}" in capsys.readouterr().out
+    assert snapshot(tmp_path / "run.replaced-1") == before  # the old run, whole
+    assert [step for step, _ in checkpoints_module.list_checkpoints(run)] == [2]  # the new run alone
+
+
+def test_resume_auto_removes_no_look_alike_of_a_temporary_and_only_its_own_run_debris(recipe, tmp_path, capsys):
+    user = tmp_path / "photos"  # not a run: names that look like tformer's temporaries stay
+    for folder in (user / ".staging-photos", user / "checkpoints" / ".best.tmp-1", user / ".step-1.deleting"):
+        folder.mkdir(parents=True)
+        (folder / "img.png").write_bytes(b"\x89PNG user")
+    (user / ".notes.txt.tmp-7").write_text("draft\n")
+    (user / "notes.txt").write_text("mine\n")
+    before = snapshot(user)
+    assert train(recipe, user, "--resume", "auto") == 2
+    assert "photos is not empty (.notes.txt.tmp-7, .staging-photos, .step-1.deleting, checkpoints and 1 more) and " \
+           "holds no run to resume" in error_line(capsys)
+    assert snapshot(user) == before
+
+    run = tmp_path / "run"  # a run: the debris its killed process left (names with its token) goes, nothing else
+    assert train(recipe, run, "--set", "training.max_steps=2") == 0
+    token = json.loads((run / "training_config.json").read_text())["run_token"]
+    own = [run / f".staging-{token}-x1", run / "checkpoints" / f".step-00000002.tmp-{token}",
+           run / "checkpoints" / f".step-00000001.deleting-{token}"]
+    for folder in own:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    (run / f".metrics.jsonl.tmp-{token}").write_text("{}\n")
+    for folder in (run / ".staging-photos", run / "checkpoints" / ".best.tmp-1"):
+        folder.mkdir()
+        (folder / "img.png").write_bytes(b"\x89PNG user")
+    assert train(recipe, run, "--resume", "auto") == 0
+    assert not any(path.exists() for path in [*own, run / f".metrics.jsonl.tmp-{token}"])
+    kept = (run / ".staging-photos", run / "checkpoints" / ".best.tmp-1")
+    assert all((folder / "img.png").is_file() for folder in kept)
+    assert json.loads((run / "training_config.json").read_text())["run_token"] == token

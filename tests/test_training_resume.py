@@ -80,7 +80,7 @@ elif point == "optimizer":
 elif point == "retention":
     real_rmtree = shutil.rmtree
     def rmtree(path, *args, **kwargs):
-        if str(path).endswith(".deleting"):
+        if ".deleting-" in os.path.basename(str(path)):
             calls[0] += 1
             if calls[0] == count:
                 files = sorted(p for p in os.listdir(path))
@@ -90,11 +90,11 @@ elif point == "retention":
     shutil.rmtree = rmtree
 elif point == "final":
     real_write_files_into = state.write_files_into
-    def write_files_into(target, write):
+    def write_files_into(target, write, **options):
         def write_then_die(folder):
             write(folder)
             die()
-        return real_write_files_into(target, write_then_die)
+        return real_write_files_into(target, write_then_die, **options)
     state.write_files_into = write_files_into
 
 from tformer.cli import main

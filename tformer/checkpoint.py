@@ -55,16 +55,18 @@ class NonFiniteWeightsWarning(UserWarning):
 
 
 @contextmanager
-def atomic_directory(path: str | Path) -> Iterator[Path]:
+def atomic_directory(path: str | Path, tag: str | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename.
 
     On error the temporary folder is removed and ``path`` is left as it was (an old folder
-    already renamed aside is renamed back).
+    already renamed aside is renamed back). The temporary names end in ``-TAG``: a run passes its
+    token (so that it can tell its own debris), the default is the pid.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    previous = target.parent / f".{target.name}.old-{os.getpid()}"
+    suffix = tag or os.getpid()
+    temporary = target.parent / f".{target.name}.tmp-{suffix}"
+    previous = target.parent / f".{target.name}.old-{suffix}"
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
     try:
@@ -82,11 +84,11 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         raise
 
 
-def write_files_into(target: Path, write) -> None:
+def write_files_into(target: Path, write, tag: str | None = None) -> None:
     """Write files into an existing folder (a run folder with logs beside the checkpoint):
-    ``write`` fills a temporary folder, then each file is renamed into place, the config last,
-    so a reader never sees a config without its weights."""
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target))
+    ``write`` fills a temporary folder (``.staging-TAG-XXXX``, see ``atomic_directory``), then each
+    file is renamed into place, the config last, so a reader never sees a config without its weights."""
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{tag}-" if tag else ".staging-", dir=target))
     try:
         write(staging)
         for file in sorted(staging.iterdir(), key=lambda f: f.name == CONFIG_NAME):

@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tformer.errors import TformerError
@@ -130,6 +130,21 @@ def output_beside_model(args: argparse.Namespace, folder: str | Path, *default: 
     if args.out:
         return Path(args.out)
     return (Path(args.hub_name.replace("/", "--")) if args.hub_name else Path(folder)).joinpath(*default)
+
+
+def check_replaceable(path: str | Path, overwrite: bool | None, option: str = "--out",
+                      written_by_tformer: Callable[[Path], bool] | None = None, what: str = "") -> None:
+    """Refuse to replace an existing ``path`` unless ``overwrite`` was given, or ``written_by_tformer(path)``
+    proves it is output of this command (``what`` names it: "a figure tformer wrote"); without that test every
+    existing file is refused. ``overwrite`` None: the command has no --overwrite, so the message offers none."""
+    path = Path(path)
+    if overwrite or not (path.exists() or path.is_symlink()):
+        return
+    if written_by_tformer is not None and written_by_tformer(path):
+        return
+    kind = f" and is not {what}" if what else ""
+    offer = "" if overwrite is None else ", or pass --overwrite to replace it"
+    raise UsageError(f"{path} exists{kind}; choose another {option}{offer}")
 
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:

@@ -249,12 +249,11 @@ def _count(number: int, noun: str) -> str:
 
 def check_own_png(path: Path) -> None:
     """Refuse an output that exists and is not a figure tformer wrote, or whose folder is a file."""
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, check_replaceable
     from tformer.viz.figures import written_by_tformer
 
     if path.suffix.lower() != ".png":
         raise UsageError(f"{path}: the output is a PNG file (name it .png)")
     if path.parent.exists() and not path.parent.is_dir():
         raise UsageError(f"{path.parent}: exists and is not a folder")
-    if path.exists() and not written_by_tformer(path):
-        raise UsageError(f"{path} exists and is not a figure tformer wrote; choose another --out")
+    check_replaceable(path, None, written_by_tformer=written_by_tformer, what="a figure tformer wrote")

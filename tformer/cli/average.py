@@ -11,7 +11,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "average", help="average the weights of a run's last checkpoints into a new model folder",
         description="Average the weights of the last --last step checkpoints of RUN (or of the checkpoint folders "
-                    "given) into a new model folder --out, with the first one's config and tokenizer.",
+                    "given) into a new model folder --out. They must share one config and one tokenizer "
+                    "(and image processing, quantization): checkpoints that differ are refused.",
     )
     parser.add_argument("folders", nargs="+", metavar="RUN|CHECKPOINT",
                         help="a run folder (with --last), or two or more checkpoint folders")

@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--per-sentence", action="store_true", help="also print each line's sentence BLEU")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
     parser.add_argument("--batch-size", type=int, help="rows per forward pass (default: the recipe's batch size)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace outputs in --out that tformer evaluate did not write (or that were edited "
+                             "since); its own are replaced without it")
     add_device_option(parser)
     add_quantize_option(parser)
     parser.set_defaults(run=run)
@@ -53,21 +56,42 @@ def find_recipe(folder: Path) -> Path:
                                "task and the data format from the run's recipe)", str(folder))
 
 
-def check_own_output(path: Path, record: dict) -> None:
-    """Refuse to replace a file that tformer evaluate did not write (a JSON without the record's keys),
-    and an output folder that is a file."""
-    from tformer.cli import UsageError
+OUTPUTS_KEY = "outputs"  # in a metrics JSON: {name: SHA-256} of the files evaluate wrote beside it
+
+
+def check_own_output(path: Path, overwrite: bool) -> None:
+    """Refuse to replace a metrics file that tformer evaluate did not write (a JSON without its record's keys)
+    unless ``overwrite``, and an output folder that is a file."""
+    from tformer.cli import UsageError, check_replaceable
 
     if path.parent.exists() and not path.parent.is_dir():
         raise UsageError(f"--out {path.parent}: exists and is not a folder")
-    if not path.exists():
-        return
+    check_replaceable(path, overwrite, written_by_tformer=lambda file: evaluation_record(file) is not None,
+                      what="an evaluation tformer wrote")
+
+
+def evaluation_record(path: Path) -> dict | None:
+    """The record of a metrics file tformer evaluate wrote, or None (absent, unreadable, or not its record)."""
     try:
         written = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        written = None
-    if not isinstance(written, dict) or not {"model", "data", "task"} <= written.keys():
-        raise UsageError(f"{path} exists and is not an evaluation tformer wrote; choose another --out")
+        return None
+    return written if isinstance(written, dict) and {"model", "data", "task"} <= written.keys() else None
+
+
+def recorded_outputs(metrics_file: Path) -> dict[str, str]:
+    """The files an evaluation recorded beside its metrics file, by name, with their SHA-256 when written."""
+    outputs = (evaluation_record(metrics_file) or {}).get(OUTPUTS_KEY)
+    return {name: digest for name, digest in outputs.items() if isinstance(digest, str)} \
+        if isinstance(outputs, dict) else {}
+
+
+def written_beside(path: Path, metrics_file: Path) -> bool:
+    """Whether ``path`` is, byte for byte, the file the evaluation recorded in ``metrics_file`` wrote."""
+    from tformer.files import sha256_of
+
+    recorded = recorded_outputs(metrics_file).get(path.name)
+    return recorded is not None and path.is_file() and sha256_of(path) == recorded
 
 
 def run_recipe(folder: Path):
@@ -114,10 +138,10 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     the translations into --out (default RUN/evaluation)."""
     import time
 
-    from tformer.cli import UsageError, quantize_option
+    from tformer.cli import UsageError, check_replaceable, quantize_option
     from tformer.cli.translate import load_translator
     from tformer.data.parallel import read_aligned
-    from tformer.files import write_text_atomically
+    from tformer.files import sha256_of, write_text_atomically
     from tformer.generation.translation import translate
 
     quantize = quantize_option(args)
@@ -129,11 +153,12 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     out = output_beside_model(args, folder, "evaluation")
     stem = Path(args.source).name.split(".")[0] + quantized_suffix(quantize)
-    check_own_output(out / f"{stem}.json", {})
+    metrics_file = out / f"{stem}.json"
+    check_own_output(metrics_file, args.overwrite)
     hypotheses_file = out / f"{stem}.beam{args.beam}.txt"
-    if hypotheses_file.exists() and not (out / f"{stem}.json").exists():
-        raise UsageError(f"{hypotheses_file} exists and is not a translation tformer evaluate wrote; choose another "
-                         "--out")
+    check_replaceable(hypotheses_file, args.overwrite, what=f"the translation {metrics_file.name} records (edited "
+                      "since, or not written by tformer evaluate)",
+                      written_by_tformer=lambda path: written_beside(path, metrics_file))
     model = load_translator(args.folder, args.device, quantize)
     started = time.perf_counter()
     result = translate(model, sources, num_beams=args.beam, batch_size=args.batch_size or 64, progress=True)
@@ -145,8 +170,9 @@ def evaluate_translation(args: argparse.Namespace) -> int:
               "beam": args.beam, "seconds": seconds, **quantization_record(model), **scores.as_dict()}
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomically(hypotheses_file, "".join(f"{line}\n" for line in result.texts))
-    write_text_atomically(out / f"{stem}.json", json.dumps(record, indent=2) + "\n")
-    print(f"metrics    {out / f'{stem}.json'}")
+    record[OUTPUTS_KEY] = {**recorded_outputs(metrics_file), hypotheses_file.name: sha256_of(hypotheses_file)}
+    write_text_atomically(metrics_file, json.dumps(record, indent=2) + "\n")
+    print(f"metrics    {metrics_file}")
     print(f"output     {hypotheses_file}")
     return 0
 
@@ -168,7 +194,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
     import dataclasses
 
     import tformer
-    from tformer.cli import UsageError, quantize_option
+    from tformer.cli import UsageError, check_replaceable, quantize_option
     from tformer.files import write_text_atomically
     from tformer.training.tasks import task_for_recipe
     from tformer.training.trainer import Trainer
@@ -207,11 +233,16 @@ def evaluate_run(args: argparse.Namespace) -> int:
     stem = data_file.name.split(".")[0] + quantized_suffix(quantize)
     record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **quantization_record(model),
               **metrics}
-    check_own_output(out / f"{stem}.json", record)
+    check_own_output(out / f"{stem}.json", args.overwrite)
+    confusion = getattr(task, "confusion", None)
+    if confusion is not None:
+        from tformer.viz.figures import written_by_tformer
+
+        check_replaceable(out / f"{stem}-confusion.png", args.overwrite, written_by_tformer=written_by_tformer,
+                          what="a figure tformer wrote")
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomically(out / f"{stem}.json", json.dumps(record, indent=2) + "\n")
     print(f"metrics    {out / f'{stem}.json'}")
-    confusion = getattr(task, "confusion", None)
     if confusion is not None:
         from tformer.viz.confusion import plot_confusion_matrix
 

@@ -13,18 +13,22 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True, help="the token file to write (its header goes to OUT.json)")
     parser.add_argument("--no-separator", action="store_true",
                         help="do not put the end-of-sequence token after each file")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT and OUT.json when they exist (without it an existing one is refused)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.cli import refuse_output_over_input
+    from tformer.cli import check_replaceable, refuse_output_over_input
     from tformer.data import tokenize_files
     from tformer.tokenizers import load
 
     inputs = [*args.files, args.tokenizer]
     refuse_output_over_input(args.out, inputs)
     refuse_output_over_input(f"{args.out}.json", inputs, option="--out's header")
+    check_replaceable(args.out, args.overwrite)
+    check_replaceable(f"{args.out}.json", args.overwrite)
     tokenizer = load(args.tokenizer)
     header = tokenize_files(tokenizer, args.files, args.out, separate_documents=not args.no_separator,
                             progress=not args.quiet)

@@ -22,6 +22,8 @@ def register(subparsers) -> None:
     train.add_argument("--special-tokens", help="comma-separated special tokens (default: <|endoftext|> for bpe; "
                        "[PAD],[UNK],[CLS],[SEP],[MASK] for wordpiece; <unk> for char)")
     train.add_argument("--cased", action="store_true", help="wordpiece: keep case and accents")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the tokenizer.json --out names when it exists (without it one is refused)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(run=run_train)
 
@@ -36,7 +38,7 @@ def register(subparsers) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tformer.cli import UsageError, check_text_option, refuse_output_over_input
+    from tformer.cli import UsageError, check_replaceable, check_text_option, refuse_output_over_input
     from tformer.tokenizers import train
     from tformer.tokenizers.base import TOKENIZER_FILE
 
@@ -45,7 +47,9 @@ def run_train(args: argparse.Namespace) -> int:
         if not file.is_file():
             raise UsageError(f"{file}: no such training file")
     out = Path(args.out)
-    refuse_output_over_input(out / TOKENIZER_FILE if out.is_dir() else out, files)
+    target = out / TOKENIZER_FILE if out.is_dir() else out
+    refuse_output_over_input(target, files)
+    check_replaceable(target, args.overwrite)
     if args.kind != "char" and args.vocab_size is None:
         raise UsageError(f"--vocab-size is required for --kind {args.kind}")
     if args.min_frequency < 0:

@@ -4,8 +4,8 @@ the optimizer's state and the RNG states (optimizer.safetensors) and, written la
 trainer_state.json (step, data position, best metric, counters, Python and numpy RNG states).
 
 Each checkpoint is written into a temporary folder and renamed into place, so a process killed
-at any moment leaves only complete checkpoints (and temporary debris that ``clean_debris``
-removes). Tensors travel by safetensors, never by pickle. Optimizer state is keyed by
+at any moment leaves only complete checkpoints (and temporary debris, named with the run's token,
+that ``clean_debris`` removes). Tensors travel by safetensors, never by pickle. Optimizer state is keyed by
 parameter name, so checkpoints move between 1 and N processes (DDP or FSDP).
 """
 
@@ -30,6 +30,7 @@ from tformer.checkpoint import (
 )
 from tformer.config import ModelConfig, field_default
 from tformer.errors import TformerError
+from tformer.training import run_folder
 from tformer.training.config import TrainingError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -84,24 +85,31 @@ def resolve_resume(spec: str | Path, run_dir: Path | None) -> Path | None:
 
 
 def clean_debris(run_dir: Path) -> None:
-    """Remove what a killed process can leave behind: temporary checkpoint folders, folders
-    half deleted by retention; put back a ``best`` folder caught between its two renames."""
+    """Remove what a killed run left behind in its own folder (temporary checkpoint folders and
+    files, folders half deleted by retention) and put back a folder caught between its two renames.
+    Only names that carry the token of the run the folder holds (``run_folder.run_token``) are
+    touched, in the folder and its checkpoints/: a folder that holds no run keeps everything."""
+    token = run_folder.run_token(run_dir)
+    if token is None:
+        return
     for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS_DIR):
-        if not folder.is_dir():
+        if not folder.is_dir() or folder.is_symlink():
             continue
-        for entry in folder.iterdir():
-            if entry.name.startswith(".") and (".tmp-" in entry.name or entry.name.endswith(".deleting")
-                                               or entry.name.startswith(".staging-")):
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-        best = folder / BEST_NAME
-        for old in sorted(folder.glob(f".{BEST_NAME}.old-*")):
-            if not best.exists():
-                os.replace(old, best)
+        for entry in sorted(folder.iterdir()):
+            name = entry.name
+            if not name.startswith("."):
+                continue
+            if name.endswith(f".old-{token}"):  # the old copy of NAME, renamed aside just before its replacement
+                original = folder / name[1:-len(f".old-{token}")]
+                if not original.exists():
+                    os.replace(entry, original)
+                    continue
+            elif not (name.endswith((f".tmp-{token}", f".deleting-{token}")) or name.startswith(f".staging-{token}-")):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
             else:
-                shutil.rmtree(old, ignore_errors=True)
+                entry.unlink(missing_ok=True)
 
 
 def set_aside_after(run_dir: Path, step: int) -> list[Path]:
@@ -120,13 +128,14 @@ def set_aside_after(run_dir: Path, step: int) -> list[Path]:
     return moved
 
 
-def remove_old_checkpoints(run_dir: Path, keep_last: int) -> None:
-    """Keep the newest ``keep_last`` step checkpoints (all when 0). A folder is renamed away
-    before it is deleted, so an interrupted deletion never looks like a checkpoint."""
+def remove_old_checkpoints(run_dir: Path, keep_last: int, token: str) -> None:
+    """Keep the newest ``keep_last`` step checkpoints (all when 0). A folder is renamed away (to a
+    name with the run's ``token``) before it is deleted, so an interrupted deletion never looks like
+    a checkpoint and ``clean_debris`` finishes it."""
     if keep_last <= 0:
         return
     for _, folder in list_checkpoints(run_dir)[:-keep_last]:
-        doomed = folder.parent / f".{folder.name}.deleting"
+        doomed = folder.parent / f".{folder.name}.deleting-{token}"
         os.replace(folder, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
 
@@ -137,11 +146,12 @@ def remove_old_checkpoints(run_dir: Path, keep_last: int) -> None:
 def write_checkpoint(
     folder: Path, config: ModelConfig, model_state: dict[str, torch.Tensor], tokenizer,
     optimizer_state: dict | None, trainer_state: dict, rng_tensors: dict[str, torch.Tensor] | None = None,
-    image_processor=None,
+    image_processor=None, tag: str | None = None,
 ) -> Path:
-    """Write one checkpoint folder atomically. ``optimizer_state`` is a full (unsharded)
-    optimizer state dict keyed by parameter name; ``trainer_state`` must be JSON-serialisable."""
-    with atomic_directory(folder) as temporary:
+    """Write one checkpoint folder atomically (``tag``: see ``atomic_directory``). ``optimizer_state``
+    is a full (unsharded) optimizer state dict keyed by parameter name; ``trainer_state`` must be
+    JSON-serialisable."""
+    with atomic_directory(folder, tag) as temporary:
         write_model_files(temporary, config, model_state, tokenizer, image_processor)
         if optimizer_state is not None:
             tensors, groups = flatten_optimizer_state(optimizer_state)

@@ -96,9 +96,9 @@ class Reporter:
             self.tensorboard = None
 
 
-def truncate_metrics(out_dir: Path, last_step: int) -> None:
+def truncate_metrics(out_dir: Path, last_step: int, tag: str | None = None) -> None:
     """Drop metrics.jsonl records after ``last_step`` (logged after the checkpoint a run
-    resumes from), rewriting the file atomically."""
+    resumes from), rewriting the file atomically (``tag``: the run's token, see ``write_text_atomically``)."""
     path = Path(out_dir) / METRICS_NAME
     if not path.is_file():
         return
@@ -109,4 +109,4 @@ def truncate_metrics(out_dir: Path, last_step: int) -> None:
                 kept.append(line)
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # a line cut short by a kill
-    write_text_atomically(path, "".join(line + "\n" for line in kept))
+    write_text_atomically(path, "".join(line + "\n" for line in kept), tag)

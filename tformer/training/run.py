@@ -39,9 +39,10 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         if out.exists() and not out.is_dir():
             raise TrainingError(f"output folder {out}: exists and is not a folder")
         existing = checkpoints.list_checkpoints(out)
-        if resume is None and existing:
+        if resume is None and existing and not overwrite:  # with overwrite, prepare_out_dir moves the run aside
             raise TrainingError(f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
-                                "continue it with --resume auto, or choose another --out")
+                                "continue it with --resume auto, choose another --out, or pass --overwrite to move "
+                                f"it to {out.resolve().name}.replaced-N beside it (nothing is deleted)")
         pretrained_tokenizer = (None if recipe.init_from is None
                                 else load_tokenizer(recipe.init_from, recipe.init_revision))
         task, data = task_for_recipe(recipe.task, recipe.data, seq_len=config.seq_len, tokenizer=pretrained_tokenizer,
@@ -68,7 +69,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
             elif not trainer.restart:
                 say(f"no checkpoint in {out} yet: starting at step 0")
         trainer.prepare_out_dir()  # locked and checked before the recipe is written into it
-        trainer.state.on_main(lambda: write_recipe(out, recipe))
+        trainer.state.on_main(lambda: write_recipe(out, recipe, trainer.state.run_token))
         try:
             result = trainer.train()
         except TrainingInterrupted:
@@ -94,9 +95,9 @@ def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
     return model.train()
 
 
-def write_recipe(out: Path, recipe: Recipe) -> Path:
-    """Save the resolved recipe as RUN/recipe.toml (atomically)."""
-    return write_text_atomically(out / RECIPE_NAME, recipe.to_toml())
+def write_recipe(out: Path, recipe: Recipe, tag: str | None = None) -> Path:
+    """Save the resolved recipe as RUN/recipe.toml (atomically; ``tag``: the run's token)."""
+    return write_text_atomically(out / RECIPE_NAME, recipe.to_toml(), tag)
 
 
 def _threads(trainer: Trainer) -> str:

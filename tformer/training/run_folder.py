@@ -9,14 +9,21 @@
   tformer run that stopped before its first usable checkpoint when a resume was asked for
   (``is_unfinished_run``: it starts again at step 0), or with ``overwrite``, which moves the old
   contents aside into the sibling folder ``RUN.replaced-N`` (``move_aside``), never deleting them.
+* A run's temporary files and folders carry its token in their names (``run_token``: a random
+  string recorded in its training_config.json), so that the debris a killed run leaves can be told
+  from anything else: only names with the token of the run the folder holds are ever removed.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import re
+import secrets
 from pathlib import Path
 
+from tformer import files
 from tformer.training.config import TrainingError
 
 LOCK_NAME = ".tformer.lock"
@@ -24,6 +31,8 @@ TRAINING_CONFIG_NAME = "training_config.json"
 # What a run writes into its folder (the final model, its records, its checkpoints).
 RUN_ENTRIES = frozenset({TRAINING_CONFIG_NAME, "recipe.toml", "metrics.jsonl", "tensorboard", "checkpoints",
                          "config.json", "model.safetensors", "tokenizer.json", "loss_curve.png"})
+RUN_TOKEN_KEY = "run_token"  # in training_config.json: the token the run's temporary names carry
+RUN_TOKEN_PATTERN = re.compile(r"^[0-9a-f]{16}$")
 
 
 class RunFolderBusy(TrainingError):
@@ -93,6 +102,23 @@ def is_unfinished_run(folder: Path) -> bool:
     return TRAINING_CONFIG_NAME in names and "model.safetensors" not in names and names <= RUN_ENTRIES
 
 
+def run_token(folder: Path) -> str | None:
+    """The token of the run ``folder`` holds (recorded in its training_config.json), or None when it
+    holds no tformer run that recorded one: then none of its entries is tformer's debris."""
+    path = Path(folder) / TRAINING_CONFIG_NAME
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    token = saved.get(RUN_TOKEN_KEY) if isinstance(saved, dict) else None
+    return token if isinstance(token, str) and RUN_TOKEN_PATTERN.match(token) else None
+
+
+def new_run_token() -> str:
+    """A fresh random run token (16 hexadecimal digits)."""
+    return secrets.token_hex(8)
+
+
 def describe(names: list[str], limit: int = 4) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -100,23 +126,4 @@ def describe(names: list[str], limit: int = 4) -> str:
 
 def move_aside(folder: Path) -> Path:
     """Move everything in ``folder`` but its lock into a new sibling ``NAME.replaced-N``; return it."""
-    folder = Path(folder).resolve()
-    for number in range(1, 10_000):
-        target = folder.parent / f"{folder.name}.replaced-{number}"
-        try:
-            target.mkdir()
-            break
-        except FileExistsError:
-            continue
-        except OSError as error:
-            raise TrainingError(f"--overwrite: cannot create {target} to move the old contents of {folder} into "
-                                f"({error.strerror or error}); move them yourself or choose another --out") from None
-    else:
-        raise TrainingError(f"--overwrite: {folder.parent} already holds {folder.name}.replaced-1 to -9999")
-    for name in contents(folder):
-        try:
-            os.replace(folder / name, target / name)
-        except OSError as error:
-            raise TrainingError(f"--overwrite: cannot move {folder / name} to {target} ({error.strerror or error}); "
-                                "nothing was deleted") from None
-    return target
+    return files.move_aside(folder, contents(folder))

@@ -43,6 +43,7 @@ class RunState:
         self.lock = None if out_dir is None else run_folder.RunLock(out_dir)
         self.claimed = False  # the same on every process (the main one holds the lock)
         self.created_out_dir = False
+        self.run_token: str | None = None  # set by prepare_out_dir (main process): its temporary names carry it
 
     def on_main(self, action):
         """Run ``action()`` (a write) on the main process; the others wait and fail with it."""
@@ -109,9 +110,10 @@ class RunState:
                 raise TrainingError(f"{out} is not empty ({run_folder.describe(run_folder.contents(out))}); a run "
                                     f"resumed from {resumed_from} starts in an empty output folder (or continue the "
                                     f"run in {out} with --resume auto)")
+            token = None
             if resumed or restart:
                 checkpoints.clean_debris(out)  # a run's own leftovers; a folder it did not write is left alone
-                truncate_metrics(out, step)
+                token = run_folder.run_token(out)
             elif run_folder.contents(out):
                 existing = checkpoints.list_checkpoints(out)
                 if overwrite:
@@ -119,8 +121,9 @@ class RunState:
                     notes.append(f"{out} was not empty: moved its contents to {moved} (nothing is deleted)")
                 elif existing:
                     raise TrainingError(
-                        f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); "
-                        "resume it with --resume auto, or choose another output folder"
+                        f"{out} already holds a run (checkpoints up to step {existing[-1][0]}); resume it with "
+                        f"--resume auto, choose another output folder, or pass --overwrite to move it to "
+                        f"{out.resolve().name}.replaced-N beside it (nothing is deleted)"
                     )
                 else:
                     names = run_folder.contents(out)
@@ -129,7 +132,11 @@ class RunState:
                         f"another output folder, or pass --overwrite to move its contents to "
                         f"{out.resolve().name}.replaced-N beside it (nothing is deleted)"
                     )
-            (out / run_folder.TRAINING_CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+            self.run_token = token or run_folder.new_run_token()  # kept on resume: its debris stays provably its own
+            if resumed or restart:
+                truncate_metrics(out, step, self.run_token)
+            record = {**asdict(self.config), run_folder.RUN_TOKEN_KEY: self.run_token}
+            (out / run_folder.TRAINING_CONFIG_NAME).write_text(json.dumps(record, indent=2) + "\n")
             return notes
 
         return self.on_main(prepare) or []
@@ -173,8 +180,8 @@ class RunState:
                     reporter.flush()
                 checkpoints.write_checkpoint(folder, self.model.config, model_state, self.model.tokenizer,
                                              optimizer_state, {**trainer_state, "rng": rng_states}, rng_tensors,
-                                             image_processor=self.image_processor)
-            checkpoints.remove_old_checkpoints(self.out_dir, self.config.keep_last)
+                                             image_processor=self.image_processor, tag=self.run_token)
+            checkpoints.remove_old_checkpoints(self.out_dir, self.config.keep_last, self.run_token)
 
         self.on_main(write)
         return folder
@@ -185,7 +192,7 @@ class RunState:
 
         def write() -> None:
             folder = self.out_dir / checkpoints.CHECKPOINTS_DIR / checkpoints.BEST_NAME
-            with self.writing(folder), atomic_directory(folder) as temporary:
+            with self.writing(folder), atomic_directory(folder, self.run_token) as temporary:
                 write_model_files(temporary, self.model.config, model_state, self.model.tokenizer,
                                   self.image_processor)
                 (temporary / "best.json").write_text(json.dumps(
@@ -205,7 +212,8 @@ class RunState:
         def write() -> None:
             with self.writing(self.out_dir / "model.safetensors"):
                 write_files_into(self.out_dir, lambda folder: write_model_files(
-                    folder, self.model.config, model_state, self.model.tokenizer, self.image_processor))
+                    folder, self.model.config, model_state, self.model.tokenizer, self.image_processor),
+                    tag=self.run_token)
 
         self.on_main(write)
 

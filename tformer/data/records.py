@@ -337,3 +337,20 @@ def json_cell(value, where: str, what: str):
     except json.JSONDecodeError as error:
         raise DataFileError(f"{where}: {what} in a TSV/CSV cell must be JSON ({error.msg} at column {error.colno})") \
             from None
+
+
+def record_lines(path: str | Path, column: str = "text", *, format: str | None = None,
+                 columns: Sequence[str] | None = None, option: str = "text_column") -> Iterator[str]:
+    """Each record's ``column`` as a line of text (a newline added unless it ends in one), streamed: the
+    text file the records stand for, for the tasks that read plain text (language modelling, masked LM) and
+    for ``tformer tokenize``."""
+    records = RecordFile.open(path, format, columns=columns, header_names=(column,))
+    records.require(column, option)
+    for position, record in records.records([column]):
+        where = records.where(position)
+        if isinstance(record, str):
+            raise DataFileError(f"{where}: {record}")
+        text = field_value(record, column, option, where)
+        if not isinstance(text, str):
+            raise DataFileError(f"{where}: {column} {text!r} is not a string")
+        yield text if text.endswith("\n") else text + "\n"

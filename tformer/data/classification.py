@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, sorted_names
-from tformer.data.records import RECORD_FORMATS, RecordFile, class_name, record_format
+from tformer.data.records import RECORD_FORMATS, RecordFile, class_name, field_value, record_format
 
 CLASSIFICATION_FORMATS = RECORD_FORMATS
 TEXT_COLUMNS = ("sentence", "text", "sentence1", "text_a")
@@ -93,10 +93,12 @@ def read_classification(
             raise DataFileError(f"labels={list(labels)} must be distinct names, at least one")
     header_names = (text_column or TEXT_COLUMNS[0], label_column, *filter(None, [text_pair_column]), *TEXT_COLUMNS)
     records = RecordFile.open(path, kind, columns=columns, header_names=header_names)
-    for column, option in ((text_column, "text_column"), (text_pair_column, "text_pair_column"),
-                           (label_column if labeled else None, "label_column")):
-        if column is not None:
-            records.require(column, option)
+    named = [(column, option) for column, option in ((text_column, "text_column"),
+                                                      (text_pair_column, "text_pair_column"),
+                                                      (label_column if labeled else None, "label_column"))
+             if column is not None]
+    for column, option in named:
+        records.require(column, option)
     class_names = records.class_names(label_column) if labeled else None
     id_names = class_names or labels
     wanted = [*TEXT_COLUMNS, *PAIR_COLUMNS, *filter(None, [text_column, text_pair_column, label_column])]
@@ -109,10 +111,14 @@ def read_classification(
             skipped.handle(f"{where}: {record}", skip_bad)
             continue
         try:
+            if records.format == "jsonl":  # each record names its own columns: a named one must be there
+                for column, option in named:
+                    field_value(record, column, option, where)
             example = _example(record, line, text_column, text_pair_column, label_column if labeled else None,
                                id_names)
         except DataFileError as error:
-            skipped.handle(f"{where}: {error}", skip_bad)
+            message = str(error)
+            skipped.handle(message if message.startswith(where) else f"{where}: {message}", skip_bad)
             continue
         if declared is not None and example.label is not None and example.label not in declared:
             skipped.handle(f"{where}: label {example.label!r} is not one of the declared labels: "

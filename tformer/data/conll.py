@@ -127,7 +127,7 @@ def read_tagged_records(path: str | Path, *, format: str | None = None, tokens_c
         tags = tuple(tags)
         if len(set(tags)) != len(tags) or not tags:
             raise DataFileError(f"tags={list(tags)} must be distinct names, at least one")
-    records = RecordFile.open(path, format, columns=columns, header_names=(tokens_column, tags_column))
+    records = RecordFile.open(path, format, columns=columns)
     records.require(tokens_column, "tokens_column")
     records.require(tags_column, "tags_column")
     class_names = records.class_names(tags_column)

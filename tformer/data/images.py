@@ -412,7 +412,7 @@ def read_image_records(path: str | Path, *, format: str | None = None, image_col
     bytes, "path": ...}``), as bytes, or as a file path (relative paths from the records file's folder); the
     ``label_column`` a class name or an integer class id (named by the file's ClassLabel names, else
     ``label_names``, else "0".."K-1"). The images share one size, as an image folder's."""
-    records = RecordFile.open(path, format, columns=columns, header_names=(image_column, label_column))
+    records = RecordFile.open(path, format, columns=columns)
     records.require(image_column, "image_column")
     records.require(label_column, "label_column")
     class_names = records.class_names(label_column)

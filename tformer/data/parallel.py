@@ -109,8 +109,7 @@ def read_parallel_records(path: str | Path, source_language: str | None = None, 
     if not two_columns and not (source_language and target_language):
         raise DataFileError(f"{path}: the {translation_column!r} column is read by language: give the source and "
                             "target languages (or source_column and target_column)")
-    header = (source_column, target_column) if two_columns else (translation_column,)
-    records = RecordFile.open(path, format, columns=columns, header_names=header)
+    records = RecordFile.open(path, format, columns=columns)
     wanted = [source_column, target_column] if two_columns else [translation_column]
     options = ["source_column", "target_column"] if two_columns else ["translation_column"]
     for column, option in zip(wanted, options, strict=True):

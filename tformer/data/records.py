@@ -344,7 +344,7 @@ def record_lines(path: str | Path, column: str = "text", *, format: str | None =
     """Each record's ``column`` as a line of text (a newline added unless it ends in one), streamed: the
     text file the records stand for, for the tasks that read plain text (language modelling, masked LM) and
     for ``tformer tokenize``."""
-    records = RecordFile.open(path, format, columns=columns, header_names=(column,))
+    records = RecordFile.open(path, format, columns=columns)
     records.require(column, option)
     for position, record in records.records([column]):
         where = records.where(position)

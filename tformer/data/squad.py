@@ -127,7 +127,7 @@ def read_squad_records(path: str | Path, *, format: str | None = None, question_
     TSV/CSV cell: as JSON). The id is the ``id`` column's (else the record's position), the title the
     ``title`` column's (else none); consecutive records of one title (without titles: of one context) are
     one article. Every check of ``read_squad`` applies, and its errors name the record."""
-    records = RecordFile.open(path, format, columns=columns, header_names=(question_column, context_column))
+    records = RecordFile.open(path, format, columns=columns)
     records.require(question_column, "question_column")
     records.require(context_column, "context_column")
     if require_answers:

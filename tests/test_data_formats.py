@@ -25,7 +25,7 @@ from tformer.data.records import RecordFile, record_lines
 from tformer.data.sources import DataConfig, DataError, read_text
 from tformer.data.squad import read_squad, read_squad_records
 from tformer.training.config import TrainingError
-from tformer.training.tasks.registry import check_data_options
+from tformer.training.tasks.registry import TaskConfig, check_data_options, task_for_recipe
 from tformer.training.tasks.token_classification import read_tagged
 
 pyarrow = pytest.importorskip("pyarrow")
@@ -364,6 +364,10 @@ def test_image_records_read_as_the_npz_file(tmp_path):
         data = read_image_records(path, label_names=None if kind in ("parquet", "datasets") else names.tolist())
         assert data.images.equal(expected.images) and data.labels.equal(expected.labels), kind
         assert data.label_names == expected.label_names, kind
+    made, described = task_for_recipe(TaskConfig(name="image_classification"),
+                                      DataConfig(train=str(table_paths["datasets"]), eval_fraction=0), seq_len=None)
+    assert made.label_names == ("cat", "dog", "bird") and described.description.startswith(
+        "training train-saved: 5 images of 1 x 6 x 7")
 
 
 # ---- training from records through `tformer train` --------------------------------------------------------
@@ -371,7 +375,6 @@ def test_image_records_read_as_the_npz_file(tmp_path):
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "good", "bad", "film", "."]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
 def test_a_recipe_trains_a_step_from_records(tmp_path, kind):
     generator = np.random.default_rng(1)
@@ -394,3 +397,45 @@ def test_a_recipe_trains_a_step_from_records(tmp_path, kind):
     assert any("eval_accuracy" in record for record in metrics)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["label_names"] == ["negative", "positive"]
+
+
+# ---- every task reads records from its recipe -------------------------------------------------------------
+
+
+def test_every_task_reads_records_from_its_recipe_data(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "eu", "rejects", "peter",
+                                "who", "won", "denver", "broncos"]) + "\n")
+
+    def task(name: str, label_names=None, **data):
+        made, described = task_for_recipe(TaskConfig(name=name), DataConfig(eval_fraction=0, **data), seq_len=32,
+                                          label_names=label_names)
+        return made, described.description
+
+    rows = [{"words": tokens, "labels": tags} for tokens, tags in TAGGED]
+    tagged = write_records(tmp_path / "tagged", "train", rows, formats=("parquet", "datasets"))
+    made, line = task("token_classification", train=str(tagged["parquet"]), tokenizer=str(vocab),
+                      tokens_column="words", tags_column="labels")
+    assert made.tag_names == ("O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-PER")
+    assert line.startswith("training 3 sentences, 8 words (train.parquet)")
+    questions = [{"id": "q1", "question": "Who won?", "context": CONTEXTS[0],
+                  "answers": {"text": ["The Denver Broncos"], "answer_start": [45]}}]
+    qa = write_records(tmp_path / "qa", "dev", questions)
+    made, line = task("span_qa", train=str(qa["jsonl"]), tokenizer=str(vocab))
+    assert line.startswith("dev.jsonl: training 1 questions, 1 articles")
+    with pytest.raises(DataError, match=r"data.train: .*dev.json: not a SQuAD file"):  # .json stays SQuAD's own
+        renamed = qa["jsonl"].rename(tmp_path / "dev.json")
+        task("span_qa", train=str(renamed), tokenizer=str(vocab))
+    made, _ = task("span_qa", train=str(renamed), tokenizer=str(vocab), format="jsonl")
+    assert [example.id for example in made.train_data.examples] == ["q1"]
+    pairs = write_records(tmp_path / "pairs", "train", [{"translation": {"de": de, "en": en}} for de, en in PAIRS])
+    made, line = task("translation", train=str(pairs["parquet"]), tokenizer="bpe", source_language="de",
+                      target_language="en")
+    assert line == "training train.parquet: 3 pairs (1 with an empty side skipped)"
+    text = write_records(tmp_path / "text", "corpus", [{"body": "the cat sat on the mat ."}, {"body": ""},
+                                                        {"body": "a dog ran ."}], formats=("parquet", "datasets"))
+    made, line = task("mlm", train=str(text["datasets"]), tokenizer=str(vocab), text_column="body")
+    assert line.startswith("corpus-saved: training 2 documents, 2 lines")
+    with pytest.raises(DataError, match=r"data.train: .*corpus.parquet: no column 'text' \(text_column\); the "
+                                        "columns are: body"):
+        task("mlm", train=str(text["parquet"]), tokenizer=str(vocab))

@@ -24,6 +24,8 @@ from tformer.data.parallel import read_parallel, read_parallel_records
 from tformer.data.records import RecordFile, record_lines
 from tformer.data.sources import DataConfig, DataError, read_text
 from tformer.data.squad import read_squad, read_squad_records
+from tformer.data.token_file import read_token_file, tokenize_files
+from tformer.tokenizers import CharTokenizer
 from tformer.training.config import TrainingError
 from tformer.training.tasks.registry import TaskConfig, check_data_options, task_for_recipe
 from tformer.training.tasks.token_classification import read_tagged
@@ -439,3 +441,28 @@ def test_every_task_reads_records_from_its_recipe_data(tmp_path):
     with pytest.raises(DataError, match=r"data.train: .*corpus.parquet: no column 'text' \(text_column\); the "
                                         "columns are: body"):
         task("mlm", train=str(text["parquet"]), tokenizer=str(vocab))
+
+
+def test_tokenize_streams_records_into_the_token_file_of_the_same_text(tmp_path, capsys):
+    lines = [f"line {number}: the cat sat on the mat, and the dog ran." for number in range(40)]
+    text_file = tmp_path / "corpus.txt"
+    text_file.write_text("".join(line + "\n" for line in lines))
+    paths = write_records(tmp_path, "corpus", [{"body": line} for line in lines])
+    tokenizer = CharTokenizer.train(text_file.read_text())
+    tokenizer.save(tmp_path / "tokenizer.json")
+    tokenize_files(tokenizer, [text_file], tmp_path / "text.bin", progress=False, chunk_chars=64)
+    expected = read_token_file(tmp_path / "text.bin").tolist()
+    for kind in FORMATS:
+        header = tokenize_files(tokenizer, [paths[kind]], tmp_path / f"{kind}.bin", progress=False, chunk_chars=64,
+                                text_column="body")
+        assert read_token_file(tmp_path / f"{kind}.bin").tolist() == expected, kind
+        assert header["text_bytes"] == text_file.stat().st_size
+    assert main(["tokenize", str(paths["parquet"]), "--tokenizer", str(tmp_path / "tokenizer.json"), "--out",
+                 str(tmp_path / "cli.bin"), "--text-column", "body", "--quiet"]) == 0
+    assert read_token_file(tmp_path / "cli.bin").tolist() == expected
+    capsys.readouterr()
+    assert main(["tokenize", str(paths["parquet"]), "--tokenizer", str(tmp_path / "tokenizer.json"), "--out",
+                 str(tmp_path / "wrong.bin"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{paths['parquet']}: no column 'text' (text_column); the "
+                                                    "columns are: body")
+    assert not (tmp_path / "wrong.bin").exists()

@@ -70,7 +70,7 @@ def split_documents(documents: list[list[str]], eval_fraction: float) -> tuple[l
 def _text(data: DataConfig, key: str) -> str:
     """The text of ``data.train`` or ``data.eval``: a text file, or a records file's ``data.text_column``."""
     path = getattr(data, key)
-    kind = data.record_format(path) if data.format != "text" else None
+    kind = data.record_format(path)
     data.check_columns(MaskedLanguageModelling.name, path, kind)
     return read_text(path, key, kind or "text", data)
 

@@ -377,8 +377,9 @@ def test_image_records_read_as_the_npz_file(tmp_path):
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "good", "bad", "film", "."]
 
 
-@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
-def test_a_recipe_trains_a_step_from_records(tmp_path, kind):
+def classification_run(tmp_path: Path, kind: str) -> dict[str, Path]:
+    """A one-step classification run (tmp_path/run) trained from records named by text_column and label_column;
+    the records' paths."""
     generator = np.random.default_rng(1)
     rows = []
     for number in range(16):
@@ -395,10 +396,24 @@ def test_a_recipe_trains_a_step_from_records(tmp_path, kind):
         'label_column = "stars"\neval_fraction = 0.25\n[task]\nname = "classification"\n'
         '[training]\nmax_steps = 1\nbatch_size = 4\nseq_len = 16\neval_every = 1\nthreads = 1\n')
     assert main(["train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_recipe_trains_a_step_from_records(tmp_path, kind):
+    classification_run(tmp_path, kind)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("eval_accuracy" in record for record in metrics)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["label_names"] == ["negative", "positive"]
+
+
+@pytest.mark.slow  # tformer evaluate draws its confusion matrix: matplotlib's import takes seconds
+def test_evaluate_reads_records_with_the_runs_columns(tmp_path, capsys):
+    paths = classification_run(tmp_path, "parquet")
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(paths["datasets"])]) == 0
+    assert "16 examples" in capsys.readouterr().out
 
 
 # ---- every task reads records from its recipe -------------------------------------------------------------

@@ -67,8 +67,7 @@ class RecordFile:
     """A data file (or datasets folder) read as records. ``columns``: the column names of a TSV/CSV file
     without a header row; ``header_names``: names of which a TSV/CSV header row must hold one (a first row
     holding none is data, refused rather than read as a header; the first two are the message's example);
-    ``format``: one of RECORD_FORMATS (default:
-    by the name)."""
+    ``format``: one of RECORD_FORMATS (default: by the name)."""
 
     path: Path
     format: str

@@ -98,8 +98,8 @@ def test_gzip_file(tmp_path):
     ("a.jsonl", '{"body": "ok", "label": 1}\n', {}, "{path}:1: no text column (one of sentence, text, sentence1, "
      "text_a) among body, label"),
     ("a.csv", 'sentence,label\n"open quote,1\n', {}, "{path}:2: the row has no label (column 'label')"),
-    ("a.txt", "x", {}, "{path}: cannot tell the format from the name; use one ending in .tsv, .csv or .jsonl (or "
-     "give format= one of tsv, csv, jsonl)"),
+    ("a.txt", "x", {}, "{path}: cannot tell the format from the name; use one ending in .tsv, .csv, .jsonl or "
+     ".parquet, or a datasets save_to_disk folder (or give format= one of jsonl, csv, tsv, parquet, datasets)"),
     ("a.tsv", "", {}, "{path}: the file is empty"),
 ])
 def test_bad_classification_rows(tmp_path, name, text, kwargs, message):

@@ -224,6 +224,6 @@ def test_task_and_data_settings_are_refused_where_they_are_not_read(tmp_path):
         check_data_options("image_classification", DataConfig(train="x", tokenizer=str(tmp_path / "vocab.txt")))
     with pytest.raises(TrainingError, match=r"data.format='idx' is not read by the lm task"):
         check_data_options("lm", DataConfig(train="x", format="idx"))
-    with pytest.raises(TrainingError, match=r"data.format='tsv' is not read by the image_classification task; it "
-                                            r"reads auto, idx, image_folder, npz"):
-        check_data_options("image_classification", DataConfig(train="x", format="tsv"))
+    with pytest.raises(TrainingError, match=r"data.format='squad' is not read by the image_classification task; it "
+                                            r"reads auto, idx, image_folder, npz, jsonl, csv, tsv, parquet, datasets"):
+        check_data_options("image_classification", DataConfig(train="x", format="squad"))

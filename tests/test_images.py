@@ -135,7 +135,7 @@ def test_bad_image_folders_are_one_line_errors_naming_the_file(tmp_path):
         read_images(root)
     write_png(root / "b" / "broken.png", grey(1, size=8))
     with pytest.raises(DataFileError, match=r"train/b/broken.png is 8 x 8 but .*train/a/good.png is 6 x 6: the images "
-                                            r"of a folder share one size \(or read them with image_size"):
+                                            r"of a data set share one size \(or read them with image_size"):
         read_images(root)
     resized = read_images(root, image_size=6)
     assert resized.images.shape == (2, 1, 6, 6) and resized.notes[0] == "1 resized to 6 x 6"

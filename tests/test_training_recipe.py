@@ -70,7 +70,8 @@ def test_overrides_are_typed_toml_values_or_plain_strings(tmp_path):
         (["model.activation=tanh"], r"\[model\] activation='tanh' is not one of relu, gelu"),
         (["model.presett=x"], r"\[model\] unknown key 'presett' \(did you mean 'preset'\?\)"),
         (["model.preset=gpt5"], r"\[model\] unknown preset 'gpt5'; presets: "),
-        (["data.format=csv"], r"\[data\] format='csv' is not read by the lm task; it reads auto, text, tokens, npy"),
+        (["data.format=conll"], r"\[data\] format='conll' is not read by the lm task; it reads auto, text, tokens, "
+         r"npy, jsonl, csv, tsv, parquet, datasets"),
         (["data.train=/nonexistent/corpus.txt"], r"\[data\] train: /nonexistent/corpus.txt: no such file"),
         (["optim.lr=1"], r"unknown section \[optim\]; sections: model, data, training"),
         (["training.seq_len=500"], r"\[training\] seq_len=500 exceeds \[model\] max_seq_len=64"),

@@ -8,13 +8,17 @@ import argparse
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("tokenize", help="encode text files into a token file for training")
-    parser.add_argument("files", nargs="+", help="text files (UTF-8; .gz is read too), in order")
+    parser.add_argument("files", nargs="+", help="text files (UTF-8; .gz is read too), or records files (.jsonl, "
+                        ".csv, .tsv, .parquet, a datasets save_to_disk folder: --text-column, a record a line), "
+                        "in order")
     parser.add_argument("--tokenizer", required=True, help="a tokenizer.json, vocabulary file, or a folder")
     parser.add_argument("--out", required=True, help="the token file to write (its header goes to OUT.json)")
     parser.add_argument("--no-separator", action="store_true",
                         help="do not put the end-of-sequence token after each file")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace OUT and OUT.json when they exist (without it an existing one is refused)")
+    parser.add_argument("--text-column", default="text",
+                        help="the column holding the text of a records file (default: text)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
@@ -31,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     check_replaceable(f"{args.out}.json", args.overwrite)
     tokenizer = load(args.tokenizer)
     header = tokenize_files(tokenizer, args.files, args.out, separate_documents=not args.no_separator,
-                            progress=not args.quiet)
+                            progress=not args.quiet, text_column=args.text_column)
     count, text_bytes = header["count"], header["text_bytes"]
     print(f"wrote       {args.out} ({count:,} tokens, {header['dtype']}) and {args.out}.json")
     print(f"from        {len(args.files)} file(s), {text_bytes:,} bytes, "

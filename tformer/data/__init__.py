@@ -1,8 +1,10 @@
 """Data for training: corpora (``corpus``), language-model batches (``lm``), token files (``token_file``:
-a tokenized corpus on disk, memory-mapped by the training loop), labelled-data readers (``classification``:
-TSV/CSV/JSONL, ``conll``: tag files, ``squad``: SQuAD v1.1 JSON), masked-LM inputs (``masking``),
-encoder pretraining rows (``pretraining``: next-sentence pairs, packing), labelled images (``images``: idx files,
-image folders, .npz arrays) and a vision model's pixel normalisation (``image_processing``)."""
+a tokenized corpus on disk, memory-mapped by the training loop), records (``records``: JSONL, CSV/TSV, Parquet,
+datasets save_to_disk folders, the one format layer under the readers), labelled-data readers
+(``classification``: TSV/CSV/JSONL/Parquet, ``conll``: tag files, ``squad``: SQuAD v1.1 JSON), masked-LM inputs
+(``masking``), encoder pretraining rows (``pretraining``: next-sentence pairs, packing), labelled images
+(``images``: idx files, image folders, .npz arrays, records) and a vision model's pixel normalisation
+(``image_processing``)."""
 
 from tformer.data.classification import ClassificationData, ClassificationExample, read_classification
 from tformer.data.conll import ConllData, TaggedSentence, read_conll

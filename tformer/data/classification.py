@@ -1,24 +1,26 @@
-"""Sequence-classification examples from TSV, CSV or JSONL: one text or a pair of texts, and a label.
+"""Sequence-classification examples from TSV, CSV, JSONL, Parquet or a datasets folder (``tformer.data.records``):
+one text or a pair of texts, and a label.
 
 Columns are found by name: in the header row of a TSV/CSV file (or the ``columns`` the caller gives for a
 file without one) and in the keys of each JSONL object. By default the text is the first of ``sentence``,
 ``text``, ``sentence1``, ``text_a`` present, the second text of a pair the first of ``sentence2``,
 ``text_b`` present, and the label ``label``, so GLUE's ``sentence<TAB>label`` files read as they are.
 Label names come from the data (sorted: numerically when all are integers) or from the caller, whose
-order then fixes the label ids. TSV has no quoting (as GLUE's files); CSV follows RFC 4180 quoting.
+order then fixes the label ids; a file's own ClassLabel names (Parquet and datasets folders Hugging Face
+wrote) name its integer labels and, unless the caller declares names, are the label names in their order.
+TSV has no quoting (as GLUE's files); CSV follows RFC 4180 quoting.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tformer.data.files import DataFileError, Skipped, read_data_text, sorted_names
+from tformer.data.files import DataFileError, Skipped, sorted_names
+from tformer.data.records import RECORD_FORMATS, RecordFile, class_name, field_value, record_format
 
-CLASSIFICATION_FORMATS = ("tsv", "csv", "jsonl")
+CLASSIFICATION_FORMATS = RECORD_FORMATS
 TEXT_COLUMNS = ("sentence", "text", "sentence1", "text_a")
 PAIR_COLUMNS = ("sentence2", "text_b")
 LABEL_COLUMN = "label"
@@ -54,13 +56,14 @@ class ClassificationData:
 
 
 def classification_format(path: str | Path) -> str:
-    """tsv, csv or jsonl from the file's name (a .gz ending is looked through)."""
-    name = Path(path).name.lower().removesuffix(".gz")
-    for suffix, kind in ((".tsv", "tsv"), (".csv", "csv"), (".jsonl", "jsonl"), (".json", "jsonl")):
-        if name.endswith(suffix):
-            return kind
-    raise DataFileError(f"{path}: cannot tell the format from the name; use one ending in .tsv, .csv or .jsonl "
-                        "(or give format= one of tsv, csv, jsonl)")
+    """tsv, csv, jsonl, parquet or datasets from the path (a .gz ending is looked through; a datasets folder
+    by its state.json)."""
+    kind = record_format(path)
+    if kind is None:
+        raise DataFileError(f"{path}: cannot tell the format from the name; use one ending in .tsv, .csv, .jsonl or "
+                            f".parquet, or a datasets save_to_disk folder (or give format= one of "
+                            f"{', '.join(CLASSIFICATION_FORMATS)})")
+    return kind
 
 
 def read_classification(
@@ -75,11 +78,12 @@ def read_classification(
     labeled: bool = True,
     skip_bad: bool = False,
 ) -> ClassificationData:
-    """Read ``path`` (plain or .gz). ``columns`` names the columns of a TSV/CSV file without a header row
-    (SST-2's sentence-level files: ``columns=["label", "sentence"]``). ``labels`` declares the label
-    names (a label outside them is an error); ``labeled=False`` reads texts only (a test split).
-    A bad row raises a DataFileError naming the file and line, or with ``skip_bad`` is left out and
-    counted in ``skipped``."""
+    """Read ``path`` (TSV, CSV, JSONL, plain or .gz; Parquet; a datasets folder). ``columns`` names the
+    columns of a TSV/CSV file without a header row (SST-2's sentence-level files: ``columns=["label",
+    "sentence"]``). ``labels`` declares the label names (a label outside them is an error); an integer label
+    is a class id, named by the file's own ClassLabel names when it has them, else by ``labels``, else by
+    its number. ``labeled=False`` reads texts only (a test split). A bad row raises a DataFileError naming
+    the file and line, or with ``skip_bad`` is left out and counted in ``skipped``."""
     kind = format or classification_format(path)
     if kind not in CLASSIFICATION_FORMATS:
         raise DataFileError(f"format={kind!r} is not one of {', '.join(CLASSIFICATION_FORMATS)}")
@@ -87,35 +91,49 @@ def read_classification(
         labels = tuple(str(name) for name in labels)
         if len(set(labels)) != len(labels) or not labels:
             raise DataFileError(f"labels={list(labels)} must be distinct names, at least one")
-    text = read_data_text(path)
-    known = {name for name in (text_column, text_pair_column, label_column) if name} | set(TEXT_COLUMNS)
-    records = _json_records(text) if kind == "jsonl" else _table_records(path, text, kind, columns, known)
+    header_names = (text_column or TEXT_COLUMNS[0], label_column, *filter(None, [text_pair_column]), *TEXT_COLUMNS)
+    records = RecordFile.open(path, kind, columns=columns, header_names=header_names)
+    named = [(column, option) for column, option in ((text_column, "text_column"),
+                                                      (text_pair_column, "text_pair_column"),
+                                                      (label_column if labeled else None, "label_column"))
+             if column is not None]
+    for column, option in named:
+        records.require(column, option)
+    class_names = records.class_names(label_column) if labeled else None
+    id_names = class_names or labels
+    wanted = [*TEXT_COLUMNS, *PAIR_COLUMNS, *filter(None, [text_column, text_pair_column, label_column])]
     skipped = Skipped()
     examples = []
     declared = set(labels) if labels is not None else None
-    for line, record in records:
+    for line, record in records.records(wanted):
+        where = records.where(line)
         if isinstance(record, str):
-            skipped.handle(f"{path}:{line}: {record}", skip_bad)
+            skipped.handle(f"{where}: {record}", skip_bad)
             continue
         try:
-            example = _example(record, line, text_column, text_pair_column, label_column if labeled else None)
+            if records.format == "jsonl":  # each record names its own columns: a named one must be there
+                for column, option in named:
+                    field_value(record, column, option, where)
+            example = _example(record, line, text_column, text_pair_column, label_column if labeled else None,
+                               id_names)
         except DataFileError as error:
-            skipped.handle(f"{path}:{line}: {error}", skip_bad)
+            message = str(error)
+            skipped.handle(message if message.startswith(where) else f"{where}: {message}", skip_bad)
             continue
         if declared is not None and example.label is not None and example.label not in declared:
-            skipped.handle(f"{path}:{line}: label {example.label!r} is not one of the declared labels: "
+            skipped.handle(f"{where}: label {example.label!r} is not one of the declared labels: "
                            f"{', '.join(labels)}", skip_bad)
             continue
         examples.append(example)
     if not examples:
         raise DataFileError(f"{path}: no examples" + (f" ({skipped.summary()})" if skipped else ""))
     if labels is None:
-        labels = sorted_names(example.label for example in examples) if labeled else ()
+        labels = (class_names or sorted_names(example.label for example in examples)) if labeled else ()
     return ClassificationData(str(path), examples, labels, skipped)
 
 
 def _example(record: dict, line: int, text_column: str | None, pair_column: str | None,
-             label_column: str | None) -> ClassificationExample:
+             label_column: str | None, id_names: Sequence[str] | None = None) -> ClassificationExample:
     """The example of one record (a dict of column -> value); a DataFileError without the file's name."""
     text_column = text_column or next((name for name in TEXT_COLUMNS if name in record), None)
     if text_column is None or text_column not in record:
@@ -129,9 +147,7 @@ def _example(record: dict, line: int, text_column: str | None, pair_column: str 
         value = record.get(label_column)
         if value is None or (isinstance(value, str) and not value.strip()):
             raise DataFileError(f"the row has no label (column {label_column!r})")
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise DataFileError(f"label {value!r} is not a name or an integer")
-        label = str(value).strip()
+        label = class_name(value, id_names, "label")
     return ClassificationExample(text, pair, label, line)
 
 
@@ -144,58 +160,3 @@ def _text(record: dict, column: str) -> str:
     if not value.strip():
         raise DataFileError(f"{column} is empty")
     return value.strip()
-
-
-def _table_records(path, text: str, kind: str, columns: Sequence[str] | None,
-                   known: set[str]) -> Iterator[tuple[int, dict | str]]:
-    """(line, {column: value}) for each non-blank row of a TSV/CSV text, or (line, what is wrong) for a
-    row with more fields than the header; a row with fewer lacks the columns it does not reach. Without
-    ``columns`` the first row is the header, and must name one of the ``known`` columns."""
-    rows = _tsv_rows(text) if kind == "tsv" else _csv_rows(path, text)
-    header = [name.strip() for name in columns] if columns is not None else None
-    for line, fields in rows:
-        if header is None:
-            header = [name.strip() for name in fields]
-            if not known & set(header):
-                raise DataFileError(f"{path}:{line}: the first row {fields[:4]} is not a header naming the columns "
-                                    f"(e.g. sentence, label); for a file without a header give columns=[...]")
-            continue
-        if len(fields) > len(header):
-            yield line, f"{len(fields)} fields, but the header names {len(header)}: {', '.join(header)}"
-            continue
-        yield line, dict(zip(header, fields, strict=False))
-
-
-def _tsv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.rstrip("\r")
-        if line.strip():
-            yield number, line.split("\t")
-
-
-def _csv_rows(path, text: str) -> Iterator[tuple[int, list[str]]]:
-    reader = csv.reader(text.splitlines(keepends=True))
-    start = 1
-    try:
-        for fields in reader:
-            if any(field.strip() for field in fields):
-                yield start, fields
-            start = reader.line_num + 1
-    except csv.Error as error:
-        raise DataFileError(f"{path}:{reader.line_num}: not valid CSV ({error})") from None
-
-
-def _json_records(text: str) -> Iterator[tuple[int, dict | str]]:
-    """(line, object) for each non-blank line, or (line, what is wrong) for one that is not an object."""
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            yield number, f"not a JSON object ({error.msg} at column {error.colno})"
-            continue
-        if not isinstance(record, dict):
-            yield number, f"not a JSON object (a {type(record).__name__})"
-            continue
-        yield number, record

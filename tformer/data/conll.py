@@ -5,6 +5,9 @@ line has one, else on spaces.
 
 Tag names come from the data (``O`` first, then the rest sorted) or from the caller, whose order then
 fixes the tag ids.
+
+The same sentences read from records (``read_tagged_records``: JSONL, TSV/CSV, Parquet, a datasets folder)
+have a list of words and a list of tags per record.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, read_data_text
+from tformer.data.records import RecordFile, class_name, field_value, list_value
 
 DOCUMENT_START = "-DOCSTART-"
+TOKENS_COLUMN, TAGS_COLUMN = "tokens", "ner_tags"  # Hugging Face's conll2003 / wnut_17 column names
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,79 @@ def read_conll(path: str | Path, *, tags: Sequence[str] | None = None, skip_bad:
     if not sentences:
         raise DataFileError(f"{path}: no sentences" + (f" ({skipped.summary()})" if skipped else ""))
     if tags is None:
-        found = {tag for sentence in sentences for tag in sentence.tags}
-        tags = (("O",) if "O" in found else ()) + tuple(sorted(found - {"O"}))
+        tags = found_tag_names(sentences)
     return ConllData(str(path), sentences, tags, skipped)
+
+
+def found_tag_names(sentences: Sequence[TaggedSentence]) -> tuple[str, ...]:
+    """The tags the sentences use: ``O`` first, then the rest sorted."""
+    found = {tag for sentence in sentences for tag in sentence.tags}
+    return (("O",) if "O" in found else ()) + tuple(sorted(found - {"O"}))
+
+
+def read_tagged_records(path: str | Path, *, format: str | None = None, tokens_column: str = TOKENS_COLUMN,
+                        tags_column: str = TAGS_COLUMN, columns: Sequence[str] | None = None,
+                        tags: Sequence[str] | None = None, skip_bad: bool = False) -> ConllData:
+    """Tagged sentences from records (JSONL, TSV/CSV, Parquet, a datasets folder; ``tformer.data.records``):
+    one sentence a record, its words a list in ``tokens_column`` and their tags a list as long in
+    ``tags_column`` (Hugging Face's conll2003 names: ``tokens``, ``ner_tags``); a TSV/CSV cell holds the items
+    separated by spaces. An integer tag is a class id, named by the file's ClassLabel names, else by
+    ``tags``. A sentence without words, or that is only ``-DOCSTART-``, is no sentence, as in a CoNLL file.
+    Tag names: ``tags`` when given, else the file's ClassLabel names, else those found (``O`` first)."""
+    if tags is not None:
+        tags = tuple(tags)
+        if len(set(tags)) != len(tags) or not tags:
+            raise DataFileError(f"tags={list(tags)} must be distinct names, at least one")
+    records = RecordFile.open(path, format, columns=columns)
+    records.require(tokens_column, "tokens_column")
+    records.require(tags_column, "tags_column")
+    class_names = records.class_names(tags_column)
+    id_names = class_names or tags
+    declared = set(tags) if tags is not None else None
+    skipped = Skipped()
+    sentences: list[TaggedSentence] = []
+    for position, record in records.records([tokens_column, tags_column]):
+        where = records.where(position)
+        if isinstance(record, str):
+            skipped.handle(f"{where}: {record}", skip_bad)
+            continue
+        try:
+            sentence = _tagged_record(record, where, tokens_column, tags_column, id_names, position)
+        except DataFileError as error:
+            skipped.handle(str(error), skip_bad)
+            continue
+        if sentence is None:
+            continue
+        undeclared = next((tag for tag in sentence.tags if declared is not None and tag not in declared), None)
+        if undeclared is not None:
+            skipped.handle(f"{where}: tag {undeclared!r} is not one of the declared tags: {', '.join(tags)}", skip_bad)
+            continue
+        sentences.append(sentence)
+    if not sentences:
+        raise DataFileError(f"{path}: no sentences" + (f" ({skipped.summary()})" if skipped else ""))
+    if tags is None:
+        tags = class_names or found_tag_names(sentences)
+    return ConllData(str(path), sentences, tags, skipped)
+
+
+def _tagged_record(record: dict, where: str, tokens_column: str, tags_column: str, id_names, position: int):
+    """The sentence of one record (None: an empty one, or a -DOCSTART- line's); a DataFileError naming it."""
+    words = list_value(field_value(record, tokens_column, "tokens_column", where), where, tokens_column)
+    tag_values = list_value(field_value(record, tags_column, "tags_column", where), where, tags_column)
+    if len(words) != len(tag_values):
+        raise DataFileError(f"{where}: {len(words)} words ({tokens_column}) but {len(tag_values)} tags ({tags_column})")
+    if not words or words == [DOCUMENT_START]:
+        return None
+    tokens = []
+    for word in words:
+        if not isinstance(word, str) or not word.strip():
+            raise DataFileError(f"{where}: word {word!r} of {tokens_column} is not a non-empty string")
+        tokens.append(word.strip())
+    if id_names is None and any(isinstance(tag, int) and not isinstance(tag, bool) for tag in tag_values):
+        raise DataFileError(f"{where}: integer tags need tag names (the file declares none): declare them "
+                            "([model] label_names, in id order)")
+    try:
+        names = tuple(class_name(tag, id_names, "tag") for tag in tag_values)
+    except DataFileError as error:
+        raise DataFileError(f"{where}: {error}") from None
+    return TaggedSentence(tuple(tokens), names, position)

@@ -7,7 +7,9 @@ out and keeps its message in a ``Skipped`` list the caller reports; either way n
 
 from __future__ import annotations
 
+import codecs
 import gzip
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +39,34 @@ def read_data_text(path: str | Path, encoding: str = "utf-8-sig") -> str:
     if not text.strip():
         raise DataFileError(f"{file}: the file is empty")
     return text
+
+
+def data_lines(path: str | Path, encoding: str = "utf-8-sig") -> Iterator[tuple[int, str]]:
+    """(line number, line with its "\\n" end) of ``path``, gunzipped when its name ends in .gz, read a
+    line at a time so a file larger than memory streams. Lines split on "\\n" alone, as ``read_data_text``'s
+    readers split them; a leading byte-order mark is dropped unless ``encoding`` is plain "utf-8". A file
+    with no text but whitespace is a DataFileError, raised after its (blank) lines."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataFileError(f"{file}: no such file")
+    offset, has_text = 0, False
+    try:
+        with gzip.open(file, "rb") if file.suffix == ".gz" else open(file, "rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                if number == 1 and encoding == "utf-8-sig" and raw.startswith(codecs.BOM_UTF8):
+                    raw, offset = raw[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise DataFileError(f"{file}:{number}: not UTF-8 text ({error.reason} at byte "
+                                        f"{offset + error.start})") from None
+                offset += len(raw)
+                has_text = has_text or bool(line.strip())
+                yield number, line
+    except (OSError, EOFError) as error:
+        raise DataFileError(f"{file}: cannot read ({error})") from None
+    if not has_text:
+        raise DataFileError(f"{file}: the file is empty")
 
 
 @dataclass

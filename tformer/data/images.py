@@ -15,6 +15,9 @@ int64 labels (N,) and the label names.
   C = 1 or 3), ``labels`` (integers >= 0, (N,)) and optionally ``label_names`` (strings, (K,)); any other
   array is refused, so a file holding several splits (``x_train``, ``x_test``) is not read by guesswork.
 
+* **records** (``read_image_records``): JSONL, TSV/CSV, Parquet or a datasets folder with an image column
+  (Hugging Face's Image feature: PNG/JPEG bytes; or a file path) and a label column.
+
 Bad input is a ``DataFileError`` naming the file and what is allowed: counts that disagree, a corrupt
 image, a folder without images, images of mixed sizes, a label outside the label names.
 """
@@ -22,6 +25,7 @@ image, a folder without images, images of mixed sizes, a label outside the label
 from __future__ import annotations
 
 import gzip
+import io
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +36,7 @@ import torch
 from torch import Tensor
 
 from tformer.data.files import DataFileError, sorted_names
+from tformer.data.records import RecordFile, class_name, field_value
 
 IMAGE_FORMATS = ("idx", "image_folder", "npz")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -42,6 +47,7 @@ FASHION_MNIST_LABELS = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "
 MNIST_LABELS = tuple(str(digit) for digit in range(10))
 NPZ_ARRAYS = ("images", "labels", "label_names")
 GREY_MODES = ("1", "L", "LA")  # Pillow's 8-bit (and 1-bit) modes without colour
+IMAGE_COLUMN, LABEL_COLUMN = "image", "label"  # Hugging Face's mnist / beans / food101 names (cifar10: img)
 
 
 @dataclass
@@ -311,18 +317,20 @@ def pillow():
     return Image
 
 
-def open_image(path: str | Path):
-    """A Pillow image, decoded whole now so a corrupt file is named here; a DataFileError if it is not one."""
+def open_image(path, name: str | None = None):
+    """A Pillow image from a file (or a binary file object, called ``name`` in messages), decoded whole now
+    so a corrupt one is named here; a DataFileError if it is not one."""
     image_module = pillow()
+    name = name or str(path)
     try:
         image = image_module.open(path)
         image.load()
     except FileNotFoundError:
-        raise DataFileError(f"{path}: no such file") from None
+        raise DataFileError(f"{name}: no such file") from None
     except (OSError, SyntaxError, ValueError, image_module.DecompressionBombError) as error:
-        raise DataFileError(f"{path}: not a readable image ({error}); allowed: PNG or JPEG files") from None
+        raise DataFileError(f"{name}: not a readable image ({error}); allowed: PNG or JPEG files") from None
     if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-        raise DataFileError(f"{path}: a {image.mode} image (16 or 32 bits a pixel); allowed: 8-bit greyscale, RGB, "
+        raise DataFileError(f"{name}: a {image.mode} image (16 or 32 bits a pixel); allowed: 8-bit greyscale, RGB, "
                             "RGBA or palette images")
     return image
 
@@ -366,7 +374,17 @@ def read_image_folder(root: str | Path, label_names: Sequence[str] | None = None
         if folder.is_dir() and not images:
             raise DataFileError(f"{folder}: no images (PNG or JPEG files ending in {', '.join(IMAGE_SUFFIXES)})")
         files += [(path, label) for path in images]
-    opened = [(path, open_image(path)) for path, _ in files]
+    opened = [(str(path), open_image(path)) for path, _ in files]
+    labels = [label for _, label in files]
+    return stack_images(opened, labels, names, str(root), image_size=image_size, num_channels=num_channels,
+                        ignored=ignored)
+
+
+def stack_images(opened: list[tuple[str, object]], labels: Sequence[int], names: tuple[str, ...], source: str, *,
+                 image_size: int | None = None, num_channels: int | None = None, ignored: int = 0) -> ImageData:
+    """ImageData of decoded Pillow images (each with the name a message gives it) and their label ids: one
+    channel when every image is greyscale (else RGB) unless ``num_channels`` says; one size for all, or
+    each resized to ``image_size``; ``ignored`` files counted in the notes."""
     channels = num_channels or (1 if all(image.mode in GREY_MODES for _, image in opened) else 3)
     size = None if image_size is None else (image_size, image_size)
     if size is None:
@@ -374,11 +392,68 @@ def read_image_folder(root: str | Path, label_names: Sequence[str] | None = None
         for path, image in opened:
             if image.size != first.size:
                 raise DataFileError(f"{path} is {image.height} x {image.width} but {first_path} is {first.height} x "
-                                    f"{first.width}: the images of a folder share one size (or read them with "
+                                    f"{first.width}: the images of a data set share one size (or read them with "
                                     "image_size to resize them)")
     resized = sum(size is not None and (image.height, image.width) != size for _, image in opened)
     images = torch.stack([image_tensor(image, channels, size) for _, image in opened])  # (N, C, H, W)
     notes = [f"{resized:,} resized to {size[0]} x {size[1]}"] if resized else []
     notes += [f"{ignored:,} files that are not PNG/JPEG left out"] if ignored else []
-    labels = torch.tensor([label for _, label in files], dtype=torch.long)
-    return ImageData(images, labels, names, str(root), notes)
+    return ImageData(images, torch.tensor(list(labels), dtype=torch.long), names, source, notes)
+
+
+# ---- records ----------------------------------------------------------------------------------------------
+
+
+def read_image_records(path: str | Path, *, format: str | None = None, image_column: str = IMAGE_COLUMN,
+                       label_column: str = LABEL_COLUMN, columns: Sequence[str] | None = None,
+                       label_names: Sequence[str] | None = None) -> ImageData:
+    """Labelled images from records (JSONL, TSV/CSV, Parquet, a datasets folder; ``tformer.data.records``):
+    the ``image_column`` holds an image as Hugging Face's Image feature stores it (``{"bytes": PNG/JPEG
+    bytes, "path": ...}``), as bytes, or as a file path (relative paths from the records file's folder); the
+    ``label_column`` a class name or an integer class id (named by the file's ClassLabel names, else
+    ``label_names``, else "0".."K-1"). The images share one size, as an image folder's."""
+    records = RecordFile.open(path, format, columns=columns)
+    records.require(image_column, "image_column")
+    records.require(label_column, "label_column")
+    class_names = records.class_names(label_column)
+    declared = None if label_names is None else tuple(str(name) for name in label_names)
+    folder = records.path if records.format == "datasets" else records.path.parent
+    opened, values = [], []
+    for position, record in records.records([image_column, label_column]):
+        where = records.where(position)
+        if isinstance(record, str):
+            raise DataFileError(f"{where}: {record}")
+        image = field_value(record, image_column, "image_column", where)
+        opened.append((where, _record_image(image, folder, where)))
+        values.append(field_value(record, label_column, "label_column", where))
+    if not opened:
+        raise DataFileError(f"{path}: no images")
+    if all(isinstance(value, int) and not isinstance(value, bool) for value in values) and not (
+            class_names or declared):
+        names = tuple(str(number) for number in range(max(values) + 1)) if min(values) >= 0 else ()
+    else:
+        names = None
+    found = []
+    for (where, _), value in zip(opened, values, strict=True):
+        try:
+            found.append(class_name(value, class_names or declared or names, "label"))
+        except DataFileError as error:
+            raise DataFileError(f"{where}: {error}") from None
+    names = declared or class_names or names or sorted_names(found)
+    index = {name: number for number, name in enumerate(names)}
+    for (where, _), name in zip(opened, found, strict=True):
+        if name not in index:
+            raise DataFileError(f"{where}: label {name!r} is not one of the label names ({', '.join(names)})")
+    return stack_images(opened, [index[name] for name in found], tuple(names), str(path))
+
+
+def _record_image(value, folder: Path, where: str):
+    """A decoded Pillow image from an image column's value."""
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        return open_image(io.BytesIO(value), name=f"{where}: the image")
+    if isinstance(value, str) and value:
+        return open_image(folder / value, name=f"{where}: {folder / value}")
+    raise DataFileError(f"{where}: the image is {type(value).__name__}; allowed: {{\"bytes\": ...}} (Hugging Face's "
+                        "Image feature), bytes, or a file path")

@@ -16,13 +16,19 @@ import numpy as np
 from tformer.data.files import DataFileError, read_data_text
 from tformer.data.lm import Tokens, num_tokens, split_tokens
 from tformer.data.parallel import corpus_file
+from tformer.data.records import RECORD_FORMATS, record_format, record_lines
 from tformer.data.token_file import TokenFileError, header_path, read_token_file, read_token_header
 from tformer.errors import TformerError
 from tformer.tokenizers import CharTokenizer
 from tformer.tokenizers import load as load_tokenizer
 
-DATA_FORMATS = ("auto", "text", "tokens", "npy", "tsv", "csv", "jsonl", "idx", "image_folder", "npz")
-# tsv, csv, jsonl: classification; idx, image_folder, npz: image classification (tformer.data.images)
+DATA_FORMATS = ("auto", "text", "tokens", "npy", *RECORD_FORMATS, "conll", "squad", "idx", "image_folder", "npz")
+# jsonl, csv, tsv, parquet, datasets: records (tformer.data.records), read by every task; conll: token
+# classification's tag files; squad: SQuAD v1.1 JSON; idx, image_folder, npz: images (tformer.data.images)
+# The [data] settings naming the columns of a records file, by task (docs/data.md): None = the task's default.
+COLUMN_OPTIONS = ("text_column", "text_pair_column", "label_column", "tokens_column", "tags_column",
+                  "question_column", "context_column", "answers_column", "translation_column", "source_column",
+                  "target_column", "image_column")
 
 
 class DataError(TformerError):
@@ -39,7 +45,8 @@ class DataConfig:
     image classification ``train`` and ``eval`` are idx images files, image folders or .npz files. For
     translation they are corpus prefixes (``train`` for train.de + train.en, .gz too) read from
     ``source_language`` into ``target_language``, and ``tokenizer`` may be "bpe": a joint BPE learned
-    from the training pairs."""
+    from the training pairs. Every task also reads records (``tformer.data.records``: JSONL, TSV/CSV,
+    Parquet, a datasets save_to_disk folder), whose columns the ``*_column`` settings name."""
 
     train: str = ""
     eval: str | None = None
@@ -50,6 +57,18 @@ class DataConfig:
     skip_bad: bool = False
     source_language: str | None = None
     target_language: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    tokens_column: str | None = None
+    tags_column: str | None = None
+    question_column: str | None = None
+    context_column: str | None = None
+    answers_column: str | None = None
+    translation_column: str | None = None
+    source_column: str | None = None
+    target_column: str | None = None
+    image_column: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, str) or not self.train:
@@ -60,6 +79,10 @@ class DataConfig:
         fraction = self.eval_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
             raise DataError(f"data.eval_fraction={fraction!r} must be a number in [0, 1)")
+        for key in COLUMN_OPTIONS:
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise DataError(f"data.{key}={value!r} must be a column name")
 
     def check_files(self) -> None:
         """Fail now, before any work, if a named file is missing."""
@@ -67,7 +90,7 @@ class DataConfig:
             path = getattr(self, key)
             if path is None:
                 continue
-            if self.source_language or self.target_language:
+            if (self.source_language or self.target_language) and self.record_format(path) is None:
                 for language in (self.source_language, self.target_language):
                     if language:
                         try:
@@ -75,17 +98,48 @@ class DataConfig:
                         except DataFileError as error:
                             raise DataError(f"data.{key}: {error}") from None
                 continue
-            folder_allowed = self.format in ("auto", "image_folder")  # an image folder is a folder
+            folder_allowed = self.format in ("auto", "image_folder", "datasets")  # folders: images, datasets
             if not (Path(path).is_file() or (folder_allowed and Path(path).is_dir())):
                 raise DataError(f"data.{key}: {path}: no such file" + (" or folder" if folder_allowed else ""))
         if self.tokenizer not in ("char", "bpe") and not Path(self.tokenizer).exists():
             raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use \"char\", \"bpe\" or a "
                             "tokenizer.json path)")
 
+    def record_format(self, path: str, native_suffixes: tuple[str, ...] = ()) -> str | None:
+        """The record format ``path`` is read in (``data.format``, else by the name), or None when it is the
+        task's own format; with ``format = "auto"`` a name ending in one of ``native_suffixes`` stays the
+        task's own (a CoNLL file named .tsv, a SQuAD file .json)."""
+        if self.format in RECORD_FORMATS:
+            return self.format
+        if self.format != "auto" or path.lower().removesuffix(".gz").endswith(native_suffixes):
+            return None
+        try:
+            return record_format(path)
+        except DataFileError as error:
+            raise DataError(f"data: {error}") from None
+
+    def check_columns(self, task: str, path: str, kind: str | None) -> None:
+        """Refuse a ``*_column`` setting where ``path`` is read in the task's own format (``kind`` None),
+        which has no named columns to honour it."""
+        if kind is not None:
+            return
+        for key in COLUMN_OPTIONS + ("columns",):
+            if getattr(self, key) is not None:
+                raise DataError(f"data.{key} names a column of a records file (JSONL, CSV/TSV, Parquet, a datasets "
+                                f"folder); {path} is read as the {task} task's own format, which has no columns")
+
+    def columns_of(self, **defaults: str | None) -> dict[str, str | None]:
+        """The ``*_column`` settings named, each as set or its ``defaults`` value (the task's)."""
+        return {key: getattr(self, key) or default for key, default in defaults.items()}
+
     def file_format(self, path: str) -> str:
-        """text, tokens (a .bin with its .json header) or npy: as set, or by the file's name."""
+        """text, tokens (a .bin with its .json header), npy or a record format: as set, or by the file's
+        name."""
         if self.format != "auto":
             return self.format
+        kind = self.record_format(path)
+        if kind is not None:
+            return kind
         if path.endswith(".npy"):
             return "npy"
         return "tokens" if header_path(path).is_file() else "text"
@@ -112,11 +166,14 @@ def load_language_model_data(config: DataConfig, tokenizer=None) -> LanguageMode
     pretrained model's, instead of the one ``config.tokenizer`` names)."""
     config.check_files()
     formats = {key: config.file_format(getattr(config, key)) for key in ("train", "eval") if getattr(config, key)}
-    if len({kind == "text" for kind in formats.values()}) > 1:
-        raise DataError("data.train and data.eval must both be text or both be token files")
+    is_text = {key: kind == "text" or kind in RECORD_FORMATS for key, kind in formats.items()}
+    if len(set(is_text.values())) > 1:
+        raise DataError("data.train and data.eval must both be text (or records) or both be token files")
+    for key, kind in formats.items():
+        config.check_columns("lm", getattr(config, key), kind if kind in RECORD_FORMATS else None)
     vocab_size = None
-    if formats["train"] == "text":
-        texts = {key: read_text(getattr(config, key), key) for key in formats}
+    if is_text["train"]:
+        texts = {key: read_text(getattr(config, key), key, kind, config) for key, kind in formats.items()}
         tokenizer = tokenizer or _tokenizer_for(config, "".join(texts.values()))
         tokens = {key: encode_text(tokenizer, text) for key, text in texts.items()}
     else:
@@ -144,9 +201,15 @@ def load_language_model_data(config: DataConfig, tokenizer=None) -> LanguageMode
     return LanguageModelData(train, evaluation, tokenizer, vocab_size, described)
 
 
-def read_text(path: str | Path, key: str = "train") -> str:
-    """A UTF-8 text file, gzip-compressed when its name ends in .gz; errors name the ``data.`` key."""
+def read_text(path: str | Path, key: str = "train", kind: str = "text", config: DataConfig | None = None) -> str:
+    """A UTF-8 text file, gzip-compressed when its name ends in .gz, or (``kind`` a record format) the text
+    of a records file's ``data.text_column`` (default ``text``), a record a line; errors name the ``data.``
+    key."""
     try:
+        if kind in RECORD_FORMATS:
+            column = (config.text_column if config is not None else None) or "text"
+            columns = config.columns if config is not None else None
+            return "".join(record_lines(path, column, format=kind, columns=columns))
         return read_data_text(path, encoding="utf-8")  # a byte-order mark is text a model trains on
     except DataFileError as error:
         hint = "; token files must end in .npy or set data.format" if "not UTF-8 text" in str(error) else ""

@@ -4,15 +4,20 @@ by article (the project's "SQuAD dev-split": the first 38 articles train, the la
 
 Every answer is checked against its context: ``context[answer_start:answer_start + len(text)]`` must be
 the answer's text. SQuAD v2's unanswerable questions are refused (this reader is v1.1).
+
+``read_squad_records`` reads the same questions from records (JSONL, TSV/CSV, Parquet, a datasets folder),
+one question a record, as Hugging Face's squad dataset lays them out.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, read_data_text
+from tformer.data.records import RecordFile, field_value, json_cell
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,73 @@ def read_squad(path: str | Path, *, require_answers: bool = True, skip_bad: bool
     if not examples:
         raise DataFileError(f"{path}: no questions" + (f" ({skipped.summary()})" if skipped else ""))
     return SquadData(str(path), examples, titles, skipped)
+
+
+def read_squad_records(path: str | Path, *, format: str | None = None, question_column: str = "question",
+                       context_column: str = "context", answers_column: str = "answers",
+                       columns: Sequence[str] | None = None, require_answers: bool = True,
+                       skip_bad: bool = False) -> SquadData:
+    """Questions from records (JSONL, TSV/CSV, Parquet, a datasets folder; ``tformer.data.records``), one a
+    record, as Hugging Face's squad dataset has them: ``question``, ``context`` and ``answers``, either
+    ``{"text": [...], "answer_start": [...]}`` or a list of ``{"text", "answer_start"}`` objects (in a
+    TSV/CSV cell: as JSON). The id is the ``id`` column's (else the record's position), the title the
+    ``title`` column's (else none); consecutive records of one title (without titles: of one context) are
+    one article. Every check of ``read_squad`` applies, and its errors name the record."""
+    records = RecordFile.open(path, format, columns=columns)
+    records.require(question_column, "question_column")
+    records.require(context_column, "context_column")
+    if require_answers:
+        records.require(answers_column, "answers_column")
+    skipped = Skipped()
+    examples: list[SquadExample] = []
+    titles: list[str] = []
+    seen: set[str] = set()
+    article_key = None
+    wanted = [question_column, context_column, answers_column, "id", "title"]
+    for position, record in records.records(wanted):
+        where = records.where(position)
+        if isinstance(record, str):
+            skipped.handle(f"{where}: {record}", skip_bad)
+            continue
+        try:
+            question = field_value(record, question_column, "question_column", where)
+            context = field_value(record, context_column, "context_column", where)
+            if not isinstance(context, str):
+                raise DataFileError(f"{where}: the context is not a string")
+            answers = _record_answers(record.get(answers_column, []), where, answers_column)
+            title = str(record.get("title") or "")
+            key = title if "title" in record else context
+            if key != article_key:
+                article_key = key
+                titles.append(title)
+            qa = {"id": str(record.get("id", position)), "question": question, "answers": answers}
+            example = _example(qa, context, len(titles) - 1, title, require_answers)
+        except DataFileError as error:
+            message = str(error)
+            skipped.handle(message if message.startswith(str(records.path)) else f"{where}: {message}", skip_bad)
+            continue
+        if example.id in seen:
+            skipped.handle(f"{where}: question {example.id}: the id appears twice", skip_bad)
+            continue
+        seen.add(example.id)
+        examples.append(example)
+    if not examples:
+        raise DataFileError(f"{path}: no questions" + (f" ({skipped.summary()})" if skipped else ""))
+    return SquadData(str(path), examples, titles, skipped)
+
+
+def _record_answers(value, where: str, column: str) -> list:
+    """A record's answers as SQuAD's list of ``{"text", "answer_start"}`` objects."""
+    value = json_cell(value, where, column)
+    if isinstance(value, dict):
+        texts, starts = value.get("text"), value.get("answer_start")
+        if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
+            raise DataFileError(f"{where}: {column} must hold \"text\" and \"answer_start\" lists of one length")
+        return [{"text": text, "answer_start": start} for text, start in zip(texts, starts, strict=True)]
+    if isinstance(value, list):
+        return value
+    raise DataFileError(f"{where}: {column} must be {{\"text\": [...], \"answer_start\": [...]}} or a list of "
+                        "answers")
 
 
 def _example(qa, context: str, article: int, title: str, require_answers: bool) -> SquadExample:

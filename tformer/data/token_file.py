@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tformer.data.files import DataFileError
+from tformer.data.records import record_format, record_lines
 from tformer.errors import TformerError
-from tformer.tokenizers.corpus import CHUNK_CHARS, read_file_chunks
+from tformer.tokenizers.corpus import CHUNK_CHARS, cut_chunks, read_file_chunks
 
 FORMAT = "tformer-token-file"
 VERSION = 1
@@ -151,22 +153,31 @@ def read_token_file(path: str | os.PathLike, tokenizer=None) -> np.ndarray:
 
 def tokenize_files(tokenizer, files: Iterable[str | os.PathLike], out: str | os.PathLike,
                    separate_documents: bool = True, progress: bool = True,
-                   chunk_chars: int | None = None) -> dict[str, Any]:
+                   chunk_chars: int | None = None, text_column: str = "text") -> dict[str, Any]:
     """Encode text files (plain or .gz) into token file ``out``, each file followed by the
     tokenizer's end-of-sequence token (or separator) when ``separate_documents`` and it has
     one. No special tokens are added inside a file. Files are read ``chunk_chars`` characters
-    at a time (about 1M by default), cut where the ids cannot change. Returns the header."""
+    at a time (about 1M by default), cut where the ids cannot change. A records file (JSONL, CSV/TSV,
+    Parquet, a datasets folder; ``tformer.data.records``) is the text of its ``text_column``, a record a
+    line, streamed a record batch at a time, so a corpus larger than memory becomes a token file that
+    training memory-maps. Returns the header."""
     files = [Path(file) for file in files]
     if not files:
         raise TokenFileError("no input files to tokenize")
+    kinds = {}
     for file in files:
-        if not file.is_file():
+        try:
+            kinds[file] = record_format(file)
+        except DataFileError as error:
+            raise TokenFileError(str(error)) from None
+        if not file.is_file() and kinds[file] != "datasets":
             raise TokenFileError(f"{file}: no such file")
     separator = None
     if separate_documents:
         separator = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
     started = time.perf_counter()
-    total = None if any(file.suffix == ".gz" for file in files) else sum(file.stat().st_size for file in files)
+    total = None if any(file.suffix == ".gz" or kinds[file] for file in files) else \
+        sum(file.stat().st_size for file in files)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -178,7 +189,11 @@ def tokenize_files(tokenizer, files: Iterable[str | os.PathLike], out: str | os.
     try:
         with TokenFileWriter(out, tokenizer.vocab_size, tokenizer.fingerprint(), metadata) as writer:
             for file in files:
-                for chunk in read_file_chunks(file, chunk_chars or CHUNK_CHARS):
+                if kinds[file] is None:
+                    chunks = read_file_chunks(file, chunk_chars or CHUNK_CHARS)
+                else:
+                    chunks = cut_chunks(record_lines(file, text_column), chunk_chars or CHUNK_CHARS)
+                for chunk in _data_errors(chunks):
                     writer.write(tokenizer.encode(chunk, add_special_tokens=False))
                     size = len(chunk.encode("utf-8"))
                     text_bytes += size
@@ -192,3 +207,11 @@ def tokenize_files(tokenizer, files: Iterable[str | os.PathLike], out: str | os.
         if bar is not None:
             bar.close()
     return read_token_header(out)
+
+
+def _data_errors(chunks: Iterator[str]) -> Iterator[str]:
+    """``chunks``, a records file's DataFileError raised as a TokenFileError (the message kept)."""
+    try:
+        yield from chunks
+    except DataFileError as error:
+        raise TokenFileError(str(error)) from None

@@ -45,25 +45,29 @@ def open_text(path: str | os.PathLike):
 
 def read_file_chunks(path: str | os.PathLike, chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
     """The text of ``path`` in pieces of about ``chunk_chars`` characters whose concatenation
-    is the file. Each cut falls just before a space that follows a non-whitespace character: no
-    pre-tokenizer here (GPT-2's or GPT-4's pattern, BERT's, characters) lets a word cross that
-    point, and none looks back, so the words (and ids) are those of the whole text."""
+    is the file (see ``cut_chunks``)."""
     with open_text(path) as handle:
-        pending = ""
         try:
-            while True:
-                block = handle.read(chunk_chars)
-                if not block:
-                    break
-                pending += block
-                cut = _safe_cut(pending)
-                if cut > 0:
-                    yield pending[:cut]
-                    pending = pending[cut:]
+            yield from cut_chunks(iter(lambda: handle.read(chunk_chars), ""), chunk_chars)
         except UnicodeDecodeError as error:
             raise TokenizerError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start} of a block)") from None
-        if pending:
-            yield pending
+
+
+def cut_chunks(pieces: Iterable[str], chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """The concatenated ``pieces`` (a file's blocks, a records file's lines) in chunks of about
+    ``chunk_chars`` characters, read a piece at a time. Each cut falls just before a space that follows a
+    non-whitespace character: no pre-tokenizer here (GPT-2's or GPT-4's pattern, BERT's, characters) lets
+    a word cross that point, and none looks back, so the words (and ids) are those of the whole text."""
+    pending = ""
+    for piece in pieces:
+        pending += piece
+        if len(pending) >= chunk_chars:
+            cut = _safe_cut(pending)
+            if cut > 0:
+                yield pending[:cut]
+                pending = pending[cut:]
+    if pending:
+        yield pending
 
 
 def _safe_cut(text: str) -> int:

@@ -1,4 +1,5 @@
-"""Sequence classification (one text or a pair -> one label) from TSV, CSV or JSONL files.
+"""Sequence classification (one text or a pair -> one label) from TSV, CSV, JSONL, Parquet files or datasets
+folders (``tformer.data.records``).
 
 Texts longer than ``seq_len`` tokens are truncated (the longer of a pair first) and counted in the
 task's description. Evaluation sums a confusion matrix (one count per cell, so totals add up over
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tformer.data.classification import ClassificationData, read_classification
+from tformer.data.classification import LABEL_COLUMN, ClassificationData, read_classification
 from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
 from tformer.evaluation.classification import classification_scores
@@ -101,7 +102,8 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
         ``train``); label names from the recipe, else from the training file."""
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
         options = {"format": None if data.format == "auto" else data.format, "columns": data.columns,
-                   "skip_bad": data.skip_bad}
+                   "skip_bad": data.skip_bad, "text_column": data.text_column,
+                   "text_pair_column": data.text_pair_column, "label_column": data.label_column or LABEL_COLUMN}
         try:
             train = read_classification(data.train, labels=label_names, **options)
             evaluation = None

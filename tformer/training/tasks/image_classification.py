@@ -23,7 +23,15 @@ from torch import Tensor, nn
 
 from tformer.data.files import DataFileError
 from tformer.data.image_processing import ImageProcessing
-from tformer.data.images import ImageData, fit_images, pixel_mean_std, read_images
+from tformer.data.images import (
+    IMAGE_COLUMN,
+    LABEL_COLUMN,
+    ImageData,
+    fit_images,
+    pixel_mean_std,
+    read_image_records,
+    read_images,
+)
 from tformer.data.sources import DataConfig
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
@@ -86,12 +94,11 @@ class ImageClassification(LabelEvaluation, ExampleTask):
         if tokenizer is not None:
             raise TrainingError("the image_classification task reads images; the model folder brings a tokenizer "
                                 "(is it a vision model?)")
-        kind = None if data.format == "auto" else data.format
         try:
-            train = read_images(data.train, format=kind, label_names=label_names)
+            train = _read(data, data.train, label_names)
             evaluation = None
             if data.eval:
-                evaluation = read_images(data.eval, format=kind, label_names=train.label_names)
+                evaluation = _read(data, data.eval, train.label_names)
             elif data.eval_fraction > 0:
                 train, evaluation = train.split(data.eval_fraction)
         except DataFileError as error:
@@ -198,3 +205,14 @@ class ImageClassification(LabelEvaluation, ExampleTask):
 def _rows(data: ImageData) -> Rows:
     """Images (N, C, H, W) and labels (N,) as the rows an ExampleTask draws from (every row one unit long)."""
     return Rows({"pixel_values": data.images, "labels": data.labels}, torch.ones(len(data), dtype=torch.long), {})
+
+
+def _read(data: DataConfig, path: str, label_names) -> ImageData:
+    """The labelled images of ``path``: idx, an image folder, .npz, or records with an image column."""
+    kind = data.record_format(path)
+    data.check_columns(ImageClassification.name, path, kind)
+    if kind is None:
+        return read_images(path, format=None if data.format == "auto" else data.format, label_names=label_names)
+    return read_image_records(path, format=kind, columns=data.columns, label_names=label_names,
+                              image_column=data.image_column or IMAGE_COLUMN,
+                              label_column=data.label_column or LABEL_COLUMN)

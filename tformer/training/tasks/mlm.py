@@ -67,6 +67,14 @@ def split_documents(documents: list[list[str]], eval_fraction: float) -> tuple[l
     return train, held_out
 
 
+def _text(data: DataConfig, key: str) -> str:
+    """The text of ``data.train`` or ``data.eval``: a text file, or a records file's ``data.text_column``."""
+    path = getattr(data, key)
+    kind = data.record_format(path)
+    data.check_columns(MaskedLanguageModelling.name, path, kind)
+    return read_text(path, key, kind or "text", data)
+
+
 class MaskedLanguageModelling(ExampleTask):
     """BERT's pretraining objective on ``train_documents`` (and ``eval_documents``): lists of
     sentences as text, tokenized by ``tokenizer`` (which must have [CLS], [SEP], [MASK] and padding)."""
@@ -115,9 +123,9 @@ class MaskedLanguageModelling(ExampleTask):
         if label_names:
             raise TrainingError("label_names: the mlm task has no labels")
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
-        train = text_documents(read_text(data.train, "train"))
+        train = text_documents(_text(data, "train"))
         if data.eval:
-            evaluation = text_documents(read_text(data.eval, "eval"))
+            evaluation = text_documents(_text(data, "eval"))
         elif data.eval_fraction > 0:
             train, evaluation = split_documents(train, data.eval_fraction)
         else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tformer.data.sources import DataConfig
+from tformer.data.records import RECORD_FORMATS
+from tformer.data.sources import COLUMN_OPTIONS, DataConfig
 from tformer.training.config import TrainingError
 from tformer.training.tasks.base import Task, TaskData
 from tformer.training.tasks.classification import SequenceClassification
@@ -41,15 +42,25 @@ TASK_OPTIONS = {
     "eval_bleu": ("translation",),
     "eval_beams": ("translation",),
 }
-# The [data] settings each task reads besides train, eval and eval_fraction.
+# The [data] settings each task reads besides train, eval and eval_fraction; every task reads records
+# (JSONL, CSV/TSV, Parquet, datasets folders: tformer.data.records) beside its own formats, and ``columns``
+# (the columns of a TSV/CSV file without a header row) with them.
+_RECORDS = RECORD_FORMATS
 DATA_OPTIONS = {
-    "lm": {"format": ("auto", "text", "tokens", "npy"), "tokenizer": True},
-    "mlm": {"format": ("auto", "text"), "tokenizer": True},
-    "classification": {"format": ("auto", "tsv", "csv", "jsonl"), "tokenizer": True, "columns": True, "skip_bad": True},
-    "token_classification": {"format": ("auto",), "tokenizer": True, "skip_bad": True},
-    "span_qa": {"format": ("auto",), "tokenizer": True, "skip_bad": True},
-    "image_classification": {"format": ("auto", "idx", "image_folder", "npz")},
-    "translation": {"format": ("auto",), "tokenizer": True, "source_language": True, "target_language": True},
+    "lm": {"format": ("auto", "text", "tokens", "npy", *_RECORDS), "tokenizer": True, "columns": True,
+           "text_column": True},
+    "mlm": {"format": ("auto", "text", *_RECORDS), "tokenizer": True, "columns": True, "text_column": True},
+    "classification": {"format": ("auto", *_RECORDS), "tokenizer": True, "columns": True, "skip_bad": True,
+                       "text_column": True, "text_pair_column": True, "label_column": True},
+    "token_classification": {"format": ("auto", "conll", *_RECORDS), "tokenizer": True, "skip_bad": True,
+                             "columns": True, "tokens_column": True, "tags_column": True},
+    "span_qa": {"format": ("auto", "squad", *_RECORDS), "tokenizer": True, "skip_bad": True, "columns": True,
+                "question_column": True, "context_column": True, "answers_column": True},
+    "image_classification": {"format": ("auto", "idx", "image_folder", "npz", *_RECORDS), "columns": True,
+                             "image_column": True, "label_column": True},
+    "translation": {"format": ("auto", *_RECORDS), "tokenizer": True, "source_language": True,
+                    "target_language": True, "columns": True, "translation_column": True, "source_column": True,
+                    "target_column": True},
 }
 
 
@@ -112,13 +123,17 @@ def check_data_options(task: str, data: DataConfig) -> None:
         raise TrainingError(f"data.format={data.format!r} is not read by the {task} task; it reads "
                             f"{', '.join(allowed['format'])}")
     defaults = DataConfig.__dataclass_fields__
-    for key in ("tokenizer", "columns", "skip_bad", "source_language", "target_language"):
+    for key in ("tokenizer", "columns", "skip_bad", "source_language", "target_language", *COLUMN_OPTIONS):
         if getattr(data, key) != defaults[key].default and key not in allowed:
-            raise TrainingError(f"data.{key} is not read by the {task} task")
-    if task == "translation" and not (data.source_language and data.target_language):
+            readers = [name for name, options in DATA_OPTIONS.items() if key in options]
+            raise TrainingError(f"data.{key} is not read by the {task} task" +
+                                (f" (it is a setting of {', '.join(readers)})" if readers else ""))
+    two_columns = data.source_column is not None or data.target_column is not None
+    if task == "translation" and not two_columns and not (data.source_language and data.target_language):
         raise TrainingError("the translation task reads data.train (and data.eval) as corpus prefixes: set "
                             "data.source_language and data.target_language (PREFIX.de and PREFIX.en for \"de\", "
-                            "\"en\")")
+                            "\"en\"); a records file is read by those languages too, or by data.source_column and "
+                            "data.target_column")
     if data.tokenizer == "bpe" and task != "translation":
         raise TrainingError("data.tokenizer = \"bpe\" (a joint BPE learned from sentence pairs) is for the translation "
                             "task; give a tokenizer file, or \"char\"")

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig, DataError
-from tformer.data.squad import SquadData, SquadExample, read_squad
+from tformer.data.squad import SquadData, SquadExample, read_squad, read_squad_records
 from tformer.evaluation.squad import exact_match, token_f1
 from tformer.tokenizers.encoding import Encoding, Offset
 from tformer.tokenizers.errors import TokenizerError
@@ -229,10 +229,10 @@ class SpanQuestionAnswering(ExampleTask):
             raise TrainingError("training.seq_len is needed by the span_qa task: the length of a window "
                                 "(question + context piece), e.g. 384 as BERT, at most the model's max_seq_len")
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
-        train = _read(data.train, "train", data.skip_bad)
+        train = _read(data, "train")
         evaluation = None
         if data.eval:
-            evaluation = _read(data.eval, "eval", data.skip_bad)
+            evaluation = _read(data, "eval")
         elif data.eval_fraction > 0:
             held_out = round(len(train.titles) * data.eval_fraction)
             if not 0 < held_out < len(train.titles):
@@ -350,8 +350,16 @@ class SpanQuestionAnswering(ExampleTask):
                 / questions, "eval_f1": 100 * totals["f1"] / questions}
 
 
-def _read(path: str, key: str, skip_bad: bool) -> SquadData:
+def _read(data: DataConfig, key: str) -> SquadData:
+    """The questions of ``data.train`` or ``data.eval``: a SQuAD JSON file (a .json, unless ``data.format``
+    says records) or records of question, context and answers."""
+    path = getattr(data, key)
+    kind = data.record_format(path, native_suffixes=(".json",))
+    data.check_columns(SpanQuestionAnswering.name, path, kind)
     try:
-        return read_squad(path, skip_bad=skip_bad)
+        if kind is None:
+            return read_squad(path, skip_bad=data.skip_bad)
+        columns = data.columns_of(question_column="question", context_column="context", answers_column="answers")
+        return read_squad_records(path, format=kind, columns=data.columns, skip_bad=data.skip_bad, **columns)
     except DataFileError as error:
         raise DataError(f"data.{key}: {error}") from None

@@ -1,4 +1,5 @@
-"""Token classification (named entities, any BIO/IOBES tagging) on CoNLL files.
+"""Token classification (named entities, any BIO/IOBES tagging) on CoNLL files, or records of words and tags
+(JSONL, CSV/TSV, Parquet, datasets folders: ``tformer.data.conll.read_tagged_records``).
 
 Each sentence is one row: [CLS] word pieces [SEP], cut to ``seq_len`` tokens. A word's tag is the
 label of its FIRST piece; its other pieces and the special tokens are -100 (ignored), as Hugging
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from tformer.data.conll import ConllData, TaggedSentence, read_conll
+from tformer.data.conll import TAGS_COLUMN, TOKENS_COLUMN, ConllData, TaggedSentence, read_conll, read_tagged_records
 from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
 from tformer.errors import TformerError
@@ -99,6 +100,17 @@ def held_out(data: ConllData, eval_fraction: float) -> tuple[ConllData, ConllDat
             ConllData(data.path, data.sentences[keep:], data.tag_names))
 
 
+def read_tagged(data: DataConfig, path: str, tags: Sequence[str] | None) -> ConllData:
+    """The tagged sentences of ``path``: a CoNLL file (a .tsv too, unless ``data.format`` says records) or
+    records whose ``data.tokens_column`` / ``data.tags_column`` hold each sentence's words and tags."""
+    kind = data.record_format(path, native_suffixes=(".tsv",))
+    data.check_columns(TokenClassification.name, path, kind)
+    if kind is None:
+        return read_conll(path, tags=tags, skip_bad=data.skip_bad)
+    columns = data.columns_of(tokens_column=TOKENS_COLUMN, tags_column=TAGS_COLUMN)
+    return read_tagged_records(path, format=kind, columns=data.columns, tags=tags, skip_bad=data.skip_bad, **columns)
+
+
 class TokenClassification(ExampleTask):
     """Tagging each word of ``train`` (and ``evaluation``) sentences with one of ``tag_names`` by a
     model with the token_classification head; ``seq_len``: the tokens a row is cut to (None: the
@@ -144,10 +156,10 @@ class TokenClassification(ExampleTask):
         evaluation file is read with the same tags (one it does not have is an error naming its line)."""
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
         try:
-            train = read_conll(data.train, tags=label_names, skip_bad=data.skip_bad)
+            train = read_tagged(data, data.train, label_names)
             evaluation = None
             if data.eval:
-                evaluation = read_conll(data.eval, tags=train.tag_names, skip_bad=data.skip_bad)
+                evaluation = read_tagged(data, data.eval, train.tag_names)
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         if evaluation is None and data.eval_fraction > 0:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.data.files import DataFileError
-from tformer.data.parallel import ParallelText, read_parallel
+from tformer.data.parallel import TRANSLATION_COLUMN, ParallelText, read_parallel, read_parallel_records
 from tformer.data.sources import DataConfig
 from tformer.evaluation.translation import BLEU_STATISTICS, bleu_from_statistics, bleu_statistics
 from tformer.generation.translation import new_token_budget, translate_ids
@@ -69,6 +69,19 @@ def encode_side(tokenizer, texts: list[str], limit: int) -> tuple[Rows, int]:
     return pad_rows({"ids": sequences}, padding={"ids": tokenizer.pad_token_id}), cut
 
 
+def read_pairs(data: DataConfig, path: str) -> ParallelText:
+    """The sentence pairs of ``path``: a corpus prefix (PREFIX.LANG files) or a records file whose
+    ``data.translation_column`` maps languages to sentences, or whose ``data.source_column`` and
+    ``data.target_column`` hold them."""
+    kind = data.record_format(path)
+    data.check_columns(Translation.name, path, kind)
+    if kind is None:
+        return read_parallel(path, data.source_language, data.target_language)
+    return read_parallel_records(path, data.source_language, data.target_language, format=kind, columns=data.columns,
+                                 translation_column=data.translation_column or TRANSLATION_COLUMN,
+                                 source_column=data.source_column, target_column=data.target_column)
+
+
 class Translation(ExampleTask):
     """Sentence pairs ``train`` (and ``evaluation``) encoded by ``tokenizer`` for an ``encoder_decoder``
     model; BLEU of ``eval_beams``-beam translations reported with the loss when ``eval_bleu``."""
@@ -111,10 +124,10 @@ class Translation(ExampleTask):
         if label_names:
             raise TrainingError("label_names: the translation task has no labels")
         try:
-            train = read_parallel(data.train, data.source_language, data.target_language)
+            train = read_pairs(data, data.train)
             evaluation = None
             if data.eval:
-                evaluation = read_parallel(data.eval, data.source_language, data.target_language)
+                evaluation = read_pairs(data, data.eval)
             elif data.eval_fraction > 0:
                 train, evaluation = hold_out(train, data.eval_fraction)
         except DataFileError as error:

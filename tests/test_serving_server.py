@@ -518,6 +518,9 @@ def test_serve_refuses_a_cache_larger_than_memory_with_exit_code_2(checkpoint, c
     err = capsys.readouterr().err
     assert "cache_tokens=100000000000 needs " in err and "cache_tokens must be in [1, " in err
     assert len(err.strip().splitlines()) == 1
+    for option in ("--max-body-bytes", "--max-prompts", "--max-request-tokens"):
+        assert main(["serve", str(checkpoint), "--port", "0", option, "0"]) == 2
+        assert f"{option} 0 must be >= 1" in capsys.readouterr().err
 
 
 def _post_json(port, body):

@@ -17,8 +17,8 @@ def register(subparsers) -> None:
         description="Serve a decoder checkpoint folder (tformer or Hugging Face format, with a tokenizer) with the "
                     "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
                     "template), GET /v1/models, /health and /metrics (Prometheus). Requests share one continuously "
-                    "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting, lets requests "
-                    "in flight finish for --shutdown-timeout seconds, and exits 0.",
+                    "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting (new requests "
+                    "get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0.",
     )
     parser.add_argument("checkpoint", help="a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
     parser.add_argument("--host", default="127.0.0.1",

@@ -25,7 +25,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -51,6 +51,9 @@ from tformer.serving.openai_api import (
     sse,
     usage,
 )
+
+if TYPE_CHECKING:
+    import uvicorn
 
 DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
 CLIENT_CLOSED_REQUEST = 499  # the status counted for a client that left before its answer (never sent)
@@ -618,7 +621,8 @@ def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdow
           file=sys.stderr, flush=True)
 
 
-def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout: float, log_level: str):
+def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout: float,
+                   log_level: str) -> uvicorn.Server:
     """A uvicorn server for ``server`` whose first SIGTERM or SIGINT drains while still listening (new requests
     get 503: ``OpenAIServer.begin_stop``) and closes the listener once ``drained``; a second one stops at once."""
     import uvicorn

@@ -493,7 +493,6 @@ class OpenAIServer:
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
         if not prompt:
             raise APIError(400, "the messages render to no tokens", "messages")
-        self._check_request_tokens([prompt], body.n, 0)
         tokens = body.token_limit if body.token_limit is not None else self._default_tokens(len(prompt))
         self._check_request_tokens([prompt], body.n, tokens)
         top = (body.top_logprobs or 0) if body.logprobs else None

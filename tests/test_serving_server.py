@@ -404,7 +404,7 @@ class _Records(logging.Handler):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_client_that_leaves_stops_the_decode_within_one_step(checkpoint, stream):
-    server = ServerThread(checkpoint, chat=False, cache_tokens=4096, block_size=8, step_seconds=0.02)
+    server = ServerThread(checkpoint, chat=False, cache_tokens=4096, block_size=8, step_seconds=0.05)
     try:
         engine = server.engine
         body = {"model": "tiny", "prompt": "to be", "max_tokens": 500, "n": 4, "ignore_eos": True, "stream": stream}

@@ -5,6 +5,7 @@ types, concurrent requests, a client that disconnects, a full cache, SIGTERM and
 import concurrent.futures
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -21,7 +22,7 @@ import tformer
 from tformer.cli import main
 from tformer.generation import GenerationConfig
 from tformer.serving import Engine
-from tformer.serving.chat import ChatTemplate
+from tformer.serving.chat import ChatTemplate, ChatTemplateError
 from tformer.serving.server import OpenAIServer
 from tformer.tokenizers import CharTokenizer
 
@@ -49,10 +50,12 @@ def checkpoint(tmp_path_factory):
 class ServerThread:
     """An OpenAIServer under uvicorn on a free port, in this process (its engine is inspectable)."""
 
-    def __init__(self, checkpoint, api_key=None, chat=True, **engine_options):
+    def __init__(self, checkpoint, api_key=None, chat=True, step_seconds=None, **engine_options):
         model = tformer.load(checkpoint)
         self.model = model
         self.engine = Engine(model, model.tokenizer, **engine_options)
+        if step_seconds is not None:  # a larger model's pace: time to act between steps
+            self.engine.step = _slowed(self.engine.step, step_seconds)
         template = ChatTemplate.from_folder(checkpoint) if chat else None
         self.server = OpenAIServer(self.engine, "tiny", api_key=api_key, chat_template=template)
         config = uvicorn.Config(self.server.app(), host="127.0.0.1", port=0, log_level="error", lifespan="on")
@@ -74,6 +77,12 @@ class ServerThread:
         response = connection.getresponse()
         return response.status, json.loads(response.read())
 
+    def metrics(self):
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection.request("GET", "/metrics")
+        return dict(line.rsplit(" ", 1) for line in connection.getresponse().read().decode().splitlines()
+                    if not line.startswith("#"))
+
     def wait_idle(self):
         deadline = time.monotonic() + 10
         while self.engine.has_work() or self.engine.pool.blocks_in_use:
@@ -83,6 +92,14 @@ class ServerThread:
     def stop(self):
         self.uvicorn.should_exit = True
         self.thread.join(30)
+
+
+def _slowed(step, seconds):
+    def slow_step():
+        time.sleep(seconds)
+        return step()
+
+    return slow_step
 
 
 @pytest.fixture(scope="module")
@@ -277,8 +294,15 @@ def test_an_api_key_is_required_when_set(checkpoint):
         server.stop()
 
 
-def _start_cli_server(checkpoint, *options):
-    process = subprocess.Popen([sys.executable, "-m", "tformer", "serve", str(checkpoint), "--port", "0", *options],
+# The CLI with each engine step slowed to ``seconds`` (a larger model's pace: time to act between steps).
+SLOW_CLI = ("import sys, time\nfrom tformer.serving.engine import Engine\nstep = Engine.step\n"
+            "def slow_step(self):\n    time.sleep({seconds})\n    return step(self)\n"
+            "Engine.step = slow_step\nfrom tformer.cli import main\nsys.exit(main(sys.argv[1:]))")
+
+
+def _start_cli_server(checkpoint, *options, step_seconds=None):
+    entry = ["-m", "tformer"] if step_seconds is None else ["-c", SLOW_CLI.format(seconds=step_seconds)]
+    process = subprocess.Popen([sys.executable, *entry, "serve", str(checkpoint), "--port", "0", *options],
                                cwd=ROOT, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
     line = process.stderr.readline()
@@ -340,3 +364,227 @@ def test_serve_refuses_bad_options_with_exit_code_2(checkpoint, tmp_path, capsys
         taken.listen()
         assert main(["serve", str(checkpoint), "--port", str(taken.getsockname()[1])]) == 2
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+# ---- hardening (issue 37): limits, strict types, disconnects, shutdown, errors without tracebacks ----------
+
+
+def _raw_request(port, body: bytes, declared_length=None) -> socket.socket:
+    """A socket that sent a POST /v1/completions with ``body`` (all of it, or a part of ``declared_length``)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    length = len(body) if declared_length is None else declared_length
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(length).encode() + b"\r\n\r\n" + body)
+    return sock
+
+
+def _reply(sock: socket.socket) -> bytes:
+    """Everything the server sends before it closes the connection (its answer said Connection: close)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    sock.close()
+    return received
+
+
+class _Records(logging.Handler):
+    """The log records of uvicorn's loggers (where an exception escaping the app is logged with its traceback)."""
+
+    def __enter__(self):
+        self.records = []
+        logging.getLogger("uvicorn.error").addHandler(self)
+        return self.records
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def __exit__(self, *exc_info):
+        logging.getLogger("uvicorn.error").removeHandler(self)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_client_that_leaves_stops_the_decode_within_one_step(checkpoint, stream):
+    server = ServerThread(checkpoint, chat=False, cache_tokens=4096, block_size=8, step_seconds=0.05)
+    try:
+        engine = server.engine
+        body = {"model": "tiny", "prompt": "to be", "max_tokens": 500, "n": 4, "ignore_eos": True, "stream": stream}
+        sock = _raw_request(server.port, json.dumps(body).encode())
+        deadline = time.monotonic() + 10
+        while engine.stats.generated_tokens < 12:  # decoding: a few steps of 4 sequences
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        at_close = engine.stats.generated_tokens
+        server.wait_idle()
+        # The step running at the close may finish (4 tokens, 8 if it had just begun); none after it.
+        assert engine.stats.generated_tokens - at_close <= 8
+        assert float(server.metrics()["tformer_generated_tokens_total"]) == engine.stats.generated_tokens
+        assert engine.stats.requests_cancelled == 1 and engine.pool.blocks_in_use == 0
+    finally:
+        server.stop()
+
+
+def test_strict_types_and_one_max_tokens_default(served):
+    refused = {
+        '"max_tokens": "10"': 'max_tokens: Input should be a valid integer (got "10")',
+        '"max_tokens": true': "max_tokens: Input should be a valid integer (got true)",
+        '"stream": "yes"': 'stream: Input should be a valid boolean (got "yes")',
+        '"logprobs": true': "logprobs: Input should be a valid integer (got true)",
+        '"n": 2.0': "n: Input should be a valid integer (got 2.0)",
+        '"max_tokens": 0': "max_tokens: Input should be greater than or equal to 1 (got 0)",
+        '"max_tokens": -5': "max_tokens: Input should be greater than or equal to 1 (got -5)",
+    }
+    for field, message in refused.items():
+        status, body = served.post("/v1/completions", f'{{"model": "tiny", "prompt": "to", {field}}}'.encode())
+        assert (status, body["error"]["message"]) == (422, message), field
+    status, body = served.post("/v1/completions", b'{"model": "tiny", "prompt": [true, false]}')
+    assert status == 422 and body["error"]["message"].startswith("prompt: must be one of str, list[int]")
+    status, body = served.post("/v1/chat/completions",
+                               b'{"model": "tiny", "messages": [{"role": "user", "content": 5}]}')
+    assert status == 422 and body["error"]["param"] == "messages.0.content"
+    for max_tokens in (', "max_tokens": null', ""):  # null is the default, as omitting it is: 16
+        status, body = served.post("/v1/completions", f'{{"model": "tiny", "prompt": "to", "ignore_eos": true'
+                                                      f'{max_tokens}}}'.encode())
+        assert status == 200 and body["usage"]["completion_tokens"] == 16
+    served.wait_idle()
+
+
+def test_request_size_limits_refuse_before_reading_or_tokenizing(served, monkeypatch):
+    started = time.monotonic()
+    sock = _raw_request(served.port, b'{"model": "tiny", "prompt": "', declared_length=50_000_000)
+    reply = _reply(sock)
+    assert reply.startswith(b"HTTP/1.1 413") and b"larger than 4,194,304 bytes" in reply
+    assert time.monotonic() - started < 5  # answered without waiting for the 50 MB
+    # Chunked (no Content-Length): counted as it arrives. One byte too many, all sent, so the server's close
+    # after its answer leaves nothing unread to reset the connection with.
+    body = b'{"model": "tiny", "prompt": "'.ljust(4 * 1024 * 1024 + 1, b"a")
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i : i + 65536]), body[i : i + 65536])
+                       for i in range(0, len(body), 65536))
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n" + chunked + b"0\r\n\r\n")
+    assert _reply(sock).startswith(b"HTTP/1.1 413")
+    encoded = []
+    encode = served.model.tokenizer.encode
+    monkeypatch.setattr(served.model.tokenizer, "encode", lambda *a, **k: encoded.append(1) or encode(*a, **k))
+    status, body = served.post("/v1/completions", json.dumps({"model": "tiny", "prompt": ["to"] * 129}).encode())
+    assert status == 400 and body["error"]["message"] == (
+        "129 prompts in one request; at most 128 (the server's --max-prompts)")
+    assert not encoded  # refused before tokenizing
+    status, body = served.post("/v1/completions", json.dumps({"model": "tiny", "prompt": ["to"] * 100,
+                                                              "max_tokens": 40}).encode())
+    assert status == 400 and body["error"]["message"].startswith("the request needs 4,200 tokens")
+    assert "at most 4,096 per request" in body["error"]["message"]
+
+
+def test_every_status_is_counted_and_a_bug_is_an_error_object(served, monkeypatch):
+    before = float(served.metrics().get('tformer_http_responses_total{code="500"}', 0))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(served.model.tokenizer, "encode", broken)
+    status, body = served.post("/v1/completions", b'{"model": "tiny", "prompt": "to"}')
+    assert status == 500 and body["error"] == {"message": "internal error: RuntimeError", "type": "server_error",
+                                               "param": None, "code": None}
+    assert float(served.metrics()['tformer_http_responses_total{code="500"}']) == before + 1
+
+
+def test_bodies_and_templates_that_used_to_crash_get_error_objects_without_tracebacks(served, monkeypatch):
+    with _Records() as records:
+        status, body = served.post("/v1/completions", b"[" * 100_000)
+        assert status == 400 and body["error"]["message"] == "the body nests arrays or objects too deeply to parse"
+        monkeypatch.setattr(served.server, "chat_template", ChatTemplate("{% for i in range(100000000) %}{% endfor %}"))
+        status, body = served.post("/v1/chat/completions",
+                                   b'{"model": "tiny", "messages": [{"role": "user", "content": "a"}]}')
+        assert status == 400 and "OverflowError: Range too big" in body["error"]["message"]
+        gone = float(served.metrics().get('tformer_http_responses_total{code="499"}', 0))
+        sock = _raw_request(served.port, b'{"model": "tiny", "pro', declared_length=1000)  # leaves mid-body
+        time.sleep(0.1)
+        sock.close()
+        deadline = time.monotonic() + 10
+        while float(served.metrics().get('tformer_http_responses_total{code="499"}', 0)) == gone:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    assert [record.getMessage() for record in records if record.exc_info] == []
+
+
+def test_a_chat_template_runs_within_a_time_and_size_bound():
+    messages = [{"role": "user", "content": "hi"}]
+    endless = ChatTemplate("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+                           time_limit=0.2)
+    started = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=r"ran for more than 0.2 s"):
+        endless.render(messages)
+    assert time.monotonic() - started < 1
+    with pytest.raises(ChatTemplateError, match="built a value past 1,000 characters or items with '\\*'"):
+        ChatTemplate("{{ messages[0].content * 1000000000 }}", size_limit=1000).render(messages)
+    with pytest.raises(ChatTemplateError, match="output passed 1,000 characters"):
+        ChatTemplate("{% for a in range(5000) %}x{% endfor %}", size_limit=1000).render(messages)
+    assert ChatTemplate(TEMPLATE, size_limit=1000).render(messages) == "user: hi\nassistant:"
+
+
+def test_serve_refuses_a_cache_larger_than_memory_with_exit_code_2(checkpoint, capsys):
+    assert main(["serve", str(checkpoint), "--port", "0", "--cache-tokens", "100000000000"]) == 2
+    err = capsys.readouterr().err
+    assert "cache_tokens=100000000000 needs " in err and "cache_tokens must be in [1, " in err
+    assert len(err.strip().splitlines()) == 1
+    for option in ("--max-body-bytes", "--max-prompts", "--max-request-tokens"):
+        assert main(["serve", str(checkpoint), "--port", "0", option, "0"]) == 2
+        assert f"{option} 0 must be >= 1" in capsys.readouterr().err
+
+
+def _post_json(port, body):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def _stream_events(port, body):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+                       headers={"Content-Type": "application/json"})
+    return [line[6:].strip() for line in connection.getresponse() if line.startswith(b"data: ")]
+
+
+@pytest.mark.slow
+def test_sigterm_drains_while_listening_and_ends_cut_requests_cleanly(checkpoint):
+    process, port = _start_cli_server(checkpoint, "--shutdown-timeout", "3", "--threads", "1", step_seconds=0.02)
+    try:
+        long = {"model": "tiny", "prompt": "to be", "max_tokens": 400, "ignore_eos": True}
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            whole = pool.submit(_post_json, port, long)
+            stream = pool.submit(_stream_events, port, long)
+            deadline = time.monotonic() + 30
+            while _metric(port, "tformer_running_sequences") < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            half_open = _raw_request(port, b'{"model": "tiny", "pro', declared_length=1000)
+            time.sleep(0.2)
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            status, body = _post_json(port, {"model": "tiny", "prompt": "to", "max_tokens": 2})
+            assert status == 503 and body["error"]["code"] == "shutting_down"  # still listening, refusing
+            assert b'"code":"shutting_down"' in _reply(half_open)  # a 503 at once, not held until the timeout
+            assert time.monotonic() - signalled < 2
+            status, body = whole.result(timeout=60)
+            assert status == 503 and body["error"]["code"] == "shutting_down"  # an error object, not text
+            events = stream.result(timeout=60)
+        assert events[-1] == b"[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "cancelled"
+        assert process.wait(timeout=60) == 0
+        log = process.stderr.read()
+    finally:
+        process.kill()
+    assert "Traceback" not in log and "Cancel" not in log
+    assert "0 request(s) finished, 2 cancelled" in log and "0 cache blocks in use" in log
+
+
+def _metric(port, name):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", "/metrics")
+    for line in connection.getresponse().read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")

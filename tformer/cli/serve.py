@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from tformer.cli import add_device_option, add_model_argument, add_quantize_option
+from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 
 
 def register(subparsers) -> None:
@@ -16,8 +17,8 @@ def register(subparsers) -> None:
         description="Serve a decoder checkpoint folder (tformer or Hugging Face format, with a tokenizer) with the "
                     "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
                     "template), GET /v1/models, /health and /metrics (Prometheus). Requests share one continuously "
-                    "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting, lets requests "
-                    "in flight finish for --shutdown-timeout seconds, and exits 0.",
+                    "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting (new requests "
+                    "get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0.",
     )
     add_model_argument(parser, "checkpoint", "a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
     parser.add_argument("--host", default="127.0.0.1",
@@ -38,6 +39,14 @@ def register(subparsers) -> None:
                         help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds requests in flight get to finish after SIGTERM (default: 30)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help=f"a request body's size limit; larger bodies get 413 unread (default: "
+                             f"{DEFAULT_MAX_BODY_BYTES})")
+    parser.add_argument("--max-prompts", type=int, default=DEFAULT_MAX_PROMPTS,
+                        help=f"prompts in one completions request (default: {DEFAULT_MAX_PROMPTS})")
+    parser.add_argument("--max-request-tokens", type=int,
+                        help="prompt and answer tokens of all of one request's sequences, n x (prompt + max_tokens) "
+                             "summed over its prompts (default: --cache-tokens)")
     parser.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's)")
     add_device_option(parser)
     add_quantize_option(parser)
@@ -52,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} must be in [0, 65535]")
     for option, value in (("--cache-tokens", args.cache_tokens), ("--block-size", args.block_size),
-                          ("--max-running", args.max_running), ("--max-step-tokens", args.max_step_tokens)):
-        if value < 1:
+                          ("--max-running", args.max_running), ("--max-step-tokens", args.max_step_tokens),
+                          ("--max-body-bytes", args.max_body_bytes), ("--max-prompts", args.max_prompts),
+                          ("--max-request-tokens", args.max_request_tokens)):
+        if value is not None and value < 1:
             raise UsageError(f"{option} {value} must be >= 1")
     for option, value in (("--queue-timeout", args.queue_timeout), ("--shutdown-timeout", args.shutdown_timeout)):
         if not value >= 0:
@@ -102,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
                         queue_timeout=args.queue_timeout)
     except GenerationError as error:
         raise UsageError(f"{args.checkpoint}: {error}") from None
-    server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template)
+    server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template,
+                          max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts,
+                          max_request_tokens=args.max_request_tokens)
     serve(server, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
     return 0
 

@@ -1,12 +1,17 @@
 """Chat templates: the Jinja template a checkpoint's tokenizer ships (Hugging Face's
 ``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template``) turning a list of
 messages into the prompt text the model was trained on. Rendered in Jinja's sandbox, as
-``transformers``' ``apply_chat_template`` does, so a template runs no arbitrary code.
+``transformers``' ``apply_chat_template`` does, so a template runs no arbitrary code, and within bounds:
+``time_limit`` seconds of template code, ``size_limit`` characters of output and of any string or list its
+``*``, ``+`` and ``**`` make, so no request's messages can make a template hang the server or fill its memory.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +19,9 @@ from tformer.errors import TformerError
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+TIME_LIMIT = 2.0  # seconds of template code per render
+SIZE_LIMIT = 8_000_000  # characters of rendered prompt (and of one string or list a template builds)
+TEMPLATE_CODE = "<template>"  # the file name of Jinja's code compiled from a string
 
 
 class ChatTemplateError(TformerError):
@@ -23,13 +31,15 @@ class ChatTemplateError(TformerError):
 class ChatTemplate:
     """A compiled chat template and the special tokens it may refer to."""
 
-    def __init__(self, source: str, special_tokens: dict[str, str] | None = None) -> None:
+    def __init__(self, source: str, special_tokens: dict[str, str] | None = None, *,
+                 time_limit: float = TIME_LIMIT, size_limit: int = SIZE_LIMIT) -> None:
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                    extensions=["jinja2.ext.loopcontrols"])
+        environment = _bounded_sandbox(size_limit)(trim_blocks=True, lstrip_blocks=True,
+                                                   extensions=["jinja2.ext.loopcontrols"])
         environment.globals["raise_exception"] = _raise
+        self.time_limit = time_limit
+        self.size_limit = size_limit
         try:
             self.template = environment.from_string(source)
         except jinja2.TemplateError as error:
@@ -60,20 +70,81 @@ class ChatTemplate:
         return None
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages``, ending with the assistant's turn opened."""
-        import jinja2
-
+        """The prompt text for ``messages``, ending with the assistant's turn opened; a ChatTemplateError
+        for whatever the template raises (an error of its own, ``range`` past the sandbox's limit, a type
+        error) and for running past ``time_limit`` or ``size_limit``."""
+        pieces, size = [], 0
+        deadline = _Deadline(self.time_limit)
+        previous = sys.gettrace()
+        sys.settrace(deadline)  # this thread only; template code is checked line by line
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        **self.special_tokens)
+            for piece in self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                **self.special_tokens):
+                size += len(piece)
+                if size > self.size_limit:
+                    raise ChatTemplateError(f"the chat template's output passed {self.size_limit:,} characters")
+                pieces.append(piece)
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as error:
-            raise ChatTemplateError(f"the chat template failed on these messages: {error}") from None
+        except Exception as error:  # any error of the template's code is the template failing
+            raise ChatTemplateError(f"the chat template failed on these messages: {type(error).__name__}: "
+                                    f"{error}") from None
+        finally:
+            sys.settrace(previous)
+        return "".join(pieces)
 
 
 def _raise(message: str) -> None:
     raise ChatTemplateError(message)
+
+
+class _Deadline:
+    """A trace function that ends a render past its time: line events in template code only."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def __call__(self, frame, event: str, arg: object):
+        return self._line if frame.f_code.co_filename == TEMPLATE_CODE else None
+
+    def _line(self, frame, event: str, arg: object):
+        if time.monotonic() > self.end:
+            raise ChatTemplateError(f"the chat template ran for more than {self.seconds:g} s")
+        return self._line
+
+
+def _bounded_sandbox(size_limit: int):
+    """Jinja's immutable sandbox whose ``*``, ``+`` and ``**`` refuse results past ``size_limit`` (a string,
+    list or number a single operation could make gigabytes of)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "+", "**"])
+
+        def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+            if _binop_size(operator, left, right) > size_limit:
+                raise ChatTemplateError(f"the chat template built a value past {size_limit:,} characters or items "
+                                        f"with {operator!r}")
+            return super().call_binop(context, operator, left, right)
+
+    return BoundedSandbox
+
+
+def _binop_size(operator: str, left: Any, right: Any) -> float:
+    """The size of ``left operator right``'s result before computing it: a sequence's length, a number's
+    digits."""
+    sized = (str, list, tuple)
+    if operator == "*":
+        if isinstance(left, sized) and isinstance(right, int):
+            return len(left) * right
+        if isinstance(right, sized) and isinstance(left, int):
+            return len(right) * left
+    elif operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+        return len(left) + len(right)
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+        return right * math.log10(abs(left))
+    return 0
 
 
 def _read_json(path: Path) -> dict[str, Any]:

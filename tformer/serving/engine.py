@@ -27,8 +27,9 @@ from torch import Tensor, nn
 
 from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.sampling import TokenChooser
-from tformer.generation.session import stack_session_problem
+from tformer.generation.session import cache_bytes_per_token, stack_session_problem
 from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model
+from tformer.memory import available_memory, format_bytes
 from tformer.nn.attention.paged import BlockPool, BlockTable, PagedCache, PagedLayout, blocks_for
 from tformer.nn.block import LayerCache
 from tformer.nn.weights import decoding_step
@@ -169,8 +170,15 @@ class Engine:
         parameter = next(model.parameters())
         self.device = parameter.device
         config = model.config
-        self.pool = BlockPool(blocks_for(cache_tokens, block_size), block_size, config.num_layers, config.num_kv_heads,
-                              config.head_dim, parameter.dtype, self.device)
+        num_blocks = blocks_for(cache_tokens, block_size)
+        _check_pool_fits(cache_tokens, num_blocks * block_size, cache_bytes_per_token(model, parameter.dtype),
+                         self.device)
+        try:
+            self.pool = BlockPool(num_blocks, block_size, config.num_layers, config.num_kv_heads, config.head_dim,
+                                  parameter.dtype, self.device)
+        except (RuntimeError, MemoryError) as error:  # the estimate passed, the allocation did not
+            raise GenerationError(f"cache_tokens={cache_tokens}: the key/value cache could not be allocated on "
+                                  f"{self.device.type} ({str(error).splitlines()[0]})") from None
         self.caches = [LayerCache(PagedCache(self.pool, layer)) for layer in range(config.num_layers)]
         self.max_running = max_running
         self.max_step_tokens = max_step_tokens
@@ -448,6 +456,16 @@ def serving_problem(model: nn.Module) -> str | None:
     if getattr(model, "encodes_prompt", False):
         return "it encodes a source (an encoder-decoder); the server continues prompts with a decoder"
     return stack_session_problem(model)
+
+
+def _check_pool_fits(cache_tokens: int, slots: int, per_token: int, device: torch.device) -> None:
+    """A GenerationError naming the memory ``cache_tokens`` would take and the most that fits, before the pool
+    is allocated (an allocation that large fails with a traceback, or the kernel ends the process)."""
+    available = available_memory(device)
+    if available is not None and slots * per_token > available:
+        raise GenerationError(f"cache_tokens={cache_tokens} needs {format_bytes(slots * per_token)} of key/value "
+                              f"cache ({per_token} bytes a token); {format_bytes(available)} is available on "
+                              f"{device.type}: cache_tokens must be in [1, {available // per_token}]")
 
 
 def refuse_unhonoured(config: GenerationConfig) -> None:

@@ -2,7 +2,8 @@
 and the response, stream-chunk and error objects the ``openai`` client reads.
 
 Failing closed: a known field the server cannot honour (``echo``, a penalty, ``logit_bias``, tools)
-is refused with 400 naming it, and so is an unknown field; a field of the wrong type is 422. The
+is refused with 400 naming it, and so is an unknown field; a field of the wrong type is 422, nothing
+coerced (``"10"`` is not a number, ``true`` not 1, ``"yes"`` not a boolean; an integer is a float). The
 extensions vLLM made common are accepted: ``top_k``, ``ignore_eos`` and ``min_tokens``.
 """
 
@@ -42,8 +43,11 @@ class APIError(TformerError):
                           "param": self.param, "code": self.code}}
 
 
+DEFAULT_COMPLETION_TOKENS = 16  # a completion's max_tokens when the request omits it or sends null (OpenAI's)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: no "10" -> 10, true -> 1, "yes" -> true
 
 
 class StreamOptions(_Strict):
@@ -95,7 +99,7 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = Field(None, ge=1)  # None (omitted or null): DEFAULT_COMPLETION_TOKENS
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
     best_of: int | None = None
@@ -119,6 +123,10 @@ class CompletionRequest(_Sampling):
             raise APIError(400, "prompt is empty", "prompt")
         return list(prompt)
 
+    @property
+    def token_limit(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+
 
 class ContentPart(_Strict):
     type: str
@@ -126,7 +134,7 @@ class ContentPart(_Strict):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # templates may read fields such as "name"
+    model_config = ConfigDict(extra="allow", strict=True)  # templates may read fields such as "name"
     role: str
     content: str | list[ContentPart] | None = None
 
@@ -148,8 +156,8 @@ class ResponseFormat(_Strict):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)  # None (omitted or null): the rest of the context
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     response_format: ResponseFormat | None = None
@@ -181,6 +189,8 @@ def parse_body(raw: bytes, schema: type[BaseModel]) -> Any:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise APIError(400, f"the body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise APIError(400, "the body nests arrays or objects too deeply to parse") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, not {type(data).__name__}")
     try:
@@ -192,15 +202,33 @@ def parse_body(raw: bytes, schema: type[BaseModel]) -> Any:
 
 
 def _validation_error(error: ValidationError, schema: type[BaseModel]) -> APIError:
-    first = error.errors()[0]
-    param = ".".join(str(part) for part in first["loc"])
+    errors = error.errors()
+    first = errors[0]
+    location = list(first["loc"])
+    member = next((index for index, part in enumerate(location) if _is_union_member(part)), None)
+    if member is not None:  # a union: one error per member ("prompt.list[int].0"); name the field and its types
+        field_path = location[:member]
+        param = ".".join(str(part) for part in field_path)
+        types = dict.fromkeys(str(e["loc"][member]) for e in errors
+                              if len(e["loc"]) > member and list(e["loc"][:member]) == field_path)
+        whole = next((e["input"] for e in errors if list(e["loc"]) == [*field_path, location[member]]), first["input"])
+        return APIError(422, f"{param}: must be one of {', '.join(types)} (got {_shown(whole)})", param)
+    param = ".".join(str(part) for part in location)
     if first["type"] == "extra_forbidden":
         known = ", ".join(sorted(schema.model_fields))
         return APIError(400, f"unknown field {param!r}; known fields: {known}", param)
     if first["type"] == "missing":
         return APIError(422, f"{param} is required", param)
-    # Unions report one error per member; the first already says what was received.
-    return APIError(422, f"{param}: {first['msg']} (got {json.dumps(first.get('input'))[:80]})", param)
+    return APIError(422, f"{param}: {first['msg']} (got {_shown(first.get('input'))})", param)
+
+
+def _is_union_member(part: str | int) -> bool:
+    """Whether a location part is a union member's tag ("str", "list[int]", "function-after[...]")."""
+    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "none"})
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)[:80]
 
 
 def as_api_error(error: GenerationError) -> APIError:

@@ -2,9 +2,15 @@
 its own thread. Each HTTP request submits its prompts and reads the engine's token events from an
 asyncio queue, streamed as server-sent events or gathered into one response.
 
-Lifecycle: SIGTERM (or SIGINT) stops admitting (new requests get 503), lets the requests in flight
-finish for ``shutdown_timeout`` seconds, cancels the rest, and exits 0. A client that goes away,
-mid-stream or while waiting for a whole answer, has its request cancelled and its blocks freed.
+Lifecycle: SIGTERM (or SIGINT) stops admitting while still listening (new requests, and requests whose
+body is still arriving, get 503), lets the requests in flight finish for ``shutdown_timeout`` seconds,
+cancels the rest (a whole answer becomes a 503 error object, a stream ends with finish reason
+"cancelled" and ``[DONE]``), then closes the listener and exits 0. A client that goes away, mid-stream
+or while waiting for a whole answer, has its request cancelled at once: the engine stops at its next step.
+
+Limits: a body past ``max_body_bytes`` is refused (413) before it is read whole, more than ``max_prompts``
+prompts (400) before any is tokenized, and more than ``max_request_tokens`` tokens of prompts and answers
+(400) as soon as the prompts tokenized so far pass it.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -30,6 +37,7 @@ from starlette.routing import Route
 from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.serving.chat import ChatTemplate, ChatTemplateError
 from tformer.serving.engine import Engine, Request, TokenEvent
+from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 from tformer.serving.openai_api import (
     APIError,
     ChatRequest,
@@ -44,8 +52,13 @@ from tformer.serving.openai_api import (
     usage,
 )
 
+if TYPE_CHECKING:
+    import uvicorn
+
 DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
-POLL_SECONDS = 0.25  # how often a waiting handler looks for a gone client or a failed engine
+CLIENT_CLOSED_REQUEST = 499  # the status counted for a client that left before its answer (never sent)
+STOP_GRACE_SECONDS = 5.0  # after the shutdown timeout: time for cancelled requests to send their last bytes
+POLL_SECONDS = 0.25  # how often a waiting handler looks for a failed engine
 TEXT_COMPLETION, CHAT_COMPLETION = "text_completion", "chat.completion"  # the response objects' kinds
 # The engine's thread waits for the GIL whenever the HTTP thread holds it; forced switches every 0.5 ms
 # instead of Python's 5 bound that wait. Measured at 16 gpt-mini clients, 5, 0.5 and 0.1 ms give the same
@@ -93,21 +106,31 @@ class EngineLoop:
             self._thread.join(timeout)
 
 
-class Submission:
-    """The engine requests one HTTP request made and the queue their events arrive on."""
+class ClientGone(Exception):
+    """The client closed its connection before its answer (mid-body or while it was decoded)."""
 
-    def __init__(self, server: OpenAIServer) -> None:
+
+class Submission:
+    """The engine requests one HTTP request made, the queue their events arrive on, and a watch on the
+    client's connection that cancels them the moment it closes (the engine stops at its next step)."""
+
+    def __init__(self, server: OpenAIServer, http_request: HTTPRequest) -> None:
         self.server = server
+        self.http_request = http_request
         self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.requests: list[Request] = []
         self.prompt_index: dict[int, int] = {}  # engine request id -> which prompt of the HTTP request
         self.unfinished = 0
+        self.client_gone = False
+        self._watch: asyncio.Task | None = None
 
     def on_event(self, event: TokenEvent) -> None:  # on the engine's thread
         self.server.outbox.append((self, event))
 
     def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None) -> None:
         engine = self.server.engine
+        self.server.active.add(self)
+        self._watch = asyncio.create_task(self._watch_connection())
         try:
             for index, prompt in enumerate(prompts):
                 request = engine.submit(prompt, config, n=n, logprobs=logprobs, on_event=self.on_event)
@@ -115,17 +138,24 @@ class Submission:
                 self.prompt_index[request.id] = index
                 self.unfinished += n
         except GenerationError as error:
-            self.cancel()
+            self.close()
             if not engine.admitting:
                 raise APIError(503, "the server is shutting down", code="shutting_down") from None
             raise as_api_error(error) from None
 
+    async def _watch_connection(self) -> None:
+        """Wait for the connection's ``http.disconnect`` (the body is already read, so nothing else arrives
+        before it), then cancel."""
+        while (await self.http_request.receive())["type"] != "http.disconnect":
+            pass
+        self.client_gone = True
+        self.cancel()
+
     def choice_index(self, event: TokenEvent) -> int:
         return self.prompt_index[event.request.id] * len(event.request.sequences) + event.index
 
-    async def events(self, http_request: HTTPRequest | None = None) -> AsyncIterator[TokenEvent]:
-        """Every event until each sequence has finished. Given ``http_request`` (a whole answer is
-        awaited), a client that went away cancels the requests. A queue timeout is a 429."""
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        """Every event until each sequence has finished. A queue timeout is a 429."""
         while self.unfinished:
             try:
                 event = self.queue.get_nowait()
@@ -135,9 +165,6 @@ class Submission:
                 except TimeoutError:
                     if self.server.loop.error is not None:
                         raise APIError(500, f"the model failed: {self.server.loop.error}") from None
-                    if http_request is not None and await http_request.is_disconnected():
-                        self.cancel()
-                        return
                     continue
             if event.finish_reason is not None:
                 self.unfinished -= 1
@@ -147,10 +174,26 @@ class Submission:
                                code="rate_limit_exceeded")
             yield event
 
+    def check_answered(self) -> None:
+        """After a whole answer's events: ClientGone when the client left, a 503 when the server cancelled it
+        (stopping past its shutdown timeout), so no cut answer goes out as a success."""
+        if self.client_gone:
+            raise ClientGone
+        if any("cancelled" in request.finish_reasons() for request in self.requests):
+            raise APIError(503, "the server is shutting down: this request was cancelled when the shutdown "
+                                "timeout passed", code="shutting_down")
+
     def cancel(self) -> None:
         for request in self.requests:
             if not request.done.is_set():
                 self.server.engine.cancel(request)
+
+    def close(self) -> None:
+        """The HTTP request is over (answered, failed, or its client gone): stop watching, cancel what runs."""
+        if self._watch is not None:
+            self._watch.cancel()
+        self.cancel()
+        self.server.active.discard(self)
 
     def prompt_tokens(self) -> int:
         return sum(len(request.prompt_ids) for request in self.requests)
@@ -163,9 +206,21 @@ class OpenAIServer:
     """The routes, over one engine: completions, chat completions, models, health and metrics."""
 
     def __init__(self, engine: Engine, model_name: str, *, api_key: str | None = None,
-                 chat_template: ChatTemplate | None = None) -> None:
+                 chat_template: ChatTemplate | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_prompts: int = DEFAULT_MAX_PROMPTS, max_request_tokens: int | None = None) -> None:
+        """``max_request_tokens``: prompt and answer tokens of all of a request's sequences together (default:
+        the cache's size, what the engine could ever hold at once)."""
         if engine.tokenizer is None:
             raise GenerationError("the server needs the model's tokenizer (text in, text out)")
+        self.max_body_bytes = max_body_bytes
+        self.max_prompts = max_prompts
+        self.max_request_tokens = (max_request_tokens if max_request_tokens is not None
+                                   else engine.pool.num_blocks * engine.pool.block_size)
+        self.active: set[Submission] = set()  # the submissions whose HTTP requests are not over
+        self._reading: set[asyncio.Task] = set()  # the handlers still reading a body
+        self._refused: set[asyncio.Task] = set()  # those of them begin_stop cancelled, to answer 503
+        self.stop_deadline: float | None = None  # set by begin_stop: when requests in flight are cancelled
+        self._cancelled_in_flight = False
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
@@ -198,7 +253,14 @@ class OpenAIServer:
                     self._check_key(http_request)
                 response = await handler(http_request)
             except APIError as error:
-                response = JSONResponse(error.body(), status_code=error.status)
+                headers = {"Connection": "close"} if error.status in (413, 503) else None  # a body may be unread
+                response = JSONResponse(error.body(), status_code=error.status, headers=headers)
+            except ClientGone:  # nobody to answer; counted, never sent
+                response = Response(status_code=CLIENT_CLOSED_REQUEST)
+            except Exception as error:  # a bug: its traceback for the operator, an error object for the client
+                traceback.print_exc(file=sys.stderr)
+                response = JSONResponse(APIError(500, f"internal error: {type(error).__name__}").body(),
+                                        status_code=500)
             self.responses[response.status_code] += 1
             return response
 
@@ -219,6 +281,65 @@ class OpenAIServer:
             yield
         finally:
             await asyncio.to_thread(self.loop.stop)
+
+    async def _read_body(self, http_request: HTTPRequest) -> bytes:
+        """The body, refused with 413 as soon as it passes ``max_body_bytes`` (by its Content-Length before a
+        byte is read); ClientGone when the client leaves mid-body; a 503 when the server starts stopping."""
+        limit = self.max_body_bytes
+        declared = http_request.headers.get("content-length", "")
+        too_large = APIError(413, f"the request body is larger than {limit:,} bytes (the server's --max-body-bytes)",
+                             code="request_too_large")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        task = asyncio.current_task()
+        self._reading.add(task)
+        chunks, size = [], 0
+        try:
+            async for chunk in http_request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ClientGone from None
+        except asyncio.CancelledError:
+            if task not in self._refused:
+                raise
+            task.uncancel()  # begin_stop's cancel: answer instead of waiting for the rest
+            raise APIError(503, "the server is shutting down", code="shutting_down") from None
+        finally:
+            self._reading.discard(task)
+            self._refused.discard(task)
+        return b"".join(chunks)
+
+    def begin_stop(self, timeout: float) -> None:
+        """Stop admitting (new requests get 503) and refuse the bodies still arriving; the requests in flight
+        get ``timeout`` seconds (see ``drained``). Callable from any thread, and from a signal handler: the work
+        is done on the event loop, whose thread the handler may have interrupted holding the engine's lock."""
+        if self.stop_deadline is not None:
+            return
+        self.stop_deadline = time.monotonic() + timeout
+        if self._event_loop is None:
+            self.engine.stop_admitting()
+        else:
+            self._event_loop.call_soon_threadsafe(self._stop_admitting)
+
+    def _stop_admitting(self) -> None:
+        self.engine.stop_admitting()
+        for task in self._reading - self._refused:
+            self._refused.add(task)
+            task.cancel()
+
+    def drained(self) -> bool:
+        """After ``begin_stop``, on the event loop: whether nothing is in flight any more. Past the deadline
+        the requests still in flight are cancelled, and get STOP_GRACE_SECONDS to send their last bytes."""
+        if not self.active and not self._reading:
+            return True
+        now = time.monotonic()
+        if now >= self.stop_deadline and not self._cancelled_in_flight:
+            self._cancelled_in_flight = True
+            self.engine.cancel_all()
+        return now >= self.stop_deadline + STOP_GRACE_SECONDS
 
     def _send_events(self) -> None:
         """On the engine's thread after each step: the step's events to their queues, in one wake-up
@@ -249,11 +370,30 @@ class OpenAIServer:
         if self.loop.error is not None:
             raise APIError(500, f"the model failed: {self.loop.error}")
 
-    def _prompt_ids(self, prompt: str | list[int], where: str) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise APIError(400, f"{where} has no tokens", "prompt")
-        return ids
+    def _prompt_ids(self, prompts: list[str | list[int]], n: int) -> list[list[int]]:
+        """Each prompt's ids; a 400 past ``max_prompts`` before any is tokenized, and as soon as the prompts so
+        far pass ``max_request_tokens``."""
+        if len(prompts) > self.max_prompts:
+            raise APIError(400, f"{len(prompts):,} prompts in one request; at most {self.max_prompts} "
+                                "(the server's --max-prompts)", "prompt")
+        every: list[list[int]] = []
+        for index, prompt in enumerate(prompts):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if not ids:
+                raise APIError(400, f"prompt {index} has no tokens", "prompt")
+            every.append(ids)
+            self._check_request_tokens(every, n, 0)
+        return every
+
+    def _check_request_tokens(self, prompts: list[list[int]], n: int, new_tokens: int) -> None:
+        """A 400 when ``n`` sequences of each prompt, prompt and ``new_tokens`` together, pass
+        ``max_request_tokens``."""
+        total = n * sum(len(prompt) + new_tokens for prompt in prompts)
+        if total > self.max_request_tokens:
+            raise APIError(400, f"the request needs {'more than ' if not new_tokens else ''}{total:,} tokens (n={n} x "
+                                f"{len(prompts)} prompt(s) x (prompt + max_tokens)); at most "
+                                f"{self.max_request_tokens:,} per request (the server's --max-request-tokens)",
+                           "max_tokens" if new_tokens else "prompt", "request_too_large")
 
     def _default_tokens(self, prompt_length: int) -> int:
         """Room left in the context after the prompt (a request that set no limit)."""
@@ -284,21 +424,28 @@ class OpenAIServer:
         return PlainTextResponse(self.metrics_text(), media_type="text/plain; version=0.0.4")
 
     async def completions(self, http_request: HTTPRequest) -> Response:
-        body: CompletionRequest = parse_body(await http_request.body(), CompletionRequest)
+        body: CompletionRequest = parse_body(await self._read_body(http_request), CompletionRequest)
         self._check_model(body.model)
         self._check_admitting()
-        prompts = [self._prompt_ids(prompt, f"prompt {index}") for index, prompt in enumerate(body.prompts())]
-        tokens = body.max_tokens if body.max_tokens is not None else self._default_tokens(max(map(len, prompts)))
-        submission = Submission(self)
+        prompts = self._prompt_ids(body.prompts(), body.n)
+        tokens = body.token_limit
+        self._check_request_tokens(prompts, body.n, tokens)
+        submission = Submission(self, http_request)
         submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs)
         response_id = new_id("cmpl")
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return await self._stream(submission, self._completion_chunks(submission, response_id, body.logprobs,
                                                                           include_usage))
+        try:
+            return await self._whole_completion(submission, response_id)
+        finally:
+            submission.close()
+
+    async def _whole_completion(self, submission: Submission, response_id: str) -> Response:
         choices: dict[int, dict[str, Any]] = {}
         logprobs: dict[int, CompletionLogprobs] = {}
-        async for event in submission.events(http_request):
+        async for event in submission.events():
             choice = choices.setdefault(submission.choice_index(event), {"text": "", "logprobs": None,
                                                                          "finish_reason": None})
             choice["text"] += event.text
@@ -310,6 +457,7 @@ class OpenAIServer:
         listed = [{"index": index, "text": choices[index]["text"],
                    "logprobs": logprobs[index].as_dict() if index in logprobs else None,
                    "finish_reason": choices[index]["finish_reason"]} for index in sorted(choices)]
+        submission.check_answered()
         counts = usage(submission.prompt_tokens(), submission.completion_tokens())
         return JSONResponse(response_object(TEXT_COMPLETION, response_id, self.model_name, listed, counts))
 
@@ -330,32 +478,40 @@ class OpenAIServer:
             yield sse(response_object(TEXT_COMPLETION, response_id, self.model_name, [], counts, chunk=True))
 
     async def chat_completions(self, http_request: HTTPRequest) -> Response:
-        body: ChatRequest = parse_body(await http_request.body(), ChatRequest)
+        body: ChatRequest = parse_body(await self._read_body(http_request), ChatRequest)
         self._check_model(body.model)
         if self.chat_template is None:
             raise APIError(400, f"model {self.model_name!r} has no chat template (the checkpoint's tokenizer ships "
                                 "none; start the server with --chat-template FILE, or use /v1/completions)",
                            "messages", "no_chat_template")
         self._check_admitting()
-        try:
-            text = self.chat_template.render([message.as_template_input() for message in body.messages])
+        messages = [message.as_template_input() for message in body.messages]
+        try:  # on a worker thread: a slow template (bounded by its time limit) holds no other request
+            text = await asyncio.to_thread(self.chat_template.render, messages)
         except ChatTemplateError as error:
             raise APIError(400, str(error), "messages") from None
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
         if not prompt:
             raise APIError(400, "the messages render to no tokens", "messages")
         tokens = body.token_limit if body.token_limit is not None else self._default_tokens(len(prompt))
+        self._check_request_tokens([prompt], body.n, tokens)
         top = (body.top_logprobs or 0) if body.logprobs else None
-        submission = Submission(self)
+        submission = Submission(self, http_request)
         submission.submit([prompt], body.generation_config(tokens), body.n, top)
         response_id = new_id("chatcmpl")
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return await self._stream(submission, self._chat_chunks(submission, response_id, include_usage))
+        try:
+            return await self._whole_chat(submission, response_id, body.logprobs)
+        finally:
+            submission.close()
+
+    async def _whole_chat(self, submission: Submission, response_id: str, with_logprobs: bool) -> Response:
         choices: dict[int, dict[str, Any]] = {}
-        async for event in submission.events(http_request):
+        async for event in submission.events():
             choice = choices.setdefault(submission.choice_index(event),
-                                        {"content": "", "logprobs": [] if body.logprobs else None,
+                                        {"content": "", "logprobs": [] if with_logprobs else None,
                                          "finish_reason": None})
             choice["content"] += event.text
             if event.token_id >= 0 and event.logprob is not None:
@@ -366,6 +522,7 @@ class OpenAIServer:
         listed = [{"index": index, "message": {"role": "assistant", "content": choice["content"]},
                    "logprobs": None if choice["logprobs"] is None else {"content": choice["logprobs"]},
                    "finish_reason": choice["finish_reason"]} for index, choice in sorted(choices.items())]
+        submission.check_answered()
         counts = usage(submission.prompt_tokens(), submission.completion_tokens())
         return JSONResponse(response_object(CHAT_COMPLETION, response_id, self.model_name, listed, counts))
 
@@ -396,8 +553,11 @@ class OpenAIServer:
         except StopAsyncIteration:
             first = None
         except BaseException:
-            submission.cancel()
+            submission.close()
             raise
+        if submission.client_gone:  # it left while the request waited for its first token
+            submission.close()
+            raise ClientGone
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -409,8 +569,8 @@ class OpenAIServer:
             except APIError as error:
                 yield sse(error.body())
                 yield sse("[DONE]")
-            finally:  # the client went away, or the server is stopping: free the blocks
-                submission.cancel()
+            finally:  # the stream ended, or the client went away: free the blocks
+                submission.close()
 
         return StreamingResponse(body(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -452,15 +612,33 @@ def _deliver(events: list[tuple[Submission, TokenEvent]]) -> None:
 def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
         log_level: str = "warning") -> None:
     """Serve until SIGTERM or SIGINT, then drain (see the module's docstring) and return."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    uvicorn_server(server, host, port, shutdown_timeout, log_level).run()
+    stats, pool = server.engine.stats, server.engine.pool
+    print(f"tformer serve: stopped: {stats.requests_finished} request(s) finished, {stats.requests_cancelled} "
+          f"cancelled, {stats.requests_timed_out} timed out; {pool.blocks_in_use} cache blocks in use",
+          file=sys.stderr, flush=True)
+
+
+def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout: float,
+                   log_level: str) -> uvicorn.Server:
+    """A uvicorn server for ``server`` whose first SIGTERM or SIGINT drains while still listening (new requests
+    get 503: ``OpenAIServer.begin_stop``) and closes the listener once ``drained``; a second one stops at once."""
     import uvicorn
 
     class Uvicorn(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
-            if not self.should_exit:
+            if server.stop_deadline is None:
                 print(f"tformer serve: stopping: no new requests; {server.engine.running} sequence(s) in flight "
                       f"get up to {shutdown_timeout:g} s", file=sys.stderr, flush=True)
-            server.engine.stop_admitting()
-            super().handle_exit(sig, frame)
+                server.begin_stop(shutdown_timeout)
+            else:
+                super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if server.stop_deadline is not None and not self.should_exit and server.drained():
+                self.should_exit = True
+            return await super().on_tick(counter)
 
         def capture_signals(self):  # uvicorn re-raises the signal after shutdown; a drained stop exits 0
             return _signals_to(self.handle_exit)
@@ -472,14 +650,10 @@ def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdow
                 print(f"tformer serve: listening on http://{bound_host}:{bound_port} (model {server.model_name!r})",
                       file=sys.stderr, flush=True)
 
-    sys.setswitchinterval(SWITCH_INTERVAL)
+    # The drain happens before uvicorn's own shutdown, which then only waits for the last bytes to go out.
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
-    Uvicorn(config).run()
-    stats, pool = server.engine.stats, server.engine.pool
-    print(f"tformer serve: stopped: {stats.requests_finished} request(s) finished, {stats.requests_cancelled} "
-          f"cancelled, {stats.requests_timed_out} timed out; {pool.blocks_in_use} cache blocks in use",
-          file=sys.stderr, flush=True)
+                            timeout_graceful_shutdown=STOP_GRACE_SECONDS, lifespan="on")
+    return Uvicorn(config)
 
 
 class _signals_to:

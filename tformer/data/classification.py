@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, read_data_text, sorted_names
+from tformer.errors import listed, quoted
 
 CLASSIFICATION_FORMATS = ("tsv", "csv", "jsonl")
 TEXT_COLUMNS = ("sentence", "text", "sentence1", "text_a")
@@ -74,10 +75,12 @@ def read_classification(
     labels: Sequence[str] | None = None,
     labeled: bool = True,
     skip_bad: bool = False,
+    labels_from: str = "the declared labels",
 ) -> ClassificationData:
     """Read ``path`` (plain or .gz). ``columns`` names the columns of a TSV/CSV file without a header row
     (SST-2's sentence-level files: ``columns=["label", "sentence"]``). ``labels`` declares the label
-    names (a label outside them is an error); ``labeled=False`` reads texts only (a test split).
+    names (a label outside them is an error; ``labels_from`` says where they came from, e.g. the training
+    file); ``labeled=False`` reads texts only (a test split).
     A bad row raises a DataFileError naming the file and line, or with ``skip_bad`` is left out and
     counted in ``skipped``."""
     kind = format or classification_format(path)
@@ -103,8 +106,8 @@ def read_classification(
             skipped.handle(f"{path}:{line}: {error}", skip_bad)
             continue
         if declared is not None and example.label is not None and example.label not in declared:
-            skipped.handle(f"{path}:{line}: label {example.label!r} is not one of the declared labels: "
-                           f"{', '.join(labels)}", skip_bad)
+            skipped.handle(f"{path}:{line}: label {quoted(example.label)} is not one of {labels_from}: "
+                           f"{listed(labels)}", skip_bad)
             continue
         examples.append(example)
     if not examples:
@@ -120,7 +123,7 @@ def _example(record: dict, line: int, text_column: str | None, pair_column: str 
     text_column = text_column or next((name for name in TEXT_COLUMNS if name in record), None)
     if text_column is None or text_column not in record:
         wanted = text_column or f"one of {', '.join(TEXT_COLUMNS)}"
-        raise DataFileError(f"no text column ({wanted}) among {', '.join(map(str, record)) or 'no columns'}")
+        raise DataFileError(f"no text column ({wanted}) among {listed(record) or 'no columns'}")
     pair_column = pair_column or next((name for name in PAIR_COLUMNS if name in record), None)
     text = _text(record, text_column)
     pair = _text(record, pair_column) if pair_column is not None else None
@@ -130,7 +133,7 @@ def _example(record: dict, line: int, text_column: str | None, pair_column: str 
         if value is None or (isinstance(value, str) and not value.strip()):
             raise DataFileError(f"the row has no label (column {label_column!r})")
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise DataFileError(f"label {value!r} is not a name or an integer")
+            raise DataFileError(f"label {quoted(value)} is not a name or an integer")
         label = str(value).strip()
     return ClassificationExample(text, pair, label, line)
 
@@ -140,7 +143,7 @@ def _text(record: dict, column: str) -> str:
     if value is None:
         raise DataFileError(f"the row has no {column!r} column")
     if not isinstance(value, str):
-        raise DataFileError(f"{column} {value!r} is not a string")
+        raise DataFileError(f"{column} {quoted(value)} is not a string")
     if not value.strip():
         raise DataFileError(f"{column} is empty")
     return value.strip()
@@ -157,11 +160,12 @@ def _table_records(path, text: str, kind: str, columns: Sequence[str] | None,
         if header is None:
             header = [name.strip() for name in fields]
             if not known & set(header):
-                raise DataFileError(f"{path}:{line}: the first row {fields[:4]} is not a header naming the columns "
+                first = ", ".join(quoted(value) for value in fields[:4])
+                raise DataFileError(f"{path}:{line}: the first row [{first}] is not a header naming the columns "
                                     f"(e.g. sentence, label); for a file without a header give columns=[...]")
             continue
         if len(fields) > len(header):
-            yield line, f"{len(fields)} fields, but the header names {len(header)}: {', '.join(header)}"
+            yield line, f"{len(fields)} fields, but the header names {len(header)}: {listed(header)}"
             continue
         yield line, dict(zip(header, fields, strict=False))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, read_data_text
+from tformer.errors import listed, quoted
 
 DOCUMENT_START = "-DOCSTART-"
 
@@ -49,8 +50,10 @@ class ConllData:
         return [[index[tag] for tag in sentence.tags] for sentence in self.sentences]
 
 
-def read_conll(path: str | Path, *, tags: Sequence[str] | None = None, skip_bad: bool = False) -> ConllData:
-    """Read ``path`` (plain or .gz). ``tags`` declares the tag names (a tag outside them is an error).
+def read_conll(path: str | Path, *, tags: Sequence[str] | None = None, skip_bad: bool = False,
+               tags_from: str = "the declared tags") -> ConllData:
+    """Read ``path`` (plain or .gz). ``tags`` declares the tag names (a tag outside them is an error;
+    ``tags_from`` says where they came from, e.g. the training file).
     A malformed line (a token without a tag) or an undeclared tag raises a DataFileError naming the file
     and line, or with ``skip_bad`` leaves its whole sentence out, counted in ``skipped``."""
     if tags is not None:
@@ -89,9 +92,9 @@ def read_conll(path: str | Path, *, tags: Sequence[str] | None = None, skip_bad:
         if problem is not None:
             continue
         if len(fields) < 2:
-            problem = f"{path}:{number}: expected a token and its tag, got {line.strip()!r}"
+            problem = f"{path}:{number}: expected a token and its tag, got {quoted(line.strip())}"
         elif declared is not None and fields[-1] not in declared:
-            problem = f"{path}:{number}: tag {fields[-1]!r} is not one of the declared tags: {', '.join(tags)}"
+            problem = f"{path}:{number}: tag {quoted(fields[-1])} is not one of {tags_from}: {listed(tags)}"
         else:
             tokens.append(fields[0])
             sentence_tags.append(fields[-1])

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from tformer.data.conll import ConllData, TaggedSentence, read_conll
 from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
-from tformer.errors import TformerError
+from tformer.errors import TformerError, listed, quoted
 from tformer.evaluation.entities import TagError, entity_counts, entity_spans, scores_from_counts
 from tformer.nn.losses import IGNORE_INDEX
 from tformer.training.config import TrainingConfig, TrainingError
@@ -130,7 +130,7 @@ class TokenClassification(ExampleTask):
         try:
             tag_ids = [[index[tag] for tag in sentence.tags] for sentence in data.sentences]
         except KeyError as error:
-            raise TrainingError(f"{data.path}: tag {error.args[0]!r} is not one of {', '.join(self.tag_names)}") \
+            raise TrainingError(f"{data.path}: tag {quoted(error.args[0])} is not one of {listed(self.tag_names)}") \
                 from None
         try:
             return encode_sentences(self.tokenizer, data.sentences, tag_ids, self.seq_len)
@@ -147,7 +147,8 @@ class TokenClassification(ExampleTask):
             train = read_conll(data.train, tags=label_names, skip_bad=data.skip_bad)
             evaluation = None
             if data.eval:
-                evaluation = read_conll(data.eval, tags=train.tag_names, skip_bad=data.skip_bad)
+                source = "the declared tags" if label_names else f"the tags of the training file {data.train}"
+                evaluation = read_conll(data.eval, tags=train.tag_names, skip_bad=data.skip_bad, tags_from=source)
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         if evaluation is None and data.eval_fraction > 0:
@@ -179,11 +180,11 @@ class TokenClassification(ExampleTask):
             raise TrainingError(f"the {self.name} task trains a model with head={HEAD!r}, not head={head!r}")
         if num_labels != len(self.tag_names):
             raise TrainingError(f"the model's num_labels={num_labels} but the data has {len(self.tag_names)} tags "
-                                f"({', '.join(self.tag_names)})")
+                                f"({listed(self.tag_names)})")
         model_tags = tuple(model.config.label_names or ())
         if model_tags and model_tags != self.tag_names:
-            raise TrainingError(f"the model's label_names ({', '.join(model_tags)}) are not the data's tags in "
-                                f"their order ({', '.join(self.tag_names)})")
+            raise TrainingError(f"the model's label_names ({listed(model_tags)}) are not the data's tags in "
+                                f"their order ({listed(self.tag_names)})")
         self.check_model_fits(model, self.tokenizer, self.seq_len)
         limit = model.position_limit
         longest = max(len(ids) for encoded in (self.train_encoded, self.eval_encoded) if encoded is not None

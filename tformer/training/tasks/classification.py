@@ -138,7 +138,7 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
         if model_config.num_labels != len(self.label_names):
             raise TrainingError(f"the data has {len(self.label_names)} labels ({listed(self.label_names)}) but "
                                 f"the model's num_labels is {model_config.num_labels}")
-        self.check_model_fits(model, self.tokenizer, self.seq_len)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments="token_type_ids" in self.train_rows.fields)
 
 
 

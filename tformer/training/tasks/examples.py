@@ -98,15 +98,20 @@ class ExampleTask(Task):
         return self.eval_rows is not None and len(self.eval_rows) > 0
 
     @staticmethod
-    def check_model_fits(model, tokenizer, seq_len: int | None) -> None:
-        """Rows of ``seq_len`` tokens (None: not cut) of ``tokenizer``'s ids fit the model: a TrainingError
-        before any step, not an index error in the middle of one."""
+    def check_model_fits(model, tokenizer, seq_len: int | None, *, segments: bool = False) -> None:
+        """Rows of ``seq_len`` tokens (None: not cut) of ``tokenizer``'s ids fit the model, and rows with
+        segment ids (``segments``: token_type_ids) a model with segment embeddings: a TrainingError before
+        any step, not an index error in the middle of one."""
         limit = model.position_limit
         if limit is not None and seq_len is not None and seq_len > limit:
             raise TrainingError(f"training.seq_len={seq_len} exceeds the model's max_seq_len={limit}")
         if tokenizer.vocab_size > model.config.vocab_size:
             raise TrainingError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
                                 f"vocab_size is {model.config.vocab_size}")
+        if segments and not getattr(model.config, "type_vocab_size", 0):
+            raise TrainingError("the data's rows carry segment ids (token_type_ids: sentence A/B, as BERT reads a "
+                                "[CLS] A [SEP] B [SEP] input) but the model has no segment embeddings: set [model] "
+                                "type_vocab_size = 2")
 
     def global_indices(self, position: int, num_rows: int) -> Tensor:
         """Indices (world_size * batch_size,) of the global batch at ``position``: the stream of

@@ -266,7 +266,7 @@ class SpanQuestionAnswering(ExampleTask):
         if config.seq_len is not None and config.seq_len != self.seq_len:
             raise TrainingError(f"training.seq_len={config.seq_len} differs from the task's windows of "
                                 f"{self.seq_len} tokens")
-        self.check_model_fits(model, self.tokenizer, self.seq_len)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments="token_type_ids" in self.train_rows.fields)
         if config.label_smoothing:
             raise TrainingError("training.label_smoothing is not supported by the span_qa task (its loss is the "
                                 "model's start/end cross-entropy)")

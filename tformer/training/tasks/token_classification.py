@@ -185,7 +185,8 @@ class TokenClassification(ExampleTask):
         if model_tags and model_tags != self.tag_names:
             raise TrainingError(f"the model's label_names ({listed(model_tags)}) are not the data's tags in "
                                 f"their order ({listed(self.tag_names)})")
-        self.check_model_fits(model, self.tokenizer, self.seq_len)
+        self.check_model_fits(model, self.tokenizer, self.seq_len,
+                              segments="token_type_ids" in self.train_encoded.sequences)
         limit = model.position_limit
         longest = max(len(ids) for encoded in (self.train_encoded, self.eval_encoded) if encoded is not None
                       for ids in encoded.sequences["input_ids"])

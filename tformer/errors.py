@@ -19,10 +19,14 @@ def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
     return f"{text[: limit - 1]}... ({len(str(value)):,} characters)"
 
 
-def listed(names, limit: int = LIST_LIMIT) -> str:
-    """Names joined by commas for a message, each cut as ``quoted`` cuts, the first ``limit`` of them and how
-    many there are in all when there are more."""
+def listed(names, limit: int = LIST_LIMIT, width: int = 4 * QUOTE_LIMIT) -> str:
+    """Names joined by commas for a message: each cut as ``quoted`` cuts, at most ``limit`` of them and about
+    ``width`` characters, then how many there are in all."""
     names = [str(name) for name in names]
-    shown = [name if len(name) <= QUOTE_LIMIT else quoted(name) for name in names[:limit]]
-    more = f", ... ({len(names):,} in all)" if len(names) > limit else ""
+    shown: list[str] = []
+    for name in names[:limit]:
+        if shown and len(", ".join(shown)) + len(name) > width:
+            break
+        shown.append(name if len(name) <= QUOTE_LIMIT else quoted(name))
+    more = f", ... ({len(names):,} in all)" if len(shown) < len(names) else ""
     return ", ".join(shown) + more

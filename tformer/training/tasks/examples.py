@@ -108,7 +108,7 @@ class ExampleTask(Task):
         if tokenizer.vocab_size > model.config.vocab_size:
             raise TrainingError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
                                 f"vocab_size is {model.config.vocab_size}")
-        if segments and not getattr(model.config, "type_vocab_size", 0):
+        if segments and getattr(model.config, "type_vocab_size", None) == 0:
             raise TrainingError("the data's rows carry segment ids (token_type_ids: sentence A/B, as BERT reads a "
                                 "[CLS] A [SEP] B [SEP] input) but the model has no segment embeddings: set [model] "
                                 "type_vocab_size = 2")

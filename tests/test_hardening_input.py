@@ -214,6 +214,8 @@ def test_evaluate_and_translate_refuse_a_missing_device_naming_the_available_one
                   "cpu, auto", folder=folder)
     assert err.startswith(f"tformer evaluate: error: --device {device}" if device != "banana" else
                           "tformer evaluate: error: --device 'banana' is not a device")
+    refused(capsys, ["evaluate", str(classifier_run), "--source", data, "--reference", data, "--device", device],
+            "this machine has: cpu, auto", folder=folder)
     refused(capsys, ["translate", str(classifier_run), "--input", data, "--device", device],
             "this machine has: cpu, auto", folder=folder)
 

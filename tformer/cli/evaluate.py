@@ -114,12 +114,13 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     the translations into --out (default RUN/evaluation)."""
     import time
 
-    from tformer.cli import UsageError, quantize_option
+    from tformer.cli import UsageError, quantize_option, resolve_device
     from tformer.cli.translate import load_translator
     from tformer.data.parallel import read_aligned
     from tformer.files import write_text_atomically
     from tformer.generation.translation import translate
 
+    resolve_device(args.device)  # before the files are read (load_translator moves the model there)
     quantize = quantize_option(args)
     if args.beam < 1:
         raise UsageError(f"--beam {args.beam} must be a positive integer")

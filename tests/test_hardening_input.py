@@ -148,9 +148,30 @@ def test_a_declared_num_labels_that_the_data_does_not_have_is_refused(tmp_path, 
 # ---- 11. a from-scratch classifier without segment embeddings says which key to set ------------------
 
 
-def test_a_classifier_without_segment_embeddings_names_type_vocab_size(tmp_path, capsys):
-    args = train(capsys, tmp_path, text_recipe(tmp_path))
-    refused(capsys, args, "the model has no segment embeddings: set [model] type_vocab_size = 2", folder=tmp_path)
+def test_a_classifier_without_segment_embeddings_reads_single_texts_and_names_type_vocab_size_for_pairs(
+        tmp_path, capsys):
+    args = train(capsys, tmp_path, text_recipe(tmp_path))  # type_vocab_size = 0: ModelConfig's default
+    assert main(args) == 0  # single texts: their all-zero segment ids are not fed to a model without segments
+    assert "Traceback" not in capsys.readouterr().err
+    assert tformer.load(tmp_path / "run").config.type_vocab_size == 0
+    rng = random.Random(0)
+    rows = [f"{rng.choice(WORDS)} {rng.choice(WORDS)}\t{rng.choice(WORDS)}\t{rng.choice(('pos', 'neg'))}"
+            for _ in range(12)]
+    (tmp_path / "pairs.tsv").write_text("sentence1\tsentence2\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    sections = text_recipe(tmp_path)
+    sections["data"] = {**sections["data"], "train": "pairs.tsv"}
+    args = train(capsys, tmp_path, sections)
+    args[args.index("--out") + 1] = str(tmp_path / "pairs-run")
+    refused(capsys, args, "the data's rows hold two segments (a text pair", "but the model has no segment embeddings "
+            "(type_vocab_size=0): set [model] type_vocab_size = 2", folder=tmp_path)
+    torch.manual_seed(0)  # predict on a model without segment embeddings: the tokenizer's segment ids left out
+    model = tformer.build_model("bert-tiny", head="question_answering", vocab_size=len(VOCAB), max_seq_len=32,
+                                d_model=16, num_layers=1, num_heads=2, d_ff=32, type_vocab_size=0)
+    model.tokenizer = WordPieceTokenizer(VOCAB)
+    model.save(tmp_path / "qa")
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "qa"), "--question", "who sat ?", "--context", "the cat sat ."]) == 0
+    assert main(["predict", str(tmp_path / "run"), "--text", "a good movie"]) == 0
 
 
 # ---- 13. quoted input is capped; an evaluation file's unknown label is measured against the training file

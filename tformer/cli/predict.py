@@ -154,8 +154,7 @@ def predict_answer(model, folder: str, question: str, context: str, max_answer_l
         pass  # no run's recipe (a Hugging Face folder): the defaults
     windows = question_windows(model.tokenizer, [question], [context], seq_len=seq_len, doc_stride=doc_stride,
                                padding=True)
-    inputs = {name: torch.tensor(windows[name]) for name in ("input_ids", "token_type_ids", "attention_mask")
-              if name in windows}
+    inputs = {name: torch.tensor(windows[name]) for name in input_names(model) if name in windows}
     with torch.inference_mode():
         output = model(**inputs)
     answer = best_answer(output.start_logits, output.end_logits, windows.encodings, context,
@@ -200,5 +199,11 @@ def _encode(model, text: str, pair: str | None) -> dict:
         warnings.warn(f"{what} {quoted(text, 40)}: {length:,} tokens, cut to the model's {limit}; the prediction "
                       f"reads only the first {limit} (the last {length - limit:,} tokens are left out)", stacklevel=2)
     encoded = model.tokenizer.encode_batch([text], pairs, truncation=True, max_length=limit, return_tensors="pt")
-    return {name: values for name, values in encoded.items() if name in ("input_ids", "attention_mask",
-                                                                          "token_type_ids")}
+    return {name: values for name, values in encoded.items() if name in input_names(model)}
+
+
+def input_names(model) -> tuple[str, ...]:
+    """The tokenizer's outputs the model reads: token_type_ids only with segment embeddings (a model without
+    them reads a pair as one sequence, as DistilBERT does)."""
+    segments = ("token_type_ids",) if model.config.type_vocab_size else ()
+    return ("input_ids", "attention_mask", *segments)

@@ -22,7 +22,15 @@ from tformer.evaluation.classification import classification_scores
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
-from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, data_tokenizer, model_inputs, pad_rows
+from tformer.training.tasks.examples import (
+    EVAL_WEIGHTS,
+    ExampleTask,
+    Rows,
+    data_tokenizer,
+    drop_unused_segments,
+    model_inputs,
+    pad_rows,
+)
 
 
 def encode_texts(tokenizer, data: ClassificationData, seq_len: int) -> tuple[Rows, int]:
@@ -138,7 +146,8 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
         if model_config.num_labels != len(self.label_names):
             raise TrainingError(f"the data has {len(self.label_names)} labels ({listed(self.label_names)}) but "
                                 f"the model's num_labels is {model_config.num_labels}")
-        self.check_model_fits(model, self.tokenizer, self.seq_len, segments="token_type_ids" in self.train_rows.fields)
+        segments = drop_unused_segments(model, self.train_rows.fields, self.eval_rows and self.eval_rows.fields)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments=segments)
 
 
 

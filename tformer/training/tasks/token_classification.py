@@ -31,7 +31,14 @@ from tformer.nn.losses import IGNORE_INDEX
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
-from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, data_tokenizer, model_inputs, pad_rows
+from tformer.training.tasks.examples import (
+    EVAL_WEIGHTS,
+    ExampleTask,
+    data_tokenizer,
+    drop_unused_segments,
+    model_inputs,
+    pad_rows,
+)
 
 HEAD = "token_classification"
 EXAMPLE = "example"  # (B,) evaluation rows: the sentence's index in ``eval_gold``; not a model input
@@ -185,8 +192,9 @@ class TokenClassification(ExampleTask):
         if model_tags and model_tags != self.tag_names:
             raise TrainingError(f"the model's label_names ({listed(model_tags)}) are not the data's tags in "
                                 f"their order ({listed(self.tag_names)})")
-        self.check_model_fits(model, self.tokenizer, self.seq_len,
-                              segments="token_type_ids" in self.train_encoded.sequences)
+        segments = drop_unused_segments(model, self.train_encoded.sequences,
+                                        self.eval_encoded and self.eval_encoded.sequences)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments=segments)
         limit = model.position_limit
         longest = max(len(ids) for encoded in (self.train_encoded, self.eval_encoded) if encoded is not None
                       for ids in encoded.sequences["input_ids"])
@@ -261,7 +269,8 @@ def predict_entities(model: nn.Module, tokenizer, text: str) -> list[tuple[str, 
     for start, stop in _word_windows(tokenizer, words, model.position_limit):
         batch = tokenizer.encode_batch([words[start:stop]], is_split_into_words=True, return_encodings=True)
         inputs = {name: torch.tensor(batch[name], device=device)
-                  for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch}
+                  for name in ("input_ids", "attention_mask", "token_type_ids")
+                  if name in batch and (name != "token_type_ids" or getattr(model.config, "type_vocab_size", 1))}
         probabilities = model(**inputs).logits.float().softmax(dim=-1)[0]  # (T, L)
         best, chosen = (values.tolist() for values in probabilities.max(dim=-1))
         previous = None

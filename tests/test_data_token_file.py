@@ -4,6 +4,7 @@ tokenizer; encoding a file in chunks gives exactly the ids of encoding it whole.
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -63,6 +64,12 @@ def test_reader_checks_the_header(tmp_path, bpe):
         handle.write(b"\0")
     with pytest.raises(TokenFileError, match="the header promises"):
         read_token_file(tmp_path / "data.bin")
+    header = json.loads((tmp_path / "data.bin.json").read_text())
+    for vocab_size in (10**12, 10**6, 0, "300"):  # one bad value must not size a model's embedding
+        (tmp_path / "data.bin.json").write_text(json.dumps({**header, "vocab_size": vocab_size}))
+        with pytest.raises(TokenFileError, match=rf"data.bin.json: vocab_size {vocab_size!r} does not match dtype "
+                                                 r"uint16 \(uint16: 1..65,536 ids"):
+            read_token_file(tmp_path / "data.bin")
     (tmp_path / "data.bin.json").unlink()
     with pytest.raises(TokenFileError, match="its header data.bin.json is missing"):
         read_token_file(tmp_path / "data.bin")

@@ -85,9 +85,10 @@ def test_user_errors_are_one_line_with_exit_code_2_and_no_text(checkpoints, caps
 def test_device_is_checked_before_anything_is_loaded(checkpoints, capsys):
     base = ["generate", str(checkpoints / "target"), "--prompt", "to be", "--max-new-tokens", "5"]
     assert main([*base, "--device", "tpu"]) == 2
-    assert "--device 'tpu' is not one of cpu, cuda, cuda:N, auto" in capsys.readouterr().err
+    assert "--device 'tpu' is not a device (cpu, cuda, cuda:N or auto); this machine has: cpu" in \
+        capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main([*base, "--device", "cuda"]) == 2
-        assert "PyTorch sees no CUDA device" in capsys.readouterr().err
+        assert "sees no CUDA device; this machine has: cpu, auto" in capsys.readouterr().err
     assert main([*base, "--device", "auto"]) == 0
     assert capsys.readouterr().out == expected_text(checkpoints, "to be", 5) + "\n"

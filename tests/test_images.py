@@ -66,7 +66,8 @@ def test_idx_labels_can_be_named_and_bad_idx_files_are_one_line_errors(tmp_path)
         read_images(path, labels=tmp_path / "short-labels.bin")
     with pytest.raises(DataFileError, match=r"idx magic number 0x00000801, expected images \(0x00000803"):
         read_images(tmp_path / "train-labels-idx1-ubyte.gz", format="idx")
-    with pytest.raises(DataFileError, match=r"label 3 is outside the 2 label names \(no, yes\)"):
+    with pytest.raises(DataFileError, match=r"labels-idx1-ubyte.gz: row 0 \(counting from 0\) has label 3, outside "
+                                            r"the ids 0..1 of the 2 label names \(no, yes\)"):
         read_images(path, label_names=["no", "yes"])
     raw = gzip.decompress(path.read_bytes())
     (tmp_path / "cut-images-idx3-ubyte").write_bytes(raw[:-7])

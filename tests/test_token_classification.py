@@ -176,7 +176,8 @@ def test_bad_conll_data_is_a_one_line_error(tmp_path, tokenizer):
         TokenClassification.from_recipe(DataConfig(train=good), seq_len=None, tokenizer=tokenizer,
                                         label_names=("O", "B-LOC"))
     unseen = write_conll(tmp_path / "unseen.conll", [[("the", "O"), ("paris", "B-LOC")]])
-    with pytest.raises(TrainingError, match=r"unseen\.conll:2: tag 'B-LOC' is not one of the declared tags"):
+    with pytest.raises(TrainingError, match=r"unseen\.conll:2: tag 'B-LOC' is not one of the tags of the training file "
+                                            r".*good\.conll: O, B-PER"):
         TokenClassification.from_recipe(DataConfig(train=good, eval=unseen), seq_len=None, tokenizer=tokenizer)
     pos = write_conll(tmp_path / "pos.conll", [[("john", "NNP"), ("ate", "VBD")]])
     with pytest.raises(TrainingError, match=r"pos\.conll: the tags must be O or BIO/IOBES entity tags: tag 'NNP'"):

@@ -181,7 +181,8 @@ def quantize_option(args: argparse.Namespace):
 
 
 def resolve_device(text: str, option: str = "--device"):
-    """The torch.device a ``--device`` value names, refused in one line when this machine has no such device."""
+    """The torch.device a ``--device`` value names, refused in one line naming the devices this machine has
+    when it has no such device (every command that takes ``--device`` reads it through here)."""
     import torch
 
     text = text.strip().lower()
@@ -191,13 +192,23 @@ def resolve_device(text: str, option: str = "--device"):
         return torch.device("cpu")
     kind, _, index = text.partition(":")
     if kind != "cuda" or (index and not index.isdigit()):
-        raise UsageError(f"{option} {text!r} is not one of cpu, cuda, cuda:N, auto")
+        raise UsageError(f"{option} {text!r} is not a device (cpu, cuda, cuda:N or auto); this machine has: "
+                         f"{available_devices()}")
     if not torch.cuda.is_available():
-        raise UsageError(f"{option} {text}: PyTorch sees no CUDA device on this machine (use cpu or auto)")
+        build = " (a CPU-only build)" if torch.version.cuda is None else ""
+        raise UsageError(f"{option} {text}: PyTorch {torch.__version__}{build} sees no CUDA device; this machine "
+                         f"has: {available_devices()}")
     if index and int(index) >= torch.cuda.device_count():
-        raise UsageError(f"{option} {text}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        raise UsageError(f"{option} {text}: no such CUDA device; this machine has: {available_devices()}")
     return torch.device(text)
+
+
+def available_devices() -> str:
+    """The ``--device`` values this machine can run on, for a message: cpu, each GPU (cuda:N), auto."""
+    import torch
+
+    gpus = [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return ", ".join(["cpu", *gpus, "auto"])
 
 
 def check_text_option(text: str, option: str) -> str:

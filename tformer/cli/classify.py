@@ -83,6 +83,8 @@ def read_model_images(paths: list[str], processor):
     from tformer.data.images import image_tensor, open_image
 
     for path in paths:
+        if Path(path).is_dir():
+            raise UsageError(f"{path}: is a folder; give image files (PNG or JPEG), e.g. {Path(path) / '*.png'}")
         if not Path(path).is_file():
             raise UsageError(f"{path}: no such file")
     size = processor.image_size

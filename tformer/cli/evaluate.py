@@ -138,12 +138,13 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     the translations into --out (default RUN/evaluation)."""
     import time
 
-    from tformer.cli import UsageError, check_replaceable, quantize_option
+    from tformer.cli import UsageError, check_replaceable, quantize_option, resolve_device
     from tformer.cli.translate import load_translator
     from tformer.data.parallel import read_aligned
     from tformer.files import sha256_of, write_text_atomically
     from tformer.generation.translation import translate
 
+    resolve_device(args.device)  # before the files are read (load_translator moves the model there)
     quantize = quantize_option(args)
     if args.beam < 1:
         raise UsageError(f"--beam {args.beam} must be a positive integer")
@@ -194,19 +195,25 @@ def evaluate_run(args: argparse.Namespace) -> int:
     import dataclasses
 
     import tformer
-    from tformer.cli import UsageError, check_replaceable, quantize_option
+    from tformer.cli import UsageError, check_replaceable, quantize_option, resolve_device
     from tformer.files import write_text_atomically
-    from tformer.training.tasks import task_for_recipe
+    from tformer.training.tasks import TaskConfig, task_for_recipe
     from tformer.training.trainer import Trainer
 
     folder = Path(args.folder)
     data_file = Path(args.data)
-    if not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder
-        raise UsageError(f"--data {data_file}: no such file or folder")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
     quantize = quantize_option(args)
+    device = resolve_device(args.device)
     recipe = run_recipe(folder)
+    task_config = recipe.task
+    if task_config.name == "translation":
+        data_file = translation_corpus(data_file, recipe.data)
+        # the model folder's tokenizer reads the data: the settings of learning one do not apply
+        task_config = dataclasses.replace(task_config, bpe_vocab_size=TaskConfig.bpe_vocab_size)
+    elif not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder
+        raise UsageError(f"--data {data_file}: no such file or folder")
     model = tformer.load(folder, device="cpu", quantize=quantize)
     if model.config.architecture == "vision":
         if getattr(model, "image_processor", None) is None:
@@ -217,9 +224,9 @@ def evaluate_run(args: argparse.Namespace) -> int:
     data = dataclasses.replace(recipe.data, train=str(data_file), eval=str(data_file), eval_fraction=0.0,
                                tokenizer="char")  # "char": none named; the model's own tokenizer reads the data
     label_names = tuple(model.config.label_names) or None
-    task, loaded = task_for_recipe(recipe.task, data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
+    task, loaded = task_for_recipe(task_config, data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
                                    label_names=label_names)
-    training = dataclasses.replace(recipe.training, eval_batches=0, device=args.device, compile=False,
+    training = dataclasses.replace(recipe.training, eval_batches=0, device=str(device), compile=False,
                                    batch_size=args.batch_size or recipe.training.batch_size)
     trainer = Trainer(model, training, task, out_dir=None, progress=False)
     print(f"data       {loaded.description}")
@@ -250,6 +257,25 @@ def evaluate_run(args: argparse.Namespace) -> int:
                                     title=f"{folder.name} on {data_file.name}")
         print(f"plot       {png}")
     return 0
+
+
+def translation_corpus(data_file: Path, data) -> Path:
+    """The corpus prefix that ``--data`` names for a translation run (read as its recipe reads a corpus:
+    PREFIX.SOURCE and PREFIX.TARGET, .gz or not): the prefix itself, or either side's file."""
+    from tformer.cli import UsageError
+    from tformer.data.files import DataFileError
+    from tformer.data.parallel import corpus_file
+
+    languages = (data.source_language, data.target_language)
+    name = data_file.name.removesuffix(".gz")
+    side = next((language for language in languages if name.endswith(f".{language}")), None)
+    prefix = data_file.with_name(name.removesuffix(f".{side}")) if data_file.is_file() and side else data_file
+    try:
+        for language in languages:
+            corpus_file(prefix, language)
+    except DataFileError as error:
+        raise UsageError(f"--data (the corpus of a {' -> '.join(languages)} translation run): {error}") from None
+    return prefix
 
 
 def quantized_suffix(scheme) -> str:

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from tformer.cli import add_model_argument, add_quantize_option
+from tformer.errors import quoted
 
 HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
 
@@ -40,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     import tformer
     from tformer.cli import UsageError, check_text_option, quantize_option
 
-    if args.top_k < 1:
-        raise UsageError(f"--top-k {args.top_k} must be a positive integer")
+    for option, value in (("--top-k", args.top_k), ("--max-answer-length", args.max_answer_length)):
+        if value < 1:
+            raise UsageError(f"{option} {value} must be a positive integer")
     texts = [check_text_option(text, "--text") for text in args.text]
     model = tformer.load(args.model, quantize=quantize_option(args))
     head = getattr(model.config, "head", None)
@@ -53,8 +55,12 @@ def run(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise UsageError(f"{args.model}: the model folder has no tokenizer")
     if head == "question_answering":
-        if not (args.question and args.context) or texts:
-            raise UsageError("a question-answering model takes --question and --context (not --text)")
+        if args.question is None or args.context is None or texts:
+            raise UsageError("a question-answering model takes --question and --context"
+                             + (" (not --text)" if texts else ""))
+        for option, value in (("--question", args.question), ("--context", args.context)):
+            if not value.strip():
+                raise UsageError(f"{option} is empty; give the {option.removeprefix('--')} as text")
         results = [predict_answer(model, args.model, check_text_option(args.question, "--question"),
                                   check_text_option(args.context, "--context"), args.max_answer_length)]
     else:
@@ -64,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("give a text to predict on with --text")
         if args.pair is not None and head != "sequence_classification":
             raise UsageError(f"--pair is for sequence classification; this model is head={head!r}")
+        if args.pair is not None:
+            check_reads_pairs(model, args.model)
         predict = {"sequence_classification": lambda text: predict_label(model, text, args.pair, args.top_k),
                    "token_classification": lambda text: predict_tags(model, text),
                    "masked_lm": lambda text: fill_masks(model, text, args.top_k),
@@ -73,6 +81,34 @@ def run(args: argparse.Namespace) -> int:
     for result in results:
         print(json.dumps(result, ensure_ascii=False) if args.json else result["line"])
     return 0
+
+
+def check_reads_pairs(model, folder: str) -> None:
+    """Refuse ``--pair`` for a classifier of single texts: a model without segment embeddings, or a run
+    whose training file has no second text (a model folder without a run's recipe is taken at its word)."""
+    from tformer.cli import UsageError
+    from tformer.cli.evaluate import run_recipe
+    from tformer.data.classification import read_classification
+    from tformer.data.files import DataFileError
+
+    if not model.config.type_vocab_size:
+        raise UsageError(f"--pair: {folder} classifies single texts (it has no segment embeddings, "
+                         "type_vocab_size=0); give the text alone")
+    try:
+        recipe = run_recipe(Path(folder))
+    except FileNotFoundError:
+        return  # not a run folder: nothing says what it was trained on
+    if recipe.task.name != "classification":
+        return
+    data = recipe.data
+    try:
+        train = read_classification(data.train, format=None if data.format == "auto" else data.format,
+                                    columns=data.columns, labeled=False, skip_bad=True)
+    except DataFileError:
+        return  # the training file moved or changed: nothing to tell from it
+    if all(example.text_pair is None for example in train.examples):
+        raise UsageError(f"--pair: {folder} was trained on single texts ({Path(data.train).name} has no second "
+                         "text); give the text alone")
 
 
 def predict_label(model, text: str, pair: str | None, top_k: int) -> dict:
@@ -118,8 +154,7 @@ def predict_answer(model, folder: str, question: str, context: str, max_answer_l
         pass  # no run's recipe (a Hugging Face folder): the defaults
     windows = question_windows(model.tokenizer, [question], [context], seq_len=seq_len, doc_stride=doc_stride,
                                padding=True)
-    inputs = {name: torch.tensor(windows[name]) for name in ("input_ids", "token_type_ids", "attention_mask")
-              if name in windows}
+    inputs = {name: torch.tensor(windows[name]) for name in input_names(model) if name in windows}
     with torch.inference_mode():
         output = model(**inputs)
     answer = best_answer(output.start_logits, output.end_logits, windows.encodings, context,
@@ -152,8 +187,23 @@ def fill_masks(model, text: str, top_k: int) -> dict:
 
 
 def _encode(model, text: str, pair: str | None) -> dict:
-    """The model inputs of one text (or pair), truncated to the model's positions."""
-    encoded = model.tokenizer.encode_batch([text], None if pair is None else [pair], truncation=True,
-                                           max_length=model.config.max_seq_len, return_tensors="pt")
-    return {name: values for name, values in encoded.items() if name in ("input_ids", "attention_mask",
-                                                                          "token_type_ids")}
+    """The model inputs of one text (or pair), cut to the model's positions with a warning saying how
+    much was left out (the prediction reads only the start)."""
+    import warnings
+
+    limit = model.config.max_seq_len
+    pairs = None if pair is None else [pair]
+    length = len(model.tokenizer.encode_batch([text], pairs)["input_ids"][0])
+    if length > limit:
+        what = "--text and --pair" if pair is not None else "--text"
+        warnings.warn(f"{what} {quoted(text, 40)}: {length:,} tokens, cut to the model's {limit}; the prediction "
+                      f"reads only the first {limit} (the last {length - limit:,} tokens are left out)", stacklevel=2)
+    encoded = model.tokenizer.encode_batch([text], pairs, truncation=True, max_length=limit, return_tensors="pt")
+    return {name: values for name, values in encoded.items() if name in input_names(model)}
+
+
+def input_names(model) -> tuple[str, ...]:
+    """The tokenizer's outputs the model reads: token_type_ids only with segment embeddings (a model without
+    them reads a pair as one sequence, as DistilBERT does)."""
+    segments = ("token_type_ids",) if model.config.type_vocab_size else ()
+    return ("input_ids", "attention_mask", *segments)

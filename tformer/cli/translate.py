@@ -36,8 +36,9 @@ def register(subparsers) -> None:
 
 def check_options(args: argparse.Namespace) -> None:
     """Every option checked before the model loads: one line naming the option and what it allows."""
-    from tformer.cli import UsageError
+    from tformer.cli import UsageError, resolve_device
 
+    resolve_device(args.device)
     for option, value in (("--beam", args.beam), ("--batch-size", args.batch_size)):
         if value < 1:
             raise UsageError(f"{option} {value} must be a positive integer")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, sorted_names
 from tformer.data.records import RECORD_FORMATS, RecordFile, class_name, field_value, record_format
+from tformer.errors import listed, quoted
 
 CLASSIFICATION_FORMATS = RECORD_FORMATS
 TEXT_COLUMNS = ("sentence", "text", "sentence1", "text_a")
@@ -77,13 +78,15 @@ def read_classification(
     labels: Sequence[str] | None = None,
     labeled: bool = True,
     skip_bad: bool = False,
+    labels_from: str = "the declared labels",
 ) -> ClassificationData:
     """Read ``path`` (TSV, CSV, JSONL, plain or .gz; Parquet; a datasets folder). ``columns`` names the
     columns of a TSV/CSV file without a header row (SST-2's sentence-level files: ``columns=["label",
-    "sentence"]``). ``labels`` declares the label names (a label outside them is an error); an integer label
-    is a class id, named by the file's own ClassLabel names when it has them, else by ``labels``, else by
-    its number. ``labeled=False`` reads texts only (a test split). A bad row raises a DataFileError naming
-    the file and line, or with ``skip_bad`` is left out and counted in ``skipped``."""
+    "sentence"]``). ``labels`` declares the label names (a label outside them is an error; ``labels_from``
+    says where they came from, e.g. the training file); an integer label is a class id, named by the file's
+    own ClassLabel names when it has them, else by ``labels``, else by its number. ``labeled=False`` reads
+    texts only (a test split). A bad row raises a DataFileError naming the file and line, or with
+    ``skip_bad`` is left out and counted in ``skipped``."""
     kind = format or classification_format(path)
     if kind not in CLASSIFICATION_FORMATS:
         raise DataFileError(f"format={kind!r} is not one of {', '.join(CLASSIFICATION_FORMATS)}")
@@ -121,8 +124,8 @@ def read_classification(
             skipped.handle(message if message.startswith(where) else f"{where}: {message}", skip_bad)
             continue
         if declared is not None and example.label is not None and example.label not in declared:
-            skipped.handle(f"{where}: label {example.label!r} is not one of the declared labels: "
-                           f"{', '.join(labels)}", skip_bad)
+            skipped.handle(f"{where}: label {quoted(example.label)} is not one of {labels_from}: "
+                           f"{listed(labels)}", skip_bad)
             continue
         examples.append(example)
     if not examples:
@@ -138,7 +141,7 @@ def _example(record: dict, line: int, text_column: str | None, pair_column: str 
     text_column = text_column or next((name for name in TEXT_COLUMNS if name in record), None)
     if text_column is None or text_column not in record:
         wanted = text_column or f"one of {', '.join(TEXT_COLUMNS)}"
-        raise DataFileError(f"no text column ({wanted}) among {', '.join(map(str, record)) or 'no columns'}")
+        raise DataFileError(f"no text column ({wanted}) among {listed(record) or 'no columns'}")
     pair_column = pair_column or next((name for name in PAIR_COLUMNS if name in record), None)
     text = _text(record, text_column)
     pair = _text(record, pair_column) if pair_column is not None else None
@@ -156,7 +159,7 @@ def _text(record: dict, column: str) -> str:
     if value is None:
         raise DataFileError(f"the row has no {column!r} column")
     if not isinstance(value, str):
-        raise DataFileError(f"{column} {value!r} is not a string")
+        raise DataFileError(f"{column} {quoted(value)} is not a string")
     if not value.strip():
         raise DataFileError(f"{column} is empty")
     return value.strip()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, read_data_text
 from tformer.data.records import RecordFile, class_name, field_value, list_value
+from tformer.errors import listed, quoted
 
 DOCUMENT_START = "-DOCSTART-"
 TOKENS_COLUMN, TAGS_COLUMN = "tokens", "ner_tags"  # Hugging Face's conll2003 / wnut_17 column names
@@ -54,8 +55,10 @@ class ConllData:
         return [[index[tag] for tag in sentence.tags] for sentence in self.sentences]
 
 
-def read_conll(path: str | Path, *, tags: Sequence[str] | None = None, skip_bad: bool = False) -> ConllData:
-    """Read ``path`` (plain or .gz). ``tags`` declares the tag names (a tag outside them is an error).
+def read_conll(path: str | Path, *, tags: Sequence[str] | None = None, skip_bad: bool = False,
+               tags_from: str = "the declared tags") -> ConllData:
+    """Read ``path`` (plain or .gz). ``tags`` declares the tag names (a tag outside them is an error;
+    ``tags_from`` says where they came from, e.g. the training file).
     A malformed line (a token without a tag) or an undeclared tag raises a DataFileError naming the file
     and line, or with ``skip_bad`` leaves its whole sentence out, counted in ``skipped``."""
     if tags is not None:
@@ -94,9 +97,9 @@ def read_conll(path: str | Path, *, tags: Sequence[str] | None = None, skip_bad:
         if problem is not None:
             continue
         if len(fields) < 2:
-            problem = f"{path}:{number}: expected a token and its tag, got {line.strip()!r}"
+            problem = f"{path}:{number}: expected a token and its tag, got {quoted(line.strip())}"
         elif declared is not None and fields[-1] not in declared:
-            problem = f"{path}:{number}: tag {fields[-1]!r} is not one of the declared tags: {', '.join(tags)}"
+            problem = f"{path}:{number}: tag {quoted(fields[-1])} is not one of {tags_from}: {listed(tags)}"
         else:
             tokens.append(fields[0])
             sentence_tags.append(fields[-1])
@@ -116,13 +119,15 @@ def found_tag_names(sentences: Sequence[TaggedSentence]) -> tuple[str, ...]:
 
 def read_tagged_records(path: str | Path, *, format: str | None = None, tokens_column: str = TOKENS_COLUMN,
                         tags_column: str = TAGS_COLUMN, columns: Sequence[str] | None = None,
-                        tags: Sequence[str] | None = None, skip_bad: bool = False) -> ConllData:
+                        tags: Sequence[str] | None = None, skip_bad: bool = False,
+                        tags_from: str = "the declared tags") -> ConllData:
     """Tagged sentences from records (JSONL, TSV/CSV, Parquet, a datasets folder; ``tformer.data.records``):
     one sentence a record, its words a list in ``tokens_column`` and their tags a list as long in
     ``tags_column`` (Hugging Face's conll2003 names: ``tokens``, ``ner_tags``); a TSV/CSV cell holds the items
     separated by spaces. An integer tag is a class id, named by the file's ClassLabel names, else by
     ``tags``. A sentence without words, or that is only ``-DOCSTART-``, is no sentence, as in a CoNLL file.
-    Tag names: ``tags`` when given, else the file's ClassLabel names, else those found (``O`` first)."""
+    Tag names: ``tags`` when given (``tags_from`` says where they came from), else the file's ClassLabel
+    names, else those found (``O`` first)."""
     if tags is not None:
         tags = tuple(tags)
         if len(set(tags)) != len(tags) or not tags:
@@ -149,7 +154,7 @@ def read_tagged_records(path: str | Path, *, format: str | None = None, tokens_c
             continue
         undeclared = next((tag for tag in sentence.tags if declared is not None and tag not in declared), None)
         if undeclared is not None:
-            skipped.handle(f"{where}: tag {undeclared!r} is not one of the declared tags: {', '.join(tags)}", skip_bad)
+            skipped.handle(f"{where}: tag {quoted(undeclared)} is not one of {tags_from}: {listed(tags)}", skip_bad)
             continue
         sentences.append(sentence)
     if not sentences:

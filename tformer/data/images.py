@@ -37,6 +37,7 @@ from torch import Tensor
 
 from tformer.data.files import DataFileError, sorted_names
 from tformer.data.records import RecordFile, class_name, field_value
+from tformer.errors import listed, quoted
 
 IMAGE_FORMATS = ("idx", "image_folder", "npz")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -48,6 +49,9 @@ MNIST_LABELS = tuple(str(digit) for digit in range(10))
 NPZ_ARRAYS = ("images", "labels", "label_names")
 GREY_MODES = ("1", "L", "LA")  # Pillow's 8-bit (and 1-bit) modes without colour
 IMAGE_COLUMN, LABEL_COLUMN = "image", "label"  # Hugging Face's mnist / beans / food101 names (cifar10: img)
+# Labels without names are ids 0..K-1, K = the largest + 1; past this many classes a stray value (10**12 in
+# one row) would build as many names and a head as wide, so more classes need their names (or num_labels).
+MAX_UNNAMED_LABELS = 1000
 
 
 @dataclass
@@ -239,19 +243,28 @@ def read_idx_images(path: str | Path, labels: str | Path | None = None,
     if ids.ndim != 1 or len(ids) != len(images):
         raise DataFileError(f"{path} holds {len(images):,} images but {labels_path} holds {ids.size:,} labels; "
                             "an images file and its labels file have one label per image")
-    ids = torch.from_numpy(ids.astype(np.int64))
     names = _label_names(ids, label_names, labels_path)
-    return ImageData(torch.from_numpy(images.copy()).unsqueeze(1), ids, names, str(path))
+    return ImageData(torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(ids.astype(np.int64)), names,
+                     str(path))
 
 
-def _label_names(ids: Tensor, label_names: tuple[str, ...] | None, source) -> tuple[str, ...]:
-    """The given names (every id must index one), else "0".."K-1" for ids up to K-1."""
-    largest = int(ids.max()) if ids.numel() else 0
+def _label_names(ids: np.ndarray, label_names: tuple[str, ...] | None, source) -> tuple[str, ...]:
+    """The given names, else "0".."K-1" for ids up to K-1 (K at most ``MAX_UNNAMED_LABELS``). Every id
+    (N,) must index one, checked before anything is sized by them: an id outside is a DataFileError
+    naming the file, its row and the ids allowed."""
+    limit = MAX_UNNAMED_LABELS if label_names is None else len(label_names)
+    outside = np.flatnonzero((ids < 0) | (ids >= limit))
+    if outside.size:
+        row = int(outside[0])
+        where = f"{source}: row {row} (counting from 0) has label {int(ids[row])}"
+        if label_names is None:
+            raise DataFileError(f"{where}; labels without names are ids 0..{limit - 1} (at most {limit:,} classes): "
+                                "name the classes (a 'label_names' array in a .npz, model.label_names or "
+                                "model.num_labels) to have more")
+        raise DataFileError(f"{where}, outside the ids 0..{limit - 1} of the {limit} label names "
+                            f"({listed(label_names)})")
     if label_names is None:
-        return tuple(str(number) for number in range(largest + 1))
-    if largest >= len(label_names):
-        raise DataFileError(f"{source}: label {largest} is outside the {len(label_names)} label names "
-                            f"({', '.join(label_names)})")
+        return tuple(str(number) for number in range(int(ids.max()) + 1 if ids.size else 1))
     return label_names
 
 
@@ -292,17 +305,15 @@ def read_npz_images(path: str | Path, label_names: Sequence[str] | None = None) 
     if ids.ndim != 1 or len(ids) != len(images) or not np.issubdtype(ids.dtype, np.integer):
         raise DataFileError(f"{path}: 'labels' is {ids.dtype} of shape {ids.shape}; it must hold one integer per "
                             f"image ({len(images):,})")
-    if ids.size and ids.min() < 0:
-        raise DataFileError(f"{path}: label {int(ids.min())} is negative; labels are ids 0..K-1")
     if stored_names is not None:
         stored = tuple(str(name) for name in stored_names.reshape(-1).tolist())
         if label_names is not None and stored != tuple(label_names):
-            raise DataFileError(f"{path}: its label_names ({', '.join(stored)}) differ from the ones given "
-                                f"({', '.join(label_names)})")
+            raise DataFileError(f"{path}: its label_names ({listed(stored)}) differ from the ones given "
+                                f"({listed(label_names)})")
         label_names = stored
-    ids = torch.from_numpy(ids.astype(np.int64))
     names = _label_names(ids, None if label_names is None else tuple(label_names), path)
-    return ImageData(torch.from_numpy(np.ascontiguousarray(images)), ids, names, str(path))
+    return ImageData(torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(ids.astype(np.int64)), names,
+                     str(path))
 
 
 # ---- image folders --------------------------------------------------------------------------------
@@ -362,7 +373,8 @@ def read_image_folder(root: str | Path, label_names: Sequence[str] | None = None
     names = sorted_names(entry.name for entry in classes) if label_names is None else tuple(label_names)
     unknown = sorted(entry.name for entry in classes if entry.name not in names)
     if unknown:
-        raise DataFileError(f"{root}: class folder {unknown[0]!r} is not one of the label names ({', '.join(names)})")
+        raise DataFileError(f"{root}: class folder {quoted(unknown[0])} is not one of the label names "
+                            f"({listed(names)})")
     files: list[tuple[Path, int]] = []
     ignored = 0
     for label, name in enumerate(names):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tformer.data.files import DataFileError, data_lines
+from tformer.errors import listed, quoted
 
 RECORD_FORMATS = ("jsonl", "csv", "tsv", "parquet", "datasets")
 TEXT_RECORD_FORMATS = ("jsonl", "csv", "tsv")
@@ -187,7 +188,8 @@ class RecordFile:
     def _header(self, fields: list[str], line: int) -> list[str]:
         header = [name.strip() for name in fields]
         if self.header_names and not set(self.header_names) & set(header):
-            raise DataFileError(f"{self.path}:{line}: the first row {fields[:4]} is not a header naming the "
+            first = ", ".join(quoted(value) for value in fields[:4])
+            raise DataFileError(f"{self.path}:{line}: the first row [{first}] is not a header naming the "
                                 f"columns (e.g. {', '.join(self.header_names[:2])}); for a file without a header "
                                 "give columns=[...]")
         return header
@@ -199,7 +201,7 @@ class RecordFile:
                 header = self._header(fields, line)
                 continue
             if len(fields) > len(header):
-                yield line, f"{len(fields)} fields, but the header names {len(header)}: {', '.join(header)}"
+                yield line, f"{len(fields)} fields, but the header names {len(header)}: {listed(header)}"
                 continue
             yield line, dict(zip(header, fields, strict=False))
 
@@ -291,7 +293,7 @@ def missing_column(where: str, column: str, option: str, present: Iterable[str])
     """The message for a record without ``column``: the file, the column and the setting asked for, the
     columns there are."""
     present = list(present)
-    return f"{where}: no column {column!r} ({option}); the columns are: {', '.join(map(str, present)) or 'none'}"
+    return f"{where}: no column {column!r} ({option}); the columns are: {listed(present) or 'none'}"
 
 
 def field_value(record: dict, column: str, option: str, where: str):
@@ -305,14 +307,14 @@ def class_name(value, names: Sequence[str] | None, what: str) -> str:
     """A label value as a name: an integer is a class id, named by ``names`` (an id outside them is refused)
     or, without names, its number; a string is stripped. A DataFileError for anything else."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise DataFileError(f"{what} {value!r} is not a name or an integer")
+        raise DataFileError(f"{what} {quoted(value)} is not a name or an integer")
     if isinstance(value, str):
         return value.strip()
     if names is None:
         return str(value)
     if not 0 <= value < len(names):
         raise DataFileError(f"{what} {value} is not a class id of the {len(names)} names (0..{len(names) - 1}: "
-                            f"{', '.join(names)})")
+                            f"{listed(names)})")
     return names[value]
 
 
@@ -351,5 +353,5 @@ def record_lines(path: str | Path, column: str = "text", *, format: str | None =
             raise DataFileError(f"{where}: {record}")
         text = field_value(record, column, option, where)
         if not isinstance(text, str):
-            raise DataFileError(f"{where}: {column} {text!r} is not a string")
+            raise DataFileError(f"{where}: {column} {quoted(text)} is not a string")
         yield text if text.endswith("\n") else text + "\n"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tformer.data.files import DataFileError, Skipped, read_data_text
 from tformer.data.records import RecordFile, field_value, json_cell
+from tformer.errors import quoted
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,8 @@ def _example(qa, context: str, article: int, title: str, require_answers: bool) 
             raise DataFileError(f"{name}: answer {number} needs a non-empty \"text\" and an integer \"answer_start\"")
         found = context[start:start + len(text)] if start >= 0 else ""
         if found != text:
-            raise DataFileError(f"{name}: answer {number} {text!r} is not at answer_start={start} of the context "
-                                f"(found {found!r})")
+            raise DataFileError(f"{name}: answer {number} {quoted(text)} is not at answer_start={start} of the context "
+                                f"(found {quoted(found)})")
         answers.append(SquadAnswer(text, start))
     return SquadExample(qa["id"], question.strip(), context, tuple(answers), article, title)
 

@@ -129,6 +129,11 @@ def read_token_header(path: str | os.PathLike) -> dict[str, Any]:
     count = header.get("count")
     if not isinstance(count, int) or count < 0:
         raise TokenFileError(f"{header_file}: count {count!r} is not a non-negative integer")
+    vocab_size = header.get("vocab_size")  # sizes the model's embedding: checked before anything is built
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= 1 << 32 \
+            or token_dtype(vocab_size) != DTYPES[header["dtype"]]:
+        raise TokenFileError(f"{header_file}: vocab_size {vocab_size!r} does not match dtype {header['dtype']} "
+                             "(uint16: 1..65,536 ids, uint32: 65,537..4,294,967,296)")
     expected = count * DTYPES[header["dtype"]].itemsize
     if path.stat().st_size != expected:
         raise TokenFileError(f"{path}: {path.stat().st_size} bytes, but the header promises {count} "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tformer.errors import TformerError
+from tformer.errors import TformerError, quoted
 from tformer.evaluation.scores import Scores, precision_recall_f1
 
 PREFIXES = ("B", "I", "E", "S")
@@ -43,7 +43,7 @@ def _split(tag: str) -> tuple[str, str]:
         return "O", ""
     prefix, _, kind = tag.partition("-")
     if prefix not in PREFIXES or not kind:
-        raise TagError(f"tag {tag!r} is not O or B-/I-/E-/S- followed by an entity type")
+        raise TagError(f"tag {quoted(tag)} is not O or B-/I-/E-/S- followed by an entity type")
     return prefix, kind
 
 

@@ -18,6 +18,11 @@ DEVICES = ("auto", "cpu", "cuda")
 SEED_LIMIT = 2**64 - 1  # torch's generators take 64-bit seeds
 
 
+def _is_cuda_index(device: object) -> bool:
+    """``cuda:N``: one GPU by its index."""
+    return isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit()
+
+
 class TrainingError(TformerError):
     """A training setting is invalid, or training cannot go on (a non-finite loss, a dead peer)."""
 
@@ -64,7 +69,7 @@ class TrainingConfig:
     deterministic: bool = False
     precision: str = "fp32"
     compile: bool = False
-    device: str = "auto"
+    device: str = "auto"  # auto, cpu, cuda (the process's GPU) or cuda:N (one process on GPU N)
     threads: int = 0  # CPU threads; 0 = measured: PyTorch's default or 1, whichever is faster now
     # processes (under torchrun)
     distributed: str = "ddp"
@@ -85,6 +90,8 @@ class TrainingConfig:
             ("schedule", SCHEDULES), ("precision", PRECISIONS), ("distributed", DISTRIBUTED_MODES),
             ("device", DEVICES),
         ):
+            if name == "device" and _is_cuda_index(self.device):
+                continue
             if getattr(self, name) not in allowed:
                 raise TrainingError(f"training.{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         metric = self.early_stopping_metric

@@ -42,11 +42,15 @@ class ProcessContext:
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
-    """``auto``: the process's GPU when there is one, else the CPU."""
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+    """``auto``: the process's GPU when there is one, else the CPU; ``cuda:N``: GPU N."""
+    kind, _, index = choice.partition(":")
+    if kind == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise TrainingError("training.device='cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-        return torch.device("cuda", local_rank)
+            raise TrainingError(f"training.device={choice!r} but no CUDA device is available; use 'auto' or 'cpu'")
+        if index and int(index) >= torch.cuda.device_count():
+            raise TrainingError(f"training.device={choice!r} but this machine has {torch.cuda.device_count()} CUDA "
+                                f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        return torch.device("cuda", int(index) if index else local_rank)
     return torch.device("cpu")
 
 
@@ -55,6 +59,9 @@ def join_process_group(device_choice: str = "auto", timeout_s: float = 300.0) ->
     processes (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if world_size > 1 and ":" in device_choice:
+        raise TrainingError(f"training.device={device_choice!r} names one GPU; under torchrun each process takes "
+                            "its own: use 'cuda' or 'auto'")
     device = pick_device(device_choice, local_rank)
     if world_size <= 1:
         return ProcessContext(device=device)

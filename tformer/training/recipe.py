@@ -51,7 +51,8 @@ class Recipe:
     ``init_from``: a pretrained model folder or Hugging Face Hub name to start from (fine-tuning), at
     ``init_revision`` for a name; ``model`` is then that model's config, and ``init_settings`` what the
     recipe changes in it (``INIT_FROM_KEYS``: the head settings, the dropout rates), arguments of
-    ``tformer.load``."""
+    ``tformer.load``. ``num_labels_given``: the recipe set ``num_labels`` itself (else it follows the
+    data's labels)."""
 
     model: ModelConfig
     data: DataConfig
@@ -62,12 +63,21 @@ class Recipe:
     init_from: str | None = None
     init_revision: str | None = None
     init_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    num_labels_given: bool = False
 
     @property
     def declared_label_names(self) -> tuple[str, ...] | None:
         """The label names the recipe declares (the data's labels must be among them), or None."""
         names = self.init_settings.get("label_names") if self.init_from else self.model.label_names
         return tuple(names) if names else None
+
+    @property
+    def declared_num_labels(self) -> int | None:
+        """The number of labels the recipe sets (``[model] num_labels``; the data must have as many), or None:
+        the data's count."""
+        if self.init_from:
+            return self.init_settings.get("num_labels")
+        return self.model.num_labels if self.num_labels_given else None
 
     def with_label_names(self, label_names: tuple[str, ...] | None) -> Recipe:
         """The recipe with the data's label names (and their number) unless it declared its own."""
@@ -222,7 +232,8 @@ def recipe_from_dict(
     if training.seq_len is None:
         training = dataclasses.replace(training, seq_len=model.max_seq_len)
     return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given,
-                  init_from=init_from, init_revision=init_revision, init_settings=init_settings)
+                  init_from=init_from, init_revision=init_revision, init_settings=init_settings,
+                  num_labels_given="num_labels" in model_values)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -46,7 +46,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         pretrained_tokenizer = (None if recipe.init_from is None
                                 else load_tokenizer(recipe.init_from, recipe.init_revision))
         task, data = task_for_recipe(recipe.task, recipe.data, seq_len=config.seq_len, tokenizer=pretrained_tokenizer,
-                                     label_names=recipe.declared_label_names)
+                                     label_names=recipe.declared_label_names, num_labels=recipe.declared_num_labels)
         recipe = recipe.with_vocab_size(data.vocab_size).with_label_names(data.label_names)
         torch.manual_seed(config.seed)  # every process builds the same initial weights (and new heads)
         model = build_model(recipe.model) if recipe.init_from is None else pretrained_model(recipe, say)

@@ -18,11 +18,20 @@ from torch import Tensor, nn
 from tformer.data.classification import LABEL_COLUMN, ClassificationData, read_classification
 from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
+from tformer.errors import listed
 from tformer.evaluation.classification import classification_scores
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
-from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, data_tokenizer, model_inputs, pad_rows
+from tformer.training.tasks.examples import (
+    EVAL_WEIGHTS,
+    ExampleTask,
+    Rows,
+    data_tokenizer,
+    drop_unused_segments,
+    model_inputs,
+    pad_rows,
+)
 
 
 def encode_texts(tokenizer, data: ClassificationData, seq_len: int) -> tuple[Rows, int]:
@@ -108,7 +117,8 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
             train = read_classification(data.train, labels=label_names, **options)
             evaluation = None
             if data.eval:
-                evaluation = read_classification(data.eval, labels=train.label_names, **options)
+                source = "the declared labels" if label_names else f"the labels of the training file {data.train}"
+                evaluation = read_classification(data.eval, labels=train.label_names, labels_from=source, **options)
             elif data.eval_fraction > 0:
                 train, evaluation = _split(train, data.eval_fraction)
         except DataFileError as error:
@@ -124,7 +134,7 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
             return f"{Path(data.path).name}: {len(data):,} examples" + (f" ({'; '.join(notes)})" if notes else "")
         held_out = "" if evaluation is None else f"; evaluation {split(evaluation, self.eval_truncated)}"
         return (f"training {split(train, self.train_truncated)}{held_out}; {len(self.label_names)} labels: "
-                f"{', '.join(self.label_names)}")
+                f"{listed(self.label_names)}")
 
     def prepare(self, config: TrainingConfig, context: ProcessContext, model: nn.Module) -> None:
         super().prepare(config, context, model)
@@ -136,9 +146,10 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
             raise TrainingError(f"the classification task trains single-label classification; the model's "
                                 f"problem_type is {model_config.problem_type!r}")
         if model_config.num_labels != len(self.label_names):
-            raise TrainingError(f"the data has {len(self.label_names)} labels ({', '.join(self.label_names)}) but "
+            raise TrainingError(f"the data has {len(self.label_names)} labels ({listed(self.label_names)}) but "
                                 f"the model's num_labels is {model_config.num_labels}")
-        self.check_model_fits(model, self.tokenizer, self.seq_len)
+        segments = drop_unused_segments(model, self.train_rows.fields, self.eval_rows and self.eval_rows.fields)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments=segments)
 
 
 

@@ -98,8 +98,9 @@ class ExampleTask(Task):
         return self.eval_rows is not None and len(self.eval_rows) > 0
 
     @staticmethod
-    def check_model_fits(model, tokenizer, seq_len: int | None) -> None:
-        """Rows of ``seq_len`` tokens (None: not cut) of ``tokenizer``'s ids fit the model: a TrainingError
+    def check_model_fits(model, tokenizer, seq_len: int | None, *, segments: bool = False) -> None:
+        """Rows of ``seq_len`` tokens (None: not cut) of ``tokenizer``'s ids fit the model, and rows of two
+        segments (``segments``: see ``drop_unused_segments``) a model with segment embeddings: a TrainingError
         before any step, not an index error in the middle of one."""
         limit = model.position_limit
         if limit is not None and seq_len is not None and seq_len > limit:
@@ -107,6 +108,10 @@ class ExampleTask(Task):
         if tokenizer.vocab_size > model.config.vocab_size:
             raise TrainingError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
                                 f"vocab_size is {model.config.vocab_size}")
+        if segments and getattr(model.config, "type_vocab_size", None) == 0:
+            raise TrainingError("the data's rows hold two segments (a text pair, or a question and its context: "
+                                "token_type_ids 1 on the second) but the model has no segment embeddings "
+                                "(type_vocab_size=0): set [model] type_vocab_size = 2, or start from a model with them")
 
     def global_indices(self, position: int, num_rows: int) -> Tensor:
         """Indices (world_size * batch_size,) of the global batch at ``position``: the stream of
@@ -160,6 +165,23 @@ class ExampleTask(Task):
     def eval_batches(self) -> Iterator[Batch]:
         for index, weights in self.eval_row_batches():
             yield {**self.eval_rows.select(index), EVAL_WEIGHTS: weights}
+
+
+def drop_unused_segments(model, *fields: dict | None) -> bool:
+    """Whether rows with these ``fields`` (a Rows' tensors, or a task's per-row lists; None: none) hold a second
+    segment (a token_type_id other than 0). For a model without segment embeddings (type_vocab_size=0) the
+    all-zero ids of single texts are dropped here, so it reads them as it reads any text."""
+    no_segments = getattr(model.config, "type_vocab_size", None) == 0
+    second_segment = False
+    for values in fields:
+        ids = None if values is None else values.get("token_type_ids")
+        if ids is None:
+            continue
+        if bool(ids.any()) if isinstance(ids, Tensor) else any(any(row) for row in ids):
+            second_segment = True
+        elif no_segments:
+            del values["token_type_ids"]
+    return second_segment
 
 
 def model_inputs(batch: Batch, *exclude: str) -> Batch:

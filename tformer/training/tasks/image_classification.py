@@ -33,6 +33,7 @@ from tformer.data.images import (
     read_images,
 )
 from tformer.data.sources import DataConfig
+from tformer.errors import listed
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
@@ -70,8 +71,8 @@ class ImageClassification(LabelEvaluation, ExampleTask):
                  image_std: Sequence[float] | None = None) -> None:
         super().__init__()
         if evaluation is not None and evaluation.label_names != train.label_names:
-            raise TrainingError(f"{evaluation.source}: its label names ({', '.join(evaluation.label_names)}) differ "
-                                f"from the training data's ({', '.join(train.label_names)})")
+            raise TrainingError(f"{evaluation.source}: its label names ({listed(evaluation.label_names)}) differ "
+                                f"from the training data's ({listed(train.label_names)})")
         if (image_mean is None) != (image_std is None):
             raise TrainingError("task.image_mean and task.image_std are set together (or neither: measured on the "
                                 "training images)")
@@ -111,7 +112,7 @@ class ImageClassification(LabelEvaluation, ExampleTask):
         """One line: images per split, their shape and the labels."""
         held_out = "" if self.evaluation is None else f"; evaluation {self.evaluation.describe()}"
         return (f"training {self.train.describe()}{held_out}; {len(self.label_names)} labels: "
-                f"{', '.join(self.label_names)}")
+                f"{listed(self.label_names)}")
 
     # ---- preparing for a model ------------------------------------------------------------------
 
@@ -123,7 +124,7 @@ class ImageClassification(LabelEvaluation, ExampleTask):
                                 f"'image_classification', not architecture={model_config.architecture!r}, "
                                 f"head={model_config.head!r}")
         if model_config.num_labels != len(self.label_names):
-            raise TrainingError(f"the data has {len(self.label_names)} labels ({', '.join(self.label_names)}) but "
+            raise TrainingError(f"the data has {len(self.label_names)} labels ({listed(self.label_names)}) but "
                                 f"the model's num_labels is {model_config.num_labels}")
         self.num_channels, self.image_size = model_config.num_channels, model_config.image_size
         for data in (self.train, self.evaluation):

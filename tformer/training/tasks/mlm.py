@@ -157,7 +157,7 @@ class MaskedLanguageModelling(ExampleTask):
                                 f"(next-sentence pairs too), not head={head!r}")
         self.next_sentence = head == "pretraining"
         self.seq_len = config.seq_len or model.config.max_seq_len
-        self.check_model_fits(model, self.tokenizer, self.seq_len)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments=self.next_sentence)
         self.vocab_size = model.config.vocab_size
         self.special_ids = sorted(set(self.tokenizer.special_token_ids) | {self.ids["pad"]})
         self.train_rows = self._rows(self.train_ids, config.seed, "training")

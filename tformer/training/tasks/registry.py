@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tformer.data.records import RECORD_FORMATS
 from tformer.data.sources import COLUMN_OPTIONS, DataConfig
+from tformer.errors import listed
 from tformer.training.config import TrainingError
 from tformer.training.tasks.base import Task, TaskData
 from tformer.training.tasks.classification import SequenceClassification
@@ -140,9 +141,12 @@ def check_data_options(task: str, data: DataConfig) -> None:
 
 
 def task_for_recipe(config: TaskConfig, data: DataConfig, *, seq_len: int | None = None, tokenizer=None,
-                    label_names: tuple[str, ...] | None = None) -> tuple[Task, TaskData]:
+                    label_names: tuple[str, ...] | None = None,
+                    num_labels: int | None = None) -> tuple[Task, TaskData]:
     """The task a recipe names, on the data its ``[data]`` section loads. ``tokenizer``: the one a
-    pretrained model folder brings (else the data's); ``label_names``: those the recipe declares."""
+    pretrained model folder brings (else the data's); ``label_names``: those the recipe declares;
+    ``num_labels``: the count it declares, which the data's labels must match (an image set's integer
+    labels are then checked to be ids below it), never silently replaced by the data's."""
     check_data_options(config.name, data)
     if config.name == "translation" and config.bpe_vocab_size != TaskConfig.bpe_vocab_size and data.tokenizer != "bpe":
         raise TrainingError("task.bpe_vocab_size is the size of a learned BPE: it is read only with data.tokenizer = "
@@ -152,5 +156,13 @@ def task_for_recipe(config: TaskConfig, data: DataConfig, *, seq_len: int | None
                             "is the one its weights were trained with")
     options = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)
                if config.name in TASK_OPTIONS.get(field.name, ())}
-    return TASKS[config.name].from_recipe(data, seq_len=seq_len, tokenizer=tokenizer, label_names=label_names,
-                                          **options)
+    if num_labels is not None and label_names is None and config.name == "image_classification":
+        label_names = tuple(str(number) for number in range(num_labels))  # integer labels: ids 0..num_labels-1
+    task, loaded = TASKS[config.name].from_recipe(data, seq_len=seq_len, tokenizer=tokenizer, label_names=label_names,
+                                                  **options)
+    found = loaded.label_names
+    if num_labels is not None and found and len(found) != num_labels:
+        raise TrainingError(f"model.num_labels={num_labels} but the data has {len(found)} labels ({listed(found)}); "
+                            f"name all {num_labels} with model.label_names (the data's among them), or leave "
+                            "num_labels out to take the data's")
+    return task, loaded

@@ -38,7 +38,14 @@ from tformer.tokenizers.errors import TokenizerError
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
-from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, data_tokenizer, model_inputs
+from tformer.training.tasks.examples import (
+    EVAL_WEIGHTS,
+    ExampleTask,
+    Rows,
+    data_tokenizer,
+    drop_unused_segments,
+    model_inputs,
+)
 
 CONTEXT = 1  # the sequence id of the context in a (question, context) window
 QUESTION_FIELD, CONTEXT_MASK = "question", "context_mask"  # evaluation-only batch fields the model does not read
@@ -266,7 +273,8 @@ class SpanQuestionAnswering(ExampleTask):
         if config.seq_len is not None and config.seq_len != self.seq_len:
             raise TrainingError(f"training.seq_len={config.seq_len} differs from the task's windows of "
                                 f"{self.seq_len} tokens")
-        self.check_model_fits(model, self.tokenizer, self.seq_len)
+        segments = drop_unused_segments(model, self.train_rows.fields, self.eval_rows and self.eval_rows.fields)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments=segments)
         if config.label_smoothing:
             raise TrainingError("training.label_smoothing is not supported by the span_qa task (its loss is the "
                                 "model's start/end cross-entropy)")

@@ -26,13 +26,20 @@ from torch import Tensor, nn
 from tformer.data.conll import TAGS_COLUMN, TOKENS_COLUMN, ConllData, TaggedSentence, read_conll, read_tagged_records
 from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
-from tformer.errors import TformerError
+from tformer.errors import TformerError, listed, quoted
 from tformer.evaluation.entities import TagError, entity_counts, entity_spans, scores_from_counts
 from tformer.nn.losses import IGNORE_INDEX
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
-from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, data_tokenizer, model_inputs, pad_rows
+from tformer.training.tasks.examples import (
+    EVAL_WEIGHTS,
+    ExampleTask,
+    data_tokenizer,
+    drop_unused_segments,
+    model_inputs,
+    pad_rows,
+)
 
 HEAD = "token_classification"
 EXAMPLE = "example"  # (B,) evaluation rows: the sentence's index in ``eval_gold``; not a model input
@@ -100,15 +107,18 @@ def held_out(data: ConllData, eval_fraction: float) -> tuple[ConllData, ConllDat
             ConllData(data.path, data.sentences[keep:], data.tag_names))
 
 
-def read_tagged(data: DataConfig, path: str, tags: Sequence[str] | None) -> ConllData:
+def read_tagged(data: DataConfig, path: str, tags: Sequence[str] | None,
+                tags_from: str = "the declared tags") -> ConllData:
     """The tagged sentences of ``path``: a CoNLL file (a .tsv too, unless ``data.format`` says records) or
-    records whose ``data.tokens_column`` / ``data.tags_column`` hold each sentence's words and tags."""
+    records whose ``data.tokens_column`` / ``data.tags_column`` hold each sentence's words and tags;
+    ``tags_from`` says where ``tags`` came from (for the message naming a tag outside them)."""
     kind = data.record_format(path, native_suffixes=(".tsv",))
     data.check_columns(TokenClassification.name, path, kind)
     if kind is None:
-        return read_conll(path, tags=tags, skip_bad=data.skip_bad)
+        return read_conll(path, tags=tags, skip_bad=data.skip_bad, tags_from=tags_from)
     columns = data.columns_of(tokens_column=TOKENS_COLUMN, tags_column=TAGS_COLUMN)
-    return read_tagged_records(path, format=kind, columns=data.columns, tags=tags, skip_bad=data.skip_bad, **columns)
+    return read_tagged_records(path, format=kind, columns=data.columns, tags=tags, skip_bad=data.skip_bad,
+                               tags_from=tags_from, **columns)
 
 
 class TokenClassification(ExampleTask):
@@ -142,7 +152,7 @@ class TokenClassification(ExampleTask):
         try:
             tag_ids = [[index[tag] for tag in sentence.tags] for sentence in data.sentences]
         except KeyError as error:
-            raise TrainingError(f"{data.path}: tag {error.args[0]!r} is not one of {', '.join(self.tag_names)}") \
+            raise TrainingError(f"{data.path}: tag {quoted(error.args[0])} is not one of {listed(self.tag_names)}") \
                 from None
         try:
             return encode_sentences(self.tokenizer, data.sentences, tag_ids, self.seq_len)
@@ -159,7 +169,8 @@ class TokenClassification(ExampleTask):
             train = read_tagged(data, data.train, label_names)
             evaluation = None
             if data.eval:
-                evaluation = read_tagged(data, data.eval, train.tag_names)
+                source = "the declared tags" if label_names else f"the tags of the training file {data.train}"
+                evaluation = read_tagged(data, data.eval, train.tag_names, tags_from=source)
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         if evaluation is None and data.eval_fraction > 0:
@@ -191,12 +202,14 @@ class TokenClassification(ExampleTask):
             raise TrainingError(f"the {self.name} task trains a model with head={HEAD!r}, not head={head!r}")
         if num_labels != len(self.tag_names):
             raise TrainingError(f"the model's num_labels={num_labels} but the data has {len(self.tag_names)} tags "
-                                f"({', '.join(self.tag_names)})")
+                                f"({listed(self.tag_names)})")
         model_tags = tuple(model.config.label_names or ())
         if model_tags and model_tags != self.tag_names:
-            raise TrainingError(f"the model's label_names ({', '.join(model_tags)}) are not the data's tags in "
-                                f"their order ({', '.join(self.tag_names)})")
-        self.check_model_fits(model, self.tokenizer, self.seq_len)
+            raise TrainingError(f"the model's label_names ({listed(model_tags)}) are not the data's tags in "
+                                f"their order ({listed(self.tag_names)})")
+        segments = drop_unused_segments(model, self.train_encoded.sequences,
+                                        self.eval_encoded and self.eval_encoded.sequences)
+        self.check_model_fits(model, self.tokenizer, self.seq_len, segments=segments)
         limit = model.position_limit
         longest = max(len(ids) for encoded in (self.train_encoded, self.eval_encoded) if encoded is not None
                       for ids in encoded.sequences["input_ids"])
@@ -271,7 +284,8 @@ def predict_entities(model: nn.Module, tokenizer, text: str) -> list[tuple[str, 
     for start, stop in _word_windows(tokenizer, words, model.position_limit):
         batch = tokenizer.encode_batch([words[start:stop]], is_split_into_words=True, return_encodings=True)
         inputs = {name: torch.tensor(batch[name], device=device)
-                  for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch}
+                  for name in ("input_ids", "attention_mask", "token_type_ids")
+                  if name in batch and (name != "token_type_ids" or getattr(model.config, "type_vocab_size", 1))}
         probabilities = model(**inputs).logits.float().softmax(dim=-1)[0]  # (T, L)
         best, chosen = (values.tolist() for values in probabilities.max(dim=-1))
         previous = None

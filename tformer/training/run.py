@@ -62,13 +62,15 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
             f"({task.describe_batch()} x {config.grad_accum_steps} accumulated x "
             f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
             f"{_threads(trainer)}, {config.precision}")
+        fresh_start = False
         if resume is not None:
             step = trainer.resume(resume)
             if trainer.resumed_from is not None:
                 say(f"resumed from step {step} ({trainer.resumed_from})")
-            elif not trainer.restart:
-                say(f"no checkpoint in {out} yet: starting at step 0")
+            fresh_start = trainer.resumed_from is None and not trainer.restart
         trainer.prepare_out_dir()  # locked and checked before the recipe is written into it
+        if fresh_start:  # said once the folder is known to take the run (a user's folder is refused above)
+            say(f"no checkpoint in {out} yet: starting at step 0")
         trainer.state.on_main(lambda: write_recipe(out, recipe, trainer.state.run_token))
         try:
             result = trainer.train()

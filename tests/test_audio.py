@@ -1,0 +1,171 @@
+"""Audio in (WAV reading, resampling) and Whisper's log-mel features, against outside readers (Python's
+``wave``, scipy's ``wavfile``) and Hugging Face's ``WhisperFeatureExtractor`` on real recordings."""
+
+import struct
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tformer.data.audio import AudioError, load_audio, read_wav, resample
+from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, mel_filter_bank, pad_or_trim
+
+FSDD = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd" / "recordings"
+needs_fsdd = pytest.mark.skipif(not FSDD.is_dir(), reason="../shared/data/fsdd is absent")
+
+
+def _write_pcm(path: Path, samples: np.ndarray, rate: int, width: int) -> None:
+    """Integer PCM through the standard library's writer: samples (N, channels) already as integers."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(samples.shape[1])
+        out.setsampwidth(width)
+        out.setframerate(rate)
+        if width == 3:
+            raw = samples.astype("<i4").reshape(-1, 1).view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
+        else:
+            raw = samples.astype({1: np.uint8, 2: "<i2", 4: "<i4"}[width]).tobytes()
+        out.writeframes(raw)
+
+
+def _riff(fmt: bytes, data: bytes, data_size: int | None = None, extra: bytes = b"") -> bytes:
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + extra
+    chunks += b"data" + struct.pack("<I", len(data) if data_size is None else data_size) + data
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
+def _fmt(tag: int, channels: int, rate: int, bits: int) -> bytes:
+    align = channels * bits // 8
+    return struct.pack("<HHIIHH", tag, channels, rate, rate * align, align, bits)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_integer_pcm_reads_as_scaled_floats_averaged_to_mono(tmp_path, width, channels):
+    rng = np.random.default_rng(width * 10 + channels)
+    bits = 8 * width
+    if width == 1:
+        integers = rng.integers(0, 256, size=(500, channels))
+        expected = (integers - 128) / 128.0
+    else:
+        integers = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), size=(500, channels))
+        expected = integers / float(1 << (bits - 1))
+    _write_pcm(tmp_path / "a.wav", integers, 11_025, width)
+    audio = read_wav(tmp_path / "a.wav")
+    assert audio.sample_rate == 11_025 and audio.samples.dtype == np.float32
+    np.testing.assert_allclose(audio.samples, expected.mean(axis=1), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+@pytest.mark.parametrize("extensible", [False, True])
+def test_float_wav_plain_or_extensible_equals_scipy_s_reader(tmp_path, dtype, extensible):
+    wavfile = pytest.importorskip("scipy.io.wavfile")
+    samples = np.random.default_rng(0).uniform(-1, 1, size=(300, 3)).astype(dtype)
+    bits = 8 * samples.itemsize
+    if extensible:
+        fmt = _fmt(0xFFFE, 3, 22_050, bits) + struct.pack("<HHI", 22, bits, 0) + struct.pack("<H", 3) + \
+            bytes.fromhex("000000001000800000aa00389b71")
+    else:
+        fmt = _fmt(3, 3, 22_050, bits)
+    (tmp_path / "f.wav").write_bytes(_riff(fmt, samples.tobytes(), extra=b"LIST" + struct.pack("<I", 3) + b"abc\0"))
+    rate, reference = wavfile.read(tmp_path / "f.wav")
+    audio = read_wav(tmp_path / "f.wav")
+    assert audio.sample_rate == rate == 22_050
+    np.testing.assert_allclose(audio.samples, reference.astype(np.float64).mean(axis=1), atol=1e-6)
+
+
+@needs_fsdd
+def test_a_real_recording_reads_as_the_standard_library_reads_it():
+    path = FSDD / "7_jackson_12.wav"
+    with wave.open(str(path)) as source:
+        expected = np.frombuffer(source.readframes(source.getnframes()), "<i2") / 32768.0
+        rate = source.getframerate()
+    audio = read_wav(path)
+    assert audio.sample_rate == rate == 8000
+    np.testing.assert_array_equal(audio.samples, expected.astype(np.float32))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"ID3\x04 an mp3 file, really", "not a RIFF/WAVE file; tformer reads WAV files"),
+    (_riff(_fmt(0x55, 1, 8000, 16), b"\0" * 100), "codec 0x0055 is not supported; tformer reads PCM 8/16/24/32"),
+    (_riff(_fmt(1, 1, 8000, 12), b"\0" * 100), "PCM 12-bit is not supported"),
+    (_riff(_fmt(1, 1, 8000, 16), b""), "no samples"),
+    (_riff(_fmt(1, 1, 8000, 16), b"\0" * 100, data_size=1_000_000), "truncated or corrupt WAV file"),
+    (b"RIFF\x10\0\0\0WAVEdata\x04\0\0\0\0\0\0\0", r"corrupt WAV header \(the data chunk comes before"),
+    (_riff(_fmt(1, 2, 8000, 16)[:12] + struct.pack("<HH", 3, 16), b"\0" * 12), "corrupt WAV header"),
+])
+def test_bad_audio_is_one_line_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "bad.wav"
+    path.write_bytes(content)
+    with pytest.raises(AudioError, match=message) as caught:
+        read_wav(path)
+    assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
+
+
+def test_a_file_past_the_length_limit_is_refused(tmp_path):
+    _write_pcm(tmp_path / "long.wav", np.zeros((8000 * 3, 1), dtype=np.int64), 8000, 2)
+    assert read_wav(tmp_path / "long.wav", max_seconds=None).seconds == 3.0
+    with pytest.raises(AudioError, match=r"3.0 s of audio, past the limit of 2 s \(max_seconds\)"):
+        read_wav(tmp_path / "long.wav", max_seconds=2)
+
+
+def test_resampling_keeps_a_tone_and_removes_what_the_new_rate_cannot_hold():
+    pytest.importorskip("soxr")
+    times_8k, times_16k = np.arange(16_000) / 8000, np.arange(32_000) / 16_000
+    output = resample(np.sin(2 * np.pi * 1000 * times_8k), 8000, 16_000)
+    inner = slice(1600, -1600)  # filters' start-up at the ends left out
+    error = output[inner] - np.sin(2 * np.pi * 1000 * times_16k)[inner]
+    assert len(output) == 32_000 and 10 * np.log10(0.5 / np.mean(error ** 2)) > 60  # 60 dB below the tone
+    above_nyquist = resample(np.sin(2 * np.pi * 9000 * np.arange(44_100) / 44_100), 44_100, 16_000)
+    assert np.abs(above_nyquist[1600:-1600]).max() < 1e-3  # filtered out, not folded to 7 kHz
+    same = np.arange(5, dtype=np.float64)
+    assert resample(same, 8000, 8000).dtype == np.float32
+
+
+def _hf_extractor(num_mel_bins: int):
+    transformers = pytest.importorskip("transformers")
+    return transformers.WhisperFeatureExtractor(feature_size=num_mel_bins)
+
+
+def _clips() -> list[np.ndarray]:
+    """Real recordings (three speakers, resampled from 8 kHz) and synthetic tones: a chord, a sweep, silence."""
+    times = np.arange(16_000 * 2) / 16_000
+    tones = [0.3 * np.sin(2 * np.pi * 440 * times) + 0.1 * np.sin(2 * np.pi * 3100 * times),
+             0.5 * np.sin(2 * np.pi * (100 + 1900 * times) * times), np.zeros(8000)]
+    recordings = [load_audio(FSDD / name) for name in ("3_theo_7.wav", "9_george_30.wav", "0_yweweler_2.wav")] \
+        if FSDD.is_dir() and _has_soxr() else []
+    return [clip.astype(np.float32) for clip in recordings + tones]
+
+
+def _has_soxr() -> bool:
+    try:
+        import soxr  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_mel_bins", [80, 128])
+def test_features_equal_hugging_face_s_whisper_feature_extractor(num_mel_bins):
+    extractor = _hf_extractor(num_mel_bins)
+    np.testing.assert_allclose(mel_filter_bank(num_mel_bins, 400, 16_000), extractor.mel_filters, atol=1e-12)
+    clips = _clips()
+    expected = extractor(clips, sampling_rate=16_000, return_tensors="np").input_features
+    settings = LogMelSettings(num_mel_bins=num_mel_bins)
+    batch = torch.stack([pad_or_trim(torch.from_numpy(clip), settings.window_samples) for clip in clips])
+    features = log_mel_spectrogram(batch, settings)
+    assert features.shape == (len(clips), num_mel_bins, settings.window_frames) == expected.shape
+    np.testing.assert_allclose(features.numpy(), expected, atol=1e-4)
+    one = log_mel_spectrogram(batch[0], settings)  # one example alone: its own peak, as in the batch
+    torch.testing.assert_close(one, features[0], atol=1e-6, rtol=0)
+
+
+def test_features_of_any_length_have_a_frame_every_hop():
+    audio = torch.randn(2, 16_000 * 3 + 77)
+    features = log_mel_spectrogram(audio)
+    assert features.shape == (2, 80, (16_000 * 3 + 77) // 160)
+    assert torch.all(features.amax(dim=(1, 2)) - features.amin(dim=(1, 2)) <= 2.0 + 1e-6)  # 8 decades, scaled by 4
+    assert pad_or_trim(torch.ones(5), 3).tolist() == [1, 1, 1]
+    assert pad_or_trim(torch.ones(2), 4).tolist() == [1, 1, 0, 0]

@@ -152,6 +152,8 @@ def test_command_errors_are_one_line_with_exit_code_2(offline, capsys):
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 3 and all(line.startswith("tformer ") and ": error: " in line for line in errors)
     assert "--local-only" in errors[1] and "not a Hub model name" in errors[2]
+    assert errors[1].startswith("tformer download: error: tiny-org/absent: tiny-org/absent is not in the Hugging Face "
+                                "cache")  # download names no folder: it takes names only
 
 
 @pytest.mark.slow
@@ -192,8 +194,8 @@ def test_a_recipe_fine_tunes_from_a_name_at_a_revision(offline, tmp_path):
 
 
 @pytest.mark.parametrize(("error_code", "status", "message"), [
-    ("RepoNotFound", 404, r"org/unknown: not a checkpoint folder \(no such directory\), nor a model on the Hugging "
-                          r"Face Hub \(a private repo needs HF_TOKEN\)"),
+    ("RepoNotFound", 404, r"org/unknown: not a checkpoint folder \(no such directory\), and no model of that name "
+                          r"on the Hugging Face Hub \(a private repo needs HF_TOKEN\)"),
     ("GatedRepo", 401, r"org/unknown@v2: a gated repo; accept its terms on huggingface.co and set HF_TOKEN"),
     ("RevisionNotFound", 404, r"org/unknown: the Hub repo has no revision 'v2'"),
 ])

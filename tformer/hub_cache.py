@@ -44,7 +44,7 @@ def resolve_model(source: str | Path, revision: str | None = None, local_only: b
                        f"{INSTALL_HINT}")
     if not is_hub_name(name):
         raise HubError(f"{name}: not a checkpoint folder (no such directory), nor a Hub name ('name' or 'org/name')")
-    return _snapshot(name, revision, local_only)
+    return _snapshot(name, revision, local_only, also_a_path=True)
 
 
 def is_hub_name(text: str) -> bool:
@@ -83,8 +83,9 @@ def download(name: str, revision: str | None = None, local_only: bool = False) -
     return _snapshot(name, revision, local_only)
 
 
-def _snapshot(name: str, revision: str | None, local_only: bool) -> Path:
-    """The cached (or freshly fetched) snapshot of ``name``, checked to hold safetensors weights."""
+def _snapshot(name: str, revision: str | None, local_only: bool, also_a_path: bool = False) -> Path:
+    """The cached (or freshly fetched) snapshot of ``name``, checked to hold safetensors weights;
+    ``also_a_path``: ``name`` was looked for as a folder first, and the errors say so."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -95,6 +96,7 @@ def _snapshot(name: str, revision: str | None, local_only: bool) -> Path:
     )
 
     at = f"{name}@{revision}" if revision else name
+    not_a_folder = "not a checkpoint folder (no such directory), and " if also_a_path else ""
     offline = local_only or constants.HF_HUB_OFFLINE
     try:
         folder = Path(snapshot_download(name, revision=revision, allow_patterns=FILES_READ,
@@ -103,14 +105,14 @@ def _snapshot(name: str, revision: str | None, local_only: bool) -> Path:
         raise HubError(f"{at}: a gated repo; accept its terms on huggingface.co and set HF_TOKEN (or run "
                        "`hf auth login`)") from None
     except RepositoryNotFoundError:
-        raise HubError(f"{name}: not a checkpoint folder (no such directory), nor a model on the Hugging Face Hub "
-                       "(a private repo needs HF_TOKEN)") from None
+        raise HubError(f"{name}: {not_a_folder}no model of that name on the Hugging Face Hub (a private repo needs "
+                       "HF_TOKEN)") from None
     except RevisionNotFoundError:
         raise HubError(f"{name}: the Hub repo has no revision {revision!r} (a branch, a tag or a commit)") from None
     except LocalEntryNotFoundError:
         where = "the network is off (--local-only)" if local_only else (
             "the network is off (HF_HUB_OFFLINE)" if offline else "the Hugging Face Hub could not be reached")
-        raise HubError(f"{name}: not a checkpoint folder (no such directory), and {at} is not in the Hugging Face "
+        raise HubError(f"{name}: {not_a_folder}{at} is not in the Hugging Face "
                        f"cache ({constants.HF_HUB_CACHE}) while {where}; fetch it with `tformer download {at}` "
                        "where the network is on") from None
     except HfHubHTTPError as error:

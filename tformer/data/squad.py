@@ -108,14 +108,8 @@ def read_squad(path: str | Path, *, require_answers: bool = True, skip_bad: bool
                 except DataFileError as error:
                     skipped.handle(f"{path}: {error}", skip_bad)
                     continue
-                if example.id in seen:
-                    skipped.handle(f"{path}: question {example.id}: the id appears twice", skip_bad)
-                    continue
-                seen.add(example.id)
-                examples.append(example)
-    if not examples:
-        raise DataFileError(f"{path}: no questions" + (f" ({skipped.summary()})" if skipped else ""))
-    return SquadData(str(path), examples, titles, skipped)
+                _keep_unique(example, str(path), seen, examples, skipped, skip_bad)
+    return _squad_data(path, examples, titles, skipped)
 
 
 def read_squad_records(path: str | Path, *, format: str | None = None, question_column: str = "question",
@@ -161,11 +155,21 @@ def read_squad_records(path: str | Path, *, format: str | None = None, question_
             message = str(error)
             skipped.handle(message if message.startswith(str(records.path)) else f"{where}: {message}", skip_bad)
             continue
-        if example.id in seen:
-            skipped.handle(f"{where}: question {example.id}: the id appears twice", skip_bad)
-            continue
-        seen.add(example.id)
-        examples.append(example)
+        _keep_unique(example, where, seen, examples, skipped, skip_bad)
+    return _squad_data(path, examples, titles, skipped)
+
+
+def _keep_unique(example: SquadExample, where: str, seen: set[str], examples: list[SquadExample], skipped: Skipped,
+                 skip_bad: bool) -> None:
+    """Add ``example`` unless its id came before (a bad row: refused, or left out with ``skip_bad``)."""
+    if example.id in seen:
+        skipped.handle(f"{where}: question {example.id}: the id appears twice", skip_bad)
+        return
+    seen.add(example.id)
+    examples.append(example)
+
+
+def _squad_data(path, examples: list[SquadExample], titles: list[str], skipped: Skipped) -> SquadData:
     if not examples:
         raise DataFileError(f"{path}: no questions" + (f" ({skipped.summary()})" if skipped else ""))
     return SquadData(str(path), examples, titles, skipped)

@@ -170,8 +170,8 @@ MUTATIONS = (
     ),
     Mutation(
         "label-smoothing-in-evaluation", "tformer/training/tasks/lm.py",
-        '"loss": token_cross_entropy(logits, targets).double()',
-        '"loss": token_cross_entropy(logits, targets, self.config.label_smoothing).double()',
+        '"loss": next_token_loss(logits, batch["labels"]).double()',
+        '"loss": next_token_loss(logits, batch["labels"], self.config.label_smoothing).double()',
         ("tests/test_training_engine.py", "-k", "label_smoothing"),
         "evaluation reports the label-smoothed loss",
     ),

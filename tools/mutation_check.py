@@ -169,6 +169,13 @@ MUTATIONS = (
         "rotary embeddings rotate each pair clockwise (rotate_half's sign)",
     ),
     Mutation(
+        "qa-loss-counts-padding", "tformer/models/encoder.py",
+        "start_positions, end_positions,\n                                        attention_mask)",
+        "start_positions, end_positions)",
+        ("tests/test_one_loss.py",),
+        "the model's span loss spreads its softmax over padding, unlike the loss span_qa trains on",
+    ),
+    Mutation(
         "label-smoothing-in-evaluation", "tformer/training/tasks/lm.py",
         '"loss": next_token_loss(logits, batch["labels"]).double()',
         '"loss": next_token_loss(logits, batch["labels"], self.config.label_smoothing).double()',

@@ -17,6 +17,13 @@ import tformer
 from tformer.data.images import ImageData
 from tformer.data.parallel import read_parallel
 from tformer.data.sources import DataConfig
+from tformer.nn.losses import (
+    IGNORE_INDEX,
+    next_token_loss,
+    sequence_classification_loss,
+    span_loss,
+    token_cross_entropy,
+)
 from tformer.tokenizers import WordPieceTokenizer
 from tformer.training.config import TrainingConfig
 from tformer.training.distributed import ProcessContext
@@ -198,3 +205,43 @@ def test_a_padded_question_answering_window_has_the_loss_it_has_alone(tmp_path):
         one = model_loss(model, alone)
         padded = model_loss(model, {name: values[row : row + 1] for name, values in batch.items()})
     assert abs(one.item() - padded.item()) <= TOLERANCE
+
+
+def test_each_reduction_is_the_mean_summed_or_per_example():
+    """``"sum"`` adds the ``"none"`` losses and their mean is ``"mean"``: an evaluation's sum / count is the
+    training loss. Ignored targets (-100) count 0 and are left out of the mean."""
+    generator = torch.Generator().manual_seed(8)
+    logits = torch.randn(3, 5, 7, generator=generator)  # (B, T, V)
+    targets = torch.randint(0, 7, (3, 5), generator=generator)
+    targets[0, 1] = targets[2, 4] = IGNORE_INDEX
+    each = token_cross_entropy(logits, targets, reduction="none")  # (B, T)
+    assert each.shape == (3, 5) and each[0, 1] == 0 and each[2, 4] == 0
+    torch.testing.assert_close(token_cross_entropy(logits, targets, reduction="sum"), each.sum())
+    torch.testing.assert_close(token_cross_entropy(logits, targets), each.sum() / 13)
+    rows = logits[:, 0]  # (B, V)
+    cases = {"regression": torch.randn(3, 7, generator=generator), "multi_label_classification": torch.rand(3, 7),
+             "single_label_classification": targets[:, 0].clamp(min=0)}
+    for problem_type, labels in cases.items():
+        per_example = sequence_classification_loss(rows, labels, problem_type, reduction="none")
+        assert per_example.shape == (3,), problem_type
+        torch.testing.assert_close(sequence_classification_loss(rows, labels, problem_type), per_example.mean())
+        torch.testing.assert_close(sequence_classification_loss(rows, labels, problem_type, reduction="sum"),
+                                   per_example.sum())
+    start, end = logits[..., 0], logits[..., 1]  # (B, T)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    positions = torch.tensor([4, 2, 1]), torch.tensor([3, 1, 0])
+    windows = span_loss(start, end, *positions, mask, reduction="none")  # (B,)
+    torch.testing.assert_close(span_loss(start, end, *positions, mask), windows.mean())
+    torch.testing.assert_close(span_loss(start, end, *positions, mask, reduction="sum"), windows.sum())
+    with pytest.raises(ValueError, match="reduction='total' is not one of mean, sum, none"):
+        token_cross_entropy(logits, targets, reduction="total")
+
+
+def test_language_model_labels_are_aligned_with_the_inputs_or_hold_the_next_token_too():
+    logits = torch.randn(2, 4, 9, generator=torch.Generator().manual_seed(9))  # (B, T, V)
+    crop = torch.randint(0, 9, (2, 5), generator=torch.Generator().manual_seed(10))  # (B, T + 1)
+    torch.testing.assert_close(next_token_loss(logits, crop), token_cross_entropy(logits, crop[:, 1:]))
+    aligned = crop[:, :4]  # HF's labels: the last position predicts nothing
+    torch.testing.assert_close(next_token_loss(logits, aligned), token_cross_entropy(logits[:, :3], crop[:, 1:4]))
+    with pytest.raises(ValueError, match="labels hold 6 positions for 4 inputs"):
+        next_token_loss(logits, torch.zeros(2, 6, dtype=torch.long))

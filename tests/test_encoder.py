@@ -132,13 +132,17 @@ def test_token_classification_ignores_minus_100():
     assert torch.allclose(output.loss, F.cross_entropy(output.logits[kept], labels[kept]))
 
 
-def test_question_answering_loss_ignores_positions_outside_the_sequence():
+def test_question_answering_loss_runs_over_the_real_tokens_and_ignores_positions_outside_them():
     model = tiny("question_answering")
-    inputs = batch()
-    output = model(**inputs, start_positions=torch.tensor([1, 2, 99]), end_positions=torch.tensor([3, -5, 99]))
-    start = F.cross_entropy(output.start_logits[:2], torch.tensor([1, 2]))
-    end = F.cross_entropy(output.end_logits[:2], torch.tensor([3, 0]))  # -5 clamps to 0, still a target
-    assert torch.allclose(output.loss, (start + end) / 2)
+    inputs = batch()  # rows of 9, 6 and 3 real tokens
+    # row 2: start 99 is past the end and end 5 lies on padding, both ignored; -5 clamps to 0, still a target
+    output = model(**inputs, start_positions=torch.tensor([1, 2, 99]), end_positions=torch.tensor([3, -5, 5]))
+    def over_real_tokens(logits, positions):  # each row's softmax over its own tokens
+        return torch.stack([F.cross_entropy(logits[row, :length], torch.tensor(position))
+                            for row, (length, position) in enumerate(zip((9, 6), positions, strict=True))]).mean()
+    start = over_real_tokens(output.start_logits, (1, 2))
+    end = over_real_tokens(output.end_logits, (3, 0))
+    torch.testing.assert_close(output.loss, (start + end) / 2)
 
 
 @pytest.mark.parametrize("head", ["masked_lm", "pretraining"])

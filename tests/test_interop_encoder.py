@@ -12,10 +12,12 @@ padding index, padding at the padding index).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
@@ -24,6 +26,7 @@ from transformers import BertConfig, RobertaConfig  # noqa: E402
 import tformer  # noqa: E402
 from tformer.checkpoint import CheckpointError  # noqa: E402
 from tformer.models import build_model  # noqa: E402
+from tformer.nn.losses import span_loss  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -138,8 +141,6 @@ LABELLED = {
     "BertForTokenClassification": lambda batch: {
         "labels": torch.randint(0, NUM_LABELS, batch["input_ids"].shape).masked_fill(batch["attention_mask"] == 0,
                                                                                      -100)},
-    "BertForQuestionAnswering": lambda batch: {"start_positions": torch.tensor([1, 3, 40]),  # 40: outside, ignored
-                                               "end_positions": torch.tensor([4, 5, 2])},
     "RobertaForMaskedLM": lambda batch: {"labels": torch.where(torch.rand(batch["input_ids"].shape) < 0.3,
                                                                batch["input_ids"], -100)},
 }
@@ -165,6 +166,29 @@ def test_losses_equal_hf_losses(tmp_path, class_name):
     batch = padded_batch(pad_id(model))
     torch.manual_seed(3)
     assert_same_loss(model, reference, batch, LABELLED[class_name](batch))
+
+
+@torch.no_grad()
+def test_question_answering_loss_is_hfs_over_the_real_tokens(tmp_path):
+    """HF's QA loss spreads each softmax over the padding too, tformer's over a row's real tokens (the loss
+    the span_qa task trains on, whatever the padding). Unpadded they are one loss; padded, ``span_loss``
+    without the mask is HF's, and the model's is HF's with the padding's logits at -inf."""
+    reference = hf_model("BertForQuestionAnswering", tmp_path)
+    model = tformer.load(tmp_path)
+    batch = padded_batch(pad_id(model))  # rows of 10, 7 and 4 real tokens
+    positions = {"start_positions": torch.tensor([1, 3, 40]), "end_positions": torch.tensor([4, 5, 2])}  # 40: ignored
+    unpadded = {name: values[:1] for name, values in batch.items()}
+    first = {name: values[:1] for name, values in positions.items()}
+    assert_same_loss(model, reference, unpadded, first)
+    ours, theirs = model(**batch, **positions), reference(**batch, **positions)
+    hf_definition = span_loss(ours.start_logits, ours.end_logits, positions["start_positions"],
+                              positions["end_positions"])
+    assert abs(hf_definition.item() - theirs.loss.item()) < TOLERANCE
+    padding = batch["attention_mask"] == 0
+    start = F.cross_entropy(theirs.start_logits.masked_fill(padding, -math.inf)[:2], torch.tensor([1, 3]))
+    end = F.cross_entropy(theirs.end_logits.masked_fill(padding, -math.inf), positions["end_positions"])
+    assert abs(ours.loss.item() - ((start + end) / 2).item()) < TOLERANCE
+    assert abs(ours.loss.item() - theirs.loss.item()) > 100 * TOLERANCE  # the padding counts in HF's
 
 
 @pytest.mark.parametrize("family", ["Bert", "Roberta"])

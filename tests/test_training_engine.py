@@ -193,12 +193,12 @@ class InjectNaN:
 
     def __init__(self, monkeypatch, calls):
         self.calls, self.count = set(calls), 0
-        self.real = lm_task.token_cross_entropy
-        monkeypatch.setattr(lm_task, "token_cross_entropy", self)
+        self.real = lm_task.next_token_loss
+        monkeypatch.setattr(lm_task, "next_token_loss", self)
 
-    def __call__(self, logits, targets, label_smoothing=0.0):
+    def __call__(self, logits, labels, label_smoothing=0.0):
         self.count += 1
-        loss = self.real(logits, targets, label_smoothing)
+        loss = self.real(logits, labels, label_smoothing)
         return loss * float("nan") if self.count in self.calls else loss
 
 
@@ -423,7 +423,8 @@ def test_eval_batches_zero_evaluates_the_whole_split():
 def test_a_task_subclass_can_replace_the_objective_for_training_and_evaluation():
     class HalfLoss(LanguageModelling):
         def loss(self, model, batch):
-            return 0.5 * F.cross_entropy(model(batch["input_ids"]).logits.flatten(0, 1), batch["targets"].flatten())
+            next_tokens = batch["labels"][:, 1:]  # (B, T): the crop's tokens after the inputs' first
+            return 0.5 * F.cross_entropy(model(batch["input_ids"]).logits.flatten(0, 1), next_tokens.flatten())
 
     plain = Trainer(tiny_model(), config(), LanguageModelling(TOKENS, TOKENS[:500]), progress=False)
     halved = Trainer(tiny_model(), config(), HalfLoss(TOKENS, TOKENS[:500]), progress=False)

@@ -74,7 +74,7 @@ import tformer.training.state as state
 import tformer.training.tasks.lm as lm
 
 if point == "forward":
-    lm.token_cross_entropy = on_call(lm.token_cross_entropy)
+    lm.next_token_loss = on_call(lm.next_token_loss)
 elif point == "optimizer":
     checkpoints.save_file = on_call(checkpoints.save_file)
 elif point == "retention":

@@ -169,9 +169,16 @@ MUTATIONS = (
         "rotary embeddings rotate each pair clockwise (rotate_half's sign)",
     ),
     Mutation(
+        "qa-loss-counts-padding", "tformer/models/encoder.py",
+        "start_positions, end_positions,\n                                        attention_mask)",
+        "start_positions, end_positions)",
+        ("tests/test_one_loss.py",),
+        "the model's span loss spreads its softmax over padding, unlike the loss span_qa trains on",
+    ),
+    Mutation(
         "label-smoothing-in-evaluation", "tformer/training/tasks/lm.py",
-        '"loss": token_cross_entropy(logits, targets).double()',
-        '"loss": token_cross_entropy(logits, targets, self.config.label_smoothing).double()',
+        '"loss": next_token_loss(logits, batch["labels"]).double()',
+        '"loss": next_token_loss(logits, batch["labels"], self.config.label_smoothing).double()',
         ("tests/test_training_engine.py", "-k", "label_smoothing"),
         "evaluation reports the label-smoothed loss",
     ),

@@ -115,6 +115,15 @@ class Model(nn.Module):
         return next(self.parameters()).dtype
 
 
+def shift_right(labels: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:
+    """A decoder's inputs (B, T) for ``labels`` (B, T): ``start_id``, then the labels but the last, ignored
+    positions (-100) read as ``pad_id``. The only copy: a model shifts its labels with it, and the
+    translation task builds its batches' ``decoder_input_ids`` with it."""
+    shifted = labels.new_full(labels.shape, start_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_id)
+
+
 class Seq2SeqModel(Model):
     """What the encoder-decoder families share: the source is generation's prompt (padded on either side),
     and the decoder reads its target shifted right behind a start token."""
@@ -132,12 +141,10 @@ class Seq2SeqModel(Model):
                          "pad_token_id: set one, so the decoder knows how to start")
 
     def shift_right(self, labels: torch.Tensor) -> torch.Tensor:
-        """The decoder's inputs for ``labels`` (B, T): the start token, then the labels but the last;
-        ignored positions (-100) read as padding."""
+        """The decoder's inputs for ``labels`` (B, T) (see ``shift_right``, the function): this model's
+        start token, its padding (else the start token) for ignored positions."""
         pad = self.config.pad_token_id if self.config.pad_token_id is not None else self.start_token_id
-        shifted = labels.new_full(labels.shape, self.start_token_id)
-        shifted[:, 1:] = labels[:, :-1]
-        return shifted.masked_fill(shifted == IGNORE_INDEX, pad)
+        return shift_right(labels, self.start_token_id, pad)
 
     def decoder_tokens(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None,
                        labels: torch.Tensor | None, generation_step: bool) -> torch.Tensor:

@@ -51,7 +51,8 @@ class DecoderLM(Model):
         output_hidden_states: bool = False,
     ) -> ModelOutput:
         """input_ids: (B, T). ``attention_mask`` (B, past + T), 1 = attend, covers cached positions
-        too. ``labels`` (B, T) are aligned with the inputs (shifted inside); -100 is ignored."""
+        too. ``labels`` (B, T) are aligned with the inputs (shifted inside), or (B, T + 1): the inputs and the
+        token after them, which the last position then predicts (the lm task's crops); -100 is ignored."""
         check_token_ids(input_ids, self.config.vocab_size)
         stack = self.stack(
             self.embedding(input_ids), attention_mask=attention_mask, position_ids=position_ids, cache=cache,

@@ -104,7 +104,8 @@ class EncoderModel(Model):
         LM (-100 where not masked) and tags for token classification (-100: ignored), (B,) classes or
         (B, L) targets for sequence classification, (B,) for next sentence (0: B follows A);
         ``next_sentence_label`` (B,) with the pretraining head; ``start_positions`` and ``end_positions``
-        (B,) token indices for question answering (outside the sequence: ignored).
+        (B,) token indices for question answering (outside the sequence or on padding: ignored; the loss's
+        softmax runs over the real tokens, ``span_loss``).
 
         ``labelled_logits_only`` (masked LM, pretraining; needs ``labels``): the vocabulary projection
         runs only at positions whose label is not -100, and ``logits`` is (N, V) for those N positions
@@ -167,7 +168,8 @@ class EncoderModel(Model):
             output.logits = self.qa_head(hidden)  # (B, T, 2)
             output.start_logits, output.end_logits = output.logits.unbind(-1)
             if start_positions is not None and end_positions is not None:
-                output.loss = span_loss(output.start_logits, output.end_logits, start_positions, end_positions)
+                output.loss = span_loss(output.start_logits, output.end_logits, start_positions, end_positions,
+                                        attention_mask)
         return output
 
     def _pooler_input(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:

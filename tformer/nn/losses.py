@@ -1,41 +1,91 @@
-"""Token-level losses."""
+"""The losses, in one place: the models compute their ``loss`` with these functions and the training
+tasks train and evaluate with them, so ``model(**batch).loss`` is the loss a task trains on.
+
+Every function takes ``reduction``: ``"mean"`` (the training loss, Hugging Face's), ``"sum"`` and
+``"none"`` (per target or per example, for an evaluation that adds losses up over batches, or weighs
+rows); ``sum / count`` of the summed loss is the mean. All compute in float32 whatever the logits' dtype.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from tformer.nn.inputs import warn_if_no_targets
 
 IGNORE_INDEX = -100
+Reduction = Literal["mean", "sum", "none"]
+REDUCTIONS = ("mean", "sum", "none")
 
 
-def token_cross_entropy(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
-    """Mean cross-entropy of logits (..., V) against targets (...); IGNORE_INDEX is skipped.
-    Computed in float32 whatever the logits' dtype; NaN, with a warning, when every target is ignored."""
-    warn_if_no_targets(targets, IGNORE_INDEX)
-    return F.cross_entropy(
+def _check_reduction(reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
+
+
+def token_cross_entropy(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0,
+                        reduction: Reduction = "mean") -> Tensor:
+    """Cross-entropy of logits (..., V) against targets (...); IGNORE_INDEX is skipped.
+
+    ``"mean"``: over the targets not ignored (NaN, with a warning, when every one is); ``"sum"``: their
+    sum; ``"none"``: one loss per target, shaped like ``targets`` (0 where ignored)."""
+    _check_reduction(reduction)
+    if reduction == "mean":
+        warn_if_no_targets(targets, IGNORE_INDEX)
+    losses = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-        ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,
+        ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing, reduction=reduction,
     )
+    return losses.reshape(targets.shape) if reduction == "none" else losses
 
 
-def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """Loss of predicting labels[:, t + 1] from logits[:, t] (labels aligned with the inputs).
+def next_token_targets(labels: Tensor, length: int) -> Tensor:
+    """The token each of ``length`` positions predicts: ``labels`` (B, T) aligned with the inputs give
+    labels[:, t + 1] (the last position predicts nothing: -100); (B, T + 1), the inputs followed by the
+    token after them (a language-model crop), give every position its next token."""
+    if labels.shape[-1] == length + 1:
+        return labels[:, 1:]
+    if labels.shape[-1] != length:
+        raise ValueError(f"labels hold {labels.shape[-1]} positions for {length} inputs: give {length} (aligned "
+                         f"with the inputs) or {length + 1} (the inputs and the token after them)")
+    shifted = labels.new_full(labels.shape, IGNORE_INDEX)
+    shifted[:, :-1] = labels[:, 1:]
+    return shifted
+
+
+def next_token_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0,
+                    reduction: Reduction = "mean") -> Tensor:
+    """Loss of predicting the next token from logits (B, T, V); ``labels`` as ``next_token_targets`` reads them.
 
     Shifting the labels, not the logits, avoids copying the (B, T, V) logits.
     """
-    shifted = labels.new_full(labels.shape, IGNORE_INDEX)
-    shifted[:, :-1] = labels[:, 1:]
-    return token_cross_entropy(logits, shifted)
+    return token_cross_entropy(logits, next_token_targets(labels, logits.shape[1]), label_smoothing, reduction)
 
 
-def sequence_classification_loss(logits: Tensor, labels: Tensor, problem_type: str | None) -> Tensor:
+def _per_example(loss: Callable[..., Tensor], predictions: Tensor, targets: Tensor, reduction: str) -> Tensor:
+    """An elementwise loss reduced as ``reduction`` says, an example being a row: ``"none"`` gives (B,), the
+    mean over a row's outputs; ``"sum"`` adds those; ``"mean"`` is the mean over every element."""
+    if reduction == "mean":
+        return loss(predictions, targets)
+    losses = loss(predictions, targets, reduction="none")
+    if losses.dim() > 1:
+        losses = losses.mean(dim=-1)  # (B, L) -> (B,)
+    return losses if reduction == "none" else losses.sum()
+
+
+def sequence_classification_loss(logits: Tensor, labels: Tensor, problem_type: str | None,
+                                 reduction: Reduction = "mean") -> Tensor:
     """Loss of logits (B, L) against ``labels`` as Hugging Face's ``problem_type`` says: regression
     (mean squared error; labels (B,) for one output, else (B, L)), single-label classification
     (cross-entropy against class ids (B,)), multi-label classification (binary cross-entropy with
     logits against (B, L) targets in [0, 1]). None infers it as HF does: regression for one output,
-    single-label for integer labels, multi-label otherwise."""
+    single-label for integer labels, multi-label otherwise. ``"none"``: one loss per example (B,)."""
+    _check_reduction(reduction)
     num_labels = logits.shape[-1]
     if problem_type is None:
         if num_labels == 1:
@@ -46,24 +96,40 @@ def sequence_classification_loss(logits: Tensor, labels: Tensor, problem_type: s
             problem_type = "multi_label_classification"
     if problem_type == "regression":
         if num_labels == 1:
-            return F.mse_loss(logits.squeeze(-1).float(), labels.reshape(-1).float())
-        return F.mse_loss(logits.float(), labels.float())
+            return _per_example(F.mse_loss, logits.squeeze(-1).float(), labels.reshape(-1).float(), reduction)
+        return _per_example(F.mse_loss, logits.float(), labels.float(), reduction)
     if problem_type == "single_label_classification":
-        return token_cross_entropy(logits, labels)
+        return token_cross_entropy(logits, labels, reduction=reduction)
     if problem_type == "multi_label_classification":
-        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return _per_example(F.binary_cross_entropy_with_logits, logits.float(), labels.float(), reduction)
     raise ValueError(f"problem_type={problem_type!r} is not one of single_label_classification, "
                      "multi_label_classification, regression")
 
 
-def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor, end_positions: Tensor) -> Tensor:
+def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor, end_positions: Tensor,
+              attention_mask: Tensor | None = None, reduction: Reduction = "mean") -> Tensor:
     """Extractive question answering: the mean of the start and end cross-entropies over logits (B, T).
 
-    Positions (B,) outside the sequence are clamped to T and ignored, as Hugging Face does (a window
-    whose answer was cut off); a batch where every position is ignored gives NaN, as HF's does."""
+    With ``attention_mask`` (B, T) (1 = a real token) the softmax runs over each row's own tokens, so a
+    row's loss does not depend on how much its batch is padded; without it, over all T positions, as
+    Hugging Face's loss does. Positions (B,) outside the sequence (at T or beyond, or on padding) are
+    ignored, as HF ignores positions past the end (a window whose answer was cut off); a batch where
+    every position is ignored gives NaN, as HF's does. ``"none"``: each row's (start + end) / 2 (B,),
+    an ignored position counting 0; ``"sum"``: their sum."""
+    _check_reduction(reduction)
     length = start_logits.shape[-1]
+    start_logits, end_logits = start_logits.float(), end_logits.float()  # (B, T)
     start_positions = start_positions.reshape(-1).clamp(0, length)
     end_positions = end_positions.reshape(-1).clamp(0, length)
-    start = F.cross_entropy(start_logits.float(), start_positions, ignore_index=length)
-    end = F.cross_entropy(end_logits.float(), end_positions, ignore_index=length)
-    return (start + end) / 2
+    if attention_mask is not None:
+        padding = attention_mask == 0  # (B, T)
+        start_logits = start_logits.masked_fill(padding, -math.inf)
+        end_logits = end_logits.masked_fill(padding, -math.inf)
+        outside = torch.cat([padding, padding.new_ones(padding.shape[0], 1)], dim=1)  # (B, T + 1): T is outside
+        start_positions = start_positions.masked_fill(outside.gather(1, start_positions[:, None])[:, 0], length)
+        end_positions = end_positions.masked_fill(outside.gather(1, end_positions[:, None])[:, 0], length)
+    each = "none" if reduction == "sum" else reduction
+    start = F.cross_entropy(start_logits, start_positions, ignore_index=length, reduction=each)
+    end = F.cross_entropy(end_logits, end_positions, ignore_index=length, reduction=each)
+    losses = (start + end) / 2
+    return losses.sum() if reduction == "sum" else losses

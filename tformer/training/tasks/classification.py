@@ -20,6 +20,7 @@ from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
 from tformer.errors import listed
 from tformer.evaluation.classification import classification_scores
+from tformer.nn.losses import token_cross_entropy
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
@@ -67,8 +68,8 @@ class LabelEvaluation:
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         weights, labels = batch[EVAL_WEIGHTS], batch["labels"]
-        logits = model(**model_inputs(batch, "labels")).logits.float()  # (B, L)
-        losses = nn.functional.cross_entropy(logits, labels, reduction="none")
+        logits = model(**model_inputs(batch, "labels")).logits  # (B, L)
+        losses = token_cross_entropy(logits, labels, reduction="none")  # (B,): the models' single-label loss
         num_labels = len(self.label_names)
         cells = torch.bincount(labels * num_labels + logits.argmax(dim=-1), weights=weights,
                                minlength=num_labels * num_labels)

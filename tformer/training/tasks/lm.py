@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from tformer.data.lm import check_token_ids, num_tokens, random_crops, spaced_windows
 from tformer.data.sources import DataConfig, load_language_model_data
-from tformer.nn.losses import token_cross_entropy
+from tformer.nn.losses import next_token_loss, next_token_targets
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, Task, TaskData, perplexity
@@ -23,7 +23,9 @@ EVAL_LOGITS_BUDGET = 2**24  # floats of logits per evaluation forward pass (64 M
 class LanguageModelling(Task):
     """Train on random crops of ``train_tokens``; evaluate on ``eval_tokens`` (both 1-D token
     ids: a tensor, a list, or a numpy array, a memory map too). Batches are
-    ``{"input_ids": (B, T), "targets": (B, T)}``, the targets being the inputs shifted by one.
+    ``{"input_ids": (B, T), "labels": (B, T + 1)}``: crops of T + 1 tokens, the inputs their first T, so
+    every position has its next token to predict (the decoder reads such labels: ``next_token_loss``), and
+    ``model(**batch).loss`` is the training loss.
 
     A subclass that overrides ``loss`` (distillation, ...) is evaluated on that loss: it reports
     ``eval_loss`` and ``eval_ppl``, not the next-token accuracy.
@@ -88,13 +90,13 @@ class LanguageModelling(Task):
             self.train_tokens, self.config.batch_size, self.seq_len, self.config.seed, position,
             rank=self.context.rank, world_size=self.context.world_size,
         )
-        return {"input_ids": inputs, "targets": targets}
+        return crop_batch(inputs, targets)
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """Next-token cross-entropy, with ``label_smoothing`` while training."""
-        logits = model(batch["input_ids"]).logits
+        """Next-token cross-entropy (the model's loss), with ``label_smoothing`` while training."""
+        logits = model(batch["input_ids"]).logits  # (B, T, V)
         smoothing = self.config.label_smoothing if model.training else 0.0
-        return token_cross_entropy(logits, batch["targets"], smoothing)
+        return next_token_loss(logits, batch["labels"], smoothing)
 
     def eval_batches(self) -> Iterator[Batch]:
         """``eval_batches`` batches of windows spread evenly over the evaluation tokens (the same
@@ -109,18 +111,19 @@ class LanguageModelling(Task):
             crops = [spaced_windows(self.eval_tokens, config.batch_size, self.seq_len, index, num_batches,
                                     rank=context.rank, world_size=context.world_size)
                      for index in range(first, min(first + per_pass, num_batches))]
-            yield {"input_ids": torch.cat([c[0] for c in crops]), "targets": torch.cat([c[1] for c in crops])}
+            yield crop_batch(torch.cat([c[0] for c in crops]), torch.cat([c[1] for c in crops]))
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         """Loss x batches (each batch weighs the same), correct next tokens, and the counts;
         the loss and the accuracy from one forward pass."""
-        targets = batch["targets"]
-        batches = targets.shape[0] // self.config.batch_size
-        counts = {"batches": batches, "tokens": targets.numel()}
+        inputs = batch["input_ids"]
+        batches = inputs.shape[0] // self.config.batch_size
+        counts = {"batches": batches, "tokens": inputs.numel()}
         if not self.next_token_objective:
             return {"loss": self.loss(model, batch).double() * batches, **counts}
-        logits = model(batch["input_ids"]).logits
-        return {"loss": token_cross_entropy(logits, targets).double() * batches,
+        logits = model(inputs).logits  # (B, T, V)
+        targets = next_token_targets(batch["labels"], inputs.shape[1])  # (B, T)
+        return {"loss": next_token_loss(logits, batch["labels"]).double() * batches,
                 "correct": (logits.argmax(dim=-1) == targets).sum(), **counts}
 
     def finalise(self, totals: dict[str, float]) -> dict[str, float]:
@@ -129,6 +132,12 @@ class LanguageModelling(Task):
         if "correct" in totals:
             metrics["eval_accuracy"] = totals["correct"] / totals["tokens"]
         return metrics
+
+
+def crop_batch(inputs: Tensor, targets: Tensor) -> Batch:
+    """The batch of crops: ``inputs`` (B, T) and ``labels`` (B, T + 1), the inputs followed by the last
+    target (``targets`` being the inputs shifted by one, as ``random_crops`` gives them)."""
+    return {"input_ids": inputs, "labels": torch.cat([inputs, targets[:, -1:]], dim=1)}
 
 
 def _as_tokens(tokens):

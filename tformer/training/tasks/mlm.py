@@ -19,7 +19,7 @@ from tformer.data.masking import mask_tokens, wordpiece_continuations
 from tformer.data.pretraining import PretrainingRows, next_sentence_pairs, packed_sequences
 from tformer.data.sources import DataConfig, read_text
 from tformer.errors import TformerError
-from tformer.nn.losses import IGNORE_INDEX
+from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData, perplexity
@@ -213,15 +213,15 @@ class MaskedLanguageModelling(ExampleTask):
         output = model(**model_inputs(batch, "labels"), labels=labels, labelled_logits_only=True)
         targets = labels[labels != IGNORE_INDEX]  # (N,), the rows of output.logits
         sums = {
-            "mlm_loss": nn.functional.cross_entropy(output.logits.float(), targets, reduction="sum").double(),
+            "mlm_loss": token_cross_entropy(output.logits, targets, reduction="sum").double(),
             "correct": (output.logits.argmax(dim=-1) == targets).sum(),
             "masked": targets.numel(),
             "rows": weights.sum(),
         }
         if self.next_sentence:
-            nsp_logits = output.next_sentence_logits.float()
+            nsp_logits = output.next_sentence_logits  # (B, 2)
             nsp_labels = batch["next_sentence_label"]
-            losses = nn.functional.cross_entropy(nsp_logits, nsp_labels, reduction="none")
+            losses = token_cross_entropy(nsp_logits, nsp_labels, reduction="none")  # (B,)
             sums["nsp_loss"] = (losses * weights).sum().double()
             sums["nsp_correct"] = ((nsp_logits.argmax(dim=-1) == nsp_labels).float() * weights).sum()
         return sums

@@ -15,7 +15,8 @@ context's text between the pair's character offsets, scored by the official v1.1
 
 The loss of a window is the mean of its start and end cross-entropies over its own tokens: padding
 (which varies with a batch's longest window) is left out, so a window's loss does not depend on the
-batch it was drawn in; training and evaluation losses are the same measure.
+batch it was drawn in. It is the model's loss (``span_loss`` given the attention mask): the task
+trains on ``model(**batch).loss`` and evaluates with the same function, per window.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig, DataError
 from tformer.data.squad import SquadData, SquadExample, read_squad, read_squad_records
 from tformer.evaluation.squad import exact_match, token_f1
+from tformer.nn.losses import span_loss
 from tformer.tokenizers.encoding import Encoding, Offset
 from tformer.tokenizers.errors import TokenizerError
 from tformer.training.config import TrainingConfig, TrainingError
@@ -113,16 +114,6 @@ def answer_positions(windows, examples: Sequence[SquadExample]) -> tuple[list[in
         starts.append(span[0])
         ends.append(span[1])
     return starts, ends, len(examples) - len(found)
-
-
-def window_losses(start_logits: Tensor, end_logits: Tensor, attention_mask: Tensor, start_positions: Tensor,
-                  end_positions: Tensor) -> Tensor:
-    """Each window's loss (B,): the mean of the start and end cross-entropies, logits (B, T) taken
-    over the window's tokens (``attention_mask`` 1), positions (B,) its answer's first and last token."""
-    padding = attention_mask == 0
-    start = F.cross_entropy(start_logits.float().masked_fill(padding, -math.inf), start_positions, reduction="none")
-    end = F.cross_entropy(end_logits.float().masked_fill(padding, -math.inf), end_positions, reduction="none")
-    return (start + end) / 2
 
 
 def best_spans(start_logits: Tensor, end_logits: Tensor, context_mask: Tensor, *, n_best: int,
@@ -279,12 +270,6 @@ class SpanQuestionAnswering(ExampleTask):
             raise TrainingError("training.label_smoothing is not supported by the span_qa task (its loss is the "
                                 "model's start/end cross-entropy)")
 
-    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """The mean of the windows' losses (see ``window_losses``)."""
-        output = model(**model_inputs(batch, "start_positions", "end_positions"))
-        return window_losses(output.start_logits, output.end_logits, batch["attention_mask"],
-                             batch["start_positions"], batch["end_positions"]).mean()
-
     # ---- evaluation ------------------------------------------------------------------------------
 
     def _packed(self, questions: range) -> list[list[int]]:
@@ -322,8 +307,8 @@ class SpanQuestionAnswering(ExampleTask):
         weights = batch[EVAL_WEIGHTS]
         output = model(**model_inputs(batch, QUESTION_FIELD, CONTEXT_MASK, "start_positions", "end_positions"))
         start_logits, end_logits = output.start_logits.float(), output.end_logits.float()  # (B, T)
-        losses = window_losses(start_logits, end_logits, batch["attention_mask"], batch["start_positions"],
-                               batch["end_positions"])
+        losses = span_loss(start_logits, end_logits, batch["start_positions"], batch["end_positions"],
+                           batch["attention_mask"], reduction="none")  # (B,): the model's loss per window
         scores, starts, ends = best_spans(start_logits, end_logits, batch[CONTEXT_MASK], n_best=self.n_best,
                                           max_answer_length=self.max_answer_length)
         # One transfer: per window (score, start, end, question, weight), then per-question Python.

@@ -28,7 +28,7 @@ from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
 from tformer.errors import TformerError, listed, quoted
 from tformer.evaluation.entities import TagError, entity_counts, entity_spans, scores_from_counts
-from tformer.nn.losses import IGNORE_INDEX
+from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
@@ -228,9 +228,9 @@ class TokenClassification(ExampleTask):
         real rows (weight-0 fillers count nothing); every batch gives the same keys."""
         weights = batch[EVAL_WEIGHTS]  # (B,)
         labels = torch.where(weights[:, None] > 0, batch["labels"], IGNORE_INDEX)  # (B, T)
-        logits = model(**model_inputs(batch, "labels", EXAMPLE)).logits.float()  # (B, T, L)
+        logits = model(**model_inputs(batch, "labels", EXAMPLE)).logits  # (B, T, L)
         labelled = labels != IGNORE_INDEX
-        loss = nn.functional.cross_entropy(logits[labelled], labels[labelled], reduction="sum")
+        loss = token_cross_entropy(logits, labels, reduction="sum")  # the model's loss, summed
         predicted = torch.where(labelled, logits.argmax(dim=-1), IGNORE_INDEX).cpu()  # (B, T)
         gold, guessed = [], []
         for row, (example, weight) in enumerate(zip(batch[EXAMPLE].tolist(), weights.tolist(), strict=True)):

@@ -28,7 +28,8 @@ from tformer.data.parallel import TRANSLATION_COLUMN, ParallelText, read_paralle
 from tformer.data.sources import DataConfig
 from tformer.evaluation.translation import BLEU_STATISTICS, bleu_from_statistics, bleu_statistics
 from tformer.generation.translation import new_token_budget, translate_ids
-from tformer.nn.losses import IGNORE_INDEX
+from tformer.models.base import shift_right
+from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
 from tformer.tokenizers import BPETokenizer
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
@@ -248,9 +249,8 @@ class Translation(ExampleTask):
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         weights = batch[EVAL_WEIGHTS]
         labels = batch["labels"]
-        logits = model(**model_inputs(batch, ROW_INDEX)).logits.float()  # (B, T, V)
-        losses = nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX,
-                                             reduction="none")  # (B, T)
+        logits = model(**model_inputs(batch, ROW_INDEX, "labels")).logits  # (B, T, V)
+        losses = token_cross_entropy(logits, labels, reduction="none")  # (B, T), the model's loss per token
         tokens = (labels != IGNORE_INDEX).float()
         sums: dict[str, Tensor | float] = {"loss": (losses.sum(dim=1) * weights).sum().double(),
                                            "tokens": (tokens.sum(dim=1) * weights).sum()}
@@ -275,14 +275,13 @@ class Translation(ExampleTask):
 def pair_batch(source: Tensor, target: Tensor, source_lengths: Tensor, target_lengths: Tensor, start_id: int,
                pad_id: int) -> Batch:
     """The model's inputs for padded sources (B, S) and targets (B, T): the sources and their mask, the
-    decoder's inputs (the start token, then the target but its last token) and the targets as labels
-    with -100 past each one's end."""
+    targets as labels with -100 past each one's end, and the decoder's inputs: the labels shifted right
+    as the model shifts them (``shift_right``: the start token, then the target but its last token)."""
     source_mask = (torch.arange(source.shape[1]) < source_lengths[:, None]).long()
     target_mask = torch.arange(target.shape[1]) < target_lengths[:, None]
-    decoder_inputs = torch.cat([target.new_full((len(target), 1), start_id), target[:, :-1]], dim=1)
-    decoder_inputs = decoder_inputs.masked_fill(~target_mask, pad_id)
-    return {"input_ids": source, "attention_mask": source_mask, "decoder_input_ids": decoder_inputs,
-            "labels": target.masked_fill(~target_mask, IGNORE_INDEX)}
+    labels = target.masked_fill(~target_mask, IGNORE_INDEX)
+    return {"input_ids": source, "attention_mask": source_mask,
+            "decoder_input_ids": shift_right(labels, start_id, pad_id), "labels": labels}
 
 
 def hold_out(pairs: ParallelText, fraction: float) -> tuple[ParallelText, ParallelText]:

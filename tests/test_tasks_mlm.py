@@ -146,6 +146,8 @@ def test_next_sentence_labels_use_the_models_convention():
 def test_the_mlm_task_refuses_what_it_cannot_train():
     with pytest.raises(TrainingError, match="head 'masked_lm' or 'pretraining'"):
         prepared(MaskedLanguageModelling(documents(), None, wordpiece()), head="sequence_classification")
+    with pytest.raises(TrainingError, match="training.label_smoothing is not supported by the mlm task"):
+        prepared(MaskedLanguageModelling(documents(), None, wordpiece()), label_smoothing=0.1)
     with pytest.raises(TrainingError, match="needs a tokenizer with cls, sep, mask"):
         MaskedLanguageModelling(documents(), None, tformer.tokenizers.CharTokenizer.train("abc"))
     with pytest.raises(TrainingError, match="whole_word_masking needs a WordPiece"):

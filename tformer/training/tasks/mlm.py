@@ -156,6 +156,9 @@ class MaskedLanguageModelling(ExampleTask):
             raise TrainingError(f"the mlm task trains a model with head 'masked_lm' or 'pretraining' "
                                 f"(next-sentence pairs too), not head={head!r}")
         self.next_sentence = head == "pretraining"
+        if config.label_smoothing:
+            raise TrainingError("training.label_smoothing is not supported by the mlm task (its loss is the "
+                                "model's masked-token cross-entropy)")
         self.seq_len = config.seq_len or model.config.max_seq_len
         self.check_model_fits(model, self.tokenizer, self.seq_len, segments=self.next_sentence)
         self.vocab_size = model.config.vocab_size

@@ -55,7 +55,6 @@ def test_cached_logits_equal_full_forward_at_every_step(variant, padded, session
         torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow  # over 2 s
 @pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama", "sinusoidal-post-norm"])
 def test_projections_split_across_threads_stay_exact(variant):
     threads = torch.get_num_threads()

@@ -72,7 +72,6 @@ def _tformer_imports(tree: ast.AST) -> list[tuple[ast.AST, list[str]]]:
     return found
 
 
-@pytest.mark.slow  # over 2 s
 def test_no_module_outside_the_cli_imports_tformer_inside_a_function():
     offenders = []
     for name, path in MODULES.items():

@@ -109,7 +109,6 @@ def _merge_by_scan(tokenizer: BPETokenizer, word: str) -> list[int]:
     return ids
 
 
-@pytest.mark.slow  # over 2 s
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="aabbcdeé o.!\n", max_size=60) | st.text(max_size=30))
 def test_heap_merging_equals_the_textbook_scan(small_bpe, word):

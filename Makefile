@@ -1,12 +1,14 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Both create .venv and install
 # everything into it. PyTorch is installed first and pinned, so no CUDA build is pulled in on a
 # CPU machine; override TORCH for another build (e.g. TORCH="torch --index-url ...").
+# `make test` (CI) runs every test; `make test-fast` is the inner loop, under a minute: the tests not
+# marked slow (slow: starts a process, imports a reference library such as transformers, or runs > 2 s).
 VENV   ?= .venv
 PYTHON ?= python3
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint install install-test clean
+.PHONY: demo test test-fast lint install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +30,10 @@ demo: install
 test: install-test
 	$(BIN)/ruff check tformer tests benchmarks tools examples
 	$(BIN)/python -m pytest -q
+
+test-fast: install-test
+	$(BIN)/ruff check tformer tests benchmarks tools examples
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

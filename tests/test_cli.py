@@ -13,6 +13,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "tformer", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # runs the command line in a subprocess
 def test_help_lists_the_commands():
     result = run_cli("--help")
     assert result.returncode == 0
@@ -20,6 +21,7 @@ def test_help_lists_the_commands():
         assert command in result.stdout
 
 
+@pytest.mark.slow  # trains the demo: over 2 s
 def test_demo_trains_saves_plots_and_samples(tmp_path, capsys):
     data = tmp_path / "text.txt"
     data.write_text("the quick brown fox jumps over the lazy dog. " * 400)
@@ -44,6 +46,7 @@ def test_info_prints_config_and_parameters(tmp_path, capsys):
     assert "DecoderLM" in printed and f"{tformer.build_model('gpt-nano').num_parameters():,}" in printed
 
 
+@pytest.mark.slow  # runs the command line in a subprocess
 @pytest.mark.parametrize(
     "args, message",
     [

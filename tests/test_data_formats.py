@@ -124,6 +124,7 @@ def test_integer_labels_are_class_ids_named_by_the_file_or_the_declared_names(tm
                                 "positive)")
 
 
+@pytest.mark.slow  # imports Hugging Face datasets
 def test_a_real_save_to_disk_folder_reads_as_the_tsv_does(tmp_path):
     datasets = pytest.importorskip("datasets")
     features = datasets.Features({"sentence": datasets.Value("string"),

@@ -33,6 +33,7 @@ SQUAD_DEV = SHARED_DATA / "squad-v1.1" / "dev-v1.1.json.gz"
 # ---- classification ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # imports scikit-learn
 def test_classification_scores_equal_scikit_learn():
     metrics = pytest.importorskip("sklearn.metrics")
     rng = np.random.default_rng(0)
@@ -108,6 +109,7 @@ def perturbed(rng: random.Random, tags: list[str], prefixes: str) -> list[str]:
     return [random_tags(rng, 1, prefixes)[0] if rng.random() < 0.25 else tag for tag in tags]
 
 
+@pytest.mark.slow  # imports seqeval
 @pytest.mark.parametrize("prefixes", ["BI", "BIES"])
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_entity_scores_equal_seqeval(prefixes):

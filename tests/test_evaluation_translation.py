@@ -18,6 +18,8 @@ from tformer.evaluation.translation import (
 
 sacrebleu = pytest.importorskip("sacrebleu")
 
+pytestmark = pytest.mark.slow  # compares with sacrebleu
+
 
 def damaged(lines, seed=0):
     """Each line with some words dropped or swapped: hypotheses of every quality."""

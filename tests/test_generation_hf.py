@@ -9,6 +9,8 @@ import tformer
 
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.slow  # compares with transformers
+
 EOS, PAD = 2, 3  # ids of the config; the tests also end at ids these weights often produce
 
 

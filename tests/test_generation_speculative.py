@@ -69,6 +69,7 @@ def joint_distribution(model, prompt, new, vocab, temperature):
     return log_probs.gather(-1, continuations[:, :, None]).sum((1, 2)).exp()
 
 
+@pytest.mark.slow  # over 2 s
 def test_speculative_sampling_follows_the_target_distribution():
     """2000 sequences of 3 tokens over a vocabulary of 5 (125 outcomes), 2 drafts per round, so
     tokens come from accepted drafts, from the residual after a rejection and from the bonus

@@ -420,6 +420,7 @@ def test_tokenize_and_tokenizer_train_replace_an_existing_output_only_with_overw
     assert main([*train, "tok.json", "--overwrite"]) == 0 and tformer.tokenizers.load("tok.json").vocab_size > 1
 
 
+@pytest.mark.slow  # imports sacrebleu
 def test_evaluate_keeps_hand_edited_translations_beside_its_metrics_unless_overwrite(work, capsys):
     pytest.importorskip("sacrebleu")
     from tformer.training.tasks.translation import learn_joint_bpe

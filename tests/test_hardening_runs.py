@@ -121,6 +121,7 @@ def test_a_finished_run_whose_step_folders_were_pruned_is_not_replaced(recipe, t
 # ---- 2. one writer per run folder ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts a training process
 def test_a_second_process_on_a_run_folder_is_refused_and_a_killed_holder_leaves_no_lock(recipe, tmp_path, capsys):
     run = tmp_path / "run"
     holder = subprocess.Popen(

@@ -17,6 +17,7 @@ def _hf_processor(**settings):
     return transformers.ViTImageProcessorPil(**settings)
 
 
+@pytest.mark.slow  # imports transformers
 @pytest.mark.parametrize("processing", [
     IMAGENET,
     ImageProcessing(image_size=6, num_channels=1, mean=(0.1307,), std=(0.3081,)),
@@ -36,6 +37,7 @@ def test_normalisation_equals_hugging_faces(processing):
     torch.testing.assert_close(ours, (images.float() / 255 - mean) / std)
 
 
+@pytest.mark.slow  # imports transformers
 def test_saved_settings_read_back_equal_and_hugging_face_reads_them(tmp_path):
     path = IMAGENET.save(tmp_path)
     assert path == tmp_path / PREPROCESSOR_NAME
@@ -50,6 +52,7 @@ def test_saved_settings_read_back_equal_and_hugging_face_reads_them(tmp_path):
     assert hf.rescale_factor == IMAGENET.rescale
 
 
+@pytest.mark.slow  # imports transformers
 def test_reads_a_file_hugging_face_saved(tmp_path):
     _hf_processor(size={"height": 32, "width": 32}, image_mean=[0.5, 0.25, 0.125],
                   image_std=[0.5, 0.5, 0.25]).save_pretrained(tmp_path)

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tformer"
 
@@ -20,6 +22,7 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py")) if path.name != "__main__.py"}
 
 
+@pytest.mark.slow  # a subprocess per module
 def test_every_module_imports_on_its_own():
     # One interpreter imports the third-party libraries once, then forks a child per module. The
     # child starts with no tformer module loaded and a bare ``tformer`` package (its __init__,

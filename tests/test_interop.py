@@ -31,6 +31,8 @@ from tformer.interop import family_for_model_type  # noqa: E402
 from tformer.models import build_model  # noqa: E402
 from tformer.tokenizers import CharTokenizer, TokenizerError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # compares with transformers
+
 transformers.logging.set_verbosity_error()
 
 # tformer's logits differ from HF's by 2e-7 to 5e-7 on these tiny models and by 2e-6 on GPT-2 124M

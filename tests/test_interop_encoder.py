@@ -28,6 +28,8 @@ from tformer.checkpoint import CheckpointError  # noqa: E402
 from tformer.models import build_model  # noqa: E402
 from tformer.nn.losses import span_loss  # noqa: E402
 
+pytestmark = pytest.mark.slow  # compares with transformers
+
 transformers.logging.set_verbosity_error()
 
 # Measured: the largest |tformer - HF| over all heads here is 7e-7 (hidden states of the bare model);

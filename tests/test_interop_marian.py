@@ -11,6 +11,8 @@ from tformer.checkpoint import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.slow  # compares with transformers
+
 PAD, EOS = 59, 0
 
 

@@ -11,6 +11,8 @@ import tformer
 
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.slow  # compares with transformers
+
 PAD, EOS = 0, 1
 VARIANTS = {"t5": dict(feed_forward_proj="relu", tie_word_embeddings=True),
             "t5-v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}

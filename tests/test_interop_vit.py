@@ -18,6 +18,8 @@ import tformer  # noqa: E402
 from tformer import ImageProcessing, ModelConfig, VisionModel  # noqa: E402
 from tformer.checkpoint import CheckpointError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # compares with transformers
+
 transformers.logging.set_verbosity_error()
 
 # Issue 13's bound. Measured: the largest |tformer - HF| over both classes and the four sizes is 7e-7

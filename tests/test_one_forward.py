@@ -149,6 +149,7 @@ def test_the_enumeration_covers_every_value_of_every_axis():
     assert len(accepted) + len(refused) == len(list(itertools.product(*AXES.values())))
 
 
+@pytest.mark.slow  # minutes
 def test_every_decoder_configuration_decodes_as_its_full_forward():
     problems = []
     configs = accepted_configs(DECODER)[0]
@@ -160,6 +161,7 @@ def test_every_decoder_configuration_decodes_as_its_full_forward():
     assert not problems, f"{len(problems)} of {len(configs)} configurations:\n" + "\n".join(problems[:20])
 
 
+@pytest.mark.slow  # minutes
 def test_every_encoder_decoder_configuration_decodes_as_its_full_forward():
     source = torch.randint(2, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
     source_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])

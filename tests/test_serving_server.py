@@ -29,6 +29,8 @@ from tformer.tokenizers import CharTokenizer
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
+pytestmark = pytest.mark.slow  # the openai client against a server process
+
 TEXT = "to be or not to be, that is the question.\nROMEO: JULIET: user assistant\n"
 TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")

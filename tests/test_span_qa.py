@@ -201,6 +201,7 @@ def hugging_face_positions(encoded, examples) -> tuple[list[int], list[int]]:
     return starts, ends
 
 
+@pytest.mark.slow  # imports transformers
 def test_windows_and_their_targets_are_hugging_faces_on_squad_dev():
     require(SQUAD_DEV, BERT_DIR / "vocab.txt")
     transformers = pytest.importorskip("transformers")

@@ -24,6 +24,8 @@ from tformer.training.tasks.translation import Translation, learn_joint_bpe
 
 sacrebleu = pytest.importorskip("sacrebleu")
 
+pytestmark = pytest.mark.slow  # imports sacrebleu
+
 LEXICON = {"ein": "a", "hund": "dog", "mann": "man", "läuft": "runs", "sitzt": "sits", "rot": "red",
            "groß": "big", "katze": "cat", "auf": "on", "dem": "the", "gras": "grass", "haus": "house"}
 

@@ -26,6 +26,8 @@ from tformer.training.recipe import load_recipe
 from tformer.training.tasks import TASKS
 from tformer.training.tasks.token_classification import TokenClassification, predict_entities
 
+pytestmark = pytest.mark.slow  # compares with seqeval
+
 VOCAB = BERT_DIR / "vocab.txt"
 WNUT_TRAIN, WNUT_TEST = SHARED_DATA / "wnut17" / "wnut17train.conll", SHARED_DATA / "wnut17" / "emerging.test.annotated"
 RECIPES = Path(__file__).resolve().parents[1] / "configs"

@@ -52,6 +52,7 @@ def test_truncation_counts_special_tokens(wordpiece):
     assert left.input_ids == [[2, 8, 5, 9, 3]]
 
 
+@pytest.mark.slow  # imports tokenizers
 @pytest.mark.parametrize("lengths", [(0, 0), (2, 8), (8, 2), (4, 4), (4, 8), (8, 4), (8, 8), (3, 20), (1, 1)])
 @pytest.mark.parametrize("budget", [1, 4, 7, 10])
 def test_pair_truncation_matches_hugging_face(lengths, budget):

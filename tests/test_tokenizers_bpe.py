@@ -156,6 +156,7 @@ def test_added_tokens_get_new_ids_and_stay_whole():
 # ---- parity with Hugging Face on the real GPT-2 files ------------------------------------------------
 
 
+@pytest.mark.slow  # imports transformers
 def test_gpt2_ids_identical_to_hugging_face_on_tinyshakespeare(gpt2, hf_gpt2):
     text = tinyshakespeare()
     ours = gpt2.encode(text)
@@ -166,6 +167,7 @@ def test_gpt2_ids_identical_to_hugging_face_on_tinyshakespeare(gpt2, hf_gpt2):
     assert gpt2.encode_batch(lines)["input_ids"] == [e.ids for e in hf_gpt2.backend_tokenizer.encode_batch(lines)]
 
 
+@pytest.mark.slow  # imports transformers
 def test_gpt2_ids_identical_to_hugging_face_on_unicode(gpt2, hf_gpt2):
     sample = unicode_sample() + "<|endoftext|>" + unicode_sample()[::-1]
     assert gpt2.encode(sample) == hf_gpt2(sample)["input_ids"]
@@ -174,6 +176,7 @@ def test_gpt2_ids_identical_to_hugging_face_on_unicode(gpt2, hf_gpt2):
     assert gpt2.decode(gpt2.encode(sample)) == sample
 
 
+@pytest.mark.slow  # imports transformers
 def test_gpt2_decode_identical_to_hugging_face(gpt2, hf_gpt2):
     ids = gpt2.encode(unicode_sample())
     for cut in (ids, ids[:7], ids[3:50], [50256, 31373, 50256]):
@@ -202,6 +205,7 @@ def test_gpt2_file_layouts_load_the_same(gpt2, tmp_path):
     assert from_merges_file.encode(text) == gpt2.encode(text)
 
 
+@pytest.mark.slow  # imports transformers
 def test_gpt2_tokenizer_json_both_directions(gpt2, hf_gpt2, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     text = unicode_sample() + tinyshakespeare()[:20000]
@@ -218,6 +222,7 @@ def test_gpt2_tokenizer_json_both_directions(gpt2, hf_gpt2, tmp_path):
     assert ours_from_theirs.merges == [tuple(pair) for pair in merges] == gpt2.merges
 
 
+@pytest.mark.slow  # imports tokenizers
 def test_llama3_style_pattern_and_ignore_merges_match_hugging_face(small_bpe, tmp_path):
     """A tokenizer.json with a custom Split regex + ByteLevel and ignore_merges (the Llama-3 /
     GPT-4 layout) encodes like Hugging Face."""
@@ -244,6 +249,7 @@ def test_bpe_from_bad_merges_names_the_merge():
         BPETokenizer({"a": 0, "b": 1, "ab": 2}, [("a", "q")])
 
 
+@pytest.mark.slow  # imports transformers
 def test_added_tokens_match_hugging_face(gpt2, hf_gpt2, tmp_path):
     """Added tokens (plain, special, whitespace-stripping, whole-word) split text exactly as in
     `tokenizers`, and survive a tokenizer.json round trip in both directions."""

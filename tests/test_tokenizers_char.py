@@ -44,6 +44,7 @@ def test_batch_and_special_tokens():
     assert batch.input_ids[0, 2:].tolist() == [1, 1, 1, 1]
 
 
+@pytest.mark.slow  # imports tokenizers
 def test_tokenizer_json_loads_in_hugging_face_with_same_ids(chars, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     chars.save(tmp_path)

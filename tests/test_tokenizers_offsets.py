@@ -18,6 +18,8 @@ from tformer.tokenizers import CharTokenizer, Encoding, TokenizerError, WordPiec
 from tformer.tokenizers.normalizers import SequenceNormalizer, UnicodeStep
 
 transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow  # compares with transformers
 SQUAD_DEV = SHARED_DATA / "squad-v1.1" / "dev-v1.1.json.gz"
 
 TRICKY = [

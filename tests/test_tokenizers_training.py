@@ -98,6 +98,7 @@ def test_files_and_texts_train_alike(tmp_path):
     assert from_file.merges == from_text.merges
 
 
+@pytest.mark.slow  # imports tokenizers
 def test_bpe_within_one_percent_of_hugging_face_and_loads_there(tmp_path):
     """Vocabulary 8192 on tinyshakespeare's first 90%: bytes per token on the last 10% within
     1% of Hugging Face's byte-level BpeTrainer; saved, it loads in `tokenizers` with equal ids."""
@@ -134,6 +135,7 @@ def test_bpe_within_one_percent_of_hugging_face_and_loads_there(tmp_path):
     assert reloaded.decode(ours.encode(sample)) == sample
 
 
+@pytest.mark.slow  # imports tokenizers
 def test_wordpiece_training_compresses_like_hugging_face_and_loads_there(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     text = tinyshakespeare()[:300_000]

@@ -19,6 +19,8 @@ spm = pytest.importorskip("sentencepiece")
 hf_tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.slow  # compares with sentencepiece, tokenizers and transformers
+
 _WORDS = ("a man woman dog two children play ball near the river street city runs across green field while "
           "Ein Mann fährt Fahrrad über die Straße zwei Hunde spielen im Schnee Mädchen läuft Bäume grüne Wiese "
           "café naïve Ärger Öl Übel weiß schönen Kaffee trinkt").split()

@@ -85,6 +85,7 @@ def test_greedy_longest_match_with_continuations_and_unk():
 # ---- parity with Hugging Face on the real BERT vocabulary -------------------------------------------------
 
 
+@pytest.mark.slow  # imports transformers
 def test_bert_single_sentences_identical_to_hugging_face(bert, hf_bert):
     for text in [*SENTENCES, *unicode_sample().split("\n")]:
         theirs = hf_bert(text)
@@ -95,6 +96,7 @@ def test_bert_single_sentences_identical_to_hugging_face(bert, hf_bert):
         assert bert.encode(text, add_special_tokens=False) == hf_bert(text, add_special_tokens=False)["input_ids"]
 
 
+@pytest.mark.slow  # imports transformers
 def test_bert_pairs_identical_to_hugging_face(bert, hf_bert):
     firsts, seconds = zip(*PAIRS, strict=True)
     theirs = hf_bert(list(firsts), list(seconds))
@@ -107,6 +109,7 @@ def test_bert_pairs_identical_to_hugging_face(bert, hf_bert):
     assert ours["token_type_ids"][0] == [0] * 7 + [1] * 8
 
 
+@pytest.mark.slow  # imports transformers
 def test_bert_identical_to_hugging_face_on_tinyshakespeare(bert, hf_bert):
     text = tinyshakespeare()
     assert bert.encode(text) == hf_bert.backend_tokenizer.encode(text).ids
@@ -123,6 +126,7 @@ def test_bert_known_ids(bert):
         0, 100, 101, 102, 103)
 
 
+@pytest.mark.slow  # imports transformers
 def test_bert_decode_identical_to_hugging_face(bert, hf_bert):
     backend = hf_bert.backend_tokenizer
     for text in SENTENCES[:6]:
@@ -131,6 +135,7 @@ def test_bert_decode_identical_to_hugging_face(bert, hf_bert):
         assert bert.decode(ids, skip_special_tokens=True) == backend.decode(ids, skip_special_tokens=True)
 
 
+@pytest.mark.slow  # imports transformers
 def test_bert_tokenizer_json_both_directions(bert, hf_bert, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     hf_bert.backend_tokenizer.save(str(tmp_path / "theirs.json"))
@@ -156,6 +161,7 @@ def test_cased_vocab_option_and_tokenizer_config(bert, tmp_path):
     assert load(tmp_path, lowercase=True).encode("Hello") == bert.encode("Hello")
 
 
+@pytest.mark.slow  # imports transformers
 def test_added_tokens_match_hugging_face(bert, hf_bert, tmp_path):
     """Added tokens are matched after normalization (so "HELLO WORLD" finds "Hello World"),
     special ones in the raw text; ids, tokens and decoding as in `tokenizers`."""

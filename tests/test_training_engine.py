@@ -300,6 +300,7 @@ def test_fast_character_encoding_matches_the_tokenizer():
     assert encode_text(tokenizer, text).tolist() == tokenizer.encode(text)
 
 
+@pytest.mark.slow  # over 2 s
 def test_a_compiled_training_step_traces_whole_and_matches_eager(monkeypatch):
     """training.compile=true through torch.compile's tracing and AOT autograd (forward and backward
     graphs) without inductor's code generation, which takes minutes on a small CPU (the test

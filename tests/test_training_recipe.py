@@ -153,6 +153,7 @@ def test_the_shipped_recipes_are_valid(tmp_path):
         assert all(file.is_file() for file in files), f"{path.name}: data.train={data.train} does not exist"
 
 
+@pytest.mark.slow  # runs the command line in a subprocess
 def test_the_command_line_reports_a_bad_recipe_in_one_line_before_any_work(tmp_path):
     path = write(tmp_path, BASE)
     out = tmp_path / "run"

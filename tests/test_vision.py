@@ -33,6 +33,7 @@ def test_vit_base_preset_counts_hugging_faces_parameters():
     assert tformer.build_model("vit-base-patch16-224").num_parameters() == 86_567_656
 
 
+@pytest.mark.slow  # imports transformers
 def test_small_presets_count_what_hugging_face_builds():
     transformers = pytest.importorskip("transformers")
     from tformer.interop.vit import ViTFamily
@@ -122,6 +123,7 @@ def test_interpolation_keeps_the_class_row_and_resamples_the_grid():
         resize_position_table(torch.randn(16, 8), (2, 2))
 
 
+@pytest.mark.slow  # imports transformers
 @pytest.mark.parametrize(("height", "width"), [(24, 24), (8, 8), (16, 24), (20, 12)])
 def test_interpolation_equals_hugging_faces(height, width):
     transformers = pytest.importorskip("transformers")

@@ -92,8 +92,8 @@ MUTATIONS = (
     ),
     Mutation(
         "marian-positions-interleaved", "tformer/interop/marian.py",
-        '            sinusoidal_layout="split",\n',
-        '            sinusoidal_layout="interleaved",\n',
+        '"sinusoidal_layout": "split",',
+        '"sinusoidal_layout": "interleaved",',
         ("tests/test_interop_marian.py",),
         "a Marian checkpoint runs with the paper's interleaved sine/cosine table instead of Marian's split one",
     ),

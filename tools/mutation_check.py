@@ -197,7 +197,7 @@ MUTATIONS = (
         "precision='bf16' silently trains in fp32",
     ),
     Mutation(
-        "interop-exact-gelu-read-as-tanh", "tformer/interop/gpt2.py",
+        "interop-exact-gelu-read-as-tanh", "tformer/interop/family.py",
         '    "gelu": "gelu",\n',
         '    "gelu": "gelu_tanh",\n',
         ("tests/test_interop.py", "tests/test_interop_files.py", "-k", "gelu"),

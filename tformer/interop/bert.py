@@ -15,9 +15,8 @@ from typing import Any
 
 from torch import Tensor
 
-from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import CLASSIC_MHA_WITH_BIASES, Family, hf_field, require
+from tformer.interop.family import CLASSIC_MHA_WITH_BIASES, Family, hf_field, num_labels_from_hf, require
 from tformer.interop.weight_map import ModuleMap
 
 
@@ -36,6 +35,7 @@ class BertFamily(Family):
         "BertForTokenClassification": "token_classification",
         "BertForQuestionAnswering": "question_answering",
     }
+    labelled_heads = ("sequence_classification", "token_classification")
     head_prefixes = ("bert.pooler.", "cls.", "classifier.", "qa_outputs.")
     tied_output_names = ("cls.predictions.decoder.weight",)
     # The masked-LM head's bias and the decoder's: one tensor when tied, two (the decoder's is used) when not.
@@ -121,14 +121,11 @@ class BertFamily(Family):
         return state
 
     def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
-        """HF's layout: the bare model's tensors without the base prefix; an untied decoder's bias
-        also as the head's (HF keeps both)."""
-        if config.head is None:
-            return {name.removeprefix(self.base_prefix): tensor for name, tensor in hf_state.items()}
+        """As the base class, and an untied decoder's bias also as the head's (HF keeps both)."""
         head_bias, decoder_bias = self.mlm_bias_names
-        if decoder_bias in hf_state:
+        if config.head is not None and decoder_bias in hf_state:
             hf_state[head_bias] = hf_state[decoder_bias].clone()
-        return hf_state
+        return super().saved_state(hf_state, config)
 
     def head_module_map(self, head: str | None) -> Mapping[str, ModuleMap]:
         """The HF modules of the pooler and heads of a model with ``head``."""
@@ -138,17 +135,13 @@ class BertFamily(Family):
 
     def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
         values = super().values_from_hf(raw, tokens)
-        model_type = self.model_type
-        dropout = values["dropout"]
+        model_type, head, dropout = self.model_type, values["head"], values["dropout"]
         require(model_type, "classifier_dropout", hf_field(raw, "classifier_dropout", dropout), dropout)
-        head = self.head_from_hf(raw)
-        if head in ("sequence_classification", "token_classification"):
-            values.update(labels_from_hf(model_type, raw))
         if head == "question_answering":
-            require(model_type, "num_labels (question answering: start and end)", _num_labels(raw), 2)
+            require(model_type, "num_labels (question answering: start and end)", num_labels_from_hf(raw), 2)
         if head == "sequence_classification":
             values["problem_type"] = hf_field(raw, "problem_type", None)
-        return {**values, "head": head, **self.layout_from_hf(raw, head)}
+        return {**values, **self.layout_from_hf(raw, head)}
 
     def layout_from_hf(self, raw: Mapping[str, Any], head: str | None) -> dict[str, Any]:
         """The config fields of this family's layout (RoBERTa: positions after the padding index)."""
@@ -156,8 +149,6 @@ class BertFamily(Family):
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         raw = {**super().config_to_hf(config), "classifier_dropout": None}
-        if config.head in ("sequence_classification", "token_classification"):
-            raw.update(labels_to_hf(config))
         if config.problem_type is not None:
             raw["problem_type"] = config.problem_type
         return raw
@@ -175,31 +166,3 @@ class BertFamily(Family):
     def layout_required(self, config: ModelConfig) -> dict[str, Any]:
         """The layout fields' values this family needs for ``config``."""
         return {"position_offset": 0, "pooler_input_dropout": False}
-
-
-def _num_labels(raw: Mapping[str, Any]) -> int:
-    id2label = raw.get("id2label")
-    return len(id2label) if isinstance(id2label, Mapping) and id2label else hf_field(raw, "num_labels", 2)
-
-
-def labels_from_hf(model_type: str, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """``num_labels`` and ``label_names`` of a config.json's ``id2label`` (default names ``LABEL_i``: none)."""
-    id2label = raw.get("id2label")
-    if not isinstance(id2label, Mapping) or not id2label:
-        return {"num_labels": _num_labels(raw)}
-    try:
-        by_id = {int(key): value for key, value in id2label.items()}
-    except (TypeError, ValueError):
-        raise CheckpointError(f"{model_type} id2label={dict(id2label)!r} must map label ids to names") from None
-    if sorted(by_id) != list(range(len(by_id))):
-        raise CheckpointError(f"{model_type} id2label ids {sorted(by_id)} must be 0..{len(by_id) - 1}")
-    names = tuple(by_id[i] for i in range(len(by_id)))
-    default = tuple(f"LABEL_{i}" for i in range(len(names)))
-    return {"num_labels": len(names), "label_names": () if names == default else names}
-
-
-def labels_to_hf(config: ModelConfig) -> dict[str, Any]:
-    """config.json's ``id2label`` and ``label2id`` for a classifier of ``config`` (``LABEL_i`` unnamed)."""
-    names = config.label_names_or_ids
-    return {"id2label": {str(i): name for i, name in enumerate(names)},
-            "label2id": {name: i for i, name in enumerate(names)}}

@@ -64,6 +64,7 @@ class Family:
     handled_fields: ClassVar[frozenset[str]]
     # Families whose HF class picks the head: HF class -> tformer head (the bare model's first).
     heads: ClassVar[Mapping[str, str | None]] = {}
+    labelled_heads: ClassVar[tuple[str, ...]] = ()  # the heads whose class names its labels (id2label)
 
     # ---- the config translation, declared ---------------------------------------------------
     # ModelConfig field -> (its config.json key, the HF config class's default): read with ``hf_field``,
@@ -95,6 +96,10 @@ class Family:
         values = {name: hf_field(raw, key, default) for name, (key, default) in self.hf_keys.items()}
         values["activation"] = translated(self.model_type, self.hf_keys["activation"][0], values["activation"],
                                           self.activations)
+        if self.heads:
+            values["head"] = self.head_from_hf(raw)
+            if values["head"] in self.labelled_heads:
+                values.update(labels_from_hf(self.model_type, raw))
         return {"architecture": self.architecture, **values, **self.layout, **tokens}
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
@@ -109,6 +114,8 @@ class Family:
             name for name, activation in self.activations.items() if activation == config.activation)
         if self.token_defaults is not None:
             raw.update({key: getattr(config, key) for key in TOKEN_ID_KEYS})
+        if config.head in self.labelled_heads:
+            raw.update(labels_to_hf(config))
         return raw
 
     def requirements_of(self, config: ModelConfig) -> dict[str, Any]:
@@ -147,7 +154,10 @@ class Family:
 
     def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
         """The HF tensors as this family's class for ``config`` writes them (the inverse of
-        ``normalized_state``): the identity unless a family says otherwise."""
+        ``normalized_state``): a bare model's class (a family with ``heads``, no head) names them without
+        ``base_prefix``; otherwise as they are unless a family says otherwise."""
+        if self.heads and config.head is None:
+            return {name.removeprefix(self.base_prefix): tensor for name, tensor in hf_state.items()}
         return hf_state
 
     def mismatches(self, config: ModelConfig) -> list[str]:
@@ -267,3 +277,32 @@ def special_token_ids(model_type: str, raw: Mapping[str, Any], defaults: Mapping
             "ignored (no such token)", stacklevel=5,  # the caller of tformer.load
         )
     return ids
+
+
+def num_labels_from_hf(raw: Mapping[str, Any]) -> int:
+    """The number of labels of a config.json: its ``id2label``'s, else ``num_labels`` (HF's default 2)."""
+    id2label = raw.get("id2label")
+    return len(id2label) if isinstance(id2label, Mapping) and id2label else hf_field(raw, "num_labels", 2)
+
+
+def labels_from_hf(model_type: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``num_labels`` and ``label_names`` of a config.json's ``id2label`` (default names ``LABEL_i``: none)."""
+    id2label = raw.get("id2label")
+    if not isinstance(id2label, Mapping) or not id2label:
+        return {"num_labels": num_labels_from_hf(raw)}
+    try:
+        by_id = {int(key): value for key, value in id2label.items()}
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{model_type} id2label={dict(id2label)!r} must map label ids to names") from None
+    if sorted(by_id) != list(range(len(by_id))):
+        raise CheckpointError(f"{model_type} id2label ids {sorted(by_id)} must be 0..{len(by_id) - 1}")
+    names = tuple(by_id[i] for i in range(len(by_id)))
+    default = tuple(f"LABEL_{i}" for i in range(len(names)))
+    return {"num_labels": len(names), "label_names": () if names == default else names}
+
+
+def labels_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """config.json's ``id2label`` and ``label2id`` for a classifier of ``config`` (``LABEL_i`` unnamed)."""
+    names = config.label_names_or_ids
+    return {"id2label": {str(i): name for i, name in enumerate(names)},
+            "label2id": {name: i for i, name in enumerate(names)}}

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.bert import labels_from_hf, labels_to_hf
 from tformer.interop.family import CLASSIC_MHA_WITH_BIASES, Family, hf_field, require
 from tformer.interop.weight_map import ModuleMap
 
@@ -46,6 +45,7 @@ class ViTFamily(Family):
         "ViTModel": None,
         "ViTForImageClassification": "image_classification",
     }
+    labelled_heads = ("image_classification",)
     head_prefixes = ("vit.pooler.", "classifier.")
     tied_output_names = ()
     handled_fields = frozenset({
@@ -104,12 +104,6 @@ class ViTFamily(Family):
             renamed[name] = tensor
         return renamed
 
-    def saved_state(self, hf_state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
-        """HF's layout: the bare ViTModel's tensors without the base prefix."""
-        if config.head is None:
-            return {name.removeprefix(self.base_prefix): tensor for name, tensor in hf_state.items()}
-        return hf_state
-
     # ---- config ---------------------------------------------------------------------------
 
     def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
@@ -121,21 +115,15 @@ class ViTFamily(Family):
             require(model_type, "head_dim", hf_field(raw, "head_dim", d_model // num_heads), d_model // num_heads)
         for key in ("image_size", "patch_size"):
             values[key] = _square(model_type, key, values[key])
-        head = self.head_from_hf(raw)
-        if head == "image_classification":
-            problem_type = hf_field(raw, "problem_type", None)
-            if problem_type not in PROBLEM_TYPES:
-                raise CheckpointError(f"{model_type} problem_type={problem_type!r} is not supported by tformer "
-                                      f"(supported: {', '.join(map(repr, PROBLEM_TYPES))}: cross-entropy)")
-            values.update(labels_from_hf(model_type, raw))
-        return {**values, "head": head}
+        problem_type = hf_field(raw, "problem_type", None)
+        if values["head"] == "image_classification" and problem_type not in PROBLEM_TYPES:
+            raise CheckpointError(f"{model_type} problem_type={problem_type!r} is not supported by tformer "
+                                  f"(supported: {', '.join(map(repr, PROBLEM_TYPES))}: cross-entropy)")
+        return values
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
-        raw = {**super().config_to_hf(config), "encoder_stride": config.patch_size,
-               "pooler_output_size": config.d_model}
-        if config.head == "image_classification":
-            raw.update(labels_to_hf(config))
-        return raw
+        return {**super().config_to_hf(config), "encoder_stride": config.patch_size,
+                "pooler_output_size": config.d_model}
 
 
 def _square(model_type: str, key: str, value: Any) -> Any:

@@ -52,13 +52,6 @@ class BertFamily(Family):
         "classifier": ModuleMap(("classifier",)),
         "qa_head": ModuleMap(("qa_outputs",)),
     }
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
-        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "dropout",
-        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
-        "embedding_norm", "type_vocab_size", "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
-        "head", "num_labels", "problem_type", "label_names", "position_offset", "pooler_input_dropout",
-    })
     hf_keys = {
         "vocab_size": ("vocab_size", 30522),
         "max_seq_len": ("max_position_embeddings", 512),
@@ -79,6 +72,7 @@ class BertFamily(Family):
     # Variants of HF's BERT that tformer does not implement, each with the one value it supports.
     pinned = {"is_decoder": False, "add_cross_attention": False, "position_embedding_type": "absolute"}
     token_defaults: Mapping[str, int | None] = {"pad_token_id": 0}
+    fields_in_overrides = frozenset({"problem_type", "position_offset", "pooler_input_dropout"})
 
     def module_map(self, config: ModelConfig) -> Mapping[str, ModuleMap]:
         p = self.base_prefix

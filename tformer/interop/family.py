@@ -59,9 +59,6 @@ class Family:
     # Prefixes of the HF tensors of task heads (and poolers): a fine-tuning load may drop them, and
     # weights of a head the chosen class does not have are dropped with a warning, as HF does.
     head_prefixes: ClassVar[tuple[str, ...]] = ()
-    # The ModelConfig fields this family translates; any other must hold its default (fail closed),
-    # so a switch added to the core later is refused here until the family learns it.
-    handled_fields: ClassVar[frozenset[str]]
     # Families whose HF class picks the head: HF class -> tformer head (the bare model's first).
     heads: ClassVar[Mapping[str, str | None]] = {}
     labelled_heads: ClassVar[tuple[str, ...]] = ()  # the heads whose class names its labels (id2label)
@@ -79,6 +76,24 @@ class Family:
     pinned: ClassVar[Mapping[str, Any]] = {}
     # The HF defaults of pad/bos/eos_token_id (an absent key: None); None for a family without tokens.
     token_defaults: ClassVar[Mapping[str, int | None] | None] = None
+    # The ModelConfig fields a family's overrides translate beyond its tables (see ``handled_fields``).
+    fields_in_overrides: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def handled_fields(self) -> frozenset[str]:
+        """The ModelConfig fields this family translates: those its tables and overrides name, and ``bias``
+        where all three switches it defaults are among them. Any other must hold its default (fail closed),
+        so a switch added to the core later is refused here until the family learns it."""
+        fields = {"architecture", *self.hf_keys, *self.layout, *self.requirements, *self.fields_in_overrides}
+        if self.token_defaults is not None:
+            fields.update(TOKEN_ID_KEYS)
+        if self.heads:
+            fields.add("head")
+        if self.labelled_heads:
+            fields.update(("num_labels", "label_names"))
+        if fields.issuperset(("norm_bias", "attention_bias", "feedforward_bias")):
+            fields.add("bias")
+        return frozenset(fields)
 
     def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
         """The ModelConfig of a parsed config.json; CheckpointError for what tformer cannot run."""

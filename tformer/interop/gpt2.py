@@ -36,12 +36,6 @@ class GPT2Family(Family):
     }
     # The causal-mask buffers that files written by older transformers versions carry.
     ignored_names = (r"\.attn\.bias$", r"\.attn\.masked_bias$")
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
-        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "dropout",
-        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
-        "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
-    })
 
     hf_keys = {
         "vocab_size": ("vocab_size", 50257),

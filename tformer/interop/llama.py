@@ -42,12 +42,7 @@ class LlamaFamily(Family):
     # Files written by older transformers versions carry the rotary frequencies as a buffer.
     ignored_names = (r"\.rotary_emb\.inv_freq$",)
     # norm_bias: RMSNorm has no bias whatever it says. extra: a Llama 3 list of end-of-sequence ids.
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
-        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "rope_theta",
-        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
-        "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "extra",
-    })
+    fields_in_overrides = frozenset({"norm_bias", "rope_theta", "extra"})
 
     hf_keys = {
         "vocab_size": ("vocab_size", 32000),

@@ -60,13 +60,6 @@ class MarianFamily(Family):
     }
     # The fixed position tables (never trained; rebuilt from the config) and the aliases of the shared table.
     ignored_names = (r"embed_positions\.weight$", r"^model\.(encoder|decoder)\.embed_tokens\.weight$")
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_encoder_layers", "num_heads",
-        "num_kv_heads", "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional",
-        "sinusoidal_layout", "dropout", "attention_dropout", "bias", "norm_bias", "attention_bias",
-        "feedforward_bias", "tie_embeddings", "scale_embeddings", "lm_head_bias", "initializer_range",
-        "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id",
-    })
     hf_keys = {
         "vocab_size": ("vocab_size", 58101),
         "max_seq_len": ("max_position_embeddings", 1024),
@@ -89,6 +82,7 @@ class MarianFamily(Family):
     requirements = CLASSIC_MHA_WITH_BIASES
     pinned = {"share_encoder_decoder_embeddings": True, "normalize_before": False, "activation_dropout": 0.0}
     token_defaults = {"pad_token_id": 58100, "eos_token_id": 0}
+    fields_in_overrides = frozenset({"forced_eos_token_id"})
     # The decoder's sizes, which must equal the encoder's: config.json key -> (the field, MarianConfig's
     # default; None: the field's value).
     decoder_keys = {"decoder_vocab_size": ("vocab_size", None), "decoder_attention_heads": ("num_heads", 16),

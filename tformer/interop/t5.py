@@ -75,13 +75,6 @@ class T5Family(Family):
     base_prefix = ""
     modules = _modules(gated=False)
     ignored_names = (r"^(encoder|decoder)\.embed_tokens\.weight$",)  # aliases of the shared table
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "d_model", "num_layers", "num_encoder_layers", "num_heads", "num_kv_heads",
-        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "relative_num_buckets",
-        "relative_max_distance", "dropout", "attention_dropout", "bias", "norm_bias", "attention_bias",
-        "feedforward_bias", "tie_embeddings", "scale_decoder_output", "initializer_range", "pad_token_id",
-        "bos_token_id", "eos_token_id", "decoder_start_token_id",
-    })
 
     def module_map(self, config: ModelConfig) -> Mapping[str, ModuleMap]:
         return _modules(gated=config.gated)
@@ -110,6 +103,7 @@ class T5Family(Family):
     requirements = {"num_kv_heads": lambda config: config.num_heads}
     pinned = {"is_encoder_decoder": True}
     token_defaults = {"pad_token_id": 0, "eos_token_id": 1}
+    fields_in_overrides = frozenset({"initializer_range"})  # initializer_factor
 
     def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
         values = super().values_from_hf(raw, tokens)

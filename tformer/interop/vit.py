@@ -48,12 +48,6 @@ class ViTFamily(Family):
     labelled_heads = ("image_classification",)
     head_prefixes = ("vit.pooler.", "classifier.")
     tied_output_names = ()
-    handled_fields = frozenset({
-        "architecture", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff", "activation",
-        "norm", "norm_position", "norm_eps", "positional", "dropout", "attention_dropout", "bias", "norm_bias",
-        "attention_bias", "feedforward_bias", "embedding_norm", "initializer_range", "head", "num_labels",
-        "label_names", "image_size", "patch_size", "num_channels", "pooling",
-    })
     hf_keys = {
         "d_model": ("hidden_size", 768),
         "num_layers": ("num_hidden_layers", 12),

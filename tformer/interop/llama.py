@@ -68,7 +68,7 @@ class LlamaFamily(Family):
     def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
         values = super().values_from_hf(raw, tokens)
         eos_token_ids = values["eos_token_id"]
-        if isinstance(eos_token_ids, list):  # Llama 3: the first ends generation, all are kept in extra
+        if isinstance(eos_token_ids, list):  # Llama 3: eos_token_id holds the first, extra all of them
             values["extra"] = {"eos_token_ids": eos_token_ids}
             values["eos_token_id"] = eos_token_ids[0] if eos_token_ids else None
         return {**values, "bias": False, "rope_theta": float(rope_theta(raw))}

@@ -92,8 +92,8 @@ MUTATIONS = (
     ),
     Mutation(
         "marian-positions-interleaved", "tformer/interop/marian.py",
-        '            sinusoidal_layout="split",\n',
-        '            sinusoidal_layout="interleaved",\n',
+        '"sinusoidal_layout": "split",',
+        '"sinusoidal_layout": "interleaved",',
         ("tests/test_interop_marian.py",),
         "a Marian checkpoint runs with the paper's interleaved sine/cosine table instead of Marian's split one",
     ),
@@ -204,7 +204,7 @@ MUTATIONS = (
         "precision='bf16' silently trains in fp32",
     ),
     Mutation(
-        "interop-exact-gelu-read-as-tanh", "tformer/interop/gpt2.py",
+        "interop-exact-gelu-read-as-tanh", "tformer/interop/family.py",
         '    "gelu": "gelu",\n',
         '    "gelu": "gelu_tanh",\n',
         ("tests/test_interop.py", "tests/test_interop_files.py", "-k", "gelu"),

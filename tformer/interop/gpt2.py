@@ -10,26 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated, width_mismatch
+from tformer.interop.family import CLASSIC_MHA_WITH_BIASES, Family
 from tformer.interop.weight_map import ModuleMap
-
-# HF ``activation_function`` <-> tformer activation.
-ACTIVATIONS_FROM_HF = {
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
-ACTIVATIONS_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
-
-# Variants of HF's GPT-2 that tformer does not implement, each with the one value it supports.
-UNSUPPORTED_UNLESS = {
-    "scale_attn_weights": True,
-    "scale_attn_by_inverse_layer_idx": False,
-    "add_cross_attention": False,
-}
 
 
 def _conv1d(*theirs: str) -> ModuleMap:
@@ -54,76 +36,32 @@ class GPT2Family(Family):
     }
     # The causal-mask buffers that files written by older transformers versions carry.
     ignored_names = (r"\.attn\.bias$", r"\.attn\.masked_bias$")
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
-        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "dropout",
-        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
-        "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
-    })
 
-    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
-        for key, supported in UNSUPPORTED_UNLESS.items():
-            require("gpt2", key, hf_field(raw, key, supported), supported)
-        d_model = hf_field(raw, "n_embd", 768)
-        special = special_token_ids("gpt2", raw, {"vocab_size": 50257, "bos_token_id": 50256, "eos_token_id": 50256})
-        return ModelConfig(
-            architecture="decoder",
-            vocab_size=hf_field(raw, "vocab_size", 50257),
-            max_seq_len=hf_field(raw, "n_positions", 1024),
-            d_model=d_model,
-            num_layers=hf_field(raw, "n_layer", 12),
-            num_heads=hf_field(raw, "n_head", 12),
-            d_ff=hf_field(raw, "n_inner", 4 * d_model),
-            activation=translated(
-                "gpt2", "activation_function", hf_field(raw, "activation_function", "gelu_new"), ACTIVATIONS_FROM_HF
-            ),
-            norm="layernorm",
-            norm_position="pre",
-            norm_eps=hf_field(raw, "layer_norm_epsilon", 1e-5),
-            positional="learned",
-            dropout=hf_field(raw, "resid_pdrop", 0.1),
-            attention_dropout=hf_field(raw, "attn_pdrop", 0.1),
-            bias=True,
-            tie_embeddings=hf_field(raw, "tie_word_embeddings", True),
-            initializer_range=hf_field(raw, "initializer_range", 0.02),
-            **special,
-        )
+    hf_keys = {
+        "vocab_size": ("vocab_size", 50257),
+        "max_seq_len": ("n_positions", 1024),
+        "d_model": ("n_embd", 768),
+        "num_layers": ("n_layer", 12),
+        "num_heads": ("n_head", 12),
+        "d_ff": ("n_inner", None),  # None: 4 * d_model
+        "activation": ("activation_function", "gelu_new"),
+        "norm_eps": ("layer_norm_epsilon", 1e-5),
+        "dropout": ("resid_pdrop", 0.1),
+        "attention_dropout": ("attn_pdrop", 0.1),
+        "tie_embeddings": ("tie_word_embeddings", True),
+        "initializer_range": ("initializer_range", 0.02),
+    }
+    layout = {"positional": "learned", "norm": "layernorm", "norm_position": "pre"}
+    requirements = CLASSIC_MHA_WITH_BIASES
+    # Variants of HF's GPT-2 that tformer does not implement, each with the one value it supports.
+    pinned = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False}
+    token_defaults = {"bos_token_id": 50256, "eos_token_id": 50256}
+
+    def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
+        values = super().values_from_hf(raw, tokens)
+        if values["d_ff"] is None:
+            values["d_ff"] = 4 * values["d_model"]
+        return values
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
-        return {
-            "architectures": [self.architecture_class],
-            "model_type": self.model_type,
-            "vocab_size": config.vocab_size,
-            "n_positions": config.max_seq_len,
-            "n_embd": config.d_model,
-            "n_layer": config.num_layers,
-            "n_head": config.num_heads,
-            "n_inner": config.d_ff,
-            "activation_function": ACTIVATIONS_TO_HF[config.activation],
-            "layer_norm_epsilon": config.norm_eps,
-            "resid_pdrop": config.dropout,
-            "embd_pdrop": config.dropout,
-            "attn_pdrop": config.attention_dropout,
-            "scale_attn_weights": True,
-            "tie_word_embeddings": config.tie_embeddings,
-            "initializer_range": config.initializer_range,
-            "pad_token_id": config.pad_token_id,
-            "bos_token_id": config.bos_token_id,
-            "eos_token_id": config.eos_token_id,
-        }
-
-    def required_values(self, config: ModelConfig) -> list[str]:
-        found = differences(config, {
-            "architecture": "decoder",
-            "positional": "learned",
-            "norm": "layernorm",
-            "norm_position": "pre",
-            "activation": tuple(ACTIVATIONS_TO_HF),
-            "num_kv_heads": config.num_heads,
-            "head_dim": config.d_model // config.num_heads,
-            "norm_bias": True,
-            "attention_bias": True,
-            "feedforward_bias": True,
-        })
-        found += width_mismatch(config)
-        return found
+        return {**super().config_to_hf(config), "embd_pdrop": config.dropout}

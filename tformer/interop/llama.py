@@ -12,12 +12,9 @@ from typing import Any
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
+from tformer.interop.family import Family, hf_field, require
 from tformer.interop.weight_map import ModuleMap
 
-# HF ``hidden_act`` (applied to the gate) <-> tformer's gated activation.
-ACTIVATIONS_FROM_HF = {"silu": "swiglu", "gelu": "geglu"}
-ACTIVATIONS_TO_HF = {"swiglu": "silu", "geglu": "gelu"}
 ROPE_TYPES = ("default",)
 
 
@@ -45,84 +42,45 @@ class LlamaFamily(Family):
     # Files written by older transformers versions carry the rotary frequencies as a buffer.
     ignored_names = (r"\.rotary_emb\.inv_freq$",)
     # norm_bias: RMSNorm has no bias whatever it says. extra: a Llama 3 list of end-of-sequence ids.
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads",
-        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "rope_theta",
-        "attention_dropout", "bias", "norm_bias", "attention_bias", "feedforward_bias", "tie_embeddings",
-        "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "extra",
-    })
+    fields_in_overrides = frozenset({"norm_bias", "rope_theta", "extra"})
 
-    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
-        hidden_size = hf_field(raw, "hidden_size", 4096)
-        num_heads = hf_field(raw, "num_attention_heads", 32)
-        special = special_token_ids("llama", raw, {"vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2})
-        eos_token_ids = special.pop("eos_token_id")
-        extra = {}
-        if isinstance(eos_token_ids, list):
-            extra["eos_token_ids"] = eos_token_ids
-            eos_token_ids = eos_token_ids[0] if eos_token_ids else None
-        return ModelConfig(
-            architecture="decoder",
-            vocab_size=hf_field(raw, "vocab_size", 32000),
-            max_seq_len=hf_field(raw, "max_position_embeddings", 2048),
-            d_model=hidden_size,
-            num_layers=hf_field(raw, "num_hidden_layers", 32),
-            num_heads=num_heads,
-            num_kv_heads=hf_field(raw, "num_key_value_heads", num_heads),
-            head_dim=hf_field(raw, "head_dim", hidden_size // num_heads),
-            d_ff=hf_field(raw, "intermediate_size", 11008),
-            activation=translated("llama", "hidden_act", hf_field(raw, "hidden_act", "silu"), ACTIVATIONS_FROM_HF),
-            norm="rmsnorm",
-            norm_position="pre",
-            norm_eps=hf_field(raw, "rms_norm_eps", 1e-6),
-            positional="rope",
-            rope_theta=float(rope_theta(raw)),
-            attention_dropout=hf_field(raw, "attention_dropout", 0.0),
-            bias=False,
-            attention_bias=hf_field(raw, "attention_bias", False),
-            feedforward_bias=hf_field(raw, "mlp_bias", False),
-            tie_embeddings=hf_field(raw, "tie_word_embeddings", False),
-            initializer_range=hf_field(raw, "initializer_range", 0.02),
-            eos_token_id=eos_token_ids,
-            **special,
-            extra=extra,
-        )
+    hf_keys = {
+        "vocab_size": ("vocab_size", 32000),
+        "max_seq_len": ("max_position_embeddings", 2048),
+        "d_model": ("hidden_size", 4096),
+        "num_layers": ("num_hidden_layers", 32),
+        "num_heads": ("num_attention_heads", 32),
+        "num_kv_heads": ("num_key_value_heads", None),  # None: num_heads
+        "head_dim": ("head_dim", None),  # None: d_model // num_heads
+        "d_ff": ("intermediate_size", 11008),
+        "activation": ("hidden_act", "silu"),
+        "norm_eps": ("rms_norm_eps", 1e-6),
+        "attention_dropout": ("attention_dropout", 0.0),
+        "attention_bias": ("attention_bias", False),
+        "feedforward_bias": ("mlp_bias", False),
+        "tie_embeddings": ("tie_word_embeddings", False),
+        "initializer_range": ("initializer_range", 0.02),
+    }
+    activations = {"silu": "swiglu", "gelu": "geglu"}  # HF ``hidden_act``, applied to the gate
+    layout = {"positional": "rope", "norm": "rmsnorm", "norm_position": "pre"}
+    token_defaults = {"bos_token_id": 1, "eos_token_id": 2}
+
+    def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
+        values = super().values_from_hf(raw, tokens)
+        eos_token_ids = values["eos_token_id"]
+        if isinstance(eos_token_ids, list):  # Llama 3: eos_token_id holds the first, extra all of them
+            values["extra"] = {"eos_token_ids": eos_token_ids}
+            values["eos_token_id"] = eos_token_ids[0] if eos_token_ids else None
+        return {**values, "bias": False, "rope_theta": float(rope_theta(raw))}
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         return {
-            "architectures": [self.architecture_class],
-            "model_type": self.model_type,
-            "vocab_size": config.vocab_size,
-            "max_position_embeddings": config.max_seq_len,
-            "hidden_size": config.d_model,
-            "num_hidden_layers": config.num_layers,
-            "num_attention_heads": config.num_heads,
-            "num_key_value_heads": config.num_kv_heads,
-            "head_dim": config.head_dim,
-            "intermediate_size": config.d_ff,
-            "hidden_act": ACTIVATIONS_TO_HF[config.activation],
-            "rms_norm_eps": config.norm_eps,
+            **super().config_to_hf(config),
             # transformers 5 reads rope_parameters; 4.x reads the top-level rope_theta.
             "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
             "rope_theta": config.rope_theta,
-            "attention_bias": config.attention_bias,
-            "mlp_bias": config.feedforward_bias,
-            "attention_dropout": config.attention_dropout,
-            "tie_word_embeddings": config.tie_embeddings,
-            "initializer_range": config.initializer_range,
-            "pad_token_id": config.pad_token_id,
-            "bos_token_id": config.bos_token_id,
             "eos_token_id": config.extra.get("eos_token_ids", config.eos_token_id),
         }
-
-    def required_values(self, config: ModelConfig) -> list[str]:
-        return differences(config, {
-            "architecture": "decoder",
-            "positional": "rope",
-            "norm": "rmsnorm",
-            "norm_position": "pre",
-            "activation": tuple(ACTIVATIONS_TO_HF),
-        })
 
 
 def rope_theta(raw: Mapping[str, Any]) -> float:

@@ -18,11 +18,9 @@ from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated, width_mismatch
+from tformer.interop.family import CLASSIC_MHA_WITH_BIASES, Family, hf_field, require
 from tformer.interop.weight_map import ModuleMap
 
-ACTIVATIONS_FROM_HF = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
-ACTIVATIONS_TO_HF = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
 LOGITS_BIAS = "final_logits_bias"
 
 
@@ -62,102 +60,49 @@ class MarianFamily(Family):
     }
     # The fixed position tables (never trained; rebuilt from the config) and the aliases of the shared table.
     ignored_names = (r"embed_positions\.weight$", r"^model\.(encoder|decoder)\.embed_tokens\.weight$")
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_encoder_layers", "num_heads",
-        "num_kv_heads", "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional",
-        "sinusoidal_layout", "dropout", "attention_dropout", "bias", "norm_bias", "attention_bias",
-        "feedforward_bias", "tie_embeddings", "scale_embeddings", "lm_head_bias", "initializer_range",
-        "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id",
-    })
+    hf_keys = {
+        "vocab_size": ("vocab_size", 58101),
+        "max_seq_len": ("max_position_embeddings", 1024),
+        "d_model": ("d_model", 1024),
+        "num_layers": ("decoder_layers", 12),
+        "num_encoder_layers": ("encoder_layers", 12),
+        "num_heads": ("encoder_attention_heads", 16),
+        "d_ff": ("encoder_ffn_dim", 4096),
+        "activation": ("activation_function", "gelu"),
+        "dropout": ("dropout", 0.1),
+        "attention_dropout": ("attention_dropout", 0.0),
+        "tie_embeddings": ("tie_word_embeddings", True),
+        "scale_embeddings": ("scale_embedding", False),
+        "initializer_range": ("init_std", 0.02),
+        "decoder_start_token_id": ("decoder_start_token_id", 58100),
+    }
+    activations = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
+    layout = {"positional": "sinusoidal", "sinusoidal_layout": "split", "norm": "layernorm", "norm_position": "post",
+              "norm_eps": 1e-5, "lm_head_bias": True}
+    requirements = CLASSIC_MHA_WITH_BIASES
+    pinned = {"share_encoder_decoder_embeddings": True, "normalize_before": False, "activation_dropout": 0.0}
+    token_defaults = {"pad_token_id": 58100, "eos_token_id": 0}
+    fields_in_overrides = frozenset({"forced_eos_token_id"})
+    # The decoder's sizes, which must equal the encoder's: config.json key -> (the field, MarianConfig's
+    # default; None: the field's value).
+    decoder_keys = {"decoder_vocab_size": ("vocab_size", None), "decoder_attention_heads": ("num_heads", 16),
+                    "decoder_ffn_dim": ("d_ff", 4096)}
 
-    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
-        vocab_size = hf_field(raw, "vocab_size", 58101)
-        require("marian", "decoder_vocab_size", hf_field(raw, "decoder_vocab_size", vocab_size), vocab_size)
-        require("marian", "share_encoder_decoder_embeddings", hf_field(raw, "share_encoder_decoder_embeddings", True),
-                True)
-        heads = hf_field(raw, "encoder_attention_heads", 16)
-        require("marian", "decoder_attention_heads", hf_field(raw, "decoder_attention_heads", 16), heads)
-        d_ff = hf_field(raw, "encoder_ffn_dim", 4096)
-        require("marian", "decoder_ffn_dim", hf_field(raw, "decoder_ffn_dim", 4096), d_ff)
-        require("marian", "normalize_before", hf_field(raw, "normalize_before", False), False)
-        require("marian", "activation_dropout", hf_field(raw, "activation_dropout", 0.0), 0.0)
-        special = special_token_ids("marian", raw, {"vocab_size": 58101, "pad_token_id": 58100, "eos_token_id": 0,
-                                                    "bos_token_id": None})
-        return ModelConfig(
-            architecture="encoder_decoder",
-            vocab_size=vocab_size,
-            max_seq_len=hf_field(raw, "max_position_embeddings", 1024),
-            d_model=hf_field(raw, "d_model", 1024),
-            num_layers=hf_field(raw, "decoder_layers", 12),
-            num_encoder_layers=hf_field(raw, "encoder_layers", 12),
-            num_heads=heads,
-            d_ff=d_ff,
-            activation=translated("marian", "activation_function", hf_field(raw, "activation_function", "gelu"),
-                                  ACTIVATIONS_FROM_HF),
-            norm="layernorm",
-            norm_position="post",
-            positional="sinusoidal",
-            sinusoidal_layout="split",
-            dropout=hf_field(raw, "dropout", 0.1),
-            attention_dropout=hf_field(raw, "attention_dropout", 0.0),
-            bias=True,
-            tie_embeddings=hf_field(raw, "tie_word_embeddings", True),
-            scale_embeddings=hf_field(raw, "scale_embedding", False),
-            lm_head_bias=True,
-            initializer_range=hf_field(raw, "init_std", 0.02),
-            decoder_start_token_id=hf_field(raw, "decoder_start_token_id", 58100),
-            # null means none here (hf_field would read it as absent); MarianConfig's default is 0
-            forced_eos_token_id=raw["forced_eos_token_id"] if "forced_eos_token_id" in raw else 0,
-            **special,
-        )
+    def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
+        values = super().values_from_hf(raw, tokens)
+        for key, (name, default) in self.decoder_keys.items():
+            require("marian", key, hf_field(raw, key, values[name] if default is None else default), values[name])
+        # null means none here (hf_field would read it as absent); MarianConfig's default is 0
+        values["forced_eos_token_id"] = raw["forced_eos_token_id"] if "forced_eos_token_id" in raw else 0
+        return values
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
-        return {
-            "architectures": [self.architecture_class],
-            "model_type": self.model_type,
-            "is_encoder_decoder": True,
-            "vocab_size": config.vocab_size,
-            "decoder_vocab_size": config.vocab_size,
-            "max_position_embeddings": config.max_seq_len,
-            "d_model": config.d_model,
-            "encoder_layers": config.num_encoder_layers,
-            "decoder_layers": config.num_layers,
-            "encoder_attention_heads": config.num_heads,
-            "decoder_attention_heads": config.num_heads,
-            "encoder_ffn_dim": config.d_ff,
-            "decoder_ffn_dim": config.d_ff,
-            "activation_function": ACTIVATIONS_TO_HF[config.activation],
-            "dropout": config.dropout,
-            "attention_dropout": config.attention_dropout,
-            "activation_dropout": 0.0,
-            "scale_embedding": config.scale_embeddings,
-            "share_encoder_decoder_embeddings": True,
-            "tie_word_embeddings": config.tie_embeddings,
-            "init_std": config.initializer_range,
-            "pad_token_id": config.pad_token_id,
-            "bos_token_id": config.bos_token_id,
-            "eos_token_id": config.eos_token_id,
-            "forced_eos_token_id": config.forced_eos_token_id,
-            "decoder_start_token_id": config.decoder_start_token_id,
-        }
+        raw = super().config_to_hf(config)
+        raw.update({key: getattr(config, name) for key, (name, _) in self.decoder_keys.items()})
+        return {**raw, "is_encoder_decoder": True, "forced_eos_token_id": config.forced_eos_token_id}
 
     def required_values(self, config: ModelConfig) -> list[str]:
-        found = differences(config, {
-            "architecture": "encoder_decoder",
-            "positional": "sinusoidal",
-            "sinusoidal_layout": "split",
-            "norm": "layernorm",
-            "norm_position": "post",
-            "norm_eps": 1e-5,
-            "activation": tuple(ACTIVATIONS_TO_HF),
-            "num_kv_heads": config.num_heads,
-            "head_dim": config.d_model // config.num_heads,
-            "norm_bias": True,
-            "attention_bias": True,
-            "feedforward_bias": True,
-            "lm_head_bias": True,
-        })
-        found += width_mismatch(config)
+        found = super().required_values(config)
         if config.pad_token_id is None:
             found.append("pad_token_id=None (needs a token id: Marian pads and starts the decoder with it)")
         return found

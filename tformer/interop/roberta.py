@@ -35,7 +35,8 @@ class RobertaFamily(BertFamily):
     head_prefixes = ("roberta.pooler.", "lm_head.", "classifier.", "qa_outputs.")
     tied_output_names = ("lm_head.decoder.weight",)
     mlm_bias_names = ("lm_head.bias", "lm_head.decoder.bias")
-    special_defaults = {"vocab_size": 50265, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+    hf_keys = {**BertFamily.hf_keys, "vocab_size": ("vocab_size", 50265)}
+    token_defaults = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
 
     def head_module_map(self, head: str | None) -> Mapping[str, ModuleMap]:
         classifying = head == "sequence_classification"
@@ -53,7 +54,7 @@ class RobertaFamily(BertFamily):
         return {"pooler_input_dropout": head == "sequence_classification"}
 
     def layout_from_hf(self, raw: Mapping[str, Any], head: str | None) -> dict[str, Any]:
-        pad = raw.get("pad_token_id", self.special_defaults["pad_token_id"])
+        pad = raw.get("pad_token_id", self.token_defaults["pad_token_id"])
         if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
             raise CheckpointError(f"roberta pad_token_id={pad!r} must be a token id: positions start after it")
         if head in MLM_HEADS and raw.get("hidden_act", "gelu") != "gelu":

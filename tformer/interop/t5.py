@@ -16,11 +16,9 @@ from typing import Any
 from torch import Tensor
 
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, differences, hf_field, require, special_token_ids, translated
+from tformer.interop.family import Family, hf_field
 from tformer.interop.weight_map import ModuleMap
 
-ACTIVATIONS_FROM_HF = {"relu": "relu", "gated-gelu": "geglu_tanh"}
-ACTIVATIONS_TO_HF = {"relu": "relu", "geglu_tanh": "gated-gelu"}
 QUERY_SUFFIXES = (".SelfAttention.q.weight", ".EncDecAttention.q.weight")
 
 
@@ -77,90 +75,48 @@ class T5Family(Family):
     base_prefix = ""
     modules = _modules(gated=False)
     ignored_names = (r"^(encoder|decoder)\.embed_tokens\.weight$",)  # aliases of the shared table
-    handled_fields = frozenset({
-        "architecture", "vocab_size", "d_model", "num_layers", "num_encoder_layers", "num_heads", "num_kv_heads",
-        "head_dim", "d_ff", "activation", "norm", "norm_position", "norm_eps", "positional", "relative_num_buckets",
-        "relative_max_distance", "dropout", "attention_dropout", "bias", "norm_bias", "attention_bias",
-        "feedforward_bias", "tie_embeddings", "scale_decoder_output", "initializer_range", "pad_token_id",
-        "bos_token_id", "eos_token_id", "decoder_start_token_id",
-    })
 
     def module_map(self, config: ModelConfig) -> Mapping[str, ModuleMap]:
         return _modules(gated=config.gated)
 
-    def config_from_hf(self, raw: Mapping[str, Any]) -> ModelConfig:
-        require("t5", "is_encoder_decoder", hf_field(raw, "is_encoder_decoder", True), True)
-        num_layers = hf_field(raw, "num_layers", 6)
-        tied = hf_field(raw, "tie_word_embeddings", True)
+    hf_keys = {
+        "vocab_size": ("vocab_size", 32128),
+        "d_model": ("d_model", 512),
+        "num_encoder_layers": ("num_layers", 6),
+        "num_layers": ("num_decoder_layers", None),  # None: num_layers (the encoder's)
+        "num_heads": ("num_heads", 8),
+        "head_dim": ("d_kv", 64),
+        "d_ff": ("d_ff", 2048),
+        "activation": ("feed_forward_proj", "relu"),
+        "norm_eps": ("layer_norm_epsilon", 1e-6),
+        "relative_num_buckets": ("relative_attention_num_buckets", 32),
+        "relative_max_distance": ("relative_attention_max_distance", 128),
+        "dropout": ("dropout_rate", 0.1),
+        "tie_embeddings": ("tie_word_embeddings", True),
         # transformers 5 writes scale_decoder_outputs; older configs say it by tie_word_embeddings (v1.1: False).
-        scale = hf_field(raw, "scale_decoder_outputs", tied)
-        special = special_token_ids("t5", raw, {"vocab_size": 32128, "pad_token_id": 0, "eos_token_id": 1,
-                                                "bos_token_id": None})
-        return ModelConfig(
-            architecture="encoder_decoder",
-            vocab_size=hf_field(raw, "vocab_size", 32128),
-            d_model=hf_field(raw, "d_model", 512),
-            num_layers=hf_field(raw, "num_decoder_layers", num_layers),
-            num_encoder_layers=num_layers,
-            num_heads=hf_field(raw, "num_heads", 8),
-            head_dim=hf_field(raw, "d_kv", 64),
-            d_ff=hf_field(raw, "d_ff", 2048),
-            activation=translated("t5", "feed_forward_proj", hf_field(raw, "feed_forward_proj", "relu"),
-                                  ACTIVATIONS_FROM_HF),
-            norm="rmsnorm",
-            norm_position="pre",
-            norm_eps=hf_field(raw, "layer_norm_epsilon", 1e-6),
-            positional="relative",
-            relative_num_buckets=hf_field(raw, "relative_attention_num_buckets", 32),
-            relative_max_distance=hf_field(raw, "relative_attention_max_distance", 128),
-            dropout=hf_field(raw, "dropout_rate", 0.1),
-            bias=False,
-            tie_embeddings=tied,
-            scale_decoder_output=scale,
-            initializer_range=hf_field(raw, "initializer_factor", 1.0) * 0.02,
-            decoder_start_token_id=hf_field(raw, "decoder_start_token_id", 0),
-            **special,
-        )
+        "scale_decoder_output": ("scale_decoder_outputs", None),  # None: tie_embeddings
+        "decoder_start_token_id": ("decoder_start_token_id", 0),
+    }
+    activations = {"relu": "relu", "gated-gelu": "geglu_tanh"}
+    layout = {"positional": "relative", "norm": "rmsnorm", "norm_position": "pre", "bias": False, "norm_bias": False,
+              "attention_bias": False, "feedforward_bias": False, "attention_dropout": 0.0}
+    requirements = {"num_kv_heads": lambda config: config.num_heads}
+    pinned = {"is_encoder_decoder": True}
+    token_defaults = {"pad_token_id": 0, "eos_token_id": 1}
+    fields_in_overrides = frozenset({"initializer_range"})  # initializer_factor
+
+    def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
+        values = super().values_from_hf(raw, tokens)
+        if values["num_layers"] is None:
+            values["num_layers"] = values["num_encoder_layers"]
+        if values["scale_decoder_output"] is None:
+            values["scale_decoder_output"] = values["tie_embeddings"]
+        # T5 scales every initial standard deviation by initializer_factor (tformer's are 0.02 * it).
+        values["initializer_range"] = hf_field(raw, "initializer_factor", 1.0) * 0.02
+        return values
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
-        return {
-            "architectures": [self.architecture_class],
-            "model_type": self.model_type,
-            "is_encoder_decoder": True,
-            "vocab_size": config.vocab_size,
-            "d_model": config.d_model,
-            "d_kv": config.head_dim,
-            "d_ff": config.d_ff,
-            "num_layers": config.num_encoder_layers,
-            "num_decoder_layers": config.num_layers,
-            "num_heads": config.num_heads,
-            "relative_attention_num_buckets": config.relative_num_buckets,
-            "relative_attention_max_distance": config.relative_max_distance,
-            "dropout_rate": config.dropout,
-            "layer_norm_epsilon": config.norm_eps,
-            "feed_forward_proj": ACTIVATIONS_TO_HF[config.activation],
-            "tie_word_embeddings": config.tie_embeddings,
-            "scale_decoder_outputs": config.scale_decoder_output,
-            "initializer_factor": config.initializer_range / 0.02,
-            "pad_token_id": config.pad_token_id,
-            "eos_token_id": config.eos_token_id,
-            "decoder_start_token_id": config.decoder_start_token_id,
-        }
-
-    def required_values(self, config: ModelConfig) -> list[str]:
-        return differences(config, {
-            "architecture": "encoder_decoder",
-            "positional": "relative",
-            "norm": "rmsnorm",
-            "norm_position": "pre",
-            "activation": tuple(ACTIVATIONS_TO_HF),
-            "num_kv_heads": config.num_heads,
-            "bias": False,
-            "norm_bias": False,
-            "attention_bias": False,
-            "feedforward_bias": False,
-            "attention_dropout": 0.0,
-        })
+        return {**super().config_to_hf(config), "initializer_factor": config.initializer_range / 0.02}
 
     def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
         state = super().normalized_state(hf_state, config)

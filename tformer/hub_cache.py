@@ -96,7 +96,6 @@ def _snapshot(name: str, revision: str | None, local_only: bool, also_a_path: bo
     )
 
     at = f"{name}@{revision}" if revision else name
-    not_a_folder = "not a checkpoint folder (no such directory), and " if also_a_path else ""
     offline = local_only or constants.HF_HUB_OFFLINE
     try:
         folder = Path(snapshot_download(name, revision=revision, allow_patterns=FILES_READ,
@@ -105,16 +104,17 @@ def _snapshot(name: str, revision: str | None, local_only: bool, also_a_path: bo
         raise HubError(f"{at}: a gated repo; accept its terms on huggingface.co and set HF_TOKEN (or run "
                        "`hf auth login`)") from None
     except RepositoryNotFoundError:
-        raise HubError(f"{name}: {not_a_folder}no model of that name on the Hugging Face Hub (a private repo needs "
+        head = f"{name}: not a checkpoint folder (no such directory), and" if also_a_path else f"{name}:"
+        raise HubError(f"{head} no model of that name on the Hugging Face Hub (a private repo needs "
                        "HF_TOKEN)") from None
     except RevisionNotFoundError:
         raise HubError(f"{name}: the Hub repo has no revision {revision!r} (a branch, a tag or a commit)") from None
     except LocalEntryNotFoundError:
         where = "the network is off (--local-only)" if local_only else (
             "the network is off (HF_HUB_OFFLINE)" if offline else "the Hugging Face Hub could not be reached")
-        raise HubError(f"{name}: {not_a_folder}{at} is not in the Hugging Face "
-                       f"cache ({constants.HF_HUB_CACHE}) while {where}; fetch it with `tformer download {at}` "
-                       "where the network is on") from None
+        head = f"{name}: not a checkpoint folder (no such directory), and {at} is" if also_a_path else f"{at}:"
+        raise HubError(f"{head} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) while {where}; fetch it "
+                       f"with `tformer download {at}` where the network is on") from None
     except HfHubHTTPError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise HubError(f"{at}: the Hugging Face Hub refused: {first_line}") from None

@@ -42,6 +42,13 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
+        "chunked-window-cut-one-key-late", "tformer/nn/attention/chunked.py",
+        "cuts_window = window is not None and (ks < last - window or",
+        "cuts_window = window is not None and (ks < last - window - 1 or",
+        ("tests/test_attention_properties.py",),
+        "a key block whose first key sits exactly one past the window's edge is taken whole (that key attended)",
+    ),
+    Mutation(
         "attention-causal-dropped-with-mask", "tformer/nn/attention/sdpa.py",
         "        mask = mask + additive_mask(causal_mask(q.shape[-2], k.shape[-2], q.device), mask.dtype)\n",
         "",

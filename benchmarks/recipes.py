@@ -135,14 +135,19 @@ def summary(name: str, values: list[float], minutes: list[float]) -> dict:
             "every_seed_holds": holds, "minutes_mean": statistics.fmean(minutes), "minutes_max": max(minutes)}
 
 
+def shown(value: float) -> str:
+    """A score as the docs quote it: four decimals below 10 (losses, F1 in 0..1), two above (percent, BLEU)."""
+    return f"{value:.4f}" if abs(value) < 10 else f"{value:.2f}"
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| recipe | metric | seeds | mean | range | threshold | every seed holds | training minutes (mean, max) |",
              "|---|---|---|---:|---|---:|---|---|"]
     for row in rows:
         threshold = "" if row["threshold"] is None else f"{row['threshold']:g}"
         holds = "" if row["every_seed_holds"] is None else ("yes" if row["every_seed_holds"] else "**no**")
-        lines.append(f"| {row['recipe']} | {row['metric']} | {', '.join(f'{v:.2f}' for v in row['values'])} | "
-                     f"{row['mean']:.2f} | {row['min']:.2f}-{row['max']:.2f} | {threshold} | {holds} | "
+        lines.append(f"| {row['recipe']} | {row['metric']} | {', '.join(map(shown, row['values']))} | "
+                     f"{shown(row['mean'])} | {shown(row['min'])}-{shown(row['max'])} | {threshold} | {holds} | "
                      f"{row['minutes_mean']:.1f}, {row['minutes_max']:.1f} |")
     return "\n".join(lines)
 

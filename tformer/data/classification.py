@@ -108,11 +108,7 @@ def read_classification(
     skipped = Skipped()
     examples = []
     declared = set(labels) if labels is not None else None
-    for line, record in records.records(wanted):
-        where = records.where(line)
-        if isinstance(record, str):
-            skipped.handle(f"{where}: {record}", skip_bad)
-            continue
+    for line, where, record in records.readable(wanted, skipped, skip_bad):
         try:
             if records.format == "jsonl":  # each record names its own columns: a named one must be there
                 for column, option in named:

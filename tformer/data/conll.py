@@ -140,11 +140,7 @@ def read_tagged_records(path: str | Path, *, format: str | None = None, tokens_c
     declared = set(tags) if tags is not None else None
     skipped = Skipped()
     sentences: list[TaggedSentence] = []
-    for position, record in records.records([tokens_column, tags_column]):
-        where = records.where(position)
-        if isinstance(record, str):
-            skipped.handle(f"{where}: {record}", skip_bad)
-            continue
+    for position, where, record in records.readable([tokens_column, tags_column], skipped, skip_bad):
         try:
             sentence = _tagged_record(record, where, tokens_column, tags_column, id_names, position)
         except DataFileError as error:

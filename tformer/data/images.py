@@ -431,10 +431,7 @@ def read_image_records(path: str | Path, *, format: str | None = None, image_col
     declared = None if label_names is None else tuple(str(name) for name in label_names)
     folder = records.path if records.format == "datasets" else records.path.parent
     opened, values = [], []
-    for position, record in records.records([image_column, label_column]):
-        where = records.where(position)
-        if isinstance(record, str):
-            raise DataFileError(f"{where}: {record}")
+    for _, where, record in records.readable([image_column, label_column]):
         image = field_value(record, image_column, "image_column", where)
         opened.append((where, _record_image(image, folder, where)))
         values.append(field_value(record, label_column, "label_column", where))

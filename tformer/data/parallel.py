@@ -115,10 +115,7 @@ def read_parallel_records(path: str | Path, source_language: str | None = None, 
     for column, option in zip(wanted, options, strict=True):
         records.require(column, option)
     sources, targets = [], []
-    for position, record in records.records(wanted):
-        where = records.where(position)
-        if isinstance(record, str):
-            raise DataFileError(f"{where}: {record}")
+    for _, where, record in records.readable(wanted):
         if two_columns:
             pair = [field_value(record, column, option, where) for column, option in zip(wanted, options, strict=True)]
             names = wanted

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tformer.data.files import DataFileError, data_lines
+from tformer.data.files import DataFileError, Skipped, data_lines
 from tformer.errors import listed, quoted
 
 RECORD_FORMATS = ("jsonl", "csv", "tsv", "parquet", "datasets")
@@ -150,6 +150,17 @@ class RecordFile:
             yield from self._table_records()
         else:
             yield from self._arrow_records(wanted)
+
+    def readable(self, wanted: Sequence[str] | None = None, skipped: Skipped | None = None,
+                 skip_bad: bool = False) -> Iterator[tuple[int, str, dict]]:
+        """(position, where, record) for each record that is one (``where``: its place for a message); a
+        line that is none raises a DataFileError naming it, or with ``skip_bad`` is left out in ``skipped``."""
+        for position, record in self.records(wanted):
+            where = self.where(position)
+            if isinstance(record, str):
+                (skipped or Skipped()).handle(f"{where}: {record}", skip_bad)
+                continue
+            yield position, where, record
 
     def _json_records(self) -> Iterator[tuple[int, dict | str]]:
         for number, line in data_lines(self.path):
@@ -347,10 +358,7 @@ def record_lines(path: str | Path, column: str = "text", *, format: str | None =
     for ``tformer tokenize``."""
     records = RecordFile.open(path, format, columns=columns)
     records.require(column, option)
-    for position, record in records.records([column]):
-        where = records.where(position)
-        if isinstance(record, str):
-            raise DataFileError(f"{where}: {record}")
+    for _, where, record in records.readable([column]):
         text = field_value(record, column, option, where)
         if not isinstance(text, str):
             raise DataFileError(f"{where}: {column} {quoted(text)} is not a string")

@@ -133,11 +133,7 @@ def read_squad_records(path: str | Path, *, format: str | None = None, question_
     seen: set[str] = set()
     article_key = None
     wanted = [question_column, context_column, answers_column, "id", "title"]
-    for position, record in records.records(wanted):
-        where = records.where(position)
-        if isinstance(record, str):
-            skipped.handle(f"{where}: {record}", skip_bad)
-            continue
+    for position, where, record in records.readable(wanted, skipped, skip_bad):
         try:
             question = field_value(record, question_column, "question_column", where)
             context = field_value(record, context_column, "context_column", where)

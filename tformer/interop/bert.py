@@ -16,7 +16,14 @@ from typing import Any
 from torch import Tensor
 
 from tformer.config import ModelConfig
-from tformer.interop.family import CLASSIC_MHA_WITH_BIASES, Family, hf_field, num_labels_from_hf, require
+from tformer.interop.family import (
+    BERT_ENCODER_KEYS,
+    CLASSIC_MHA_WITH_BIASES,
+    Family,
+    hf_field,
+    num_labels_from_hf,
+    require,
+)
 from tformer.interop.weight_map import ModuleMap
 
 
@@ -53,19 +60,13 @@ class BertFamily(Family):
         "qa_head": ModuleMap(("qa_outputs",)),
     }
     hf_keys = {
+        **BERT_ENCODER_KEYS,
         "vocab_size": ("vocab_size", 30522),
         "max_seq_len": ("max_position_embeddings", 512),
-        "d_model": ("hidden_size", 768),
-        "num_layers": ("num_hidden_layers", 12),
-        "num_heads": ("num_attention_heads", 12),
-        "d_ff": ("intermediate_size", 3072),
-        "activation": ("hidden_act", "gelu"),
-        "norm_eps": ("layer_norm_eps", 1e-12),
         "type_vocab_size": ("type_vocab_size", 2),
         "dropout": ("hidden_dropout_prob", 0.1),
         "attention_dropout": ("attention_probs_dropout_prob", 0.1),
         "tie_embeddings": ("tie_word_embeddings", True),
-        "initializer_range": ("initializer_range", 0.02),
     }
     layout = {"positional": "learned", "norm": "layernorm", "norm_position": "post", "embedding_norm": True}
     requirements = CLASSIC_MHA_WITH_BIASES

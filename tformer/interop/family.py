@@ -44,6 +44,17 @@ HF_ACTIVATIONS: Mapping[str, str] = {
     "swish": "silu",
 }
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id")
+# The encoder's config.json names and defaults of BertConfig, which ViTConfig repeats (their dropout
+# defaults differ: each family adds its own).
+BERT_ENCODER_KEYS: Mapping[str, tuple[str, Any]] = {
+    "d_model": ("hidden_size", 768),
+    "num_layers": ("num_hidden_layers", 12),
+    "num_heads": ("num_attention_heads", 12),
+    "d_ff": ("intermediate_size", 3072),
+    "activation": ("hidden_act", "gelu"),
+    "norm_eps": ("layer_norm_eps", 1e-12),
+    "initializer_range": ("initializer_range", 0.02),
+}
 
 
 class Family:

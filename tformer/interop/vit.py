@@ -19,7 +19,7 @@ from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import CLASSIC_MHA_WITH_BIASES, Family, hf_field, require
+from tformer.interop.family import BERT_ENCODER_KEYS, CLASSIC_MHA_WITH_BIASES, Family, hf_field, require
 from tformer.interop.weight_map import ModuleMap
 
 # transformers 5's module names -> the names its files hold (applied in order).
@@ -49,15 +49,9 @@ class ViTFamily(Family):
     head_prefixes = ("vit.pooler.", "classifier.")
     tied_output_names = ()
     hf_keys = {
-        "d_model": ("hidden_size", 768),
-        "num_layers": ("num_hidden_layers", 12),
-        "num_heads": ("num_attention_heads", 12),
-        "d_ff": ("intermediate_size", 3072),
-        "activation": ("hidden_act", "gelu"),
-        "norm_eps": ("layer_norm_eps", 1e-12),
+        **BERT_ENCODER_KEYS,
         "dropout": ("hidden_dropout_prob", 0.0),
         "attention_dropout": ("attention_probs_dropout_prob", 0.0),
-        "initializer_range": ("initializer_range", 0.02),
         "image_size": ("image_size", 224),
         "patch_size": ("patch_size", 16),
         "num_channels": ("num_channels", 3),

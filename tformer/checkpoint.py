@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -33,6 +34,15 @@ from tformer.tokenizers import load as load_tokenizer
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
+# What loading a checkpoint folder reads (tformer's format and Hugging Face's): weights whole or sharded,
+# configs, every tokenizer file, the chat template, image processing. ``checkpoint_files`` lists them;
+# ``tformer.hub_cache`` fetches them from the Hub, pickle weights excepted.
+CHECKPOINT_NAMES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+    "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe", "vocab.txt", "chat_template.jinja",
+    "preprocessor_config.json"})
+CHECKPOINT_SHARDS = re.compile(r"^(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)$")
 FORMAT_VERSION = 1
 QUANTIZATION_KEY = "quantization"  # config.json's record of a quantized model's scheme (tformer.quantization)
 
@@ -335,3 +345,14 @@ def load_attached_image_processor(folder: Path, config: ModelConfig) -> ImagePro
         warnings.warn(f"{folder}: image processor not attached: {error}", ImageProcessorNotAttachedWarning,
                       stacklevel=3)
         return None
+
+
+def checkpoint_files(folder: str | Path) -> list[str]:
+    """The names in ``folder`` that a checkpoint loader reads (``CHECKPOINT_NAMES`` and weight shards), sorted:
+    the files of a checkpoint written there, which a new checkpoint replaces as a whole (a stale one, such as a
+    tokenizer_config.json whose chat template ``serve`` would use, must not outlive it)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name for entry in folder.iterdir()
+                  if entry.name in CHECKPOINT_NAMES or CHECKPOINT_SHARDS.match(entry.name))

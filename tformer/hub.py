@@ -3,7 +3,6 @@ that sits above model classes, interop and checkpoint files (none of them import
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,14 +30,6 @@ from tformer.quantization import QuantizationError, QuantizationScheme, prepare_
 from tformer.quantization import quantize as quantize_model
 
 _KEEP: Any = object()  # "the checkpoint's own head"
-# What loading a checkpoint folder reads (tformer's format and Hugging Face's): weights whole or sharded,
-# configs, every tokenizer file, the chat template, image processing. ``checkpoint_files`` lists them.
-CHECKPOINT_NAMES = frozenset({
-    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-    "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe", "vocab.txt", "chat_template.jinja",
-    "preprocessor_config.json"})
-CHECKPOINT_SHARDS = re.compile(r"^(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)$")
 
 
 def load(
@@ -181,13 +172,3 @@ def save(model: Model, path: str | Path, format: str = "tformer") -> Path:
     """Write ``model`` as a checkpoint folder: ``format="tformer"`` or ``"hf"`` (see ``Model.save``)."""
     return model.save(path, format=format)
 
-
-def checkpoint_files(folder: str | Path) -> list[str]:
-    """The names in ``folder`` that a checkpoint loader reads (``CHECKPOINT_NAMES`` and weight shards), sorted:
-    the files of a checkpoint written there, which a new checkpoint replaces as a whole (a stale one, such as a
-    tokenizer_config.json whose chat template ``serve`` would use, must not outlive it)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(entry.name for entry in folder.iterdir()
-                  if entry.name in CHECKPOINT_NAMES or CHECKPOINT_SHARDS.match(entry.name))

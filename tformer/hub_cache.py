@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tformer.checkpoint import CheckpointError
+from tformer.checkpoint import CHECKPOINT_NAMES, CheckpointError
 
-# What tformer reads from a model folder (checkpoint.py, interop/, data/image_processing.py, serving/chat.py).
-FILES_READ = [
-    "config.json", "generation_config.json", "preprocessor_config.json",
-    "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
-]
+# What loading a folder reads (``checkpoint.CHECKPOINT_NAMES``), pickle weights left out, with safetensors shards.
+PICKLE_WEIGHTS = frozenset({"pytorch_model.bin", "pytorch_model.bin.index.json"})
+FILES_READ = [*sorted(CHECKPOINT_NAMES - PICKLE_WEIGHTS), "model-*-of-*.safetensors"]
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 INSTALL_HINT = "pip install 'tformer[hub]'"
 
@@ -73,13 +69,9 @@ def download(name: str, revision: str | None = None, local_only: bool = False) -
     """The snapshot folder of the Hub model ``name``, fetched into the cache when it is not there."""
     if not hub_available():
         raise HubError(f"{name}: fetching a Hub model needs huggingface_hub ({INSTALL_HINT})")
-    try:
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-        validate_repo_id(name)
-    except HFValidationError:
+    if not is_hub_name(name):
         raise HubError(f"{name!r} is not a Hub model name (allowed: 'name' or 'org/name' of letters, digits, "
-                       "'-', '_', '.')") from None
+                       "'-', '_', '.')")
     return _snapshot(name, revision, local_only)
 
 

@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import tformer
-    from tformer.hub import checkpoint_files
+    from tformer.checkpoint import checkpoint_files
 
     destination = Path(args.destination)
     refuse_output_over_input(destination, [args.source], option="DST")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -62,20 +63,23 @@ class WavFormat:
 
 
 def read_wav(path: str | Path, max_seconds: float | None = DEFAULT_MAX_SECONDS) -> Audio:
-    """The samples of a WAV file, mono (the mean of its channels), as float32 in [-1, 1]."""
+    """The samples of a WAV file, mono (the mean of its channels), as float32 in [-1, 1]. The header is
+    read and the length checked against ``max_seconds`` before any sample is."""
     file = Path(path)
     if not file.is_file():
         raise AudioError(f"{file}: no such file")
-    data = file.read_bytes()
-    wav_format, payload = _parse_riff(data, file)
-    frame_bytes = wav_format.channels * wav_format.sample_width
-    frames = len(payload) // frame_bytes
-    if frames == 0:
-        raise AudioError(f"{file}: no samples (a WAV file with an empty data chunk)")
-    if max_seconds is not None and frames / wav_format.sample_rate > max_seconds:
-        raise AudioError(f"{file}: {frames / wav_format.sample_rate:,.1f} s of audio, past the limit of "
-                         f"{max_seconds:,.0f} s (max_seconds)")
-    samples = _decode(payload[: frames * frame_bytes], wav_format).reshape(frames, wav_format.channels)
+    with open(file, "rb") as handle:
+        wav_format, data_offset, data_size = _parse_riff(handle, file.stat().st_size, file)
+        frame_bytes = wav_format.channels * wav_format.sample_width
+        frames = data_size // frame_bytes
+        if frames == 0:
+            raise AudioError(f"{file}: no samples (a WAV file with an empty data chunk)")
+        if max_seconds is not None and frames / wav_format.sample_rate > max_seconds:
+            raise AudioError(f"{file}: {frames / wav_format.sample_rate:,.1f} s of audio, past the limit of "
+                             f"{max_seconds:,.0f} s (max_seconds)")
+        handle.seek(data_offset)
+        payload = handle.read(frames * frame_bytes)
+    samples = _decode(payload, wav_format).reshape(frames, wav_format.channels)
     return Audio(samples.mean(axis=1, dtype=np.float64).astype(np.float32), wav_format.sample_rate)
 
 
@@ -98,30 +102,30 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     return soxr.resample(np.asarray(samples, dtype=np.float32), from_rate, to_rate, quality="HQ").astype(np.float32)
 
 
-def _parse_riff(data: bytes, file: Path) -> tuple[WavFormat, bytes]:
-    """The fmt chunk and the data chunk's bytes of a RIFF/WAVE file."""
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        kind = "an RF64/BW64 file" if data[:4] in (b"RF64", b"BW64") else "not a RIFF/WAVE file"
+def _parse_riff(handle: BinaryIO, file_size: int, file: Path) -> tuple[WavFormat, int, int]:
+    """The fmt chunk, and the data chunk's offset and size, of a RIFF/WAVE file (chunk headers read, the
+    data itself not)."""
+    head = handle.read(12)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        kind = "an RF64/BW64 file" if head[:4] in (b"RF64", b"BW64") else "not a RIFF/WAVE file"
         raise AudioError(f"{file}: {kind}; tformer reads WAV files (PCM or float)")
-    wav_format, payload, offset = None, None, 12
-    while offset + 8 <= len(data):
-        chunk_id, size = data[offset:offset + 4], struct.unpack("<I", data[offset + 4:offset + 8])[0]
-        body = data[offset + 8:offset + 8 + size]
+    wav_format, offset = None, 12
+    while offset + 8 <= file_size:
+        handle.seek(offset)
+        chunk_id, size = struct.unpack("<4sI", handle.read(8))
         if chunk_id == b"fmt ":
-            wav_format = _parse_format(body, file)
+            wav_format = _parse_format(handle.read(size), file)
         elif chunk_id == b"data":
             if wav_format is None:
                 raise AudioError(f"{file}: corrupt WAV header (the data chunk comes before the fmt chunk)")
-            if len(body) < size:  # a file cut short: its header promises more than it holds
+            there = file_size - (offset + 8)
+            if there < size:  # a file cut short: its header promises more than it holds
                 raise AudioError(f"{file}: truncated or corrupt WAV file (its data chunk says {size:,} bytes, "
-                                 f"{len(body):,} are there)")
-            payload = body
-            break
+                                 f"{there:,} are there)")
+            return wav_format, offset + 8, size
         offset += 8 + size + (size & 1)  # chunks are padded to an even size
-    if wav_format is None or payload is None:
-        missing = "fmt" if wav_format is None else "data"
-        raise AudioError(f"{file}: corrupt WAV file (no {missing} chunk)")
-    return wav_format, payload
+    missing = "fmt" if wav_format is None else "data"
+    raise AudioError(f"{file}: corrupt WAV file (no {missing} chunk)")
 
 
 def _parse_format(body: bytes, file: Path) -> WavFormat:

@@ -19,7 +19,7 @@ import tformer
 from tformer.cli import main
 from tformer.data.files import DataFileError
 from tformer.data.image_processing import ImageProcessing
-from tformer.data.images import read_images
+from tformer.data.images import read_image_records, read_images
 from tformer.errors import listed, quoted
 from tformer.tokenizers import WordPieceTokenizer
 from tformer.training import TrainingConfig
@@ -120,6 +120,19 @@ def test_an_npz_label_beyond_the_unnamed_label_range_is_refused_naming_the_file_
             read_images(path)
     path = write_npz(tmp_path / "set.npz", [0, 1, 2, 1])
     assert read_images(path).label_names == ("0", "1", "2")  # ids within the range still name themselves
+
+
+def test_a_records_image_label_beyond_the_unnamed_range_is_refused_as_an_npz_label_is(tmp_path):
+    """The records reader's unnamed integer labels go through the same bound: 5,000 once built 5,001 names."""
+    Image = pytest.importorskip("PIL.Image")
+    Image.new("L", (4, 4), 7).save(tmp_path / "a.png")
+    records = tmp_path / "images.jsonl"
+    records.write_text("".join(json.dumps({"image": "a.png", "label": label}) + "\n" for label in (0, 1, 5_000, 1)))
+    with pytest.raises(DataFileError, match=r"images\.jsonl: row 2 \(counting from 0\) has label 5000; labels "
+                                            r"without names are ids 0\.\.999"):
+        read_image_records(records)
+    records.write_text("".join(json.dumps({"image": "a.png", "label": label}) + "\n" for label in (0, 2, 1)))
+    assert read_image_records(records).label_names == ("0", "1", "2")
 
 
 def test_a_stray_image_label_stops_the_run_before_a_model_is_built(tmp_path, capsys):

@@ -437,11 +437,9 @@ def read_image_records(path: str | Path, *, format: str | None = None, image_col
         values.append(field_value(record, label_column, "label_column", where))
     if not opened:
         raise DataFileError(f"{path}: no images")
-    if all(isinstance(value, int) and not isinstance(value, bool) for value in values) and not (
-            class_names or declared):
-        names = tuple(str(number) for number in range(max(values) + 1)) if min(values) >= 0 else ()
-    else:
-        names = None
+    integer_ids = all(isinstance(value, int) and not isinstance(value, bool) for value in values)
+    # unnamed class ids: "0".."K-1", bounded and checked as an .npz file's are, before anything is sized by them
+    names = _label_names(np.array(values), None, path) if integer_ids and not (class_names or declared) else None
     found = []
     for (where, _), value in zip(opened, values, strict=True):
         try:
@@ -452,7 +450,7 @@ def read_image_records(path: str | Path, *, format: str | None = None, image_col
     index = {name: number for number, name in enumerate(names)}
     for (where, _), name in zip(opened, found, strict=True):
         if name not in index:
-            raise DataFileError(f"{where}: label {name!r} is not one of the label names ({', '.join(names)})")
+            raise DataFileError(f"{where}: label {quoted(name)} is not one of the label names ({listed(names)})")
     return stack_images(opened, [index[name] for name in found], tuple(names), str(path))
 
 

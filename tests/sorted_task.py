@@ -42,6 +42,7 @@ def examples(count: int, generator: torch.Generator) -> tuple[torch.Tensor, torc
 class SortedOrNot(Task):
     name = "sorted"
     metrics = ("eval_loss", "eval_accuracy")
+    higher_is_better = frozenset({"eval_accuracy"})
 
     def __init__(self, num_eval: int = 64) -> None:
         self.eval_ids, self.eval_labels = examples(num_eval, torch.Generator().manual_seed(12345))

@@ -373,12 +373,12 @@ def test_convert_overwrite_onto_an_existing_file_is_refused(work, capsys):
 
 
 def test_perplexity_after_divergence_is_inf():
+    from tformer.training.tasks import Task
     from tformer.training.tasks.base import perplexity
-    from tformer.training.trainer import _format_metric
 
-    assert perplexity(800.0) == math.inf and _format_metric("eval_ppl", perplexity(800.0)) == "inf"
-    assert _format_metric("eval_ppl", perplexity(100.0)) == "2.69e+43"
-    assert _format_metric("eval_ppl", perplexity(2.0)) == "7.39"
+    assert perplexity(800.0) == math.inf and Task.format_metric("eval_ppl", perplexity(800.0)) == "inf"
+    assert Task.format_metric("eval_ppl", perplexity(100.0)) == "2.69e+43"
+    assert Task.format_metric("eval_ppl", perplexity(2.0)) == "7.39"
 
 
 # ---- issue 37: refuse what would give a wrong result; replace only what tformer wrote ------------------------

@@ -197,7 +197,8 @@ def evaluate_run(args: argparse.Namespace) -> int:
     import tformer
     from tformer.cli import UsageError, check_replaceable, quantize_option, resolve_device
     from tformer.files import write_text_atomically
-    from tformer.training.tasks import TaskConfig, task_for_recipe
+    from tformer.training.tasks import task_for_recipe
+    from tformer.training.tasks.translation import TranslationOptions
     from tformer.training.trainer import Trainer
 
     folder = Path(args.folder)
@@ -211,7 +212,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
     if task_config.name == "translation":
         data_file = translation_corpus(data_file, recipe.data)
         # the model folder's tokenizer reads the data: the settings of learning one do not apply
-        task_config = dataclasses.replace(task_config, bpe_vocab_size=TaskConfig.bpe_vocab_size)
+        task_config = task_config.replace(bpe_vocab_size=TranslationOptions.bpe_vocab_size)
     elif not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder
         raise UsageError(f"--data {data_file}: no such file or folder")
     model = tformer.load(folder, device="cpu", quantize=quantize)

@@ -149,7 +149,7 @@ def predict_answer(model, folder: str, question: str, context: str, max_answer_l
     doc_stride = seq_len // 3  # Hugging Face's run_qa: 384 and 128
     try:
         recipe = run_recipe(Path(folder))
-        seq_len, doc_stride = recipe.training.seq_len or seq_len, recipe.task.doc_stride
+        seq_len, doc_stride = recipe.training.seq_len or seq_len, getattr(recipe.task.options, "doc_stride", doc_stride)
     except FileNotFoundError:
         pass  # no run's recipe (a Hugging Face folder): the defaults
     windows = question_windows(model.tokenizer, [question], [context], seq_len=seq_len, doc_stride=doc_stride,

@@ -30,7 +30,7 @@ from tformer.errors import TformerError
 from tformer.hub import read_model_config
 from tformer.hub_cache import is_hub_name
 from tformer.training.config import TrainingConfig, TrainingError
-from tformer.training.tasks.registry import TaskConfig, check_data_options
+from tformer.training.tasks.registry import TaskConfig, check_data_options, task_settings
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
                              "task": TaskConfig}
@@ -113,7 +113,7 @@ class Recipe:
         lines = ["# The resolved recipe of this run: every setting, data paths absolute.", ""]
         for section in SECTIONS:
             lines.append(f"[{section}]")
-            values = dataclasses.asdict(getattr(self, section))
+            values = self.task.settings() if section == "task" else dataclasses.asdict(getattr(self, section))
             if section == "model" and self.init_from:
                 values = {"init_from": self.init_from, "init_revision": self.init_revision, **self.init_settings}
             for key, value in values.items():
@@ -275,6 +275,8 @@ def toml_value(value: Any) -> str:
 
 
 def _field_types(section: str) -> dict[str, Any]:
+    if section == "task":  # the settings every task declares (TaskConfig refuses another task's)
+        return {"name": str, **{key: kind for key, (kind, _, _) in task_settings().items()}}
     cls = SECTIONS[section]
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}

@@ -401,7 +401,7 @@ class Trainer:
             return None
         record.update(metrics)
         named = {"eval_loss": "eval loss", "eval_ppl": "ppl", "eval_accuracy": "accuracy"}
-        shown = "  ".join(f"{named.get(name, name.removeprefix('eval_'))} {_format_metric(name, value)}"
+        shown = "  ".join(f"{named.get(name, name.removeprefix('eval_'))} {self.task.format_metric(name, value)}"
                           for name, value in metrics.items())
         reporter.message(f"step {self.step:>7}  train loss {record['train_loss']:.4f}  {shown}")
         return metrics["eval_loss"]
@@ -542,13 +542,3 @@ class _Window:
                   self.rate_name: self.rate, "grad_norm": outcome.grad_norm}
         self.steps, self.seconds, self.loss_sum = 0, 0.0, 0.0
         return record
-
-
-def _format_metric(name: str, value: float) -> str:
-    """Losses to 4 places, perplexities to 2 (in powers of ten once they pass a million), rates
-    (accuracy, F1) to 3."""
-    if name == "eval_ppl":
-        return f"{value:.2f}" if not value >= 1e6 else f"{value:.3g}"
-    if name == "eval_bleu":
-        return f"{value:.2f}"  # 0-100, as sacreBLEU prints it
-    return f"{value:.4f}" if name == "eval_loss" else f"{value:.3f}"

@@ -4,6 +4,11 @@ A task gives its training batches (a dict of tensors, a pure function of seed an
 process's rows of the global batch: resume stays bitwise and N processes see what one sees), its
 loss, its evaluation as sums that the Trainer adds up over batches and processes, and the metrics
 those sums finalise into, with which of them are better higher and the unit of its throughput.
+
+A task a recipe can name also declares, beside its class, what a recipe may say to it: its ``[task]``
+settings (``Options``, a frozen dataclass that checks its values), the ``[data]`` formats and settings it
+reads (``data_formats``, ``data_settings``), and how its metrics print (``metric_places``). The registry
+and the Trainer read these declarations; they list no task's settings or metrics themselves.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor, nn
 
@@ -32,6 +38,13 @@ class TaskData:
     label_names: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The ``[task]`` settings of a task that has none besides its name. A task with settings declares a
+    frozen dataclass like this one: a field per setting (its default, a comment saying what it does), its
+    checks in ``__post_init__`` raising TrainingError("task.KEY=... must ...")."""
+
+
 class Task:
     """The default objective: ``model(**batch).loss``; with ``training.label_smoothing`` the
     loss is taken from the logits and ``batch["labels"]`` instead (labels aligned with the
@@ -45,8 +58,33 @@ class Task:
     name = "task"
     unit = "examples"  # what the throughput counts: examples/s (tokens/s for a language model)
     metrics: tuple[str, ...] = ("eval_loss",)  # what ``finalise`` reports
-    higher_is_better: frozenset[str] = frozenset({"eval_accuracy", "eval_nsp_accuracy", "eval_precision", "eval_recall",
-                                                  "eval_f1", "eval_exact_match", "eval_bleu"})
+    higher_is_better: frozenset[str] = frozenset()  # those of ``metrics`` that improve upwards (the rest: downwards)
+    metric_places: ClassVar[dict[str, int]] = {}  # decimals a metric prints with besides the defaults (format_metric)
+    # What a recipe may say to the task (a task that cannot be named in a recipe leaves them):
+    Options: ClassVar[type] = NoOptions  # its [task] settings
+    data_formats: tuple[str, ...] = ()  # the data.format values it reads besides "auto" and the record formats
+    data_settings: frozenset[str] = frozenset()  # the [data] settings it reads besides train, eval, eval_fraction
+    learned_tokenizers: tuple[str, ...] = ()  # data.tokenizer values it learns from its data (not files)
+
+    @classmethod
+    def check_data(cls, data) -> None:
+        """Refuse a combination of [data] settings the task cannot read (TrainingError); each setting
+        alone is checked against ``data_formats`` and ``data_settings`` by the registry."""
+
+    @classmethod
+    def label_names_for(cls, num_labels: int) -> tuple[str, ...] | None:
+        """The label names a recipe's ``num_labels`` implies when it names none (None: the data's)."""
+        return None
+
+    @classmethod
+    def format_metric(cls, name: str, value: float) -> str:
+        """A metric's value as the run's log prints it: losses to 4 places, perplexities to 2 (in powers of
+        ten past a million), rates to 3, unless ``metric_places`` says otherwise."""
+        if name in cls.metric_places:
+            return f"{value:.{cls.metric_places[name]}f}"
+        if name.endswith("_ppl"):
+            return f"{value:.2f}" if not value >= 1e6 else f"{value:.3g}"
+        return f"{value:.4f}" if name.endswith("_loss") else f"{value:.3f}"
 
     @classmethod
     def from_recipe(cls, data, *, seq_len: int | None, tokenizer=None, label_names=None, **options):

@@ -63,6 +63,7 @@ class LabelEvaluation:
     ``confusion`` keeps the last evaluation's matrix for a plot."""
 
     metrics = ("eval_loss", "eval_accuracy", "eval_f1")
+    higher_is_better = frozenset({"eval_accuracy", "eval_f1"})
     label_names: tuple[str, ...]
     confusion: np.ndarray | None = None
 
@@ -92,6 +93,7 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
     with as many labels as ``train.label_names``."""
 
     name = "classification"
+    data_settings = frozenset({"tokenizer", "columns", "skip_bad", "text_column", "text_pair_column", "label_column"})
 
     def __init__(self, train: ClassificationData, evaluation: ClassificationData | None, tokenizer, *,
                  seq_len: int = 128) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +59,27 @@ def flip_some(images: Tensor, flips: Tensor) -> Tensor:
     return torch.where(flips[:, None, None, None], images.flip(-1), images)
 
 
+@dataclass(frozen=True)
+class ImageOptions:
+    """The image_classification task's [task] settings."""
+
+    crop_padding: int = 0  # random translation by up to this many pixels (zero padding)
+    horizontal_flip: bool = False  # mirror half the training images (not for digits)
+    image_mean: tuple[float, ...] | None = None  # per channel, on 0..1 pixels; None: measured
+    image_std: tuple[float, ...] | None = None  # per channel; set with image_mean
+
+    def __post_init__(self) -> None:
+        if self.crop_padding < 0:
+            raise TrainingError(f"task.crop_padding={self.crop_padding} must be 0 (no augmentation) or more pixels")
+        for key in ("image_mean", "image_std"):
+            values = getattr(self, key)
+            if values is not None:
+                object.__setattr__(self, key, tuple(values))
+        if (self.image_mean is None) != (self.image_std is None):
+            raise TrainingError("task.image_mean and task.image_std are set together (or neither: measured on the "
+                                "training images)")
+
+
 class ImageClassification(LabelEvaluation, ExampleTask):
     """Single-label classification of ``train`` (and ``evaluation``) images; the model is a vision model
     with head ``image_classification`` and as many labels as ``train.label_names``. ``crop_padding`` and
@@ -65,6 +87,9 @@ class ImageClassification(LabelEvaluation, ExampleTask):
     on 0..1 pixels) replace the statistics measured on the training images."""
 
     name = "image_classification"
+    Options = ImageOptions
+    data_formats = ("idx", "image_folder", "npz")
+    data_settings = frozenset({"columns", "image_column", "label_column"})
 
     def __init__(self, train: ImageData, evaluation: ImageData | None = None, *, crop_padding: int = 0,
                  horizontal_flip: bool = False, image_mean: Sequence[float] | None = None,
@@ -73,9 +98,7 @@ class ImageClassification(LabelEvaluation, ExampleTask):
         if evaluation is not None and evaluation.label_names != train.label_names:
             raise TrainingError(f"{evaluation.source}: its label names ({listed(evaluation.label_names)}) differ "
                                 f"from the training data's ({listed(train.label_names)})")
-        if (image_mean is None) != (image_std is None):
-            raise TrainingError("task.image_mean and task.image_std are set together (or neither: measured on the "
-                                "training images)")
+        ImageOptions(crop_padding, horizontal_flip, image_mean, image_std)  # checks them
         self.train, self.evaluation = train, evaluation
         self.label_names = train.label_names
         self.train_rows = _rows(train)
@@ -86,6 +109,11 @@ class ImageClassification(LabelEvaluation, ExampleTask):
         self.image_std = None if image_std is None else tuple(image_std)
         self.image_processor: ImageProcessing | None = None
         self.confusion = None
+
+    @classmethod
+    def label_names_for(cls, num_labels: int) -> tuple[str, ...]:
+        """Integer labels are ids 0..num_labels-1: named by their numbers."""
+        return tuple(str(number) for number in range(num_labels))
 
     @classmethod
     def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None,

@@ -32,6 +32,9 @@ class LanguageModelling(Task):
     """
 
     name = "lm"
+    higher_is_better = frozenset({"eval_accuracy"})
+    data_formats = ("text", "tokens", "npy")
+    data_settings = frozenset({"tokenizer", "columns", "text_column"})
     unit = "tokens"
 
     def __init__(self, train_tokens, eval_tokens=None, *, sources: dict[str, str] | None = None) -> None:

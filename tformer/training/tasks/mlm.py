@@ -10,6 +10,7 @@ Throughput counts the tokens of the rows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -75,11 +76,27 @@ def _text(data: DataConfig, key: str) -> str:
     return read_text(path, key, kind or "text", data)
 
 
+@dataclass(frozen=True)
+class MLMOptions:
+    """The mlm task's [task] settings."""
+
+    mask_probability: float = 0.15  # the share of tokens chosen (80% [MASK], 10% random, 10% kept)
+    whole_word_masking: bool = False  # choose whole words (WordPiece tokenizers)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_probability < 1.0:
+            raise TrainingError(f"task.mask_probability={self.mask_probability} must be in (0, 1)")
+
+
 class MaskedLanguageModelling(ExampleTask):
     """BERT's pretraining objective on ``train_documents`` (and ``eval_documents``): lists of
     sentences as text, tokenized by ``tokenizer`` (which must have [CLS], [SEP], [MASK] and padding)."""
 
     name = "mlm"
+    higher_is_better = frozenset({"eval_accuracy", "eval_nsp_accuracy"})
+    Options = MLMOptions
+    data_formats = ("text",)
+    data_settings = frozenset({"tokenizer", "columns", "text_column"})
     unit = "tokens"
 
     def __init__(self, train_documents: list[list[str]], eval_documents: list[list[str]] | None, tokenizer, *,

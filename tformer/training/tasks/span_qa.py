@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -166,12 +167,31 @@ def best_answer(start_logits: Tensor, end_logits: Tensor, windows: Sequence[Enco
     return _pick(scores.tolist(), starts.tolist(), ends.tolist(), [window.offsets for window in windows], context)
 
 
+@dataclass(frozen=True)
+class SpanQAOptions:
+    """The span_qa task's [task] settings."""
+
+    doc_stride: int = 128  # tokens shared by consecutive windows of a long context
+    max_answer_length: int = 30  # the longest answer predicted, in tokens
+    n_best: int = 20  # start and end candidates per window
+
+    def __post_init__(self) -> None:
+        for key in ("doc_stride", "max_answer_length", "n_best"):
+            if getattr(self, key) < 1:
+                raise TrainingError(f"task.{key}={getattr(self, key)} must be a positive integer")
+
+
 class SpanQuestionAnswering(ExampleTask):
     """Extractive QA on SQuAD questions (``train`` and optional ``evaluation`` SquadData), windows of
     ``seq_len`` tokens sharing ``doc_stride`` (see the module doc). The tokenizer needs a pair template
     with a first special token ([CLS], <s>) and a pad token; the model, head ``question_answering``."""
 
     name = "span_qa"
+    higher_is_better = frozenset({"eval_exact_match", "eval_f1"})
+    Options = SpanQAOptions
+    data_formats = ("squad",)
+    data_settings = frozenset({"tokenizer", "skip_bad", "columns", "question_column", "context_column",
+                               "answers_column"})
     metrics = ("eval_loss", "eval_exact_match", "eval_f1")
 
     def __init__(self, train: SquadData, evaluation: SquadData | None, tokenizer, *, seq_len: int,

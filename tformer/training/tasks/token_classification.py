@@ -127,6 +127,9 @@ class TokenClassification(ExampleTask):
     model's max_seq_len, and a sentence longer than that is an error rather than a silent cut)."""
 
     name = "token_classification"
+    higher_is_better = frozenset({"eval_precision", "eval_recall", "eval_f1", "eval_accuracy"})
+    data_formats = ("conll",)
+    data_settings = frozenset({"tokenizer", "skip_bad", "columns", "tokens_column", "tags_column"})
     metrics = ("eval_loss", "eval_precision", "eval_recall", "eval_f1", "eval_accuracy")
 
     def __init__(self, train: ConllData, evaluation: ConllData | None, tokenizer, *, seq_len: int | None = None,

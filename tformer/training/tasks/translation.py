@@ -19,6 +19,7 @@ which add up over batches and processes and finalise into the corpus BLEU of the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -83,11 +84,37 @@ def read_pairs(data: DataConfig, path: str) -> ParallelText:
                                  source_column=data.source_column, target_column=data.target_column)
 
 
+@dataclass(frozen=True)
+class TranslationOptions:
+    """The translation task's [task] settings."""
+
+    batch_tokens: int = 4096  # a batch's tokens on its longer side, padding included; 0: batch_size pairs
+    bpe_vocab_size: int = 8000  # with data.tokenizer = "bpe": the joint BPE's size
+    eval_bleu: bool = True  # translate the evaluation sources and report BLEU (needs sacrebleu)
+    eval_beams: int = 1  # beams of those evaluation translations (1: greedy)
+
+    def __post_init__(self) -> None:
+        if self.eval_beams < 1:
+            raise TrainingError(f"task.eval_beams={self.eval_beams} must be a positive integer")
+        if self.batch_tokens < 0:
+            raise TrainingError(f"task.batch_tokens={self.batch_tokens} must be 0 (training.batch_size pairs a batch) "
+                                "or a number of tokens")
+        if self.bpe_vocab_size < 259:
+            raise TrainingError(f"task.bpe_vocab_size={self.bpe_vocab_size} is too small: a byte-level BPE needs the "
+                                "256 bytes and 3 special tokens, at least 259")
+
+
 class Translation(ExampleTask):
     """Sentence pairs ``train`` (and ``evaluation``) encoded by ``tokenizer`` for an ``encoder_decoder``
     model; BLEU of ``eval_beams``-beam translations reported with the loss when ``eval_bleu``."""
 
     name = "translation"
+    higher_is_better = frozenset({"eval_bleu"})
+    metric_places = {"eval_bleu": 2}  # 0-100, as sacreBLEU prints it
+    Options = TranslationOptions
+    data_settings = frozenset({"tokenizer", "source_language", "target_language", "columns", "translation_column",
+                               "source_column", "target_column"})
+    learned_tokenizers = ("bpe",)
     unit = "tokens"  # target tokens (the end token included)
 
     def __init__(self, train: ParallelText, evaluation: ParallelText | None, tokenizer, *, seq_len: int = 256,
@@ -117,6 +144,15 @@ class Translation(ExampleTask):
         self._epoch_order: dict[int, tuple[Tensor, Tensor]] = {}
 
     @classmethod
+    def check_data(cls, data: DataConfig) -> None:
+        two_columns = data.source_column is not None or data.target_column is not None
+        if not two_columns and not (data.source_language and data.target_language):
+            raise TrainingError("the translation task reads data.train (and data.eval) as corpus prefixes: set "
+                                "data.source_language and data.target_language (PREFIX.de and PREFIX.en for \"de\", "
+                                "\"en\"); a records file is read by those languages too, or by data.source_column and "
+                                "data.target_column")
+
+    @classmethod
     def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None,
                     batch_tokens: int = 4096, bpe_vocab_size: int = 8000, eval_bleu: bool = True,
                     eval_beams: int = 1):
@@ -124,6 +160,9 @@ class Translation(ExampleTask):
         ``target_language``); ``data.tokenizer = "bpe"`` learns a joint BPE of ``bpe_vocab_size`` tokens."""
         if label_names:
             raise TrainingError("label_names: the translation task has no labels")
+        if bpe_vocab_size != TranslationOptions.bpe_vocab_size and data.tokenizer != "bpe":
+            raise TrainingError("task.bpe_vocab_size is the size of a learned BPE: it is read only with "
+                                "data.tokenizer = \"bpe\"")
         try:
             train = read_pairs(data, data.train)
             evaluation = None

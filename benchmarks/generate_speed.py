@@ -22,7 +22,7 @@ llama.cpp (``llama-cpp-python``) on Q8_0 and Q4_0 GGUF files of the same weights
 ``--llama-converter`` names llama.cpp's convert_hf_to_gguf.py), alternately, and prints each one's new
 tokens/s and its ratios to Hugging Face and to tformer fp32, the plan each tformer backend runs on this host
 (measured at load), and how many of the 128 tokens each shares with tformer fp32 before the first
-difference (random weights: greedy paths part at the first near-tie; ``tests/test_quantization.py`` checks
+difference (random weights: greedy paths part at the first near-tie; ``tests/nn/test_quantization.py`` checks
 the logits).
 
 Part 2 decodes tinyshakespeare prompts greedily with a 6-layer character-level target, alone

@@ -21,7 +21,7 @@ from tformer.training.recipe import RecipeError, recipe_from_dict
 from tformer.training.tasks import TASKS, LanguageModelling
 from tformer.training.trainer import Trainer
 
-SCRIPT = str(Path(__file__).parent / "sorted_task.py")
+SCRIPT = str(Path(__file__).parents[1] / "sorted_task.py")
 
 
 def records(run):

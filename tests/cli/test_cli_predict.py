@@ -1,5 +1,5 @@
 """``tformer predict`` on each head it reads: entities, answers and [MASK] fills equal what the
-library's own functions give on the same model (classification: tests/test_tasks_classification.py)."""
+library's own functions give on the same model (classification: tests/training/test_tasks_classification.py)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow  # compares with seqeval
 
 VOCAB = BERT_DIR / "vocab.txt"
 WNUT_TRAIN, WNUT_TEST = SHARED_DATA / "wnut17" / "wnut17train.conll", SHARED_DATA / "wnut17" / "emerging.test.annotated"
-RECIPES = Path(__file__).resolve().parents[1] / "configs"
+RECIPES = Path(__file__).resolve().parents[2] / "configs"
 TAGS = ("O", "B-LOC", "B-PER", "I-LOC", "I-PER")
 # Words of one piece and of several (unbelievably -> un ##bel ##ie ##va ##bly).
 WORDS = ["john", "smith", "paris", "the", "ate", "unbelievably", "tokenization", "london", "xylophones", "of",

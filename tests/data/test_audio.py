@@ -12,7 +12,7 @@ import torch
 from tformer.data.audio import AudioError, load_audio, read_wav, resample
 from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, mel_filter_bank, pad_or_trim
 
-FSDD = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd" / "recordings"
+FSDD = Path(__file__).resolve().parents[3] / "shared" / "data" / "fsdd" / "recordings"
 needs_fsdd = pytest.mark.skipif(not FSDD.is_dir(), reason="../shared/data/fsdd is absent")
 
 

@@ -20,7 +20,7 @@ from tformer.data.images import FASHION_MNIST_LABELS
 from tformer.training.recipe import load_recipe, recipe_from_dict
 from tformer.training.run import train_recipe
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SHAPES = ("bar", "dot", "frame")
 
 

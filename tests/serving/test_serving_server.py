@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow  # the openai client against a server process
 TEXT = "to be or not to be, that is the question.\nROMEO: JULIET: user assistant\n"
 TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

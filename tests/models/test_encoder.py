@@ -1,5 +1,5 @@
 """The encoder family: BERT-shaped presets, heads, losses, padding, the fine-tuning load and the
-refusals. Hugging Face parity of every head is tests/test_interop_encoder.py's."""
+refusals. Hugging Face parity of every head is tests/interop/test_interop_encoder.py's."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from tformer.checkpoint import write_model_files
 from tformer.data.parallel import corpus_file
 from tformer.training.recipe import RecipeError, load_recipe, parse_override, recipe_from_dict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path, text, name="recipe.toml"):

@@ -11,10 +11,11 @@ from typing import Any
 
 from tformer.errors import TformerError
 from tformer.nn.attention.registry import KERNELS
+from tformer.nn.feedforward import ACTIVATION_FUNCTIONS, GATED_ACTIVATIONS
+from tformer.nn.heads import HEADS, POOLINGS
 
 ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder", "rnn_seq2seq")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
-GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # a gate and an up projection (geglu_tanh: T5 v1.1's)
+ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # GATED_ACTIVATIONS: a gate and an up projection (geglu_tanh: T5 v1.1's)
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
@@ -24,19 +25,13 @@ SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (th
 ATTENTION_KERNELS = tuple(KERNELS)
 EXACT_ATTENTION_KERNELS = tuple(name for name, kernel in KERNELS.items() if kernel.exact)
 POSITION_BIASES = ("alibi", "relative")  # the positional schemes that add a bias to the attention scores
-# What an encoder puts on its hidden states (None: nothing, the bare encoder with its pooler).
-ENCODER_HEADS = (
-    "masked_lm", "next_sentence", "pretraining", "sequence_classification", "token_classification",
-    "question_answering",
-)
-CLASSIFICATION_HEADS = ("sequence_classification", "token_classification")
-POOLED_HEADS = (None, "next_sentence", "pretraining", "sequence_classification")  # the heads that read the pooler
+# The task heads (nn/heads.py) each family may carry (None: the bare model, with its pooler).
+ENCODER_HEADS = tuple(name for name, head in HEADS.items() if "encoder" in head.families)
+CLASSIFICATION_HEADS = tuple(name for name, head in HEADS.items() if head.sized_by_labels)
+POOLED_HEADS = (None, *(name for name, head in HEADS.items() if head.reads == "pooler"))  # they read the pooler
 # The loss of sequence classification, named as Hugging Face's ``problem_type`` (None: inferred as HF does).
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
-# What a vision model puts on its hidden states (None: nothing, the bare model with its pooler).
-VISION_HEADS = ("image_classification",)
-# The vector a vision model's head reads: the class token's, or the mean of the patch tokens'.
-POOLINGS = ("cls", "mean")
+VISION_HEADS = tuple(name for name, head in HEADS.items() if "vision" in head.families)
 # Fields a fine-tuning load may change in a pretrained model's config: they shape no weight (dropout off
 # for a short pretraining, BERT's 0.1 for fine-tuning).
 REGULARISATION_FIELDS = ("dropout", "attention_dropout")
@@ -433,11 +428,11 @@ class ModelConfig:
 
     @property
     def has_pooler(self) -> bool:
-        """Whether a model with this config has the tanh pooler: an encoder on its first token where its
-        head reads it, the bare vision model on its pooled vector."""
-        if self.architecture == "vision":
-            return self.head is None
-        return self.architecture == "encoder" and self.head in POOLED_HEADS
+        """Whether a model with this config has the tanh pooler: a headed family's bare model, or one whose
+        head reads the pooler (BERT's classification and next-sentence heads)."""
+        if self.architecture not in FAMILY_FIELDS["head"]:
+            return False
+        return self.head is None or HEADS[self.head].reads == "pooler"
 
     @property
     def patch_grid(self) -> int:
@@ -639,7 +634,7 @@ def replace_head(
         problem_type = config.problem_type
     pooler_input_dropout = config.pooler_input_dropout and head in POOLED_HEADS
     if pooling is None:
-        pooling = config.pooling if config.architecture == "vision" or head in POOLED_HEADS else "cls"
+        pooling = config.pooling if head is None or HEADS[head].reads != "tokens" else "cls"
     return config.replace(**{
         "head": head, "num_labels": num_labels, "label_names": label_names, "problem_type": problem_type,
         "pooler_input_dropout": pooler_input_dropout, "pooling": pooling, **layout,

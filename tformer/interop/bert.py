@@ -42,7 +42,6 @@ class BertFamily(Family):
         "BertForTokenClassification": "token_classification",
         "BertForQuestionAnswering": "question_answering",
     }
-    labelled_heads = ("sequence_classification", "token_classification")
     head_prefixes = ("bert.pooler.", "cls.", "classifier.", "qa_outputs.")
     tied_output_names = ("cls.predictions.decoder.weight",)
     # The masked-LM head's bias and the decoder's: one tensor when tied, two (the decoder's is used) when not.

@@ -23,6 +23,7 @@ from torch import Tensor
 from tformer.checkpoint import CheckpointError
 from tformer.config import EXACT_ATTENTION_KERNELS, ModelConfig, field_default, non_default_fields
 from tformer.interop.weight_map import ModuleMap
+from tformer.nn.heads import HEADS
 
 # The classic attention of GPT-2, BERT, ViT and Marian, required on save: every head with its own keys and
 # values, heads spanning d_model (HF derives head_dim = d_model / heads), a bias on every projection and norm.
@@ -72,7 +73,11 @@ class Family:
     head_prefixes: ClassVar[tuple[str, ...]] = ()
     # Families whose HF class picks the head: HF class -> tformer head (the bare model's first).
     heads: ClassVar[Mapping[str, str | None]] = {}
-    labelled_heads: ClassVar[tuple[str, ...]] = ()  # the heads whose class names its labels (id2label)
+
+    @property
+    def labelled_heads(self) -> tuple[str, ...]:
+        """Its heads that ``num_labels`` sizes (nn/heads.py): their HF classes name the labels (id2label)."""
+        return tuple(head for head in self.heads.values() if head is not None and HEADS[head].sized_by_labels)
 
     # ---- the config translation, declared ---------------------------------------------------
     # ModelConfig field -> (its config.json key, the HF config class's default): read with ``hf_field``,

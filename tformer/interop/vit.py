@@ -45,7 +45,6 @@ class ViTFamily(Family):
         "ViTModel": None,
         "ViTForImageClassification": "image_classification",
     }
-    labelled_heads = ("image_classification",)
     head_prefixes = ("vit.pooler.", "classifier.")
     tied_output_names = ()
     hf_keys = {

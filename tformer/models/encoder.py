@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from tformer.config import CLASSIFICATION_HEADS, ModelConfig
+from tformer.config import ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import EncoderOutput
 from tformer.models.registry import register
 from tformer.nn.embeddings import TokenEmbedding
-from tformer.nn.heads import MaskedLMHead, Pooler
+from tformer.nn.heads import Features, Pooler, add_head, check_labels, head_module_names, pool
 from tformer.nn.inputs import check_attention_mask, check_token_ids
-from tformer.nn.losses import IGNORE_INDEX, sequence_classification_loss, span_loss, token_cross_entropy
-from tformer.nn.norm import build_norm
 from tformer.nn.stack import TransformerStack
-
-HEAD_MODULES = ("pooler", "mlm_head", "nsp_head", "classifier", "qa_head")
-# The label arguments each head reads; any other given is refused rather than ignored.
-HEAD_LABELS = {
-    None: (),
-    "masked_lm": ("labels",),
-    "next_sentence": ("labels",),
-    "pretraining": ("labels", "next_sentence_label"),
-    "sequence_classification": ("labels",),
-    "token_classification": ("labels",),
-    "question_answering": ("start_positions", "end_positions"),
-}
 
 
 @register("encoder")
@@ -47,25 +33,16 @@ class EncoderModel(Model):
     tokens that are not padding. An encoder has no generation hooks: ``tformer.generate`` refuses it.
     """
 
-    head_modules = HEAD_MODULES
+    head_modules = head_module_names("encoder")
     scaled_residual_init = False
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        head, d_model = config.head, config.d_model
         self.embedding = TokenEmbedding.from_config(config)
         self.stack = TransformerStack(config, causal=False)
-        self.pooler = Pooler(d_model, config.dropout if config.pooler_input_dropout else 0.0) \
+        self.pooler = Pooler(config.d_model, config.dropout if config.pooler_input_dropout else 0.0) \
             if config.has_pooler else None
-        self.mlm_head = MaskedLMHead(
-            d_model, config.vocab_size, config.activation,
-            build_norm(config.norm, d_model, config.norm_eps, config.norm_bias),
-        ) if head in ("masked_lm", "pretraining") else None
-        self.nsp_head = nn.Linear(d_model, 2) if head in ("next_sentence", "pretraining") else None
-        classifying = head in CLASSIFICATION_HEADS
-        self.classifier = nn.Linear(d_model, config.num_labels) if classifying else None
-        self.classifier_dropout = nn.Dropout(config.dropout) if classifying and config.dropout > 0 else nn.Identity()
-        self.qa_head = nn.Linear(d_model, 2) if head == "question_answering" else None
+        self.task_head = add_head(self, config)
         self.init_weights()
         if self.mlm_head is not None and config.tie_embeddings:
             self.mlm_head.decoder.weight = self.embedding.token.weight
@@ -112,12 +89,26 @@ class EncoderModel(Model):
         in row-major order. The same loss and gradients for about 1/7 of the head's work at BERT's
         15% masking: the pretraining step's shortcut.
         """
-        check_token_ids(input_ids, self.config.vocab_size)
-        given = {"labels": labels, "next_sentence_label": next_sentence_label, "start_positions": start_positions,
-                 "end_positions": end_positions}
-        _check_label_arguments(self.config.head, [name for name, value in given.items() if value is not None])
+        labels_given = {"labels": labels, "next_sentence_label": next_sentence_label,
+                        "start_positions": start_positions, "end_positions": end_positions}
+        labels_given = {name: value for name, value in labels_given.items() if value is not None}
+        check_labels(self.task_head, list(labels_given))
         if labelled_logits_only and self.mlm_head is None:
             raise ValueError(f"labelled_logits_only is for the masked-LM heads, not head={self.config.head!r}")
+        features, output = self.forward_features(input_ids, attention_mask, token_type_ids, position_ids,
+                                                 output_attentions, output_hidden_states)
+        if self.task_head is not None:
+            self.task_head.forward(self, features, output, labelled_logits_only=labelled_logits_only,
+                                   **labels_given)
+        return output
+
+    def forward_features(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None, output_attentions: bool = False, output_hidden_states: bool = False,
+    ) -> tuple[Features, EncoderOutput]:
+        """The encoder without its head: the features a head reads, and the output of the bare encoder
+        (``logits`` its hidden states (B, T, D), ``pooled`` the pooler's output where it has one)."""
+        check_token_ids(input_ids, self.config.vocab_size)
         if attention_mask is not None:
             check_attention_mask(attention_mask, tuple(input_ids.shape))
         if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
@@ -129,65 +120,10 @@ class EncoderModel(Model):
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         hidden = stack.hidden  # (B, T, D)
-        pooled = self.pooler(self._pooler_input(hidden, attention_mask)) if self.pooler is not None else None  # (B, D)
+        pooled = pool(hidden, self.config.pooling, attention_mask)  # (B, D)
+        pooler_output = self.pooler(pooled) if self.pooler is not None else None  # (B, D)
         output = EncoderOutput(
             logits=hidden, attentions=stack.attentions, hidden_states=stack.hidden_states,
-            last_hidden_state=hidden, pooled=pooled,
+            last_hidden_state=hidden, pooled=pooler_output,
         )
-        head = self.config.head
-        if head in ("masked_lm", "pretraining"):
-            if labelled_logits_only and labels is None:
-                raise ValueError("labelled_logits_only needs labels (it computes logits where they are not -100)")
-            # The loss reads only the labelled positions (about 15%): the softmax runs over those alone.
-            labelled = None if labels is None else labels != IGNORE_INDEX
-            if labelled_logits_only:
-                output.logits = self.mlm_head(hidden[labelled])  # (N, V)
-                output.loss = token_cross_entropy(output.logits, labels[labelled])
-            else:
-                output.logits = self.mlm_head(hidden)  # (B, T, V)
-                if labels is not None:
-                    output.loss = token_cross_entropy(output.logits[labelled], labels[labelled])
-            if head == "pretraining":
-                output.next_sentence_logits = self.nsp_head(pooled)  # (B, 2)
-                if next_sentence_label is not None:
-                    nsp_loss = token_cross_entropy(output.next_sentence_logits, next_sentence_label)
-                    output.loss = nsp_loss if output.loss is None else output.loss + nsp_loss
-        elif head == "next_sentence":
-            output.logits = self.nsp_head(pooled)
-            if labels is not None:
-                output.loss = token_cross_entropy(output.logits, labels)
-        elif head == "sequence_classification":
-            output.logits = self.classifier(self.classifier_dropout(pooled))  # (B, L)
-            if labels is not None:
-                output.loss = sequence_classification_loss(output.logits, labels, self.config.problem_type)
-        elif head == "token_classification":
-            output.logits = self.classifier(self.classifier_dropout(hidden))  # (B, T, L)
-            if labels is not None:
-                output.loss = token_cross_entropy(output.logits, labels)
-        elif head == "question_answering":
-            output.logits = self.qa_head(hidden)  # (B, T, 2)
-            output.start_logits, output.end_logits = output.logits.unbind(-1)
-            if start_positions is not None and end_positions is not None:
-                output.loss = span_loss(output.start_logits, output.end_logits, start_positions, end_positions,
-                                        attention_mask)
-        return output
-
-    def _pooler_input(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
-        """(B, T, D) -> (B, D): the first token's vector ([CLS], ``pooling="cls"``, BERT's), or the mean
-        of the tokens that are not padding (``pooling="mean"``)."""
-        if self.config.pooling == "cls":
-            return hidden[:, 0]
-        if attention_mask is None:
-            return hidden.mean(dim=1)
-        weights = attention_mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-
-
-def _check_label_arguments(head: str | None, given: list[str]) -> None:
-    """Refuse label arguments the head does not read; question answering needs both positions or neither."""
-    unread = [name for name in given if name not in HEAD_LABELS[head]]
-    if unread:
-        reads = ", ".join(HEAD_LABELS[head]) or "none"
-        raise ValueError(f"{', '.join(unread)} given, but head={head!r} reads {reads}")
-    if head == "question_answering" and len(given) == 1:
-        raise ValueError("question answering needs both start_positions and end_positions, or neither")
+        return Features(hidden, pooled, pooler_output, attention_mask), output

@@ -11,13 +11,10 @@ from tformer.config import ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import VisionOutput
 from tformer.models.registry import register
-from tformer.nn.heads import Pooler
+from tformer.nn.heads import Features, Pooler, add_head, check_labels, head_module_names, pool
 from tformer.nn.inputs import INTEGER_DTYPES
-from tformer.nn.losses import token_cross_entropy
 from tformer.nn.patches import ImageEmbedding
 from tformer.nn.stack import TransformerStack
-
-HEAD_MODULES = ("pooler", "classifier")
 
 
 @register("vision")
@@ -35,7 +32,7 @@ class VisionModel(Model):
     image size for good; ``forward(..., interpolate_pos_encoding=True)`` runs one batch at another size.
     """
 
-    head_modules = HEAD_MODULES
+    head_modules = head_module_names("vision")
     scaled_residual_init = False
 
     def __init__(self, config: ModelConfig) -> None:
@@ -44,8 +41,7 @@ class VisionModel(Model):
         self.embedding = ImageEmbedding(config)
         self.stack = TransformerStack(config, causal=False, add_positions=False)
         self.pooler = Pooler(config.d_model) if config.has_pooler else None
-        classifying = config.head == "image_classification"
-        self.classifier = nn.Linear(config.d_model, config.num_labels) if classifying else None
+        self.task_head = add_head(self, config)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -82,28 +78,33 @@ class VisionModel(Model):
         ids with the image-classification head. ``interpolate_pos_encoding``: images of another size
         (a multiple of the patch size) with the positions resampled to their grid. ``attentions`` per
         layer (B, H, 1 + N, 1 + N) when asked for."""
+        check_labels(self.task_head, ["labels"] if labels is not None else [])
         if labels is not None:
             self._check_labels(labels, pixel_values.shape[0])
+        features, output = self.forward_features(pixel_values, interpolate_pos_encoding, output_attentions,
+                                                 output_hidden_states)
+        if self.task_head is not None:
+            self.task_head.forward(self, features, output, labels=labels)
+        return output
+
+    def forward_features(self, pixel_values: Tensor, interpolate_pos_encoding: bool = False,
+                         output_attentions: bool = False,
+                         output_hidden_states: bool = False) -> tuple[Features, VisionOutput]:
+        """The model without its head: the features a head reads (the pooled vector: the class token's or
+        the patches' mean, ``config.pooling``), and the bare model's output (``logits`` its hidden states
+        (B, 1 + N, D), ``pooled`` the tanh pooler's output where it has one)."""
         stack = self.stack(
             self.embedding(pixel_values, interpolate_pos_encoding),
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         hidden = stack.hidden  # (B, 1 + N, D)
-        output = VisionOutput(
-            logits=hidden, attentions=stack.attentions, hidden_states=stack.hidden_states, last_hidden_state=hidden,
-        )
-        pooled = hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1:].mean(dim=1)  # (B, D)
-        if self.pooler is not None:
-            output.pooled = self.pooler(pooled)
-        if self.classifier is not None:
-            output.logits = self.classifier(pooled)  # (B, L)
-            if labels is not None:
-                output.loss = token_cross_entropy(output.logits, labels)
-        return output
+        pooled = pool(hidden, self.config.pooling, class_tokens=1)  # (B, D)
+        pooler_output = self.pooler(pooled) if self.pooler is not None else None
+        output = VisionOutput(logits=hidden, attentions=stack.attentions, hidden_states=stack.hidden_states,
+                              last_hidden_state=hidden, pooled=pooler_output)
+        return Features(hidden, pooled, pooler_output), output
 
     def _check_labels(self, labels: Tensor, batch: int) -> None:
-        if self.classifier is None:
-            raise ValueError("labels given, but head=None reads none (head='image_classification' reads labels)")
         if tuple(labels.shape) != (batch,) or labels.dtype not in INTEGER_DTYPES:
             raise ValueError(f"labels must be ({batch},) integer class ids, got shape {tuple(labels.shape)} of "
                              f"{labels.dtype}")

@@ -9,9 +9,8 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.config import GATED_ACTIVATIONS
-
-_ACTIVATIONS = {
+# The activations a config may name, by their elementwise function (a gated kind's: the one on its gate).
+ACTIVATION_FUNCTIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
@@ -20,13 +19,14 @@ _ACTIVATIONS = {
     "geglu": F.gelu,
     "geglu_tanh": partial(F.gelu, approximate="tanh"),
 }
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # a gate and an up projection (geglu_tanh: T5 v1.1's)
 
 
 def activation_function(name: str) -> Callable[[Tensor], Tensor]:
     """The elementwise function of an activation name (a gated kind's: the one applied to its gate)."""
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"activation={name!r} is not one of {', '.join(_ACTIVATIONS)}")
-    return _ACTIVATIONS[name]
+    if name not in ACTIVATION_FUNCTIONS:
+        raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATION_FUNCTIONS)}")
+    return ACTIVATION_FUNCTIONS[name]
 
 
 class FeedForward(nn.Module):

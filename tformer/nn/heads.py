@@ -1,11 +1,25 @@
-"""Heads: what turns the stack's hidden states (B, T, D) into a task's outputs."""
+"""Heads: what turns the stack's hidden states (B, T, D) into a task's outputs.
+
+The task heads of the encoder and vision families are registered by name in ``HEADS``. Each declares the
+modules it adds to a model (named as checkpoints and Hugging Face name them: ``classifier``, ``qa_head``,
+...), the label arguments it reads, what it reads (every token, the pooled vector, or the pooled vector
+through the model's tanh pooler), whether ``num_labels`` sizes it, and its forward with its loss. A family
+computes its features (``forward_features``: hidden states and the pooled vector, ``pool``) and hands
+them to its head (``forward_head``); the config, ``tformer.load(..., head=...)`` and the interop tables
+read the same declarations.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from tformer.nn.feedforward import activation_function
+from tformer.nn.losses import IGNORE_INDEX, sequence_classification_loss, span_loss, token_cross_entropy
+from tformer.nn.norm import build_norm
 
 
 class LMHead(nn.Linear):
@@ -46,3 +60,259 @@ class Pooler(nn.Module):
 
     def forward(self, vector: Tensor) -> Tensor:
         return torch.tanh(self.dense(self.dropout(vector)))
+
+
+POOLINGS = ("cls", "mean")  # the vector a pooled head reads: the first token's, or the mean of the tokens'
+
+
+def pool(hidden: Tensor, pooling: str, attention_mask: Tensor | None = None, class_tokens: int = 0) -> Tensor:
+    """(B, T, D) -> (B, D): the first token's vector (``"cls"``: BERT's [CLS], ViT's class token), or the mean
+    of the tokens after the first ``class_tokens`` (``"mean"``; ViT's patches: 1) that are not padding
+    (``attention_mask`` (B, T), 1 = token)."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    tokens = hidden[:, class_tokens:]
+    if attention_mask is None:
+        return tokens.mean(dim=1)
+    weights = attention_mask[:, class_tokens:].to(hidden.dtype)[:, :, None]  # (B, T, 1)
+    return (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+@dataclass
+class Features:
+    """What a family hands its head: the stack's output (B, T, D), the pooled vector (B, D) and, where the
+    model has the tanh pooler, its output (B, D); the attention mask (B, T) when there is padding."""
+
+    hidden: Tensor
+    pooled: Tensor
+    pooler_output: Tensor | None = None
+    attention_mask: Tensor | None = None
+
+
+class Head:
+    """A task head: registered in ``HEADS`` under ``name`` for the ``families`` that may carry it.
+
+    ``reads``: ``"tokens"`` (every position), ``"pooled"`` (the pooled vector) or ``"pooler"`` (the pooled
+    vector through the model's tanh pooler, which the model then has); ``sized_by_labels``: ``num_labels``
+    (and ``label_names``) size it; ``label_arguments``: the forward's label arguments it reads (any other
+    given is refused); ``modules(config)``: what it adds to the model, by attribute name (``weights``: those
+    with weights); ``forward(model, features, output, **labels)`` fills ``output`` (logits, loss, ...)."""
+
+    name: ClassVar[str]
+    families: ClassVar[tuple[str, ...]] = ("encoder",)
+    reads: ClassVar[str] = "tokens"
+    sized_by_labels: ClassVar[bool] = False
+    label_arguments: ClassVar[tuple[str, ...]] = ("labels",)
+    weights: ClassVar[tuple[str, ...]] = ()  # the names of ``modules`` that hold weights
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    @classmethod
+    def forward(cls, model: nn.Module, features: Features, output: Any, **labels: Tensor | None) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def check_labels(cls, given: list[str]) -> None:
+        """Refuse label arguments the head does not read."""
+        unread = [name for name in given if name not in cls.label_arguments]
+        if unread:
+            raise ValueError(f"{', '.join(unread)} given, but head={cls.name!r} reads {', '.join(cls.label_arguments)}")
+
+
+def check_labels(head: type[Head] | None, given: list[str]) -> None:
+    """Refuse label arguments the model's head (None: the bare model, which reads none) does not read."""
+    if head is not None:
+        head.check_labels(given)
+    elif given:
+        raise ValueError(f"{', '.join(given)} given, but head=None reads none")
+
+
+def add_head(model: nn.Module, config: Any) -> type[Head] | None:
+    """Give ``model`` the modules of the head ``config.head`` names (its family's other head modules are
+    None) and return the head (None: the bare model)."""
+    head = HEADS[config.head] if config.head is not None else None
+    modules = head.modules(config) if head is not None else {}
+    for name in model.head_modules:
+        if name != "pooler":
+            setattr(model, name, None)
+    for name, module in modules.items():
+        setattr(model, name, module)
+    return head
+
+
+def _classifier(config: Any) -> dict[str, nn.Module]:
+    """A Linear to ``num_labels`` logits, behind dropout at the model's rate (BERT's classifier dropout)."""
+    dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+    return {"classifier": nn.Linear(config.d_model, config.num_labels), "classifier_dropout": dropout}
+
+
+class MaskedLM(Head):
+    """Token logits (B, T, V) from ``mlm_head``; the loss over the labelled positions (not -100). With
+    ``labelled_logits_only`` the vocabulary projection runs only there: logits (N, V)."""
+
+    name = "masked_lm"
+    weights = ("mlm_head",)
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        norm = build_norm(config.norm, config.d_model, config.norm_eps, config.norm_bias)
+        return {"mlm_head": MaskedLMHead(config.d_model, config.vocab_size, config.activation, norm)}
+
+    @classmethod
+    def forward(cls, model, features, output, labels=None, labelled_logits_only=False, **_) -> None:
+        hidden = features.hidden
+        if labelled_logits_only and labels is None:
+            raise ValueError("labelled_logits_only needs labels (it computes logits where they are not -100)")
+        # The loss reads only the labelled positions (about 15%): the softmax runs over those alone.
+        labelled = None if labels is None else labels != IGNORE_INDEX
+        if labelled_logits_only:
+            output.logits = model.mlm_head(hidden[labelled])  # (N, V)
+            output.loss = token_cross_entropy(output.logits, labels[labelled])
+        else:
+            output.logits = model.mlm_head(hidden)  # (B, T, V)
+            if labels is not None:
+                output.loss = token_cross_entropy(output.logits[labelled], labels[labelled])
+
+
+class NextSentence(Head):
+    """Is B the sentence after A? Two logits (B, 2) from ``nsp_head`` on the pooler's output."""
+
+    name = "next_sentence"
+    weights = ("nsp_head",)
+    reads = "pooler"
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        return {"nsp_head": nn.Linear(config.d_model, 2)}
+
+    @classmethod
+    def forward(cls, model, features, output, labels=None, **_) -> None:
+        output.logits = model.nsp_head(features.pooler_output)  # (B, 2)
+        if labels is not None:
+            output.loss = token_cross_entropy(output.logits, labels)
+
+
+class Pretraining(Head):
+    """BERT's pretraining: masked LM and next sentence together; the loss is their sum when both label
+    kinds are given."""
+
+    name = "pretraining"
+    weights = ("mlm_head", "nsp_head")
+    reads = "pooler"
+    label_arguments = ("labels", "next_sentence_label")
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        return {**MaskedLM.modules(config), **NextSentence.modules(config)}
+
+    @classmethod
+    def forward(cls, model, features, output, labels=None, next_sentence_label=None, labelled_logits_only=False,
+                **_) -> None:
+        MaskedLM.forward(model, features, output, labels=labels, labelled_logits_only=labelled_logits_only)
+        output.next_sentence_logits = model.nsp_head(features.pooler_output)  # (B, 2)
+        if next_sentence_label is not None:
+            nsp_loss = token_cross_entropy(output.next_sentence_logits, next_sentence_label)
+            output.loss = nsp_loss if output.loss is None else output.loss + nsp_loss
+
+
+class SequenceClassification(Head):
+    """Logits (B, L) from dropout + ``classifier`` on the pooler's output; the loss by ``problem_type``."""
+
+    name = "sequence_classification"
+    weights = ("classifier",)
+    reads = "pooler"
+    sized_by_labels = True
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        return _classifier(config)
+
+    @classmethod
+    def forward(cls, model, features, output, labels=None, **_) -> None:
+        output.logits = model.classifier(model.classifier_dropout(features.pooler_output))  # (B, L)
+        if labels is not None:
+            output.loss = sequence_classification_loss(output.logits, labels, model.config.problem_type)
+
+
+class TokenClassification(Head):
+    """Logits (B, T, L) from dropout + ``classifier`` on every token; labels -100 are ignored."""
+
+    name = "token_classification"
+    weights = ("classifier",)
+    sized_by_labels = True
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        return _classifier(config)
+
+    @classmethod
+    def forward(cls, model, features, output, labels=None, **_) -> None:
+        output.logits = model.classifier(model.classifier_dropout(features.hidden))  # (B, T, L)
+        if labels is not None:
+            output.loss = token_cross_entropy(output.logits, labels)
+
+
+class QuestionAnswering(Head):
+    """Start and end logits (B, T) from ``qa_head``; the loss's softmax runs over the real tokens
+    (``span_loss`` with the attention mask)."""
+
+    name = "question_answering"
+    weights = ("qa_head",)
+    label_arguments = ("start_positions", "end_positions")
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        return {"qa_head": nn.Linear(config.d_model, 2)}
+
+    @classmethod
+    def check_labels(cls, given: list[str]) -> None:
+        super().check_labels(given)
+        if len(given) == 1:
+            raise ValueError("question answering needs both start_positions and end_positions, or neither")
+
+    @classmethod
+    def forward(cls, model, features, output, start_positions=None, end_positions=None, **_) -> None:
+        output.logits = model.qa_head(features.hidden)  # (B, T, 2)
+        output.start_logits, output.end_logits = output.logits.unbind(-1)
+        if start_positions is not None and end_positions is not None:
+            output.loss = span_loss(output.start_logits, output.end_logits, start_positions, end_positions,
+                                    features.attention_mask)
+
+
+class ImageClassification(Head):
+    """Logits (B, L) from ``classifier`` on the pooled vector (Hugging Face's ViTForImageClassification:
+    no tanh pooler, no dropout); the loss against class ids (-100: ignored)."""
+
+    name = "image_classification"
+    weights = ("classifier",)
+    families = ("vision",)
+    reads = "pooled"
+    sized_by_labels = True
+
+    @classmethod
+    def modules(cls, config: Any) -> dict[str, nn.Module]:
+        return {"classifier": nn.Linear(config.d_model, config.num_labels)}
+
+    @classmethod
+    def forward(cls, model, features, output, labels=None, **_) -> None:
+        output.logits = model.classifier(features.pooled)  # (B, L)
+        if labels is not None:
+            output.loss = token_cross_entropy(output.logits, labels)
+
+
+HEADS: dict[str, type[Head]] = {
+    head.name: head for head in (MaskedLM, NextSentence, Pretraining, SequenceClassification, TokenClassification,
+                                 QuestionAnswering, ImageClassification)
+}
+
+
+def head_module_names(family: str) -> tuple[str, ...]:
+    """The pooler and every module with weights a head of ``family`` may add: what ``tformer.load(...,
+    head=...)`` drops or makes afresh."""
+    names = ["pooler"]
+    for head in HEADS.values():
+        if family in head.families:
+            names += [name for name in head.weights if name not in names]
+    return tuple(names)

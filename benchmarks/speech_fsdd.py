@@ -12,8 +12,8 @@ It writes OUT/train/NNNNN.wav, OUT/test/NNNNN.wav, OUT/train.tsv and OUT/test.ts
 speaker, recordings: a manifest tformer.data.speech reads) and OUT/fsdd_digits.json, and prints what each
 split holds. It replaces a folder only if it wrote it; ``--overwrite`` moves other contents aside.
 
-Measured here (2 AMD EPYC cores shared with a training run): the defaults (3,300 utterances, 2.47 hours of
-audio, 143 MB) in 2.6 s.
+Measured here (2 AMD EPYC cores shared with a training run, load average 4): the defaults (3,300
+utterances, 2.47 hours of audio, 145 MB) in 2.6-6.3 s (benchmarks/logs/speech_fsdd-2026-11-26.log).
 """
 
 from __future__ import annotations

@@ -333,11 +333,11 @@ def read_attached_tokenizer(source: Path, folder: Path):
 
 
 def load_attached_image_processor(folder: Path, config: ModelConfig) -> ImageProcessing | None:
-    """A vision model's image processing saved in its checkpoint folder (preprocessor_config.json,
-    tformer's or Hugging Face's), or None. One tformer cannot read is reported by an
+    """The image processing saved in the checkpoint folder of a family that attaches one (a vision model's:
+    preprocessor_config.json, tformer's or Hugging Face's), or None. One tformer cannot read is reported by an
     ImageProcessorNotAttachedWarning, not an error: the weights are still usable with pixel values
     normalised by the caller."""
-    if config.architecture != "vision" or not (folder / PREPROCESSOR_NAME).is_file():
+    if not (folder / PREPROCESSOR_NAME).is_file():
         return None
     try:
         return ImageProcessing.read(folder, num_channels=config.num_channels)

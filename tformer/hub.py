@@ -24,8 +24,9 @@ from tformer.checkpoint import (
 from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, replace_head
 from tformer.hub_cache import resolve_model
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
-from tformer.memory import model_bytes, require_memory
+from tformer.memory import require_memory
 from tformer.models import Model, model_class
+from tformer.models.registry import model_bytes
 from tformer.quantization import QuantizationError, QuantizationScheme, prepare_quantized, scheme_for
 from tformer.quantization import quantize as quantize_model
 
@@ -103,7 +104,7 @@ def load(
             prepare_quantized(model, saved_scheme)
         changes = load_weights(model, folder, new_head=new_head)
         model.tokenizer = load_attached_tokenizer(folder)
-    if config.architecture == "vision":
+    if "image_processor" in model_class(config).attachments:
         model.image_processor = load_attached_image_processor(folder, config)
     relabelled = _reset_relabelled_classifier(model, saved_labels)
     if changes or relabelled:

@@ -67,23 +67,3 @@ def _cgroup_headroom() -> int | None:
         return max(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()), 0)
     except (OSError, ValueError):
         return None
-
-
-def model_bytes(config, element_size: int = 4) -> int:
-    """About how many bytes a model of ``config`` (a ModelConfig) holds: its token embedding (and
-    untied head; a vision model's patch embedding), and per layer the attention and feed-forward
-    projections; norms, biases and text position tables are left out (a few percent at most). Read
-    from the sizes alone, so a config whose model could never fit is refused before anything is
-    allocated."""
-    d_model, head_dim = config.d_model, config.head_dim
-    if config.architecture == "vision":  # the patch projection and the position table, no vocabulary
-        embeddings = (config.num_channels * config.patch_size ** 2 + config.num_patches + 1) * d_model
-    else:
-        embeddings = config.vocab_size * d_model * (1 if config.tie_embeddings else 2)
-    if config.architecture == "rnn_seq2seq":  # encoder and decoder: gates x hidden x (input + hidden) a layer
-        gates, hidden = (3 if config.rnn_cell == "gru" else 4), config.rnn_hidden_size
-        recurrent = 2 * config.num_layers * gates * hidden * (d_model + 2 * hidden)
-        return (embeddings + recurrent + 4 * hidden * (hidden + d_model)) * element_size
-    attention = (2 * config.num_heads + 2 * config.num_kv_heads) * head_dim * d_model
-    feedforward = (3 if config.gated else 2) * d_model * config.d_ff
-    return (embeddings + config.num_layers * (attention + feedforward)) * element_size

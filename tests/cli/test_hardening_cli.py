@@ -215,7 +215,7 @@ def test_a_config_that_is_a_json_list_is_named(work, capsys):
                                                ("gpt-nano", {"num_kv_heads": 1, "tie_embeddings": False,
                                                              "activation": "swiglu"})])
 def test_the_model_memory_estimate_is_within_ten_percent(preset, overrides):
-    from tformer.memory import model_bytes
+    from tformer.models.registry import model_bytes
 
     model = tformer.build_model(preset, **overrides)
     actual = sum(t.numel() * t.element_size() for t in {id(p): p for p in model.parameters()}.values())

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import tformer
 from tformer import ConfigError, ImageProcessing, ModelConfig, VisionModel
-from tformer.memory import model_bytes
+from tformer.models.registry import model_bytes
 from tformer.nn.patches import PatchEmbedding, resize_position_table, sincos_2d_positions
 from tformer.nn.position import sinusoidal_table
 

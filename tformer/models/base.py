@@ -32,6 +32,10 @@ class Model(nn.Module):
     head_modules: tuple[str, ...] = ()
     # GPT-2's initialisation scales the residual output projections by 1/sqrt(2 * num_layers); BERT's does not.
     scaled_residual_init: bool = True
+    # What the family keeps beside its weights in a checkpoint folder, read back by ``tformer.load``: a
+    # "tokenizer" (tokenizer.json), an "image_processor" (preprocessor_config.json).
+    attachments: tuple[str, ...] = ("tokenizer",)
+    reads_tokens: bool = True  # its inputs are token ids of a vocabulary (a tokenizer sets vocab_size)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -39,6 +43,28 @@ class Model(nn.Module):
         self.tokenizer: Any = None
         self.decodes_directly = False  # decoding steps call every part's forward directly (prepare_for_decoding)
         self.quantization: Any = None  # the QuantizationScheme of its layers (tformer.quantization), or None
+
+    # ---- what a config implies, before a model is built ------------------------------------------
+
+    @classmethod
+    def estimated_parameters(cls, config: ModelConfig) -> int:
+        """About how many weights a model of ``config`` holds: its token embedding (and untied output), and
+        per layer the attention and feed-forward projections; norms, biases and position tables are left
+        out (a few percent at most). Read from the sizes alone, so a config whose model could never fit is
+        refused before anything is allocated."""
+        embeddings = config.vocab_size * config.d_model * (1 if config.tie_embeddings else 2)
+        return embeddings + config.num_layers * cls.layer_parameters(config)
+
+    @staticmethod
+    def layer_parameters(config: ModelConfig) -> int:
+        """The attention and feed-forward projections of one transformer layer."""
+        attention = (2 * config.num_heads + 2 * config.num_kv_heads) * config.head_dim * config.d_model
+        return attention + (3 if config.gated else 2) * config.d_model * config.d_ff
+
+    @classmethod
+    def describe_inputs(cls, config: ModelConfig) -> str:
+        """What the model reads, for its line in a run's log."""
+        return f"context {config.max_seq_len}"
 
     # ---- parameters --------------------------------------------------------------------------
 

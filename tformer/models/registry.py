@@ -44,3 +44,8 @@ def build_model(config_or_preset: ModelConfig | str, **overrides: Any) -> Model:
     """
     config = resolve_config(config_or_preset, **overrides)
     return model_class(config)(config)
+
+
+def model_bytes(config: ModelConfig, element_size: int = 4) -> int:
+    """About how many bytes a model of ``config`` holds (its family's ``estimated_parameters``)."""
+    return model_class(config).estimated_parameters(config) * element_size

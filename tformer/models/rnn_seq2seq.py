@@ -92,6 +92,19 @@ class RNNSeq2Seq(Seq2SeqModel):
     """Token embedding -> bidirectional RNN encoder; token embedding -> RNN decoder with attention over
     the encoder's states -> output layer (tied to the embedding by default)."""
 
+    @classmethod
+    def estimated_parameters(cls, config: ModelConfig) -> int:
+        """The token table (and untied output), the encoder's and decoder's gates x hidden x (input + hidden)
+        a layer, and the attention and output projections."""
+        embeddings = config.vocab_size * config.d_model * (1 if config.tie_embeddings else 2)
+        gates, hidden = (3 if config.rnn_cell == "gru" else 4), config.rnn_hidden_size
+        recurrent = 2 * config.num_layers * gates * hidden * (config.d_model + 2 * hidden)
+        return embeddings + recurrent + 4 * hidden * (hidden + config.d_model)
+
+    @classmethod
+    def describe_inputs(cls, config: ModelConfig) -> str:
+        return f"{config.rnn_cell.upper()} of {config.rnn_hidden_size} units, {config.rnn_attention} attention"
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         size, embedding, layers = config.rnn_hidden_size, config.d_model, config.num_layers

@@ -34,6 +34,19 @@ class VisionModel(Model):
 
     head_modules = head_module_names("vision")
     scaled_residual_init = False
+    attachments = ("image_processor",)
+    reads_tokens = False
+
+    @classmethod
+    def estimated_parameters(cls, config: ModelConfig) -> int:
+        """The patch projection, the position table and the layers' projections: no vocabulary."""
+        embeddings = (config.num_channels * config.patch_size ** 2 + config.num_patches + 1) * config.d_model
+        return embeddings + config.num_layers * cls.layer_parameters(config)
+
+    @classmethod
+    def describe_inputs(cls, config: ModelConfig) -> str:
+        return (f"images {config.num_channels} x {config.image_size} x {config.image_size} in {config.patch_size} x "
+                f"{config.patch_size} patches")
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

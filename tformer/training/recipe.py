@@ -29,6 +29,7 @@ from tformer.data.sources import DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.hub import read_model_config
 from tformer.hub_cache import is_hub_name
+from tformer.models import model_class
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.tasks.registry import TaskConfig, check_data_options, task_settings
 
@@ -93,7 +94,7 @@ class Recipe:
     def with_vocab_size(self, vocab_size: int | None) -> Recipe:
         """The recipe with the model's vocabulary fixed: the recipe's own value, else the tokenizer's (a
         vision model reads pixels: it has none to fix)."""
-        if self.model.architecture == "vision" and vocab_size is None:
+        if not model_class(self.model).reads_tokens and vocab_size is None:
             return self
         if self.vocab_size_given:
             if vocab_size is not None and vocab_size > self.model.vocab_size:

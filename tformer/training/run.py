@@ -56,7 +56,8 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         say(f"data       {data.description}{tokenizer}")
         layers = recipe.model.num_layers
         say(f"model      {recipe.model.architecture}: {model.num_parameters():,} parameters, "
-            f"{layers} layer{'s' if layers != 1 else ''}, width {recipe.model.d_model}, {_reads(recipe.model)}")
+            f"{layers} layer{'s' if layers != 1 else ''}, width {recipe.model.d_model}, "
+            f"{type(model).describe_inputs(recipe.model)}")
         trainer = Trainer(model, config, task, out_dir=out, progress=progress, overwrite=overwrite)
         say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
             f"({task.describe_batch()} x {config.grad_accum_steps} accumulated x "
@@ -109,13 +110,3 @@ def _threads(trainer: Trainer) -> str:
     if trainer.thread_tuner is not None:
         return f" with 1 or {count} threads (whichever is faster, measured as it runs)"
     return f" with {count} thread{'s' if count > 1 else ''}"
-
-
-def _reads(config) -> str:
-    """What a model reads, for its line in the log: its context, or its images and patches."""
-    if config.architecture == "vision":
-        return (f"images {config.num_channels} x {config.image_size} x {config.image_size} in {config.patch_size} x "
-                f"{config.patch_size} patches")
-    if config.architecture == "rnn_seq2seq":  # no position table: any length
-        return f"{config.rnn_cell.upper()} of {config.rnn_hidden_size} units, {config.rnn_attention} attention"
-    return f"context {config.max_seq_len}"

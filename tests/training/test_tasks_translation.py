@@ -143,7 +143,8 @@ def test_the_task_refuses_a_model_whose_special_tokens_differ(tmp_path):
     with pytest.raises(TrainingError, match=r"the tokenizer's eos token is id 2 but the model's eos_token_id is 5"):
         task.prepare(TrainingConfig(batch_size=8, seq_len=32), ProcessContext(0, 1), model)
     decoder = tformer.build_model("gpt-nano", vocab_size=300)
-    with pytest.raises(TrainingError, match=r"trains an encoder_decoder model, not architecture='decoder'"):
+    with pytest.raises(TrainingError, match=r"trains a sequence-to-sequence model over tokens \(encoder_decoder, "
+                                            r"rnn_seq2seq\), not architecture='decoder'"):
         task.prepare(TrainingConfig(batch_size=8, seq_len=32), ProcessContext(0, 1), decoder)
 
 

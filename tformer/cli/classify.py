@@ -63,7 +63,7 @@ def load_classifier(folder: str, quantize=None):
 
     model = tformer.load(folder, quantize=quantize)
     config = model.config
-    if config.architecture != "vision" or config.head != "image_classification":
+    if config.head != "image_classification":
         raise UsageError(f"{folder}: a vision model with head 'image_classification' is needed; this model "
                          f"is architecture={config.architecture!r}, head={config.head!r}")
     if getattr(model, "image_processor", None) is None:

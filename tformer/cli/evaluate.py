@@ -216,7 +216,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
     elif not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder
         raise UsageError(f"--data {data_file}: no such file or folder")
     model = tformer.load(folder, device="cpu", quantize=quantize)
-    if model.config.architecture == "vision":
+    if "image_processor" in type(model).attachments:
         if getattr(model, "image_processor", None) is None:
             raise UsageError(f"{folder}: the model folder has no preprocessor_config.json (the normalisation its "
                              "weights were trained with)")

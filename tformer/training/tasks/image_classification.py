@@ -147,7 +147,7 @@ class ImageClassification(LabelEvaluation, ExampleTask):
     def prepare(self, config: TrainingConfig, context: ProcessContext, model: nn.Module) -> None:
         super().prepare(config, context, model)
         model_config = model.config
-        if model_config.architecture != "vision" or model_config.head != "image_classification":
+        if model_config.head != "image_classification":
             raise TrainingError(f"the image_classification task trains a vision model with head "
                                 f"'image_classification', not architecture={model_config.architecture!r}, "
                                 f"head={model_config.head!r}")

@@ -29,7 +29,7 @@ from tformer.data.parallel import TRANSLATION_COLUMN, ParallelText, read_paralle
 from tformer.data.sources import DataConfig
 from tformer.evaluation.translation import BLEU_STATISTICS, bleu_from_statistics, bleu_statistics
 from tformer.generation.translation import new_token_budget, translate_ids
-from tformer.models.base import shift_right
+from tformer.models.base import Seq2SeqModel, shift_right
 from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
 from tformer.tokenizers import BPETokenizer
 from tformer.training.config import TrainingConfig, TrainingError
@@ -191,9 +191,9 @@ class Translation(ExampleTask):
     def prepare(self, config: TrainingConfig, context: ProcessContext, model: nn.Module) -> None:
         super().prepare(config, context, model)
         model_config = model.config
-        if model_config.architecture not in ("encoder_decoder", "rnn_seq2seq"):
-            raise TrainingError(f"the translation task trains an encoder_decoder model, not architecture="
-                                f"{model_config.architecture!r}")
+        if not (isinstance(model, Seq2SeqModel) and model.reads_tokens):
+            raise TrainingError(f"the translation task trains a sequence-to-sequence model over tokens "
+                                f"(encoder_decoder, rnn_seq2seq), not architecture={model_config.architecture!r}")
         self.check_model_fits(model, self.tokenizer, self.seq_len)
         for role in ("pad", "eos"):
             ours, theirs = getattr(self.tokenizer, f"{role}_token_id"), getattr(model_config, f"{role}_token_id")

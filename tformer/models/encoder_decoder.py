@@ -111,12 +111,13 @@ class EncoderDecoderLM(Seq2SeqModel):
         return self.decoder.new_cache(batch_size, max_len, dtype or self.dtype, device or self.device)
 
     def step(self, input_ids: Tensor, layout: StepLayout, cache: list[LayerCache], *, encoder_output: Tensor,
-             encoder_attention_mask: Tensor) -> Tensor:
+             encoder_attention_mask: Tensor | None = None) -> Tensor:
         """A decoding step: the decoder's tokens (B, T) after the cached ones, laid out by the caller,
         unchecked (a session checks its source once), attending to ``encoder_output`` (B, S, D) where
-        ``encoder_attention_mask`` (B, S) is 1. Logits (B, kept rows, V)."""
-        decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output,
-                                   encoder_attention_mask.bool(), direct=self.decodes_directly)
+        ``encoder_attention_mask`` (B, S) is 1 (None: everywhere, a speech model's). Logits (B, kept rows, V)."""
+        padding = None if encoder_attention_mask is None else encoder_attention_mask.bool()
+        decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output, padding,
+                                   direct=self.decodes_directly)
         return self._logits(decoded.hidden)
 
     def _logits(self, hidden: Tensor) -> Tensor:

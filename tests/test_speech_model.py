@@ -251,3 +251,37 @@ def test_the_token_chooser_suppresses_always_and_at_the_beginning():
     assert begin_only.alters(0) and not begin_only.alters(1)
     with pytest.raises(GenerationError, match=r"suppress_tokens=\(40,\): 40 is not a token id in \[0, 23\)"):
         TokenChooser.from_config(GenerationConfig(suppress_tokens=(40,)), TINY)
+
+
+def test_text_tools_refuse_a_model_that_reads_audio(model):
+    with pytest.raises(GenerationError, match="needs an encoder-decoder model that reads text; this one is 'speech'"):
+        tformer.translate(model, ["seven"], tokenizer=object())
+    with pytest.raises(GenerationError, match="input_features must be float log-mel features"):
+        tformer.generate(model, torch.tensor([[START, 5]]), 2)
+
+
+def test_int8_weights_keep_the_conv_stem_and_the_keyless_bias_in_float(tmp_path):
+    """Quantization swaps the linear layers only: the stem, the positions and the biases beside the fused
+    projections stay float, and the quantized model decodes and saves like any other. (whisper-digits' widths:
+    the int8 kernel needs inner sizes of a multiple it does not check, so TINY's 30 would crash it.)"""
+    from tformer.quantization import quantize
+
+    torch.manual_seed(0)
+    model = tformer.build_model("whisper-digits", max_source_positions=9, num_mel_bins=24).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.2)
+    copied = SpeechModel(model.config)
+    copied.load_state_dict(model.state_dict())
+    quantized = quantize(copied.eval(), "int8")
+    target = torch.tensor([[START, 4, 5], [START, 6, 7]])
+    expected = model(audio(), decoder_input_ids=target).logits
+    got = quantized(audio(), decoder_input_ids=target).logits
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+    assert quantized.audio.conv1.weight.dtype == torch.float32
+    assert quantized.decoder.blocks[0].cross_attention.keyless_bias.bias.dtype == torch.float32
+    quantized.save(tmp_path / "q")
+    torch.testing.assert_close(tformer.load(tmp_path / "q")(audio(), decoder_input_ids=target).logits, got,
+                               rtol=0, atol=0)
+    assert tformer.generate(quantized, audio(), 3).shape == (2, 4)

@@ -285,3 +285,29 @@ def test_int8_weights_keep_the_conv_stem_and_the_keyless_bias_in_float(tmp_path)
     torch.testing.assert_close(tformer.load(tmp_path / "q")(audio(), decoder_input_ids=target).logits, got,
                                rtol=0, atol=0)
     assert tformer.generate(quantized, audio(), 3).shape == (2, 4)
+
+
+# ---- audio longer than the window ----------------------------------------------------------------------------
+
+def test_long_audio_is_transcribed_in_consecutive_windows(model):
+    """45 frames through an 18-frame window: three windows (18, 18, 9), each decoded alone from the prompt and
+    cut at its end token, joined in order; padded to whole windows when a pad value is given."""
+    from tformer.generation import audio_windows, transcribe_ids
+
+    features = audio(batch=2, frames=45, seed=8)
+    pieces = audio_windows(features, 18)
+    assert [piece.shape[-1] for piece in pieces] == [18, 18, 9]
+    assert torch.equal(torch.cat(pieces, dim=-1), features)
+    options = dict(decoder_prompt_ids=(START, 7), num_beams=2)
+    generated = [tformer.generate(model, piece, 5, **options)[:, 2:].tolist() for piece in pieces]
+    ends = {END}
+    expected = [[], []]
+    for window in generated:
+        for row, tokens in zip(expected, window, strict=True):
+            row.extend(tokens[: next((i for i, t in enumerate(tokens) if t in ends), len(tokens))])
+    assert transcribe_ids(model, features, 5, **options) == expected
+    padded = audio_windows(features, 18, pad_value=-1.5)
+    assert padded[-1].shape[-1] == 18 and bool((padded[-1][..., 9:] == -1.5).all())
+    assert len(transcribe_ids(model, features, 5, pad_value=-1.5)) == 2
+    with pytest.raises(GenerationError, match="needs a speech model"):
+        transcribe_ids(tformer.build_model("gpt-nano"), features)

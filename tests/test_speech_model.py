@@ -183,6 +183,26 @@ def test_without_key_bias_attention_is_the_biased_layer_with_a_zero_key_bias(cro
     torch.testing.assert_close(got, expected)
 
 
+def test_the_serving_engine_honours_key_bias():
+    """key_bias is in LAYOUT_FIELDS: a decoder without key biases is served (paged cache) as generate decodes."""
+    from tformer.serving import Engine
+
+    torch.manual_seed(0)
+    decoder = tformer.build_model("gpt-nano", key_bias=False, initializer_range=0.3).eval()
+    with torch.no_grad():
+        for name, parameter in decoder.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.3)
+    engine = Engine(decoder, cache_tokens=256, block_size=8)
+    config = GenerationConfig(max_new_tokens=8, eos_token_id=())
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    requests = [engine.submit(prompt, config) for prompt in prompts]
+    engine.run_until_idle()
+    for prompt, request in zip(prompts, requests, strict=True):
+        expected = tformer.generate(decoder, torch.tensor([prompt]), generation_config=config)[0, len(prompt):]
+        assert request.outputs()[0] == expected.tolist()
+
+
 def test_prepacked_weights_keep_the_keyless_bias(model):
     """Decoding swaps the linear layers for prepacked ones (a weight backend); the bias beside them stays."""
     target = torch.tensor([[START, 4, 5], [START, 6, 7]])

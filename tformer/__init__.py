@@ -15,6 +15,7 @@ from tformer.models import (
     Model,
     ModelOutput,
     RNNSeq2Seq,
+    SpeechModel,
     VisionModel,
     VisionOutput,
     build_model,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PRESETS", "ConfigError", "DecoderLM", "EncoderDecoderLM", "EncoderModel", "EncoderOutput", "GenerationConfig",
-    "ImageProcessing", "Model", "ModelConfig", "ModelOutput", "RNNSeq2Seq", "VisionModel", "VisionOutput",
-    "build_model", "download", "generate", "load", "save", "stream_generate", "tokenizers", "translate", "__version__",
+    "ImageProcessing", "Model", "ModelConfig", "ModelOutput", "RNNSeq2Seq", "SpeechModel", "VisionModel",
+    "VisionOutput", "build_model", "download", "generate", "load", "save", "stream_generate", "tokenizers",
+    "translate", "__version__",
 ]

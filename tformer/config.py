@@ -14,7 +14,7 @@ from tformer.nn.attention.registry import KERNELS
 from tformer.nn.feedforward import ACTIVATION_FUNCTIONS, GATED_ACTIVATIONS
 from tformer.nn.heads import HEADS, POOLINGS
 
-ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder", "rnn_seq2seq")
+ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder", "rnn_seq2seq", "speech")
 ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # GATED_ACTIVATIONS: a gate and an up projection (geglu_tanh: T5 v1.1's)
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -42,7 +42,10 @@ RNN_CELLS = ("gru", "lstm")
 # The attention-RNN's attention: Bahdanau's additive score (on the decoder's previous state), or Luong's
 # multiplicative ones on its new state: dot (s . h) or general (s . W h).
 RNN_ATTENTIONS = ("bahdanau", "luong_dot", "luong_general")
-TEXT_FAMILIES = ("decoder", "encoder", "encoder_decoder", "rnn_seq2seq")
+# The families with a token vocabulary (a speech model reads audio and writes text: its decoder's tokens).
+TEXT_FAMILIES = ("decoder", "encoder", "encoder_decoder", "rnn_seq2seq", "speech")
+SEQ2SEQ_TRANSFORMERS = ("encoder_decoder", "speech")  # an encoder stack and a cross-attending decoder stack
+GENERATING_FAMILIES = ("decoder", "encoder_decoder", "speech")  # the transformers that generate tokens
 
 # Fields only some families read: field -> the architectures that use it. Any other family
 # refuses the field unless it holds its default, so a switch never sits in a config unread.
@@ -73,8 +76,13 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "sinusoidal_layout": ("decoder", "encoder", "encoder_decoder"),
     "lm_head_bias": ("encoder_decoder",),  # a per-token bias on the output logits (Marian's final_logits_bias)
     "scale_decoder_output": ("encoder_decoder",),  # T5: the decoder's states x d_model^-0.5 before the output
-    "num_encoder_layers": ("encoder_decoder",),  # the encoder's depth; num_layers is the decoder's
-    "decoder_start_token_id": ("encoder_decoder", "rnn_seq2seq"),
+    "num_encoder_layers": SEQ2SEQ_TRANSFORMERS,  # the encoder's depth; num_layers is the decoder's
+    "decoder_start_token_id": (*SEQ2SEQ_TRANSFORMERS, "rnn_seq2seq"),
+    "num_mel_bins": ("speech",),  # log-mel channels of the audio input
+    "max_source_positions": ("speech",),  # encoder positions: the input window is twice as many frames
+    # Generation's defaults: tokens never chosen, and tokens not chosen first (Whisper's generation config).
+    "suppress_tokens": GENERATING_FAMILIES,
+    "begin_suppress_tokens": GENERATING_FAMILIES,
     "forced_eos_token_id": TEXT_FAMILIES,
     "rnn_cell": ("rnn_seq2seq",),
     "rnn_attention": ("rnn_seq2seq",),
@@ -143,6 +151,18 @@ class ModelConfig:
     ``sinusoidal_layout`` (text families, sinusoidal positions): ``interleaved`` alternates sine and
     cosine channels as the paper writes it; ``split`` puts every sine first (Marian, fairseq).
 
+    Speech fields (``architecture="speech"``, Whisper's shape): log-mel features of ``num_mel_bins`` channels
+    pass a two-convolution stem (the second of stride 2) and fixed sinusoids over ``max_source_positions``
+    positions into an encoder of ``num_encoder_layers`` blocks; so the model reads at most ``input_frames`` =
+    2 x ``max_source_positions`` frames at once (Whisper's 30 s window: 1500 positions, 3000 frames of 10 ms; a
+    model for short utterances sets a shorter window). Its decoder is an encoder-decoder's (``num_layers``
+    blocks, ``max_seq_len`` positions, ``decoder_start_token_id``), with the output tied to its token table.
+
+    ``key_bias=False`` (any family, with ``attention_bias``) leaves the key projections without a bias while
+    queries, values and outputs keep theirs (Whisper's attention). ``suppress_tokens`` and
+    ``begin_suppress_tokens`` (the generating families) are generation's defaults, as ``forced_eos_token_id``:
+    tokens never chosen, and tokens not chosen as the first new token (Whisper's generation config).
+
     Attention kernels (every family; ``ATTENTION_KERNELS``): ``attention_kernel`` picks how attention is
     computed. ``sdpa`` (PyTorch's fused kernel), ``reference`` (matmul, mask, softmax, matmul) and
     ``chunked`` (query and key blocks with an online softmax: memory linear in length) compute the same
@@ -200,6 +220,11 @@ class ModelConfig:
     patch_size: int = 16
     num_channels: int = 3
     pooling: str = "cls"
+    num_mel_bins: int = 80
+    max_source_positions: int = 1500
+    key_bias: bool = True  # with attention_bias: False leaves the key projections alone without one (Whisper)
+    suppress_tokens: tuple[int, ...] = ()  # generation's default: never chosen
+    begin_suppress_tokens: tuple[int, ...] = ()  # generation's default: not chosen as the first new token
     initializer_range: float = 0.02
     num_encoder_layers: int | None = None
     decoder_start_token_id: int | None = None
@@ -217,8 +242,9 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=True)
 
     def __post_init__(self) -> None:
-        if isinstance(self.label_names, list):  # from JSON
-            object.__setattr__(self, "label_names", tuple(self.label_names))
+        for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
+            if isinstance(getattr(self, name), list):  # from JSON
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         self._check_choices()
         self._check_family_fields()
         if self.architecture == "rnn_seq2seq":
@@ -233,7 +259,7 @@ class ModelConfig:
             "attention_bias": self.bias if self.attention_bias is None else self.attention_bias,
             "feedforward_bias": self.bias if self.feedforward_bias is None else self.feedforward_bias,
         }
-        if self.architecture == "encoder_decoder" and self.num_encoder_layers is None:
+        if self.architecture in SEQ2SEQ_TRANSFORMERS and self.num_encoder_layers is None:
             derived["num_encoder_layers"] = self.num_layers
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -242,6 +268,12 @@ class ModelConfig:
             self._check_encoder()
         elif self.architecture == "vision":
             self._check_vision()
+        elif self.architecture == "speech":
+            self._check_speech()
+        self._check_token_lists()
+        if not self.key_bias and not self.attention_bias:
+            raise ConfigError("key_bias=False takes the key projections' bias away from attention_bias=True; "
+                              "with attention_bias=False no projection has one (leave key_bias=True)")
         self._check_attention_kernel()
 
     @property
@@ -426,6 +458,33 @@ class ModelConfig:
             raise ConfigError(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size} "
                               "(the patches must tile the image)")
 
+    def _check_speech(self) -> None:
+        """The audio input: ``num_mel_bins`` channels, at most ``2 * max_source_positions`` frames (the stem's
+        second convolution halves them); the fixed sinusoids need an even width of at least 4."""
+        for name in ("num_mel_bins", "max_source_positions", "num_encoder_layers"):
+            _require_positive_int(name, getattr(self, name))
+        if self.d_model % 2 or self.d_model < 4:
+            raise ConfigError(f"d_model={self.d_model} must be even and >= 4 for architecture='speech' (the "
+                              "encoder's fixed sinusoids: a sine and a cosine half, at least two frequencies each)")
+        for name in ("decoder_start_token_id", "forced_eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size})")
+
+    def _check_token_lists(self) -> None:
+        """``suppress_tokens`` and ``begin_suppress_tokens``: token ids of the vocabulary."""
+        for name in ("suppress_tokens", "begin_suppress_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(
+                    isinstance(token, int) and not isinstance(token, bool) and 0 <= token < self.vocab_size
+                    for token in value):
+                raise ConfigError(f"{name}={value!r} must be a list of token ids in [0, {self.vocab_size})")
+
+    @property
+    def input_frames(self) -> int:
+        """The most log-mel frames a speech model reads at once (its window): 2 x ``max_source_positions``."""
+        return 2 * self.max_source_positions
+
     @property
     def has_pooler(self) -> bool:
         """Whether a model with this config has the tanh pooler: a headed family's bare model, or one whose
@@ -461,7 +520,8 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON holds them (``label_names`` a list), so a dict read back compares equal."""
         data = dataclasses.asdict(self)
-        data["label_names"] = list(self.label_names)
+        for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
+            data[name] = list(getattr(self, name))
         return data
 
     @classmethod
@@ -508,7 +568,7 @@ def _underived(config: ModelConfig) -> dict[str, Any]:
     for name in ("norm_bias", "attention_bias", "feedforward_bias"):
         if getattr(config, name) == config.bias:
             reset[name] = None
-    if config.architecture == "encoder_decoder" and config.num_encoder_layers == config.num_layers:
+    if config.architecture in SEQ2SEQ_TRANSFORMERS and config.num_encoder_layers == config.num_layers:
         reset["num_encoder_layers"] = None
     return reset
 
@@ -551,6 +611,17 @@ def _vit(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> ModelC
         "architecture": "vision", "d_model": d_model, "num_layers": num_layers, "num_heads": num_heads,
         "activation": "gelu", "norm": "layernorm", "norm_position": "pre", "norm_eps": 1e-12,
         "positional": "learned", "head": "image_classification", **fields,
+    })
+
+
+def _whisper(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> ModelConfig:
+    """A Whisper-shaped speech model with ``num_layers`` blocks on each side (Hugging Face's WhisperConfig)."""
+    return ModelConfig(**{
+        "architecture": "speech", "vocab_size": 51865, "max_seq_len": 448, "d_model": d_model,
+        "num_layers": num_layers, "num_encoder_layers": num_layers, "num_heads": num_heads, "activation": "gelu",
+        "norm": "layernorm", "norm_position": "pre", "positional": "learned", "key_bias": False,
+        "num_mel_bins": 80, "max_source_positions": 1500, "pad_token_id": 50257, "bos_token_id": 50257,
+        "eos_token_id": 50257, "decoder_start_token_id": 50258, "begin_suppress_tokens": (220, 50257), **fields,
     })
 
 
@@ -606,6 +677,19 @@ PRESETS: dict[str, ModelConfig] = {
         rnn_cell="gru", rnn_attention="bahdanau", dropout=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=1,
     ),
+    # Whisper (Radford et al. 2022) as Hugging Face's WhisperForConditionalGeneration holds it: pre-norm, exact
+    # GELU, no key bias, the multilingual vocabulary (<|endoftext|> 50257, <|startoftranscript|> 50258), 80 mels,
+    # a 30 s window (1500 positions), 448 decoder positions. whisper-tiny has 37,760,640 parameters as Hugging
+    # Face counts them (the encoder's fixed sinusoids included). The Hub folders also carry the suppress_tokens
+    # lists, read on load; these shapes carry only begin_suppress_tokens (" " and <|endoftext|>).
+    "whisper-tiny": _whisper(384, 4, 6),
+    "whisper-base": _whisper(512, 6, 8),
+    # A from-scratch recipe on spoken digits (FSDD: single words, under 2 s): Whisper's layout at 3.3M
+    # parameters, a 3 s window (150 positions, 300 frames) instead of 30 s, so a batch of short utterances
+    # costs a tenth of the attention, and a character vocabulary of 32 (0 pad, 1 start, 2 end, then characters)
+    # with 32 decoder positions (a prompt and a spoken number's letters).
+    "whisper-digits": _whisper(192, 3, 4, vocab_size=32, max_seq_len=32, max_source_positions=150, pad_token_id=0,
+                               bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, begin_suppress_tokens=()),
     # For tests: tiny and fast.
     "gpt-nano": ModelConfig(
         vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,

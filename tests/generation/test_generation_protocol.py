@@ -19,7 +19,7 @@ from tformer.nn.position import positions_from_mask
 CONFIG = ModelConfig(vocab_size=11, max_seq_len=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2)
 START = 1  # the decoder's first token
 HOOKS = {"config", "prepare_generation", "new_cache", "position_limit", "forward", "encodes_prompt",
-         "cache_bytes_per_token", "step", "prepare_for_decoding"}  # the last four optional
+         "cache_bytes_per_token", "step", "prepare_for_decoding", "check_generation_input"}  # the last five optional
 MODULE_API = {name for name in dir(nn.Module) if not name.startswith("_")} | {"training"}  # eval, parameters, ...
 
 

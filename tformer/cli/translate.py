@@ -65,7 +65,7 @@ def load_translator(folder: str, device: str, quantize=None):
     from tformer.cli import UsageError, resolve_device
 
     model = tformer.load(folder, device=resolve_device(device), quantize=quantize)
-    if not getattr(model, "encodes_prompt", False):
+    if not getattr(model, "encodes_prompt", False) or getattr(model, "inputs", "tokens") != "tokens":
         raise UsageError(f"{folder}: a {model.config.architecture} model does not translate; give an encoder-decoder "
                          "(architecture encoder_decoder or rnn_seq2seq)")
     if getattr(model, "tokenizer", None) is None:

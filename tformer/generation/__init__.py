@@ -12,9 +12,10 @@ from tformer.generation.session import (
 )
 from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.generation.stream import TextStreamer
+from tformer.generation.transcription import audio_windows, transcribe_ids
 
 __all__ = [
     "GenerationConfig", "GenerationError", "GenerationOutput", "GenerationState", "ModelSession", "Session",
-    "StackSession", "TextStreamer", "TokenStream", "cache_bytes_per_token", "generate", "open_session",
-    "stream_generate",
+    "StackSession", "TextStreamer", "TokenStream", "audio_windows", "cache_bytes_per_token", "generate",
+    "open_session", "stream_generate", "transcribe_ids",
 ]

@@ -150,7 +150,9 @@ class _Generation:
         self.config = config
         self.model, self.draft_model = model, draft_model
         device = next(model.parameters()).device
-        input_ids = input_ids.to(device=device, dtype=torch.long)
+        # Token ids as int64; a model's own kind of prompt (a speech model's features) as it is.
+        own_prompt = getattr(model, "check_generation_input", None) is not None
+        input_ids = input_ids.to(device=device) if own_prompt else input_ids.to(device=device, dtype=torch.long)
         attention_mask = None if attention_mask is None else attention_mask.to(device)
         if config.num_beams == 1 and config.num_return_sequences > 1:  # independent samples per prompt
             input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
@@ -165,11 +167,13 @@ class _Generation:
                 decoder.prepare_for_decoding()
         with self._eval_mode():
             self.session, state = open_session(model, input_ids, attention_mask, config.max_new_tokens,
-                                               use_cache=config.use_cache, grow=grow)
+                                               use_cache=config.use_cache, grow=grow,
+                                               decoder_prompt=config.decoder_prompt_ids)
             self.draft_session: ModelSession | None = None
             if draft_model is not None:
                 self.draft_session, draft_state = open_session(draft_model, input_ids, attention_mask,
-                                                               config.max_new_tokens, role="draft_model", grow=grow)
+                                                               config.max_new_tokens, role="draft_model", grow=grow,
+                                                               decoder_prompt=config.decoder_prompt_ids)
                 if not torch.equal(draft_state.input_ids, state.input_ids):
                     raise GenerationError("draft_model starts its decoder from other tokens than the model")
                 for role, session in (("model", self.session), ("draft_model", self.draft_session)):
@@ -205,7 +209,11 @@ class _Generation:
         memory available; return whether the sessions should grow as needed (a run that may end
         early, when the memory also allows the copy a growth makes) rather than be allocated whole."""
         config, model = self.config, self.model
-        batch, prompt_length = input_ids.shape  # an encoder–decoder's decoder prompt is shorter: an upper bound
+        # The decoder's prompt: a decoder's input_ids; an encoder-decoder's start token or decoder_prompt_ids,
+        # bounded by its source's length (the source of a model with its own kind of prompt is not tokens).
+        batch, prompt_length = input_ids.shape[0], max(len(config.decoder_prompt_ids), 1)
+        if not getattr(model, "check_generation_input", None):
+            prompt_length = max(prompt_length, input_ids.shape[1])
         length = prompt_length + config.max_new_tokens
         rows = batch * max(config.num_beams, 1)  # num_return_sequences is already in the batch
         sessions = session_bytes(model, rows, length, config.use_cache)

@@ -12,7 +12,11 @@ have them all; a model may offer just the required ones):
 - ``config``: its ``ModelConfig`` (``vocab_size``, default ``eos_token_id`` / ``pad_token_id``).
 - ``prepare_generation(input_ids, attention_mask) -> GenerationState``: called once per
   ``generate`` call. A decoder continues its prompt as it is; an encoder–decoder encodes the
-  source once and returns its decoder's start tokens plus the encoder state every step needs.
+  source once and returns its decoder's start tokens plus the encoder state every step needs
+  (with ``decoder_prompt=`` ids, those tokens instead: ``GenerationConfig.decoder_prompt_ids``).
+- ``check_generation_input(inputs, attention_mask) -> str | None`` (optional): a model whose prompt
+  is not token ids (a speech model's log-mel features) says what is wrong with one, or None; its
+  prompt then reaches ``prepare_generation`` as it is (not as int64 ids).
 - ``new_cache(batch_size, max_len) -> list[LayerCache]``: one per block, for up to ``max_len``
   decoder positions (each block's kernel picks its cache backend; cross-attention's slot is
   filled by the first step).
@@ -77,14 +81,18 @@ GROWTH_CHUNK = 1024  # new tokens a growing session holds room for at first
 
 def open_session(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int, *,
-    use_cache: bool = True, role: str = "model", grow: bool = False,
+    use_cache: bool = True, role: str = "model", grow: bool = False, decoder_prompt: tuple[int, ...] = (),
 ) -> tuple[ModelSession, GenerationState]:
     """Prepare the prompt (``prepare_generation``) and open a session for it and ``max_new_tokens`` more.
 
     A model with the ``step`` hook whose config the session lays out gets a ``StackSession``; any
     other model (or ``use_cache=False``) a ``ModelSession``. With ``grow`` (a run that may end early)
-    the session first holds room for ``GROWTH_CHUNK`` new tokens and doubles as needed."""
-    state = model.prepare_generation(input_ids, attention_mask)
+    the session first holds room for ``GROWTH_CHUNK`` new tokens and doubles as needed. ``decoder_prompt``: an
+    encoder-decoder's first decoder tokens in place of its start token (``check_call`` refuses it elsewhere)."""
+    if decoder_prompt:
+        state = model.prepare_generation(input_ids, attention_mask, decoder_prompt=decoder_prompt)
+    else:
+        state = model.prepare_generation(input_ids, attention_mask)
     batch, prompt_length = state.input_ids.shape
     limit = model.position_limit
     if limit is not None and prompt_length + max_new_tokens > limit:

@@ -54,6 +54,12 @@ class GenerationConfig:
     output_scores: bool = False
     return_dict: bool = False
     use_cache: bool = True  # False re-runs the whole sequence each step (the slow reference)
+    # Tokens never chosen, and tokens not chosen as the first new one (None: the model config's; () none).
+    suppress_tokens: tuple[int, ...] | None = None
+    begin_suppress_tokens: tuple[int, ...] | None = None
+    # An encoder-decoder's (a speech model's) first decoder tokens for every row, in place of its start token:
+    # Whisper's <|startoftranscript|>, language, task, <|notimestamps|> (tformer.models.speech.whisper_prompt).
+    decoder_prompt_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self._check()
@@ -89,6 +95,16 @@ class GenerationConfig:
             return None
         (forced_id,) = _token_ids("forced_eos_token_id", value, model_config.vocab_size)
         return forced_id
+
+    def suppressed_ids(self, model_config) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ids never chosen and the ids not chosen first: the options, else the model config's, each within
+        its vocabulary."""
+        found = []
+        for name in ("suppress_tokens", "begin_suppress_tokens"):
+            value = getattr(self, name)
+            found.append(_token_ids(name, getattr(model_config, name, ()) if value is None else value,
+                                    model_config.vocab_size))
+        return found[0], found[1]
 
     def pad_id(self, model_config) -> int:
         """The id finished rows are filled with: the option, the config's, else the first end id, else 0."""
@@ -131,6 +147,11 @@ class GenerationConfig:
                                               or isinstance(self.pad_token_id, bool)):
             raise GenerationError(f"pad_token_id={self.pad_token_id!r} must be one token id")
         self._normalise("stop_strings", _stop_strings(self.stop_strings))
+        for name in ("suppress_tokens", "begin_suppress_tokens"):
+            if getattr(self, name) is not None:
+                self._normalise(name, _token_ids(name, list(getattr(self, name)), None))
+        self._normalise("decoder_prompt_ids", _token_ids("decoder_prompt_ids", list(self.decoder_prompt_ids or ()),
+                                                         None))
         _require_int("num_beams", self.num_beams, 1)
         _require_int("num_return_sequences", self.num_return_sequences, 1)
         if not _is_number(self.length_penalty):
@@ -173,7 +194,14 @@ def check_model(model: object, role: str = "model") -> None:
 
 def check_prompt(model: nn.Module, input_ids: object, attention_mask: object) -> None:
     """``input_ids`` (B, T) token ids of the model's vocabulary; ``attention_mask`` left padding (a
-    decoder continues its prompt), or either side for a model whose ``encodes_prompt`` is True."""
+    decoder continues its prompt), or either side for a model whose ``encodes_prompt`` is True. A model whose
+    prompt is not token ids (a speech model's log-mel features) checks it with its ``check_generation_input``."""
+    own_check = getattr(model, "check_generation_input", None)
+    if own_check is not None:
+        problem = own_check(input_ids, attention_mask)
+        if problem is not None:
+            raise GenerationError(problem)
+        return
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise GenerationError(f"input_ids must be a tensor of shape (batch, length >= 1), got {shape}")
@@ -216,6 +244,12 @@ def check_call(
     """The checks that need more than the options: the model's vocabulary, a tokenizer for stop
     strings, streaming, and what speculative decoding needs of its draft model."""
     config.pad_id(model.config)  # checks the end and pad ids against the vocabulary
+    config.suppressed_ids(model.config)
+    if config.decoder_prompt_ids:
+        if not getattr(model, "encodes_prompt", False):
+            raise GenerationError("decoder_prompt_ids are an encoder-decoder's first decoder tokens; a decoder's "
+                                  "prompt is its input_ids")
+        _token_ids("decoder_prompt_ids", config.decoder_prompt_ids, model.config.vocab_size)
     if config.stop_strings and tokenizer is None:
         raise GenerationError("stop_strings need a tokenizer: pass tokenizer= or attach one to the model")
     if streaming and config.num_beams > 1:

@@ -58,8 +58,8 @@ def translate(model: nn.Module, sentences: Sequence[str], tokenizer=None, *, num
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise GenerationError("translate needs a tokenizer: the model has none attached; pass tokenizer=")
-    if not getattr(model, "encodes_prompt", False):
-        raise GenerationError(f"translate needs an encoder-decoder model; this one is "
+    if not getattr(model, "encodes_prompt", False) or getattr(model, "inputs", "tokens") != "tokens":
+        raise GenerationError(f"translate needs an encoder-decoder model that reads text; this one is "
                               f"{getattr(model.config, 'architecture', type(model).__name__)!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise GenerationError(f"batch_size={batch_size!r} must be a positive integer")

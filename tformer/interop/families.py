@@ -12,11 +12,12 @@ from tformer.interop.marian import MarianFamily
 from tformer.interop.roberta import RobertaFamily
 from tformer.interop.t5 import T5Family
 from tformer.interop.vit import ViTFamily
+from tformer.interop.whisper import WhisperFamily
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
     for family in (GPT2Family(), LlamaFamily(), BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(),
-                   T5Family())
+                   T5Family(), WhisperFamily())
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

@@ -5,7 +5,8 @@ A family describes, per tformer module, the Hugging Face module(s) it correspond
 tformer tensor; the rules then translate whole state dicts either way. tformer fuses some
 projections that Hugging Face keeps apart: the attention's ``qkv_proj`` holds the query,
 key and value rows in that order (cross-attention's ``kv_proj`` the key and value rows), and
-a gated feed-forward's ``in_proj`` holds the gate rows, then the up rows. GPT-2 stores its
+a gated feed-forward's ``in_proj`` holds the gate rows, then the up rows; without key biases
+(Whisper), self-attention's ``keyless_bias`` holds the query biases, then the value biases. GPT-2 stores its
 linear weights transposed, as (in, out).
 """
 
@@ -21,7 +22,7 @@ from torch import Tensor
 from tformer.checkpoint import check_weights
 from tformer.config import ModelConfig
 
-FUSIONS = ("qkv", "kv", "gate_up")
+FUSIONS = ("qkv", "kv", "qv", "gate_up")
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ def _fused_rows(fused: str, config: ModelConfig) -> tuple[int, ...]:
         return (config.num_heads * config.head_dim, kv_rows, kv_rows)
     if fused == "kv":  # cross-attention: keys and values of the encoder's output
         return (kv_rows, kv_rows)
+    if fused == "qv":  # the query and value biases of a projection whose keys have none
+        return (config.num_heads * config.head_dim, kv_rows)
     return (config.d_ff, config.d_ff)  # gate_up
 
 

@@ -9,9 +9,11 @@ from tformer.models.encoder_decoder import EncoderDecoderLM
 from tformer.models.output import EncoderOutput, ModelOutput, Seq2SeqOutput, VisionOutput
 from tformer.models.registry import MODEL_CLASSES, build_model, model_class, register
 from tformer.models.rnn_seq2seq import RNNSeq2Seq
+from tformer.models.speech import SpeechModel
 from tformer.models.vision import VisionModel
 
 __all__ = [
     "DecoderLM", "EncoderDecoderLM", "EncoderModel", "EncoderOutput", "MODEL_CLASSES", "Model", "ModelOutput",
-    "RNNSeq2Seq", "Seq2SeqOutput", "build_model", "model_class", "register", "VisionModel", "VisionOutput",
+    "RNNSeq2Seq", "Seq2SeqOutput", "SpeechModel", "build_model", "model_class", "register", "VisionModel",
+    "VisionOutput",
 ]

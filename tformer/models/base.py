@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ class Model(nn.Module):
     # What the family keeps beside its weights in a checkpoint folder, read back by ``tformer.load``: a
     # "tokenizer" (tokenizer.json), an "image_processor" (preprocessor_config.json).
     attachments: tuple[str, ...] = ("tokenizer",)
-    reads_tokens: bool = True  # its inputs are token ids of a vocabulary (a tokenizer sets vocab_size)
+    reads_tokens: bool = True  # it reads or writes token ids of a vocabulary (a tokenizer sets vocab_size)
+    inputs: str = "tokens"  # what its (encoder's) input is: "tokens", "images" or "audio"
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -190,11 +192,18 @@ class Seq2SeqModel(Model):
         """The encoder's output (B, S, D) that every decoding step attends to."""
         raise NotImplementedError
 
-    def prepare_generation(self, input_ids: torch.Tensor,
-                           attention_mask: torch.Tensor | None = None) -> GenerationState:
-        """Encode the source once; the decoder starts from the start token, and every step reads the
-        encoder's output and mask (reordered with the rows by beam search)."""
+    def decoder_start(self, batch: int, device: torch.device,
+                      decoder_prompt: Sequence[int] | None = None) -> torch.Tensor:
+        """The decoder's first tokens (B, P): ``decoder_prompt`` (a forced prefix, e.g. Whisper's
+        <|startoftranscript|>, language and task) for every row, else the start token (B, 1)."""
+        prompt = [self.start_token_id] if not decoder_prompt else list(decoder_prompt)
+        return torch.tensor(prompt, dtype=torch.long, device=device).expand(batch, -1).contiguous()
+
+    def prepare_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                           decoder_prompt: Sequence[int] | None = None) -> GenerationState:
+        """Encode the source once; the decoder starts from ``decoder_prompt``, else the start token, and every
+        step reads the encoder's output and mask (reordered with the rows by beam search)."""
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        start = torch.full((input_ids.shape[0], 1), self.start_token_id, dtype=torch.long, device=input_ids.device)
+        start = self.decoder_start(input_ids.shape[0], input_ids.device, decoder_prompt)
         return GenerationState(input_ids=start, step_inputs={"encoder_output": self.encoded_source(input_ids, mask),
                                                               "encoder_attention_mask": mask})

@@ -35,6 +35,15 @@ class EncoderDecoderLM(Seq2SeqModel):
         if config.tie_embeddings:
             self.lm_head.weight = self.embedding.token.weight
 
+    @classmethod
+    def estimated_parameters(cls, config: ModelConfig) -> int:
+        """The token table (and untied output), the encoder's and decoder's layers, and the decoder's
+        cross-attention projections."""
+        embeddings = config.vocab_size * config.d_model * (1 if config.tie_embeddings else 2)
+        cross_attention = 4 * config.num_heads * config.head_dim * config.d_model
+        return (embeddings + (config.num_layers + config.num_encoder_layers) * cls.layer_parameters(config)
+                + config.num_layers * cross_attention)
+
     def tied_parameters(self) -> dict[str, str]:
         return {"lm_head.weight": "embedding.token.weight"} if self.config.tie_embeddings else {}
 
@@ -111,12 +120,13 @@ class EncoderDecoderLM(Seq2SeqModel):
         return self.decoder.new_cache(batch_size, max_len, dtype or self.dtype, device or self.device)
 
     def step(self, input_ids: Tensor, layout: StepLayout, cache: list[LayerCache], *, encoder_output: Tensor,
-             encoder_attention_mask: Tensor) -> Tensor:
+             encoder_attention_mask: Tensor | None = None) -> Tensor:
         """A decoding step: the decoder's tokens (B, T) after the cached ones, laid out by the caller,
         unchecked (a session checks its source once), attending to ``encoder_output`` (B, S, D) where
-        ``encoder_attention_mask`` (B, S) is 1. Logits (B, kept rows, V)."""
-        decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output,
-                                   encoder_attention_mask.bool(), direct=self.decodes_directly)
+        ``encoder_attention_mask`` (B, S) is 1 (None: everywhere, a speech model's). Logits (B, kept rows, V)."""
+        padding = None if encoder_attention_mask is None else encoder_attention_mask.bool()
+        decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output, padding,
+                                   direct=self.decodes_directly)
         return self._logits(decoded.hidden)
 
     def _logits(self, hidden: Tensor) -> Tensor:

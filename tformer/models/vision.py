@@ -36,6 +36,7 @@ class VisionModel(Model):
     scaled_residual_init = False
     attachments = ("image_processor",)
     reads_tokens = False
+    inputs = "images"
 
     @classmethod
     def estimated_parameters(cls, config: ModelConfig) -> int:

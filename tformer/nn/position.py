@@ -27,6 +27,19 @@ def sinusoidal_table(length: int, dim: int, base: float = 10000.0, layout: str =
     return table.float()
 
 
+def whisper_sinusoids(length: int, dim: int, max_timescale: float = 10000.0) -> Tensor:
+    """(length, dim) Whisper's fixed encoder positions: every sine, then every cosine, at ``dim / 2``
+    frequencies spread geometrically from 1 to 1 / ``max_timescale`` (the last frequency reaches it, where the
+    2017 paper's table stops one step short). Computed in float32 as Whisper computes it, so a fresh table
+    holds the very values of a fresh Hugging Face or OpenAI model (float64 would differ by up to 1e-4 at
+    large angles)."""
+    half = dim // 2
+    increment = math.log(max_timescale) / (half - 1)
+    frequencies = torch.exp(-increment * torch.arange(half, dtype=torch.float32))
+    angles = torch.arange(length, dtype=torch.float32)[:, None] * frequencies[None, :]  # (length, dim/2)
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal position encodings added to token embeddings."""
 

@@ -25,6 +25,7 @@ LAYOUT_FIELDS = frozenset({
     "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
     "d_ff", "activation", "norm", "norm_position", "norm_eps", "norm_bias", "bias", "attention_bias",
     "feedforward_bias", "attention_kernel", "performer_features", "performer_redraw_interval", "attention_window",
+    "key_bias",  # MultiHeadAttention's own: every pass through it honours it
     # positions (the layout's own business: counted over real tokens, as forward counts them)
     "positional", "rope_theta", "sinusoidal_layout", "relative_num_buckets", "relative_max_distance",
     # embeddings and heads of the families that decode
@@ -35,6 +36,9 @@ LAYOUT_FIELDS = frozenset({
     "decoder_start_token_id", "forced_eos_token_id", "extra", "type_vocab_size", "head", "num_labels", "problem_type",
     "label_names", "position_offset", "pooler_input_dropout", "image_size", "patch_size", "num_channels", "pooling",
     "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio",
+    "suppress_tokens", "begin_suppress_tokens",  # generation's defaults, read by its TokenChooser
+    # a speech model's audio front end: its encoder runs through forward, once, before any step is laid out
+    "num_mel_bins", "max_source_positions",
 })
 
 

@@ -52,6 +52,8 @@ GENERATION_FIELDS: dict[str, str | None] = {
     "output_scores": "ask for logprobs instead",
     "return_dict": "the server answers in its own format",
     "use_cache": "the server always decodes over its cache",
+    "suppress_tokens": HONOURED, "begin_suppress_tokens": HONOURED,  # the TokenChooser's, as generate's
+    "decoder_prompt_ids": "the server decodes decoder-only models, whose prompt is the request's",
 }
 
 

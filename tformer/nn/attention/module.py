@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from tformer.nn.attention.mask import NO_MASK, AttentionMask
@@ -24,6 +25,11 @@ class MultiHeadAttention(nn.Module):
     computed (``nn.attention.registry.KERNELS``), with ``kernel_settings`` the config fields it reads
     (the sliding window's ``attention_window``, Performer's ``performer_features``, ...); a kernel
     without attention dropout refuses ``dropout`` > 0.
+
+    ``key_bias=False`` (with ``bias``): the keys get no bias, the queries, values and output keep theirs
+    (Whisper). The projection that makes keys (``qkv_proj``, cross-attention's ``kv_proj``) then has no bias of
+    its own; ``keyless_bias`` (a ``KeylessBias``) holds the biases of its other rows and adds them after it, so
+    a weight backend swapped in for the projection (prepacked, int8, ...) changes nothing.
     """
 
     def __init__(
@@ -37,6 +43,7 @@ class MultiHeadAttention(nn.Module):
         cross: bool = False,
         kernel: str = "sdpa",
         kernel_settings: dict[str, Any] | None = None,
+        key_bias: bool = True,
     ) -> None:
         super().__init__()
         kernel_type = kernel_class(kernel)
@@ -53,12 +60,15 @@ class MultiHeadAttention(nn.Module):
             self.add_module(name, module)
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
+        fused_bias = bias and key_bias  # a bias on every row of the projection that makes keys
         if cross:
             self.q_proj = nn.Linear(d_model, q_size, bias=bias)
-            self.kv_proj = nn.Linear(d_model, 2 * kv_size, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * kv_size, bias=fused_bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, q_size + 2 * kv_size, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, q_size + 2 * kv_size, bias=fused_bias)
         self.out_proj = nn.Linear(q_size, d_model, bias=bias)
+        self.add_module("keyless_bias", KeylessBias(0 if cross else q_size, kv_size, kv_size)
+                        if bias and not key_bias else None)
 
     def new_cache(self, batch_size: int, max_len: int, dtype, device) -> Any:
         """This layer's self-attention cache for decoding up to ``max_len`` positions (its kernel's backend)."""
@@ -86,8 +96,11 @@ class MultiHeadAttention(nn.Module):
         projections = self._modules  # read directly: a decoding step runs every layer once per token
         if not self.cross:
             qkv_proj = projections["qkv_proj"]
-            q, k, v = (qkv_proj.forward(x) if direct else qkv_proj(x)).split_with_sizes(
-                [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+            qkv = qkv_proj.forward(x) if direct else qkv_proj(x)
+            keyless_bias = projections["keyless_bias"]
+            if keyless_bias is not None:
+                qkv = keyless_bias.forward(qkv)
+            q, k, v = qkv.split_with_sizes([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
             k = k.view(batch, length, kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
             v = v.view(batch, length, kv_heads, head_dim).transpose(1, 2)
         else:
@@ -98,8 +111,11 @@ class MultiHeadAttention(nn.Module):
             k = v = None  # already cached
             if cache is None or not cache.filled:
                 source_len = context.shape[1]
-                k, v = projections["kv_proj"](context).split_with_sizes([kv_heads * head_dim, kv_heads * head_dim],
-                                                                        dim=-1)
+                kv = projections["kv_proj"](context)
+                keyless_bias = projections["keyless_bias"]
+                if keyless_bias is not None:
+                    kv = keyless_bias.forward(kv)
+                k, v = kv.split_with_sizes([kv_heads * head_dim, kv_heads * head_dim], dim=-1)
                 k = k.view(batch, source_len, kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
                 v = v.view(batch, source_len, kv_heads, head_dim).transpose(1, 2)
         q = q.view(batch, length, heads, head_dim).transpose(1, 2)  # (B, H, T, Dh)
@@ -116,3 +132,19 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(*x.shape[:-1], heads * head_dim)  # back to x's layout
         out_proj = projections["out_proj"]
         return out_proj.forward(out) if direct else out_proj(out), weights
+
+
+class KeylessBias(nn.Module):
+    """The bias of a fused projection whose key rows have none (``key_bias=False``): ``bias`` holds the rows
+    before the keys (queries; none in cross-attention's key-value projection), then the rows after (values),
+    zero at first as nn.Linear's biases are after ``init_weights``."""
+
+    def __init__(self, before: int, keys: int, after: int) -> None:
+        super().__init__()
+        self.before, self.keys = before, keys
+        self.bias = nn.Parameter(torch.zeros(before + after))
+
+    def forward(self, projected: Tensor) -> Tensor:
+        """The projection's output (..., before + keys + after) plus the bias, zero on the key rows."""
+        bias = self.bias
+        return projected + torch.cat([bias[: self.before], bias.new_zeros(self.keys), bias[self.before:]])

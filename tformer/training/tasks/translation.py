@@ -191,7 +191,7 @@ class Translation(ExampleTask):
     def prepare(self, config: TrainingConfig, context: ProcessContext, model: nn.Module) -> None:
         super().prepare(config, context, model)
         model_config = model.config
-        if not (isinstance(model, Seq2SeqModel) and model.reads_tokens):
+        if not (isinstance(model, Seq2SeqModel) and model.inputs == "tokens"):
             raise TrainingError(f"the translation task trains a sequence-to-sequence model over tokens "
                                 f"(encoder_decoder, rnn_seq2seq), not architecture={model_config.architecture!r}")
         self.check_model_fits(model, self.tokenizer, self.seq_len)

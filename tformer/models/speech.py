@@ -1,0 +1,159 @@
+"""SpeechModel: Whisper (Radford et al. 2022) on the shared core: log-mel frames through a two-convolution
+stem and fixed sinusoids into a bidirectional encoder stack; the encoder-decoder's causal decoder stack,
+cross-attending to it, writes the transcript's tokens through an output tied to its token table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from tformer.config import ModelConfig
+from tformer.models.base import Seq2SeqModel
+from tformer.models.encoder_decoder import EncoderDecoderLM
+from tformer.models.output import GenerationState, Seq2SeqOutput
+from tformer.models.registry import register
+from tformer.nn.audio import AudioEmbedding
+from tformer.nn.block import LayerCache
+from tformer.nn.embeddings import TokenEmbedding
+from tformer.nn.heads import LMHead
+from tformer.nn.losses import token_cross_entropy
+from tformer.nn.stack import TransformerStack
+
+
+@register("speech")
+class SpeechModel(EncoderDecoderLM):
+    """``audio`` (``AudioEmbedding``: conv stem + sinusoids) -> ``encoder`` stack (its final norm) over
+    (B, S, D); ``embedding`` (tokens; the decoder's positions are its stack's) -> ``decoder`` stack (causal,
+    cross-attending) -> ``lm_head`` tied to the token table.
+
+    The encoder has no padding mask, as Whisper: short audio is read as it is (or padded with the log-mel of
+    silence, as the feature extractor pads to the window); audio longer than the window
+    (``config.input_frames``) is refused, to be transcribed in consecutive windows. The decoding hooks are the
+    encoder-decoder's (its ``step``, ``new_cache`` and ``decode``): generation encodes the audio once and
+    decodes with self-attention and cross-attention caches like any encoder-decoder.
+    """
+
+    inputs = "audio"
+
+    def __init__(self, config: ModelConfig) -> None:
+        Seq2SeqModel.__init__(self, config)  # the base's, not the encoder-decoder's: this front end is audio
+        self.audio = AudioEmbedding(config.num_mel_bins, config.d_model, config.max_source_positions)
+        self.encoder = TransformerStack(config.replace(num_layers=config.num_encoder_layers), causal=False,
+                                        add_positions=False)
+        self.embedding = TokenEmbedding.from_config(config)
+        self.decoder = TransformerStack(config, causal=True, cross_attention=True)
+        self.lm_head = LMHead(config.d_model, config.vocab_size)
+        self.init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embedding.token.weight
+
+    def init_weights(self) -> None:
+        """The base's, the convolutions as the linear layers (normal(0, initializer_range), zero bias), and the
+        position table Whisper's sinusoids."""
+        super().init_weights()
+        for conv in (self.audio.conv1, self.audio.conv2):
+            nn.init.normal_(conv.weight, 0.0, self.config.initializer_range)
+            nn.init.zeros_(conv.bias)
+        self.audio.reset_positions()
+
+    # ---- the encoder ---------------------------------------------------------------------------------
+
+    def encode(self, input_features: Tensor, output_attentions: bool = False, output_hidden_states: bool = False):
+        """Log-mel features (B, M, F), F <= ``config.input_frames`` -> the encoder's StackOutput, hidden
+        (B, ceil(F / 2), D)."""
+        return self.encoder(self.audio(input_features), output_attentions=output_attentions,
+                            output_hidden_states=output_hidden_states)
+
+    # ---- forward -------------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_features: Tensor,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+        encoder_output: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> Seq2SeqOutput:
+        """Training and scoring: ``input_features`` (B, M, F) log-mel frames; the transcript as
+        ``decoder_input_ids`` (B, T) (``decoder_attention_mask`` 1 = token), or as ``labels`` (B, T) that the
+        decoder reads shifted right behind the start token (-100: ignored by the loss, read as padding).
+        Logits (B, T, V).
+
+        A generation step (the Session protocol): given ``encoder_output`` (B, S, D), the first argument holds
+        the decoder's tokens after the cached ones and ``attention_mask`` covers the cached ones too."""
+        encoder_attentions = None
+        generation_step = encoder_output is not None
+        if generation_step:
+            decoder_input_ids = self.decoder_tokens(input_features, decoder_input_ids, labels, True)
+            decoder_attention_mask = attention_mask
+        else:
+            if attention_mask is not None:
+                raise ValueError("a speech model's encoder reads every frame (Whisper has no audio attention_mask); "
+                                 "give the transcript's padding as decoder_attention_mask")
+            decoder_input_ids = self.decoder_tokens(None, decoder_input_ids, labels, False)
+            encoded = self.encode(input_features, output_attentions)
+            encoder_output, encoder_attentions = encoded.hidden, encoded.attentions
+        decoded = self.decode(decoder_input_ids, encoder_output, None, decoder_attention_mask, cache,
+                              output_attentions, output_hidden_states)
+        logits = self.lm_head(decoded.hidden)  # (B, T, V)
+        loss = None if labels is None else token_cross_entropy(logits, labels)
+        return Seq2SeqOutput(
+            logits=logits, loss=loss, attentions=decoded.attentions, hidden_states=decoded.hidden_states,
+            cache=cache, encoder_output=encoder_output, cross_attentions=decoded.cross_attentions,
+            encoder_attentions=encoder_attentions,
+        )
+
+    # ---- generation hooks (the Session protocol: tformer/generation/session.py) ----------------------------
+
+    def check_generation_input(self, inputs: object, attention_mask: object) -> str | None:
+        """Why ``generate`` cannot take ``inputs`` as this model's prompt (log-mel features (B, M, F) within
+        the window, no attention_mask), or None."""
+        if attention_mask is not None:
+            return "a speech model reads every frame of its input_features: give no attention_mask"
+        return self.audio.problem(inputs)
+
+    def prepare_generation(self, input_features: Tensor, attention_mask: Tensor | None = None,
+                           decoder_prompt: Sequence[int] | None = None) -> GenerationState:
+        """Encode the audio once; the decoder starts from ``decoder_prompt`` (Whisper's <|startoftranscript|>,
+        language, task, <|notimestamps|>: ``whisper_prompt``), else the start token, and every step reads the
+        encoder's output (reordered with the rows by beam search)."""
+        if attention_mask is not None:
+            raise ValueError("a speech model reads every frame of its input_features: give no attention_mask")
+        start = self.decoder_start(input_features.shape[0], input_features.device, decoder_prompt)
+        return GenerationState(input_ids=start, step_inputs={"encoder_output": self.encode(input_features).hidden})
+
+    def encoded_source(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        raise TypeError("a speech model encodes input_features (prepare_generation), not token ids")
+
+
+
+WHISPER_TASKS = ("transcribe", "translate")
+
+
+def whisper_prompt(tokenizer, language: str | None = None, task: str | None = "transcribe",
+                   timestamps: bool = False) -> tuple[int, ...]:
+    """Whisper's decoder prompt as token ids of ``tokenizer``: <|startoftranscript|>, then <|language|> (a code
+    such as "en", or the token itself) when given, <|task|> (``WHISPER_TASKS``) when given, and
+    <|notimestamps|> unless ``timestamps``. A multilingual model is prompted with a language (tformer does no
+    language detection); an English-only one with none and no task. Give it to ``generate`` as
+    ``decoder_prompt_ids``. A token the tokenizer lacks is a ValueError naming it."""
+    if task is not None and task not in WHISPER_TASKS:
+        raise ValueError(f"task={task!r} is not one of {', '.join(WHISPER_TASKS)} (or None)")
+    tokens = ["<|startoftranscript|>"]
+    if language is not None:
+        tokens.append(language if language.startswith("<|") else f"<|{language.lower()}|>")
+    if task is not None:
+        tokens.append(f"<|{task}|>")
+    if not timestamps:
+        tokens.append("<|notimestamps|>")
+    ids = [tokenizer.token_to_id(token) for token in tokens]
+    missing = [token for token, token_id in zip(tokens, ids, strict=True) if token_id is None]
+    if missing:
+        raise ValueError(f"the tokenizer has no {', '.join(missing)} token (not a Whisper tokenizer, or a language "
+                         "this model does not know)")
+    return tuple(ids)

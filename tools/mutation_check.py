@@ -211,6 +211,13 @@ MUTATIONS = (
         "the token-classification head tags every token with the sentence's pooled vector",
     ),
     Mutation(
+        "int8-bfloat16-kernel-on-any-width", "tformer/nn/weights/int8.py",
+        "        return dtype != torch.bfloat16 or self.in_features % 16 == 0",
+        "        return True",
+        ("tests/nn/test_quantization.py", "-k", "widths"),
+        "an int8 layer whose width is not a multiple of 16 reaches the bfloat16 kernel, which ends the process",
+    ),
+    Mutation(
         "time-budget-restarts-on-resume", "tformer/training/trainer.py",
         "seconds_before, budget = self.elapsed_seconds, 60 * config.max_minutes",
         "seconds_before, budget = 0.0, 60 * config.max_minutes",

@@ -90,6 +90,18 @@ def test_kernels_and_products_equal_the_dequantized_reference(layer, compute, wa
     assert relative_error(layer(x.view(rows, 1, 256)).view(rows, 96), reference) <= 1e-2  # (B, T, D) inputs
 
 
+@pytest.mark.parametrize("in_features", [8, 24, 30, 40])
+def test_int8_widths_the_bfloat16_kernel_cannot_take_run_by_the_product(in_features):
+    # aten._weight_int8pack_mm ends the process in bfloat16 for widths that are not a multiple of 16
+    layer = Int8Linear.from_linear(nn.Linear(in_features, 48))
+    layer._prepare(torch.bfloat16)
+    layer._plan = Plan("kernel", torch.bfloat16, "kernel", torch.bfloat16)
+    x = torch.randn(5, in_features)
+    with torch.no_grad():
+        got = layer(x)
+    assert relative_error(got, x @ layer.dequantized_weight().t() + layer.bias) <= 1e-2
+
+
 def dynamic_reference(layer, x):
     """x's rows rounded to int8 (one step per row: max |x| / 127), times the dequantized weight, plus the bias."""
     steps = x.abs().amax(dim=1, keepdim=True) / 127

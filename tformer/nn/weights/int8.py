@@ -50,6 +50,11 @@ class Int8Linear(QuantizedLinear):
     def _prepare(self, dtype: torch.dtype) -> None:
         self._kernel_scales = self.scales.to(dtype)
 
+    def kernel_accepts(self, dtype: torch.dtype) -> bool:
+        # The kernel's bfloat16 path reads a row 16 values at a time and ends the process (a segmentation
+        # fault, torch 2.13 on an AVX-512 BF16 host) for other widths: those layers take the product.
+        return dtype != torch.bfloat16 or self.in_features % 16 == 0
+
     def _kernel(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self._kernel_scales)
 

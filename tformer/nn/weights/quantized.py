@@ -104,6 +104,11 @@ class QuantizedLinear(LinearBackend):
         """rows (N, in) in the dtype ``_prepare`` was given -> (N, out), by the fused CPU kernel."""
         raise NotImplementedError
 
+    def kernel_accepts(self, dtype: torch.dtype) -> bool:
+        """Whether the fused kernel takes this layer's shape in ``dtype``; where it does not, the matrix
+        product runs instead."""
+        return True
+
     def _product(self, rows: Tensor) -> Tensor:
         """rows (N, in) -> (N, out) in rows' dtype, by a matrix product over the integers as floats."""
         return F.linear(rows, self.dequantized_weight().to(rows.dtype))
@@ -118,9 +123,9 @@ class QuantizedLinear(LinearBackend):
 
     def _multiply(self, way: str, dtype: torch.dtype | None, rows: Tensor) -> Tensor:
         """rows (N, in) -> (N, out) by ``way`` in ``dtype`` (a ``Plan``'s choice)."""
-        if way == "kernel":
+        if way == "kernel" and self.kernel_accepts(dtype):
             return self._kernel(rows.to(dtype).contiguous())
-        if way == "product":
+        if way in ("kernel", "product"):
             return self._product(rows.to(dtype))
         return self._dynamic(rows)
 

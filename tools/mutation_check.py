@@ -555,7 +555,9 @@ def main(argv: list[str] | None = None) -> int:
                 status, seconds, tail = run_tests(tree, mutation.tests, environment)
             finally:
                 source.write_text(original)
-            verdict = {0: "SURVIVED", 1: "caught"}.get(status, f"ERROR (pytest exit {status})")
+            # A test process ended by a signal (a crash the planted bug causes) has caught it too.
+            caught = status == 1 or status < 0
+            verdict = "SURVIVED" if status == 0 else "caught" if caught else f"ERROR (pytest exit {status})"
             failures += verdict != "caught"
             rows.append((mutation.name, verdict, seconds))
             print(f"{mutation.name:42} {verdict:10} {seconds:6.1f} s", flush=True)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from tformer.errors import TformerError
+from tformer.families import FAMILIES, declared_fields, families_reading
 from tformer.nn.attention.registry import KERNELS
 from tformer.nn.feedforward import ACTIVATION_FUNCTIONS, GATED_ACTIVATIONS
 from tformer.nn.heads import HEADS, POOLINGS
 
-ARCHITECTURES = ("decoder", "encoder", "vision", "encoder_decoder", "rnn_seq2seq", "speech")
 ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # GATED_ACTIVATIONS: a gate and an up projection (geglu_tanh: T5 v1.1's)
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -25,77 +26,18 @@ SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (th
 ATTENTION_KERNELS = tuple(KERNELS)
 EXACT_ATTENTION_KERNELS = tuple(name for name, kernel in KERNELS.items() if kernel.exact)
 POSITION_BIASES = ("alibi", "relative")  # the positional schemes that add a bias to the attention scores
-# The task heads (nn/heads.py) each family may carry (None: the bare model, with its pooler).
-ENCODER_HEADS = tuple(name for name, head in HEADS.items() if "encoder" in head.families)
-CLASSIFICATION_HEADS = tuple(name for name, head in HEADS.items() if head.sized_by_labels)
 POOLED_HEADS = (None, *(name for name, head in HEADS.items() if head.reads == "pooler"))  # they read the pooler
-# The loss of sequence classification, named as Hugging Face's ``problem_type`` (None: inferred as HF does).
-PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
-VISION_HEADS = tuple(name for name, head in HEADS.items() if "vision" in head.families)
 # Fields a fine-tuning load may change in a pretrained model's config: they shape no weight (dropout off
 # for a short pretraining, BERT's 0.1 for fine-tuning).
 REGULARISATION_FIELDS = ("dropout", "attention_dropout")
-# Positions over the patch grid: a learned table, or fixed 2D sine-cosine.
-VISION_POSITIONALS = ("learned", "sinusoidal")
-
-RNN_CELLS = ("gru", "lstm")
-# The attention-RNN's attention: Bahdanau's additive score (on the decoder's previous state), or Luong's
-# multiplicative ones on its new state: dot (s . h) or general (s . W h).
-RNN_ATTENTIONS = ("bahdanau", "luong_dot", "luong_general")
-# The families with a token vocabulary (a speech model reads audio and writes text: its decoder's tokens).
-TEXT_FAMILIES = ("decoder", "encoder", "encoder_decoder", "rnn_seq2seq", "speech")
-SEQ2SEQ_TRANSFORMERS = ("encoder_decoder", "speech")  # an encoder stack and a cross-attending decoder stack
-GENERATING_FAMILIES = ("decoder", "encoder_decoder", "speech")  # the transformers that generate tokens
-
-# Fields only some families read: field -> the architectures that use it. Any other family
-# refuses the field unless it holds its default, so a switch never sits in a config unread.
-FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
-    # Tokens and their positions: the text families'. A vision model reads pixels, and its sequence
-    # length is its patch count (these stay at their defaults in its config).
-    "vocab_size": TEXT_FAMILIES,
-    "max_seq_len": TEXT_FAMILIES,
-    "tie_embeddings": TEXT_FAMILIES,
-    "scale_embeddings": ("decoder", "encoder", "encoder_decoder"),
-    "pad_token_id": TEXT_FAMILIES,
-    "bos_token_id": TEXT_FAMILIES,
-    "eos_token_id": TEXT_FAMILIES,
-    "rope_theta": ("decoder", "encoder", "encoder_decoder"),
-    "relative_num_buckets": ("decoder", "encoder", "encoder_decoder"),
-    "relative_max_distance": ("decoder", "encoder", "encoder_decoder"),
-    "type_vocab_size": ("encoder",),  # segment (token type) embeddings: BERT's sentence A / B
-    "head": ("encoder", "vision"),
-    "num_labels": ("encoder", "vision"),
-    "problem_type": ("encoder",),
-    "label_names": ("encoder", "vision"),
-    "position_offset": ("encoder",),
-    "pooler_input_dropout": ("encoder",),
-    "image_size": ("vision",),
-    "patch_size": ("vision",),
-    "num_channels": ("vision",),
-    "pooling": ("encoder", "vision"),
-    "sinusoidal_layout": ("decoder", "encoder", "encoder_decoder"),
-    "lm_head_bias": ("encoder_decoder",),  # a per-token bias on the output logits (Marian's final_logits_bias)
-    "scale_decoder_output": ("encoder_decoder",),  # T5: the decoder's states x d_model^-0.5 before the output
-    "num_encoder_layers": SEQ2SEQ_TRANSFORMERS,  # the encoder's depth; num_layers is the decoder's
-    "decoder_start_token_id": (*SEQ2SEQ_TRANSFORMERS, "rnn_seq2seq"),
-    "num_mel_bins": ("speech",),  # log-mel channels of the audio input
-    "max_source_positions": ("speech",),  # encoder positions: the input window is twice as many frames
-    # Generation's defaults: tokens never chosen, and tokens not chosen first (Whisper's generation config).
-    "suppress_tokens": GENERATING_FAMILIES,
-    "begin_suppress_tokens": GENERATING_FAMILIES,
-    "forced_eos_token_id": TEXT_FAMILIES,
-    "rnn_cell": ("rnn_seq2seq",),
-    "rnn_attention": ("rnn_seq2seq",),
-    "rnn_hidden_size": ("rnn_seq2seq",),
-    "input_feeding": ("rnn_seq2seq",),
-    "teacher_forcing_ratio": ("rnn_seq2seq",),
-}
-# The only fields the attention-RNN reads: every other one (heads, norms, positions, kernels, ...) is a
-# transformer's and must keep its default in an rnn_seq2seq config.
-RNN_FIELDS = ("architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "dropout", "tie_embeddings",
-              "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
-              "forced_eos_token_id", "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding",
-              "teacher_forcing_ratio", "extra")
+# Groups of the fields only some families read, which a family names in its declaration (families.py):
+# tokens and their special ids; the transformer's token positions and scaling; generation's defaults
+# (tokens never chosen, and tokens not chosen first: Whisper's generation config).
+TOKEN_FIELDS = ("vocab_size", "max_seq_len", "tie_embeddings", "pad_token_id", "bos_token_id", "eos_token_id",
+                "forced_eos_token_id")
+TOKEN_POSITION_FIELDS = ("scale_embeddings", "rope_theta", "relative_num_buckets", "relative_max_distance",
+                         "sinusoidal_layout")
+GENERATION_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
 
 
 class ConfigError(TformerError):
@@ -114,12 +56,13 @@ class ModelConfig:
     feed-forward projections) to ``bias``.
 
     ``architecture`` names the family. ``embedding_norm`` puts a norm after the embeddings and
-    positions (BERT); ``type_vocab_size`` > 0 adds segment embeddings (encoders only: see
-    ``FAMILY_FIELDS``); ``scale_embeddings`` multiplies token embeddings by sqrt(d_model).
+    positions (BERT); ``type_vocab_size`` > 0 adds segment embeddings (encoders only: each family
+    declares the fields it reads beside its class, tformer/families.py); ``scale_embeddings``
+    multiplies token embeddings by sqrt(d_model).
 
-    Encoder fields: ``head`` (one of ``ENCODER_HEADS``, None for the bare encoder); ``num_labels``
+    Encoder fields: ``head`` (an encoder head of ``nn.heads.HEADS``, None for the bare encoder); ``num_labels``
     and ``label_names`` (names by label id; empty: ``LABEL_0``, ...) for the classification heads;
-    ``problem_type`` the loss of sequence classification (``PROBLEM_TYPES``; None: regression for
+    ``problem_type`` the loss of sequence classification (``models.encoder.PROBLEM_TYPES``; None: regression for
     one label, cross-entropy for integer labels, binary cross-entropy per label for float labels);
     ``position_offset`` > 0 numbers positions as RoBERTa: tokens other than ``pad_token_id`` from
     ``position_offset`` on, padding tokens at ``position_offset - 1``; ``pooler_input_dropout``
@@ -136,7 +79,7 @@ class ModelConfig:
     patch grid: half the width encodes the row, half the column; the class token's row is zero). A
     vision model has no tokens: the token fields (``vocab_size``, ``max_seq_len``, the special token
     ids, ``tie_embeddings``, ``scale_embeddings``, ``type_vocab_size``) and those of rotary and
-    relative positions stay at their defaults, unread; any other value is refused (``FAMILY_FIELDS``).
+    relative positions stay at their defaults, unread; any other value is refused (families.py).
 
     Encoder-decoder fields (``architecture="encoder_decoder"``, the 2017 translation model): a
     bidirectional encoder of ``num_encoder_layers`` blocks (default: ``num_layers``) and a causal decoder
@@ -246,9 +189,11 @@ class ModelConfig:
             if isinstance(getattr(self, name), list):  # from JSON
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         self._check_choices()
+        family = FAMILIES[self.architecture]
         self._check_family_fields()
-        if self.architecture == "rnn_seq2seq":
-            self._check_rnn()
+        if not family.transformer:  # its own layers: the core's checks do not apply
+            if family.check is not None:
+                family.check(self)
             return
         self._check_sizes()
         derived = {
@@ -259,17 +204,13 @@ class ModelConfig:
             "attention_bias": self.bias if self.attention_bias is None else self.attention_bias,
             "feedforward_bias": self.bias if self.feedforward_bias is None else self.feedforward_bias,
         }
-        if self.architecture in SEQ2SEQ_TRANSFORMERS and self.num_encoder_layers is None:
-            derived["num_encoder_layers"] = self.num_layers
+        if "num_encoder_layers" in family.fields and self.num_encoder_layers is None:
+            derived["num_encoder_layers"] = self.num_layers  # as deep as the decoder
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         self._check_heads()
-        if self.architecture == "encoder":
-            self._check_encoder()
-        elif self.architecture == "vision":
-            self._check_vision()
-        elif self.architecture == "speech":
-            self._check_speech()
+        if family.check is not None:
+            family.check(self)
         self._check_token_lists()
         if not self.key_bias and not self.attention_bias:
             raise ConfigError("key_bias=False takes the key projections' bias away from attention_bias=True; "
@@ -285,15 +226,13 @@ class ModelConfig:
 
     def _check_choices(self) -> None:
         for name, allowed in (
-            ("architecture", ARCHITECTURES),
+            ("architecture", tuple(FAMILIES)),
             ("activation", ACTIVATIONS),
             ("norm", NORMS),
             ("norm_position", NORM_POSITIONS),
             ("positional", POSITIONALS),
             ("sinusoidal_layout", SINUSOIDAL_LAYOUTS),
             ("attention_kernel", ATTENTION_KERNELS),
-            ("rnn_cell", RNN_CELLS),
-            ("rnn_attention", RNN_ATTENTIONS),
             ("pooling", POOLINGS),
         ):
             value = getattr(self, name)
@@ -301,9 +240,12 @@ class ModelConfig:
                 raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
 
     def _check_family_fields(self) -> None:
-        for name, families in FAMILY_FIELDS.items():
+        """A field that belongs to families (families.py) holds its default unless this config's family reads it."""
+        own = FAMILIES[self.architecture].fields
+        for name in sorted(declared_fields() - own):
             value = getattr(self, name)
-            if self.architecture not in families and value != field_default(type(self), name):
+            if value != field_default(type(self), name):
+                families = families_reading(name)
                 kind = "family" if len(families) == 1 else "families"
                 raise ConfigError(
                     f"{name}={value!r} is a field of the {', '.join(families)} {kind}; "
@@ -315,17 +257,17 @@ class ModelConfig:
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
-            _require_positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         for name in ("num_kv_heads", "head_dim", "d_ff"):
             value = getattr(self, name)
             if value is not None:
-                _require_positive_int(name, value)
+                require_positive_int(name, value)
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}={value!r} must be a number in [0, 1)")
         if self.type_vocab_size != 0:
-            _require_positive_int("type_vocab_size", self.type_vocab_size, "0 (no segment embeddings) or ")
+            require_positive_int("type_vocab_size", self.type_vocab_size, "0 (no segment embeddings) or ")
         if not self.norm_eps > 0:
             raise ConfigError(f"norm_eps={self.norm_eps!r} must be > 0")
         if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
@@ -335,10 +277,7 @@ class ModelConfig:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
             )
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
-                raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size})")
+        require_token_ids(self, ("pad_token_id", "bos_token_id", "eos_token_id"))
 
     def _check_heads(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -372,105 +311,6 @@ class ModelConfig:
             raise ConfigError(f"attention_dropout={self.attention_dropout!r} is not supported by "
                               f"attention_kernel={kernel.name!r} (needs 0.0; {with_dropout} have it)")
 
-    def _check_rnn(self) -> None:
-        """The attention-RNN baseline reads ``RNN_FIELDS`` only; its hidden size defaults to ``d_model``."""
-        for name in (f.name for f in fields(self)):
-            if name not in RNN_FIELDS and getattr(self, name) != field_default(type(self), name):
-                raise ConfigError(f"{name}={getattr(self, name)!r} is a transformer's field; "
-                                  f"architecture='rnn_seq2seq' reads {', '.join(RNN_FIELDS[1:-1])}")
-        for name in ("vocab_size", "max_seq_len", "d_model", "num_layers"):
-            _require_positive_int(name, getattr(self, name))
-        if self.rnn_hidden_size is None:
-            object.__setattr__(self, "rnn_hidden_size", self.d_model)
-        _require_positive_int("rnn_hidden_size", self.rnn_hidden_size)
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout={self.dropout!r} must be a number in [0, 1)")
-        ratio = self.teacher_forcing_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
-            raise ConfigError(f"teacher_forcing_ratio={ratio!r} must be a number in [0, 1] (the share of decoder "
-                              "steps that read the true previous token while training)")
-        if self.input_feeding and self.rnn_attention == "bahdanau":
-            raise ConfigError("input_feeding=True is Luong's (rnn_attention='luong_dot' or 'luong_general'); "
-                              "Bahdanau's decoder already reads the context at every step")
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
-                raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size})")
-
-    def _check_encoder(self) -> None:
-        head = self.head
-        if head is not None and head not in ENCODER_HEADS:
-            raise ConfigError(f"head={head!r} is not one of None, {', '.join(ENCODER_HEADS)}")
-        self._check_labels(CLASSIFICATION_HEADS)
-        if self.problem_type is not None:
-            if self.problem_type not in PROBLEM_TYPES:
-                raise ConfigError(f"problem_type={self.problem_type!r} is not one of None, {', '.join(PROBLEM_TYPES)}")
-            if head != "sequence_classification":
-                raise ConfigError(f"problem_type={self.problem_type!r} is read only by "
-                                  f"head='sequence_classification', not head={head!r}")
-        offset = self.position_offset
-        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < self.max_seq_len:
-            raise ConfigError(f"position_offset={offset!r} must be an integer in [0, max_seq_len={self.max_seq_len})")
-        if offset and (self.pad_token_id is None or self.positional not in ("learned", "sinusoidal")):
-            raise ConfigError(f"position_offset={offset} needs pad_token_id (what counts as padding) and a "
-                              f"position table (positional='learned' or 'sinusoidal')")
-        if self.pooling != "cls" and head not in POOLED_HEADS:
-            raise ConfigError(f"pooling={self.pooling!r} needs a head that reads the pooler "
-                              f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
-        if self.pooler_input_dropout and head not in POOLED_HEADS:
-            raise ConfigError(f"pooler_input_dropout=True needs a head that reads the pooler "
-                              f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
-
-    def _check_labels(self, classification_heads: tuple[str, ...]) -> None:
-        """``num_labels`` and ``label_names``: read only by the family's ``classification_heads``."""
-        head = self.head
-        _require_positive_int("num_labels", self.num_labels)
-        classifying = head in classification_heads
-        if self.num_labels != 2 and not classifying:
-            raise ConfigError(f"num_labels={self.num_labels} is read only by the classification heads "
-                              f"({', '.join(classification_heads)}); head={head!r} has a fixed size")
-        if self.label_names:
-            if not classifying:
-                raise ConfigError(f"label_names are read only by the classification heads, not head={head!r}")
-            if not all(isinstance(name, str) and name for name in self.label_names):
-                raise ConfigError(f"label_names={list(self.label_names)!r} must be non-empty strings")
-            if len(self.label_names) != self.num_labels or len(set(self.label_names)) != self.num_labels:
-                raise ConfigError(f"label_names={list(self.label_names)!r} must be {self.num_labels} distinct "
-                                  f"names (num_labels={self.num_labels})")
-
-    def _check_vision(self) -> None:
-        if self.head is not None and self.head not in VISION_HEADS:
-            raise ConfigError(f"head={self.head!r} is not one of None, {', '.join(VISION_HEADS)} "
-                              "(architecture='vision')")
-        self._check_labels(VISION_HEADS)
-        if self.head == "image_classification" and self.num_labels < 2:
-            raise ConfigError(f"num_labels={self.num_labels} must be >= 2 for head='image_classification' "
-                              "(a cross-entropy over classes)")
-        if self.positional not in VISION_POSITIONALS:
-            raise ConfigError(f"positional={self.positional!r} is not one of {', '.join(VISION_POSITIONALS)} "
-                              "(architecture='vision': positions over the patch grid)")
-        if self.positional == "sinusoidal" and self.d_model % 4:
-            raise ConfigError(f"d_model={self.d_model} must be a multiple of 4 for positional='sinusoidal' "
-                              "(2D: a sine and a cosine for the row and for the column)")
-        for name in ("image_size", "patch_size", "num_channels"):
-            _require_positive_int(name, getattr(self, name))
-        if self.image_size % self.patch_size:
-            raise ConfigError(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size} "
-                              "(the patches must tile the image)")
-
-    def _check_speech(self) -> None:
-        """The audio input: ``num_mel_bins`` channels, at most ``2 * max_source_positions`` frames (the stem's
-        second convolution halves them); the fixed sinusoids need an even width of at least 4."""
-        for name in ("num_mel_bins", "max_source_positions", "num_encoder_layers"):
-            _require_positive_int(name, getattr(self, name))
-        if self.d_model % 2 or self.d_model < 4:
-            raise ConfigError(f"d_model={self.d_model} must be even and >= 4 for architecture='speech' (the "
-                              "encoder's fixed sinusoids: a sine and a cosine half, at least two frequencies each)")
-        for name in ("decoder_start_token_id", "forced_eos_token_id"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
-                raise ConfigError(f"{name}={value!r} must be a token id in [0, {self.vocab_size})")
-
     def _check_token_lists(self) -> None:
         """``suppress_tokens`` and ``begin_suppress_tokens``: token ids of the vocabulary."""
         for name in ("suppress_tokens", "begin_suppress_tokens"):
@@ -489,7 +329,7 @@ class ModelConfig:
     def has_pooler(self) -> bool:
         """Whether a model with this config has the tanh pooler: a headed family's bare model, or one whose
         head reads the pooler (BERT's classification and next-sentence heads)."""
-        if self.architecture not in FAMILY_FIELDS["head"]:
+        if "head" not in FAMILIES[self.architecture].fields:
             return False
         return self.head is None or HEADS[self.head].reads == "pooler"
 
@@ -568,7 +408,7 @@ def _underived(config: ModelConfig) -> dict[str, Any]:
     for name in ("norm_bias", "attention_bias", "feedforward_bias"):
         if getattr(config, name) == config.bias:
             reset[name] = None
-    if config.architecture in SEQ2SEQ_TRANSFORMERS and config.num_encoder_layers == config.num_layers:
+    if "num_encoder_layers" in FAMILIES[config.architecture].fields and config.num_encoder_layers == config.num_layers:
         reset["num_encoder_layers"] = None
     return reset
 
@@ -588,16 +428,48 @@ def non_default_fields(config: ModelConfig) -> list[str]:
             if underived.get(f.name, getattr(config, f.name)) != field_default(type(config), f.name)]
 
 
-def _require_positive_int(name: str, value: Any, alternative: str = "") -> None:
+def require_positive_int(name: str, value: Any, alternative: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{name}={value!r} must be {alternative}a positive integer")
 
 
 # ---- presets -------------------------------------------------------------------------------
 
-def _bert(d_model: int, num_layers: int, num_heads: int) -> ModelConfig:
+
+def require_token_ids(config: ModelConfig, names: tuple[str, ...]) -> None:
+    """Each of ``names`` is None or a token id of the config's vocabulary."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and not (isinstance(value, int) and 0 <= value < config.vocab_size):
+            raise ConfigError(f"{name}={value!r} must be a token id in [0, {config.vocab_size})")
+
+
+def check_label_fields(config: ModelConfig, classification_heads: tuple[str, ...]) -> None:
+    """``num_labels`` and ``label_names``: read only by the family's ``classification_heads``."""
+    head = config.head
+    require_positive_int("num_labels", config.num_labels)
+    classifying = head in classification_heads
+    if config.num_labels != 2 and not classifying:
+        raise ConfigError(f"num_labels={config.num_labels} is read only by the classification heads "
+                          f"({', '.join(classification_heads)}); head={head!r} has a fixed size")
+    if config.label_names:
+        if not classifying:
+            raise ConfigError(f"label_names are read only by the classification heads, not head={head!r}")
+        if not all(isinstance(name, str) and name for name in config.label_names):
+            raise ConfigError(f"label_names={list(config.label_names)!r} must be non-empty strings")
+        if len(config.label_names) != config.num_labels or len(set(config.label_names)) != config.num_labels:
+            raise ConfigError(f"label_names={list(config.label_names)!r} must be {config.num_labels} distinct "
+                              f"names (num_labels={config.num_labels})")
+
+
+def family_heads(family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The heads of nn/heads.py a family may carry, and those of them that ``num_labels`` sizes."""
+    heads = tuple(name for name, head in HEADS.items() if family in head.families)
+    return heads, tuple(name for name in heads if HEADS[name].sized_by_labels)
+
+def _bert(d_model: int, num_layers: int, num_heads: int) -> dict[str, Any]:
     """A BERT-shaped encoder (the uncased English WordPiece vocabulary's size, [PAD] = 0)."""
-    return ModelConfig(
+    return dict(
         architecture="encoder", vocab_size=30522, max_seq_len=512, d_model=d_model, num_layers=num_layers,
         num_heads=num_heads, activation="gelu", norm="layernorm", norm_position="post", norm_eps=1e-12,
         positional="learned", embedding_norm=True, type_vocab_size=2, dropout=0.1, attention_dropout=0.1,
@@ -605,41 +477,41 @@ def _bert(d_model: int, num_layers: int, num_heads: int) -> ModelConfig:
     )
 
 
-def _vit(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> ModelConfig:
+def _vit(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> dict[str, Any]:
     """A ViT-shaped image classifier (Hugging Face ViTForImageClassification's defaults: LayerNorm eps 1e-12)."""
-    return ModelConfig(**{
+    return {
         "architecture": "vision", "d_model": d_model, "num_layers": num_layers, "num_heads": num_heads,
         "activation": "gelu", "norm": "layernorm", "norm_position": "pre", "norm_eps": 1e-12,
         "positional": "learned", "head": "image_classification", **fields,
-    })
+    }
 
 
-def _whisper(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> ModelConfig:
+def _whisper(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> dict[str, Any]:
     """A Whisper-shaped speech model with ``num_layers`` blocks on each side (Hugging Face's WhisperConfig)."""
-    return ModelConfig(**{
+    return {
         "architecture": "speech", "vocab_size": 51865, "max_seq_len": 448, "d_model": d_model,
         "num_layers": num_layers, "num_encoder_layers": num_layers, "num_heads": num_heads, "activation": "gelu",
         "norm": "layernorm", "norm_position": "pre", "positional": "learned", "key_bias": False,
         "num_mel_bins": 80, "max_source_positions": 1500, "pad_token_id": 50257, "bos_token_id": 50257,
         "eos_token_id": 50257, "decoder_start_token_id": 50258, "begin_suppress_tokens": (220, 50257), **fields,
-    })
+    }
 
 
-PRESETS: dict[str, ModelConfig] = {
+PRESET_FIELDS: dict[str, dict[str, Any]] = {
     # GPT-2 small: 124,439,808 parameters with the tied LM head.
-    "gpt2": ModelConfig(
+    "gpt2": dict(
         vocab_size=50257, max_seq_len=1024, d_model=768, num_layers=12, num_heads=12,
         activation="gelu_tanh", norm="layernorm", positional="learned", bias=True,
         tie_embeddings=True, bos_token_id=50256, eos_token_id=50256,
     ),
     # A Llama-shaped small decoder: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases.
-    "llama-small": ModelConfig(
+    "llama-small": dict(
         vocab_size=32000, max_seq_len=2048, d_model=512, num_layers=8, num_heads=8,
         num_kv_heads=2, activation="swiglu", norm="rmsnorm", norm_eps=1e-6, positional="rope",
         bias=False, tie_embeddings=False,
     ),
     # A few million parameters: trains on a laptop CPU in minutes (the demo's model).
-    "gpt-mini": ModelConfig(
+    "gpt-mini": dict(
         vocab_size=256, max_seq_len=256, d_model=192, num_layers=6, num_heads=6,
         activation="gelu_tanh", positional="learned", dropout=0.0,
     ),
@@ -659,20 +531,20 @@ PRESETS: dict[str, ModelConfig] = {
     # The 2017 paper's base translation model: 6 + 6 post-norm layers, 512 wide, 2,048 feed-forward, 8 heads,
     # ReLU, sinusoidal positions, embeddings scaled by sqrt(512) and shared by source, target and output
     # (a joint 37,000-token BPE vocabulary), dropout 0.1.
-    "transformer-base": ModelConfig(
+    "transformer-base": dict(
         architecture="encoder_decoder", vocab_size=37000, max_seq_len=512, d_model=512, num_layers=6, num_heads=8,
         d_ff=2048, activation="relu", norm_position="post", positional="sinusoidal", scale_embeddings=True,
         dropout=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
     ),
     # Multi30k-sized (29,000 training pairs): 3 + 3 layers, 256 wide, 512 feed-forward, 8 heads.
-    "transformer-multi30k": ModelConfig(
+    "transformer-multi30k": dict(
         architecture="encoder_decoder", vocab_size=8000, max_seq_len=256, d_model=256, num_layers=3, num_heads=8,
         d_ff=512, activation="relu", norm_position="post", positional="sinusoidal", scale_embeddings=True,
         dropout=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
     ),
     # The attention-RNN baseline of the Multi30k recipe: about the transformer-multi30k's size (one joint
     # vocabulary, 6.0M parameters at 8,000 tokens), a bidirectional GRU encoder and Bahdanau's attention.
-    "rnn-multi30k": ModelConfig(
+    "rnn-multi30k": dict(
         architecture="rnn_seq2seq", vocab_size=8000, max_seq_len=256, d_model=256, rnn_hidden_size=512, num_layers=1,
         rnn_cell="gru", rnn_attention="bahdanau", dropout=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=1,
@@ -691,11 +563,36 @@ PRESETS: dict[str, ModelConfig] = {
     "whisper-digits": _whisper(192, 3, 4, vocab_size=32, max_seq_len=32, max_source_positions=150, pad_token_id=0,
                                bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, begin_suppress_tokens=()),
     # For tests: tiny and fast.
-    "gpt-nano": ModelConfig(
+    "gpt-nano": dict(
         vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,
         activation="gelu_tanh", positional="learned",
     ),
 }
+
+
+
+
+class Presets(Mapping[str, ModelConfig]):
+    """The named configs: kept as their fields (data) and made into a ModelConfig when first read, once
+    the families they name have declared themselves (tformer.models)."""
+
+    def __init__(self, fields: Mapping[str, Mapping[str, Any]]) -> None:
+        self._fields = fields
+        self._made: dict[str, ModelConfig] = {}
+
+    def __getitem__(self, name: str) -> ModelConfig:
+        if name not in self._made:
+            self._made[name] = ModelConfig(**self._fields[name])
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
+PRESETS = Presets(PRESET_FIELDS)
 
 
 def replace_head(

@@ -21,7 +21,8 @@ from tformer.checkpoint import (
     load_weights,
     read_config,
 )
-from tformer.config import FAMILY_FIELDS, REGULARISATION_FIELDS, ConfigError, ModelConfig, replace_head
+from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, replace_head
+from tformer.families import families_reading
 from tformer.hub_cache import resolve_model
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.memory import require_memory
@@ -162,7 +163,7 @@ def _build(config: ModelConfig, folder: Path) -> Model:
 
 
 def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type, pooling, layout) -> ModelConfig:
-    if config.architecture not in FAMILY_FIELDS["head"]:  # the families with task heads
+    if config.architecture not in families_reading("head"):  # the families with task heads
         raise ConfigError(f"head, num_labels, label_names, problem_type and pooling choose an encoder's or a vision "
                           f"model's head; this checkpoint is architecture={config.architecture!r}")
     head = config.head if head is _KEEP else head

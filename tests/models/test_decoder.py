@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tformer import ModelConfig, build_model
+from tformer.config import ConfigError
 from tformer.nn.losses import next_token_loss
 
 VARIANTS = {
@@ -106,14 +107,17 @@ def test_nano_model_overfits_one_sequence():
     assert loss.item() < 0.05
 
 
-def test_registry_finds_the_decoder_and_refuses_unlisted_architectures():
+def test_registry_finds_the_decoder_and_refuses_a_second_class_for_a_family():
+    from tformer.families import FAMILIES
     from tformer.models import DecoderLM, model_class, register
 
     assert model_class(BASE) is DecoderLM
-    with pytest.raises(ValueError, match="architecture 'unlisted' is not one of decoder"):
-        register("unlisted")(DecoderLM)
+    vision = FAMILIES["vision"]
     with pytest.raises(ValueError, match="architecture 'vision' is already implemented by VisionModel"):
         register("vision")(DecoderLM)
+    assert FAMILIES["vision"] is vision  # the refused class declared nothing
+    with pytest.raises(ConfigError, match="architecture='unlisted' is not one of decoder, encoder"):
+        BASE.replace(architecture="unlisted")
 
 
 def test_parameter_names_follow_embedding_stack_head():

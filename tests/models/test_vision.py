@@ -48,13 +48,14 @@ def test_small_presets_count_what_hugging_face_builds():
     assert (mnist.image_size, mnist.num_channels, mnist.num_labels, mnist.num_patches) == (28, 1, 10, 49)
 
 
+TEXT = "decoder, encoder, encoder_decoder, rnn_seq2seq, speech"  # the families with a token vocabulary
+
+
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"vocab_size": 100}, "vocab_size=100 is a field of the decoder, encoder, encoder_decoder, rnn_seq2seq families; "
-                          "architecture='vision' does not use it"),
-    ({"max_seq_len": 64}, "max_seq_len=64 is a field of the decoder, encoder, encoder_decoder, rnn_seq2seq families"),
-    ({"tie_embeddings": False},
-     "tie_embeddings=False is a field of the decoder, encoder, encoder_decoder, rnn_seq2seq families"),
-    ({"pad_token_id": 0}, "pad_token_id=0 is a field of the decoder, encoder, encoder_decoder, rnn_seq2seq families"),
+    ({"vocab_size": 100}, f"vocab_size=100 is a field of the {TEXT} families; architecture='vision' does not use it"),
+    ({"max_seq_len": 64}, f"max_seq_len=64 is a field of the {TEXT} families"),
+    ({"tie_embeddings": False}, f"tie_embeddings=False is a field of the {TEXT} families"),
+    ({"pad_token_id": 0}, f"pad_token_id=0 is a field of the {TEXT} families"),
     ({"rope_theta": 500.0}, "rope_theta=500.0 is a field of the decoder, encoder, encoder_decoder families"),
     ({"type_vocab_size": 2}, "type_vocab_size=2 is a field of the encoder family"),
     ({"problem_type": "regression"}, "problem_type='regression' is a field of the encoder family"),

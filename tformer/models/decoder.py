@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.config import ModelConfig
+from tformer.config import GENERATION_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import GenerationState, ModelOutput
 from tformer.models.registry import register
@@ -18,7 +18,7 @@ from tformer.nn.losses import next_token_loss
 from tformer.nn.stack import TransformerStack
 
 
-@register("decoder")
+@register("decoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS))
 class DecoderLM(Model):
     """Token embedding -> causal TransformerStack (positions, blocks, final norm) -> LM head."""
 

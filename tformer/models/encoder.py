@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.config import ModelConfig
+from tformer.config import (
+    POOLED_HEADS,
+    TOKEN_FIELDS,
+    TOKEN_POSITION_FIELDS,
+    ConfigError,
+    ModelConfig,
+    check_label_fields,
+    family_heads,
+)
 from tformer.models.base import Model
 from tformer.models.output import EncoderOutput
 from tformer.models.registry import register
@@ -14,8 +22,40 @@ from tformer.nn.heads import Features, Pooler, add_head, check_labels, head_modu
 from tformer.nn.inputs import check_attention_mask, check_token_ids
 from tformer.nn.stack import TransformerStack
 
+# The loss of sequence classification, named as Hugging Face's ``problem_type`` (None: inferred as HF does).
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+ENCODER_FIELDS = ("type_vocab_size", "head", "num_labels", "problem_type", "label_names", "position_offset",
+                  "pooler_input_dropout", "pooling")
 
-@register("encoder")
+
+def check_encoder_config(config: ModelConfig) -> None:
+    """An encoder's head, labels, loss, RoBERTa's position numbering and pooling."""
+    head = config.head
+    heads, classification_heads = family_heads("encoder")
+    if head is not None and head not in heads:
+        raise ConfigError(f"head={head!r} is not one of None, {', '.join(heads)}")
+    check_label_fields(config, classification_heads)
+    if config.problem_type is not None:
+        if config.problem_type not in PROBLEM_TYPES:
+            raise ConfigError(f"problem_type={config.problem_type!r} is not one of None, {', '.join(PROBLEM_TYPES)}")
+        if head != "sequence_classification":
+            raise ConfigError(f"problem_type={config.problem_type!r} is read only by "
+                              f"head='sequence_classification', not head={head!r}")
+    offset = config.position_offset
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < config.max_seq_len:
+        raise ConfigError(f"position_offset={offset!r} must be an integer in [0, max_seq_len={config.max_seq_len})")
+    if offset and (config.pad_token_id is None or config.positional not in ("learned", "sinusoidal")):
+        raise ConfigError(f"position_offset={offset} needs pad_token_id (what counts as padding) and a "
+                          f"position table (positional='learned' or 'sinusoidal')")
+    if config.pooling != "cls" and head not in POOLED_HEADS:
+        raise ConfigError(f"pooling={config.pooling!r} needs a head that reads the pooler "
+                          f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
+    if config.pooler_input_dropout and head not in POOLED_HEADS:
+        raise ConfigError(f"pooler_input_dropout=True needs a head that reads the pooler "
+                          f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
+
+
+@register("encoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *ENCODER_FIELDS), check=check_encoder_config)
 class EncoderModel(Model):
     """Token (+ segment) embedding -> bidirectional TransformerStack (learned positions, embedding
     norm, post-norm blocks as BERT) -> the tanh pooler where the head reads it, on the first token

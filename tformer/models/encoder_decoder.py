@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.config import ModelConfig
+from tformer.config import GENERATION_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
 from tformer.models.base import Seq2SeqModel
 from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
@@ -19,8 +19,14 @@ from tformer.nn.inputs import check_token_ids
 from tformer.nn.losses import token_cross_entropy
 from tformer.nn.stack import TransformerStack
 
+# lm_head_bias: a per-token bias on the output logits (Marian's final_logits_bias); scale_decoder_output: T5's
+# decoder states x d_model^-0.5 before the output; num_encoder_layers: the encoder's depth (num_layers: the
+# decoder's).
+ENCODER_DECODER_FIELDS = ("lm_head_bias", "scale_decoder_output", "num_encoder_layers", "decoder_start_token_id")
 
-@register("encoder_decoder")
+
+@register("encoder_decoder",
+          fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS, *ENCODER_DECODER_FIELDS))
 class EncoderDecoderLM(Seq2SeqModel):
     """Token embedding (shared) -> encoder stack over the source; token embedding -> decoder stack
     (causal, cross-attending) over the target -> LM head tied to the embedding."""

@@ -3,24 +3,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from tformer.config import ARCHITECTURES, ConfigError, ModelConfig, resolve_config
+from tformer.config import ConfigError, ModelConfig, resolve_config
+from tformer.families import declare_family
 from tformer.models.base import Model
 
 MODEL_CLASSES: dict[str, type[Model]] = {}
 
 
-def register(architecture: str) -> Callable[[type[Model]], type[Model]]:
-    """Class decorator: the class implements ``architecture`` (one of config.ARCHITECTURES)."""
+def register(architecture: str, fields: Iterable[str] = (), check: Callable[[ModelConfig], None] | None = None,
+             transformer: bool = True) -> Callable[[type[Model]], type[Model]]:
+    """Class decorator: the class implements the family ``architecture``, which reads ``fields`` of the
+    fields only some families read (config.TOKEN_FIELDS, ...), is checked by ``check`` beside the core's
+    checks, and is built from the shared stack unless ``transformer`` is False (tformer/families.py)."""
 
     def add(cls: type[Model]) -> type[Model]:
-        if architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture {architecture!r} is not one of {', '.join(ARCHITECTURES)} (config.py)")
         if architecture in MODEL_CLASSES and MODEL_CLASSES[architecture] is not cls:
             raise ValueError(f"architecture {architecture!r} is already implemented by "
                              f"{MODEL_CLASSES[architecture].__name__}")
+        declare_family(architecture, fields, check, transformer)
         MODEL_CLASSES[architecture] = cls
         return cls
 

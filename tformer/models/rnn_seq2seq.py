@@ -18,12 +18,20 @@ is encoded once, the recurrent state and the projected source states (the attent
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from tformer.config import ModelConfig
+from tformer.config import (
+    TOKEN_FIELDS,
+    ConfigError,
+    ModelConfig,
+    field_default,
+    require_positive_int,
+    require_token_ids,
+)
 from tformer.models.base import Seq2SeqModel
 from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
@@ -87,7 +95,48 @@ class SourceAttention(nn.Module):
         return torch.einsum("bs,bsh->bh", weights, memory), weights
 
 
-@register("rnn_seq2seq")
+RNN_CELLS = ("gru", "lstm")
+# The attention-RNN's attention: Bahdanau's additive score (on the decoder's previous state), or Luong's
+# multiplicative ones on its new state: dot (s . h) or general (s . W h).
+RNN_ATTENTIONS = ("bahdanau", "luong_dot", "luong_general")
+RNN_SEQ2SEQ_FIELDS = ("decoder_start_token_id", "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding",
+                      "teacher_forcing_ratio")
+# The only fields the attention-RNN reads: every other one (heads, norms, positions, kernels, ...) is a
+# transformer's and must keep its default in an rnn_seq2seq config.
+RNN_FIELDS = ("architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "dropout", "tie_embeddings",
+              "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+              "forced_eos_token_id", "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding",
+              "teacher_forcing_ratio", "extra")
+
+
+def check_rnn_config(config: ModelConfig) -> None:
+    """The attention-RNN baseline reads ``RNN_FIELDS`` only; its hidden size defaults to ``d_model``."""
+    for name in (field.name for field in dataclasses.fields(config)):
+        if name not in RNN_FIELDS and getattr(config, name) != field_default(type(config), name):
+            raise ConfigError(f"{name}={getattr(config, name)!r} is a transformer's field; "
+                              f"architecture='rnn_seq2seq' reads {', '.join(RNN_FIELDS[1:-1])}")
+    for name, allowed in (("rnn_cell", RNN_CELLS), ("rnn_attention", RNN_ATTENTIONS)):
+        if getattr(config, name) not in allowed:
+            raise ConfigError(f"{name}={getattr(config, name)!r} is not one of {', '.join(allowed)}")
+    for name in ("vocab_size", "max_seq_len", "d_model", "num_layers"):
+        require_positive_int(name, getattr(config, name))
+    if config.rnn_hidden_size is None:
+        object.__setattr__(config, "rnn_hidden_size", config.d_model)
+    require_positive_int("rnn_hidden_size", config.rnn_hidden_size)
+    if not isinstance(config.dropout, (int, float)) or not 0.0 <= config.dropout < 1.0:
+        raise ConfigError(f"dropout={config.dropout!r} must be a number in [0, 1)")
+    ratio = config.teacher_forcing_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"teacher_forcing_ratio={ratio!r} must be a number in [0, 1] (the share of decoder "
+                          "steps that read the true previous token while training)")
+    if config.input_feeding and config.rnn_attention == "bahdanau":
+        raise ConfigError("input_feeding=True is Luong's (rnn_attention='luong_dot' or 'luong_general'); "
+                          "Bahdanau's decoder already reads the context at every step")
+    require_token_ids(config, ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+                               "forced_eos_token_id"))
+
+
+@register("rnn_seq2seq", fields=(*TOKEN_FIELDS, *RNN_SEQ2SEQ_FIELDS), check=check_rnn_config, transformer=False)
 class RNNSeq2Seq(Seq2SeqModel):
     """Token embedding -> bidirectional RNN encoder; token embedding -> RNN decoder with attention over
     the encoder's states -> output layer (tied to the embedding by default)."""

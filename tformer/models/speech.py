@@ -8,7 +8,14 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from tformer.config import ModelConfig
+from tformer.config import (
+    GENERATION_FIELDS,
+    TOKEN_FIELDS,
+    ConfigError,
+    ModelConfig,
+    require_positive_int,
+    require_token_ids,
+)
 from tformer.models.base import Seq2SeqModel
 from tformer.models.encoder_decoder import EncoderDecoderLM
 from tformer.models.output import GenerationState, Seq2SeqOutput
@@ -20,8 +27,23 @@ from tformer.nn.heads import LMHead
 from tformer.nn.losses import token_cross_entropy
 from tformer.nn.stack import TransformerStack
 
+# num_mel_bins: log-mel channels of the audio input; max_source_positions: encoder positions (the input window
+# is twice as many frames).
+SPEECH_FIELDS = ("num_encoder_layers", "decoder_start_token_id", "num_mel_bins", "max_source_positions")
 
-@register("speech")
+
+def check_speech_config(config: ModelConfig) -> None:
+    """The audio input: ``num_mel_bins`` channels, at most ``2 * max_source_positions`` frames (the stem's
+    second convolution halves them); the fixed sinusoids need an even width of at least 4."""
+    for name in ("num_mel_bins", "max_source_positions", "num_encoder_layers"):
+        require_positive_int(name, getattr(config, name))
+    if config.d_model % 2 or config.d_model < 4:
+        raise ConfigError(f"d_model={config.d_model} must be even and >= 4 for architecture='speech' (the "
+                          "encoder's fixed sinusoids: a sine and a cosine half, at least two frequencies each)")
+    require_token_ids(config, ("decoder_start_token_id", "forced_eos_token_id"))
+
+
+@register("speech", fields=(*TOKEN_FIELDS, *GENERATION_FIELDS, *SPEECH_FIELDS), check=check_speech_config)
 class SpeechModel(EncoderDecoderLM):
     """``audio`` (``AudioEmbedding``: conv stem + sinusoids) -> ``encoder`` stack (its final norm) over
     (B, S, D); ``embedding`` (tokens; the decoder's positions are its stack's) -> ``decoder`` stack (causal,

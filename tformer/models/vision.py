@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from tformer.config import ModelConfig
+from tformer.config import ConfigError, ModelConfig, check_label_fields, family_heads, require_positive_int
 from tformer.models.base import Model
 from tformer.models.output import VisionOutput
 from tformer.models.registry import register
@@ -16,8 +16,34 @@ from tformer.nn.inputs import INTEGER_DTYPES
 from tformer.nn.patches import ImageEmbedding
 from tformer.nn.stack import TransformerStack
 
+# Positions over the patch grid: a learned table, or fixed 2D sine-cosine.
+VISION_POSITIONALS = ("learned", "sinusoidal")
+VISION_FIELDS = ("head", "num_labels", "label_names", "image_size", "patch_size", "num_channels", "pooling")
 
-@register("vision")
+
+def check_vision_config(config: ModelConfig) -> None:
+    """A vision model's head and labels, its positions over the patch grid and a grid the patches tile."""
+    heads, classification_heads = family_heads("vision")
+    if config.head is not None and config.head not in heads:
+        raise ConfigError(f"head={config.head!r} is not one of None, {', '.join(heads)} (architecture='vision')")
+    check_label_fields(config, classification_heads)
+    if config.head == "image_classification" and config.num_labels < 2:
+        raise ConfigError(f"num_labels={config.num_labels} must be >= 2 for head='image_classification' "
+                          "(a cross-entropy over classes)")
+    if config.positional not in VISION_POSITIONALS:
+        raise ConfigError(f"positional={config.positional!r} is not one of {', '.join(VISION_POSITIONALS)} "
+                          "(architecture='vision': positions over the patch grid)")
+    if config.positional == "sinusoidal" and config.d_model % 4:
+        raise ConfigError(f"d_model={config.d_model} must be a multiple of 4 for positional='sinusoidal' "
+                          "(2D: a sine and a cosine for the row and for the column)")
+    for name in ("image_size", "patch_size", "num_channels"):
+        require_positive_int(name, getattr(config, name))
+    if config.image_size % config.patch_size:
+        raise ConfigError(f"image_size={config.image_size} is not a multiple of patch_size={config.patch_size} "
+                          "(the patches must tile the image)")
+
+
+@register("vision", fields=VISION_FIELDS, check=check_vision_config)
 class VisionModel(Model):
     """Patches + class token + positions (``ImageEmbedding``) -> bidirectional TransformerStack
     (pre-norm blocks, final norm) -> the pooled vector (``config.pooling``: the class token's, or the

@@ -1,0 +1,44 @@
+"""The families a ModelConfig may name (``architecture``), each declared beside its model class.
+
+A family declares the config fields only some families read that it reads (``fields``: its tokens, its
+heads, its images or audio, ...), its own checks of a config (``check``), and whether it is built from the
+shared transformer stack (``transformer``: the core's size, head and kernel checks then apply). ModelConfig
+reads these declarations when it validates: a field no declaration of the config's family names must hold
+its default, so a switch never sits in a config unread. This module imports nothing of tformer's, so
+config.py and the model files can both read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FamilyDeclaration:
+    architecture: str
+    fields: frozenset[str]
+    check: Callable[[Any], None] | None = None
+    transformer: bool = True
+
+
+FAMILIES: dict[str, FamilyDeclaration] = {}
+
+
+def declare_family(architecture: str, fields: Iterable[str] = (), check: Callable[[Any], None] | None = None,
+                   transformer: bool = True) -> FamilyDeclaration:
+    """Declare (or declare again, as a module reload does) the family ``architecture``."""
+    declaration = FamilyDeclaration(architecture, frozenset(fields), check, transformer)
+    FAMILIES[architecture] = declaration
+    return declaration
+
+
+def families_reading(field: str) -> tuple[str, ...]:
+    """The families that declare ``field``."""
+    return tuple(name for name, family in FAMILIES.items() if field in family.fields)
+
+
+def declared_fields() -> frozenset[str]:
+    """Every field some family declares: the fields that belong to families rather than to the core."""
+    return frozenset().union(*(family.fields for family in FAMILIES.values()))

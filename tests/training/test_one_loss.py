@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from speech_corpus import tiny_model, write_corpus
 
 import tformer
 from tformer.data.images import ImageData
@@ -33,6 +34,7 @@ from tformer.training.tasks.image_classification import ImageClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
+from tformer.training.tasks.speech_recognition import SpeechRecognition
 from tformer.training.tasks.token_classification import TokenClassification
 from tformer.training.tasks.translation import Translation, learn_joint_bpe
 
@@ -66,7 +68,7 @@ def sentences(count: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9))) for _ in range(count)]
 
 
-# ---- the seven tasks, tiny ----------------------------------------------------------------------
+# ---- the eight tasks, tiny ----------------------------------------------------------------------
 
 
 def lm_task(tmp_path):
@@ -152,9 +154,16 @@ def image_classification_task(tmp_path):
     return prepared(ImageClassification(data, data), model)
 
 
+def speech_recognition_task(tmp_path):
+    manifest = write_corpus(tmp_path, count=6)
+    task, loaded = SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval=str(manifest)), seq_len=16,
+                                                 eval_wer=False)
+    return prepared(task, tiny_model(loaded.vocab_size), seq_len=16)
+
+
 TASKS = {"lm": lm_task, "mlm": mlm_task, "classification": classification_task,
          "token_classification": token_classification_task, "span_qa": span_qa_task, "translation": translation_task,
-         "image_classification": image_classification_task}
+         "image_classification": image_classification_task, "speech_recognition": speech_recognition_task}
 
 
 def model_loss(model, batch) -> torch.Tensor:
@@ -168,7 +177,8 @@ def evaluated_loss(task, sums: dict) -> float:
     """The mean loss one batch's evaluation sums give, as the task's ``finalise`` divides them."""
     if isinstance(task, MaskedLanguageModelling):
         return float(sums["mlm_loss"] / sums["masked"] + sums["nsp_loss"] / sums["rows"])
-    count = {"lm": "batches", "token_classification": "labelled", "span_qa": "windows", "translation": "tokens"}
+    count = {"lm": "batches", "token_classification": "labelled", "span_qa": "windows", "translation": "tokens",
+             "speech_recognition": "tokens"}
     return float(sums["loss"] / sums[count.get(task.name, "rows")])
 
 

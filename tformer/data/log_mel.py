@@ -78,6 +78,13 @@ def pad_or_trim(audio: Tensor, length: int) -> Tensor:
     return torch.nn.functional.pad(audio, (0, length - audio.shape[-1]))
 
 
+def pad_to_windows(audio: Tensor, window: int) -> Tensor:
+    """``audio`` (..., N) zero-padded (silence) on the right to a whole number of ``window`` samples, at least
+    one window: what a model of that window reads, window after window (nothing is cut)."""
+    windows = max(1, -(-audio.shape[-1] // window))
+    return torch.nn.functional.pad(audio, (0, windows * window - audio.shape[-1]))
+
+
 def log_mel_spectrogram(audio: Tensor, settings: LogMelSettings = LogMelSettings()) -> Tensor:
     """Features (B, num_mel_bins, N // hop_length) of audio (B, N) (or (N,): then (num_mel_bins, frames)) at
     ``settings.sample_rate``; the caller pads or windows the audio (``pad_or_trim``) to the model's input."""

@@ -28,7 +28,7 @@ DATA_FORMATS = ("auto", "text", "tokens", "npy", *RECORD_FORMATS, "conll", "squa
 # The [data] settings naming the columns of a records file, by task (docs/data.md): None = the task's default.
 COLUMN_OPTIONS = ("text_column", "text_pair_column", "label_column", "tokens_column", "tags_column",
                   "question_column", "context_column", "answers_column", "translation_column", "source_column",
-                  "target_column", "image_column")
+                  "target_column", "image_column", "audio_column")
 
 
 class DataError(TformerError):
@@ -45,8 +45,10 @@ class DataConfig:
     image classification ``train`` and ``eval`` are idx images files, image folders or .npz files. For
     translation they are corpus prefixes (``train`` for train.de + train.en, .gz too) read from
     ``source_language`` into ``target_language``, and ``tokenizer`` may be "bpe": a joint BPE learned
-    from the training pairs. Every task also reads records (``tformer.data.records``: JSONL, TSV/CSV,
-    Parquet, a datasets save_to_disk folder), whose columns the ``*_column`` settings name."""
+    from the training pairs. For speech recognition they are manifests (``audio_column``: WAV paths,
+    ``text_column``: transcripts) or folders of NAME.wav + NAME.txt pairs. Every task also reads records
+    (``tformer.data.records``: JSONL, TSV/CSV, Parquet, a datasets save_to_disk folder), whose columns the
+    ``*_column`` settings name."""
 
     train: str = ""
     eval: str | None = None
@@ -69,6 +71,7 @@ class DataConfig:
     source_column: str | None = None
     target_column: str | None = None
     image_column: str | None = None
+    audio_column: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, str) or not self.train:

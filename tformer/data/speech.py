@@ -12,6 +12,10 @@ million rows costs a list of paths. Each audio file is checked to exist (``check
 that) and to be named ``.wav``. A bad row (a missing file, an empty transcript, a path that is no string)
 stops the reader with one line naming ``manifest:line`` (``manifest: row N`` for Parquet), or with
 ``skip_bad`` is left out and kept in ``skipped``; a missing column stops it either way.
+
+``window_features`` turns recordings into the log-mel features a model of a given window reads (each padded
+with silence to the window, never cut) and keeps them without their padding (``WindowFeatures``), for a
+training task that reads every recording many times.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from tformer.data.audio import WHISPER_SAMPLE_RATE, AudioError, load_audio
 from tformer.data.files import DataFileError, Skipped, read_data_text
+from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_to_windows
 from tformer.data.records import RecordFile, field_value, record_format
 from tformer.errors import quoted
 
@@ -61,6 +68,77 @@ class SpeechData:
             return load_audio(self.audio_paths[index], sample_rate)
         except AudioError as error:
             raise AudioError(f"{self.origins[index]}: {error}") from None
+
+
+    def subset(self, rows: slice) -> SpeechData:
+        """The pairs at ``rows`` (a slice), from the same source."""
+        return SpeechData(self.audio_paths[rows], self.transcripts[rows], self.origins[rows], self.source,
+                          self.skipped)
+
+
+# ---- features ---------------------------------------------------------------------------------------------
+
+FEATURE_CHUNK = 32  # recordings whose features are computed in one batch of tensor operations
+
+
+@dataclass
+class WindowFeatures:
+    """Log-mel features of recordings each padded with silence to one window of ``frames`` frames, stored
+    without their padding: ``heads[i]`` (M, K_i) is recording i's frames up to where the columns of the
+    padding begin (all equal to the last column, ``tails[i]`` (M,)), so ``batch`` rebuilds the features of the
+    whole window exactly while memory holds only the audio's share of it (in the dtype they were stored in)."""
+
+    heads: list[Tensor]
+    tails: list[Tensor]
+    frames: int
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def batch(self, index: Tensor | Sequence[int]) -> Tensor:
+        """float32 features (B, M, frames) of the recordings at ``index`` (B,)."""
+        rows = [int(row) for row in index]
+        mels = self.heads[rows[0]].shape[0] if rows else 0
+        features = torch.empty(len(rows), mels, self.frames, dtype=torch.float32)
+        for place, row in enumerate(rows):
+            head = self.heads[row]
+            features[place, :, head.shape[1]:] = self.tails[row][:, None]
+            features[place, :, : head.shape[1]] = head
+        return features
+
+    def nbytes(self) -> int:
+        return sum(head.nbytes + tail.nbytes for head, tail in zip(self.heads, self.tails, strict=True))
+
+
+def window_features(data: SpeechData, settings: LogMelSettings, *, dtype: torch.dtype = torch.float32,
+                    known: dict[Path, tuple[Tensor, Tensor]] | None = None) -> WindowFeatures:
+    """The features of every recording of ``data``: read (mono, ``settings.sample_rate``), zero-padded to
+    ``settings.window_samples`` and turned into log-mel frames (``log_mel_spectrogram``, a chunk of recordings
+    at a time), stored as ``dtype``. A recording longer than the window is an AudioError naming it and its
+    length (it is never cut). ``known``: features already computed, by path (another split that lists the
+    same files), filled in as more are computed."""
+    known = {} if known is None else known
+    window = settings.window_samples
+    missing = list(dict.fromkeys(path for path in data.audio_paths if path not in known))
+    first_row = {path: row for row, path in reversed(list(enumerate(data.audio_paths)))}
+    for start in range(0, len(missing), FEATURE_CHUNK):
+        chunk = missing[start : start + FEATURE_CHUNK]
+        audio = []
+        for path in chunk:
+            samples = data.audio(first_row[path], settings.sample_rate)
+            if len(samples) > window:
+                rate = settings.sample_rate
+                raise AudioError(f"{data.origins[first_row[path]]}: {path}: {len(samples) / rate:.2f} s of audio is "
+                                 f"longer than the model's window of {window / rate:.2f} s; a recording is never cut")
+            audio.append(pad_to_windows(torch.from_numpy(samples), window))
+        features = log_mel_spectrogram(torch.stack(audio), settings)  # (B, M, F)
+        same_as_last = (features == features[:, :, -1:]).all(dim=1)  # (B, F): a column equal to the last one
+        trailing = same_as_last.flip(-1).int().cumprod(dim=-1).sum(dim=-1)  # (B,) columns equal to the last, at the end
+        for row, path in enumerate(chunk):
+            keep = max(features.shape[-1] - int(trailing[row]), 0)
+            known[path] = (features[row, :, :keep].to(dtype).clone(), features[row, :, -1].to(dtype).clone())
+    pairs = [known[path] for path in data.audio_paths]
+    return WindowFeatures([head for head, _ in pairs], [tail for _, tail in pairs], settings.window_frames)
 
 
 def read_speech(path: str | Path, **options) -> SpeechData:

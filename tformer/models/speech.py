@@ -16,6 +16,7 @@ from tformer.config import (
     require_positive_int,
     require_token_ids,
 )
+from tformer.data.log_mel import LogMelSettings
 from tformer.models.base import Seq2SeqModel
 from tformer.models.encoder_decoder import EncoderDecoderLM
 from tformer.models.output import GenerationState, Seq2SeqOutput
@@ -57,6 +58,19 @@ class SpeechModel(EncoderDecoderLM):
     """
 
     inputs = "audio"
+
+    @classmethod
+    def describe_inputs(cls, config: ModelConfig) -> str:
+        frames = config.input_frames
+        return (f"audio in windows of {frames / 100:g} s ({config.num_mel_bins} mels x {frames} frames), "
+                f"{config.max_seq_len} decoder positions")
+
+    @property
+    def log_mel_settings(self) -> LogMelSettings:
+        """The features this model reads: ``num_mel_bins`` mels of 16 kHz audio every 10 ms, its window
+        ``config.input_frames`` frames of audio (``window_samples``)."""
+        hop = LogMelSettings.hop_length
+        return LogMelSettings(num_mel_bins=self.config.num_mel_bins, window_samples=self.config.input_frames * hop)
 
     def __init__(self, config: ModelConfig) -> None:
         Seq2SeqModel.__init__(self, config)  # the base's, not the encoder-decoder's: this front end is audio

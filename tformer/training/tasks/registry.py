@@ -21,13 +21,14 @@ from tformer.training.tasks.image_classification import ImageClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
+from tformer.training.tasks.speech_recognition import SpeechRecognition
 from tformer.training.tasks.token_classification import TokenClassification
 from tformer.training.tasks.translation import Translation
 
 TASKS: dict[str, type[Task]] = {
     task.name: task
     for task in (LanguageModelling, MaskedLanguageModelling, SequenceClassification, TokenClassification,
-                 SpanQuestionAnswering, ImageClassification, Translation)
+                 SpanQuestionAnswering, ImageClassification, Translation, SpeechRecognition)
 }
 # The [data] settings a task may read besides train, eval, eval_fraction and format.
 DATA_SETTINGS = ("tokenizer", "columns", "skip_bad", "source_language", "target_language", *COLUMN_OPTIONS)
@@ -51,7 +52,8 @@ class TaskConfig:
     """The ``[task]`` section of a recipe: which task trains the model (``lm``: next-token language
     modelling, the default; ``mlm``: masked LM, + next-sentence pairs with the ``pretraining`` head;
     ``classification``, ``token_classification``, ``span_qa``: an encoder's fine-tuning tasks;
-    ``image_classification``: a vision model's; ``translation``: an encoder-decoder's, on sentence pairs) and
+    ``image_classification``: a vision model's; ``translation``: an encoder-decoder's, on sentence pairs;
+    ``speech_recognition``: a speech model's, on (audio, transcript) pairs) and
     its settings, ``options`` (the task's ``Options``; read them as attributes: ``config.doc_stride``).
 
     Another task's setting is refused unless it holds that task's default (a resolved recipe written by an

@@ -14,7 +14,7 @@ from pathlib import Path
 from tformer.errors import TformerError
 
 COMMANDS = ["attention", "average", "classify", "convert", "demo", "download", "evaluate", "generate", "info", "plot",
-            "predict", "quantize", "serve", "tokenize", "tokenizer", "train", "translate"]
+            "predict", "quantize", "serve", "tokenize", "tokenizer", "train", "transcribe", "translate"]
 
 
 class UsageError(TformerError):

@@ -1,5 +1,6 @@
 """``tformer evaluate RUN --data FILE``: the metrics of a trained model on a data file, by the task
-of the recipe it was trained with (accuracy and F1, entity F1, exact match, loss and perplexity).
+of the recipe it was trained with (accuracy and F1, entity F1, exact match, loss and perplexity, BLEU,
+WER and CER).
 A classification run also gets its confusion matrix drawn as a PNG.
 
 ``tformer evaluate RUN --source FILE --reference FILE``: translate the sources with the run's
@@ -213,8 +214,10 @@ def evaluate_run(args: argparse.Namespace) -> int:
         data_file = translation_corpus(data_file, recipe.data)
         # the model folder's tokenizer reads the data: the settings of learning one do not apply
         task_config = task_config.replace(bpe_vocab_size=TranslationOptions.bpe_vocab_size)
-    elif not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder
+    elif not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder, speech pairs
         raise UsageError(f"--data {data_file}: no such file or folder")
+    if task_config.name == "speech_recognition":  # scored by its transcripts, whatever the run evaluated
+        task_config = task_config.replace(eval_wer=True)
     model = tformer.load(folder, device="cpu", quantize=quantize)
     if "image_processor" in type(model).attachments:
         if getattr(model, "image_processor", None) is None:

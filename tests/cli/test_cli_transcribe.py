@@ -1,7 +1,8 @@
 """``tformer transcribe`` on a tiny saved speech model (one line per file, windows of long audio joined, JSON
 lines, the same transcript the task's evaluation decodes; a bad WAV stops it with one line and nothing on
-standard output), and a tiny speech recognition run end to end: ``tformer train`` on a manifest, then
-``tformer evaluate`` printing and recording WER and CER (for a run that reported its loss only), then ``tformer transcribe`` on the run folder."""
+standard output), Whisper's prompt for a Whisper tokenizer, and a tiny speech recognition run end to end:
+``tformer train`` on a manifest, then ``tformer evaluate`` printing and recording WER and CER (for a run that
+reported its loss only), then ``tformer transcribe`` on the run folder."""
 
 from __future__ import annotations
 

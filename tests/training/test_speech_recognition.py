@@ -19,7 +19,6 @@ from tformer.training.distributed import ProcessContext
 from tformer.training.tasks import TaskConfig
 from tformer.training.tasks.registry import check_data_options
 from tformer.training.tasks.speech_recognition import SpeechRecognition, spans
-from tformer.training.trainer import Trainer
 
 
 def make_task(folder, *, seed: int = 3, batch_size: int = 4, rank: int = 0, world_size: int = 1, model=None,
@@ -151,9 +150,14 @@ def test_wer_and_cer_during_evaluation_are_those_of_each_utterance_decoded_alone
     equal ``transcription_scores`` of the transcripts ``generate`` writes for each recording on its own."""
     manifest = write_corpus(tmp_path, count=7)
     task, loaded = SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval=str(manifest)), seq_len=16)
-    model = tiny_model(loaded.vocab_size, initializer_range=0.5)
-    trainer = Trainer(model, TrainingConfig(batch_size=3, eval_batches=0, seq_len=16), task, progress=False)
-    metrics = trainer.evaluate_metrics()
+    model = tiny_model(loaded.vocab_size, initializer_range=0.5).eval()
+    task.prepare(TrainingConfig(batch_size=3, eval_batches=0, seq_len=16), ProcessContext(0, 1), model)
+    totals: dict = {}
+    with torch.no_grad():
+        for batch in task.eval_batches():  # summed as the Trainer sums them (evaluate_metrics)
+            for name, value in task.eval_sums(model, batch).items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+    metrics = task.finalise(totals)
     hypotheses = []
     for row in range(len(task.evaluation)):
         features = task.eval_features.batch([row])  # (1, M, F)
@@ -218,3 +222,66 @@ def test_a_folder_of_pairs_is_read_and_a_column_setting_refused_for_it(tmp_path)
     assert loaded.vocab_size == 4 + len(set("one two three zero"))
     with pytest.raises(Exception, match="data.audio_column names a column of a records file"):
         SpeechRecognition.from_recipe(DataConfig(train=str(tmp_path), audio_column="file"), seq_len=16)
+
+
+# ---- the FSDD recipe ----------------------------------------------------------------------------------------
+
+
+def fsdd_recipe(tmp_path):
+    """configs/fsdd-digits.toml with its data replaced by a tiny corpus (the recipe's own is built on demand)."""
+    import tomllib
+    from pathlib import Path
+
+    from tformer.training.recipe import recipe_from_dict
+
+    raw = tomllib.loads((Path(__file__).resolve().parents[2] / "configs" / "fsdd-digits.toml").read_text())
+    manifest = write_corpus(tmp_path)
+    raw["data"] = {**raw["data"], "train": str(manifest), "eval": str(manifest)}
+    return raw, recipe_from_dict(raw, base_dir=tmp_path)
+
+
+def test_the_fsdd_recipe_reads_and_its_task_settings_are_checked(tmp_path):
+    from tformer.training.recipe import RecipeError, recipe_from_dict
+
+    raw, recipe = fsdd_recipe(tmp_path)
+    assert recipe.task.name == "speech_recognition" and recipe.task.time_masks == 2
+    assert recipe.model.architecture == "speech" and recipe.model.input_frames == 750
+    with pytest.raises(RecipeError, match=r"\[task\] bpe_vocab_size is a setting of the translation task, not "
+                                          "'speech_recognition'"):
+        recipe_from_dict({**raw, "task": {**raw["task"], "bpe_vocab_size": 300}}, base_dir=tmp_path)
+    with pytest.raises(RecipeError, match=r"\[task\] unknown key 'time_mask' \(did you mean 'time_masks'\?\)"):
+        recipe_from_dict({**raw, "task": {**raw["task"], "time_mask": 3}}, base_dir=tmp_path)
+
+
+def test_the_fsdd_recipes_window_holds_every_utterance_the_builder_writes():
+    """With its default seed, in the official split and with each speaker held out (headers read, nothing
+    written): the longest utterance, 6.98 s, fits the recipe's 7.5 s window."""
+    import tomllib
+    import wave
+    from pathlib import Path
+
+    import numpy as np
+    from shared_data import SHARED_DATA, require
+
+    from tformer.data.fsdd import SPLITS, DigitSettings, list_recordings, plan_utterances, split_recordings
+
+    folder = SHARED_DATA / "fsdd" / "recordings"
+    require(folder)
+    recordings = list_recordings(folder)
+    frames = {}
+    for recording in recordings:
+        with wave.open(str(recording.path)) as handle:
+            frames[recording.path], rate = handle.getnframes(), handle.getframerate()
+    longest = 0
+    for held_out in (None, *sorted({recording.speaker for recording in recordings})):
+        settings = DigitSettings(held_out_speaker=held_out)
+        pools = split_recordings(recordings, held_out)
+        streams = np.random.SeedSequence(settings.seed).spawn(len(SPLITS))  # as build_digit_corpus draws them
+        for pool, stream, count in zip(pools, streams, (settings.train_utterances, settings.test_utterances),
+                                       strict=True):
+            for utterance in plan_utterances(pool, count, settings, rate, np.random.default_rng(stream)):
+                length = sum(frames[recording.path] for recording in utterance.recordings) + sum(utterance.silences)
+                longest = max(longest, length / rate)
+    model = tomllib.loads((Path(__file__).resolve().parents[2] / "configs" / "fsdd-digits.toml").read_text())["model"]
+    window = 2 * model["max_source_positions"] / 100  # seconds: frames of 10 ms
+    assert longest == pytest.approx(6.984, abs=1e-3) and longest < window == 7.5

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from tformer.data.audio import WHISPER_SAMPLE_RATE, AudioError, load_audio
 from tformer.data.files import DataFileError, Skipped, read_data_text
-from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_to_windows
+from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram
 from tformer.data.records import RecordFile, field_value, record_format
 from tformer.errors import quoted
 
@@ -123,15 +123,15 @@ def window_features(data: SpeechData, settings: LogMelSettings, *, dtype: torch.
     first_row = {path: row for row, path in reversed(list(enumerate(data.audio_paths)))}
     for start in range(0, len(missing), FEATURE_CHUNK):
         chunk = missing[start : start + FEATURE_CHUNK]
-        audio = []
-        for path in chunk:
+        audio = np.zeros((len(chunk), window), dtype=np.float32)  # (B, window): silence, then each recording
+        for row, path in enumerate(chunk):
             samples = data.audio(first_row[path], settings.sample_rate)
             if len(samples) > window:
                 rate = settings.sample_rate
                 raise AudioError(f"{data.origins[first_row[path]]}: {path}: {len(samples) / rate:.2f} s of audio is "
                                  f"longer than the model's window of {window / rate:.2f} s; a recording is never cut")
-            audio.append(pad_to_windows(torch.from_numpy(samples), window))
-        features = log_mel_spectrogram(torch.stack(audio), settings)  # (B, M, F)
+            audio[row, : len(samples)] = samples  # (numpy: on a busy machine a torch op a row costs a thread wait)
+        features = log_mel_spectrogram(torch.from_numpy(audio), settings)  # (B, M, F)
         same_as_last = (features == features[:, :, -1:]).all(dim=1)  # (B, F): a column equal to the last one
         trailing = same_as_last.flip(-1).int().cumprod(dim=-1).sum(dim=-1)  # (B,) columns equal to the last, at the end
         for row, path in enumerate(chunk):

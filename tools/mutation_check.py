@@ -218,6 +218,13 @@ MUTATIONS = (
         "an int8 layer whose width is not a multiple of 16 reaches the bfloat16 kernel, which ends the process",
     ),
     Mutation(
+        "spec-augment-masks-the-padding", "tformer/training/tasks/speech_recognition.py",
+        "    starts = (torch.rand(rows, count, generator=generator) * (lengths[:, None] - widths + 1)).long()",
+        "    starts = (torch.rand(rows, count, generator=generator) * (size - widths + 1)).long()",
+        ("tests/training/test_speech_recognition.py", "-k", "spec_augment"),
+        "SpecAugment's time spans land in the silence that pads a recording to the window, masking nothing",
+    ),
+    Mutation(
         "time-budget-restarts-on-resume", "tformer/training/trainer.py",
         "seconds_before, budget = self.elapsed_seconds, 60 * config.max_minutes",
         "seconds_before, budget = 0.0, 60 * config.max_minutes",

@@ -63,6 +63,16 @@ class Rows:
                 for name, values in self.fields.items()}
 
 
+def check_special_tokens_agree(tokenizer, model_config, roles: tuple[str, ...]) -> None:
+    """Refuse a model whose ``{role}_token_id``s differ from the tokenizer's (a sequence-to-sequence task pads
+    and ends its targets with the tokenizer's ids, which the model must read as such)."""
+    for role in roles:
+        ours, theirs = getattr(tokenizer, f"{role}_token_id"), getattr(model_config, f"{role}_token_id")
+        if ours != theirs:
+            raise TrainingError(f"the tokenizer's {role} token is id {ours} but the model's {role}_token_id is "
+                                f"{theirs}; they must agree")
+
+
 def pad_rows(sequences: dict[str, list[list[int]]], per_row: dict[str, list] | None = None,
              padding: dict[str, int] | None = None) -> Rows:
     """Rows from lists of per-token sequences (every field's i-th sequence as long as the others')

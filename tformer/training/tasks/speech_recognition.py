@@ -53,6 +53,7 @@ from tformer.training.tasks.examples import (
     EVAL_WEIGHTS,
     ExampleTask,
     Rows,
+    check_special_tokens_agree,
     data_tokenizer,
     model_inputs,
     pad_rows,
@@ -189,11 +190,7 @@ class SpeechRecognition(ExampleTask):
         if limit is not None and longest > limit:
             raise TrainingError(f"a transcript is {longest} tokens with its end token, past the model's "
                                 f"max_seq_len={limit} decoder positions")
-        for role in ("pad", "eos"):
-            ours, theirs = getattr(self.tokenizer, f"{role}_token_id"), getattr(model_config, f"{role}_token_id")
-            if ours != theirs:
-                raise TrainingError(f"the tokenizer's {role} token is id {ours} but the model's {role}_token_id is "
-                                    f"{theirs}; they must agree")
+        check_special_tokens_agree(self.tokenizer, model_config, ("pad", "eos"))
         if model.start_token_id != self.tokenizer.bos_token_id:
             raise TrainingError(f"the model starts decoding at id {model.start_token_id} but the tokenizer's start "
                                 f"token is id {self.tokenizer.bos_token_id}; set decoder_start_token_id to it (a "

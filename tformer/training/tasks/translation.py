@@ -39,6 +39,7 @@ from tformer.training.tasks.examples import (
     EVAL_WEIGHTS,
     ExampleTask,
     Rows,
+    check_special_tokens_agree,
     data_tokenizer,
     model_inputs,
     pad_rows,
@@ -195,11 +196,7 @@ class Translation(ExampleTask):
             raise TrainingError(f"the translation task trains a sequence-to-sequence model over tokens "
                                 f"(encoder_decoder, rnn_seq2seq), not architecture={model_config.architecture!r}")
         self.check_model_fits(model, self.tokenizer, self.seq_len)
-        for role in ("pad", "eos"):
-            ours, theirs = getattr(self.tokenizer, f"{role}_token_id"), getattr(model_config, f"{role}_token_id")
-            if ours != theirs:
-                raise TrainingError(f"the tokenizer's {role} token is id {ours} but the model's {role}_token_id is "
-                                    f"{theirs}; they must agree")
+        check_special_tokens_agree(self.tokenizer, model_config, ("pad", "eos"))
         if model.start_token_id != self.tokenizer.bos_token_id:
             raise TrainingError(f"the model starts decoding at id {model.start_token_id} but the tokenizer's <s> is id "
                                 f"{self.tokenizer.bos_token_id}; set decoder_start_token_id to it")

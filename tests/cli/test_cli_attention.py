@@ -188,7 +188,7 @@ def test_text_and_image_go_to_their_own_models(tmp_path, capsys):
     assert main(["attention", str(text), "--image", image]) == 2
     assert "a vision model with head 'image_classification' is needed" in capsys.readouterr().err
     assert main(["attention", str(vision), "--image", image, "--layer", "1"]) == 2
-    assert "--layer goes with --text or --source, not --image" in capsys.readouterr().err
+    assert "--layer goes with --text, --source or --audio, not --image" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_code:
         main(["attention", str(text), "--image", image, "--text", TEXT])
     assert exit_code.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
@@ -230,3 +230,73 @@ def test_a_performer_model_has_no_maps_to_draw(tmp_path, capsys):
     vision = vision_folder(tmp_path / "vision", attention_kernel="performer", performer_features=16)
     assert main(["attention", str(vision), "--image", str(write_image(tmp_path / "image.png"))]) == 2
     assert "never forms attention weights" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def speech_folder(tmp_path_factory):
+    """A tiny speech model of wide random weights (it writes varied text) with its character tokenizer, and a
+    0.3 s tone (within its 0.5 s window) and a 0.8 s one (past it)."""
+    from speech_corpus import WORDS, tiny_model, write_tone
+
+    from tformer.training.tasks.speech_recognition import SPEECH_SPECIAL_TOKENS
+
+    folder = tmp_path_factory.mktemp("speech")
+    tokenizer = CharTokenizer.train([" ".join(WORDS)], special_tokens=SPEECH_SPECIAL_TOKENS)
+    model = tiny_model(tokenizer.vocab_size, initializer_range=0.5)
+    model.tokenizer = tokenizer
+    model.save(folder / "model")
+    return folder / "model", write_tone(folder / "short.wav", 0.3, 300), write_tone(folder / "long.wav", 0.8, 500)
+
+
+def test_audio_alignment_draws_the_transcript_over_the_spectrogram(speech_folder, capsys, monkeypatch):
+    """The figure holds the recording's log-mel spectrogram and, for each token the model writes (greedy, as
+    ``tformer transcribe`` writes them), its cross-attention over the window's encoder frames."""
+    from tformer.viz import alignment
+
+    folder, short, _ = speech_folder
+    drawn = {}
+
+    def keep(spectrogram, weights, tokens, seconds, window_seconds, out, title):
+        drawn.update(spectrogram=spectrogram, weights=weights, tokens=tokens, seconds=seconds, window=window_seconds)
+        return plot(spectrogram, weights, tokens, seconds, window_seconds, out, title)
+
+    plot = alignment.plot_audio_alignment
+    monkeypatch.setattr(alignment, "plot_audio_alignment", keep)
+    assert main(["transcribe", str(folder), str(short)]) == 0
+    transcript = capsys.readouterr().out.split("\t")[0]
+    assert main(["attention", str(folder), "--audio", str(short), "--beam", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"transcript {transcript}\n" in out
+    png = folder / "attention" / "short.png"
+    assert written_by_tformer(png) and f"alignment  {png} (" in out
+    model = tformer.load(folder)
+    assert drawn["spectrogram"].shape == (80, model.config.input_frames)
+    rows = drawn["weights"]
+    assert rows.shape == (len(drawn["tokens"]), model.config.input_frames // 2)
+    assert torch.allclose(rows.sum(-1), torch.ones(len(rows)), atol=1e-5)  # each token's weights sum to 1
+    assert "".join(drawn["tokens"]).replace("\u2423", " ").replace("</s>", "").strip() == transcript
+    assert (drawn["seconds"], drawn["window"]) == (pytest.approx(0.3), pytest.approx(0.5))
+    assert main(["attention", str(folder), "--audio", str(short), "--layer", "1", "--head", "2"]) == 0  # replaces
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--audio", "{long}"], "long.wav: 0.80 s of audio; --audio draws one window of this model's 0.5 s"),
+    (["--audio", "{short}", "--head", "3"], "--head 3: this model has 2 cross-attention heads, numbered 1 to 2"),
+    (["--audio", "{short}", "--language", "en"], "--language en: this model's tokenizer has no language tokens"),
+    (["--text", "hello", "--language", "en"], "--language goes with --audio, not --text"),
+    (["--audio", "{folder}"], "is a folder; give WAV files"),
+])
+def test_audio_refusals(speech_folder, capsys, arguments, message):
+    folder, short, long = speech_folder
+    arguments = [argument.format(short=short, long=long, folder=folder) for argument in arguments]
+    assert main(["attention", str(folder), *arguments]) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1
+
+
+def test_audio_goes_to_a_speech_model(tmp_path, speech_folder, capsys):
+    _, short, _ = speech_folder
+    text_model = tmp_path / "gpt"
+    tformer.build_model("gpt-nano").save(text_model)
+    assert main(["attention", str(text_model), "--audio", str(short)]) == 2
+    assert "does not transcribe audio; give a speech model" in capsys.readouterr().err

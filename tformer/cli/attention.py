@@ -10,7 +10,12 @@ layer and a column per head (``--layer`` / ``--head``, counted from 1, draw one)
 
 ``--source`` (an encoder-decoder or the attention RNN): the sentence is translated (``--beam``), and the
 translation's attention over the source drawn as an alignment: a row per output token, a column per
-source token; a transformer's cross-attention of one ``--layer`` / ``--head`` or the mean of them."""
+source token; a transformer's cross-attention of one ``--layer`` / ``--head`` or the mean of them.
+
+``--audio`` (a speech model): the recording is transcribed (``--beam``, ``--language`` for a multilingual
+Whisper model) and drawn as its log-mel spectrogram with, on the same time axis, each transcript token's
+cross-attention over the audio (one ``--layer`` / ``--head`` or the mean). One window of audio: a longer
+recording is refused (cut it, or transcribe it with ``tformer transcribe``)."""
 
 from __future__ import annotations
 
@@ -38,18 +43,24 @@ def register(subparsers) -> None:
     inputs.add_argument("--image", nargs="+", metavar="IMAGE", help="PNG or JPEG files (a vision model)")
     inputs.add_argument("--text", help="a text (a decoder or an encoder with a tokenizer)")
     inputs.add_argument("--source", help="a sentence to translate and draw the alignment of (a translation model)")
+    inputs.add_argument("--audio", metavar="WAV", help="a recording to transcribe and draw the alignment of over its "
+                                                       "spectrogram (a speech model)")
     parser.add_argument("--out", help="the PNG to write (default: MODEL/attention/<first image's name>.png, "
                                       "MODEL/attention/text.png for --text, MODEL/attention/alignment.png for "
-                                      "--source)")
+                                      "--source, MODEL/attention/<recording's name>.png for --audio)")
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS,
                         help="--image: how each layer's heads combine (default: mean)")
     parser.add_argument("--positions", metavar="PNG",
                         help="--image: also draw the learned position embeddings' similarities into this PNG")
     parser.add_argument("--layer", type=int,
-                        help="--text, --source: draw this layer only (counted from 1; --source default: the mean)")
+                        help="--text, --source, --audio: draw this layer only (counted from 1; --source and --audio "
+                             "default: the mean)")
     parser.add_argument("--head", type=int,
-                        help="--text, --source: draw this head only (counted from 1; --source default: the mean)")
-    parser.add_argument("--beam", type=int, default=5, help="--source: beams of the translation (default: 5)")
+                        help="--text, --source, --audio: draw this head only (counted from 1; --source and --audio "
+                             "default: the mean)")
+    parser.add_argument("--beam", type=int, default=5,
+                        help="--source, --audio: beams of the translation or transcription (default: 5)")
+    parser.add_argument("--language", help="--audio: a multilingual Whisper model's language code (en, de, ...)")
     parser.add_argument("--max-tokens", type=int,
                         help=f"--text: draw at most this many tokens; a longer text is cut, with a warning "
                              f"(default: {DEFAULT_MAX_TOKENS}, and never past the model's context)")
@@ -59,15 +70,20 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError
 
-    own = "--text" if args.text is not None else "--source" if args.source is not None else "--image"
+    own = next(option for option, value in (("--text", args.text), ("--source", args.source),
+                                             ("--audio", args.audio), ("--image", args.image)) if value is not None)
     options = {"--head-fusion": (args.head_fusion, ("--image",)), "--positions": (args.positions, ("--image",)),
-               "--layer": (args.layer, ("--text", "--source")), "--head": (args.head, ("--text", "--source")),
-               "--max-tokens": (args.max_tokens, ("--text",))}
+               "--layer": (args.layer, ("--text", "--source", "--audio")),
+               "--head": (args.head, ("--text", "--source", "--audio")),
+               "--max-tokens": (args.max_tokens, ("--text",)), "--language": (args.language, ("--audio",))}
     for option, (value, owners) in options.items():
         if value is not None and own not in owners:
-            raise UsageError(f"{option} goes with {' or '.join(owners)}, not {own}")
+            allowed = " or ".join(owners) if len(owners) < 3 else f"{', '.join(owners[:-1])} or {owners[-1]}"
+            raise UsageError(f"{option} goes with {allowed}, not {own}")
     if own == "--source":
         return draw_alignment(args)
+    if own == "--audio":
+        return draw_audio_alignment(args)
     return draw_text_maps(args) if args.text is not None else draw_image_maps(args)
 
 
@@ -151,10 +167,7 @@ def draw_text_maps(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.model}: no tokenizer.json'}; attention --text needs one "
                          "to read the text")
-    for option, value, count, what in (("--layer", args.layer, config.num_layers, "layers"),
-                                       ("--head", args.head, config.num_heads, "heads")):
-        if value is not None and not 1 <= value <= count:
-            raise UsageError(f"{option} {value}: this model has {count} {what}, numbered 1 to {count}")
+    check_layer_and_head(args, config.num_layers, config.num_heads)
     out = output_beside_model(args, args.model, "attention", "text.png")
     check_own_png(out)
 
@@ -195,10 +208,7 @@ def draw_alignment(args: argparse.Namespace) -> int:
         check_has_weights(args.model, config)
     layers = config.num_layers if config.architecture == "encoder_decoder" else 1
     heads = config.num_heads if config.architecture == "encoder_decoder" else 1
-    for option, value, count, what in (("--layer", args.layer, layers, "layers"), ("--head", args.head, heads,
-                                                                                    "heads")):
-        if value is not None and not 1 <= value <= count:
-            raise UsageError(f"{option} {value}: this model has {count} cross-attention {what}, numbered 1 to {count}")
+    check_layer_and_head(args, layers, heads, "cross-attention ")
     tokenizer = model.tokenizer
     source_ids = [*tokenizer.encode(sentence, add_special_tokens=False), tokenizer.eos_token_id]
     if not sentence or len(source_ids) < 2:
@@ -225,6 +235,63 @@ def draw_alignment(args: argparse.Namespace) -> int:
     print(f"translation {translation}")
     print(f"alignment  {written} ({rows} output x {len(source_ids)} source tokens)")
     return 0
+
+
+def draw_audio_alignment(args: argparse.Namespace) -> int:
+    """Transcribe --audio and draw the transcript's cross-attention over the recording's spectrogram."""
+    import torch
+
+    import tformer
+    from tformer.cli import UsageError
+    from tformer.cli.transcribe import decoder_prompt, load_speech_model, read_recordings, transcript_budget
+    from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_or_trim
+    from tformer.viz.alignment import alignment_weights, plot_audio_alignment
+    from tformer.viz.heatmaps import token_labels
+
+    if args.beam < 1:
+        raise UsageError(f"--beam {args.beam} must be a positive integer")
+    out = output_beside_model(args, args.model, "attention", f"{Path(args.audio).stem}.png")
+    check_own_png(out)
+    samples = read_recordings([args.audio], LogMelSettings.sample_rate)[0]  # (N,) mono at 16 kHz
+    model = load_speech_model(args.model, torch.device("cpu"))
+    config = model.config
+    check_has_weights(args.model, config)
+    check_layer_and_head(args, config.num_layers, config.num_heads, "cross-attention ")
+    settings = model.log_mel_settings
+    seconds = len(samples) / settings.sample_rate
+    window_seconds = settings.window_samples / settings.sample_rate
+    if len(samples) > settings.window_samples:
+        raise UsageError(f"{args.audio}: {seconds:.2f} s of audio; --audio draws one window of this model's "
+                         f"{window_seconds:g} s (cut the recording, or transcribe it whole with tformer transcribe)")
+    prompt = decoder_prompt(model, args.language)
+    features = log_mel_spectrogram(pad_or_trim(torch.from_numpy(samples), settings.window_samples), settings)[None]
+    with torch.inference_mode():  # features (1, M, F); output (1, T): the prompt, the transcript, the end token
+        output = tformer.generate(model, features, max_new_tokens=transcript_budget(model, prompt),
+                                  num_beams=args.beam, decoder_prompt_ids=prompt)
+        ended = int(output[0, -1]) == config.eos_token_id
+        result = model(features, decoder_input_ids=output[:, :-1] if ended else output, output_attentions=True)
+    start = max(len(prompt), 1)
+    produced = output[0, start:].tolist()  # the tokens the drawn rows predict (the end token included)
+    weights = alignment_weights(result.cross_attentions, args.layer, args.head)[start - 1:start - 1 + len(produced)]
+    transcript = " ".join(model.tokenizer.decode(produced, skip_special_tokens=True).split())
+    which = f"layer {args.layer or 'mean'}, head {args.head or 'mean'}"
+    title = f"{Path(args.model).name} ({which}): {Path(args.audio).name}\n-> {transcript}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = plot_audio_alignment(features[0], weights, token_labels(model.tokenizer, produced), seconds,
+                                   window_seconds, out, title)
+    print(f"transcript {transcript}")
+    print(f"alignment  {written} ({len(produced)} tokens x {seconds:.2f} s of audio)")
+    return 0
+
+
+def check_layer_and_head(args: argparse.Namespace, layers: int, heads: int, what: str = "") -> None:
+    """Refuse a --layer or --head the model does not have (``what``: "cross-attention " names the kind)."""
+    from tformer.cli import UsageError
+
+    for option, value, count, noun in (("--layer", args.layer, layers, "layers"), ("--head", args.head, heads,
+                                                                                   "heads")):
+        if value is not None and not 1 <= value <= count:
+            raise UsageError(f"{option} {value}: this model has {count} {what}{noun}, numbered 1 to {count}")
 
 
 def encode_text(tokenizer, text: str, max_tokens: int, max_seq_len: int):

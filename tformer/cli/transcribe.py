@@ -99,6 +99,12 @@ def decoder_prompt(model, language: str | None) -> tuple[int, ...]:
         raise UsageError(f"--language {language}: {error}") from None
 
 
+def transcript_budget(model, prompt: tuple[int, ...]) -> int:
+    """The new tokens a window's transcript may have: what the decoder's positions hold after ``prompt``."""
+    limit = model.position_limit or model.config.max_seq_len
+    return max(1, limit - max(len(prompt), 1))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -115,8 +121,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_speech_model(args.model, device)
     prompt = decoder_prompt(model, args.language)
     settings = model.log_mel_settings  # (16 kHz, as the recordings were read)
-    limit = model.position_limit or model.config.max_seq_len
-    budget = args.max_new_tokens or max(1, limit - max(len(prompt), 1))
+    budget = args.max_new_tokens or transcript_budget(model, prompt)
     started = time.perf_counter()
     lines = []
     for path, samples in zip(args.audio, recordings, strict=True):

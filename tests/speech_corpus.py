@@ -43,9 +43,16 @@ def write_corpus(folder: Path, count: int = 8, seed: int = 0, name: str = "train
 
 
 def tiny_model(vocab_size: int, max_seq_len: int = 16, **fields) -> tformer.Model:
-    """whisper-digits cut down: width 32, one block a side, a half-second window, no dropout."""
+    """whisper-digits cut down: width 32, one block a side, a half-second window, no dropout. With an
+    ``initializer_range`` (0.5: random weights that write varied text) the stem's convolutions are drawn with
+    it too (a fresh model draws them He-normal)."""
     torch.manual_seed(0)
     settings = {"d_model": 32, "num_layers": 1, "num_encoder_layers": 1, "num_heads": 2, "d_ff": 64,
                 "max_source_positions": WINDOW_POSITIONS, "max_seq_len": max_seq_len, "vocab_size": vocab_size,
                 "dropout": 0.0, "attention_dropout": 0.0, **fields}
-    return tformer.build_model("whisper-digits", **settings)
+    model = tformer.build_model("whisper-digits", **settings)
+    if "initializer_range" in fields:
+        with torch.no_grad():
+            for conv in (model.audio.conv1, model.audio.conv2):
+                conv.weight.normal_(0.0, fields["initializer_range"])
+    return model

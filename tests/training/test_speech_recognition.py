@@ -18,14 +18,14 @@ from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks import TaskConfig
 from tformer.training.tasks.registry import check_data_options
-from tformer.training.tasks.speech_recognition import SpeechRecognition, spans
+from tformer.training.tasks.speech_recognition import SpeechRecognition, learn_word_vocabulary, spans
 
 
 def make_task(folder, *, seed: int = 3, batch_size: int = 4, rank: int = 0, world_size: int = 1, model=None,
               **options):
     manifest = write_corpus(folder)
-    task, loaded = SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval=str(manifest)), seq_len=16,
-                                                 **options)
+    data = DataConfig(train=str(manifest), eval=str(manifest), tokenizer=options.pop("tokenizer", "char"))
+    task, loaded = SpeechRecognition.from_recipe(data, seq_len=16, **options)
     model = model if model is not None else tiny_model(loaded.vocab_size)
     task.prepare(TrainingConfig(batch_size=batch_size, seed=seed, eval_batches=0, seq_len=16),
                  ProcessContext(rank, world_size), model)
@@ -39,6 +39,30 @@ def test_the_learned_vocabulary_has_the_digit_presets_special_ids(tmp_path):
     assert ids == (0, 1, 2, 3)
     preset = tformer.PRESETS["whisper-digits"]
     assert (preset.pad_token_id, preset.decoder_start_token_id, preset.eos_token_id) == (0, 1, 2)
+
+
+def test_a_word_vocabulary_writes_one_token_a_word(tmp_path):
+    """data.tokenizer = "words": the training transcripts' words after the four special tokens, each one id;
+    a batch's labels decode back to the transcript; a word the training transcripts never had reads as <unk>."""
+    task, _ = make_task(tmp_path, tokenizer="words")
+    tokenizer = task.tokenizer
+    assert [tokenizer.id_to_token(index) for index in range(tokenizer.vocab_size)] == [
+        "<pad>", "<s>", "</s>", "<unk>", *sorted({word for text in task.train.transcripts for word in text.split()})]
+    labels = task.train_batch(0)["labels"]
+    rows = task.global_indices(0, len(task.train_rows)).tolist()
+    for place, row in enumerate(rows):
+        ids = [token for token in labels[place].tolist() if token != -100]
+        assert len(ids) == len(task.train.transcripts[row].split()) + 1  # the words and the end token
+        assert tokenizer.decode(ids, skip_special_tokens=True) == task.train.transcripts[row]
+    assert tokenizer.encode("zero eleven", add_special_tokens=False)[1] == tokenizer.unk_token_id
+
+
+def test_learned_vocabularies_keep_punctuation_and_case_inside_words():
+    tokenizer = learn_word_vocabulary(["Don't stop, ok", "ok  go\tnow"])
+    assert [tokenizer.id_to_token(index) for index in range(4, tokenizer.vocab_size)] == [
+        "Don't", "go", "now", "ok", "stop,"]
+    ids = tokenizer.encode("Don't stop, ok", add_special_tokens=False)
+    assert len(ids) == 3 and tokenizer.decode(ids) == "Don't stop, ok"
 
 
 def test_a_batch_is_the_recordings_features_and_the_transcripts_ids(tmp_path):

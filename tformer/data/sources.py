@@ -35,6 +35,11 @@ class DataError(TformerError):
     """A data setting or file is invalid; the message names the ``data.`` key and the file."""
 
 
+# data.tokenizer values that name a tokenizer learned from the data rather than a file: "char" (any text task),
+# "bpe" (translation's joint BPE), "words" (speech recognition's word vocabulary); tasks declare which they learn.
+LEARNED_TOKENIZERS = ("char", "bpe", "words")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Training data: a ``train`` file, an optional ``eval`` file (else the last
@@ -46,7 +51,8 @@ class DataConfig:
     translation they are corpus prefixes (``train`` for train.de + train.en, .gz too) read from
     ``source_language`` into ``target_language``, and ``tokenizer`` may be "bpe": a joint BPE learned
     from the training pairs. For speech recognition they are manifests (``audio_column``: WAV paths,
-    ``text_column``: transcripts) or folders of NAME.wav + NAME.txt pairs. Every task also reads records
+    ``text_column``: transcripts) or folders of NAME.wav + NAME.txt pairs, and ``tokenizer`` may be "words":
+    one token a word of the training transcripts. Every task also reads records
     (``tformer.data.records``: JSONL, TSV/CSV, Parquet, a datasets save_to_disk folder), whose columns the
     ``*_column`` settings name."""
 
@@ -104,9 +110,10 @@ class DataConfig:
             folder_allowed = self.format in ("auto", "image_folder", "datasets")  # folders: images, datasets
             if not (Path(path).is_file() or (folder_allowed and Path(path).is_dir())):
                 raise DataError(f"data.{key}: {path}: no such file" + (" or folder" if folder_allowed else ""))
-        if self.tokenizer not in ("char", "bpe") and not Path(self.tokenizer).exists():
-            raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use \"char\", \"bpe\" or a "
-                            "tokenizer.json path)")
+        if self.tokenizer not in LEARNED_TOKENIZERS and not Path(self.tokenizer).exists():
+            learned = ", ".join(f'"{name}"' for name in LEARNED_TOKENIZERS)
+            raise DataError(f"data.tokenizer: {self.tokenizer}: no such file (use {learned} or a tokenizer.json "
+                            "path)")
 
     def record_format(self, path: str, native_suffixes: tuple[str, ...] = ()) -> str | None:
         """The record format ``path`` is read in (``data.format``, else by the name), or None when it is the

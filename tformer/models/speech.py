@@ -85,11 +85,16 @@ class SpeechModel(EncoderDecoderLM):
             self.lm_head.weight = self.embedding.token.weight
 
     def init_weights(self) -> None:
-        """The base's, the convolutions as the linear layers (normal(0, initializer_range), zero bias), and the
-        position table Whisper's sinusoids."""
+        """The base's, the convolutions He-initialised (zero bias), and the position table Whisper's sinusoids.
+
+        Hugging Face draws the convolutions like the linear layers, normal(0, 0.02): a fresh stem then writes
+        vectors of standard deviation about 0.02 under sinusoids of 0.7, so a model trained from scratch
+        starts out reading positions and little of the audio (its loss sat at the transcripts' prior for a
+        thousand steps on spoken digits). He's normal keeps the stem's output near the sinusoids' scale.
+        (A checkpoint's weights replace these.)"""
         super().init_weights()
         for conv in (self.audio.conv1, self.audio.conv2):
-            nn.init.normal_(conv.weight, 0.0, self.config.initializer_range)
+            nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
             nn.init.zeros_(conv.bias)
         self.audio.reset_positions()
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, resolve_config
-from tformer.data.sources import DataConfig, DataError
+from tformer.data.sources import LEARNED_TOKENIZERS, DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.hub import read_model_config
 from tformer.hub_cache import is_hub_name
@@ -198,7 +198,7 @@ def recipe_from_dict(
 
     for key in PATH_KEYS:
         value = data_values.get(key)
-        if isinstance(value, str) and not (key == "tokenizer" and value in ("char", "bpe")):
+        if isinstance(value, str) and not (key == "tokenizer" and value in LEARNED_TOKENIZERS):
             root = Path.cwd() if ("data", key) in from_command_line else base_dir
             data_values[key] = str((root / Path(value).expanduser()).resolve())
 

@@ -7,7 +7,9 @@ Each recording is read at 16 kHz, padded with silence to the model's window (``c
 kept as float32 without the padding's columns, rebuilt exactly for each batch); a recording longer than the
 window is refused, never cut. The transcript is its tokens then the end token; the decoder reads it shifted
 right behind the start token. A transcript longer than the decoder's positions (``training.seq_len``) is
-refused too.
+refused too. The tokenizer is a model folder's or a file's, or learned from the training transcripts: their
+characters (``data.tokenizer = "char"``), or their words (``"words"``: one token a word, for a small closed
+vocabulary such as spoken digits or commands, where the decoder then writes one token per spoken word).
 
 Training batches are drawn as the encoder tasks draw examples (a seeded permutation an epoch); SpecAugment
 (Park et al. 2019) masks ``time_masks`` spans of up to ``time_mask_frames`` frames inside each recording's
@@ -45,7 +47,8 @@ from tformer.evaluation.speech import EDIT_STATISTICS, EditCounts, error_counts
 from tformer.generation.transcription import transcribe_ids
 from tformer.models.base import Seq2SeqModel, shift_right
 from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
-from tformer.tokenizers import CharTokenizer
+from tformer.tokenizers import CharTokenizer, WordPieceTokenizer
+from tformer.tokenizers.pre_tokenizers import WhitespaceSplitPreTokenizer
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
@@ -62,7 +65,7 @@ from tformer.training.tasks.examples import (
 
 ROW_INDEX = "row_index"  # (B,) evaluation batches: each row's utterance, for its reference transcript
 UTTERANCE = "utterance"  # a Rows field: the row's recording in its split's features
-# A learned character vocabulary's special tokens, ids 0-3 (the whisper-digits preset's pad 0, start 1, end 2).
+# A learned vocabulary's special tokens, ids 0-3 (the whisper-digits preset's pad 0, start 1, end 2).
 SPEECH_SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
 SPEC_AUGMENT_STREAM = 4  # seeded_generator streams: 1 is the epoch permutations
 FEATURE_DTYPE = torch.float32  # the cached features: float16 halves memory (FSDD train: 250 -> 125 MB) but
@@ -95,8 +98,8 @@ class SpeechRecognitionOptions:
 
 class SpeechRecognition(ExampleTask):
     """(audio, transcript) pairs ``train`` (and ``evaluation``) for a speech model, transcripts encoded by
-    ``tokenizer`` (with pad, start and end tokens: a model folder's, or a character vocabulary learned from
-    the training transcripts); WER and CER of ``eval_beams``-beam transcripts reported with the loss when
+    ``tokenizer`` (with pad, start and end tokens: a model folder's, or a character or word vocabulary learned
+    from the training transcripts); WER and CER of ``eval_beams``-beam transcripts reported with the loss when
     ``eval_wer``."""
 
     name = "speech_recognition"
@@ -105,6 +108,7 @@ class SpeechRecognition(ExampleTask):
     metric_places = {"eval_wer": 2, "eval_cer": 2}  # percent
     Options = SpeechRecognitionOptions
     data_settings = frozenset({"tokenizer", "columns", "skip_bad", "audio_column", "text_column"})
+    learned_tokenizers = ("words",)
 
     def __init__(self, train: SpeechData, evaluation: SpeechData | None, tokenizer, *, seq_len: int | None = None,
                  time_masks: int = 0, time_mask_frames: int = 0, frequency_masks: int = 0,
@@ -148,8 +152,8 @@ class SpeechRecognition(ExampleTask):
                     time_masks: int = 0, time_mask_frames: int = 0, frequency_masks: int = 0,
                     frequency_mask_bins: int = 0, eval_wer: bool = True, eval_beams: int = 1):
         """The task on the manifests (or folders of pairs) a recipe's [data] names; the tokenizer is the model
-        folder's, else the file ``data.tokenizer`` names, else ("char") the characters of the training
-        transcripts with <pad>, <s>, </s> and <unk> at ids 0-3."""
+        folder's, else the file ``data.tokenizer`` names, else the characters ("char") or the words ("words")
+        of the training transcripts with <pad>, <s>, </s> and <unk> at ids 0-3."""
         if label_names:
             raise TrainingError("label_names: the speech_recognition task has no labels")
         try:
@@ -163,6 +167,8 @@ class SpeechRecognition(ExampleTask):
             raise TrainingError(str(error)) from None
         if tokenizer is None and data.tokenizer == "char":
             tokenizer = CharTokenizer.train(train.transcripts, special_tokens=SPEECH_SPECIAL_TOKENS)
+        elif tokenizer is None and data.tokenizer == "words":
+            tokenizer = learn_word_vocabulary(train.transcripts)
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
         task = cls(train, evaluation, tokenizer, seq_len=seq_len, time_masks=time_masks,
                    time_mask_frames=time_mask_frames, frequency_masks=frequency_masks,
@@ -301,6 +307,19 @@ def spans(lengths: Tensor, size: int, count: int, widest: int, generator: torch.
     places = torch.arange(size)[None, None, :]  # (1, 1, size)
     inside = (places >= starts[..., None]) & (places < (starts + widths)[..., None])  # (G, count, size)
     return inside.any(dim=1)
+
+
+def learn_word_vocabulary(transcripts: list[str]) -> WordPieceTokenizer:
+    """A tokenizer with every distinct word of ``transcripts`` (split at whitespace, punctuation and case kept)
+    as one token, in code point order after <pad>, <s>, </s> and <unk> at ids 0-3. A word it never saw reads
+    as <unk>."""
+    split = WhitespaceSplitPreTokenizer()
+    specials = SPEECH_SPECIAL_TOKENS.values()
+    words = sorted({word for transcript in transcripts for word in split(transcript)} - set(specials))
+    tokenizer = WordPieceTokenizer([*specials, *words], unk_token=SPEECH_SPECIAL_TOKENS["unk"], lowercase=False,
+                                   pre_tokenizer=split, roles=SPEECH_SPECIAL_TOKENS)
+    tokenizer.add_special_tokens(SPEECH_SPECIAL_TOKENS)
+    return tokenizer
 
 
 def read_pairs(data: DataConfig, path: str) -> SpeechData:

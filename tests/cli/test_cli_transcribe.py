@@ -150,4 +150,7 @@ def test_train_then_evaluate_prints_and_records_wer_and_cer(tmp_path, capsys):
     assert record["eval_cer"] == pytest.approx(printed["eval_cer"], abs=1e-4)
     assert main(["transcribe", str(tmp_path / "run"), str(tmp_path / "clips" / "1-0.wav")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
-    assert np.isfinite(record["eval_loss"])
+    assert np.isfinite(record["eval_loss"]) and record["beam"] == 1
+    assert main(["evaluate", str(tmp_path / "run"), "--data", str(test), "--beam", "3"]) == 0  # beside, not over it
+    beams = json.loads((tmp_path / "run" / "evaluation" / "test.beam3.json").read_text(encoding="utf-8"))
+    assert beams["beam"] == 3 and beams["eval_loss"] == record["eval_loss"]

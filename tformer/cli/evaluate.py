@@ -35,7 +35,9 @@ def register(subparsers) -> None:
     parser.add_argument("--source", metavar="FILE",
                         help="sentences for RUN (an encoder-decoder) to translate and score against --reference")
     parser.add_argument("--reference", metavar="FILE", help="the reference translations, one line each")
-    parser.add_argument("--beam", type=int, default=5, help="with --source: beams (default: 5; 1 = greedy)")
+    parser.add_argument("--beam", type=int,
+                        help="beams (1 = greedy): with --source (default: 5), or with --data for a run whose task "
+                             "decodes (translation, speech recognition; default: the recipe's eval_beams)")
     parser.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU (default: cased)")
     parser.add_argument("--per-sentence", action="store_true", help="also print each line's sentence BLEU")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
@@ -57,6 +59,7 @@ def find_recipe(folder: Path) -> Path:
                                "task and the data format from the run's recipe)", str(folder))
 
 
+DEFAULT_TRANSLATION_BEAMS = 5  # --source
 OUTPUTS_KEY = "outputs"  # in a metrics JSON: {name: SHA-256} of the files evaluate wrote beside it
 
 
@@ -111,6 +114,8 @@ def run_recipe(folder: Path):
 def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError
 
+    if args.beam is not None and args.beam < 1:
+        raise UsageError(f"--beam {args.beam} must be a positive integer")
     if args.hypotheses:
         if not args.reference or args.folder or args.data or args.source:
             raise UsageError("scoring translations takes --hypotheses FILE and --reference FILE, without RUN, --data "
@@ -147,8 +152,8 @@ def evaluate_translation(args: argparse.Namespace) -> int:
 
     resolve_device(args.device)  # before the files are read (load_translator moves the model there)
     quantize = quantize_option(args)
-    if args.beam < 1:
-        raise UsageError(f"--beam {args.beam} must be a positive integer")
+    if args.beam is None:
+        args.beam = DEFAULT_TRANSLATION_BEAMS
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
     sources, references = read_aligned(args.source, args.reference, what="sentence")
@@ -218,6 +223,11 @@ def evaluate_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--data {data_file}: no such file or folder")
     if task_config.name == "speech_recognition":  # scored by its transcripts, whatever the run evaluated
         task_config = task_config.replace(eval_wer=True)
+    if args.beam is not None:
+        if not hasattr(task_config.options, "eval_beams"):
+            raise UsageError(f"--beam: a {task_config.name} run does not decode its evaluation data; --beam goes "
+                             "with --source, or with --data for a translation or speech recognition run")
+        task_config = task_config.replace(eval_beams=args.beam)
     model = tformer.load(folder, device="cpu", quantize=quantize)
     if "image_processor" in type(model).attachments:
         if getattr(model, "image_processor", None) is None:
@@ -241,9 +251,9 @@ def evaluate_run(args: argparse.Namespace) -> int:
         print(f"{name:<18} {value:.4f}")
 
     out = output_beside_model(args, folder, "evaluation")
-    stem = data_file.name.split(".")[0] + quantized_suffix(quantize)
+    stem = data_file.name.split(".")[0] + quantized_suffix(quantize) + (f".beam{args.beam}" if args.beam else "")
     record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **quantization_record(model),
-              **metrics}
+              **({"beam": task_config.eval_beams} if hasattr(task_config.options, "eval_beams") else {}), **metrics}
     check_own_output(out / f"{stem}.json", args.overwrite)
     confusion = getattr(task, "confusion", None)
     if confusion is not None:

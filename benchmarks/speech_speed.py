@@ -23,7 +23,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -117,14 +116,8 @@ def measure_transcription(hf, ours, features: torch.Tensor, batch: int, new_toke
                 rows += out.tolist()
         outputs[name] = rows
 
-    times = {"tformer": [], "transformers": []}
-    for round_index in range(rounds):
-        for name, model in (("tformer", ours), ("transformers", hf)):
-            started = time.perf_counter()
-            transcribe_all(name, model)
-            times[name].append(time.perf_counter() - started)
-        print(f"round {round_index + 1}: " + ", ".join(f"{name} {values[-1]:.1f} s" for name, values in times.items()),
-              flush=True)
+    times = interleaved({"tformer": lambda: transcribe_all("tformer", ours),
+                         "transformers": lambda: transcribe_all("transformers", hf)}, rounds, 1, warm_up=False)
     pairs = list(zip(outputs["tformer"], outputs["transformers"], strict=True))
     lengths = sorted({len(row) for row in outputs["tformer"]})
     return {"seconds": {name: statistics.median(values) for name, values in times.items()},

@@ -15,16 +15,24 @@ def timed(function: Callable[[], object], steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def interleaved(work: dict[Hashable, Callable[[], object]], rounds: int, steps: int) -> dict[Hashable, list[float]]:
-    """Each function's seconds per call in every round (``steps`` calls a round), after one warm-up
-    call each; a line per round as it ends."""
+def interleaved(work: dict[Hashable, Callable[[], object]], rounds: int, steps: int,
+                warm_up: bool = True) -> dict[Hashable, list[float]]:
+    """Each function's seconds per call in every round (``steps`` calls a round), after one warm-up call each
+    (``warm_up``; leave it off for calls so long that their first one is no outlier); a line per round as it
+    ends."""
     times: dict[Hashable, list[float]] = {key: [] for key in work}
-    for function in work.values():
-        function()
+    if warm_up:
+        for function in work.values():
+            function()
     for round_index in range(rounds):
         for key, function in work.items():
             times[key].append(timed(function, steps))
         print(f"round {round_index + 1}: " + ", ".join(f"{'/'.join(map(str, key)) if isinstance(key, tuple) else key} "
-                                                      f"{seconds[-1] * 1000:.0f} ms" for key, seconds in times.items()),
+                                                      f"{_duration(seconds[-1])}" for key, seconds in times.items()),
               flush=True)
     return times
+
+
+def _duration(seconds: float) -> str:
+    """Milliseconds under 10 s, else seconds."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"

@@ -20,7 +20,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -147,14 +146,8 @@ def measure_translation(run: Path, rounds: int) -> dict[str, object]:
                 results += [through_end(row.tolist()) for row in out]
         outputs[name] = results
 
-    times = {"tformer": [], "transformers": []}
-    for round_index in range(rounds):
-        for name, model in (("tformer", ours), ("transformers", hf)):
-            started = time.perf_counter()
-            translate_all(name, model)
-            times[name].append(time.perf_counter() - started)
-        print(f"round {round_index + 1}: " + ", ".join(f"{name} {values[-1]:.1f} s" for name, values in times.items()),
-              flush=True)
+    times = interleaved({"tformer": lambda: translate_all("tformer", ours),
+                         "transformers": lambda: translate_all("transformers", hf)}, rounds, 1, warm_up=False)
     pairs = list(zip(outputs["tformer"], outputs["transformers"], strict=True))
     order = [row for rows in batches for row in rows]  # outputs come in batch order
     for position, (ours_row, theirs_row) in enumerate(pairs):

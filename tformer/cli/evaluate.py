@@ -152,8 +152,7 @@ def evaluate_translation(args: argparse.Namespace) -> int:
 
     resolve_device(args.device)  # before the files are read (load_translator moves the model there)
     quantize = quantize_option(args)
-    if args.beam is None:
-        args.beam = DEFAULT_TRANSLATION_BEAMS
+    beam = DEFAULT_TRANSLATION_BEAMS if args.beam is None else args.beam
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
     sources, references = read_aligned(args.source, args.reference, what="sentence")
@@ -162,19 +161,19 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     stem = Path(args.source).name.split(".")[0] + quantized_suffix(quantize)
     metrics_file = out / f"{stem}.json"
     check_own_output(metrics_file, args.overwrite)
-    hypotheses_file = out / f"{stem}.beam{args.beam}.txt"
+    hypotheses_file = out / f"{stem}.beam{beam}.txt"
     check_replaceable(hypotheses_file, args.overwrite, what=f"the translation {metrics_file.name} records (edited "
                       "since, or not written by tformer evaluate)",
                       written_by_tformer=lambda path: written_beside(path, metrics_file))
     model = load_translator(args.folder, args.device, quantize)
     started = time.perf_counter()
-    result = translate(model, sources, num_beams=args.beam, batch_size=args.batch_size or 64, progress=True)
+    result = translate(model, sources, num_beams=beam, batch_size=args.batch_size or 64, progress=True)
     seconds = time.perf_counter() - started
     notes = f" ({result.cut:,} sources cut to {model.position_limit} tokens)" if result.cut else ""
-    print(f"translated {len(sources):,} sentences in {seconds:.1f} s, beam {args.beam}{notes}")
+    print(f"translated {len(sources):,} sentences in {seconds:.1f} s, beam {beam}{notes}")
     scores = print_scores(result.texts, references, args)
     record = {"model": str(folder), "data": str(args.source), "reference": str(args.reference), "task": "translation",
-              "beam": args.beam, "seconds": seconds, **quantization_record(model), **scores.as_dict()}
+              "beam": beam, "seconds": seconds, **quantization_record(model), **scores.as_dict()}
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomically(hypotheses_file, "".join(f"{line}\n" for line in result.texts))
     record[OUTPUTS_KEY] = {**recorded_outputs(metrics_file), hypotheses_file.name: sha256_of(hypotheses_file)}
@@ -223,8 +222,9 @@ def evaluate_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--data {data_file}: no such file or folder")
     if task_config.name == "speech_recognition":  # scored by its transcripts, whatever the run evaluated
         task_config = task_config.replace(eval_wer=True)
+    decodes = hasattr(task_config.options, "eval_beams")  # translation, speech recognition
     if args.beam is not None:
-        if not hasattr(task_config.options, "eval_beams"):
+        if not decodes:
             raise UsageError(f"--beam: a {task_config.name} run does not decode its evaluation data; --beam goes "
                              "with --source, or with --data for a translation or speech recognition run")
         task_config = task_config.replace(eval_beams=args.beam)
@@ -251,9 +251,10 @@ def evaluate_run(args: argparse.Namespace) -> int:
         print(f"{name:<18} {value:.4f}")
 
     out = output_beside_model(args, folder, "evaluation")
-    stem = data_file.name.split(".")[0] + quantized_suffix(quantize) + (f".beam{args.beam}" if args.beam else "")
+    beam_suffix = "" if args.beam is None else f".beam{args.beam}"  # beside the recipe's own beams' figures
+    stem = data_file.name.split(".")[0] + quantized_suffix(quantize) + beam_suffix
     record = {"model": str(folder), "data": str(data_file), "task": recipe.task.name, **quantization_record(model),
-              **({"beam": task_config.eval_beams} if hasattr(task_config.options, "eval_beams") else {}), **metrics}
+              **({"beam": task_config.eval_beams} if decodes else {}), **metrics}
     check_own_output(out / f"{stem}.json", args.overwrite)
     confusion = getattr(task, "confusion", None)
     if confusion is not None:

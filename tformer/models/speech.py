@@ -88,7 +88,7 @@ class SpeechModel(EncoderDecoderLM):
         """The base's, the convolutions He-initialised (zero bias), and the position table Whisper's sinusoids.
 
         Hugging Face draws the convolutions like the linear layers, normal(0, 0.02): a fresh stem then writes
-        vectors of standard deviation about 0.02 under sinusoids of 0.7, so a model trained from scratch
+        vectors of standard deviation about 0.02 under sinusoids of 0.65, so a model trained from scratch
         starts out reading positions and little of the audio (its loss sat at the transcripts' prior for a
         thousand steps on spoken digits). He's normal keeps the stem's output near the sinusoids' scale.
         (A checkpoint's weights replace these.)"""

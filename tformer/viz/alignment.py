@@ -7,6 +7,7 @@ of one head: the attention RNN's) into one (T, S) map: a chosen layer and head, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def plot_audio_alignment(spectrogram: Tensor, weights: Tensor, output_tokens: Se
     if len(output_tokens) != rows:
         raise TformerError(f"{len(output_tokens)} token labels for {rows} rows of weights")
     seconds = min(seconds, window_seconds)
-    shown = max(1, min(columns, round(columns * seconds / window_seconds + 0.5)))
+    shown = max(1, min(columns, math.ceil(columns * seconds / window_seconds)))  # the frames holding audio
     padding_weight = float(weights[:, shown:].sum(-1).mean()) if shown < columns else 0.0
     plt = pyplot()
     figure, (top, bottom) = plt.subplots(2, 1, sharex=True, layout="constrained",

@@ -96,21 +96,30 @@ def performer_attention(
 @dataclass
 class PerformerState:
     """What causal Performer attention keeps of the keys seen so far, per sequence and key/value head: the
-    running sums over their features, both relative to one stabiliser, and the largest key logit so far.
+    running sums over their features, relative to one stabiliser, and the largest key logit so far.
 
-    ``state`` (B, Hkv, M, Dv) = sum_j phi(k_j)^T v_j and ``normaliser`` (B, Hkv, M) = sum_j phi(k_j), each
-    feature taken relative to ``level`` (B, Hkv); ``raw_max`` (B, Hkv) the running max of the key logits
+    ``sums`` (B, Hkv, M, Dv + 1) = sum_j phi(k_j)^T [v_j, 1]: the state sum_j phi(k_j)^T v_j and, as the sum
+    of a value column of ones, the normaliser sum_j phi(k_j) in its last column, so one product reads both;
+    each feature taken relative to ``level`` (B, Hkv); ``raw_max`` (B, Hkv) the running max of the key logits
     (-inf while only padding has been seen), from which later levels continue.
     """
 
-    state: Tensor
-    normaliser: Tensor
+    sums: Tensor
     level: Tensor
     raw_max: Tensor
 
+    @property
+    def state(self) -> Tensor:
+        """(B, Hkv, M, Dv) sum_j phi(k_j)^T v_j."""
+        return self.sums[..., :-1]
+
+    @property
+    def normaliser(self) -> Tensor:
+        """(B, Hkv, M) sum_j phi(k_j)."""
+        return self.sums[..., -1]
+
     def index_select(self, rows: Tensor) -> PerformerState:
-        return PerformerState(*(tensor.index_select(0, rows) for tensor in
-                                (self.state, self.normaliser, self.level, self.raw_max)))
+        return PerformerState(*(tensor.index_select(0, rows) for tensor in (self.sums, self.level, self.raw_max)))
 
 
 def performer_decode(
@@ -142,7 +151,7 @@ def decode_unchecked(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, state:
     position after a state, the common step, is computed directly (``decode_one``)."""
     if state is not None and q.shape[2] == 1 and key_padding_mask is None:
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        return decode_one(q, k, v, decoding_weights(projection, state.state.dtype, scale), state, scale)
+        return decode_one(q, k, v, decoding_weights(projection, state.sums.dtype, scale), state, scale)
     with _without_autocast(q.device):
         q_features, k_logits, values = _features(q, k, v, projection, key_padding_mask, scale)
         out, state = _causal(q_features, k_logits, values, chunk_size, state)
@@ -162,7 +171,8 @@ def _without_autocast(device: torch.device):
 def _features(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, key_padding_mask: Tensor | None,
               scale: float | None) -> tuple[Tensor, Tensor, Tensor]:
     """Query features (B, Hkv, G, Tq, M), each query's relative to its own max; key logits (B, Hkv, Tk, M),
-    -inf for padded keys; values (B, Hkv, Tk, Dv); in float32 (float64 for float64 input)."""
+    -inf for padded keys; values with a column of ones after them (B, Hkv, Tk, Dv + 1), whose sums under the
+    key features are the normaliser; in float32 (float64 for float64 input)."""
     batch, heads, q_len, head_dim = q.shape
     kv_heads = k.shape[1]
     scale = head_dim ** -0.5 if scale is None else scale
@@ -176,22 +186,28 @@ def _features(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, key_padding_m
     k_logits = k_scaled @ weights - k_scaled.square().sum(-1, keepdim=True) / 2  # (B, Hkv, Tk, M)
     if key_padding_mask is not None:
         k_logits = k_logits.masked_fill(~key_padding_mask[:, None, :, None], float("-inf"))
-    return q_features, k_logits, v.to(compute)
+    return q_features, k_logits, _with_ones(v.to(compute))
+
+
+def _with_ones(values: Tensor) -> Tensor:
+    """(..., Dv) -> (..., Dv + 1): a last column of ones, so one product gives a sum and its normaliser."""
+    return torch.nn.functional.pad(values, (0, 1), value=1.0)
 
 
 def _bidirectional(q_features: Tensor, k_logits: Tensor, values: Tensor) -> Tensor:
-    """Every query sees every key: phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1). Returns (B, Hkv, G, Tq, Dv)."""
+    """Every query sees every key: phi(Q) (phi(K)^T V) / phi(Q) (phi(K)^T 1), ``values`` with their column of
+    ones. Returns (B, Hkv, G, Tq, Dv)."""
     stabiliser = _finite_or_zero(k_logits.detach().amax(dim=(-2, -1), keepdim=True))  # (B, Hkv, 1, 1)
     k_features = torch.exp(k_logits - stabiliser)  # (B, Hkv, Tk, M), padded keys 0
-    state = (k_features.transpose(-2, -1) @ values).unsqueeze(2)  # (B, Hkv, 1, M, Dv)
-    normaliser = k_features.sum(-2)[:, :, None, :, None]  # (B, Hkv, 1, M, 1)
-    return _divide(q_features @ state, q_features @ normaliser)
+    sums = (k_features.transpose(-2, -1) @ values).unsqueeze(2)  # (B, Hkv, 1, M, Dv + 1)
+    return _normalised(q_features @ sums)
 
 
 def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: int,
             carried: PerformerState | None = None) -> tuple[Tensor, PerformerState]:
     """Query i (the last Tq of Tk positions) sees keys j <= its position: a scan over query chunks, after
-    the keys ``carried`` summarises (then Tq == Tk). Returns (B, Hkv, G, Tq, Dv) and the state after it.
+    the keys ``carried`` summarises (then Tq == Tk); ``values`` with their column of ones. Returns
+    (B, Hkv, G, Tq, Dv) and the state after it.
 
     Every quantity of position i is kept relative to ``running[i]``, the max key logit up to i, so a
     query's output depends on no later key (bitwise) and no feature exceeds 1.
@@ -204,20 +220,18 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
     running = _finite_or_zero(raw)
     batch, kv_heads, _, num_features = k_logits.shape
     if carried is not None:
-        state, normaliser, carried_max = carried.state, carried.normaliser, carried.level
-    # The keys before the first query (a cached prefix) enter as the initial state, relative to their max.
+        sums, carried_max = carried.sums, carried.level
+    # The keys before the first query (a cached prefix) enter as the initial sums, relative to their max.
     elif offset > 0:
         carried_max = running[..., offset - 1]  # (B, Hkv)
         prefix = torch.exp(k_logits[..., :offset, :] - carried_max[..., None, None])  # (B, Hkv, offset, M)
-        state = prefix.transpose(-2, -1) @ values[..., :offset, :]  # (B, Hkv, M, Dv)
-        normaliser = prefix.sum(-2)  # (B, Hkv, M)
+        sums = prefix.transpose(-2, -1) @ values[..., :offset, :]  # (B, Hkv, M, Dv + 1)
     else:
         carried_max = running[..., 0]
-        state = values.new_zeros(batch, kv_heads, num_features, values.shape[-1])
-        normaliser = values.new_zeros(batch, kv_heads, num_features)
+        sums = values.new_zeros(batch, kv_heads, num_features, values.shape[-1])
     if q_len == 0:
-        empty = q_features.new_zeros(*q_features.shape[:-1], values.shape[-1])
-        return empty, PerformerState(state, normaliser, carried_max, raw[..., -1] if k_len else carried.raw_max)
+        empty = q_features.new_zeros(*q_features.shape[:-1], values.shape[-1] - 1)
+        return empty, PerformerState(sums, carried_max, raw[..., -1] if k_len else carried.raw_max)
     size = min(chunk_size, q_len)
     below = torch.ones(size, size, dtype=torch.bool, device=k_logits.device).tril()  # key j <= query i
     # Chunks by split, not by slicing in the loop: a slice's backward writes a zero tensor of the whole
@@ -227,37 +241,35 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
                  strict=True)
     outputs = []
     for q_chunk, chunk_logits, chunk_values, level in chunks:
-        # q_chunk (B, Hkv, G, c, M); chunk_logits (B, Hkv, c, M); chunk_values (B, Hkv, c, Dv); level (B, Hkv, c)
+        # q_chunk (B, Hkv, G, c, M); chunk_logits (B, Hkv, c, M); chunk_values (B, Hkv, c, Dv + 1); level (B, Hkv, c)
         length = level.shape[-1]
         k_features = torch.exp(chunk_logits - level[..., None])  # each <= 1
         # Within the chunk: key j for query i, rescaled from level j to level i (<= 1 for j <= i), 0 above.
         decay = torch.exp((level[..., None, :] - level[..., :, None]).clamp(max=0))  # (B, Hkv, c, c)
         decay = decay * below[:length, :length]
         scores = (q_chunk @ k_features.transpose(-2, -1).unsqueeze(2)) * decay.unsqueeze(2)  # (B, Hkv, G, c, c)
-        # The state, brought from the carried level to each query's level.
+        # The sums, brought from the carried level to each query's level.
         q_carry = q_chunk * torch.exp((carried_max[..., None] - level).clamp(max=0))[:, :, None, :, None]
-        numerator = scores @ chunk_values.unsqueeze(2) + q_carry @ state.unsqueeze(2)
-        denominator = scores.sum(-1, keepdim=True) + q_carry @ normaliser[:, :, None, :, None]
-        outputs.append(_divide(numerator, denominator))
-        # Add this chunk's keys to the state, everything at the chunk's last level.
+        outputs.append(_normalised(scores @ chunk_values.unsqueeze(2) + q_carry @ sums.unsqueeze(2)))
+        # Add this chunk's keys to the sums, everything at the chunk's last level.
         last = level[..., -1]  # (B, Hkv)
         to_last = k_features * torch.exp((level - last[..., None]).clamp(max=0))[..., None]
         carry = torch.exp((carried_max - last).clamp(max=0))
-        state = state * carry[..., None, None] + to_last.transpose(-2, -1) @ chunk_values
-        normaliser = normaliser * carry[..., None] + to_last.sum(-2)
+        sums = sums * carry[..., None, None] + to_last.transpose(-2, -1) @ chunk_values
         carried_max = last
-    return torch.cat(outputs, dim=-2), PerformerState(state, normaliser, carried_max, raw[..., -1])
+    return torch.cat(outputs, dim=-2), PerformerState(sums, carried_max, raw[..., -1])
 
 
 def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: PerformerState,
                scale: float) -> tuple[Tensor, PerformerState]:
     """One new real position after ``carried``, with ``weights`` from ``decoding_weights`` for ``scale`` (the
-    score scale, 1 / sqrt(Dh) by default): ``_causal``'s
-    arithmetic for a chunk of one (whose decay is 1), as batched products over the (batch, key/value head)
-    pairs, the carried sums updated in place (the cache owns them). The running max never falls, so the
-    sums are brought to a new level only when it rises, which after the first tokens is rare; and the
-    output reads the updated sums, since q' (S c + phi(k)^T v) = (q' c) S + (q' . phi(k)) v is what
-    ``_causal`` computes. Returns (B, H, 1, Dv) and the state."""
+    score scale, 1 / sqrt(Dh) by default): ``_causal``'s arithmetic for a chunk of one (whose decay is 1), as
+    batched products over the (batch, key/value head) pairs, the carried sums updated in place (the cache
+    owns them). The running max never falls, so the sums are brought to a new level only when it rises,
+    which after the first tokens is rare; and the output reads the updated sums, since
+    q' (S c + phi(k)^T v) = (q' c) S + (q' . phi(k)) v is what ``_causal`` computes. A query's features are
+    its softmax over them: a factor shared by all of one query's features cancels in the ratio.
+    Returns (B, H, 1, Dv) and the state."""
     batch, heads, _, head_dim = q.shape
     kv_heads, width = k.shape[1], v.shape[-1]
     group, rows, features = heads // kv_heads, batch * kv_heads, weights.shape[1]
@@ -266,23 +278,20 @@ def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: Perfor
         q, k, v = q.to(weights.dtype), k.to(weights.dtype), v.to(weights.dtype)
     keys = k.reshape(rows, 1, head_dim)
     # The queries' and the key's logits in one product: (rows, G + 1, M), the key's in the last row.
-    q_logits, k_logits = (torch.cat([q.reshape(rows, group, head_dim), keys], 1) @ weights).split([group, 1], 1)
-    q_features = q_logits.sub_(q_logits.amax(-1, keepdim=True)).exp_()
-    k_logits.sub_(torch.linalg.vecdot(keys, keys)[..., None], alpha=scale / 2)  # k'W^T - |k'|^2/2
+    logits = torch.cat([q.reshape(rows, group, head_dim), keys], 1).view(-1, head_dim).mm(weights)
+    logits = logits.view(rows, group + 1, features)
+    q_features = torch.softmax(logits[:, :group], -1)  # (rows, G, M)
+    k_logits = logits[:, group:].sub_(torch.bmm(keys, keys.transpose(1, 2)), alpha=scale / 2)  # k'W^T - |k'|^2/2
     level = carried.level.view(rows, 1, 1)
     raw = torch.maximum(level, k_logits.amax(-1, keepdim=True))  # finite: a real key
-    state, normaliser = carried.state.view(rows, features, width), carried.normaliser.view(rows, features, 1)
+    sums = carried.sums.view(rows, features, width + 1)
     if not torch.equal(raw, level):  # the running max rose
-        carry = torch.exp(level - raw)  # the carried sums brought to the new level
-        state.mul_(carry)
-        normaliser.mul_(carry)
+        sums.mul_(torch.exp(level - raw))  # the carried sums brought to the new level
     k_features = k_logits.sub_(raw).exp_().transpose(1, 2)  # (rows, M, 1), each <= 1
-    state.addcmul_(k_features, v.reshape(rows, 1, width))  # + phi(k)^T v
-    normaliser.add_(k_features)
-    out = _divide(torch.bmm(q_features, state), torch.bmm(q_features, normaliser))  # (rows, G, Dv)
+    sums.addcmul_(k_features, _with_ones(v.reshape(rows, 1, width)))  # + phi(k)^T [v, 1]
+    out = _normalised(torch.bmm(q_features, sums))  # (rows, G, Dv)
     new_level = raw.view(batch, kv_heads)
-    return out.view(batch, heads, 1, width).to(out_dtype), PerformerState(carried.state, carried.normaliser,
-                                                                          new_level, new_level)
+    return out.view(batch, heads, 1, width).to(out_dtype), PerformerState(carried.sums, new_level, new_level)
 
 
 def _finite_or_zero(stabiliser: Tensor) -> Tensor:
@@ -290,9 +299,10 @@ def _finite_or_zero(stabiliser: Tensor) -> Tensor:
     return torch.where(torch.isfinite(stabiliser), stabiliser, torch.zeros_like(stabiliser))
 
 
-def _divide(numerator: Tensor, denominator: Tensor) -> Tensor:
-    """numerator / denominator, with 0 (not NaN) for a query that saw no key (denominator 0)."""
-    return numerator / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+def _normalised(sums: Tensor) -> Tensor:
+    """(..., Dv + 1) -> (..., Dv): the sums over the values divided by the last column's (the normaliser's),
+    with 0 (not NaN) for a query that saw no key (normaliser 0)."""
+    return sums[..., :-1] / sums[..., -1:].clamp_min(torch.finfo(sums.dtype).tiny)
 
 
 class PerformerProjection(nn.Module):

@@ -31,6 +31,7 @@ from tformer.generation.session import cache_bytes_per_token, stack_session_prob
 from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model
 from tformer.memory import available_memory, format_bytes
 from tformer.nn.attention.paged import BlockPool, BlockTable, PagedCache, PagedLayout, blocks_for
+from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
 from tformer.nn.block import LayerCache
 from tformer.nn.weights import decoding_step
 
@@ -152,11 +153,14 @@ class Engine:
     ``cache_tokens``: the pool's size in tokens (rounded up to whole blocks of ``block_size``);
     ``max_running``: sequences decoding at once; ``max_step_tokens``: new tokens per step (prompts
     beyond it wait for the next step; a prompt longer than it runs alone); ``queue_timeout``:
-    seconds a request may wait for room before it finishes with reason ``timeout`` (None: forever).
+    seconds a request may wait for room before it finishes with reason ``timeout`` (None: forever);
+    ``paged_attention``: how decode steps read the pool, "auto", "in-place" or "gather"
+    (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why).
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
-                 max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None) -> None:
+                 max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None,
+                 paged_attention: str = "auto") -> None:
         check_model(model)
         for name, value in (("cache_tokens", cache_tokens), ("block_size", block_size), ("max_running", max_running),
                             ("max_step_tokens", max_step_tokens)):
@@ -165,6 +169,10 @@ class Engine:
         reason = serving_problem(model)
         if reason is not None:
             raise GenerationError(f"the server cannot decode this model: {reason}")
+        try:
+            self.in_place, self.paged_attention_note = resolve(paged_attention, model)
+        except PagedKernelError as error:
+            raise GenerationError(str(error)) from None
         self.model = model.eval()
         if callable(getattr(model, "prepare_for_decoding", None)):
             model.prepare_for_decoding()
@@ -267,7 +275,7 @@ class Engine:
             tables.append(sequence.table)
             counts.append(len(tokens))
             input_ids.extend(tokens)
-        layout = PagedLayout.build(tables, counts, self.device)
+        layout = PagedLayout.build(tables, counts, self.device, in_place=self.in_place)
         ids = torch.tensor([input_ids], device=self.device)  # (1, N): every new token, one sequence after another
         with decoding_step:
             logits = self.model.step(ids, layout, self.caches)[0]  # (S, V) each sequence's last token

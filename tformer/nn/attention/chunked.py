@@ -241,6 +241,7 @@ class ChunkedKernel(AttentionKernel):
     """
 
     name = "chunked"
+    reads_pages = True
     window: int | None = None  # a sliding window (W keys each side, or back when causal); None: none
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,

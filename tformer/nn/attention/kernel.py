@@ -9,6 +9,9 @@ It declares what it honours, so configs and callers ask it instead of comparing 
   export and the parity tests take only these.
 - ``dropout``: attention dropout (training); ``weights``: it can return the weights;
   ``position_bias``: additive position biases (ALiBi, relative buckets).
+- ``reads_pages``: one query at the end of its context attends with plain softmax at the default scale
+  over every key it is given, so the serving engine may compute its decode steps with the in-place
+  paged kernel (``paged_kernel.py``) instead of calling it on gathered contexts.
 - ``fields``: the ModelConfig fields it reads (any other kernel refuses them away from their
   defaults), checked by ``config_problem``.
 - ``new_cache``: the cache backend a layer decodes with (``cache.py``); the backend says whether it can
@@ -34,6 +37,7 @@ class AttentionKernel:
     dropout: ClassVar[bool] = False
     weights: ClassVar[bool] = True
     position_bias: ClassVar[bool] = True
+    reads_pages: ClassVar[bool] = False
     fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, head_dim: int, cross: bool = False, **settings: Any) -> None:

@@ -16,7 +16,9 @@ new token is one row of the step (the model runs them as one batch of N rows), s
 feed-forward layers are single matrix products over all of them; only attention is grouped
 (``PagedCache``): the one-token sequences attend together over their slots, gathered into one
 left-padded batch, and each prefill attends alone, causal over its context. The kernel is the
-model's own, whichever it is, under an ``AttentionMask`` per group.
+model's own, whichever it is, under an ``AttentionMask`` per group. A layout built ``in_place`` instead
+lists the one-token sequences' slots back to back (no padding) for the in-place kernel
+(``paged_kernel.py``), which reads them where they are.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import Tensor
 
 from tformer.nn.attention.cache import Kernel
 from tformer.nn.attention.mask import AttentionMask, PositionBias, StepLayout
+from tformer.nn.attention.paged_kernel import paged_decode
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -151,14 +154,17 @@ class PagedLayout(StepLayout):
 
     slots: Tensor = field(default=None)  # (N,) pool rows of the new keys and values
     decode_rows: Tensor | None = None  # (Bd,) rows of the sequences adding one token
-    decode_context: Tensor | None = None  # (Bd, Lmax) their slots, left-padded with slot 0
+    decode_context: Tensor | None = None  # (Bd, Lmax) their slots, left-padded with slot 0; in place: (N,) flat
     decode_padding: Tensor | None = None  # (Bd, Lmax) True = a real key; None when every context is Lmax long
     decode_positions: Tensor | None = None  # (Bd, Lmax) key positions (negative on the padding)
+    decode_offsets: Tensor | None = None  # in place: (Bd + 1,) where each sequence's slots start in decode_context (N,)
     prefills: list[PagedPrefill] = field(default_factory=list)
 
     @classmethod
-    def build(cls, tables: list[BlockTable], new_tokens: list[int], device: torch.device) -> PagedLayout:
-        """The layout for sequences whose ``tables`` already hold room for their ``new_tokens`` (a count each)."""
+    def build(cls, tables: list[BlockTable], new_tokens: list[int], device: torch.device,
+              in_place: bool = False) -> PagedLayout:
+        """The layout for sequences whose ``tables`` already hold room for their ``new_tokens`` (a count each);
+        ``in_place``: the one-token sequences' slots for the in-place kernel, not a padded batch."""
         positions, slots, last_rows, decode_rows, decode_contexts, prefills = [], [], [], [], [], []
         row = 0
         for table, count in zip(tables, new_tokens, strict=True):
@@ -176,7 +182,12 @@ class PagedLayout(StepLayout):
         layout = cls(torch.tensor([positions], device=device), real_queries=True,
                      keep=torch.tensor(last_rows, device=device), slots=torch.cat(slots).to(device),
                      prefills=prefills)
-        if decode_contexts:
+        if decode_contexts and in_place:
+            layout.decode_rows = torch.tensor(decode_rows, device=device)
+            layout.decode_context = torch.cat(decode_contexts).to(device)
+            lengths = torch.tensor([0] + [len(context) for context in decode_contexts])
+            layout.decode_offsets = lengths.cumsum(0).to(device)
+        elif decode_contexts:
             layout._lay_out_decodes(decode_rows, decode_contexts, device)
         return layout
 
@@ -207,7 +218,9 @@ class PagedMask:
     def __init__(self, layout: PagedLayout, position_bias: PositionBias | None) -> None:
         self.layout = layout
         self.decode = None
-        if layout.decode_rows is not None:
+        if layout.decode_offsets is not None and position_bias is not None:
+            raise ValueError("the in-place paged kernel adds no position bias: gather for this model")
+        if layout.decode_rows is not None and layout.decode_offsets is None:
             queries = layout.decode_positions[:, -1:]  # (Bd, 1) each query is its context's last position
             self.decode = AttentionMask(True, layout.decode_padding, queries, layout.decode_positions, position_bias,
                                         real_queries=True)
@@ -217,7 +230,8 @@ class PagedMask:
 
 class PagedCache:
     """One layer's part of a ``BlockPool``, as a cache backend: a paged step's new keys and values go to
-    their slots, then each group of rows attends over its sequences' slots (gathered) with the kernel."""
+    their slots, then each group of rows attends over its sequences' slots with the kernel (gathered), or, the
+    one-token sequences of an in-place layout, with the in-place kernel (read where they are)."""
 
     rewindable = False
 
@@ -237,7 +251,14 @@ class PagedCache:
         values.index_copy_(0, layout.slots, v[0].transpose(0, 1))
         rows = q[0].transpose(0, 1)  # (N, H, Dh)
         kv_heads, head_dim = keys.shape[1], keys.shape[2]
-        if layout.decode_rows is not None:
+        if layout.decode_offsets is not None:  # in place: the kernel reads the pool's rows where they are
+            if not layout.prefills:
+                out = paged_decode(rows, keys, values, layout.decode_context, layout.decode_offsets)  # (N, H, Dh)
+                return out.transpose(0, 1).unsqueeze(0), None
+            out = torch.empty_like(rows)
+            out[layout.decode_rows] = paged_decode(rows[layout.decode_rows], keys, values, layout.decode_context,
+                                                   layout.decode_offsets)
+        elif layout.decode_rows is not None:
             batch, longest = layout.decode_context.shape
             flat = layout.decode_context.view(-1)  # index_select gathers rows faster than indexing by a 2-D tensor
             context_keys = keys.index_select(0, flat).view(batch, longest, kv_heads, head_dim).transpose(1, 2)

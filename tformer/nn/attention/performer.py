@@ -67,9 +67,9 @@ class PerformerKernel(AttentionKernel):
         if state is None or q.shape[2] != 1 or key_padding is not None:
             return decode_unchecked(q, k, v, projection, state, key_padding)
         scale = self.head_dim ** -0.5
-        key = (projection.data_ptr(), projection._version, state.state.dtype)
+        key = (projection.data_ptr(), projection._version, state.sums.dtype)
         if self._decoding_weights is None or self._decoding_weights[0] != key:
-            self._decoding_weights = key, decoding_weights(projection, state.state.dtype, scale)
+            self._decoding_weights = key, decoding_weights(projection, state.sums.dtype, scale)
         return decode_one(q, k, v, self._decoding_weights[1], state, scale)
 
     @staticmethod
@@ -123,4 +123,4 @@ class PerformerCache:
     def nbytes(self) -> int:
         if self.state is None:
             return 0
-        return sum(t.nbytes for t in (self.state.state, self.state.normaliser, self.state.level, self.state.raw_max))
+        return sum(t.nbytes for t in (self.state.sums, self.state.level, self.state.raw_max))

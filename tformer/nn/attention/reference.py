@@ -64,6 +64,7 @@ class ReferenceKernel(AttentionKernel):
 
     name = "reference"
     dropout = True
+    reads_pages = True
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:

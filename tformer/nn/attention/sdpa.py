@@ -53,6 +53,7 @@ class SdpaKernel(AttentionKernel):
 
     name = "sdpa"
     dropout = True
+    reads_pages = True
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:

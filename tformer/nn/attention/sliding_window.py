@@ -23,6 +23,7 @@ class SlidingWindowKernel(ChunkedKernel):
 
     name = "sliding_window"
     exact = False
+    reads_pages = False  # a band, not the whole context
     fields = ("attention_window",)
 
     def __init__(self, head_dim: int, cross: bool = False, **settings: Any) -> None:

@@ -1,0 +1,97 @@
+// Decode attention that reads a paged key/value pool in place (tformer/nn/attention/paged_kernel.py).
+//
+// Each decoding sequence has one new query per head; its keys and values sit in the pool's slot rows
+// that its block table lists, in position order. Softmax attention of each (sequence, query head) over
+// exactly those rows, read where they are: no copy of the contexts into a padded batch, no padding.
+
+#include <torch/extension.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename scalar_t>
+void decode_rows(const scalar_t* queries, const scalar_t* keys, const scalar_t* values, const int64_t* context,
+                 const int64_t* offsets, scalar_t* out, int64_t batch, int64_t heads, int64_t kv_heads,
+                 int64_t head_dim, double scale) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t group = heads / kv_heads;
+  const int64_t slot_stride = kv_heads * head_dim;  // one pool row: (Hkv, Dh)
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scores, total(head_dim);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t sequence = item / kv_heads, kv_head = item % kv_heads;
+      const int64_t start = offsets[sequence], length = offsets[sequence + 1] - start;
+      scores.resize(length);
+      for (int64_t member = 0; member < group; ++member) {  // the query heads sharing this key/value head
+        const int64_t head = kv_head * group + member;
+        const scalar_t* query = queries + (sequence * heads + head) * head_dim;
+        acc_t largest = -std::numeric_limits<acc_t>::infinity();
+        for (int64_t j = 0; j < length; ++j) {
+          const scalar_t* key = keys + context[start + j] * slot_stride + kv_head * head_dim;
+          acc_t dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<acc_t>(query[d]) * static_cast<acc_t>(key[d]);
+          scores[j] = dot * static_cast<acc_t>(scale);
+          largest = scores[j] > largest ? scores[j] : largest;
+        }
+        acc_t normaliser = 0;
+        for (int64_t j = 0; j < length; ++j) {
+          scores[j] = std::exp(scores[j] - largest);
+          normaliser += scores[j];
+        }
+        std::fill(total.begin(), total.end(), acc_t(0));
+        for (int64_t j = 0; j < length; ++j) {
+          const scalar_t* value = values + context[start + j] * slot_stride + kv_head * head_dim;
+          const acc_t weight = scores[j];
+          acc_t* sum = total.data();
+#pragma omp simd
+          for (int64_t d = 0; d < head_dim; ++d) sum[d] += weight * static_cast<acc_t>(value[d]);
+        }
+        // A sequence with no keys (never built by the engine) gets zeros, as every kernel gives it.
+        const acc_t inverse = normaliser > 0 ? acc_t(1) / normaliser : acc_t(0);
+        scalar_t* row = out + (sequence * heads + head) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) row[d] = static_cast<scalar_t>(total[d] * inverse);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// queries (B, H, Dh); keys and values (slots, Hkv, Dh), Hkv dividing H; context (N,) int64 pool rows of every
+// sequence's keys, one sequence after another; offsets (B + 1,) int64: sequence b reads
+// context[offsets[b] : offsets[b + 1]]. Returns (B, H, Dh): softmax(q k^T * scale) v per sequence and head.
+torch::Tensor paged_decode(torch::Tensor queries, torch::Tensor keys, torch::Tensor values, torch::Tensor context,
+                           torch::Tensor offsets, double scale) {
+  TORCH_CHECK(queries.dim() == 3 && keys.dim() == 3 && keys.sizes() == values.sizes(),
+              "paged_decode: queries (B, H, Dh), keys and values (slots, Hkv, Dh)");
+  TORCH_CHECK(queries.is_contiguous() && keys.is_contiguous() && values.is_contiguous() && context.is_contiguous() &&
+                  offsets.is_contiguous(), "paged_decode: contiguous tensors only");
+  TORCH_CHECK(queries.scalar_type() == keys.scalar_type() && keys.scalar_type() == values.scalar_type(),
+              "paged_decode: queries, keys and values of one dtype");
+  TORCH_CHECK(context.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong,
+              "paged_decode: int64 context and offsets");
+  const int64_t batch = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
+  const int64_t kv_heads = keys.size(1);
+  TORCH_CHECK(keys.size(2) == head_dim && kv_heads > 0 && heads % kv_heads == 0,
+              "paged_decode: key/value heads must divide query heads, head sizes equal");
+  TORCH_CHECK(offsets.size(0) == batch + 1, "paged_decode: offsets must have B + 1 entries");
+  const int64_t* rows = context.data_ptr<int64_t>();
+  const int64_t slots = keys.size(0), count = context.numel();
+  const int64_t* bounds = offsets.data_ptr<int64_t>();
+  TORCH_CHECK(bounds[0] == 0 && bounds[batch] == count, "paged_decode: offsets must run from 0 to the context's size");
+  for (int64_t b = 0; b < batch; ++b) TORCH_CHECK(bounds[b] <= bounds[b + 1], "paged_decode: offsets must not fall");
+  for (int64_t i = 0; i < count; ++i) TORCH_CHECK(rows[i] >= 0 && rows[i] < slots, "paged_decode: a context row is outside the pool");
+  auto out = torch::empty_like(queries);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, queries.scalar_type(), "paged_decode", [&] {
+    decode_rows<scalar_t>(queries.data_ptr<scalar_t>(), keys.data_ptr<scalar_t>(), values.data_ptr<scalar_t>(),
+                          context.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), batch,
+                          heads, kv_heads, head_dim, scale);
+  });
+  return out;
+}

@@ -496,10 +496,7 @@ class OpenAIServer:
         prompts = self._prompt_ids(texts, body.n)
         tokens = body.token_limit
         self._check_request_tokens(prompts, body.n, tokens)
-        # echo: each prompt as sent, or the text of its ids
-        echoes = ([text if isinstance(text, str) else self.tokenizer.decode(ids) for text, ids in zip(texts, prompts,
-                                                                                                       strict=True)]
-                  if body.echo else None)
+        echoes = self._echoes(texts, prompts) if body.echo else None
         submission = Submission(self, http_request)
         submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs, body.prompt_logprobs)
         response_id = new_id("cmpl")
@@ -512,6 +509,17 @@ class OpenAIServer:
             return await self._whole_completion(submission, response_id, echoes, with_logprobs)
         finally:
             submission.close()
+
+    def _echoes(self, texts: list[str | list[int]], prompts: list[list[int]]) -> list[str]:
+        """What ``echo`` repeats of each prompt: its text as sent, or the text of its ids (a 400 for an id the
+        tokenizer has no text for)."""
+        echoes = []
+        for index, (text, ids) in enumerate(zip(texts, prompts, strict=True)):
+            try:
+                echoes.append(text if isinstance(text, str) else self.tokenizer.decode(ids))
+            except TokenizerError as error:
+                raise APIError(400, f"prompt {index}: {error}", "prompt") from None
+        return echoes
 
     def _completion_piece(self, submission: Submission, event: TokenEvent, records: dict[int, CompletionLogprobs],
                           echoes: list[str] | None) -> tuple[str, int]:

@@ -375,12 +375,16 @@ class Engine:
 
     def _score_prompts(self, logits: Tensor, counts: list[int], scored: list[bool]) -> Tensor:
         """Score the prompts of the ``scored`` sequences from their rows of ``logits`` (K, V) (every prompt row;
-        one row for the others), for every sequence of their requests; each sequence's last row (S, V)."""
+        one row for the others), for every sequence of their requests; each sequence's last row (S, V). A scored
+        prompt must be prefilled whole in this step: a prompt whose keys came from elsewhere has no logits."""
         last_rows, start = [], 0
         for (request, _), count, whole in zip(self._running, counts, scored, strict=True):
             kept = count if whole else 1
             if whole:
                 prompt = request.prompt_ids
+                if count != len(prompt):
+                    raise RuntimeError(f"a scored prompt of {len(prompt)} tokens was prefilled from token "
+                                       f"{len(prompt) - count}: its first rows have no logits")
                 # Row i predicts prompt token i + 1: rows 0 .. T-2 score tokens 1 .. T-1.
                 targets = torch.tensor(prompt[1:], dtype=torch.long, device=logits.device)  # (T - 1,)
                 values, tops = token_logprobs(logits[start : start + count - 1], targets, request.prompt_logprobs)

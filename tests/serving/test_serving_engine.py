@@ -168,6 +168,42 @@ def test_logprobs_are_the_models_log_softmax():
         ids.append(event.token_id)
 
 
+def test_prompt_logprobs_are_the_models_log_softmax_of_every_prompt_row():
+    """Prompts scored in a step where another request decodes: each prompt token's log-probability and its top
+    k are log_softmax of the model's own forward over the prompt, handed out once, on each sequence's first
+    event; with max_new_tokens=0 a request finishes after its prefill without a token, its blocks released."""
+    model = small_model(positional="rope", num_kv_heads=2)
+    engine = Engine(model, cache_tokens=1024, block_size=4)
+    config = GenerationConfig(max_new_tokens=6, eos_token_id=())
+    running = engine.submit([5, 6, 7], config)
+    engine.step()
+    prompts = prompts_of_lengths([9, 1, 14, 6], seed=6)
+    shapes = [(0, 1), (2, 1), (0, 2), (1, 3)]  # (max_new_tokens, n)
+    events = []
+    requests = [engine.submit(prompt, GenerationConfig(max_new_tokens=new, eos_token_id=()), n=n, logprobs=2,
+                              prompt_logprobs=3, on_event=events.append)
+                for prompt, (new, n) in zip(prompts, shapes, strict=True)]
+    engine.run_until_idle()
+    assert running.outputs()[0] == alone(model, [5, 6, 7], config)
+    for prompt, (new, n), request in zip(prompts, shapes, requests, strict=True):
+        with torch.no_grad():
+            expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)[:-1]  # (T - 1, V)
+        for index in range(n):
+            own = [event for event in events if event.request is request and event.index == index]
+            assert [event.prompt_logprobs is not None for event in own] == [True] + [False] * (len(own) - 1)
+            scores = own[0].prompt_logprobs
+            targets = torch.tensor(prompt[1:], dtype=torch.long)
+            torch.testing.assert_close(torch.tensor(scores.token_logprobs), expected.gather(1, targets[:, None])[:, 0],
+                                       atol=1e-5, rtol=0)
+            assert [[token for token, _ in top] for top in scores.top_logprobs] == expected.topk(3).indices.tolist()
+            if new == 0:
+                assert [(event.token_id, event.finish_reason) for event in own] == [(-1, "length")]
+        assert [len(output) for output in request.outputs()] == [new] * n
+        assert request.finish_reasons() == ["length"] * n
+    assert engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0
+    assert engine.stats.generated_tokens == 6 + 2 + 1 * 3
+
+
 def test_a_full_pool_makes_requests_wait_and_never_corrupts_running_ones():
     model = small_model()
     prompts = prompts_of_lengths([10, 10, 10, 10], seed=3)
@@ -241,6 +277,8 @@ def test_requests_the_engine_cannot_serve_are_refused_by_name():
         (dict(prompt_ids=[1], config=GenerationConfig(num_beams=2)), "num_beams"),
         (dict(prompt_ids=[1], config=GenerationConfig(stop_strings="x")), "need a tokenizer"),
         (dict(prompt_ids=[1], n=0), "n=0"),
+        (dict(prompt_ids=[1], config=GenerationConfig(max_new_tokens=0)), "max_new_tokens=0 .* with prompt_logprobs"),
+        (dict(prompt_ids=[1], prompt_logprobs=VOCAB + 1), "prompt_logprobs=62 must be an integer in"),
     ]
     for arguments, message in refusals:
         with pytest.raises(GenerationError, match=message):

@@ -434,12 +434,13 @@ def test_strict_types_and_one_max_tokens_default(served):
         '"stream": "yes"': 'stream: Input should be a valid boolean (got "yes")',
         '"logprobs": true': "logprobs: Input should be a valid integer (got true)",
         '"n": 2.0': "n: Input should be a valid integer (got 2.0)",
-        '"max_tokens": 0': "max_tokens: Input should be greater than or equal to 1 (got 0)",
-        '"max_tokens": -5': "max_tokens: Input should be greater than or equal to 1 (got -5)",
+        '"max_tokens": -5': "max_tokens: Input should be greater than or equal to 0 (got -5)",
     }
     for field, message in refused.items():
         status, body = served.post("/v1/completions", f'{{"model": "tiny", "prompt": "to", {field}}}'.encode())
         assert (status, body["error"]["message"]) == (422, message), field
+    status, body = served.post("/v1/completions", b'{"model": "tiny", "prompt": "to", "max_tokens": 0}')
+    assert (status, body["error"]["param"]) == (400, "max_tokens")  # 0 only scores a prompt: echo and logprobs
     status, body = served.post("/v1/completions", b'{"model": "tiny", "prompt": [true, false]}')
     assert status == 422 and body["error"]["message"].startswith("prompt: must be one of str, list[int]")
     status, body = served.post("/v1/chat/completions",

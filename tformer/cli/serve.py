@@ -16,7 +16,9 @@ def register(subparsers) -> None:
         "serve", help="serve a decoder checkpoint over HTTP with the OpenAI API (continuous batching, streaming)",
         description="Serve a decoder checkpoint folder (tformer or Hugging Face format, with a tokenizer) with the "
                     "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
-                    "template), GET /v1/models, /health and /metrics (Prometheus). Requests share one continuously "
+                    "template), GET /v1/models, /health and /metrics (Prometheus); POST /tokenize and /detokenize, GET "
+                    "/tokenizer_info. Completions with echo and logprobs score prompts (lm-evaluation-harness's "
+                    "local-completions). Requests share one continuously "
                     "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting (new requests "
                     "get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0.",
     )

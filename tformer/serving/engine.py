@@ -11,6 +11,11 @@ options of ``tformer.generate``), chosen from by the same ``TokenChooser`` and r
 ``IncrementalDetokenizer``, so a request alone decodes what ``generate`` would: greedy tokens
 identically, and seeded sampling with the same draws. Every field of ``GenerationConfig`` is either
 honoured or refused away from its default (``GENERATION_FIELDS``).
+
+A request may also ask for its prompt's log-probabilities (``prompt_logprobs=k``, what evaluation clients
+score continuations with): its prefill then keeps the logits of every prompt row, and only each prompt
+token's log-probability and the ``k`` best leave the engine, on the sequence's first event. With
+``max_new_tokens=0`` it finishes after its prefill (reason "length") without sampling.
 """
 
 from __future__ import annotations
@@ -58,6 +63,18 @@ GENERATION_FIELDS: dict[str, str | None] = {
 }
 
 
+PROMPT_ROWS_AT_ONCE = 256  # prompt rows turned into float32 log-probabilities at a time (bounds the copy)
+
+
+@dataclass
+class PromptLogprobs:
+    """A prompt scored by the model: for each prompt token after the first, its log-probability given the
+    tokens before it, and the ``k`` most likely tokens there (id, log-probability), best first."""
+
+    token_logprobs: list[float]  # (T - 1,) prompt tokens 1 .. T-1
+    top_logprobs: list[list[tuple[int, float]]]  # (T - 1, k)
+
+
 @dataclass
 class TokenEvent:
     """What one step produced for one sequence: its new token and the text it completes."""
@@ -69,6 +86,7 @@ class TokenEvent:
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None  # set on the sequence's last event
+    prompt_logprobs: PromptLogprobs | None = None  # on the sequence's first event, when the request asked
 
 
 @dataclass
@@ -81,6 +99,12 @@ class _Sequence:
     table: BlockTable | None = None
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # scored, not yet handed out on an event
+
+    def take_prompt_logprobs(self) -> PromptLogprobs | None:
+        """The prompt's scores for this sequence's next event, once."""
+        scores, self.prompt_logprobs = self.prompt_logprobs, None
+        return scores
 
     @property
     def text(self) -> str:
@@ -93,7 +117,7 @@ class Request:
 
     def __init__(self, request_id: int, prompt_ids: list[int], config: GenerationConfig, n: int, chooser: TokenChooser,
                  end_ids: frozenset[int], on_event: Callable[[TokenEvent], None] | None, logprobs: int | None,
-                 blocks_needed: int, device: torch.device, tokenizer=None) -> None:
+                 blocks_needed: int, device: torch.device, tokenizer=None, prompt_logprobs: int | None = None) -> None:
         self.id = request_id
         self.prompt_ids = prompt_ids
         self.config = config
@@ -101,6 +125,7 @@ class Request:
         self.end_ids = end_ids
         self.on_event = on_event
         self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs  # k best alternatives for each prompt token; None: not scored
         self.blocks_needed = blocks_needed  # per sequence: prompt + longest answer
         self.submitted = time.monotonic()
         self.first_token_at: float | None = None
@@ -206,11 +231,14 @@ class Engine:
     # ---- from any thread --------------------------------------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *, n: int = 1,
-               logprobs: int | None = None, on_event: Callable[[TokenEvent], None] | None = None) -> Request:
+               logprobs: int | None = None, prompt_logprobs: int | None = None,
+               on_event: Callable[[TokenEvent], None] | None = None) -> Request:
         """Queue ``prompt_ids`` for ``n`` sequences decoded with ``config``; a GenerationError when it can
-        never run (bad ids, past the position table, more cache than the pool holds, beam search...)."""
+        never run (bad ids, past the position table, more cache than the pool holds, beam search...).
+        ``logprobs=k``: each new token's log-probability and the k best; ``prompt_logprobs=k``: the same for
+        the prompt's tokens (``PromptLogprobs`` on each sequence's first event)."""
         config = config or GenerationConfig()
-        request = self._make_request(list(prompt_ids), config, n, logprobs, on_event)
+        request = self._make_request(list(prompt_ids), config, n, logprobs, prompt_logprobs, on_event)
         with self._work:
             if not self.admitting:
                 raise GenerationError("the server is shutting down and admits no new requests")
@@ -268,18 +296,24 @@ class Engine:
         self._expire_waiting()
         if not self._running:
             return 0
-        tables, counts, input_ids = [], [], []
+        tables, counts, input_ids, scored = [], [], [], []
         for request, sequence in self._running:
-            tokens = request.prompt_ids if id(sequence) in admitted else [self._pending[id(sequence)]]
+            prefill = id(sequence) in admitted
+            tokens = request.prompt_ids if prefill else [self._pending[id(sequence)]]
             sequence.table.append_slots(len(tokens))
             tables.append(sequence.table)
             counts.append(len(tokens))
             input_ids.extend(tokens)
-        layout = PagedLayout.build(tables, counts, self.device, in_place=self.in_place)
+            # One sequence of a request is enough to score its prompt: its n sequences prefill in this step.
+            scored.append(prefill and request.prompt_logprobs is not None and sequence.index == 0)
+        layout = PagedLayout.build(tables, counts, self.device, every_row=scored if any(scored) else None,
+                                   in_place=self.in_place)
         ids = torch.tensor([input_ids], device=self.device)  # (1, N): every new token, one sequence after another
         with decoding_step:
-            logits = self.model.step(ids, layout, self.caches)[0]  # (S, V) each sequence's last token
+            logits = self.model.step(ids, layout, self.caches)[0]  # (K, V) the rows layout.keep names
         self.stats.steps += 1
+        if any(scored):
+            logits = self._score_prompts(logits, counts, scored)
         self._sample(logits)
         return len(tables)
 
@@ -348,17 +382,43 @@ class Engine:
                 self.stats.prompt_tokens += len(request.prompt_ids)
         return admitted
 
+    def _score_prompts(self, logits: Tensor, counts: list[int], scored: list[bool]) -> Tensor:
+        """Score the prompts of the ``scored`` sequences from their rows of ``logits`` (K, V) (every prompt row;
+        one row for the others), for every sequence of their requests; each sequence's last row (S, V). A scored
+        prompt must be prefilled whole in this step: a prompt whose keys came from elsewhere has no logits."""
+        last_rows, start = [], 0
+        for (request, _), count, whole in zip(self._running, counts, scored, strict=True):
+            kept = count if whole else 1
+            if whole:
+                prompt = request.prompt_ids
+                if count != len(prompt):
+                    raise RuntimeError(f"a scored prompt of {len(prompt)} tokens was prefilled from token "
+                                       f"{len(prompt) - count}: its first rows have no logits")
+                # Row i predicts prompt token i + 1: rows 0 .. T-2 score tokens 1 .. T-1.
+                targets = torch.tensor(prompt[1:], dtype=torch.long, device=logits.device)  # (T - 1,)
+                values, tops = token_logprobs(logits[start : start + count - 1], targets, request.prompt_logprobs)
+                for sequence in request.sequences:
+                    sequence.prompt_logprobs = PromptLogprobs(values, tops)
+            start += kept
+            last_rows.append(start - 1)
+        return logits.index_select(0, torch.tensor(last_rows, device=logits.device))
+
     def _sample(self, logits: Tensor) -> None:
         """Choose each running sequence's next token from its row of ``logits`` (S, V) and hand it out: one
-        argmax over the rows whose choice is the plain argmax, the chooser row by row for the others."""
+        argmax over the rows whose choice is the plain argmax, the chooser row by row for the others. A
+        sequence that only scores its prompt (``max_new_tokens`` 0) finishes without a token."""
         running = list(self._running)
+        scoring_only = {row for row, (request, _) in enumerate(running) if request.config.max_new_tokens == 0}
         plain = [row for row, (request, sequence) in enumerate(running)
-                 if not request.chooser.alters(len(sequence.output_ids))]
+                 if row not in scoring_only and not request.chooser.alters(len(sequence.output_ids))]
         tokens: dict[int, int] = {}
         if plain:
             rows = torch.tensor(plain, device=logits.device)
             tokens = dict(zip(plain, logits.index_select(0, rows).argmax(-1).tolist(), strict=True))
         for row, (request, sequence) in enumerate(running):
+            if row in scoring_only:
+                self._finish(request, sequence, "length")
+                continue
             if row not in tokens:
                 chooser = request.chooser
                 scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids))
@@ -381,9 +441,11 @@ class Engine:
             text += detokenizer.finish()
         logprob = top = None
         if logits is not None:
-            logprob, top = _logprobs(logits, token, request.logprobs)
+            values, tops = token_logprobs(logits[None], torch.tensor([token], device=logits.device), request.logprobs)
+            logprob, top = values[0], tops[0]
         self._pending[id(sequence)] = token
-        event = TokenEvent(request, sequence.index, token, text, logprob, top, finish)
+        event = TokenEvent(request, sequence.index, token, text, logprob, top, finish,
+                           sequence.take_prompt_logprobs())
         if finish is not None:
             self._finish(request, sequence, finish, emit=False)
         self._emit(event)
@@ -398,7 +460,8 @@ class Engine:
         self._running = [(r, s) for r, s in self._running if s is not sequence]
         self._pending.pop(id(sequence), None)
         if emit:
-            self._emit(TokenEvent(request, sequence.index, -1, "", finish_reason=reason))
+            self._emit(TokenEvent(request, sequence.index, -1, "", finish_reason=reason,
+                                  prompt_logprobs=sequence.take_prompt_logprobs()))
             if request.finished:
                 self._close(request)
 
@@ -428,7 +491,7 @@ class Engine:
     # ---- requests ---------------------------------------------------------------------------------
 
     def _make_request(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
-                      on_event) -> Request:
+                      prompt_logprobs: int | None, on_event) -> Request:
         model = self.model
         if not prompt_ids:
             raise GenerationError("the prompt has no tokens")
@@ -438,12 +501,13 @@ class Engine:
             raise GenerationError(f"token id {bad[0]!r} in the prompt is outside the vocabulary [0, {vocab})")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise GenerationError(f"n={n!r} must be an integer >= 1")
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                     or not 0 <= logprobs <= vocab):
-            raise GenerationError(f"logprobs={logprobs!r} must be an integer in [0, {vocab}]")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= vocab):
+                raise GenerationError(f"{name}={value!r} must be an integer in [0, {vocab}]")
         refuse_unhonoured(config)
-        if config.max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens={config.max_new_tokens} must be >= 1 on the server")
+        if config.max_new_tokens < 1 and prompt_logprobs is None:
+            raise GenerationError(f"max_new_tokens={config.max_new_tokens} must be >= 1 on the server (0 only scores "
+                                  "a prompt: with prompt_logprobs)")
         check_call(config, model, torch.tensor([prompt_ids]), None, self.tokenizer, streaming=False)
         length = len(prompt_ids) + config.max_new_tokens
         limit = model.position_limit
@@ -457,7 +521,7 @@ class Engine:
                 f"blocks; the pool holds {self.pool.num_blocks} of {self.pool.block_size} tokens (raise cache_tokens)")
         chooser = TokenChooser.from_config(config, model.config, self.device)
         return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),
-                       on_event, logprobs, blocks, self.device, self.tokenizer)
+                       on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs)
 
 
 def serving_problem(model: nn.Module) -> str | None:
@@ -487,9 +551,20 @@ def refuse_unhonoured(config: GenerationConfig) -> None:
             raise GenerationError(f"{name}={getattr(config, name)!r} is not supported by the server: {reason}")
 
 
-def _logprobs(logits: Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
-    """The chosen token's log-probability under the model (before any sampling filter) and the ``top`` best."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    best = torch.topk(logprobs, top) if top else None
-    pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best is not None else []
-    return float(logprobs[token]), pairs
+def token_logprobs(logits: Tensor, tokens: Tensor, top: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """For each row of ``logits`` (R, V): the log-probability of its token in ``tokens`` (R,) under the model
+    (float32 log_softmax, before any sampling filter) and the ``top`` best (id, log-probability). Rows go
+    ``PROMPT_ROWS_AT_ONCE`` at a time, so a long prompt's float32 copy stays bounded."""
+    values: list[float] = []
+    tops: list[list[tuple[int, float]]] = []
+    for start in range(0, logits.shape[0], PROMPT_ROWS_AT_ONCE):
+        logprobs = torch.log_softmax(logits[start : start + PROMPT_ROWS_AT_ONCE].float(), dim=-1)  # (r, V)
+        chosen = tokens[start : start + PROMPT_ROWS_AT_ONCE]
+        values.extend(logprobs.gather(1, chosen[:, None])[:, 0].tolist())
+        if top:
+            best = torch.topk(logprobs, top)
+            tops.extend([list(zip(ids, scores, strict=True))
+                         for ids, scores in zip(best.indices.tolist(), best.values.tolist(), strict=True)])
+        else:
+            tops.extend([] for _ in range(logprobs.shape[0]))
+    return values, tops

@@ -1,7 +1,8 @@
 """The OpenAI wire format: request bodies checked field by field, turned into ``GenerationConfig``s,
-and the response, stream-chunk and error objects the ``openai`` client reads.
+and the response, stream-chunk and error objects the ``openai`` client reads; the bodies of the tokenizer
+routes vLLM made common (``/tokenize``, ``/detokenize``).
 
-Failing closed: a known field the server cannot honour (``echo``, a penalty, ``logit_bias``, tools)
+Failing closed: a known field the server cannot honour (``suffix``, a penalty, ``logit_bias``, tools)
 is refused with 400 naming it, and so is an unknown field; a field of the wrong type is 422, nothing
 coerced (``"10"`` is not a number, ``true`` not 1, ``"yes"`` not a boolean; an integer is a float). The
 extensions vLLM made common are accepted: ``top_k``, ``ignore_eos`` and ``min_tokens``.
@@ -99,16 +100,16 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(None, ge=1)  # None (omitted or null): DEFAULT_COMPLETION_TOKENS
+    max_tokens: int | None = Field(None, ge=0)  # None (omitted or null): DEFAULT_COMPLETION_TOKENS; 0: score only
     logprobs: int | None = Field(None, ge=0)
-    echo: bool = False
+    echo: bool = False  # the prompt before the answer, in the text and (with logprobs) in the logprobs
     best_of: int | None = None
     suffix: str | None = None
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.echo:
-            raise APIError(400, "echo=true is not supported", "echo")
+        if self.max_tokens == 0 and not (self.echo and self.logprobs is not None):
+            raise APIError(400, "max_tokens=0 only scores the prompt: it needs echo=true and logprobs", "max_tokens")
         if self.suffix:
             raise APIError(400, "suffix (insertion) is not supported", "suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -126,6 +127,11 @@ class CompletionRequest(_Sampling):
     @property
     def token_limit(self) -> int:
         return self.max_tokens if self.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """How many alternatives each prompt token's entry lists; None: the prompt is not scored."""
+        return self.logprobs if self.echo else None
 
 
 class ContentPart(_Strict):
@@ -180,6 +186,37 @@ class ChatRequest(_Sampling):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize: a prompt's ids as /v1/completions prefills them, or the ids of ``messages`` rendered by
+    the chat template as /v1/chat/completions prefills them."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # None: as the completion routes (a prompt: true, messages: false)
+    add_generation_prompt: bool | None = None  # messages only; None: true, as chat completions
+
+    def unsupported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", "prompt" if self.prompt else "messages")
+        if self.prompt is not None and self.add_generation_prompt is not None:
+            raise APIError(400, "add_generation_prompt applies to messages, not to a prompt", "add_generation_prompt")
+
+    @property
+    def special_tokens(self) -> bool:
+        return self.add_special_tokens if self.add_special_tokens is not None else self.prompt is not None
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize: the text of token ids."""
+
+    model: str | None = None
+    tokens: list[int]
+
+    def unsupported(self) -> None:
+        pass
 
 
 def parse_body(raw: bytes, schema: type[BaseModel]) -> Any:
@@ -265,28 +302,37 @@ def response_object(kind: str, response_id: str, model: str, choices: list[dict]
 
 
 class CompletionLogprobs:
-    """The legacy completions ``logprobs`` object, grown one token at a time."""
+    """The legacy completions ``logprobs`` object, grown one token at a time: with ``echo``, the prompt's tokens
+    first (the first one has no log-probability: null, as OpenAI's), then the answer's. ``text_offset`` is each
+    token's character offset in the choice's text."""
 
     def __init__(self) -> None:
         self.tokens: list[str] = []
-        self.token_logprobs: list[float] = []
-        self.top_logprobs: list[dict[str, float]] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
         self.offset = 0
 
-    def add(self, token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, list]:
-        """Record one token; the object for this token alone (a stream chunk's)."""
+    def add(self, token: str, logprob: float | None, top: list[tuple[str, float]] | None) -> None:
+        """Record one token."""
         self.tokens.append(token)
         self.token_logprobs.append(logprob)
-        self.top_logprobs.append(dict(top))
+        self.top_logprobs.append(None if top is None else dict(top))
         self.text_offset.append(self.offset)
         self.offset += len(token)
-        return {"tokens": [token], "token_logprobs": [logprob], "top_logprobs": [dict(top)],
-                "text_offset": [self.offset - len(token)]}
 
-    def as_dict(self) -> dict[str, list]:
-        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top_logprobs,
-                "text_offset": self.text_offset}
+    def add_prompt(self, text: str, tokens: list[str], logprobs: list[float], tops: list[list[tuple[str, float]]]
+                   ) -> None:
+        """Record an echoed prompt: its ``text`` and its ``tokens``, all but the first scored (``logprobs``,
+        ``tops``); what follows is offset from the end of ``text``."""
+        for token, logprob, top in zip(tokens, [None, *logprobs], [None, *tops], strict=True):
+            self.add(token, logprob, top)
+        self.offset = len(text)
+
+    def since(self, start: int) -> dict[str, list]:
+        """The object for the tokens recorded from ``start`` on (a stream chunk's; 0: the whole answer's)."""
+        return {"tokens": self.tokens[start:], "token_logprobs": self.token_logprobs[start:],
+                "top_logprobs": self.top_logprobs[start:], "text_offset": self.text_offset[start:]}
 
 
 def chat_logprob_entry(token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, Any]:

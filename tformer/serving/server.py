@@ -40,9 +40,12 @@ from tformer.serving.engine import Engine, Request, TokenEvent
 from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 from tformer.serving.openai_api import (
     APIError,
+    ChatMessage,
     ChatRequest,
     CompletionLogprobs,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     as_api_error,
     chat_logprob_entry,
     new_id,
@@ -51,6 +54,7 @@ from tformer.serving.openai_api import (
     sse,
     usage,
 )
+from tformer.tokenizers import TokenizerError
 
 if TYPE_CHECKING:
     import uvicorn
@@ -119,6 +123,8 @@ class Submission:
         self.http_request = http_request
         self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.requests: list[Request] = []
+        self.prompts: list[list[int]] = []  # the HTTP request's prompts' ids, in order
+        self.n = 1  # sequences per prompt
         self.prompt_index: dict[int, int] = {}  # engine request id -> which prompt of the HTTP request
         self.unfinished = 0
         self.client_gone = False
@@ -127,13 +133,16 @@ class Submission:
     def on_event(self, event: TokenEvent) -> None:  # on the engine's thread
         self.server.outbox.append((self, event))
 
-    def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None) -> None:
+    def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None,
+               prompt_logprobs: int | None = None) -> None:
         engine = self.server.engine
         self.server.active.add(self)
+        self.prompts, self.n = prompts, n
         self._watch = asyncio.create_task(self._watch_connection())
         try:
             for index, prompt in enumerate(prompts):
-                request = engine.submit(prompt, config, n=n, logprobs=logprobs, on_event=self.on_event)
+                request = engine.submit(prompt, config, n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                        on_event=self.on_event)
                 self.requests.append(request)
                 self.prompt_index[request.id] = index
                 self.unfinished += n
@@ -203,7 +212,8 @@ class Submission:
 
 
 class OpenAIServer:
-    """The routes, over one engine: completions, chat completions, models, health and metrics."""
+    """The routes, over one engine: completions, chat completions, models, the tokenizer (tokenize, detokenize,
+    its description), health and metrics."""
 
     def __init__(self, engine: Engine, model_name: str, *, api_key: str | None = None,
                  chat_template: ChatTemplate | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -237,6 +247,9 @@ class OpenAIServer:
             Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self._endpoint(self.chat_completions), methods=["POST"]),
             Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+            Route("/tokenize", self._endpoint(self.tokenize), methods=["POST"]),
+            Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
+            Route("/tokenizer_info", self._endpoint(self.tokenizer_info), methods=["GET"]),
             Route("/health", self._endpoint(self.health, open_=True), methods=["GET"]),
             Route("/metrics", self._endpoint(self.metrics), methods=["GET"]),
         ]
@@ -404,7 +417,23 @@ class OpenAIServer:
         return self.tokenizer.decode([token_id])
 
     def _top(self, event: TokenEvent) -> list[tuple[str, float]]:
-        return [(self._token_text(token), value) for token, value in event.top_logprobs or []]
+        return self._top_texts(event.top_logprobs or [])
+
+    def _top_texts(self, top: list[tuple[int, float]]) -> list[tuple[str, float]]:
+        return [(self._token_text(token), value) for token, value in top]
+
+    async def _chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+        """``messages`` rendered by the chat template, on a worker thread (a slow template, bounded by its time
+        limit, holds no other request); a 400 without a template or when it fails."""
+        if self.chat_template is None:
+            raise APIError(400, f"model {self.model_name!r} has no chat template (the checkpoint's tokenizer ships "
+                                "none; start the server with --chat-template FILE, or use /v1/completions)",
+                           "messages", "no_chat_template")
+        rendered = [message.as_template_input() for message in messages]
+        try:
+            return await asyncio.to_thread(self.chat_template.render, rendered, add_generation_prompt)
+        except ChatTemplateError as error:
+            raise APIError(400, str(error), "messages") from None
 
     # ---- routes -------------------------------------------------------------------------------------
 
@@ -423,54 +452,119 @@ class OpenAIServer:
     async def metrics(self, http_request: HTTPRequest) -> Response:
         return PlainTextResponse(self.metrics_text(), media_type="text/plain; version=0.0.4")
 
+    async def tokenize(self, http_request: HTTPRequest) -> Response:
+        """The ids a completion or chat completion would prefill for the same prompt or messages."""
+        body: TokenizeRequest = parse_body(await self._read_body(http_request), TokenizeRequest)
+        if body.model is not None:
+            self._check_model(body.model)
+        if body.messages is not None:
+            text = await self._chat_text(body.messages, body.add_generation_prompt is not False)
+        else:
+            text = body.prompt
+        tokens = self.tokenizer.encode(text, add_special_tokens=body.special_tokens)
+        return JSONResponse({"count": len(tokens), "max_model_len": self.engine.model.position_limit,
+                             "tokens": tokens})
+
+    async def detokenize(self, http_request: HTTPRequest) -> Response:
+        body: DetokenizeRequest = parse_body(await self._read_body(http_request), DetokenizeRequest)
+        if body.model is not None:
+            self._check_model(body.model)
+        try:
+            text = self.tokenizer.decode(body.tokens)
+        except TokenizerError as error:  # an id outside the vocabulary
+            raise APIError(400, str(error), "tokens") from None
+        return JSONResponse({"prompt": text})
+
+    async def tokenizer_info(self, http_request: HTTPRequest) -> Response:
+        """What a client needs to tokenize as the server does (the fields vLLM's route returns that apply)."""
+        tokenizer = self.tokenizer
+        model_config = self.engine.model.config
+        return JSONResponse({
+            "tokenizer_class": type(tokenizer).__name__, "kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+            **{f"{role}_token": tokenizer.special_token(role) for role in ("bos", "eos", "pad", "unk")},
+            "special_tokens": tokenizer.special_tokens,
+            "end_token_ids": list(GenerationConfig().end_ids(model_config)),  # where an answer stops by default
+            "chat_template": None if self.chat_template is None else self.chat_template.source,
+            "max_model_len": self.engine.model.position_limit,
+        })
+
     async def completions(self, http_request: HTTPRequest) -> Response:
         body: CompletionRequest = parse_body(await self._read_body(http_request), CompletionRequest)
         self._check_model(body.model)
         self._check_admitting()
-        prompts = self._prompt_ids(body.prompts(), body.n)
+        texts = body.prompts()
+        prompts = self._prompt_ids(texts, body.n)
         tokens = body.token_limit
         self._check_request_tokens(prompts, body.n, tokens)
+        echoes = self._echoes(texts, prompts) if body.echo else None
         submission = Submission(self, http_request)
-        submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs)
+        submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs, body.prompt_logprobs)
         response_id = new_id("cmpl")
+        with_logprobs = body.logprobs is not None
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return await self._stream(submission, self._completion_chunks(submission, response_id, body.logprobs,
-                                                                          include_usage))
+            return await self._stream(submission, self._completion_chunks(submission, response_id, echoes,
+                                                                          with_logprobs, include_usage))
         try:
-            return await self._whole_completion(submission, response_id)
+            return await self._whole_completion(submission, response_id, echoes, with_logprobs)
         finally:
             submission.close()
 
-    async def _whole_completion(self, submission: Submission, response_id: str) -> Response:
+    def _echoes(self, texts: list[str | list[int]], prompts: list[list[int]]) -> list[str]:
+        """What ``echo`` repeats of each prompt: its text as sent, or the text of its ids (a 400 for an id the
+        tokenizer has no text for)."""
+        echoes = []
+        for index, (text, ids) in enumerate(zip(texts, prompts, strict=True)):
+            try:
+                echoes.append(text if isinstance(text, str) else self.tokenizer.decode(ids))
+            except TokenizerError as error:
+                raise APIError(400, f"prompt {index}: {error}", "prompt") from None
+        return echoes
+
+    def _completion_piece(self, submission: Submission, event: TokenEvent, records: dict[int, CompletionLogprobs],
+                          echoes: list[str] | None) -> tuple[str, int]:
+        """Record ``event`` in its choice's logprobs; its text, and where its entries start in the record. A
+        choice's first event starts with its prompt when ``echoes`` (each prompt's text) are given, and with the
+        prompt's tokens and their log-probabilities when the event carries them."""
+        index = submission.choice_index(event)
+        first = index not in records
+        record = records.setdefault(index, CompletionLogprobs())
+        start, text = len(record.tokens), event.text
+        if first and echoes is not None:
+            prompt = index // submission.n
+            text = echoes[prompt] + text
+            scores = event.prompt_logprobs
+            if scores is not None:
+                record.add_prompt(echoes[prompt], [self._token_text(token) for token in submission.prompts[prompt]],
+                                  scores.token_logprobs, [self._top_texts(top) for top in scores.top_logprobs])
+        if event.token_id >= 0 and event.logprob is not None:
+            record.add(self._token_text(event.token_id), event.logprob, self._top(event))
+        return text, start
+
+    async def _whole_completion(self, submission: Submission, response_id: str, echoes: list[str] | None,
+                                with_logprobs: bool) -> Response:
         choices: dict[int, dict[str, Any]] = {}
-        logprobs: dict[int, CompletionLogprobs] = {}
+        records: dict[int, CompletionLogprobs] = {}
         async for event in submission.events():
-            choice = choices.setdefault(submission.choice_index(event), {"text": "", "logprobs": None,
-                                                                         "finish_reason": None})
-            choice["text"] += event.text
-            if event.token_id >= 0 and event.logprob is not None:
-                record = logprobs.setdefault(submission.choice_index(event), CompletionLogprobs())
-                record.add(self._token_text(event.token_id), event.logprob, self._top(event))
+            choice = choices.setdefault(submission.choice_index(event), {"text": "", "finish_reason": None})
+            choice["text"] += self._completion_piece(submission, event, records, echoes)[0]
             if event.finish_reason is not None:
                 choice["finish_reason"] = event.finish_reason
         listed = [{"index": index, "text": choices[index]["text"],
-                   "logprobs": logprobs[index].as_dict() if index in logprobs else None,
+                   "logprobs": records[index].since(0) if with_logprobs else None,
                    "finish_reason": choices[index]["finish_reason"]} for index in sorted(choices)]
         submission.check_answered()
         counts = usage(submission.prompt_tokens(), submission.completion_tokens())
         return JSONResponse(response_object(TEXT_COMPLETION, response_id, self.model_name, listed, counts))
 
-    async def _completion_chunks(self, submission: Submission, response_id: str, logprobs: int | None,
-                                 include_usage: bool) -> AsyncIterator[bytes]:
+    async def _completion_chunks(self, submission: Submission, response_id: str, echoes: list[str] | None,
+                                 with_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
         records: dict[int, CompletionLogprobs] = {}
         async for event in submission.events():
             index = submission.choice_index(event)
-            token_logprobs = None
-            if event.token_id >= 0 and event.logprob is not None:
-                record = records.setdefault(index, CompletionLogprobs())
-                token_logprobs = record.add(self._token_text(event.token_id), event.logprob, self._top(event))
-            choice = {"index": index, "text": event.text, "logprobs": token_logprobs,
+            text, start = self._completion_piece(submission, event, records, echoes)
+            added = with_logprobs and len(records[index].tokens) > start
+            choice = {"index": index, "text": text, "logprobs": records[index].since(start) if added else None,
                       "finish_reason": event.finish_reason}
             yield sse(response_object(TEXT_COMPLETION, response_id, self.model_name, [choice], None, chunk=True))
         if include_usage:
@@ -480,16 +574,8 @@ class OpenAIServer:
     async def chat_completions(self, http_request: HTTPRequest) -> Response:
         body: ChatRequest = parse_body(await self._read_body(http_request), ChatRequest)
         self._check_model(body.model)
-        if self.chat_template is None:
-            raise APIError(400, f"model {self.model_name!r} has no chat template (the checkpoint's tokenizer ships "
-                                "none; start the server with --chat-template FILE, or use /v1/completions)",
-                           "messages", "no_chat_template")
         self._check_admitting()
-        messages = [message.as_template_input() for message in body.messages]
-        try:  # on a worker thread: a slow template (bounded by its time limit) holds no other request
-            text = await asyncio.to_thread(self.chat_template.render, messages)
-        except ChatTemplateError as error:
-            raise APIError(400, str(error), "messages") from None
+        text = await self._chat_text(body.messages)
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
         if not prompt:
             raise APIError(400, "the messages render to no tokens", "messages")

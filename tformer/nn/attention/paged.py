@@ -149,8 +149,8 @@ class PagedPrefill:
 @dataclass(eq=False)
 class PagedLayout(StepLayout):
     """One step over a ``BlockPool``: every sequence's new tokens as the rows of one batch (1, N), where
-    their keys and values go, and what each group of rows attends over. ``keep``: each sequence's last
-    new row, whose logits the step returns."""
+    their keys and values go, and what each group of rows attends over. ``keep``: the rows whose logits the
+    step returns: each sequence's last new row, or every new row of a sequence whose prompt is scored."""
 
     slots: Tensor = field(default=None)  # (N,) pool rows of the new keys and values
     decode_rows: Tensor | None = None  # (Bd,) rows of the sequences adding one token
@@ -162,12 +162,15 @@ class PagedLayout(StepLayout):
 
     @classmethod
     def build(cls, tables: list[BlockTable], new_tokens: list[int], device: torch.device,
-              in_place: bool = False) -> PagedLayout:
+              every_row: list[bool] | None = None, in_place: bool = False) -> PagedLayout:
         """The layout for sequences whose ``tables`` already hold room for their ``new_tokens`` (a count each);
-        ``in_place``: the one-token sequences' slots for the in-place kernel, not a padded batch."""
-        positions, slots, last_rows, decode_rows, decode_contexts, prefills = [], [], [], [], [], []
+        ``every_row``: the sequences whose every new row the step keeps (a prompt whose log-probabilities are
+        asked for), not only the last (None: none); ``in_place``: the one-token sequences' slots for the
+        in-place kernel, not a padded batch."""
+        positions, slots, kept_rows, decode_rows, decode_contexts, prefills = [], [], [], [], [], []
+        every_row = every_row or [False] * len(tables)
         row = 0
-        for table, count in zip(tables, new_tokens, strict=True):
+        for table, count, whole in zip(tables, new_tokens, every_row, strict=True):
             context = table.slots(0, table.length)  # (L,)
             positions.extend(range(table.length - count, table.length))
             slots.append(context[-count:])
@@ -177,10 +180,10 @@ class PagedLayout(StepLayout):
             else:
                 prefills.append(PagedPrefill(slice(row, row + count), context.to(device),
                                              torch.arange(table.length, device=device)[None]))
+            kept_rows.extend(range(row, row + count) if whole else [row + count - 1])
             row += count
-            last_rows.append(row - 1)
         layout = cls(torch.tensor([positions], device=device), real_queries=True,
-                     keep=torch.tensor(last_rows, device=device), slots=torch.cat(slots).to(device),
+                     keep=torch.tensor(kept_rows, device=device), slots=torch.cat(slots).to(device),
                      prefills=prefills)
         if decode_contexts and in_place:
             layout.decode_rows = torch.tensor(decode_rows, device=device)

@@ -16,6 +16,7 @@ or machine it cannot serve (fail closed); ``gather`` always gathers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -79,9 +80,25 @@ def _build() -> ModuleType:
     flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if capability in ("AVX2", "AVX512") else [])
     source = SOURCE.read_text()
     digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
-    quiet = os.environ.get("TFORMER_VERBOSE_BUILD") is None
-    return load_inline(f"tformer_paged_decode_{capability.lower()}_{digest}", cpp_sources=source,
-                       functions=["paged_decode"], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=not quiet)
+    with _ninja_on_path():
+        return load_inline(f"tformer_paged_decode_{capability.lower()}_{digest}", cpp_sources=source,
+                           functions=["paged_decode"], extra_cflags=flags, extra_ldflags=["-fopenmp"])
+
+
+@contextlib.contextmanager
+def _ninja_on_path():
+    """PyTorch runs ``ninja`` from PATH; the pip package's binary is there only in an activated environment."""
+    try:
+        import ninja
+    except ImportError:  # a ninja of the system's, or none (the build then says so)
+        yield
+        return
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + before
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
 
 
 def _first_line(error: BaseException) -> str:

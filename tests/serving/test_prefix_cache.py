@@ -187,6 +187,27 @@ def test_a_request_that_hit_the_cache_has_generates_logits(overrides):
         torch.testing.assert_close(served, logprobs, atol=2e-5, rtol=1e-5)
 
 
+def test_a_prompt_to_score_is_computed_whole_even_when_its_prefix_is_cached():
+    """Prompt log-probabilities need every prompt row's logits, so a scored prompt finds nothing in the cache."""
+    model = small_model()
+    engine = Engine(model, cache_tokens=512, block_size=4)
+    prompt = SYSTEM[:18]
+    engine.complete([prompt], GenerationConfig(max_new_tokens=2, eos_token_id=()))
+    events = []
+    engine.submit(prompt, GenerationConfig(max_new_tokens=0), n=2, prompt_logprobs=1, on_event=events.append)
+    engine.run_until_idle()
+    assert engine.stats.prefix_cache_hit_tokens == 0 and engine.stats.prompt_tokens_computed == 2 * 18
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)[:-1]  # (T - 1, V)
+    expected = expected.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    for event in events:  # each sequence's one event
+        torch.testing.assert_close(torch.tensor(event.prompt_logprobs.token_logprobs), expected, atol=1e-5, rtol=0)
+    assert len(events) == 2
+    engine.complete([prompt + [1]], GenerationConfig(max_new_tokens=2, eos_token_id=()))
+    assert engine.stats.prefix_cache_hit_tokens == 16  # a prompt not scored still finds it
+    pool_is_idle(engine)
+
+
 def test_a_small_pool_evicts_idle_prefixes_and_never_a_held_block():
     model = small_model(positional="rope")
     engine = Engine(model, cache_tokens=64, block_size=4)  # 16 blocks

@@ -97,6 +97,7 @@ class Finished:
     tokens: int
     prompt_tokens: int | None  # as the server counted them
     expected_prompt_tokens: int
+    text: str = ""  # what a stream sent (tformer serve's and transformers serve's requests)
 
     @property
     def per_token(self) -> float | None:
@@ -236,7 +237,7 @@ def payload(system: str, model: str, prompt: Prompt, new_tokens: int) -> dict:
 async def stream_request(client: httpx2.AsyncClient, url: str, body: dict, prompt_length: int) -> Finished:
     started = time.perf_counter()
     first = last = None
-    chunks, usage = 0, None
+    chunks, usage, text = 0, None, []
     async with client.stream("POST", url + "/v1/completions", json=body) as response:
         if response.status_code != 200:
             raise Failed(f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')[:200]}")
@@ -250,11 +251,13 @@ async def stream_request(client: httpx2.AsyncClient, url: str, body: dict, promp
                 last = time.perf_counter()
                 first = first or last
                 chunks += 1
+                text.append(chunk["choices"][0].get("text") or "")
             usage = chunk.get("usage") or usage
     if first is None:
         raise Failed("a stream ended without a token")
     tokens = usage["completion_tokens"] if usage else chunks
-    return Finished(first - started, last - first, tokens, usage and usage.get("prompt_tokens"), prompt_length)
+    return Finished(first - started, last - first, tokens, usage and usage.get("prompt_tokens"), prompt_length,
+                    "".join(text))
 
 
 def read_metrics(text: str) -> dict[str, float]:

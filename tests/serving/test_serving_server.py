@@ -259,6 +259,32 @@ def test_metrics_count_requests_tokens_and_cache_blocks(served):
     assert lines["tformer_cache_blocks_in_use"] == "0" and lines["tformer_cache_block_size"] == "8"
 
 
+def test_metrics_count_prompt_tokens_served_from_the_prefix_cache(served):
+    client = served.client()
+    prompt = "ROMEO: to be or not to be, that is the question."  # 48 characters: 6 full blocks of 8
+    options = dict(max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    client.completions.create(model="tiny", prompt=prompt, **options)
+    before = served.engine.stats.prefix_cache_hit_tokens
+    answer = client.completions.create(model="tiny", prompt=prompt + " JULIET", **options).choices[0].text
+    assert answer == generated(served.model, served.model.tokenizer.encode(prompt + " JULIET"), max_new_tokens=6)
+    stats = served.engine.stats
+    assert stats.prefix_cache_hit_tokens == before + 48
+    lines = served.metrics()
+    assert float(lines["tformer_prefix_cache_hit_tokens_total"]) == stats.prefix_cache_hit_tokens
+    rate = stats.prefix_cache_hit_tokens / stats.prompt_tokens
+    assert float(lines["tformer_prefix_cache_hit_rate"]) == pytest.approx(rate)
+    assert float(lines["tformer_prompt_tokens_computed_total"]) == stats.prompt_tokens_computed
+    assert float(lines["tformer_cache_blocks_cached"]) >= 6
+
+
+def test_serve_turns_prefix_caching_off_with_no_prefix_cache(checkpoint, monkeypatch):
+    engines = []
+    monkeypatch.setattr("tformer.serving.server.run", lambda server, **options: engines.append(server.engine))
+    assert main(["serve", str(checkpoint), "--port", "0"]) == 0
+    assert main(["serve", str(checkpoint), "--port", "0", "--no-prefix-cache"]) == 0
+    assert [engine.prefix_caching for engine in engines] == [True, False]
+
+
 def test_a_full_cache_makes_a_request_wait_then_refuses_it_with_429(checkpoint):
     server = ServerThread(checkpoint, cache_tokens=64, block_size=8, queue_timeout=1.0)
     try:

@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-running", type=int, default=64, help="sequences decoding at once (default: 64)")
     parser.add_argument("--max-step-tokens", type=int, default=4096,
                         help="prompt and decode tokens per step; longer prompts wait a step (default: 4096)")
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                        help="compute every prompt whole: no reuse of a prefix's cached blocks, and the n sequences "
+                             "of a request each prefill the prompt (default: prefix caching on)")
     parser.add_argument("--queue-timeout", type=float, default=60.0,
                         help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = Engine(model, tokenizer, cache_tokens=args.cache_tokens, block_size=args.block_size,
                         max_running=args.max_running, max_step_tokens=args.max_step_tokens,
-                        queue_timeout=args.queue_timeout)
+                        queue_timeout=args.queue_timeout, prefix_caching=args.prefix_cache)
     except GenerationError as error:
         raise UsageError(f"{args.checkpoint}: {error}") from None
     server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template,

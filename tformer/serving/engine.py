@@ -5,6 +5,11 @@ running sequence, and removes finished sequences at once, their cache blocks bac
 A step runs the model's own blocks (its ``step`` hook) over every running sequence's new tokens at
 once, their keys and values in a paged pool (``nn.attention.paged``), on the model's device.
 
+Prefix caching (on by default): a prompt whose first full blocks were computed before (a shared system
+prompt) starts from those blocks and prefills only the rest; a request's ``n`` sequences prefill the
+prompt once, the others share its full blocks and copy its part-filled last one, and each samples its
+first token from the same logits with its own generator.
+
 Requests are submitted and cancelled from any thread; ``step`` runs on one (the server's engine
 thread, or the caller's in ``Engine.complete``). Each request carries a ``GenerationConfig`` (the
 options of ``tformer.generate``), chosen from by the same ``TokenChooser`` and read as text by the same
@@ -35,7 +40,7 @@ from tformer.generation.sampling import TokenChooser
 from tformer.generation.session import cache_bytes_per_token, stack_session_problem
 from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model
 from tformer.memory import available_memory, format_bytes
-from tformer.nn.attention.paged import BlockPool, BlockTable, PagedCache, PagedLayout, blocks_for
+from tformer.nn.attention.paged import BlockPool, BlockTable, PagedCache, PagedLayout, blocks_for, prefix_keys
 from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
 from tformer.nn.block import LayerCache
 from tformer.nn.weights import decoding_step
@@ -117,7 +122,8 @@ class Request:
 
     def __init__(self, request_id: int, prompt_ids: list[int], config: GenerationConfig, n: int, chooser: TokenChooser,
                  end_ids: frozenset[int], on_event: Callable[[TokenEvent], None] | None, logprobs: int | None,
-                 blocks_needed: int, device: torch.device, tokenizer=None, prompt_logprobs: int | None = None) -> None:
+                 blocks_needed: int, device: torch.device, tokenizer=None, prompt_logprobs: int | None = None,
+                 block_keys: list[bytes] | None = None) -> None:
         self.id = request_id
         self.prompt_ids = prompt_ids
         self.config = config
@@ -127,6 +133,7 @@ class Request:
         self.logprobs = logprobs
         self.prompt_logprobs = prompt_logprobs  # k best alternatives for each prompt token; None: not scored
         self.blocks_needed = blocks_needed  # per sequence: prompt + longest answer
+        self.block_keys = block_keys  # the content keys of the prompt's full blocks; None: no prefix caching
         self.submitted = time.monotonic()
         self.first_token_at: float | None = None
         self.sequences = [
@@ -167,9 +174,16 @@ class EngineStats:
     requests_finished: int = 0
     requests_cancelled: int = 0
     requests_timed_out: int = 0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # of admitted requests, once per request
+    prompt_tokens_computed: int = 0  # prompt tokens the model ran, every sequence's
+    prefix_cache_hit_tokens: int = 0  # prompt tokens whose keys and values were found in the prefix cache
     generated_tokens: int = 0
     steps: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """The share of admitted prompt tokens served from the prefix cache (0 before any)."""
+        return self.prefix_cache_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class Engine:
@@ -180,17 +194,21 @@ class Engine:
     beyond it wait for the next step; a prompt longer than it runs alone); ``queue_timeout``:
     seconds a request may wait for room before it finishes with reason ``timeout`` (None: forever);
     ``paged_attention``: how decode steps read the pool, "auto", "in-place" or "gather"
-    (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why).
+    (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why);
+    ``prefix_caching``: prompts reuse the cached blocks of a prefix computed before, and a request's ``n``
+    sequences share its prompt's blocks (False: every sequence computes its whole prompt).
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
                  max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None,
-                 paged_attention: str = "auto") -> None:
+                 paged_attention: str = "auto", prefix_caching: bool = True) -> None:
         check_model(model)
         for name, value in (("cache_tokens", cache_tokens), ("block_size", block_size), ("max_running", max_running),
                             ("max_step_tokens", max_step_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name}={value!r} must be an integer >= 1")
+        if not isinstance(prefix_caching, bool):
+            raise GenerationError(f"prefix_caching={prefix_caching!r} must be True or False")
         reason = serving_problem(model)
         if reason is not None:
             raise GenerationError(f"the server cannot decode this model: {reason}")
@@ -218,6 +236,7 @@ class Engine:
         self.max_running = max_running
         self.max_step_tokens = max_step_tokens
         self.queue_timeout = queue_timeout
+        self.prefix_caching = prefix_caching
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -279,8 +298,16 @@ class Engine:
 
     @property
     def tokens_stored(self) -> int:
-        """Tokens whose keys and values the pool holds now."""
-        return sum(sequence.table.length for _, sequence in list(self._running) if sequence.table is not None)
+        """Tokens whose keys and values the running sequences' blocks hold now, a shared block once."""
+        size = self.pool.block_size
+        held: dict[int, int] = {}  # block -> tokens it holds
+        for _, sequence in list(self._running):
+            table = sequence.table
+            if table is not None:
+                length = table.length
+                for index, block in enumerate(list(table.blocks)):
+                    held[block] = max(0, min(size, length - index * size))
+        return sum(held.values())
 
     @property
     def running(self) -> int:
@@ -292,19 +319,21 @@ class Engine:
     def step(self) -> int:
         """One scheduling step: cancel, admit, run every sequence one token further. New tokens made."""
         self._apply_cancellations()
-        admitted = self._admit()
+        admitted, forking = self._admit()
         self._expire_waiting()
         if not self._running:
             return 0
-        tables, counts, input_ids, scored = [], [], [], []
-        for request, sequence in self._running:
+        tables, counts, input_ids, scored, rows = [], [], [], [], {}
+        for row, (request, sequence) in enumerate(self._running):
             prefill = id(sequence) in admitted
-            tokens = request.prompt_ids if prefill else [self._pending[id(sequence)]]
+            # a prompt runs from the end of the prefix its table starts with (blocks found in the cache)
+            tokens = request.prompt_ids[sequence.table.length:] if prefill else [self._pending[id(sequence)]]
             sequence.table.append_slots(len(tokens))
             tables.append(sequence.table)
             counts.append(len(tokens))
             input_ids.extend(tokens)
-            # One sequence of a request is enough to score its prompt: its n sequences prefill in this step.
+            rows[id(sequence)] = row
+            # One sequence of a request is enough to score its prompt (the first: it prefills).
             scored.append(prefill and request.prompt_logprobs is not None and sequence.index == 0)
         layout = PagedLayout.build(tables, counts, self.device, every_row=scored if any(scored) else None,
                                    in_place=self.in_place)
@@ -314,8 +343,10 @@ class Engine:
         self.stats.steps += 1
         if any(scored):
             logits = self._score_prompts(logits, counts, scored)
-        self._sample(logits)
-        return len(tables)
+        self._register_prompts(admitted)
+        self._fork(forking, rows)
+        self._sample(logits, rows)
+        return len(rows)
 
     def complete(self, prompts: Sequence[Sequence[int]], config: GenerationConfig | None = None,
                  n: int = 1) -> list[Request]:
@@ -357,30 +388,76 @@ class Engine:
         for request in expired:
             self._finish_unstarted(request, "timeout")
 
-    def _admit(self) -> set[int]:
+    def _admit(self) -> tuple[set[int], list[Request]]:
         """Move waiting requests (first come, first served) into the running batch while the pool
-        can promise their blocks, the batch has room and the step's token budget lasts."""
-        admitted: set[int] = set()  # id() of the sequences admitted now
+        can promise their blocks, the batch has room and the step's token budget lasts. Returns the
+        id() of the sequences admitted now (they prefill) and the requests whose first sequence alone
+        prefills, the others to be forked from it after the step (``_fork``)."""
+        admitted: set[int] = set()
+        forking: list[Request] = []
         budget = self.max_step_tokens - len(self._running)
+        size = self.pool.block_size
+        running = len(self._running)  # sequences in the batch once the ones admitted so far are forked
         with self._work:
             while self._waiting:
                 request = self._waiting[0]
-                n = len(request.sequences)
-                tokens = n * len(request.prompt_ids)
-                if len(self._running) + n > self.max_running:
+                n, length = len(request.sequences), len(request.prompt_ids)
+                if running + n > self.max_running:
                     break
+                # The cached prefix leaves at least the prompt's last token to compute (the step needs its
+                # logits); a prompt to score is computed whole (every row's logits).
+                found = [] if request.block_keys is None or request.prompt_logprobs is not None else \
+                    self.pool.lookup(request.block_keys[: (length - 1) // size])
+                shares = request.block_keys is not None and n > 1  # the others fork from the first sequence
+                tokens = length - len(found) * size + (0 if shares else (n - 1) * length)
                 if tokens > budget and (admitted or self._running):
                     break
-                if not self.pool.reserve(n * request.blocks_needed):
+                first_blocks = request.blocks_needed - len(found)
+                other_blocks = request.blocks_needed - (length // size if shares else 0)
+                if not self.pool.reserve(first_blocks + (n - 1) * other_blocks, shared=found):
                     break
                 self._waiting.popleft()
                 budget -= tokens
-                for sequence in request.sequences:
-                    sequence.table = BlockTable(self.pool, request.blocks_needed)
+                running += n
+                first, *others = request.sequences
+                first.table = BlockTable(self.pool, first_blocks, shared=found)
+                if shares:
+                    forking.append(request)
+                    others = []
+                for sequence in others:  # without prefix caching each computes the prompt (nothing found)
+                    sequence.table = BlockTable(self.pool, other_blocks)
+                for sequence in [first, *others]:
                     self._running.append((request, sequence))
                     admitted.add(id(sequence))
-                self.stats.prompt_tokens += len(request.prompt_ids)
-        return admitted
+                self.stats.prompt_tokens += length
+                self.stats.prompt_tokens_computed += tokens
+                self.stats.prefix_cache_hit_tokens += len(found) * size
+        return admitted, forking
+
+    def _register_prompts(self, admitted: set[int]) -> None:
+        """Name the full prompt blocks the step just computed, so later prompts with the same prefix find them."""
+        for request, sequence in self._running:
+            if id(sequence) in admitted and request.block_keys is not None:
+                full = len(request.block_keys)  # the table's blocks past them hold the prompt's part-filled end
+                for block, key in zip(sequence.table.blocks[:full], request.block_keys, strict=True):
+                    self.pool.register(block, key)
+
+    def _fork(self, forking: list[Request], rows: dict[int, int]) -> None:
+        """The other sequences of each request in ``forking`` join the batch after its first, which the step
+        just prefilled: its full blocks shared, its last block copied, its logits row theirs too."""
+        if not forking:
+            return
+        forked = {request.id for request in forking}
+        running = []
+        for request, sequence in self._running:
+            running.append((request, sequence))
+            if request.id in forked and sequence.index == 0:
+                reservation = request.blocks_needed - len(request.prompt_ids) // self.pool.block_size
+                for sibling in request.sequences[1:]:
+                    sibling.table = sequence.table.fork(reservation)
+                    running.append((request, sibling))
+                    rows[id(sibling)] = rows[id(sequence)]
+        self._running = running
 
     def _score_prompts(self, logits: Tensor, counts: list[int], scored: list[bool]) -> Tensor:
         """Score the prompts of the ``scored`` sequences from their rows of ``logits`` (K, V) (every prompt row;
@@ -403,27 +480,29 @@ class Engine:
             last_rows.append(start - 1)
         return logits.index_select(0, torch.tensor(last_rows, device=logits.device))
 
-    def _sample(self, logits: Tensor) -> None:
-        """Choose each running sequence's next token from its row of ``logits`` (S, V) and hand it out: one
-        argmax over the rows whose choice is the plain argmax, the chooser row by row for the others. A
-        sequence that only scores its prompt (``max_new_tokens`` 0) finishes without a token."""
+    def _sample(self, logits: Tensor, rows: dict[int, int]) -> None:
+        """Choose each running sequence's next token from its row of ``logits`` (S, V) (``rows``: id() of a
+        sequence -> its row) and hand it out: one argmax over the sequences whose choice is the plain argmax,
+        the chooser one by one for the others. A sequence that only scores its prompt (``max_new_tokens`` 0)
+        finishes without a token."""
         running = list(self._running)
-        scoring_only = {row for row, (request, _) in enumerate(running) if request.config.max_new_tokens == 0}
-        plain = [row for row, (request, sequence) in enumerate(running)
-                 if row not in scoring_only and not request.chooser.alters(len(sequence.output_ids))]
+        scoring_only = {index for index, (request, _) in enumerate(running) if request.config.max_new_tokens == 0}
+        plain = [index for index, (request, sequence) in enumerate(running)
+                 if index not in scoring_only and not request.chooser.alters(len(sequence.output_ids))]
         tokens: dict[int, int] = {}
         if plain:
-            rows = torch.tensor(plain, device=logits.device)
-            tokens = dict(zip(plain, logits.index_select(0, rows).argmax(-1).tolist(), strict=True))
-        for row, (request, sequence) in enumerate(running):
-            if row in scoring_only:
+            plain_rows = torch.tensor([rows[id(running[index][1])] for index in plain], device=logits.device)
+            tokens = dict(zip(plain, logits.index_select(0, plain_rows).argmax(-1).tolist(), strict=True))
+        for index, (request, sequence) in enumerate(running):
+            if index in scoring_only:
                 self._finish(request, sequence, "length")
                 continue
-            if row not in tokens:
+            row = rows[id(sequence)]
+            if index not in tokens:
                 chooser = request.chooser
                 scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids))
-                tokens[row] = int(chooser.choose(scores, sequence.generator))
-            self._accept(request, sequence, tokens[row], logits[row] if request.logprobs is not None else None)
+                tokens[index] = int(chooser.choose(scores, sequence.generator))
+            self._accept(request, sequence, tokens[index], logits[row] if request.logprobs is not None else None)
 
     def _accept(self, request: Request, sequence: _Sequence, token: int, logits: Tensor | None) -> None:
         """Record ``token`` for ``sequence``: its text, its end (end id, stop string, length), its event."""
@@ -514,14 +593,19 @@ class Engine:
         if limit is not None and length > limit:
             raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({config.max_new_tokens}) "
                                   f"exceeds the model's context of {limit} positions")
-        blocks = blocks_for(length, self.pool.block_size)
-        if n * blocks > self.pool.num_blocks:
+        size = self.pool.block_size
+        blocks = blocks_for(length, size)
+        # the most admission can reserve for it (nothing cached): siblings share the prompt's full blocks
+        shared = len(prompt_ids) // size if self.prefix_caching else 0
+        needed = blocks + (n - 1) * (blocks - shared)
+        if needed > self.pool.num_blocks:
             raise GenerationError(
-                f"{n} x ({len(prompt_ids)} prompt + {config.max_new_tokens} new) tokens need {n * blocks} cache "
-                f"blocks; the pool holds {self.pool.num_blocks} of {self.pool.block_size} tokens (raise cache_tokens)")
+                f"{n} x ({len(prompt_ids)} prompt + {config.max_new_tokens} new) tokens need {needed} cache "
+                f"blocks; the pool holds {self.pool.num_blocks} of {size} tokens (raise cache_tokens)")
         chooser = TokenChooser.from_config(config, model.config, self.device)
+        keys = prefix_keys(prompt_ids, size) if self.prefix_caching else None
         return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),
-                       on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs)
+                       on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs, keys)
 
 
 def serving_problem(model: nn.Module) -> str | None:

@@ -677,7 +677,13 @@ class OpenAIServer:
                 ('{outcome="cancelled"}', stats.requests_cancelled), ('{outcome="timeout"}', stats.requests_timed_out)])
         metric("http_responses_total", "counter", "HTTP responses by status code.",
                [(f'{{code="{code}"}}', count) for code, count in sorted(self.responses.items())])
-        metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", stats.prompt_tokens)])
+        metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", [("", stats.prompt_tokens)])
+        metric("prompt_tokens_computed_total", "counter", "Prompt tokens the model ran (every sequence's).",
+               [("", stats.prompt_tokens_computed)])
+        metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+               [("", stats.prefix_cache_hit_tokens)])
+        metric("prefix_cache_hit_rate", "gauge", "Prompt tokens served from the prefix cache / prompt tokens.",
+               [("", stats.prefix_cache_hit_rate)])
         metric("generated_tokens_total", "counter", "Tokens generated.", [("", stats.generated_tokens)])
         metric("engine_steps_total", "counter", "Engine steps (one forward each).", [("", stats.steps)])
         metric("queue_length", "gauge", "Requests waiting for room.", [("", engine.queue_length)])
@@ -685,6 +691,8 @@ class OpenAIServer:
         metric("cache_blocks_in_use", "gauge", "Key/value cache blocks allocated.", [("", pool.blocks_in_use)])
         metric("cache_blocks_total", "gauge", "Key/value cache blocks in the pool.", [("", pool.num_blocks)])
         metric("cache_block_size", "gauge", "Tokens per cache block.", [("", pool.block_size)])
+        metric("cache_blocks_cached", "gauge", "Blocks no sequence holds, kept for the prefix cache until evicted.",
+               [("", pool.cached_blocks)])
         metric("cache_tokens_stored", "gauge", "Tokens whose keys and values the cache holds.",
                [("", engine.tokens_stored)])
         return "\n".join(lines) + "\n"

@@ -314,3 +314,44 @@ def test_a_loaded_counter_is_the_one_counted_on(loader):
 def test_bad_input_is_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# ---- the compiled decoding step ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (6, 2)])
+def test_the_compiled_step_equals_the_tensor_operations(dtype, heads, kv_heads):
+    """``decode_one`` on the CPU (one pass over the sums in C++) computes what ``decode_one_tensors`` does,
+    step after step, through steps whose key raises the running max; both equal full causal attention."""
+    from tformer.nn.performer import (
+        compiled_kernels,
+        decode_one,
+        decode_one_tensors,
+        decode_unchecked,
+        decoding_weights,
+    )
+
+    if compiled_kernels() is None:
+        pytest.skip("the compiled kernels cannot be built here (decode_one is then decode_one_tensors)")
+    q, k, v = inputs(5, heads=heads, kv_heads=kv_heads, q_len=12, k_len=12, dtype=dtype)
+    k[:, :, 7] *= 6  # a key whose logits raise the running max mid-way
+    weights = projection(40, dtype=dtype)
+    scale = DH ** -0.5
+    step_weights = decoding_weights(weights, dtype, scale)
+    _, compiled = decode_unchecked(q[:, :, :4], k[:, :, :4], v[:, :, :4], weights, None)
+    _, tensors = decode_unchecked(q[:, :, :4], k[:, :, :4], v[:, :, :4], weights, None)
+    steps = []
+    for t in range(4, 12):
+        position = slice(t, t + 1)
+        out, compiled = decode_one(q[:, :, position], k[:, :, position], v[:, :, position], step_weights, compiled,
+                                   scale)
+        expected, tensors = decode_one_tensors(q[:, :, position], k[:, :, position], v[:, :, position], step_weights,
+                                               tensors, scale)
+        tolerance = 1e-12 if dtype == torch.float64 else 2e-6
+        torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(compiled.sums, tensors.sums, rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(compiled.level, tensors.level, rtol=tolerance, atol=tolerance)
+        steps.append(out)
+    full = performer_attention(q, k, v, weights, causal=True)
+    torch.testing.assert_close(torch.cat(steps, dim=2), full[:, :, 4:], rtol=1e-5, atol=1e-5)

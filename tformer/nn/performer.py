@@ -159,8 +159,8 @@ def decode_unchecked(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, state:
 
 
 def decoding_weights(projection: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
-    """The projection as ``decode_one`` multiplies by it: (Dh, M), times scale**0.5 (q' = q * scale**0.5)."""
-    return projection.to(dtype).t() * scale ** 0.5
+    """The projection as ``decode_one`` multiplies by it: (Dh, M) contiguous, times scale**0.5 (q' = q * scale**0.5)."""
+    return (projection.to(dtype).t() * scale ** 0.5).contiguous()
 
 
 def _without_autocast(device: torch.device):
@@ -262,6 +262,20 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
 
 def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: PerformerState,
                scale: float) -> tuple[Tensor, PerformerState]:
+    """One new real position after ``carried`` (see ``decode_one_tensors``), with ``weights`` from
+    ``decoding_weights``: on the CPU, the compiled one-pass step (``nn/attention/performer_decode.cpp``),
+    which reads and writes the sums once; elsewhere, or where it cannot be built, the tensor operations."""
+    kernels = compiled_kernels() if q.device.type == "cpu" and weights.dtype in (torch.float32, torch.float64) else None
+    if kernels is None:
+        return decode_one_tensors(q, k, v, weights, carried, scale)
+    dtype = weights.dtype
+    out, level = kernels.performer_decode(q.to(dtype), k.to(dtype), v.to(dtype), weights, carried.sums,
+                                          carried.level.contiguous(), scale)
+    return out.to(q.dtype), PerformerState(carried.sums, level, level)
+
+
+def decode_one_tensors(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: PerformerState,
+               scale: float) -> tuple[Tensor, PerformerState]:
     """One new real position after ``carried``, with ``weights`` from ``decoding_weights`` for ``scale`` (the
     score scale, 1 / sqrt(Dh) by default): ``_causal``'s arithmetic for a chunk of one (whose decay is 1), as
     batched products over the (batch, key/value head) pairs, the carried sums updated in place (the cache
@@ -292,6 +306,16 @@ def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: Perfor
     out = _normalised(torch.bmm(q_features, sums))  # (rows, G, Dv)
     new_level = raw.view(batch, kv_heads)
     return out.view(batch, heads, 1, width).to(out_dtype), PerformerState(carried.sums, new_level, new_level)
+
+
+def compiled_kernels():
+    """The compiled CPU kernels, or None where they cannot be built (the reason: ``compiled.load``)."""
+    from tformer.nn.attention.compiled import CompiledKernelError, load
+
+    try:
+        return load()
+    except CompiledKernelError:
+        return None
 
 
 def _finite_or_zero(stabiliser: Tensor) -> Tensor:

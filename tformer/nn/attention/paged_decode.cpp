@@ -8,6 +8,8 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include "kernel_math.h"
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -40,9 +42,11 @@ void decode_rows(const scalar_t* queries, const scalar_t* keys, const scalar_t* 
           largest = scores[j] > largest ? scores[j] : largest;
         }
         acc_t normaliser = 0;
+        acc_t* weights = scores.data();
+#pragma omp simd reduction(+ : normaliser)
         for (int64_t j = 0; j < length; ++j) {
-          scores[j] = std::exp(scores[j] - largest);
-          normaliser += scores[j];
+          weights[j] = tformer::vector_exp(weights[j] - largest);
+          normaliser += weights[j];
         }
         std::fill(total.begin(), total.end(), acc_t(0));
         for (int64_t j = 0; j < length; ++j) {

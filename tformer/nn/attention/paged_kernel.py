@@ -5,9 +5,8 @@ every context into one padded batch for the model's kernel (``paged.py``) at eve
 It computes plain softmax attention at the default scale over all of a sequence's keys, which is what
 a kernel declaring ``reads_pages`` computes for one query at the end of its context: so it serves a
 model whose every attention kernel declares it and whose positions add no bias to the scores; other
-models decode by the gather. It is compiled once per machine with ``torch.utils.cpp_extension`` (a C++
-compiler and ninja; cached by PyTorch under ``TORCH_EXTENSIONS_DIR``, by default
-~/.cache/torch_extensions), for the CPU; on another device the step gathers.
+models decode by the gather. It is one of the compiled CPU kernels (``compiled.py``: built once per
+machine); on another device, or where they cannot be built, the step gathers.
 
 Modes (``Engine(paged_attention=...)``, ``tformer serve --paged-attention``): ``auto`` reads in place
 where the model and the machine allow it and gathers elsewhere, saying which; ``in-place`` refuses a model
@@ -16,23 +15,14 @@ or machine it cannot serve (fail closed); ``gather`` always gathers.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import threading
-from pathlib import Path
-from types import ModuleType
-
 import torch
 from torch import Tensor, nn
 
 from tformer.errors import TformerError
+from tformer.nn.attention.compiled import CompiledKernelError, load
 
 MODES = ("auto", "in-place", "gather")
-SOURCE = Path(__file__).with_name("paged_decode.cpp")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_BUILT: dict[str, ModuleType | str] = {}  # "module" -> the loaded extension, or "error" -> why it failed
-_BUILDING = threading.Lock()
 
 
 class PagedKernelError(TformerError):
@@ -57,55 +47,6 @@ def model_problem(model: nn.Module) -> str | None:
     return None
 
 
-def load() -> ModuleType:
-    """The compiled kernel, built on first call (once per machine and source); a PagedKernelError saying why
-    when it cannot be built."""
-    with _BUILDING:
-        if "module" in _BUILT:
-            return _BUILT["module"]
-        if "error" in _BUILT:
-            raise PagedKernelError(_BUILT["error"])
-        try:
-            _BUILT["module"] = _build()
-        except Exception as error:  # no compiler or ninja, a failed compile: the reason, once
-            _BUILT["error"] = f"the in-place paged attention kernel could not be built: {_first_line(error)}"
-            raise PagedKernelError(_BUILT["error"]) from None
-        return _BUILT["module"]
-
-
-def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load_inline
-
-    capability = torch.backends.cpu.get_cpu_capability()  # the vector unit's flags are part of the name
-    flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if capability in ("AVX2", "AVX512") else [])
-    source = SOURCE.read_text()
-    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
-    with _ninja_on_path():
-        return load_inline(f"tformer_paged_decode_{capability.lower()}_{digest}", cpp_sources=source,
-                           functions=["paged_decode"], extra_cflags=flags, extra_ldflags=["-fopenmp"])
-
-
-@contextlib.contextmanager
-def _ninja_on_path():
-    """PyTorch runs ``ninja`` from PATH; the pip package's binary is there only in an activated environment."""
-    try:
-        import ninja
-    except ImportError:  # a ninja of the system's, or none (the build then says so)
-        yield
-        return
-    before = os.environ.get("PATH", "")
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + before
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = before
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
 def resolve(mode: str, model: nn.Module) -> tuple[bool, str]:
     """Whether the engine reads the pool in place for ``mode``, and a line saying what it does and why."""
     if mode not in MODES:
@@ -116,7 +57,7 @@ def resolve(mode: str, model: nn.Module) -> tuple[bool, str]:
     if problem is None:
         try:
             load()
-        except PagedKernelError as error:
+        except CompiledKernelError as error:
             problem = str(error)
     if problem is None:
         return True, "paged attention: in place"

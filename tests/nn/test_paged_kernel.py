@@ -2,6 +2,8 @@
 are, equal to PyTorch's own attention over the same keys gathered; which models it serves, and the
 engine decoding the same tokens with it as with the gather."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -116,3 +118,37 @@ def test_a_model_it_cannot_serve_gathers_or_is_refused(overrides, named):
 def test_an_unknown_mode_is_refused():
     with pytest.raises(GenerationError, match="paged_attention='fast' must be one of auto, in-place, gather"):
         Engine(small_model(), cache_tokens=256, paged_attention="fast")
+
+
+def test_without_the_compiled_kernels_the_engine_gathers_and_performer_uses_tensor_operations():
+    """TFORMER_COMPILED_KERNELS=0 (as on a machine without a C++ compiler): "auto" gathers and says why,
+    "in-place" is refused, and decoding still equals generate."""
+    import subprocess
+    import sys
+
+    script = """
+import torch, tformer
+from tformer.serving import Engine
+from tformer.generation import GenerationConfig, GenerationError
+from tformer.nn.performer import compiled_kernels
+torch.manual_seed(0)
+model = tformer.build_model("gpt-nano", vocab_size=53, max_seq_len=64, d_model=48, num_layers=2, num_heads=6).eval()
+engine = Engine(model, cache_tokens=256)
+print(engine.paged_attention_note)
+try:
+    Engine(model, cache_tokens=256, paged_attention="in-place")
+except GenerationError as error:
+    print(error)
+config = GenerationConfig(max_new_tokens=8, eos_token_id=())
+[request] = engine.complete([[1, 2, 3]], config)
+alone = tformer.generate(model, torch.tensor([[1, 2, 3]]), generation_config=config)[0, 3:].tolist()
+print(request.outputs()[0] == alone)
+print(compiled_kernels() is None)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TFORMER_COMPILED_KERNELS": "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "paged attention: gather (the compiled kernels are off (TFORMER_COMPILED_KERNELS=0))",
+        "paged_attention='in-place' cannot serve this model: the compiled kernels are off (TFORMER_COMPILED_KERNELS=0)",
+        "True", "True"]

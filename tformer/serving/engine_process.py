@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import itertools
 import multiprocessing
 import queue
@@ -44,6 +45,9 @@ from tformer.serving.engine_client import (
 
 BLOCKED_WAIT_SECONDS = 0.01  # requests wait for room with nothing running: how often the engine looks again
 CLOSE_SECONDS = 5.0  # after its pipe is closed, time the engine process gets to exit before it is killed
+
+
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the HTTP process's to handle; the engine process ignores them
 
 
 # ---- the messages ------------------------------------------------------------------------------------
@@ -109,8 +113,8 @@ class EngineStartError(TformerError):
 def run_engine_process(connection: Connection, build: Callable[[], Engine]) -> None:
     """The engine process's body: build the engine, say so (or why not), serve commands until ``Close`` or
     the end of the pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the HTTP process owns shutdown
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in SHUTDOWN_SIGNALS:  # the HTTP process owns shutdown
+        signal.signal(sig, signal.SIG_IGN)
     try:
         try:
             engine = build()
@@ -222,7 +226,8 @@ class ProcessEngineClient(EngineClient):
         self._connection, child_end = context.Pipe()
         self._fd = self._connection.fileno()
         self.process = context.Process(target=run_engine_process, args=(child_end, build), name="tformer-engine")
-        self.process.start()
+        with _shutdown_signals_ignored():  # inherited: a Ctrl-C while the engine process starts is this one's
+            self.process.start()
         child_end.close()  # the engine's end lives in the engine process only: its exit ends the pipe here
         atexit.register(self.close)  # runs before multiprocessing's exit hook, which would wait for the process
         try:
@@ -337,3 +342,18 @@ class ProcessEngineClient(EngineClient):
                 self._connection.send(command)
             except OSError:  # the engine process is gone: the reader sees the pipe's end
                 return
+
+
+@contextlib.contextmanager
+def _shutdown_signals_ignored():
+    """SIGINT and SIGTERM ignored while inside (on the main thread, the only one that may set handlers): a
+    process started meanwhile ignores them from its first instruction, before it could set that itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SHUTDOWN_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

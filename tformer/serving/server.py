@@ -105,6 +105,8 @@ class Submission:
         self.prompt_tokens = sum(len(prompt) for prompt in prompts)
         refusal = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
         if refusal is None:
+            if self.client_gone:  # it left while the engine answered: the watch had no ids to cancel yet
+                self.cancel()
             return
         self.close()
         if isinstance(refusal, EngineFailure):

@@ -50,7 +50,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-request-tokens", type=int,
                         help="prompt and answer tokens of all of one request's sequences, n x (prompt + max_tokens) "
                              "summed over its prompts (default: --cache-tokens)")
-    parser.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's)")
+    parser.add_argument("--threads", type=int,
+                        help="CPU threads for the model (default: PyTorch's; one fewer with --engine process, leaving "
+                             "the HTTP process a core)")
     parser.add_argument("--engine", choices=("process", "thread"), default="process",
                         help="where the engine runs: a process of its own, beside the HTTP process (default), or "
                              "a thread of the HTTP process, sharing its interpreter lock")
@@ -108,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.chat_template or args.checkpoint}: {error}") from None
     options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
                "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout}
-    build = partial(build_engine, args.checkpoint, device, quantize, args.threads, options)
+    threads = args.threads
+    if threads is None and args.engine == "process":  # the engine's threads would fight the HTTP process for cores
+        threads = max(1, torch.get_num_threads() - 1)
+    build = partial(build_engine, args.checkpoint, device, quantize, threads, options)
     if args.engine == "thread":
         engine = ThreadEngineClient(build())
     else:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from slowed_engine import slowed, slowed_engine
+from engine_hooks import hooked_engine, slowed
 
 import tformer
 from tformer.cli import main
@@ -59,7 +59,8 @@ class ServerThread:
     """An OpenAIServer under uvicorn on a free port, in this process; its engine in a process of its own
     (``engine="process"``) or on a thread (``"thread"``: ``self.engine`` is the Engine, inspectable)."""
 
-    def __init__(self, checkpoint, engine="thread", api_key=None, chat=True, step_seconds=None, **engine_options):
+    def __init__(self, checkpoint, engine="thread", api_key=None, chat=True, step_seconds=None, failing_prompt=None,
+                 **engine_options):
         self.model = tformer.load(checkpoint)  # the reference the answers are compared with
         if engine == "thread":
             self.engine = Engine(self.model, self.model.tokenizer, **engine_options)
@@ -67,7 +68,8 @@ class ServerThread:
                 self.engine.step = slowed(self.engine.step, step_seconds)
             self.engine_client = ThreadEngineClient(self.engine)
         else:  # as tformer serve starts it: the engine process builds its engine, this one reads the tokenizer
-            build = functools.partial(slowed_engine, step_seconds, str(checkpoint), "cpu", None, 1, engine_options)
+            build = functools.partial(hooked_engine, step_seconds, failing_prompt, str(checkpoint), "cpu", None, 1,
+                                      engine_options)
             self.engine_client = ProcessEngineClient(build, load_tokenizer(checkpoint))
         template = ChatTemplate.from_folder(checkpoint) if chat else None
         self.server = OpenAIServer(self.engine_client, "tiny", api_key=api_key, chat_template=template)
@@ -708,10 +710,13 @@ def test_the_engine_process_ends_when_the_server_is_killed(checkpoint):
         process.kill()
 
 
-def test_a_dead_engine_process_is_a_500_and_health_says_so(checkpoint):
-    server = ServerThread(checkpoint, "process", chat=False, step_seconds=0.02)
+def test_a_bug_or_a_dead_engine_process_is_a_500_and_health_says_so(checkpoint):
+    server = ServerThread(checkpoint, "process", chat=False, step_seconds=0.02, failing_prompt=[1, 2, 3])
     try:
         client = server.client()
+        assert client.completions.create(model="tiny", prompt="to", max_tokens=2).usage.completion_tokens == 2
+        status, body = server.post("/v1/completions", b'{"model": "tiny", "prompt": [1, 2, 3]}')
+        assert status == 500 and body["error"]["message"] == "internal error: KeyError"  # as in this process
         assert client.completions.create(model="tiny", prompt="to", max_tokens=2).usage.completion_tokens == 2
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(client.completions.create, model="tiny", prompt="to", max_tokens=400,

@@ -70,6 +70,11 @@ class EngineFailure(Exception):
     """The engine stopped (its model failed, or its process ended): the message says why."""
 
 
+class EngineBug(Exception):
+    """A submit failed in the engine process on a bug (its traceback is in that process's log); the message is
+    the exception's type, as the server's 500 names it."""
+
+
 @dataclass
 class _Route:
     sink: EventSink

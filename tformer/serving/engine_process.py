@@ -34,6 +34,7 @@ from tformer.errors import TformerError
 from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.serving.engine import Engine, TokenEvent
 from tformer.serving.engine_client import (
+    EngineBug,
     EngineClient,
     EngineFacts,
     EngineFailure,
@@ -93,13 +94,20 @@ class StartFailed:
     message: str
 
 
+@dataclass(frozen=True)
+class SubmitFailed:
+    """A submit that raised something other than the engine's refusal: a bug, named by its type."""
+
+    error_type: str
+
+
 @dataclass
 class Update:
     """What changed since the last update: one step's events, the submits answered, the counters after."""
 
     snapshot: EngineSnapshot
     events: StepEvents = field(default_factory=list)
-    answers: dict[int, int | str] = field(default_factory=dict)  # ticket -> the request's id, or why refused
+    answers: dict[int, int | str | SubmitFailed] = field(default_factory=dict)  # ticket -> request id, or why not
     error: str | None = None  # the model failed: the engine process ends after this update
 
 
@@ -183,6 +191,9 @@ class _EngineHost:
                                          on_event=self.collect)
         except GenerationError as error:
             self.update.answers[command.ticket] = str(error)
+        except Exception as error:  # a bug: its traceback here, a 500 for this request, the engine goes on
+            traceback.print_exc(file=sys.stderr)
+            self.update.answers[command.ticket] = SubmitFailed(type(error).__name__)
         else:
             self.update.answers[command.ticket] = request.id
 
@@ -309,9 +320,10 @@ class ProcessEngineClient(EngineClient):
     def _apply(self, update: Update) -> None:
         for ticket, answer in update.answers.items():
             future, sink, n = self._pending.pop(ticket)
-            if isinstance(answer, str):
+            if isinstance(answer, str | SubmitFailed):
                 if not future.cancelled():
-                    future.set_exception(GenerationError(answer))
+                    future.set_exception(GenerationError(answer) if isinstance(answer, str)
+                                         else EngineBug(answer.error_type))
             elif future.cancelled():  # its submitter is gone: nobody reads its events
                 self._commands.put(Cancel(answer))
             else:

@@ -38,7 +38,7 @@ from starlette.routing import Route
 from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.serving.chat import ChatTemplate, ChatTemplateError
 from tformer.serving.engine import TokenEvent
-from tformer.serving.engine_client import EngineClient, EngineFailure
+from tformer.serving.engine_client import EngineBug, EngineClient, EngineFailure
 from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 from tformer.serving.openai_api import (
     APIError,
@@ -111,6 +111,8 @@ class Submission:
         self.close()
         if isinstance(refusal, EngineFailure):
             raise APIError(500, f"the model failed: {refusal}") from None
+        if isinstance(refusal, EngineBug):  # its traceback is in the engine process's log
+            raise APIError(500, f"internal error: {refusal}") from None
         if not isinstance(refusal, GenerationError):
             raise refusal
         if not engine.admitting:

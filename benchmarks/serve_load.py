@@ -24,7 +24,8 @@ server, no paging, no mixed lengths): what tformer's decoder arithmetic gives a 
 machine, above what a server at 16 clients can reach with it.
 Cache: /metrics is read every --sample-every s during tformer serve's runs; blocks_in_use x
 block_size / tokens_stored over the samples taken while all N clients had a request in flight (target
-at 64 clients: <= 1.2). CPU cores used: the server process's CPU time (every thread, read from /proc)
+at 64 clients: <= 1.2). CPU cores used: the server process's CPU time (every thread, and its child
+processes': tformer serve's engine process, shown apart; read from /proc)
 and this process's (the clients) over the run's wall time; the machine's cores bound their sum.
 
 Prompts: ``transformers serve`` takes only text (a list of token ids is a 400) and tokenizes it
@@ -187,13 +188,17 @@ class Server:
             lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
             raise Failed(f"exited with code {self.process.returncode}: {lines[-1] if lines else ''} (see {self.log})")
 
-    def cpu_seconds(self) -> float | None:
-        """CPU time the server process has used (all its threads), from /proc; None where there is none."""
-        try:
-            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (AttributeError, OSError):
+    def cpu_seconds(self) -> tuple[float, float] | None:
+        """CPU time the server process has used (all its threads) and the part of it its child processes used
+        (tformer serve's engine process), from /proc; None where there is none."""
+        if self.process is None:
             return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        try:
+            own = _cpu_seconds(self.process.pid)
+            children = sum(_cpu_seconds(pid) for pid in _descendants(self.process.pid))
+        except OSError:
+            return None
+        return own + children, children
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -206,6 +211,19 @@ class Server:
             self.process.wait()
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            found += [child, *_descendants(child)]
+    return found
+
+
 def server_for(system: str, folder: Path, name: str, port: int, args, cache_tokens: int) -> Server:
     log = args.work / f"{name}-{system}.log"
     if system == "tformer":
@@ -213,6 +231,7 @@ def server_for(system: str, folder: Path, name: str, port: int, args, cache_toke
                    "--model-name", name, "--max-running", str(max(args.clients)), "--cache-tokens", str(cache_tokens),
                    "--block-size", str(BLOCK_SIZE)]
         command += ["--threads", str(args.threads)] if args.threads else []
+        command += ["--engine", args.engine] if args.engine else []
         return Server(command + (["--quantize", args.quantize] if args.quantize else []), port, log)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if args.threads:
@@ -311,7 +330,9 @@ async def run_load(server: Server, bodies: list[tuple[dict, int]], clients: int,
             if sampling is not None:
                 sampling.cancel()
         wall, server_used = time.perf_counter() - started, server.cpu_seconds()
-        cores = {"server_cores": (server_used - server_cpu) / wall if None not in (server_used, server_cpu) else None,
+        measured = None not in (server_used, server_cpu)
+        cores = {"server_cores": (server_used[0] - server_cpu[0]) / wall if measured else None,
+                 "server_child_cores": (server_used[1] - server_cpu[1]) / wall if measured else None,
                  "client_cores": (time.process_time() - client_cpu) / wall}
         return {"results": results, "wall": wall, "samples": samples, **cores}
 
@@ -415,7 +436,8 @@ def summary(run: dict, new_tokens: int) -> dict:
             "per_token_p50": percentile(per_token, 0.5), "per_token_p99": percentile(per_token, 0.99),
             "cache_ratio_worst": max(ratios, default=None), "cache_ratio_median": percentile(ratios, 0.5),
             "cache_samples": len(ratios), "metrics_error": metrics_errors[0] if metrics_errors else None,
-            "server_cores": run.get("server_cores"), "client_cores": run.get("client_cores")}
+            "server_cores": run.get("server_cores"), "server_child_cores": run.get("server_child_cores"),
+            "client_cores": run.get("client_cores")}
 
 
 def print_table(name: str, rows: list[dict], new_tokens: int) -> None:
@@ -435,10 +457,16 @@ def print_table(name: str, rows: list[dict], new_tokens: int) -> None:
                  if row["prompt_token_mismatches"] else "",
                  f"cache held/stored {row['cache_ratio_median']:.3f} median, {row['cache_ratio_worst']:.3f} worst of "
                  f"{row['cache_samples']} samples" if row["cache_samples"] else "", row["metrics_error"] or "",
-                 f"CPU cores used: server {row['server_cores']:.2f}, clients {row['client_cores']:.2f}"
-                 if row.get("server_cores") is not None else ""]
+                 f"CPU cores used: server {row['server_cores']:.2f}{_child_part(row)}, "
+                 f"clients {row['client_cores']:.2f}" if row.get("server_cores") is not None else ""]
         print(f"{head} {row['requests']:>8} {row['tokens_per_s']:>8.1f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>13} {ms[3]:>7}  "
               + "; ".join(note for note in notes if note))
+
+
+def _child_part(row: dict) -> str:
+    """The server's child processes' share of its cores (tformer serve's engine process), when it has any."""
+    child = row.get("server_child_cores")
+    return f" (engine process {child:.2f})" if child else ""
 
 
 def targets(rows: list[dict], clients: list[int]) -> dict:
@@ -535,6 +563,7 @@ def main() -> None:
                         "one; a given one keeps them and reuses the checkpoints)")
     parser.add_argument("--gpt2-tokenizer", type=Path, default=GPT2_TOKENIZER)
     parser.add_argument("--quantize", choices=("int8", "w8a8", "int4"), help="tformer serve --quantize (its rows only)")
+    parser.add_argument("--engine", choices=("process", "thread"), help="tformer serve --engine (default: its own)")
     parser.add_argument("--start-timeout", type=float, default=300)
     parser.add_argument("--sample-every", type=float, default=0.5, help="seconds between /metrics reads")
     parser.add_argument("--out", type=Path, help="write every figure here as JSON")

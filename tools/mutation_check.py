@@ -128,8 +128,8 @@ MUTATIONS = (
     ),
     Mutation(
         "server-mixes-up-choices", "tformer/serving/server.py",
-        "        return self.prompt_index[event.request.id] * len(event.request.sequences) + event.index\n",
-        "        return self.prompt_index[event.request.id] * len(event.request.sequences)\n",
+        "            yield prompt_index * self.n + event.index, event\n",
+        "            yield prompt_index * self.n, event\n",
         ("tests/serving/test_serving_server.py::test_stop_strings_n_and_seeded_sampling",),
         "the n sequences of one request are merged into one choice",
     ),

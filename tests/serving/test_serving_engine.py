@@ -242,7 +242,7 @@ def test_a_cancelled_request_frees_its_blocks_and_the_others_go_on():
     for _ in range(5):
         engine.step()
     held = engine.pool.blocks_in_use
-    engine.cancel(requests[1])
+    engine.cancel(requests[1].id)
     engine.step()
     assert engine.pool.blocks_in_use < held and requests[1].done.is_set()
     engine.run_until_idle()

@@ -1,8 +1,10 @@
 """``tformer serve`` through the real ``openai`` client: completions and chat (whole and streamed)
 equal to ``tformer.generate``, stop strings, ``n``, logprobs, errors as the client's exception
-types, concurrent requests, a client that disconnects, a full cache, SIGTERM and the API key."""
+types, concurrent requests, a client that disconnects, a full cache, SIGTERM and the API key; with the
+engine in a process of its own (the default) and on a thread of the server's, which answer alike."""
 
 import concurrent.futures
+import functools
 import http.client
 import json
 import logging
@@ -17,12 +19,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_hooks import hooked_engine, slowed
 
 import tformer
 from tformer.cli import main
 from tformer.generation import GenerationConfig
+from tformer.hub import load_tokenizer
 from tformer.serving import Engine
 from tformer.serving.chat import ChatTemplate, ChatTemplateError
+from tformer.serving.engine_client import ThreadEngineClient
+from tformer.serving.engine_process import ProcessEngineClient
 from tformer.serving.server import OpenAIServer
 from tformer.tokenizers import CharTokenizer
 
@@ -50,16 +56,23 @@ def checkpoint(tmp_path_factory):
 
 
 class ServerThread:
-    """An OpenAIServer under uvicorn on a free port, in this process (its engine is inspectable)."""
+    """An OpenAIServer under uvicorn on a free port, in this process; its engine in a process of its own
+    (``engine="process"``) or on a thread (``"thread"``: ``self.engine`` is the Engine, inspectable)."""
 
-    def __init__(self, checkpoint, api_key=None, chat=True, step_seconds=None, **engine_options):
-        model = tformer.load(checkpoint)
-        self.model = model
-        self.engine = Engine(model, model.tokenizer, **engine_options)
-        if step_seconds is not None:  # a larger model's pace: time to act between steps
-            self.engine.step = _slowed(self.engine.step, step_seconds)
+    def __init__(self, checkpoint, engine="thread", api_key=None, chat=True, step_seconds=None, failing_prompt=None,
+                 **engine_options):
+        self.model = tformer.load(checkpoint)  # the reference the answers are compared with
+        if engine == "thread":
+            self.engine = Engine(self.model, self.model.tokenizer, **engine_options)
+            if step_seconds is not None:
+                self.engine.step = slowed(self.engine.step, step_seconds)
+            self.engine_client = ThreadEngineClient(self.engine)
+        else:  # as tformer serve starts it: the engine process builds its engine, this one reads the tokenizer
+            build = functools.partial(hooked_engine, step_seconds, failing_prompt, str(checkpoint), "cpu", None, 1,
+                                      engine_options)
+            self.engine_client = ProcessEngineClient(build, load_tokenizer(checkpoint))
         template = ChatTemplate.from_folder(checkpoint) if chat else None
-        self.server = OpenAIServer(self.engine, "tiny", api_key=api_key, chat_template=template)
+        self.server = OpenAIServer(self.engine_client, "tiny", api_key=api_key, chat_template=template)
         config = uvicorn.Config(self.server.app(), host="127.0.0.1", port=0, log_level="error", lifespan="on")
         self.uvicorn = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
@@ -85,9 +98,12 @@ class ServerThread:
         return dict(line.rsplit(" ", 1) for line in connection.getresponse().read().decode().splitlines()
                     if not line.startswith("#"))
 
+    def stats(self):
+        return self.engine_client.snapshot().stats
+
     def wait_idle(self):
         deadline = time.monotonic() + 10
-        while self.engine.has_work() or self.engine.pool.blocks_in_use:
+        while (snapshot := self.engine_client.snapshot()).has_work or snapshot.blocks_in_use:
             assert time.monotonic() < deadline, "requests still in the engine"
             time.sleep(0.02)
 
@@ -96,19 +112,24 @@ class ServerThread:
         self.thread.join(30)
 
 
-def _slowed(step, seconds):
-    def slow_step():
-        time.sleep(seconds)
-        return step()
-
-    return slow_step
+@pytest.fixture(scope="module")
+def thread_server(checkpoint):
+    server = ServerThread(checkpoint, "thread", cache_tokens=4096, block_size=8)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
-def served(checkpoint):
-    server = ServerThread(checkpoint, cache_tokens=4096, block_size=8)
+def process_server(checkpoint):
+    server = ServerThread(checkpoint, "process", cache_tokens=4096, block_size=8)
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["process", "thread"])
+def served(request):
+    """The server with each engine: tests that take it run once per engine."""
+    return request.getfixturevalue(f"{request.param}_server")
 
 
 def generated(model, prompt_ids, **options):
@@ -195,6 +216,8 @@ def test_errors_are_the_clients_exception_types_and_the_server_keeps_serving(ser
         client.completions.create(model="gpt-4", prompt="to")
     with pytest.raises(openai.BadRequestError, match="max_tokens.*exceeds the model's context of 512"):
         client.completions.create(model="tiny", prompt="to be", max_tokens=510)
+    with pytest.raises(openai.BadRequestError, match="max_tokens.*exceeds the model's context of 512"):
+        client.completions.create(model="tiny", prompt="to be", max_tokens=510, stream=True)  # before SSE headers
     with pytest.raises(openai.BadRequestError, match="unknown field 'beam_width'"):
         client.completions.create(model="tiny", prompt="to", extra_body={"beam_width": 4})
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
@@ -230,11 +253,53 @@ def test_sixteen_concurrent_greedy_requests_equal_each_alone(served):
     for prompt, count, text in zip(prompts, new, texts, strict=True):
         assert text == generated(served.model, prompt, max_new_tokens=count)
     served.wait_idle()
-    assert served.engine.pool.blocks_in_use == 0 and served.engine.pool.reserved == 0
+
+
+def _answers(server, prompts):
+    """Every prompt asked four ways at once: greedy with log-probabilities, streamed, n=2 seeded sampling, chat."""
+    client = server.client()
+
+    def ask(index):
+        prompt, common = prompts[index // 4], {"model": "tiny", "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+        match index % 4:
+            case 0:
+                choice = client.completions.create(prompt=prompt, temperature=0, logprobs=2, **common).choices[0]
+                logprobs = choice.logprobs
+                return choice.text, logprobs.tokens, logprobs.token_logprobs, [list(t) for t in logprobs.top_logprobs]
+            case 1:
+                chunks = client.completions.create(prompt=prompt, temperature=0, stream=True, **common)
+                return [(chunk.choices[0].text, chunk.choices[0].finish_reason) for chunk in chunks]
+            case 2:
+                answer = client.completions.create(prompt=prompt, temperature=0.9, seed=index, n=2, **common)
+                return [(choice.index, choice.text) for choice in answer.choices], answer.usage.completion_tokens
+            case 3:
+                messages = [{"role": "user", "content": server.model.tokenizer.decode(prompt)}]
+                answer = client.chat.completions.create(messages=messages, temperature=0, **common)
+                return answer.choices[0].message.content, answer.usage.prompt_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        return list(pool.map(ask, range(4 * len(prompts))))
+
+
+def test_the_engine_in_its_process_answers_as_on_a_thread(thread_server, process_server):
+    """The same concurrent requests to both engines: the same texts, chunks, choices and usage, log-probabilities
+    equal to float rounding (the steps' batches may differ); greedy texts are ``generate``'s."""
+    generator = torch.Generator().manual_seed(1)
+    vocab = thread_server.model.tokenizer.vocab_size
+    prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist() for length in (3, 19, 7, 30)]
+    threaded, separate = _answers(thread_server, prompts), _answers(process_server, prompts)
+    for index, (mine, theirs) in enumerate(zip(threaded, separate, strict=True)):
+        if index % 4 == 0:
+            assert mine[0] == theirs[0] == generated(thread_server.model, prompts[index // 4], max_new_tokens=12)
+            assert mine[1] == theirs[1] and mine[3] == theirs[3]
+            assert theirs[2] == pytest.approx(mine[2], abs=1e-5)
+        else:
+            assert mine == theirs
+    process_server.wait_idle()
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks(served):
-    cancelled = served.engine.stats.requests_cancelled
+    cancelled = served.stats().requests_cancelled
     connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
     body = {"model": "tiny", "prompt": "to be", "max_tokens": 500, "stream": True, "ignore_eos": True}
     connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -243,8 +308,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(served):
     connection.sock.shutdown(2)
     connection.close()
     served.wait_idle()
-    assert served.engine.stats.requests_cancelled == cancelled + 1
-    assert served.engine.pool.blocks_in_use == 0 and served.engine.pool.reserved == 0
+    assert served.stats().requests_cancelled == cancelled + 1
 
 
 def test_metrics_count_requests_tokens_and_cache_blocks(served):
@@ -254,7 +318,7 @@ def test_metrics_count_requests_tokens_and_cache_blocks(served):
     lines = dict(line.rsplit(" ", 1) for line in connection.getresponse().read().decode().splitlines()
                  if not line.startswith("#"))
     assert float(lines['tformer_requests_total{outcome="finished"}']) >= 1
-    assert float(lines["tformer_generated_tokens_total"]) == served.engine.stats.generated_tokens
+    assert float(lines["tformer_generated_tokens_total"]) == served.stats().generated_tokens
     assert float(lines['tformer_http_responses_total{code="200"}']) >= 1
     assert lines["tformer_cache_blocks_in_use"] == "0" and lines["tformer_cache_block_size"] == "8"
 
@@ -286,7 +350,7 @@ def test_serve_turns_prefix_caching_off_with_no_prefix_cache(checkpoint, monkeyp
 
 
 def test_a_full_cache_makes_a_request_wait_then_refuses_it_with_429(checkpoint):
-    server = ServerThread(checkpoint, cache_tokens=64, block_size=8, queue_timeout=1.0)
+    server = ServerThread(checkpoint, "thread", cache_tokens=64, block_size=8, queue_timeout=1.0)
     try:
         client = server.client()
         pool = server.engine.pool
@@ -308,7 +372,7 @@ def test_a_full_cache_makes_a_request_wait_then_refuses_it_with_429(checkpoint):
 
 
 def test_an_api_key_is_required_when_set(checkpoint):
-    server = ServerThread(checkpoint, api_key="sesame", chat=False)
+    server = ServerThread(checkpoint, "thread", api_key="sesame", chat=False)
     try:
         with pytest.raises(openai.AuthenticationError):
             server.client("wrong").completions.create(model="tiny", prompt="to", max_tokens=2)
@@ -322,14 +386,29 @@ def test_an_api_key_is_required_when_set(checkpoint):
         server.stop()
 
 
-# The CLI with each engine step slowed to ``seconds`` (a larger model's pace: time to act between steps).
-SLOW_CLI = ("import sys, time\nfrom tformer.serving.engine import Engine\nstep = Engine.step\n"
-            "def slow_step(self):\n    time.sleep({seconds})\n    return step(self)\n"
-            "Engine.step = slow_step\nfrom tformer.cli import main\nsys.exit(main(sys.argv[1:]))")
+# The CLI with each engine step slowed to ``seconds`` (a larger model's pace: time to act between steps). A
+# file: the engine process runs its top level too (as ``__mp_main__``), so its steps are the slowed ones.
+SLOW_CLI = """import sys, time
+from tformer.serving.engine import Engine
+step = Engine.step
+
+def slow_step(self):
+    time.sleep({seconds})
+    return step(self)
+
+Engine.step = slow_step
+if __name__ == "__main__":
+    from tformer.cli import main
+    sys.exit(main(sys.argv[1:]))
+"""
 
 
 def _start_cli_server(checkpoint, *options, step_seconds=None):
-    entry = ["-m", "tformer"] if step_seconds is None else ["-c", SLOW_CLI.format(seconds=step_seconds)]
+    entry = ["-m", "tformer"]
+    if step_seconds is not None:
+        script = checkpoint.parent / f"slow_serve_{step_seconds}.py"
+        script.write_text(SLOW_CLI.format(seconds=step_seconds))
+        entry = [str(script)]
     process = subprocess.Popen([sys.executable, *entry, "serve", str(checkpoint), "--port", "0", *options],
                                cwd=ROOT, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -354,9 +433,11 @@ def _stream_count(port, max_tokens, first_chunk: threading.Event):
     return tokens, done
 
 
-@pytest.mark.parametrize("shutdown_timeout, finished", [("30", True), ("0", False)], ids=["drained", "cancelled"])
-def test_sigterm_finishes_or_cancels_requests_in_flight_and_exits_0(checkpoint, shutdown_timeout, finished):
-    process, port = _start_cli_server(checkpoint, "--shutdown-timeout", shutdown_timeout, "--threads", "1")
+@pytest.mark.parametrize("shutdown_timeout, finished, engine", [("30", True, "process"), ("0", False, "thread")],
+                         ids=["drained", "cancelled-thread-engine"])
+def test_sigterm_finishes_or_cancels_requests_in_flight_and_exits_0(checkpoint, shutdown_timeout, finished, engine):
+    process, port = _start_cli_server(checkpoint, "--shutdown-timeout", shutdown_timeout, "--threads", "1",
+                                      "--engine", engine)
     try:
         started = [threading.Event() for _ in range(3)]
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -430,25 +511,25 @@ class _Records(logging.Handler):
         logging.getLogger("uvicorn.error").removeHandler(self)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_a_client_that_leaves_stops_the_decode_within_one_step(checkpoint, stream):
-    server = ServerThread(checkpoint, chat=False, cache_tokens=4096, block_size=8, step_seconds=0.05)
+@pytest.mark.parametrize("stream, engine", [(False, "thread"), (True, "thread"), (True, "process")],
+                         ids=["whole", "streamed", "streamed-process"])
+def test_a_client_that_leaves_stops_the_decode_within_one_step(checkpoint, stream, engine):
+    server = ServerThread(checkpoint, engine, chat=False, cache_tokens=4096, block_size=8, step_seconds=0.05)
     try:
-        engine = server.engine
         body = {"model": "tiny", "prompt": "to be", "max_tokens": 500, "n": 4, "ignore_eos": True, "stream": stream}
         sock = _raw_request(server.port, json.dumps(body).encode())
         deadline = time.monotonic() + 10
-        while engine.stats.generated_tokens < 12:  # decoding: a few steps of 4 sequences
+        while server.stats().generated_tokens < 12:  # decoding: a few steps of 4 sequences
             assert time.monotonic() < deadline
             time.sleep(0.005)
         sock.shutdown(socket.SHUT_RDWR)
         sock.close()
-        at_close = engine.stats.generated_tokens
+        at_close = server.stats().generated_tokens
         server.wait_idle()
         # The step running at the close may finish (4 tokens, 8 if it had just begun); none after it.
-        assert engine.stats.generated_tokens - at_close <= 8
-        assert float(server.metrics()["tformer_generated_tokens_total"]) == engine.stats.generated_tokens
-        assert engine.stats.requests_cancelled == 1 and engine.pool.blocks_in_use == 0
+        assert server.stats().generated_tokens - at_close <= 8
+        assert float(server.metrics()["tformer_generated_tokens_total"]) == server.stats().generated_tokens
+        assert server.stats().requests_cancelled == 1 and server.engine_client.snapshot().blocks_in_use == 0
     finally:
         server.stop()
 
@@ -495,8 +576,8 @@ def test_request_size_limits_refuse_before_reading_or_tokenizing(served, monkeyp
                  b"Transfer-Encoding: chunked\r\n\r\n" + chunked + b"0\r\n\r\n")
     assert _reply(sock).startswith(b"HTTP/1.1 413")
     encoded = []
-    encode = served.model.tokenizer.encode
-    monkeypatch.setattr(served.model.tokenizer, "encode", lambda *a, **k: encoded.append(1) or encode(*a, **k))
+    encode = served.server.tokenizer.encode
+    monkeypatch.setattr(served.server.tokenizer, "encode", lambda *a, **k: encoded.append(1) or encode(*a, **k))
     status, body = served.post("/v1/completions", json.dumps({"model": "tiny", "prompt": ["to"] * 129}).encode())
     assert status == 400 and body["error"]["message"] == (
         "129 prompts in one request; at most 128 (the server's --max-prompts)")
@@ -513,7 +594,7 @@ def test_every_status_is_counted_and_a_bug_is_an_error_object(served, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(served.model.tokenizer, "encode", broken)
+    monkeypatch.setattr(served.server.tokenizer, "encode", broken)
     status, body = served.post("/v1/completions", b'{"model": "tiny", "prompt": "to"}')
     assert status == 500 and body["error"] == {"message": "internal error: RuntimeError", "type": "server_error",
                                                "param": None, "code": None}
@@ -617,3 +698,67 @@ def _metric(port, name):
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} is not in /metrics")
+
+
+def _descendants(pid):
+    """The processes ``pid`` started (the engine process, and multiprocessing's resource tracker)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            found += [child, *_descendants(child)]
+    return found
+
+
+def _running(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_the_engine_process_ends_when_the_server_is_killed(checkpoint):
+    """SIGKILL leaves the server no chance to close anything: its engine process, mid-request, sees its pipe end
+    and exits within seconds."""
+    process, port = _start_cli_server(checkpoint, "--threads", "1")
+    try:
+        children = _descendants(process.pid)
+        assert children
+        body = {"model": "tiny", "prompt": "to be", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        sock = _raw_request(port, json.dumps(body).encode())
+        assert sock.recv(12).startswith(b"HTTP/1.1 200")  # decoding
+        process.kill()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while running := [pid for pid in children if _running(pid)]:
+            assert time.monotonic() < deadline, f"still running: {running}"
+            time.sleep(0.05)
+        sock.close()
+    finally:
+        process.kill()
+
+
+def test_a_bug_or_a_dead_engine_process_is_a_500_and_health_says_so(checkpoint):
+    server = ServerThread(checkpoint, "process", chat=False, step_seconds=0.02, failing_prompt=[1, 2, 3])
+    try:
+        client = server.client()
+        assert client.completions.create(model="tiny", prompt="to", max_tokens=2).usage.completion_tokens == 2
+        status, body = server.post("/v1/completions", b'{"model": "tiny", "prompt": [1, 2, 3]}')
+        assert status == 500 and body["error"]["message"] == "internal error: KeyError"  # as in this process
+        assert client.completions.create(model="tiny", prompt="to", max_tokens=2).usage.completion_tokens == 2
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client.completions.create, model="tiny", prompt="to", max_tokens=400,
+                                  extra_body={"ignore_eos": True})
+            while server.engine_client.snapshot().running == 0:
+                time.sleep(0.01)
+            server.engine_client.process.kill()
+            died = "the model failed: the engine process ended \\(exit code -9\\)"
+            with pytest.raises(openai.InternalServerError, match=died):
+                waiting.result(timeout=30)
+        with pytest.raises(openai.InternalServerError, match=died):
+            client.completions.create(model="tiny", prompt="to", max_tokens=2)
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        assert response.status == 500 and json.loads(response.read())["status"] == "failed"
+    finally:
+        server.stop()

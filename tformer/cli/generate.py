@@ -7,8 +7,12 @@ import argparse
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 from tformer.cli import add_device_option, add_model_argument, add_quantize_option
+
+T = TypeVar("T")
 
 # GenerationConfig fields -> the options that set them, so an option's error names the option.
 OPTIONS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "temperature": "--temperature",
@@ -114,17 +118,24 @@ def run(args: argparse.Namespace) -> int:
 
 def load_model(path: str, device="cpu", quantize=None, local_only: bool = False):
     """``tformer.load(path, device, quantize=..., local_only=...)`` and, when its tokenizer could not be attached,
-    why (the warning's text, kept for the error instead of shown); other warnings are shown as they come."""
+    why (see ``with_tokenizer_problem``)."""
     import tformer
+
+    return with_tokenizer_problem(lambda: tformer.load(path, device=device, quantize=quantize, local_only=local_only))
+
+
+def with_tokenizer_problem(load: Callable[[], T]) -> tuple[T, str | None]:
+    """``load()`` (a model or a tokenizer) and, when a tokenizer could not be read, why (the warning's text, kept
+    for the error instead of shown); other warnings are shown as they come."""
     from tformer.checkpoint import TokenizerNotAttachedWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = tformer.load(path, device=device, quantize=quantize, local_only=local_only)
+        loaded = load()
     problem = None
     for warning in caught:
         if issubclass(warning.category, TokenizerNotAttachedWarning):
             problem = str(warning.message)
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    return model, problem
+    return loaded, problem

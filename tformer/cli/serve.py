@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import warnings
+from functools import partial
 from pathlib import Path
 
 from tformer.cli import add_device_option, add_model_argument, add_quantize_option
@@ -18,9 +21,9 @@ def register(subparsers) -> None:
                     "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
                     "template), GET /v1/models, /health and /metrics (Prometheus); POST /tokenize and /detokenize, GET "
                     "/tokenizer_info. Completions with echo and logprobs score prompts (lm-evaluation-harness's "
-                    "local-completions). Requests share one continuously "
-                    "batched decode over a paged key/value cache. SIGTERM or Ctrl-C stops admitting (new requests "
-                    "get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0.",
+                    "local-completions). Requests share one continuously batched decode over a paged key/value "
+                    "cache, run by an engine in a process of its own. SIGTERM or Ctrl-C stops admitting (new "
+                    "requests get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0.",
     )
     add_model_argument(parser, "checkpoint", "a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
     parser.add_argument("--host", default="127.0.0.1",
@@ -40,6 +43,10 @@ def register(subparsers) -> None:
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="compute every prompt whole: no reuse of a prefix's cached blocks, and the n sequences "
                              "of a request each prefill the prompt (default: prefix caching on)")
+    parser.add_argument("--paged-attention", choices=("auto", "in-place", "gather"), default="auto",
+                        help="how decode steps read the cache: in place with the compiled CPU kernel, or by gathering "
+                             "each sequence's blocks; auto (default) reads in place where the model and machine allow "
+                             "and says which it chose")
     parser.add_argument("--queue-timeout", type=float, default=60.0,
                         help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -52,7 +59,12 @@ def register(subparsers) -> None:
     parser.add_argument("--max-request-tokens", type=int,
                         help="prompt and answer tokens of all of one request's sequences, n x (prompt + max_tokens) "
                              "summed over its prompts (default: --cache-tokens)")
-    parser.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's)")
+    parser.add_argument("--threads", type=int,
+                        help="CPU threads for the model (default: PyTorch's; one fewer with --engine process, leaving "
+                             "the HTTP process a core)")
+    parser.add_argument("--engine", choices=("process", "thread"), default="process",
+                        help="where the engine runs: a process of its own, beside the HTTP process (default), or "
+                             "a thread of the HTTP process, sharing its interpreter lock")
     add_device_option(parser)
     add_quantize_option(parser)
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
@@ -91,38 +103,78 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from tformer.cli.generate import load_model
-    from tformer.generation import GenerationError
+    from tformer.cli.generate import with_tokenizer_problem
+    from tformer.hub import load_tokenizer
     from tformer.serving.chat import ChatTemplate, ChatTemplateError
-    from tformer.serving.engine import Engine
+    from tformer.serving.engine_client import ThreadEngineClient
+    from tformer.serving.engine_process import ProcessEngineClient
     from tformer.serving.server import OpenAIServer
     from tformer.serving.server import run as serve
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     template = None
     try:
         template = (ChatTemplate.from_file(args.chat_template) if args.chat_template
                     else ChatTemplate.from_folder(args.checkpoint))
     except ChatTemplateError as error:
         raise UsageError(f"{args.chat_template or args.checkpoint}: {error}") from None
-    model, tokenizer_problem = load_model(args.checkpoint, device, quantize)
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; serve needs one "
-                         "(requests and answers are text)")
+    options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
+               "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout}
+    threads = args.threads
+    if threads is None and args.engine == "process":  # the engine's threads would fight the HTTP process for cores
+        threads = max(1, torch.get_num_threads() - 1)
+    build = partial(build_engine, args.checkpoint, device, quantize, threads, options)
+    if args.engine == "thread":
+        engine = ThreadEngineClient(build())
+    else:
+        tokenizer, problem = with_tokenizer_problem(lambda: load_tokenizer(args.checkpoint))
+        if tokenizer is None:
+            raise _no_tokenizer(args.checkpoint, problem)
+        torch.set_num_threads(1)  # this process tokenizes and formats; the engine process has --threads
+        engine = ProcessEngineClient(build, tokenizer)
     name = args.model_name or args.hub_name or Path(args.checkpoint).resolve().name
     try:
-        engine = Engine(model, tokenizer, cache_tokens=args.cache_tokens, block_size=args.block_size,
-                        max_running=args.max_running, max_step_tokens=args.max_step_tokens,
-                        queue_timeout=args.queue_timeout, prefix_caching=args.prefix_cache)
-    except GenerationError as error:
-        raise UsageError(f"{args.checkpoint}: {error}") from None
-    server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template,
-                          max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts,
-                          max_request_tokens=args.max_request_tokens)
-    serve(server, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+        server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template,
+                              max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts,
+                              max_request_tokens=args.max_request_tokens)
+        serve(server, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,
+              log_level=args.log_level)
+    finally:
+        if isinstance(engine, ProcessEngineClient):
+            engine.close()
     return 0
+
+
+def build_engine(checkpoint: str, device, quantize, threads: int | None, options: dict):
+    """The Engine ``tformer serve`` runs: the checkpoint's model with its tokenizer, on ``device``, ``threads``
+    CPU threads. Called in the engine process (or, with ``--engine thread``, in the server's), so it is a
+    module-level function of picklable arguments."""
+    import torch
+
+    from tformer.cli import UsageError, _warning_printer
+    from tformer.cli.generate import load_model
+    from tformer.generation import GenerationError
+    from tformer.serving.engine import Engine
+
+    warnings.showwarning = _warning_printer("serve")  # one line each, in the engine process too
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model, tokenizer_problem = load_model(checkpoint, device, quantize)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise _no_tokenizer(checkpoint, tokenizer_problem)
+    try:
+        engine = Engine(model, tokenizer, **options)
+    except GenerationError as error:
+        raise UsageError(f"{checkpoint}: {error}") from None
+    print(f"tformer serve: {engine.paged_attention_note}", file=sys.stderr, flush=True)
+    return engine
+
+
+def _no_tokenizer(checkpoint: str, problem: str | None):
+    from tformer.cli import UsageError
+
+    return UsageError(f"{problem or f'{checkpoint}: no tokenizer.json'}; serve needs one (requests and answers are "
+                      "text)")
 
 
 def _check_address(host: str, port: int) -> None:

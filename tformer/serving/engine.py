@@ -10,8 +10,9 @@ prompt) starts from those blocks and prefills only the rest; a request's ``n`` s
 prompt once, the others share its full blocks and copy its part-filled last one, and each samples its
 first token from the same logits with its own generator.
 
-Requests are submitted and cancelled from any thread; ``step`` runs on one (the server's engine
-thread, or the caller's in ``Engine.complete``). Each request carries a ``GenerationConfig`` (the
+Requests are submitted and cancelled from any thread; ``step`` runs on one (the engine process's
+loop, ``engine_process``; the server's engine thread with ``--engine thread``; the caller's in
+``Engine.complete``). Each request carries a ``GenerationConfig`` (the
 options of ``tformer.generate``), chosen from by the same ``TokenChooser`` and read as text by the same
 ``IncrementalDetokenizer``, so a request alone decodes what ``generate`` would: greedy tokens
 identically, and seeded sampling with the same draws. Every field of ``GenerationConfig`` is either
@@ -84,7 +85,7 @@ class PromptLogprobs:
 class TokenEvent:
     """What one step produced for one sequence: its new token and the text it completes."""
 
-    request: Request
+    request: Request | None  # None in the copy that leaves the engine (``engine_client.detached``)
     index: int  # which of the request's ``n`` sequences
     token_id: int
     text: str  # new text (held back while it may be the start of a stop string or a character)
@@ -266,11 +267,11 @@ class Engine:
             self._work.notify_all()
         return request
 
-    def cancel(self, request: Request) -> None:
-        """Stop ``request`` (a client went away): its sequences finish with reason ``cancelled`` at the
-        next step and their blocks return to the pool."""
+    def cancel(self, request_id: int) -> None:
+        """Stop the request of ``request_id`` (a client went away): its sequences finish with reason
+        ``cancelled`` at the next step and their blocks return to the pool."""
         with self._work:
-            self._cancelled.add(request.id)
+            self._cancelled.add(request_id)
             self._work.notify_all()
 
     def stop_admitting(self) -> None:

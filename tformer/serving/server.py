@@ -1,6 +1,6 @@
-"""The OpenAI-compatible HTTP server: Starlette routes in front of one ``Engine`` whose loop runs on
-its own thread. Each HTTP request submits its prompts and reads the engine's token events from an
-asyncio queue, streamed as server-sent events or gathered into one response.
+"""The OpenAI-compatible HTTP server: Starlette routes in front of one ``EngineClient`` (the engine in a
+process of its own, or on a thread of this one). Each HTTP request submits its prompts and reads the
+engine's token events from an asyncio queue, streamed as server-sent events or gathered into one response.
 
 Lifecycle: SIGTERM (or SIGINT) stops admitting while still listening (new requests, and requests whose
 body is still arriving, get 503), lets the requests in flight finish for ``shutdown_timeout`` seconds,
@@ -25,6 +25,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -36,7 +37,8 @@ from starlette.routing import Route
 
 from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.serving.chat import ChatTemplate, ChatTemplateError
-from tformer.serving.engine import Engine, Request, TokenEvent
+from tformer.serving.engine import TokenEvent
+from tformer.serving.engine_client import EngineBug, EngineClient, EngineFailure
 from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 from tformer.serving.openai_api import (
     APIError,
@@ -64,50 +66,11 @@ CLIENT_CLOSED_REQUEST = 499  # the status counted for a client that left before 
 STOP_GRACE_SECONDS = 5.0  # after the shutdown timeout: time for cancelled requests to send their last bytes
 POLL_SECONDS = 0.25  # how often a waiting handler looks for a failed engine
 TEXT_COMPLETION, CHAT_COMPLETION = "text_completion", "chat.completion"  # the response objects' kinds
-# The engine's thread waits for the GIL whenever the HTTP thread holds it; forced switches every 0.5 ms
-# instead of Python's 5 bound that wait. Measured at 16 gpt-mini clients, 5, 0.5 and 0.1 ms give the same
-# throughput (docs/serving.md): the HTTP thread's work after each step, not the interval, is what the
-# engine waits for.
+# With --engine thread, the engine's thread waits for the GIL whenever the HTTP thread holds it; forced
+# switches every 0.5 ms instead of Python's 5 bound that wait. Measured at 16 gpt-mini clients, 5, 0.5 and
+# 0.1 ms give the same throughput (docs/serving.md): the HTTP thread's work after each step, not the
+# interval, is what the engine waits for.
 SWITCH_INTERVAL = 0.0005
-
-
-class EngineLoop:
-    """The engine's thread: step while there is work, sleep on the engine's condition when not."""
-
-    def __init__(self, engine: Engine, after_step: Callable[[], None]) -> None:
-        self.engine = engine
-        self.after_step = after_step  # hands the step's events to the HTTP side
-        self.error: BaseException | None = None
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tformer-engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        engine = self.engine
-        while not self._stopping.is_set():
-            if not engine.wait_for_work(timeout=0.1):
-                continue
-            try:
-                engine.step()
-            except Exception as error:  # the model failed: report it, answer 500 from now on
-                self.error = error
-                traceback.print_exc(file=sys.stderr)
-                return
-            finally:
-                self.after_step()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel whatever still waits or runs, let the loop free its blocks, end the thread."""
-        self.engine.stop_admitting()
-        self.engine.cancel_all()
-        deadline = time.monotonic() + timeout
-        while self.engine.has_work() and self.error is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
 
 class ClientGone(Exception):
@@ -115,42 +78,56 @@ class ClientGone(Exception):
 
 
 class Submission:
-    """The engine requests one HTTP request made, the queue their events arrive on, and a watch on the
-    client's connection that cancels them the moment it closes (the engine stops at its next step)."""
+    """The engine requests one HTTP request made, the queue their events arrive on (with the prompt each
+    answers), and a watch on the client's connection that cancels them the moment it closes (the engine
+    stops at its next step)."""
 
     def __init__(self, server: OpenAIServer, http_request: HTTPRequest) -> None:
         self.server = server
         self.http_request = http_request
-        self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self.requests: list[Request] = []
+        self.queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()  # (prompt index, event)
+        self.request_ids: list[int] = []
         self.prompts: list[list[int]] = []  # the HTTP request's prompts' ids, in order
         self.n = 1  # sequences per prompt
-        self.prompt_index: dict[int, int] = {}  # engine request id -> which prompt of the HTTP request
         self.unfinished = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cut = False  # a sequence ended with finish reason "cancelled"
         self.client_gone = False
         self._watch: asyncio.Task | None = None
 
-    def on_event(self, event: TokenEvent) -> None:  # on the engine's thread
-        self.server.outbox.append((self, event))
-
-    def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None,
-               prompt_logprobs: int | None = None) -> None:
+    async def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None,
+                     prompt_logprobs: int | None = None) -> None:
+        """Submit every prompt at once; on any refusal, cancel the others and answer the first (in prompt
+        order) before anything has been sent."""
         engine = self.server.engine
         self.server.active.add(self)
         self.prompts, self.n = prompts, n
         self._watch = asyncio.create_task(self._watch_connection())
-        try:
-            for index, prompt in enumerate(prompts):
-                request = engine.submit(prompt, config, n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                        on_event=self.on_event)
-                self.requests.append(request)
-                self.prompt_index[request.id] = index
-                self.unfinished += n
-        except GenerationError as error:
-            self.close()
-            if not engine.admitting:
-                raise APIError(503, "the server is shutting down", code="shutting_down") from None
-            raise as_api_error(error) from None
+        outcomes = await asyncio.gather(*(engine.submit(prompt, config, n, logprobs, prompt_logprobs,
+                                                        partial(self._receive, index))
+                                          for index, prompt in enumerate(prompts)), return_exceptions=True)
+        self.request_ids = [outcome for outcome in outcomes if isinstance(outcome, int)]
+        self.unfinished = n * len(self.request_ids)
+        self.prompt_tokens = sum(len(prompt) for prompt in prompts)
+        refusal = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
+        if refusal is None:
+            if self.client_gone:  # it left while the engine answered: the watch had no ids to cancel yet
+                self.cancel()
+            return
+        self.close()
+        if isinstance(refusal, EngineFailure):
+            raise APIError(500, f"the model failed: {refusal}") from None
+        if isinstance(refusal, EngineBug):  # its traceback is in the engine process's log
+            raise APIError(500, f"internal error: {refusal}") from None
+        if not isinstance(refusal, GenerationError):
+            raise refusal
+        if not engine.admitting:
+            raise APIError(503, "the server is shutting down", code="shutting_down") from None
+        raise as_api_error(refusal) from None
+
+    def _receive(self, prompt_index: int, event: TokenEvent) -> None:
+        self.queue.put_nowait((prompt_index, event))
 
     async def _watch_connection(self) -> None:
         """Wait for the connection's ``http.disconnect`` (the body is already read, so nothing else arrives
@@ -160,42 +137,42 @@ class Submission:
         self.client_gone = True
         self.cancel()
 
-    def choice_index(self, event: TokenEvent) -> int:
-        return self.prompt_index[event.request.id] * len(event.request.sequences) + event.index
-
-    async def events(self) -> AsyncIterator[TokenEvent]:
-        """Every event until each sequence has finished. A queue timeout is a 429."""
+    async def events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """Every event, with the choice it belongs to, until each sequence has finished. A queue timeout is a
+        429."""
         while self.unfinished:
             try:
-                event = self.queue.get_nowait()
+                prompt_index, event = self.queue.get_nowait()
             except asyncio.QueueEmpty:
                 try:
-                    event = await asyncio.wait_for(self.queue.get(), POLL_SECONDS)
+                    prompt_index, event = await asyncio.wait_for(self.queue.get(), POLL_SECONDS)
                 except TimeoutError:
-                    if self.server.loop.error is not None:
-                        raise APIError(500, f"the model failed: {self.server.loop.error}") from None
+                    if self.server.engine.error is not None:
+                        raise APIError(500, f"the model failed: {self.server.engine.error}") from None
                     continue
+            if event.token_id >= 0:
+                self.completion_tokens += 1
             if event.finish_reason is not None:
                 self.unfinished -= 1
+                self.cut = self.cut or event.finish_reason == "cancelled"
             if event.finish_reason == "timeout":
                 self.cancel()
-                raise APIError(429, f"no room in the cache within {self.server.engine.queue_timeout} s; retry later",
-                               code="rate_limit_exceeded")
-            yield event
+                raise APIError(429, f"no room in the cache within {self.server.engine.facts.queue_timeout} s; "
+                                    "retry later", code="rate_limit_exceeded")
+            yield prompt_index * self.n + event.index, event
 
     def check_answered(self) -> None:
         """After a whole answer's events: ClientGone when the client left, a 503 when the server cancelled it
         (stopping past its shutdown timeout), so no cut answer goes out as a success."""
         if self.client_gone:
             raise ClientGone
-        if any("cancelled" in request.finish_reasons() for request in self.requests):
+        if self.cut:
             raise APIError(503, "the server is shutting down: this request was cancelled when the shutdown "
                                 "timeout passed", code="shutting_down")
 
     def cancel(self) -> None:
-        for request in self.requests:
-            if not request.done.is_set():
-                self.server.engine.cancel(request)
+        for request_id in self.request_ids:
+            self.server.engine.cancel(request_id)
 
     def close(self) -> None:
         """The HTTP request is over (answered, failed, or its client gone): stop watching, cancel what runs."""
@@ -204,18 +181,12 @@ class Submission:
         self.cancel()
         self.server.active.discard(self)
 
-    def prompt_tokens(self) -> int:
-        return sum(len(request.prompt_ids) for request in self.requests)
-
-    def completion_tokens(self) -> int:
-        return sum(len(ids) for request in self.requests for ids in request.outputs())
-
 
 class OpenAIServer:
     """The routes, over one engine: completions, chat completions, models, the tokenizer (tokenize, detokenize,
     its description), health and metrics."""
 
-    def __init__(self, engine: Engine, model_name: str, *, api_key: str | None = None,
+    def __init__(self, engine: EngineClient, model_name: str, *, api_key: str | None = None,
                  chat_template: ChatTemplate | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  max_prompts: int = DEFAULT_MAX_PROMPTS, max_request_tokens: int | None = None) -> None:
         """``max_request_tokens``: prompt and answer tokens of all of a request's sequences together (default:
@@ -225,7 +196,7 @@ class OpenAIServer:
         self.max_body_bytes = max_body_bytes
         self.max_prompts = max_prompts
         self.max_request_tokens = (max_request_tokens if max_request_tokens is not None
-                                   else engine.pool.num_blocks * engine.pool.block_size)
+                                   else engine.facts.num_blocks * engine.facts.block_size)
         self.active: set[Submission] = set()  # the submissions whose HTTP requests are not over
         self._reading: set[asyncio.Task] = set()  # the handlers still reading a body
         self._refused: set[asyncio.Task] = set()  # those of them begin_stop cancelled, to answer 503
@@ -236,8 +207,6 @@ class OpenAIServer:
         self.model_name = model_name
         self.api_key = api_key
         self.chat_template = chat_template
-        self.loop = EngineLoop(engine, self._send_events)
-        self.outbox: list[tuple[Submission, TokenEvent]] = []  # a step's events, filled on the engine's thread
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self.responses: Counter[int] = Counter()  # HTTP status -> count, for /metrics
         self.created = int(time.time())
@@ -287,13 +256,13 @@ class OpenAIServer:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """The engine's thread runs while the app does; stopping it cancels what is left."""
+        """The engine runs while the app does; stopping it cancels what is left."""
         self._event_loop = asyncio.get_running_loop()
-        self.loop.start()
+        self.engine.start()
         try:
             yield
         finally:
-            await asyncio.to_thread(self.loop.stop)
+            await self.engine.stop()
 
     async def _read_body(self, http_request: HTTPRequest) -> bytes:
         """The body, refused with 413 as soon as it passes ``max_body_bytes`` (by its Content-Length before a
@@ -354,17 +323,6 @@ class OpenAIServer:
             self.engine.cancel_all()
         return now >= self.stop_deadline + STOP_GRACE_SECONDS
 
-    def _send_events(self) -> None:
-        """On the engine's thread after each step: the step's events to their queues, in one wake-up
-        of the HTTP thread (not one per token)."""
-        if not self.outbox or self._event_loop is None:
-            return
-        events, self.outbox = self.outbox, []
-        try:
-            self._event_loop.call_soon_threadsafe(_deliver, events)
-        except RuntimeError:  # the event loop is closed: the server is gone
-            pass
-
     def _check_key(self, http_request: HTTPRequest) -> None:
         if self.api_key is None:
             return
@@ -380,8 +338,8 @@ class OpenAIServer:
     def _check_admitting(self) -> None:
         if not self.engine.admitting:
             raise APIError(503, "the server is shutting down", code="shutting_down")
-        if self.loop.error is not None:
-            raise APIError(500, f"the model failed: {self.loop.error}")
+        if self.engine.error is not None:
+            raise APIError(500, f"the model failed: {self.engine.error}")
 
     def _prompt_ids(self, prompts: list[str | list[int]], n: int) -> list[list[int]]:
         """Each prompt's ids; a 400 past ``max_prompts`` before any is tokenized, and as soon as the prompts so
@@ -410,7 +368,7 @@ class OpenAIServer:
 
     def _default_tokens(self, prompt_length: int) -> int:
         """Room left in the context after the prompt (a request that set no limit)."""
-        limit = self.engine.model.position_limit
+        limit = self.engine.facts.position_limit
         return DEFAULT_CHAT_TOKENS if limit is None else max(1, limit - prompt_length)
 
     def _token_text(self, token_id: int) -> str:
@@ -438,15 +396,15 @@ class OpenAIServer:
     # ---- routes -------------------------------------------------------------------------------------
 
     async def health(self, http_request: HTTPRequest) -> Response:
-        if self.loop.error is not None:
-            return JSONResponse({"status": "failed", "error": str(self.loop.error)}, status_code=500)
+        if self.engine.error is not None:
+            return JSONResponse({"status": "failed", "error": self.engine.error}, status_code=500)
         if not self.engine.admitting:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def models(self, http_request: HTTPRequest) -> Response:
         model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "tformer",
-                 "max_model_len": self.engine.model.position_limit}
+                 "max_model_len": self.engine.facts.position_limit}
         return JSONResponse({"object": "list", "data": [model]})
 
     async def metrics(self, http_request: HTTPRequest) -> Response:
@@ -462,7 +420,7 @@ class OpenAIServer:
         else:
             text = body.prompt
         tokens = self.tokenizer.encode(text, add_special_tokens=body.special_tokens)
-        return JSONResponse({"count": len(tokens), "max_model_len": self.engine.model.position_limit,
+        return JSONResponse({"count": len(tokens), "max_model_len": self.engine.facts.position_limit,
                              "tokens": tokens})
 
     async def detokenize(self, http_request: HTTPRequest) -> Response:
@@ -477,15 +435,14 @@ class OpenAIServer:
 
     async def tokenizer_info(self, http_request: HTTPRequest) -> Response:
         """What a client needs to tokenize as the server does (the fields vLLM's route returns that apply)."""
-        tokenizer = self.tokenizer
-        model_config = self.engine.model.config
+        tokenizer, facts = self.tokenizer, self.engine.facts
         return JSONResponse({
             "tokenizer_class": type(tokenizer).__name__, "kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
             **{f"{role}_token": tokenizer.special_token(role) for role in ("bos", "eos", "pad", "unk")},
             "special_tokens": tokenizer.special_tokens,
-            "end_token_ids": list(GenerationConfig().end_ids(model_config)),  # where an answer stops by default
+            "end_token_ids": list(facts.end_token_ids),  # where an answer stops by default
             "chat_template": None if self.chat_template is None else self.chat_template.source,
-            "max_model_len": self.engine.model.position_limit,
+            "max_model_len": facts.position_limit,
         })
 
     async def completions(self, http_request: HTTPRequest) -> Response:
@@ -498,7 +455,7 @@ class OpenAIServer:
         self._check_request_tokens(prompts, body.n, tokens)
         echoes = self._echoes(texts, prompts) if body.echo else None
         submission = Submission(self, http_request)
-        submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs, body.prompt_logprobs)
+        await submission.submit(prompts, body.generation_config(tokens), body.n, body.logprobs, body.prompt_logprobs)
         response_id = new_id("cmpl")
         with_logprobs = body.logprobs is not None
         if body.stream:
@@ -521,12 +478,11 @@ class OpenAIServer:
                 raise APIError(400, f"prompt {index}: {error}", "prompt") from None
         return echoes
 
-    def _completion_piece(self, submission: Submission, event: TokenEvent, records: dict[int, CompletionLogprobs],
-                          echoes: list[str] | None) -> tuple[str, int]:
+    def _completion_piece(self, submission: Submission, index: int, event: TokenEvent,
+                          records: dict[int, CompletionLogprobs], echoes: list[str] | None) -> tuple[str, int]:
         """Record ``event`` in its choice's logprobs; its text, and where its entries start in the record. A
         choice's first event starts with its prompt when ``echoes`` (each prompt's text) are given, and with the
-        prompt's tokens and their log-probabilities when the event carries them."""
-        index = submission.choice_index(event)
+        prompt's tokens and their log-probabilities when the event carries them. ``index``: its choice."""
         first = index not in records
         record = records.setdefault(index, CompletionLogprobs())
         start, text = len(record.tokens), event.text
@@ -545,30 +501,29 @@ class OpenAIServer:
                                 with_logprobs: bool) -> Response:
         choices: dict[int, dict[str, Any]] = {}
         records: dict[int, CompletionLogprobs] = {}
-        async for event in submission.events():
-            choice = choices.setdefault(submission.choice_index(event), {"text": "", "finish_reason": None})
-            choice["text"] += self._completion_piece(submission, event, records, echoes)[0]
+        async for index, event in submission.events():
+            choice = choices.setdefault(index, {"text": "", "finish_reason": None})
+            choice["text"] += self._completion_piece(submission, index, event, records, echoes)[0]
             if event.finish_reason is not None:
                 choice["finish_reason"] = event.finish_reason
         listed = [{"index": index, "text": choices[index]["text"],
                    "logprobs": records[index].since(0) if with_logprobs else None,
                    "finish_reason": choices[index]["finish_reason"]} for index in sorted(choices)]
         submission.check_answered()
-        counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+        counts = usage(submission.prompt_tokens, submission.completion_tokens)
         return JSONResponse(response_object(TEXT_COMPLETION, response_id, self.model_name, listed, counts))
 
     async def _completion_chunks(self, submission: Submission, response_id: str, echoes: list[str] | None,
                                  with_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
         records: dict[int, CompletionLogprobs] = {}
-        async for event in submission.events():
-            index = submission.choice_index(event)
-            text, start = self._completion_piece(submission, event, records, echoes)
+        async for index, event in submission.events():
+            text, start = self._completion_piece(submission, index, event, records, echoes)
             added = with_logprobs and len(records[index].tokens) > start
             choice = {"index": index, "text": text, "logprobs": records[index].since(start) if added else None,
                       "finish_reason": event.finish_reason}
             yield sse(response_object(TEXT_COMPLETION, response_id, self.model_name, [choice], None, chunk=True))
         if include_usage:
-            counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+            counts = usage(submission.prompt_tokens, submission.completion_tokens)
             yield sse(response_object(TEXT_COMPLETION, response_id, self.model_name, [], counts, chunk=True))
 
     async def chat_completions(self, http_request: HTTPRequest) -> Response:
@@ -583,7 +538,7 @@ class OpenAIServer:
         self._check_request_tokens([prompt], body.n, tokens)
         top = (body.top_logprobs or 0) if body.logprobs else None
         submission = Submission(self, http_request)
-        submission.submit([prompt], body.generation_config(tokens), body.n, top)
+        await submission.submit([prompt], body.generation_config(tokens), body.n, top)
         response_id = new_id("chatcmpl")
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -595,10 +550,9 @@ class OpenAIServer:
 
     async def _whole_chat(self, submission: Submission, response_id: str, with_logprobs: bool) -> Response:
         choices: dict[int, dict[str, Any]] = {}
-        async for event in submission.events():
-            choice = choices.setdefault(submission.choice_index(event),
-                                        {"content": "", "logprobs": [] if with_logprobs else None,
-                                         "finish_reason": None})
+        async for index, event in submission.events():
+            choice = choices.setdefault(index, {"content": "", "logprobs": [] if with_logprobs else None,
+                                                "finish_reason": None})
             choice["content"] += event.text
             if event.token_id >= 0 and event.logprob is not None:
                 choice["logprobs"].append(chat_logprob_entry(self._token_text(event.token_id), event.logprob,
@@ -609,14 +563,13 @@ class OpenAIServer:
                    "logprobs": None if choice["logprobs"] is None else {"content": choice["logprobs"]},
                    "finish_reason": choice["finish_reason"]} for index, choice in sorted(choices.items())]
         submission.check_answered()
-        counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+        counts = usage(submission.prompt_tokens, submission.completion_tokens)
         return JSONResponse(response_object(CHAT_COMPLETION, response_id, self.model_name, listed, counts))
 
     async def _chat_chunks(self, submission: Submission, response_id: str,
                            include_usage: bool) -> AsyncIterator[bytes]:
         opened: set[int] = set()
-        async for event in submission.events():
-            index = submission.choice_index(event)
+        async for index, event in submission.events():
             delta: dict[str, Any] = {} if event.token_id < 0 else {"content": event.text}
             if index not in opened:
                 opened.add(index)
@@ -628,7 +581,7 @@ class OpenAIServer:
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": event.finish_reason}
             yield sse(response_object(CHAT_COMPLETION, response_id, self.model_name, [choice], None, chunk=True))
         if include_usage:
-            counts = usage(submission.prompt_tokens(), submission.completion_tokens())
+            counts = usage(submission.prompt_tokens, submission.completion_tokens)
             yield sse(response_object(CHAT_COMPLETION, response_id, self.model_name, [], counts, chunk=True))
 
     async def _stream(self, submission: Submission, chunks: AsyncIterator[bytes]) -> Response:
@@ -665,7 +618,8 @@ class OpenAIServer:
 
     def metrics_text(self) -> str:
         """Prometheus' text format: counters and gauges of the engine and the HTTP side."""
-        engine, stats, pool = self.engine, self.engine.stats, self.engine.pool
+        snapshot, facts = self.engine.snapshot(), self.engine.facts
+        stats = snapshot.stats
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -686,21 +640,16 @@ class OpenAIServer:
                [("", stats.prefix_cache_hit_rate)])
         metric("generated_tokens_total", "counter", "Tokens generated.", [("", stats.generated_tokens)])
         metric("engine_steps_total", "counter", "Engine steps (one forward each).", [("", stats.steps)])
-        metric("queue_length", "gauge", "Requests waiting for room.", [("", engine.queue_length)])
-        metric("running_sequences", "gauge", "Sequences decoding.", [("", engine.running)])
-        metric("cache_blocks_in_use", "gauge", "Key/value cache blocks allocated.", [("", pool.blocks_in_use)])
-        metric("cache_blocks_total", "gauge", "Key/value cache blocks in the pool.", [("", pool.num_blocks)])
-        metric("cache_block_size", "gauge", "Tokens per cache block.", [("", pool.block_size)])
+        metric("queue_length", "gauge", "Requests waiting for room.", [("", snapshot.queue_length)])
+        metric("running_sequences", "gauge", "Sequences decoding.", [("", snapshot.running)])
+        metric("cache_blocks_in_use", "gauge", "Key/value cache blocks allocated.", [("", snapshot.blocks_in_use)])
+        metric("cache_blocks_total", "gauge", "Key/value cache blocks in the pool.", [("", facts.num_blocks)])
+        metric("cache_block_size", "gauge", "Tokens per cache block.", [("", facts.block_size)])
         metric("cache_blocks_cached", "gauge", "Blocks no sequence holds, kept for the prefix cache until evicted.",
-               [("", pool.cached_blocks)])
+               [("", snapshot.cached_blocks)])
         metric("cache_tokens_stored", "gauge", "Tokens whose keys and values the cache holds.",
-               [("", engine.tokens_stored)])
+               [("", snapshot.tokens_stored)])
         return "\n".join(lines) + "\n"
-
-
-def _deliver(events: list[tuple[Submission, TokenEvent]]) -> None:
-    for submission, event in events:
-        submission.queue.put_nowait(event)
 
 
 def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
@@ -708,9 +657,10 @@ def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdow
     """Serve until SIGTERM or SIGINT, then drain (see the module's docstring) and return."""
     sys.setswitchinterval(SWITCH_INTERVAL)
     uvicorn_server(server, host, port, shutdown_timeout, log_level).run()
-    stats, pool = server.engine.stats, server.engine.pool
+    snapshot = server.engine.snapshot()
+    stats = snapshot.stats
     print(f"tformer serve: stopped: {stats.requests_finished} request(s) finished, {stats.requests_cancelled} "
-          f"cancelled, {stats.requests_timed_out} timed out; {pool.blocks_in_use} cache blocks in use",
+          f"cancelled, {stats.requests_timed_out} timed out; {snapshot.blocks_in_use} cache blocks in use",
           file=sys.stderr, flush=True)
 
 
@@ -723,8 +673,9 @@ def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout:
     class Uvicorn(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
             if server.stop_deadline is None:
-                print(f"tformer serve: stopping: no new requests; {server.engine.running} sequence(s) in flight "
-                      f"get up to {shutdown_timeout:g} s", file=sys.stderr, flush=True)
+                running = server.engine.snapshot().running
+                print(f"tformer serve: stopping: no new requests; {running} sequence(s) in flight get up to "
+                      f"{shutdown_timeout:g} s", file=sys.stderr, flush=True)
                 server.begin_stop(shutdown_timeout)
             else:
                 super().handle_exit(sig, frame)

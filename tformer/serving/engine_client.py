@@ -1,0 +1,232 @@
+"""How the HTTP server reaches the engine: the ``EngineClient`` interface, what crosses it (the engine's
+facts, its snapshots, its token events) and the client whose engine steps on a thread of the HTTP process.
+``engine_process.ProcessEngineClient`` runs the engine in a process of its own instead.
+
+The server never touches an ``Engine``. It submits a prompt and gets the request's id, or the engine's
+GenerationError before it has answered anything; it receives the request's ``TokenEvent``s on its event
+loop, through the callback it gave with the prompt, one step's events at a time; it cancels by id, reads
+snapshots for /metrics, /health and its shutdown line, and stops the engine. Events arrive without their
+``request`` (a Request holds the engine's generators, lock and callback): the callback names the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from tformer.generation.settings import GenerationConfig
+from tformer.serving.engine import Engine, EngineStats, TokenEvent
+
+EventSink = Callable[[TokenEvent], None]  # receives one request's events, on the server's event loop
+StepEvents = list[tuple[int, TokenEvent]]  # one step's events: (request id, the event without its request)
+IDLE_WAIT_SECONDS = 0.1  # how long the engine's thread sleeps on an idle engine before it looks at stopping
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the server reads of the engine once, at start-up: the pool's size, the model's context, how long a
+    request may wait for room, where an answer stops by default, and how decode steps read the pool."""
+
+    num_blocks: int
+    block_size: int
+    position_limit: int | None
+    queue_timeout: float | None
+    end_token_ids: tuple[int, ...]
+    paged_attention: str  # Engine.paged_attention_note
+
+    @classmethod
+    def of(cls, engine: Engine) -> EngineFacts:
+        return cls(engine.pool.num_blocks, engine.pool.block_size, engine.model.position_limit, engine.queue_timeout,
+                   tuple(GenerationConfig().end_ids(engine.model.config)), engine.paged_attention_note)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's counters and gauges at one moment (between two steps)."""
+
+    stats: EngineStats
+    queue_length: int
+    running: int
+    blocks_in_use: int
+    cached_blocks: int  # held by no sequence, kept for the prefix cache
+    tokens_stored: int
+    has_work: bool
+
+    @classmethod
+    def of(cls, engine: Engine) -> EngineSnapshot:
+        return cls(replace(engine.stats), engine.queue_length, engine.running, engine.pool.blocks_in_use,
+                   engine.pool.cached_blocks, engine.tokens_stored, engine.has_work())
+
+
+def detached(event: TokenEvent) -> tuple[int, TokenEvent]:
+    """``event`` as it leaves the engine: its request's id, and a copy with every other field as the engine
+    set it (``request`` None), so fields added to TokenEvent travel without a change here."""
+    return event.request.id, replace(event, request=None)
+
+
+class EngineFailure(Exception):
+    """The engine stopped (its model failed, or its process ended): the message says why."""
+
+
+class EngineBug(Exception):
+    """A submit failed in the engine process on a bug (its traceback is in that process's log); the message is
+    the exception's type, as the server's 500 names it."""
+
+
+@dataclass
+class _Route:
+    sink: EventSink
+    unfinished: int  # sequences without their last event yet
+
+
+class EngineClient(ABC):
+    """The engine as the HTTP server sees it. ``tokenizer`` reads prompts and answers in the HTTP process;
+    ``error`` is why the engine stopped (None while it runs); ``admitting`` turns False at ``stop_admitting``.
+    Every method is called on the server's event loop, after ``start``."""
+
+    def __init__(self, tokenizer, facts: EngineFacts) -> None:
+        self.tokenizer = tokenizer
+        self.facts = facts
+        self.error: str | None = None
+        self.admitting = True
+        self._routes: dict[int, _Route] = {}  # request id -> where its events go, while it runs
+
+    @abstractmethod
+    def start(self) -> None:
+        """Begin delivering events to the running event loop."""
+
+    @abstractmethod
+    async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
+                     prompt_logprobs: int | None, sink: EventSink) -> int:
+        """Queue a prompt for ``n`` sequences (``Engine.submit``'s options); the request's id. A GenerationError
+        when the engine refuses it, EngineFailure when the engine has stopped. ``sink`` gets each of its events,
+        the last of each sequence with its finish reason."""
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request still running (nothing for one that has finished): its sequences end with finish
+        reason ``cancelled`` after at most the step running now."""
+        if request_id in self._routes:
+            self._cancel(request_id)
+
+    @abstractmethod
+    def _cancel(self, request_id: int) -> None: ...
+
+    @abstractmethod
+    def cancel_all(self) -> None:
+        """Cancel every waiting and running request (the shutdown timeout passed)."""
+
+    @abstractmethod
+    def stop_admitting(self) -> None:
+        """Refuse new requests from now on (``admitting`` False); those in flight go on."""
+
+    @abstractmethod
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's counters and gauges (the latest it reported)."""
+
+    @abstractmethod
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Cancel whatever waits or runs, let the engine free its blocks, end it."""
+
+    def _follow(self, request_id: int, sink: EventSink, n: int) -> None:
+        self._routes[request_id] = _Route(sink, n)
+
+    def _route(self, events: StepEvents) -> None:
+        """Hand one step's events to their requests' sinks (on the event loop)."""
+        for request_id, event in events:
+            route = self._routes.get(request_id)
+            if route is None:
+                continue  # a request whose submitter went away before its id came back (already cancelled)
+            if event.finish_reason is not None:
+                route.unfinished -= 1
+                if not route.unfinished:
+                    del self._routes[request_id]
+            route.sink(event)
+
+
+class ThreadEngineClient(EngineClient):
+    """The engine stepping on a thread of the HTTP process (``tformer serve --engine thread``, and tests that
+    look inside the engine). The two share one interpreter lock: the HTTP side's work after each step and the
+    engine's next step take turns."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine.tokenizer, EngineFacts.of(engine))
+        self.engine = engine
+        self._outbox: StepEvents = []  # the step's events, filled on the engine's thread
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tformer-engine", daemon=True)
+
+    def start(self) -> None:
+        self._event_loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
+                     prompt_logprobs: int | None, sink: EventSink) -> int:
+        if self.error is not None:
+            raise EngineFailure(self.error)
+        request = self.engine.submit(prompt_ids, config, n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                     on_event=self._collect)
+        self._follow(request.id, sink, n)  # before any of its events: they reach the loop after this returns
+        return request.id
+
+    def _cancel(self, request_id: int) -> None:
+        self.engine.cancel(request_id)
+
+    def cancel_all(self) -> None:
+        self.engine.cancel_all()
+
+    def stop_admitting(self) -> None:
+        self.admitting = False
+        self.engine.stop_admitting()
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot.of(self.engine)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        await asyncio.to_thread(self._stop, timeout)
+
+    def _stop(self, timeout: float) -> None:
+        self.stop_admitting()
+        self.engine.cancel_all()
+        deadline = time.monotonic() + timeout
+        while self.engine.has_work() and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---- on the engine's thread -----------------------------------------------------------------------
+
+    def _collect(self, event: TokenEvent) -> None:
+        self._outbox.append(detached(event))
+
+    def _run(self) -> None:
+        """Step while there is work, sleep on the engine's condition when not; after each step, the step's
+        events to the event loop in one wake-up (not one per token)."""
+        engine = self.engine
+        while not self._stopping.is_set():
+            if not engine.wait_for_work(timeout=IDLE_WAIT_SECONDS):
+                continue
+            try:
+                engine.step()
+            except Exception as error:  # the model failed: report it, answer 500 from now on
+                self.error = str(error) or type(error).__name__
+                traceback.print_exc(file=sys.stderr)
+                return
+            finally:
+                self._deliver()
+
+    def _deliver(self) -> None:
+        if not self._outbox:
+            return
+        events, self._outbox = self._outbox, []
+        try:
+            self._event_loop.call_soon_threadsafe(self._route, events)
+        except RuntimeError:  # the event loop is closed: the server is gone
+            pass

@@ -1,0 +1,372 @@
+"""The engine in a process of its own (``tformer serve --engine process``, the default), so the HTTP side's
+work (parsing, tokenizing, formatting server-sent events) and the engine's steps run on two cores instead
+of taking turns under one interpreter lock.
+
+The engine process, started with multiprocessing's "spawn", builds the engine itself (``build`` loads the
+model from its checkpoint: a model never crosses the pipe) and loops: read the commands waiting on its
+pipe, step while there is work, and after each step send one ``Update`` holding every event of the step,
+the answers to the submits read before it and a snapshot of the engine's counters. Commands are small
+messages the other way: ``Submit``, ``Cancel``, ``CancelAll``, ``StopAdmitting``, ``Close``.
+
+The HTTP process owns shutdown: the engine process ignores SIGINT and SIGTERM, drains and exits at
+``Close``, and exits when its pipe ends (the HTTP process died), so it never outlives the server. A model
+that fails in a step has its traceback printed and its message sent as the update's ``error``; the engine
+process then exits, and the HTTP process answers 500, as it does when the engine process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import itertools
+import multiprocessing
+import queue
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from tformer.errors import TformerError
+from tformer.generation.settings import GenerationConfig, GenerationError
+from tformer.serving.engine import Engine, TokenEvent
+from tformer.serving.engine_client import (
+    EngineBug,
+    EngineClient,
+    EngineFacts,
+    EngineFailure,
+    EngineSnapshot,
+    EventSink,
+    StepEvents,
+    detached,
+)
+
+BLOCKED_WAIT_SECONDS = 0.01  # requests wait for room with nothing running: how often the engine looks again
+CLOSE_SECONDS = 5.0  # after its pipe is closed, time the engine process gets to exit before it is killed
+
+
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the HTTP process's to handle; the engine process ignores them
+
+
+# ---- the messages ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    ticket: int  # pairs the engine's answer with this submit
+    prompt_ids: list[int]
+    config: GenerationConfig
+    n: int
+    logprobs: int | None
+    prompt_logprobs: int | None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class CancelAll:
+    pass
+
+
+@dataclass(frozen=True)
+class StopAdmitting:
+    pass
+
+
+@dataclass(frozen=True)
+class Close:
+    """Cancel what is left, send the last update, exit."""
+
+
+@dataclass(frozen=True)
+class Started:
+    facts: EngineFacts
+    snapshot: EngineSnapshot
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    message: str
+
+
+@dataclass(frozen=True)
+class SubmitFailed:
+    """A submit that raised something other than the engine's refusal: a bug, named by its type."""
+
+    error_type: str
+
+
+@dataclass
+class Update:
+    """What changed since the last update: one step's events, the submits answered, the counters after."""
+
+    snapshot: EngineSnapshot
+    events: StepEvents = field(default_factory=list)
+    answers: dict[int, int | str | SubmitFailed] = field(default_factory=dict)  # ticket -> request id, or why not
+    error: str | None = None  # the model failed: the engine process ends after this update
+
+
+class EngineStartError(TformerError):
+    """The engine could not be built in its process; the message is the error it raised there."""
+
+
+# ---- the engine process ------------------------------------------------------------------------------
+
+
+def run_engine_process(connection: Connection, build: Callable[[], Engine]) -> None:
+    """The engine process's body: build the engine, say so (or why not), serve commands until ``Close`` or
+    the end of the pipe."""
+    for sig in SHUTDOWN_SIGNALS:  # the HTTP process owns shutdown
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        try:
+            engine = build()
+        except (TformerError, OSError) as error:
+            connection.send(StartFailed(str(error)))
+            return
+        connection.send(Started(EngineFacts.of(engine), EngineSnapshot.of(engine)))
+        _EngineHost(engine, connection).run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the HTTP process is gone
+        pass
+
+
+class _EngineHost:
+    """The engine process's loop: commands in, steps, one update out after each step."""
+
+    def __init__(self, engine: Engine, connection: Connection) -> None:
+        self.engine = engine
+        self.connection = connection
+        self.update = Update(EngineSnapshot.of(engine))  # what the next report sends
+        self.reported = self.update.snapshot
+
+    def run(self) -> None:
+        engine = self.engine
+        made = None  # tokens the last step made (0: it could run nothing)
+        while True:
+            wait = None if not engine.has_work() else BLOCKED_WAIT_SECONDS if made == 0 else 0.0
+            if self.connection.poll(wait) and not self.read_commands():
+                self.close()
+                return
+            if self.update.answers:  # before the step: a submitter waits for its answer
+                self.report()
+            made = None
+            if engine.has_work():
+                try:
+                    made = engine.step()
+                except Exception as error:  # the model failed: say so, then end
+                    traceback.print_exc(file=sys.stderr)
+                    self.update.error = str(error) or type(error).__name__
+                    self.report()
+                    return
+            self.report()
+
+    def read_commands(self) -> bool:
+        """Apply every command waiting on the pipe; False at ``Close``."""
+        while True:
+            command = self.connection.recv()
+            match command:
+                case Submit():
+                    self.submit(command)
+                case Cancel(request_id=request_id):
+                    self.engine.cancel(request_id)
+                case CancelAll():
+                    self.engine.cancel_all()
+                case StopAdmitting():
+                    self.engine.stop_admitting()
+                case Close():
+                    return False
+                case _:
+                    raise TypeError(f"unknown command {command!r}")
+            if not self.connection.poll():
+                return True
+
+    def submit(self, command: Submit) -> None:
+        try:
+            request = self.engine.submit(command.prompt_ids, command.config, n=command.n, logprobs=command.logprobs,
+                                         prompt_logprobs=command.prompt_logprobs, on_event=self.collect)
+        except GenerationError as error:
+            self.update.answers[command.ticket] = str(error)
+        except Exception as error:  # a bug: its traceback here, a 500 for this request, the engine goes on
+            traceback.print_exc(file=sys.stderr)
+            self.update.answers[command.ticket] = SubmitFailed(type(error).__name__)
+        else:
+            self.update.answers[command.ticket] = request.id
+
+    def collect(self, event: TokenEvent) -> None:
+        self.update.events.append(detached(event))
+
+    def report(self) -> None:
+        """Send the update when it holds anything new."""
+        update = self.update
+        update.snapshot = EngineSnapshot.of(self.engine)
+        if update.events or update.answers or update.error or update.snapshot != self.reported:
+            self.connection.send(update)
+            self.reported = update.snapshot
+            self.update = Update(update.snapshot)
+
+    def close(self) -> None:
+        """Cancel what waits or runs (their last events go out), report the pool empty."""
+        self.engine.stop_admitting()
+        self.engine.cancel_all()
+        self.engine.run_until_idle()
+        self.report()
+
+
+# ---- the HTTP process's side -------------------------------------------------------------------------
+
+
+class ProcessEngineClient(EngineClient):
+    """The engine in a process of its own, built there by ``build``: a picklable callable (a module-level
+    function, or a ``functools.partial`` of one) that loads the model and returns the Engine. Construction
+    waits until the engine is ready; an EngineStartError says why it could not be built."""
+
+    def __init__(self, build: Callable[[], Engine], tokenizer) -> None:
+        self._tickets = itertools.count()
+        self._pending: dict[int, tuple[asyncio.Future, EventSink, int]] = {}  # ticket -> its submitter
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_commands, name="tformer-engine-commands", daemon=True)
+        self._ended = asyncio.Event()  # the engine process's end of the pipe closed
+        self._closing = False  # Close sent: the engine process's end is expected
+        self._closed = False
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of this one's threads
+        self._connection, child_end = context.Pipe()
+        self._fd = self._connection.fileno()
+        self.process = context.Process(target=run_engine_process, args=(child_end, build), name="tformer-engine")
+        with _shutdown_signals_ignored():  # inherited: a Ctrl-C while the engine process starts is this one's
+            self.process.start()
+        child_end.close()  # the engine's end lives in the engine process only: its exit ends the pipe here
+        atexit.register(self.close)  # runs before multiprocessing's exit hook, which would wait for the process
+        try:
+            first = self._connection.recv()
+        except EOFError:
+            self.close()
+            raise EngineStartError(f"the engine process exited with code {self.process.exitcode} before it was "
+                                   "ready") from None
+        except BaseException:  # Ctrl-C while the model loads
+            self.close()
+            raise
+        if isinstance(first, StartFailed):
+            self.close()
+            raise EngineStartError(first.message)
+        super().__init__(tokenizer, first.facts)
+        self._snapshot = first.snapshot
+
+    def start(self) -> None:
+        asyncio.get_running_loop().add_reader(self._fd, self._read)
+        self._sender.start()
+
+    async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
+                     prompt_logprobs: int | None, sink: EventSink) -> int:
+        if self.error is not None or self._ended.is_set():
+            raise EngineFailure(self.error or "the engine has stopped")
+        ticket = next(self._tickets)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[ticket] = (future, sink, n)
+        self._commands.put(Submit(ticket, list(prompt_ids), config, n, logprobs, prompt_logprobs))
+        return await future
+
+    def _cancel(self, request_id: int) -> None:
+        self._commands.put(Cancel(request_id))
+
+    def cancel_all(self) -> None:
+        self._commands.put(CancelAll())
+
+    def stop_admitting(self) -> None:
+        self.admitting = False
+        self._commands.put(StopAdmitting())
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        self.admitting = False
+        self._closing = True
+        self._commands.put(Close())
+        try:
+            await asyncio.wait_for(self._ended.wait(), timeout)
+        except TimeoutError:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        """End the engine process now: its pipe closes (it exits at its next look), killed if still there
+        after CLOSE_SECONDS."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._commands.put(None)
+        self._connection.close()
+        self.process.join(CLOSE_SECONDS)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    # ---- on the event loop ----------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        """Apply every update waiting on the pipe (the engine writes each whole, so none is read in part)."""
+        try:
+            while self._connection.poll():
+                self._apply(self._connection.recv())
+        except (EOFError, OSError):
+            self._end()
+
+    def _apply(self, update: Update) -> None:
+        for ticket, answer in update.answers.items():
+            future, sink, n = self._pending.pop(ticket)
+            if isinstance(answer, str | SubmitFailed):
+                if not future.cancelled():
+                    future.set_exception(GenerationError(answer) if isinstance(answer, str)
+                                         else EngineBug(answer.error_type))
+            elif future.cancelled():  # its submitter is gone: nobody reads its events
+                self._commands.put(Cancel(answer))
+            else:
+                self._follow(answer, sink, n)
+                future.set_result(answer)
+        self._route(update.events)
+        self._snapshot = update.snapshot
+        if update.error is not None:
+            self.error = update.error
+
+    def _end(self) -> None:
+        """The engine process ended (a failure, a crash, or ``Close``): fail the submits waiting for answers."""
+        asyncio.get_running_loop().remove_reader(self._fd)
+        if self.error is None and not (self._closing or self._closed):
+            self.process.join(1.0)
+            self.error = f"the engine process ended (exit code {self.process.exitcode})"
+        for future, _, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(EngineFailure(self.error or "the engine has stopped"))
+        self._pending.clear()
+        self._ended.set()
+
+    # ---- on the sender thread (so the event loop never blocks on a full pipe) ------------------------
+
+    def _send_commands(self) -> None:
+        while (command := self._commands.get()) is not None:
+            try:
+                self._connection.send(command)
+            except OSError:  # the engine process is gone: the reader sees the pipe's end
+                return
+
+
+@contextlib.contextmanager
+def _shutdown_signals_ignored():
+    """SIGINT and SIGTERM ignored while inside (on the main thread, the only one that may set handlers): a
+    process started meanwhile ignores them from its first instruction, before it could set that itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SHUTDOWN_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

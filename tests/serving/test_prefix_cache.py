@@ -250,8 +250,8 @@ def test_cancelling_a_request_that_shares_blocks_leaves_the_others_intact():
     engine.step()  # both found the first's 5 blocks
     shared = first.sequences[0].table.blocks[:5]
     assert [engine.pool.references(block) for block in shared] == [3] * 5
-    engine.cancel(first)
-    engine.cancel(rest[0])
+    engine.cancel(first.id)
+    engine.cancel(rest[0].id)
     engine.step()
     assert [engine.pool.references(block) for block in shared] == [1] * 5
     pool_is_consistent(engine)
@@ -323,7 +323,7 @@ def test_five_hundred_mixed_requests_with_cancellations_leak_nothing():
         requests.append(request)
         prompts[request.id] = prompt
         if rng.random() < 0.2:  # one of the latest: waiting, prefilling or decoding
-            engine.cancel(rng.choice(requests[-12:]))
+            engine.cancel(rng.choice(requests[-12:]).id)
         if rng.random() < 0.5:
             engine.step()
             pool_is_consistent(engine)

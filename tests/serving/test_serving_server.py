@@ -328,10 +328,10 @@ def test_metrics_count_prompt_tokens_served_from_the_prefix_cache(served):
     prompt = "ROMEO: to be or not to be, that is the question."  # 48 characters: 6 full blocks of 8
     options = dict(max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     client.completions.create(model="tiny", prompt=prompt, **options)
-    before = served.engine.stats.prefix_cache_hit_tokens
+    before = served.stats().prefix_cache_hit_tokens
     answer = client.completions.create(model="tiny", prompt=prompt + " JULIET", **options).choices[0].text
     assert answer == generated(served.model, served.model.tokenizer.encode(prompt + " JULIET"), max_new_tokens=6)
-    stats = served.engine.stats
+    stats = served.stats()
     assert stats.prefix_cache_hit_tokens == before + 48
     lines = served.metrics()
     assert float(lines["tformer_prefix_cache_hit_tokens_total"]) == stats.prefix_cache_hit_tokens
@@ -341,12 +341,16 @@ def test_metrics_count_prompt_tokens_served_from_the_prefix_cache(served):
     assert float(lines["tformer_cache_blocks_cached"]) >= 6
 
 
-def test_serve_turns_prefix_caching_off_with_no_prefix_cache(checkpoint, monkeypatch):
-    engines = []
-    monkeypatch.setattr("tformer.serving.server.run", lambda server, **options: engines.append(server.engine))
-    assert main(["serve", str(checkpoint), "--port", "0"]) == 0
-    assert main(["serve", str(checkpoint), "--port", "0", "--no-prefix-cache"]) == 0
+def test_serve_turns_prefix_caching_off_and_chooses_how_decode_steps_read_the_cache(checkpoint, monkeypatch):
+    clients = []
+    monkeypatch.setattr("tformer.serving.server.run", lambda server, **options: clients.append(server.engine))
+    thread = ["serve", str(checkpoint), "--port", "0", "--engine", "thread"]
+    assert main(thread) == 0
+    assert main([*thread, "--no-prefix-cache", "--paged-attention", "gather"]) == 0
+    engines = [client.engine for client in clients]
     assert [engine.prefix_caching for engine in engines] == [True, False]
+    assert [engine.in_place for engine in engines] == [True, False]
+    assert clients[1].facts.paged_attention == "paged attention: gather (asked for)"
 
 
 def test_a_full_cache_makes_a_request_wait_then_refuses_it_with_429(checkpoint):

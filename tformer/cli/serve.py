@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import warnings
 from functools import partial
 from pathlib import Path
@@ -118,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     except ChatTemplateError as error:
         raise UsageError(f"{args.chat_template or args.checkpoint}: {error}") from None
     options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
-               "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout}
+               "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout,
+               "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention}
     threads = args.threads
     if threads is None and args.engine == "process":  # the engine's threads would fight the HTTP process for cores
         threads = max(1, torch.get_num_threads() - 1)
@@ -163,11 +163,9 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
     if tokenizer is None:
         raise _no_tokenizer(checkpoint, tokenizer_problem)
     try:
-        engine = Engine(model, tokenizer, **options)
+        return Engine(model, tokenizer, **options)
     except GenerationError as error:
         raise UsageError(f"{checkpoint}: {error}") from None
-    print(f"tformer serve: {engine.paged_attention_note}", file=sys.stderr, flush=True)
-    return engine
 
 
 def _no_tokenizer(checkpoint: str, problem: str | None):

@@ -270,6 +270,8 @@ class Engine:
     def cancel(self, request_id: int) -> None:
         """Stop the request of ``request_id`` (a client went away): its sequences finish with reason
         ``cancelled`` at the next step and their blocks return to the pool."""
+        if not isinstance(request_id, int):  # a Request given for its id would cancel nothing, silently
+            raise TypeError(f"cancel takes a request's id (Request.id), not {type(request_id).__name__}")
         with self._work:
             self._cancelled.add(request_id)
             self._work.notify_all()

@@ -692,8 +692,8 @@ def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout:
             await super().startup(sockets)
             if self.started:
                 bound_host, bound_port = self.servers[0].sockets[0].getsockname()[:2]
-                print(f"tformer serve: listening on http://{bound_host}:{bound_port} (model {server.model_name!r})",
-                      file=sys.stderr, flush=True)
+                print(f"tformer serve: listening on http://{bound_host}:{bound_port} (model {server.model_name!r}; "
+                      f"{server.engine.facts.paged_attention})", file=sys.stderr, flush=True)
 
     # The drain happens before uvicorn's own shutdown, which then only waits for the last bytes to go out.
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=log_level,

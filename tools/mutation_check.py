@@ -419,6 +419,27 @@ MUTATIONS = (
         "a Performer decoding step whose key raises the running max adds to sums still at the old level",
     ),
     Mutation(
+        "prefix-cache-computes-no-last-token", "tformer/serving/engine.py",
+        "self.pool.lookup(request.block_keys[: (length - 1) // size])",
+        "self.pool.lookup(request.block_keys[: length // size])",
+        ("tests/serving/test_prefix_cache.py",),
+        "a prompt of whole cached blocks is taken entirely from the cache, leaving no token whose logits start it",
+    ),
+    Mutation(
+        "paged-in-place-contexts-out-of-order", "tformer/nn/attention/paged.py",
+        "layout.decode_context = torch.cat(decode_contexts).to(device)",
+        "layout.decode_context = torch.cat(decode_contexts[::-1]).to(device)",
+        ("tests/nn/test_paged_kernel.py", "tests/serving/test_serving_engine.py", "-k", "sixteen or in_place"),
+        "the in-place paged kernel reads each sequence's keys at another sequence's offsets",
+    ),
+    Mutation(
+        "performer-compiled-step-keeps-the-old-level", "tformer/nn/kernels/performer_decode.cpp",
+        "const scalar_t carry = raised > previous ? std::exp(previous - raised) : scalar_t(1);",
+        "const scalar_t carry = scalar_t(1);",
+        ("tests/nn/test_performer.py", "-k", "compiled"),
+        "the compiled Performer step adds a key that raises the running max to sums still at the old level",
+    ),
+    Mutation(
         "engine-drops-the-forced-end", "tformer/serving/engine.py",
         "        chooser = TokenChooser.from_config(config, model.config, self.device)\n",
         "        chooser = TokenChooser.from_config(config.replace(forced_eos_token_id=False), model.config, "

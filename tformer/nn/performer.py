@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tformer.nn.compiled import CompiledKernelError, load
+
 
 def random_features(
     num_features: int,
@@ -263,7 +265,7 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
 def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: PerformerState,
                scale: float) -> tuple[Tensor, PerformerState]:
     """One new real position after ``carried`` (see ``decode_one_tensors``), with ``weights`` from
-    ``decoding_weights``: on the CPU, the compiled one-pass step (``nn/attention/performer_decode.cpp``),
+    ``decoding_weights``: on the CPU, the compiled one-pass step (``nn/kernels/performer_decode.cpp``),
     which reads and writes the sums once; elsewhere, or where it cannot be built, the tensor operations."""
     kernels = compiled_kernels() if q.device.type == "cpu" and weights.dtype in (torch.float32, torch.float64) else None
     if kernels is None:
@@ -310,8 +312,6 @@ def decode_one_tensors(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried
 
 def compiled_kernels():
     """The compiled CPU kernels, or None where they cannot be built (the reason: ``compiled.load``)."""
-    from tformer.nn.attention.compiled import CompiledKernelError, load
-
     try:
         return load()
     except CompiledKernelError:

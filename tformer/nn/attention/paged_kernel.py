@@ -1,11 +1,11 @@
-"""Paged decode attention in place: a small C++ kernel (``paged_decode.cpp``) that computes each decoding
+"""Paged decode attention in place: a small C++ kernel (``nn/kernels/paged_decode.cpp``) that computes each decoding
 sequence's attention over its keys and values where they sit in the block pool, instead of gathering
 every context into one padded batch for the model's kernel (``paged.py``) at every layer of every step.
 
 It computes plain softmax attention at the default scale over all of a sequence's keys, which is what
 a kernel declaring ``reads_pages`` computes for one query at the end of its context: so it serves a
 model whose every attention kernel declares it and whose positions add no bias to the scores; other
-models decode by the gather. It is one of the compiled CPU kernels (``compiled.py``: built once per
+models decode by the gather. It is one of the compiled CPU kernels (``nn/compiled.py``: built once per
 machine); on another device, or where they cannot be built, the step gathers.
 
 Modes (``Engine(paged_attention=...)``, ``tformer serve --paged-attention``): ``auto`` reads in place
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.errors import TformerError
-from tformer.nn.attention.compiled import CompiledKernelError, load
+from tformer.nn.compiled import CompiledKernelError, load
 
 MODES = ("auto", "in-place", "gather")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

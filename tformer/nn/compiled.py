@@ -1,5 +1,5 @@
-"""The compiled CPU kernels (``*.cpp`` beside this file): the in-place paged decode attention
-(``paged_decode.cpp``, see ``paged_kernel.py``) and Performer's one-pass decoding step
+"""The compiled CPU kernels (``nn/kernels/*.cpp``): the in-place paged decode attention
+(``paged_decode.cpp``, see ``nn/attention/paged_kernel.py``) and Performer's one-pass decoding step
 (``performer_decode.cpp``, see ``nn/performer.py``), where tensor operations would pass over memory
 several times or spend a step on operator calls.
 
@@ -69,7 +69,7 @@ def _build() -> ModuleType:
     flags = ["-O3", "-fopenmp", "-fno-trapping-math"]
     if capability in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]
-    folder = Path(__file__).parent
+    folder = Path(__file__).with_name("kernels")
     source = "\n".join((folder / name).read_text() for name in (*SOURCES, HEADER))
     digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
     name = f"tformer_kernels_{capability.lower()}_{digest}"

@@ -1,4 +1,4 @@
-// Arithmetic the compiled kernels share (tformer/nn/attention/compiled.py builds them).
+// Arithmetic the compiled kernels share (tformer/nn/compiled.py builds them).
 #pragma once
 
 #include <cmath>

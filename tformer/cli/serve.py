@@ -59,8 +59,8 @@ def register(subparsers) -> None:
                         help="prompt and answer tokens of all of one request's sequences, n x (prompt + max_tokens) "
                              "summed over its prompts (default: --cache-tokens)")
     parser.add_argument("--threads", type=int,
-                        help="CPU threads for the model (default: PyTorch's; one fewer with --engine process, leaving "
-                             "the HTTP process a core)")
+                        help="CPU threads for the model (default: PyTorch's; a small model served to many clients "
+                             "may do better with one fewer, leaving the HTTP process a core: docs/serving.md)")
     parser.add_argument("--engine", choices=("process", "thread"), default="process",
                         help="where the engine runs: a process of its own, beside the HTTP process (default), or "
                              "a thread of the HTTP process, sharing its interpreter lock")
@@ -119,10 +119,7 @@ def run(args: argparse.Namespace) -> int:
     options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
                "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout,
                "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention}
-    threads = args.threads
-    if threads is None and args.engine == "process":  # the engine's threads would fight the HTTP process for cores
-        threads = max(1, torch.get_num_threads() - 1)
-    build = partial(build_engine, args.checkpoint, device, quantize, threads, options)
+    build = partial(build_engine, args.checkpoint, device, quantize, args.threads, options)
     if args.engine == "thread":
         engine = ThreadEngineClient(build())
     else:

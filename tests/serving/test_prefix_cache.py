@@ -7,33 +7,22 @@ import random
 
 import pytest
 import torch
+from serving_models import VOCAB, alone
+from serving_models import small_model as engine_model
 
 import tformer
 from tformer.generation import GenerationConfig
 from tformer.nn.attention.paged import BlockPool, BlockTable, prefix_keys
 from tformer.serving import Engine
 
-VOCAB = 61
-
 
 def small_model(**overrides):
-    settings = dict(vocab_size=VOCAB, max_seq_len=128, d_model=48, num_layers=2, num_heads=4, initializer_range=0.3)
-    settings.update(overrides)
-    torch.manual_seed(0)
-    model = tformer.build_model("gpt-nano", **settings).eval()
-    with torch.no_grad():  # biases start at zero; a path that forgot one would go unseen
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(0, 0.1)
-    return model
+    """Weights large enough that greedy answers vary from token to token (a missing copy shows)."""
+    return engine_model(**{"max_seq_len": 128, "initializer_range": 0.3, **overrides})
 
 
 def random_ids(length, seed):
     return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def alone(model, prompt, config):
-    return tformer.generate(model, torch.tensor([prompt]), generation_config=config)[0, len(prompt):].tolist()
 
 
 def pool_is_consistent(engine):

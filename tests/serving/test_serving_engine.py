@@ -4,6 +4,7 @@ request or a bad one never corrupts the others."""
 
 import pytest
 import torch
+from serving_models import VOCAB, alone, small_model
 
 import tformer
 from tformer.generation import GenerationConfig, GenerationError
@@ -11,28 +12,10 @@ from tformer.nn.attention.paged import BlockPool, BlockTable, PagedLayout
 from tformer.serving import Engine
 from tformer.tokenizers import CharTokenizer
 
-VOCAB = 61
-
-
-def small_model(**overrides):
-    settings = dict(vocab_size=VOCAB, max_seq_len=96, d_model=48, num_layers=2, num_heads=4)
-    settings.update(overrides)
-    torch.manual_seed(0)
-    model = tformer.build_model("gpt-nano", **settings).eval()
-    with torch.no_grad():  # biases start at zero; a path that forgot one would go unseen
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(0, 0.1)
-    return model
-
 
 def prompts_of_lengths(lengths, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (length,), generator=generator).tolist() for length in lengths]
-
-
-def alone(model, prompt, config):
-    return tformer.generate(model, torch.tensor([prompt]), generation_config=config)[0, len(prompt):].tolist()
 
 
 LENGTHS = [1, 17, 3, 40, 8, 5, 29, 2, 11, 33, 6, 16, 4, 23, 9, 31]

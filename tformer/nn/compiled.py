@@ -52,15 +52,6 @@ def load() -> ModuleType:
         return _BUILT["module"]
 
 
-def available() -> bool:
-    """Whether the compiled kernels load (building them if need be)."""
-    try:
-        load()
-    except CompiledKernelError:
-        return False
-    return True
-
-
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import _get_build_directory, load_inline
 

@@ -110,16 +110,6 @@ class PerformerState:
     level: Tensor
     raw_max: Tensor
 
-    @property
-    def state(self) -> Tensor:
-        """(B, Hkv, M, Dv) sum_j phi(k_j)^T v_j."""
-        return self.sums[..., :-1]
-
-    @property
-    def normaliser(self) -> Tensor:
-        """(B, Hkv, M) sum_j phi(k_j)."""
-        return self.sums[..., -1]
-
     def index_select(self, rows: Tensor) -> PerformerState:
         return PerformerState(*(tensor.index_select(0, rows) for tensor in (self.sums, self.level, self.raw_max)))
 

@@ -101,7 +101,7 @@ class SortedClassifier(Model):
 
 def config(**overrides) -> TrainingConfig:
     settings = dict(max_steps=12, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=4, checkpoint_every=4,
-                    keep_last=2, early_stopping_metric="eval_accuracy", threads=1)
+                    keep_last=2, early_stopping_metric="eval_accuracy", threads=1, device="cpu")
     settings.update(overrides)
     return TrainingConfig(**settings)
 

@@ -24,6 +24,7 @@ from tformer.errors import listed, quoted
 from tformer.tokenizers import WordPieceTokenizer
 from tformer.training import TrainingConfig
 from tformer.training.config import TrainingError
+from tformer.training.distributed import pick_device
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "movie", "a", "the", "is", "film", "who", "sat",
          "on", "mat", "cat", "?", "."]
@@ -252,6 +253,18 @@ def test_evaluate_and_translate_refuse_a_missing_device_naming_the_available_one
             "this machine has: cpu, auto", folder=folder)
     refused(capsys, ["translate", str(classifier_run), "--input", data, "--device", device],
             "this machine has: cpu, auto", folder=folder)
+
+
+def test_auto_gives_each_process_its_gpu_and_refuses_more_processes_than_gpus(monkeypatch):
+    """torchrun --nproc_per_node=2 on a one-GPU machine: rank 1 is told why, instead of CUDA's invalid ordinal."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("auto", local_rank=0) == torch.device("cuda", 0)
+    with pytest.raises(TrainingError, match=r"local rank 1\) has no GPU of its own; this machine has 1 CUDA device"):
+        pick_device("auto", local_rank=1)
+    with pytest.raises(TrainingError, match="local rank 1"):
+        pick_device("cuda", local_rank=1)
+    assert pick_device("cpu", local_rank=1) == torch.device("cpu")
 
 
 def test_training_device_takes_one_gpu_by_index():

@@ -38,6 +38,7 @@ eval_every = 5
 eval_batches = 2
 checkpoint_every = 5
 dist_timeout_s = 60.0
+device = "cpu"  # gloo on CPU, also on a machine with GPUs
 """
 
 

@@ -59,7 +59,7 @@ def test_trainer_learns_and_writes_a_run_folder(tmp_path):
     text_tokens = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7] * 200)
     model = tformer.build_model("gpt-nano", vocab_size=8)
     config = TrainingConfig(max_steps=60, batch_size=8, seq_len=16, lr=1e-2, min_lr=1e-3, warmup_steps=5, eval_every=30,
-                            eval_batches=2)
+                            eval_batches=2, device="cpu")
     task = LanguageModelling(text_tokens, text_tokens)
     result = Trainer(model, config, task, out_dir=tmp_path, progress=False).train()
     assert result.final_eval_loss < 0.1

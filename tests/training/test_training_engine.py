@@ -36,7 +36,8 @@ def tiny_model(**overrides):
 
 
 def config(**overrides):
-    settings = dict(max_steps=6, batch_size=4, seq_len=16, lr=3e-3, warmup_steps=2, eval_every=3, eval_batches=2)
+    settings = dict(max_steps=6, batch_size=4, seq_len=16, lr=3e-3, warmup_steps=2, eval_every=3, eval_batches=2,
+                    device="cpu")  # these tests compare with computations on the CPU, also on a machine with a GPU
     settings.update(overrides)
     return TrainingConfig(**settings)
 

@@ -50,6 +50,10 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
         if index and int(index) >= torch.cuda.device_count():
             raise TrainingError(f"training.device={choice!r} but this machine has {torch.cuda.device_count()} CUDA "
                                 f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        if not index and local_rank >= torch.cuda.device_count():
+            raise TrainingError(f"training.device={choice!r}: this process (local rank {local_rank}) has no GPU of its "
+                                f"own; this machine has {torch.cuda.device_count()} CUDA device(s): start at most one "
+                                "process per GPU, or train on 'cpu'")
         return torch.device("cuda", int(index) if index else local_rank)
     return torch.device("cpu")
 
@@ -94,12 +98,16 @@ def wrap_model(model: nn.Module, context: ProcessContext, mode: str) -> nn.Modul
     if not context.is_distributed:
         return model
     if mode == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # The mesh on the training device: left to itself, fully_shard takes CUDA whenever PyTorch sees a GPU,
+        # also for a run on the CPU.
+        mesh = init_device_mesh(context.device.type, (context.world_size,))
         for stack in (module for module in model.modules() if isinstance(module, TransformerStack)):
             for block in stack.blocks:
-                fully_shard(block)
-        fully_shard(model)
+                fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel
 

@@ -433,6 +433,14 @@ MUTATIONS = (
         "the in-place paged kernel reads each sequence's keys at another sequence's offsets",
     ),
     Mutation(
+        "paged-in-place-reads-another-kv-head", "tformer/nn/kernels/paged_decode.cpp",
+        "const scalar_t* key = row + ((first + h) / group) * head_dim;",
+        "const scalar_t* key = row + ((first + h) % kv_heads) * head_dim;",
+        ("tests/nn/test_paged_kernel.py",),
+        "the in-place paged kernel scores a query head against the keys of a key/value head it does not share "
+        "(grouped-query attention)",
+    ),
+    Mutation(
         "performer-compiled-step-keeps-the-old-level", "tformer/nn/kernels/performer_decode.cpp",
         "const scalar_t carry = raised > previous ? std::exp(previous - raised) : scalar_t(1);",
         "const scalar_t carry = scalar_t(1);",

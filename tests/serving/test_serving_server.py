@@ -236,20 +236,23 @@ def test_errors_are_the_clients_exception_types_and_the_server_keeps_serving(ser
     served.wait_idle()
 
 
-def test_sixteen_concurrent_greedy_requests_equal_each_alone(served):
+@pytest.mark.parametrize("clients", [1, 16, 64])
+def test_concurrent_greedy_requests_equal_each_alone(served, clients):
+    """The same 64 requests from 1, 16 or 64 clients at once: every text is what ``generate`` gives the prompt
+    alone, so the batches the requests meet change nothing."""
     tokenizer = served.model.tokenizer
     generator = torch.Generator().manual_seed(0)
-    lengths = [1, 17, 3, 40, 8, 5, 29, 2, 11, 33, 6, 16, 4, 23, 9, 31]
+    lengths = [1 + (index * 13) % 41 for index in range(64)]
     prompts = [torch.randint(0, tokenizer.vocab_size, (n,), generator=generator).tolist() for n in lengths]
-    new = [10 + (index * 7) % 30 for index in range(16)]
+    new = [10 + (index * 7) % 30 for index in range(64)]
     client = served.client()
 
     def ask(index):
         return client.completions.create(model="tiny", prompt=prompts[index], max_tokens=new[index], temperature=0,
                                          extra_body={"ignore_eos": True}).choices[0].text
 
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        texts = list(pool.map(ask, range(16)))
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        texts = list(pool.map(ask, range(64)))
     for prompt, count, text in zip(prompts, new, texts, strict=True):
         assert text == generated(served.model, prompt, max_new_tokens=count)
     served.wait_idle()

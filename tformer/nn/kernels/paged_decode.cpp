@@ -16,51 +16,81 @@
 
 namespace {
 
+// Attention of one sequence's query heads [kv_first * group, kv_last * group) over its context rows. Each pool
+// row holds every key/value head side by side (Hkv * Dh values), so the loops walk the rows once, in order,
+// and use every head of the range from each row read: whole cache lines, read front to back.
+template <typename scalar_t>
+void decode_sequence(const scalar_t* queries, const scalar_t* keys, const scalar_t* values, const int64_t* rows,
+                     int64_t length, scalar_t* out, int64_t kv_first, int64_t kv_last, int64_t group,
+                     int64_t kv_heads, int64_t head_dim, double scale,
+                     std::vector<at::opmath_type<scalar_t>>& scores, std::vector<at::opmath_type<scalar_t>>& total) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t slot_stride = kv_heads * head_dim;  // one pool row: (Hkv, Dh)
+  const int64_t first = kv_first * group, count = (kv_last - kv_first) * group;  // the query heads served
+  scores.resize(count * length);  // (heads, length): head h's scores at h * length
+  total.assign(count * head_dim, acc_t(0));
+  for (int64_t j = 0; j < length; ++j) {
+    const scalar_t* row = keys + rows[j] * slot_stride;
+    for (int64_t h = 0; h < count; ++h) {
+      const scalar_t* query = queries + (first + h) * head_dim;
+      const scalar_t* key = row + ((first + h) / group) * head_dim;
+      acc_t dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<acc_t>(query[d]) * static_cast<acc_t>(key[d]);
+      scores[h * length + j] = dot * static_cast<acc_t>(scale);
+    }
+  }
+  std::vector<acc_t> inverse(count);
+  for (int64_t h = 0; h < count; ++h) {
+    acc_t* weights = scores.data() + h * length;
+    acc_t largest = -std::numeric_limits<acc_t>::infinity();
+    for (int64_t j = 0; j < length; ++j) largest = weights[j] > largest ? weights[j] : largest;
+    acc_t normaliser = 0;
+#pragma omp simd reduction(+ : normaliser)
+    for (int64_t j = 0; j < length; ++j) {
+      weights[j] = tformer::vector_exp(weights[j] - largest);
+      normaliser += weights[j];
+    }
+    // A sequence with no keys (never built by the engine) gets zeros, as every kernel gives it.
+    inverse[h] = normaliser > 0 ? acc_t(1) / normaliser : acc_t(0);
+  }
+  for (int64_t j = 0; j < length; ++j) {
+    const scalar_t* row = values + rows[j] * slot_stride;
+    for (int64_t h = 0; h < count; ++h) {
+      const scalar_t* value = row + ((first + h) / group) * head_dim;
+      const acc_t weight = scores[h * length + j];
+      acc_t* sum = total.data() + h * head_dim;
+#pragma omp simd
+      for (int64_t d = 0; d < head_dim; ++d) sum[d] += weight * static_cast<acc_t>(value[d]);
+    }
+  }
+  for (int64_t h = 0; h < count; ++h) {
+    scalar_t* row = out + (first + h) * head_dim;
+    const acc_t* sum = total.data() + h * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) row[d] = static_cast<scalar_t>(sum[d] * inverse[h]);
+  }
+}
+
+// Every sequence, whole (all its heads in one pass over its rows) when there are enough sequences to keep the
+// threads busy; otherwise (few sequences, long contexts: batch-1 decoding) one key/value head at a time, so
+// the threads share the heads.
 template <typename scalar_t>
 void decode_rows(const scalar_t* queries, const scalar_t* keys, const scalar_t* values, const int64_t* context,
                  const int64_t* offsets, scalar_t* out, int64_t batch, int64_t heads, int64_t kv_heads,
                  int64_t head_dim, double scale) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t group = heads / kv_heads;
-  const int64_t slot_stride = kv_heads * head_dim;  // one pool row: (Hkv, Dh)
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scores, total(head_dim);
+  const int64_t parts = batch >= 2 * at::get_num_threads() ? 1 : kv_heads;  // pieces of each sequence
+  const int64_t heads_per_part = kv_heads / parts;
+  at::parallel_for(0, batch * parts, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scores, total;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t sequence = item / kv_heads, kv_head = item % kv_heads;
-      const int64_t start = offsets[sequence], length = offsets[sequence + 1] - start;
-      scores.resize(length);
-      for (int64_t member = 0; member < group; ++member) {  // the query heads sharing this key/value head
-        const int64_t head = kv_head * group + member;
-        const scalar_t* query = queries + (sequence * heads + head) * head_dim;
-        acc_t largest = -std::numeric_limits<acc_t>::infinity();
-        for (int64_t j = 0; j < length; ++j) {
-          const scalar_t* key = keys + context[start + j] * slot_stride + kv_head * head_dim;
-          acc_t dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<acc_t>(query[d]) * static_cast<acc_t>(key[d]);
-          scores[j] = dot * static_cast<acc_t>(scale);
-          largest = scores[j] > largest ? scores[j] : largest;
-        }
-        acc_t normaliser = 0;
-        acc_t* weights = scores.data();
-#pragma omp simd reduction(+ : normaliser)
-        for (int64_t j = 0; j < length; ++j) {
-          weights[j] = tformer::vector_exp(weights[j] - largest);
-          normaliser += weights[j];
-        }
-        std::fill(total.begin(), total.end(), acc_t(0));
-        for (int64_t j = 0; j < length; ++j) {
-          const scalar_t* value = values + context[start + j] * slot_stride + kv_head * head_dim;
-          const acc_t weight = scores[j];
-          acc_t* sum = total.data();
-#pragma omp simd
-          for (int64_t d = 0; d < head_dim; ++d) sum[d] += weight * static_cast<acc_t>(value[d]);
-        }
-        // A sequence with no keys (never built by the engine) gets zeros, as every kernel gives it.
-        const acc_t inverse = normaliser > 0 ? acc_t(1) / normaliser : acc_t(0);
-        scalar_t* row = out + (sequence * heads + head) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) row[d] = static_cast<scalar_t>(total[d] * inverse);
-      }
+      const int64_t sequence = item / parts, part = item % parts;
+      const int64_t start = offsets[sequence];
+      decode_sequence<scalar_t>(queries + sequence * heads * head_dim, keys, values, context + start,
+                                offsets[sequence + 1] - start, out + sequence * heads * head_dim,
+                                part * heads_per_part, (part + 1) * heads_per_part, group, kv_heads, head_dim, scale,
+                                scores, total);
     }
   });
 }

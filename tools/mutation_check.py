@@ -441,6 +441,13 @@ MUTATIONS = (
         "(grouped-query attention)",
     ),
     Mutation(
+        "int8-compiled-scales-by-the-blocks-first-row", "tformer/nn/kernels/int8_matvec.cpp",
+        "out[r * outputs + o + k] = sums[r][k] * scales[o + k];",
+        "out[r * outputs + o + k] = sums[r][k] * scales[o];",
+        ("tests/nn/test_quantization.py", "-k", "compiled"),
+        "the compiled int8 kernel scales four output rows by the first one's scale",
+    ),
+    Mutation(
         "performer-compiled-step-keeps-the-old-level", "tformer/nn/kernels/performer_decode.cpp",
         "const scalar_t carry = raised > previous ? std::exp(previous - raised) : scalar_t(1);",
         "const scalar_t carry = scalar_t(1);",

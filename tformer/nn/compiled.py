@@ -1,7 +1,8 @@
 """The compiled CPU kernels (``nn/kernels/*.cpp``): the in-place paged decode attention
-(``paged_decode.cpp``, see ``nn/attention/paged_kernel.py``) and Performer's one-pass decoding step
-(``performer_decode.cpp``, see ``nn/performer.py``), where tensor operations would pass over memory
-several times or spend a step on operator calls.
+(``paged_decode.cpp``, see ``nn/attention/paged_kernel.py``), Performer's one-pass decoding step
+(``performer_decode.cpp``, see ``nn/performer.py``) and int8 weights times a few rows of activations
+(``int8_matvec.cpp``, see ``nn/weights/int8.py``), where tensor operations would pass over memory several
+times or spend a step on operator calls.
 
 They are built together on first use with ``torch.utils.cpp_extension`` (the machine's C++ compiler and
 ninja), once per machine and source: PyTorch caches the build under ``TORCH_EXTENSIONS_DIR`` (by default
@@ -24,9 +25,9 @@ import torch
 
 from tformer.errors import TformerError
 
-SOURCES = ("paged_decode.cpp", "performer_decode.cpp")
+SOURCES = ("paged_decode.cpp", "performer_decode.cpp", "int8_matvec.cpp")
 HEADER = "kernel_math.h"  # what they share, included by each (its text is part of the build's name)
-FUNCTIONS = ["paged_decode", "performer_decode"]
+FUNCTIONS = ["paged_decode", "performer_decode", "int8_matvec"]
 _BUILT: dict[str, ModuleType | str] = {}  # "module" -> the loaded extension, or "error" -> why it failed
 _BUILDING = threading.Lock()
 
@@ -60,6 +61,8 @@ def _build() -> ModuleType:
     flags = ["-O3", "-fopenmp", "-fno-trapping-math"]
     if capability in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]
+    if capability == "AVX512":  # what PyTorch's AVX512 capability guarantees, in 512-bit registers
+        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vector-width=512"]
     folder = Path(__file__).with_name("kernels")
     source = "\n".join((folder / name).read_text() for name in (*SOURCES, HEADER))
     digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]

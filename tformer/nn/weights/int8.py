@@ -1,7 +1,8 @@
 """The ``int8`` weight backend: each output row of the weight as 8-bit integers and one float scale
 (symmetric: w ~ q * scale, q in [-127, 127], scale = max |w| of the row / 127), multiplied by
-``aten._weight_int8pack_mm``. A quarter of float32's bytes; the error of a weight is at most half a
-step (scale / 2)."""
+``aten._weight_int8pack_mm`` or, for a few rows, by tformer's own compiled kernel
+(``nn/kernels/int8_matvec.cpp``: the "compiled" way, in float32). A quarter of float32's bytes; the error of
+a weight is at most half a step (scale / 2)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.nn import compiled
 from tformer.nn.weights.quantized import QuantizedLinear
 
 
@@ -25,6 +27,7 @@ class Int8Linear(QuantizedLinear):
     """A linear layer whose weight is ``qweight`` (out, in) int8 times ``scales`` (out,) float32."""
 
     name = "int8"
+    ways = ("kernel", "product", "compiled")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -58,6 +61,9 @@ class Int8Linear(QuantizedLinear):
     def _kernel(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self._kernel_scales)
 
+    def _compiled(self, rows: Tensor) -> Tensor:
+        return compiled.load().int8_matvec(rows.float().contiguous(), self.qweight, self.scales)
+
     def _product(self, rows: Tensor) -> Tensor:
         # The integers are exact in bfloat16 and float32 alike; the row scales apply to the outputs.
         return F.linear(rows, self.qweight.to(rows.dtype)) * self.scales.to(rows.dtype)
@@ -72,7 +78,7 @@ class W8A8Linear(Int8Linear):
     rows multiply several times faster than in float. The checkpoint is int8's."""
 
     name = "w8a8"
-    ways = ("kernel", "product", "dynamic")
+    ways = ("kernel", "product", "compiled", "dynamic")
 
     def _dynamic(self, rows: Tensor) -> Tensor:
         rows = rows.float()

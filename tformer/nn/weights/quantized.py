@@ -11,8 +11,10 @@ product over its integers converted to floats on the fly (``_product``; int8's i
 bfloat16, the scales applied to the output). Which dtype each way runs fastest in depends on the host
 (bfloat16 on CPUs with native bf16 units, float32 on others), so ``plan_for`` measures the ways once per
 process and backend and keeps the fastest for few rows and for many (a ``Plan``). Results differ
-between the ways by bfloat16's rounding only. The ``w8a8`` backend adds a third way, "dynamic"
-(``int8.py``: activations rounded to int8 per row, an integer product), whose rounding is its scheme's.
+between the ways by bfloat16's rounding only. The int8 backends race one more way for few rows, "compiled"
+(``nn/kernels/int8_matvec.cpp``, float32: each weight row read once, converted in registers, the next rows
+prefetched), where tformer's compiled kernels build; ``w8a8`` adds "dynamic" (``int8.py``: activations
+rounded to int8 per row, an integer product), whose rounding is its scheme's.
 
 A quantized layer keeps no float weight: it is lossy, so ``use_weights`` never swaps it for another
 backend (``to_linear`` gives a float layer back explicitly, with the quantization's error in it). Off the
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.nn import compiled
 from tformer.nn.weights.backend import LinearBackend
 
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
@@ -42,8 +45,8 @@ MANY_ROWS = 32
 class Plan:
     """How a backend multiplies on this host: few rows by ``few_way`` in ``few``, many rows by ``many_way`` in
     ``many``. A way is "kernel" (the fused kernel), "product" (a matrix product over the integers as floats) or,
-    for backends that take it, "dynamic" (activations rounded to int8 per row, an integer matrix product; its
-    dtype is None)."""
+    for backends that take it, "compiled" (tformer's own CPU kernel, float32, few rows only) or "dynamic"
+    (activations rounded to int8 per row, an integer matrix product; its dtype is None)."""
 
     few_way: str
     few: torch.dtype | None
@@ -121,12 +124,19 @@ class QuantizedLinear(LinearBackend):
         name "dynamic")."""
         raise NotImplementedError
 
+    def _compiled(self, rows: Tensor) -> Tensor:
+        """rows (N, in) -> (N, out) float32 by tformer's compiled CPU kernel (backends whose ``ways`` name
+        "compiled"): one pass over the integers, converted to floats in registers."""
+        raise NotImplementedError
+
     def _multiply(self, way: str, dtype: torch.dtype | None, rows: Tensor) -> Tensor:
         """rows (N, in) -> (N, out) by ``way`` in ``dtype`` (a ``Plan``'s choice)."""
         if way == "kernel" and self.kernel_accepts(dtype):
             return self._kernel(rows.to(dtype).contiguous())
         if way in ("kernel", "product"):
             return self._product(rows.to(dtype))
+        if way == "compiled":
+            return self._compiled(rows)
         return self._dynamic(rows)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -191,20 +201,31 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
             layers[dtype or torch.float32]._multiply(way, dtype, x) for x in inputs[regime]] for way, dtype in ways})
 
     dynamic = [("dynamic", None)] * ("dynamic" in backend.ways)
+    own = [("compiled", torch.float32)] * ("compiled" in backend.ways and _compiled_kernels_load())  # few rows only
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see plan_for
     try:
         with torch.no_grad():
-            few = timed("few", [("kernel", dtype) for dtype in COMPUTE_DTYPES] + dynamic)
+            few = timed("few", [("kernel", dtype) for dtype in COMPUTE_DTYPES] + own + dynamic)
             # The kernel runs in its faster dtype at few rows; many rows race it in that dtype only.
             kernel_dtype = min(COMPUTE_DTYPES, key=lambda dtype: few["kernel", dtype])
-            few_way, few_dtype = min([("kernel", kernel_dtype)] + dynamic, key=few.__getitem__)
+            few_way, few_dtype = min([("kernel", kernel_dtype)] + own + dynamic, key=few.__getitem__)
             many = timed("many", [("kernel", kernel_dtype)] + [("product", dtype) for dtype in COMPUTE_DTYPES]
                          + dynamic)
             many_way, many_dtype = min(many, key=many.__getitem__)
     finally:
         torch.set_num_threads(threads)
     return Plan(few_way, few_dtype, many_way, many_dtype)
+
+
+def _compiled_kernels_load() -> bool:
+    """Whether tformer's compiled CPU kernels are built here (``nn/compiled.py``); a way that needs them is
+    left out of the race where they are not."""
+    try:
+        compiled.load()
+    except compiled.CompiledKernelError:
+        return False
+    return True
 
 
 def _fastest_of_rounds(calls: dict, rounds: int = 5, repeats: int = 10) -> dict:
@@ -229,4 +250,6 @@ def _fastest_of_rounds(calls: dict, rounds: int = 5, repeats: int = 10) -> dict:
 def _way_text(way: str, dtype: torch.dtype | None) -> str:
     if way == "dynamic":
         return "dynamic (activations rounded to int8 per row, integer product)"
+    if way == "compiled":
+        return "compiled kernel in float32 (tformer's own, one pass over the integers)"
     return f"{way} in {str(dtype).removeprefix('torch.')}"

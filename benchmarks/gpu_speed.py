@@ -214,7 +214,6 @@ def attention(rounds: int) -> None:
             work[kernel] = step
         for function in work.values():
             function()
-        torch.cuda.reset_peak_memory_stats()
         seconds = median_seconds(work, rounds)
         print(f"  {length} tokens x 4: " + ", ".join(f"{name} {value * 1000:.1f} ms"
                                                      for name, value in seconds.items()))

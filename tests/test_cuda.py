@@ -47,21 +47,31 @@ def padded_mask(batch: int, length: int) -> torch.Tensor:
     return mask
 
 
+def tokens_in_and_out(config, length: int = 24, padded: bool = False) -> dict:
+    """A decoder's or an encoder's inputs: ids, labels over the vocabulary, a half-padded row if ``padded``."""
+    inputs = dict(input_ids=ids(2, length, config.vocab_size), labels=ids(2, length, config.vocab_size))
+    return inputs | (dict(attention_mask=padded_mask(2, length)) if padded else {})
+
+
+# Each family: its model, and its inputs made from the model's config.
 FAMILIES = {
     "gpt2": (lambda: tformer.build_model("gpt2", num_layers=2, d_model=64, num_heads=4, vocab_size=96),
-             lambda: dict(input_ids=ids(2, 24, 96), labels=ids(2, 24, 96))),
+             tokens_in_and_out),
     "llama": (lambda: tformer.build_model("llama-small", num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
                                           vocab_size=96),
-              lambda: dict(input_ids=ids(2, 24, 96), labels=ids(2, 24, 96))),
+              tokens_in_and_out),
     "bert": (lambda: tformer.build_model("bert-tiny", vocab_size=96, max_seq_len=32, head="masked_lm"),
-             lambda: dict(input_ids=ids(2, 24, 96), attention_mask=padded_mask(2, 24), labels=ids(2, 24, 96))),
+             lambda config: tokens_in_and_out(config, padded=True)),
     "vit": (lambda: tformer.build_model("vit-mnist", num_layers=2, d_model=64),
-            lambda: dict(pixel_values=torch.randn(2, 1, 28, 28, generator=GENERATOR), labels=torch.tensor([3, 7]))),
+            lambda config: dict(pixel_values=torch.randn(2, 1, 28, 28, generator=GENERATOR),
+                                labels=torch.tensor([3, 7]))),
     "encoder-decoder": (lambda: tformer.build_model("transformer-base", num_layers=2, d_model=64, num_heads=4,
                                                     d_ff=128, vocab_size=96),
-                        lambda: dict(input_ids=ids(2, 12, 96), attention_mask=padded_mask(2, 12),
-                                     labels=ids(2, 10, 96))),
-    "speech": (lambda: tformer.build_model("whisper-digits", max_source_positions=20), None),
+                        lambda config: dict(input_ids=ids(2, 12, 96), attention_mask=padded_mask(2, 12),
+                                            labels=ids(2, 10, 96))),
+    "speech": (lambda: tformer.build_model("whisper-digits", max_source_positions=20),
+               lambda config: dict(input_features=torch.randn(2, config.num_mel_bins, 40, generator=GENERATOR),
+                                   labels=ids(2, 6, config.vocab_size))),
 }
 
 
@@ -85,12 +95,7 @@ def test_every_family_trains_on_the_gpu_as_on_the_cpu(family):
     build, inputs_for = FAMILIES[family]
     torch.manual_seed(0)
     model = build()
-    if family == "speech":
-        config = model.config
-        inputs = dict(input_features=torch.randn(2, config.num_mel_bins, 40, generator=GENERATOR),
-                      labels=ids(2, 6, config.vocab_size))
-    else:
-        inputs = inputs_for()
+    inputs = inputs_for(model.config)
     cpu = forward_and_backward(model, inputs, "cpu")
     gpu = forward_and_backward(model, inputs, "cuda")
     assert_near(gpu[0], cpu[0])

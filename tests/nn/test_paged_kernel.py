@@ -130,7 +130,7 @@ def test_without_the_compiled_kernels_the_engine_gathers_and_performer_uses_tens
 import torch, tformer
 from tformer.serving import Engine
 from tformer.generation import GenerationConfig, GenerationError
-from tformer.nn.performer import compiled_kernels
+from tformer.nn.compiled import load_or_none
 torch.manual_seed(0)
 model = tformer.build_model("gpt-nano", vocab_size=53, max_seq_len=64, d_model=48, num_layers=2, num_heads=6).eval()
 engine = Engine(model, cache_tokens=256)
@@ -143,7 +143,7 @@ config = GenerationConfig(max_new_tokens=8, eos_token_id=())
 [request] = engine.complete([[1, 2, 3]], config)
 alone = tformer.generate(model, torch.tensor([[1, 2, 3]]), generation_config=config)[0, 3:].tolist()
 print(request.outputs()[0] == alone)
-print(compiled_kernels() is None)
+print(load_or_none() is None)
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "TFORMER_COMPILED_KERNELS": "0"})

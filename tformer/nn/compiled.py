@@ -53,6 +53,15 @@ def load() -> ModuleType:
         return _BUILT["module"]
 
 
+def load_or_none() -> ModuleType | None:
+    """The compiled kernels, or None where they cannot be built (the reason: ``load``'s error): for callers
+    with a tensor-operation path to fall back on."""
+    try:
+        return load()
+    except CompiledKernelError:
+        return None
+
+
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import _get_build_directory, load_inline
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tformer.nn.compiled import CompiledKernelError, load
+from tformer.nn.compiled import load_or_none
 
 
 def random_features(
@@ -257,7 +257,7 @@ def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: Perfor
     """One new real position after ``carried`` (see ``decode_one_tensors``), with ``weights`` from
     ``decoding_weights``: on the CPU, the compiled one-pass step (``nn/kernels/performer_decode.cpp``),
     which reads and writes the sums once; elsewhere, or where it cannot be built, the tensor operations."""
-    kernels = compiled_kernels() if q.device.type == "cpu" and weights.dtype in (torch.float32, torch.float64) else None
+    kernels = load_or_none() if q.device.type == "cpu" and weights.dtype in (torch.float32, torch.float64) else None
     if kernels is None:
         return decode_one_tensors(q, k, v, weights, carried, scale)
     dtype = weights.dtype
@@ -298,14 +298,6 @@ def decode_one_tensors(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried
     out = _normalised(torch.bmm(q_features, sums))  # (rows, G, Dv)
     new_level = raw.view(batch, kv_heads)
     return out.view(batch, heads, 1, width).to(out_dtype), PerformerState(carried.sums, new_level, new_level)
-
-
-def compiled_kernels():
-    """The compiled CPU kernels, or None where they cannot be built (the reason: ``compiled.load``)."""
-    try:
-        return load()
-    except CompiledKernelError:
-        return None
 
 
 def _finite_or_zero(stabiliser: Tensor) -> Tensor:

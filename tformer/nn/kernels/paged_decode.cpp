@@ -23,7 +23,8 @@ template <typename scalar_t>
 void decode_sequence(const scalar_t* queries, const scalar_t* keys, const scalar_t* values, const int64_t* rows,
                      int64_t length, scalar_t* out, int64_t kv_first, int64_t kv_last, int64_t group,
                      int64_t kv_heads, int64_t head_dim, double scale,
-                     std::vector<at::opmath_type<scalar_t>>& scores, std::vector<at::opmath_type<scalar_t>>& total) {
+                     std::vector<at::opmath_type<scalar_t>>& scores, std::vector<at::opmath_type<scalar_t>>& total,
+                     std::vector<at::opmath_type<scalar_t>>& inverse) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t slot_stride = kv_heads * head_dim;  // one pool row: (Hkv, Dh)
   const int64_t first = kv_first * group, count = (kv_last - kv_first) * group;  // the query heads served
@@ -40,7 +41,7 @@ void decode_sequence(const scalar_t* queries, const scalar_t* keys, const scalar
       scores[h * length + j] = dot * static_cast<acc_t>(scale);
     }
   }
-  std::vector<acc_t> inverse(count);
+  inverse.resize(count);  // 1 / each head's softmax normaliser
   for (int64_t h = 0; h < count; ++h) {
     acc_t* weights = scores.data() + h * length;
     acc_t largest = -std::numeric_limits<acc_t>::infinity();
@@ -83,14 +84,14 @@ void decode_rows(const scalar_t* queries, const scalar_t* keys, const scalar_t* 
   const int64_t parts = batch >= 2 * at::get_num_threads() ? 1 : kv_heads;  // pieces of each sequence
   const int64_t heads_per_part = kv_heads / parts;
   at::parallel_for(0, batch * parts, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scores, total;
+    std::vector<acc_t> scores, total, inverse;  // a thread's buffers, reused from sequence to sequence
     for (int64_t item = begin; item < end; ++item) {
       const int64_t sequence = item / parts, part = item % parts;
       const int64_t start = offsets[sequence];
       decode_sequence<scalar_t>(queries + sequence * heads * head_dim, keys, values, context + start,
                                 offsets[sequence + 1] - start, out + sequence * heads * head_dim,
                                 part * heads_per_part, (part + 1) * heads_per_part, group, kv_heads, head_dim, scale,
-                                scores, total);
+                                scores, total, inverse);
     }
   });
 }

@@ -201,7 +201,8 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
             layers[dtype or torch.float32]._multiply(way, dtype, x) for x in inputs[regime]] for way, dtype in ways})
 
     dynamic = [("dynamic", None)] * ("dynamic" in backend.ways)
-    own = [("compiled", torch.float32)] * ("compiled" in backend.ways and _compiled_kernels_load())  # few rows only
+    # tformer's compiled kernel races for few rows only, and only where the kernels build (nn/compiled.py)
+    own = [("compiled", torch.float32)] * ("compiled" in backend.ways and compiled.load_or_none() is not None)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see plan_for
     try:
@@ -216,16 +217,6 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
     finally:
         torch.set_num_threads(threads)
     return Plan(few_way, few_dtype, many_way, many_dtype)
-
-
-def _compiled_kernels_load() -> bool:
-    """Whether tformer's compiled CPU kernels are built here (``nn/compiled.py``); a way that needs them is
-    left out of the race where they are not."""
-    try:
-        compiled.load()
-    except compiled.CompiledKernelError:
-        return False
-    return True
 
 
 def _fastest_of_rounds(calls: dict, rounds: int = 5, repeats: int = 10) -> dict:

@@ -83,8 +83,8 @@ def load(
         if new_head:
             raise CheckpointError(f"{folder}: a quantized model ({saved_scheme.describe()}) cannot take a new head; "
                                   "fine-tune its float checkpoint, then quantize")
-        if (wanted.method, wanted.group_size, wanted.head) != (saved_scheme.method, saved_scheme.group_size,
-                                                               saved_scheme.head):
+        if (wanted.method, wanted.group_size, wanted.head, wanted.embeddings) != (
+                saved_scheme.method, saved_scheme.group_size, saved_scheme.head, saved_scheme.embeddings):
             raise CheckpointError(f"{folder}: quantized already ({saved_scheme.describe()}); it cannot be quantized "
                                   f"again as {wanted.describe()} (quantize its float checkpoint)")
     if is_hf_config(raw):

@@ -2,9 +2,10 @@
 backend (``nn/weights``), and the scheme a checkpoint records in config.json so that ``tformer.load`` gives the same
 quantized model back.
 
-``quantize(model, "int8")`` swaps the layers in place (the output head too unless ``head=False``; a tied head
-gets its own quantized copy while the token table keeps its exact lookup). int4 groups ``group_size``
-inputs; a layer whose inputs are not a multiple of it stays in float and the scheme lists it
+``quantize(model, "int8")`` swaps the layers in place (the output head too unless ``head=False``) and, unless
+``embeddings=False``, holds the token tables as int8 rows (``nn/weights/table.py``; a table tied to an int8 head
+reads the head's rows, one copy; tied to a float head it stays that head's float weight). int4 groups
+``group_size`` inputs; a layer whose inputs are not a multiple of it stays in float and the scheme lists it
 (``float_layers``). A quantized model is for inference: training it is refused, and a Hugging Face export
 writes its dequantized weights (with a warning).
 """
@@ -17,9 +18,12 @@ from typing import Any
 from torch import nn
 
 from tformer.errors import TformerError
+from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.weights import QUANTIZED_BACKENDS
 from tformer.nn.weights.int4 import GROUP_SIZES, int4_problem
+from tformer.nn.weights.int8 import Int8Linear
 from tformer.nn.weights.quantized import Plan, QuantizedLinear, plan_for
+from tformer.nn.weights.table import QuantizedTable
 
 METHODS = QUANTIZED_BACKENDS
 DEFAULT_GROUP_SIZE = 64
@@ -33,12 +37,14 @@ class QuantizationError(TformerError):
 class QuantizationScheme:
     """How a model's linear layers are quantized: ``method`` (int8: per output channel; w8a8: int8's weights,
     activations rounded to int8 per row where faster; int4: per group of ``group_size`` inputs), whether the
-    output ``head`` is, and the layers kept in float (``float_layers``)."""
+    output ``head`` is, whether the token tables are held as int8 rows (``embeddings``), and the layers kept
+    in float (``float_layers``)."""
 
     method: str
     group_size: int | None = None
     head: bool = True
     float_layers: tuple[str, ...] = field(default=())
+    embeddings: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -48,42 +54,47 @@ class QuantizationScheme:
                                     f"{', '.join(map(str, GROUP_SIZES))}")
         if self.method != "int4" and self.group_size is not None:
             raise QuantizationError(f"{self.method} is per output channel: it takes no group_size")
-        if not isinstance(self.head, bool):
-            raise QuantizationError(f"quantization head={self.head!r} must be true or false")
+        for name in ("head", "embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise QuantizationError(f"quantization {name}={getattr(self, name)!r} must be true or false")
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "group_size": self.group_size, "head": self.head,
-                "float_layers": list(self.float_layers)}
+                "float_layers": list(self.float_layers), "embeddings": self.embeddings}
 
     @classmethod
     def from_dict(cls, raw: Any) -> QuantizationScheme:
         """The scheme config.json records; anything else is refused with the reason."""
-        if not isinstance(raw, dict) or set(raw) - {"method", "group_size", "head", "float_layers"}:
+        if not isinstance(raw, dict) or set(raw) - {"method", "group_size", "head", "float_layers", "embeddings"}:
             raise QuantizationError(f"quantization {raw!r} is not a scheme tformer knows (an object with method, "
-                                    "group_size, head, float_layers)")
+                                    "group_size, head, float_layers, embeddings)")
         layers = raw.get("float_layers", [])
         if not isinstance(layers, list) or not all(isinstance(name, str) for name in layers):
             raise QuantizationError(f"quantization float_layers={layers!r} must be a list of layer names")
-        return cls(raw.get("method"), raw.get("group_size"), raw.get("head", True), tuple(layers))
+        # Folders written before token tables were quantized record no "embeddings": their tables are float.
+        return cls(raw.get("method"), raw.get("group_size"), raw.get("head", True), tuple(layers),
+                   raw.get("embeddings", False))
 
     def describe(self) -> str:
         text = self.method + (f", groups of {self.group_size}" if self.group_size else "")
         text += "" if self.head else ", head in float"
+        text += "" if self.embeddings else ", token tables in float"
         return text + (f", {len(self.float_layers)} layer(s) in float" if self.float_layers else "")
 
 
-def scheme_for(method: str, group_size: int | None = None, head: bool = True) -> QuantizationScheme:
+def scheme_for(method: str, group_size: int | None = None, head: bool = True,
+               embeddings: bool = True) -> QuantizationScheme:
     """The scheme a user asks for by name: int4's group size defaults to 64, int8 and w8a8 take none."""
     if method == "int4" and group_size is None:
         group_size = DEFAULT_GROUP_SIZE
-    return QuantizationScheme(method, group_size, head)
+    return QuantizationScheme(method, group_size, head, embeddings=embeddings)
 
 
 def quantize(model: nn.Module, method: str | QuantizationScheme, group_size: int | None = None,
-             head: bool = True) -> nn.Module:
-    """Quantize ``model``'s linear layers in place (returned too) and record the scheme as
-    ``model.quantization``."""
-    scheme = method if isinstance(method, QuantizationScheme) else scheme_for(method, group_size, head)
+             head: bool = True, embeddings: bool = True) -> nn.Module:
+    """Quantize ``model``'s linear layers (and token tables, unless ``embeddings=False``) in place (returned
+    too) and record the scheme as ``model.quantization``."""
+    scheme = method if isinstance(method, QuantizationScheme) else scheme_for(method, group_size, head, embeddings)
     _check_model(model)
     if getattr(model, "quantization", None) is not None:
         raise QuantizationError(f"this model is quantized already ({model.quantization.describe()}); quantize "
@@ -96,7 +107,10 @@ def quantize(model: nn.Module, method: str | QuantizationScheme, group_size: int
             kept.append(name)
             continue
         setattr(parent, child_name, METHODS[scheme.method].from_linear(linear, **_options(scheme)))
-    model.quantization = QuantizationScheme(scheme.method, scheme.group_size, scheme.head, tuple(kept))
+    if scheme.embeddings:
+        _quantize_tables(model, QuantizedTable.from_embedding)
+    model.quantization = QuantizationScheme(scheme.method, scheme.group_size, scheme.head, tuple(kept),
+                                            scheme.embeddings)
     return model
 
 
@@ -109,6 +123,8 @@ def prepare_quantized(model: nn.Module, scheme: QuantizationScheme) -> nn.Module
             continue
         setattr(parent, child_name, METHODS[scheme.method].empty(linear.in_features, linear.out_features,
                                                                  linear.bias is not None, **_options(scheme)))
+    if scheme.embeddings:
+        _quantize_tables(model, lambda table: QuantizedTable.empty(table.num_embeddings, table.embedding_dim))
     model.quantization = scheme
     return model
 
@@ -116,6 +132,9 @@ def prepare_quantized(model: nn.Module, scheme: QuantizationScheme) -> nn.Module
 def dequantized(model: nn.Module) -> nn.Module:
     """``model`` with every quantized layer back in float (in place; the quantization's error stays in the
     weights), tied heads tied again to the token table, and no scheme."""
+    for _, embedding, table in _token_tables(model):
+        if isinstance(table, QuantizedTable):
+            embedding.token = table.to_embedding()
     for _, parent, child_name, linear in _linear_layers(model):
         if isinstance(linear, QuantizedLinear):
             setattr(parent, child_name, linear.to_linear())
@@ -133,8 +152,34 @@ def plans(model: nn.Module) -> dict[str, Plan]:
 
 
 def quantized_weights(model: nn.Module) -> int:
-    """How many weights ``model`` holds as integers (every quantized layer's inputs x outputs)."""
-    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantizedLinear))
+    """How many weights ``model`` holds as integers: every quantized layer's inputs x outputs and every token
+    table's own rows."""
+    layers = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantizedLinear))
+    return layers + sum(m.qweight.numel() for m in model.modules() if isinstance(m, QuantizedTable) and m.owned)
+
+
+def _quantize_tables(model: nn.Module, own_table) -> None:
+    """Put a ``QuantizedTable`` in place of every token table of ``model``: one reading the rows of the int8
+    head it is tied to, else its own (``own_table(table)``: also beside an int4 head, whose groups are not a
+    table's rows); a table tied to a head left in float stays float (it is that head's weight)."""
+    heads = {source: alias.rpartition(".")[0] for alias, source in model.tied_parameters().items()}
+    for name, embedding, table in _token_tables(model):
+        head_name = heads.get(f"{name}.weight")
+        if head_name is None:
+            embedding.token = own_table(table)
+            continue
+        head = model.get_submodule(head_name)
+        if isinstance(head, Int8Linear):
+            embedding.token = QuantizedTable.tied_to(head)
+        elif isinstance(head, QuantizedLinear):
+            embedding.token = own_table(table)
+
+
+def _token_tables(model: nn.Module):
+    """(name, TokenEmbedding, its table) of every token table of ``model``."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, TokenEmbedding):
+            yield (f"{name}.token" if name else "token"), module, module.token
 
 
 def _options(scheme: QuantizationScheme) -> dict[str, Any]:

@@ -448,6 +448,27 @@ MUTATIONS = (
         "the compiled int8 kernel scales four output rows by the first one's scale",
     ),
     Mutation(
+        "dense-decode-ignores-the-mask", "tformer/nn/kernels/dense_decode.cpp",
+        "score = added <= hidden ? -std::numeric_limits<acc_t>::infinity() : score + added;",
+        "score = score;",
+        ("tests/nn/test_dense_decode.py",),
+        "the compiled one-query decode attends to padded source positions and drops position biases",
+    ),
+    Mutation(
+        "w8a8-compiled-rounding-truncates", "tformer/nn/kernels/int8_dynamic.cpp",
+        "_mm512_roundscale_ps(ratio, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)",
+        "_mm512_roundscale_ps(ratio, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)",
+        ("tests/nn/test_quantization.py", "-k", "compiled"),
+        "the compiled rounding of w8a8's activations truncates toward zero instead of rounding to nearest",
+    ),
+    Mutation(
+        "quantized-table-scales-by-the-first-row", "tformer/nn/weights/table.py",
+        "F.embedding(ids, integers).to(scales.dtype) * F.embedding(ids, scales[:, None])",
+        "F.embedding(ids, integers).to(scales.dtype) * scales[0]",
+        ("tests/nn/test_quantization.py", "-k", "table"),
+        "a quantized token table scales every looked-up row by the first token's scale",
+    ),
+    Mutation(
         "performer-compiled-step-keeps-the-old-level", "tformer/nn/kernels/performer_decode.cpp",
         "const scalar_t carry = raised > previous ? std::exp(previous - raised) : scalar_t(1);",
         "const scalar_t carry = scalar_t(1);",

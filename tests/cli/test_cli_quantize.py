@@ -48,6 +48,16 @@ def test_quantize_writes_a_folder_that_generate_loads_quantized(model_folder, tm
     assert f"quantized    {method}" in capsys.readouterr().out
 
 
+def test_keep_embeddings_keeps_the_token_table_float(model_folder, tmp_path, capsys):
+    out = tmp_path / "kept"
+    assert main(["quantize", str(model_folder), "--bits", "4", "--group-size", "32", "--keep-embeddings",
+                 "--out", str(out)]) == 0
+    assert "token tables in float" in capsys.readouterr().out
+    model = tformer.load(out)
+    assert isinstance(model.embedding.token, torch.nn.Embedding) and not model.quantization.embeddings
+    assert torch.equal(model.embedding.token.weight, tformer.load(model_folder).embedding.token.weight)
+
+
 def test_generate_quantize_option_equals_the_quantized_folder(model_folder, capsys):
     command = ["generate", str(model_folder), "--prompt", "to be", "--max-new-tokens", "20", "--quantize", "int8"]
     assert main(command) == 0

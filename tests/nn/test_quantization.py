@@ -12,11 +12,13 @@ from torch import nn
 
 import tformer
 from tformer.checkpoint import CheckpointError
+from tformer.nn import compiled
 from tformer.nn.weights import Int4Linear, Int8Linear, QuantizedLinear, W8A8Linear, use_weights, weights_in_use
 from tformer.nn.weights.int4 import pack_nibbles, quantize_int4, unpack_nibbles
-from tformer.nn.weights.int8 import quantize_int8
+from tformer.nn.weights.int8 import quantize_int8, round_rows
 from tformer.nn.weights.quantized import Plan
-from tformer.quantization import QuantizationError, QuantizationScheme, dequantized, quantize
+from tformer.nn.weights.table import QuantizedTable
+from tformer.quantization import QuantizationError, QuantizationScheme, dequantized, quantize, quantized_weights
 from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer, TrainingConfig, TrainingError
 
@@ -135,6 +137,34 @@ def test_the_dynamic_way_equals_its_integer_reference(rows):
         assert torch.equal(layer(torch.zeros(1, 256))[0], layer.bias)  # a zero row: the bias exactly
 
 
+@pytest.mark.parametrize("shape", [(1, 256), (5, 45), (33, 16), (70, 3)])  # 16 at a time, a rest, one at a time
+def test_the_compiled_rounding_and_rescaling_are_the_tensor_operations_bit_for_bit(shape):
+    kernels = compiled.load_or_none()
+    if kernels is None:
+        pytest.skip("the compiled kernels do not build here")
+    rows, width = shape
+    x = torch.randn(rows, width) * torch.linspace(0.01, 100, rows)[:, None]
+    x[-1] = 0  # a row of zeros: the smallest step, integers 0
+    integers, steps = kernels.int8_round_rows(x)
+    want_integers, want_steps = round_rows(x)
+    assert torch.equal(integers, want_integers) and torch.equal(steps, want_steps)
+    sums = torch.randint(-2**24, 2**24, (rows, 37), dtype=torch.int32)
+    scales, bias = torch.rand(37), torch.randn(37)
+    assert torch.equal(kernels.int8_scale_sums(sums, steps, scales, bias), sums.float() * steps * scales + bias)
+    assert torch.equal(kernels.int8_scale_sums(sums, steps, scales, torch.empty(0)), sums.float() * steps * scales)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_dynamic_way_gives_the_same_with_and_without_the_compiled_kernels(monkeypatch, bias):
+    layer = W8A8Linear.from_linear(linear(bias=bias))
+    layer._plan = Plan("dynamic", None, "dynamic", None)
+    x = torch.randn(40, 256)
+    with torch.no_grad():
+        got = layer(x)
+        monkeypatch.setattr(compiled, "load_or_none", lambda: None)
+        assert torch.equal(got, layer(x))
+
+
 @pytest.mark.parametrize("backend", [Int8Linear, W8A8Linear])
 def test_the_plan_is_measured_once_per_backend(backend):
     layer = backend.from_linear(linear())
@@ -205,15 +235,41 @@ def test_every_family_quantizes_within_tolerance(family, method):
     assert 0 < relative_error(got, want) <= TOLERANCE[method]
 
 
-def test_a_tied_head_gets_its_own_copy_and_the_table_stays_exact():
+@pytest.mark.parametrize("method", ["int8", "w8a8", "int4"])
+def test_token_tables_look_up_their_int8_rows_within_half_a_step(method):
+    torch.manual_seed(0)
+    model = tformer.build_model("bert-tiny", vocab_size=96, head="sequence_classification", num_labels=3)
+    table = model.embedding.token.weight.detach().clone()
+    quantize(model, method, group_size=32 if method == "int4" else None)
+    quantized = model.embedding.token
+    assert isinstance(quantized, QuantizedTable) and quantized.owned  # an untied table: its own rows
+    integers, scales = quantize_int8(table)
+    ids = torch.tensor([[0, 5, 95], [95, 5, 7]])
+    got = quantized(ids)
+    assert got.shape == (2, 3, table.shape[1]) and got.dtype == torch.float32
+    assert torch.equal(got, integers[ids].float() * scales[ids][..., None])
+    assert ((got - table[ids]).abs() <= scales[ids][..., None] / 2 * (1 + 1e-5)).all()
+
+
+def test_a_tied_table_reads_its_int8_heads_rows_and_a_float_head_keeps_it_float():
     torch.manual_seed(0)
     model = tformer.build_model("gpt-nano")
     table = model.embedding.token.weight.detach().clone()
     quantize(model, "int8")
-    assert isinstance(model.lm_head, Int8Linear)
-    assert torch.equal(model.embedding.token.weight, table)
+    assert isinstance(model.lm_head, Int8Linear) and not model.embedding.token.owned
+    assert not any(name.startswith("embedding.token") for name in model.state_dict())  # one copy: the head's
+    assert quantized_weights(model) == sum(m.weight.numel() for m in tformer.build_model("gpt-nano").modules()
+                                           if isinstance(m, nn.Linear))
+    ids = torch.arange(model.config.vocab_size)
+    torch.testing.assert_close(model.embedding.token(ids), model.lm_head.dequantized_weight(), rtol=0, atol=0)
+    assert torch.equal(model.lm_head.qweight, quantize_int8(table)[0])
+    int4 = quantize(tformer.build_model("gpt-nano"), "int4", group_size=32)  # int4 groups are not rows: own table
+    assert isinstance(int4.embedding.token, QuantizedTable) and int4.embedding.token.owned
     kept = quantize(tformer.build_model("gpt-nano"), "int8", head=False)
     assert type(kept.lm_head).__name__ == "LMHead" and kept.lm_head.weight is kept.embedding.token.weight
+    floats = quantize(tformer.build_model("gpt-nano"), "int8", embeddings=False)
+    assert isinstance(floats.embedding.token, nn.Embedding) and isinstance(floats.lm_head, Int8Linear)
+    assert "token tables in float" in floats.quantization.describe()
 
 
 def test_int4_keeps_layers_whose_inputs_do_not_group_in_float_and_says_so():
@@ -263,6 +319,27 @@ def test_a_quantized_folder_loads_back_the_same_model(tmp_path, method):
     assert loaded.quantization == model.quantization and weights_in_use(loaded) == {method}
     ids = torch.randint(0, 64, (2, 9))
     assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+@torch.no_grad()
+def test_an_untied_table_saves_its_rows_and_a_folder_from_before_tables_keeps_them_float(tmp_path):
+    torch.manual_seed(0)
+    model = quantize(tformer.build_model("bert-tiny", vocab_size=96, head="sequence_classification", num_labels=3)
+                     .eval(), "int8")
+    model.save(tmp_path / "tables")
+    tensors = load_file(tmp_path / "tables" / "model.safetensors")
+    assert tensors["embedding.token.qweight"].dtype == torch.int8 and "embedding.token.weight" not in tensors
+    ids = torch.randint(0, 96, (2, 9))
+    assert torch.equal(tformer.load(tmp_path / "tables")(ids).logits, model(ids).logits)
+    older = quantize(tformer.build_model("bert-tiny", vocab_size=96, head="sequence_classification", num_labels=3)
+                     .eval(), "int8", embeddings=False)
+    older.save(tmp_path / "older")
+    config = json.loads((tmp_path / "older" / "config.json").read_text())
+    del config["quantization"]["embeddings"]  # what a folder written before token tables were quantized records
+    (tmp_path / "older" / "config.json").write_text(json.dumps(config))
+    loaded = tformer.load(tmp_path / "older")
+    assert not loaded.quantization.embeddings and isinstance(loaded.embedding.token, nn.Embedding)
+    assert torch.equal(loaded(ids).logits, older(ids).logits)
 
 
 def test_load_quantizes_a_float_folder_and_refuses_to_requantize(tmp_path):

@@ -13,10 +13,11 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "quantize", help="write an int8, w8a8 or int4 copy of a model folder (quantization for inference)",
         description="Load RUN (a run or model folder, tformer or Hugging Face format), quantize the weights of every "
-                    "linear layer (the output head too unless --keep-head; with --activations int8, the activations "
-                    "too where that is faster: scheme w8a8), and write a tformer folder to --out: "
-                    "model.safetensors holds the integers and scales, config.json the scheme. tformer generate, "
-                    "serve, translate, predict, classify and evaluate load it quantized; training it is refused.",
+                    "linear layer (the output head too unless --keep-head) and the token tables as int8 rows (unless "
+                    "--keep-embeddings); with --activations int8, the activations too where that is faster (scheme "
+                    "w8a8). Write a tformer folder to --out: model.safetensors holds the integers and scales, "
+                    "config.json the scheme. tformer generate, serve, translate, predict, classify and evaluate load "
+                    "it quantized; training it is refused.",
     )
     add_model_argument(parser, "model", "the float model folder to quantize", "RUN")
     parser.add_argument("--bits", type=int, required=True, choices=(8, 4),
@@ -27,6 +28,8 @@ def register(subparsers) -> None:
                         help="--bits 8: int8 also rounds the activations to int8 per row where that multiplies "
                              "faster on the host (scheme w8a8; default: float, weight-only)")
     parser.add_argument("--keep-head", action="store_true", help="keep the output head (LM head, task head) in float")
+    parser.add_argument("--keep-embeddings", action="store_true",
+                        help="keep the token tables in float (exact lookups; default: int8 rows, one scale each)")
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into --out when it holds a model folder (its model files are replaced, other "
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--activations int8 goes with --bits 8 (int4 keeps float activations)")
         method = "w8a8"
     try:
-        scheme = scheme_for(method, args.group_size, head=not args.keep_head)
+        scheme = scheme_for(method, args.group_size, head=not args.keep_head, embeddings=not args.keep_embeddings)
     except QuantizationError as error:
         raise UsageError(f"--group-size: {error}") from None
     out = Path(args.out)

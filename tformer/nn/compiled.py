@@ -1,8 +1,10 @@
 """The compiled CPU kernels (``nn/kernels/*.cpp``): the in-place paged decode attention
-(``paged_decode.cpp``, see ``nn/attention/paged_kernel.py``), Performer's one-pass decoding step
-(``performer_decode.cpp``, see ``nn/performer.py``) and int8 weights times a few rows of activations
-(``int8_matvec.cpp``, see ``nn/weights/int8.py``), where tensor operations would pass over memory several
-times or spend a step on operator calls.
+(``paged_decode.cpp``, see ``nn/attention/paged_kernel.py``), one-query decode attention over a dense cache
+(``dense_decode.cpp``, see ``nn/attention/sdpa.py``), Performer's one-pass decoding step
+(``performer_decode.cpp``, see ``nn/performer.py``), int8 weights times a few rows of activations
+(``int8_matvec.cpp``) and the rounding and rescaling around w8a8's integer product (``int8_dynamic.cpp``; both
+see ``nn/weights/int8.py``), where tensor operations would pass over memory several times or spend a step on
+operator calls.
 
 They are built together on first use with ``torch.utils.cpp_extension`` (the machine's C++ compiler and
 ninja), once per machine and source: PyTorch caches the build under ``TORCH_EXTENSIONS_DIR`` (by default
@@ -25,9 +27,9 @@ import torch
 
 from tformer.errors import TformerError
 
-SOURCES = ("paged_decode.cpp", "performer_decode.cpp", "int8_matvec.cpp")
+SOURCES = ("paged_decode.cpp", "dense_decode.cpp", "performer_decode.cpp", "int8_matvec.cpp", "int8_dynamic.cpp")
 HEADER = "kernel_math.h"  # what they share, included by each (its text is part of the build's name)
-FUNCTIONS = ["paged_decode", "performer_decode", "int8_matvec"]
+FUNCTIONS = ["paged_decode", "dense_decode", "performer_decode", "int8_matvec", "int8_round_rows", "int8_scale_sums"]
 _BUILT: dict[str, ModuleType | str] = {}  # "module" -> the loaded extension, or "error" -> why it failed
 _BUILDING = threading.Lock()
 

@@ -82,8 +82,13 @@ class KVCache:
             self.values = self.values.index_select(0, batch_indices)
             return
         filled = slice(0, self._filled())
-        self.keys[:, :, filled] = self.keys[:, :, filled].index_select(0, batch_indices)
-        self.values[:, :, filled] = self.values[:, :, filled].index_select(0, batch_indices)
+        targets = torch.arange(batch_indices.shape[0], device=batch_indices.device)
+        if self.keys.device.type == "cpu":  # only the rows that change (a beam keeping its row moves nothing)
+            targets = (batch_indices != targets).nonzero().squeeze(1)  # (moved,): a host sync, cheap on the CPU
+            batch_indices = batch_indices.index_select(0, targets)
+        for cache in (self.keys, self.values):
+            part = cache[:, :, filled]
+            part.index_copy_(0, targets, part.index_select(0, batch_indices))  # sources read before any write
 
     def _filled(self) -> int:
         return self.length

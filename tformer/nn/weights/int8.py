@@ -80,9 +80,26 @@ class W8A8Linear(Int8Linear):
     name = "w8a8"
     ways = ("kernel", "product", "compiled", "dynamic")
 
-    def _dynamic(self, rows: Tensor) -> Tensor:
-        rows = rows.float()
-        steps = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_(min=torch.finfo(torch.float32).tiny)  # (N, 1)
-        integers = rows.div(steps).round_().to(torch.int8)  # |x| / step <= 127: no clamp needed
+    def _dynamic(self, rows: Tensor, with_bias: bool = True) -> Tensor:
+        rows = rows.float().contiguous()
+        # The rounding and rescaling in one pass each, where the kernels build (float32 scales: the kernels')
+        kernels = compiled.load_or_none() if self.scales.dtype == torch.float32 else None
+        if kernels is not None:
+            integers, steps = kernels.int8_round_rows(rows)
+        else:
+            integers, steps = round_rows(rows)
         sums = torch._int_mm(integers, self.qweight.t())  # (N, out) int32: exact up to in = 133,000
-        return sums.float().mul_(steps).mul_(self.scales)
+        bias = self.bias if with_bias and self.bias is not None else None
+        if kernels is not None:
+            return kernels.int8_scale_sums(sums, steps, self.scales, _EMPTY if bias is None else bias.float())
+        out = sums.float().mul_(steps).mul_(self.scales)
+        return out if bias is None else out + bias
+
+
+_EMPTY = torch.empty(0)  # "no bias" for the compiled rescaling
+
+
+def round_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """rows (N, in) float32 -> (int8 (N, in), steps (N, 1)): each row over its own step, max |x| / 127."""
+    steps = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_(min=torch.finfo(torch.float32).tiny)  # (N, 1)
+    return rows.div(steps).round_().to(torch.int8), steps  # |x| / step <= 127: no clamp needed

@@ -119,9 +119,9 @@ class QuantizedLinear(LinearBackend):
     def _prepare(self, dtype: torch.dtype) -> None:
         """Make what the kernel reads in ``dtype`` (scales cast once, not at every call)."""
 
-    def _dynamic(self, rows: Tensor) -> Tensor:
+    def _dynamic(self, rows: Tensor, with_bias: bool = True) -> Tensor:
         """rows (N, in) -> (N, out) float32, the activations rounded to int8 per row (backends whose ``ways``
-        name "dynamic")."""
+        name "dynamic"), the bias added unless ``with_bias`` is False."""
         raise NotImplementedError
 
     def _compiled(self, rows: Tensor) -> Tensor:
@@ -130,19 +130,26 @@ class QuantizedLinear(LinearBackend):
         raise NotImplementedError
 
     def _multiply(self, way: str, dtype: torch.dtype | None, rows: Tensor) -> Tensor:
-        """rows (N, in) -> (N, out) by ``way`` in ``dtype`` (a ``Plan``'s choice)."""
+        """rows (N, in) -> (N, out) in rows' dtype, bias added, by ``way`` in ``dtype`` (a ``Plan``'s choice)."""
+        if way == "dynamic" and rows.dtype == torch.float32:
+            return self._dynamic(rows)  # adds the bias in its own pass over the sums
         if way == "kernel" and self.kernel_accepts(dtype):
-            return self._kernel(rows.to(dtype).contiguous())
-        if way in ("kernel", "product"):
-            return self._product(rows.to(dtype))
-        if way == "compiled":
-            return self._compiled(rows)
-        return self._dynamic(rows)
+            out = self._kernel(rows.to(dtype).contiguous())
+        elif way in ("kernel", "product"):
+            out = self._product(rows.to(dtype))
+        elif way == "compiled":
+            out = self._compiled(rows)
+        else:
+            out = self._dynamic(rows, with_bias=False)
+        return self._plus_bias(out.to(rows.dtype))
+
+    def _plus_bias(self, out: Tensor) -> Tensor:
+        return out if self.bias is None else out + self.bias.to(out.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         if x.device.type != "cpu":  # the CPU kernels only: the same integers as a float weight elsewhere
-            out = self._product(rows)
+            out = self._plus_bias(self._product(rows))
         else:
             plan = self._plan
             if plan is None:
@@ -153,10 +160,6 @@ class QuantizedLinear(LinearBackend):
                 out = self._multiply(plan.many_way, plan.many, rows)
             else:
                 out = self._multiply(plan.few_way, plan.few, rows)
-        if out.dtype != x.dtype:
-            out = out.to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
     def _apply(self, fn, recurse=True):

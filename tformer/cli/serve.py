@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import warnings
 from functools import partial
 from pathlib import Path
@@ -59,8 +60,9 @@ def register(subparsers) -> None:
                         help="prompt and answer tokens of all of one request's sequences, n x (prompt + max_tokens) "
                              "summed over its prompts (default: --cache-tokens)")
     parser.add_argument("--threads", type=int,
-                        help="CPU threads for the model (default: PyTorch's; a small model served to many clients "
-                             "may do better with one fewer, leaving the HTTP process a core: docs/serving.md)")
+                        help="CPU threads for the model (default: PyTorch's, or one fewer when a decoding step "
+                             "measured at start makes so many tokens a second that streaming them needs a share of "
+                             "a core: docs/serving.md)")
     parser.add_argument("--engine", choices=("process", "thread"), default="process",
                         help="where the engine runs: a process of its own, beside the HTTP process (default), or "
                              "a thread of the HTTP process, sharing its interpreter lock")
@@ -151,6 +153,7 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
     from tformer.cli.generate import load_model
     from tformer.generation import GenerationError
     from tformer.serving.engine import Engine
+    from tformer.serving.threads import engine_threads
 
     warnings.showwarning = _warning_printer("serve")  # one line each, in the engine process too
     if threads is not None:
@@ -160,9 +163,14 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
     if tokenizer is None:
         raise _no_tokenizer(checkpoint, tokenizer_problem)
     try:
-        return Engine(model, tokenizer, **options)
+        engine = Engine(model, tokenizer, **options)
     except GenerationError as error:
         raise UsageError(f"{checkpoint}: {error}") from None
+    if threads is None and model.device.type == "cpu":
+        chosen, why = engine_threads(model)
+        torch.set_num_threads(chosen)
+        print(f"tformer serve: the engine runs {why} (--threads to choose)", file=sys.stderr, flush=True)
+    return engine
 
 
 def _no_tokenizer(checkpoint: str, problem: str | None):

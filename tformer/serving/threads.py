@@ -1,0 +1,62 @@
+"""How many CPU threads ``tformer serve``'s engine takes when the user does not say: PyTorch's count, or one
+fewer when the HTTP process will need a share of a core.
+
+The engine shares the machine's cores with the HTTP process, which tokenizes, formats and streams every token
+to its client: about 0.1 ms of CPU a token (measured here: 0.19 of a core while serving gpt-mini at 1,943
+tokens/s, the engine process using 0.98; benchmarks/logs/serve_load-gpt-mini-t1-rep3-2026-11-27b.log). When the
+engine takes every core, each time the HTTP process runs it holds back one of the engine's threads, and the
+others wait for it at the end of every operation: on two cores, gpt-mini served 16 clients at 0.67x its engine's
+ceiling with two engine threads and 0.94x with one (docs/serving.md), while GPT-2, whose steps are 20 times
+longer and whose tokens 15 times fewer, serves best with both. So at start the engine times a decoding step of
+``BATCH`` sequences on all of PyTorch's threads, and keeps one core for the HTTP process when streaming that
+many tokens a second would take at least ``HTTP_SHARE`` of a core.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+HTTP_SECONDS_PER_TOKEN = 1e-4  # the HTTP process's CPU time per streamed token (see above)
+# From this share of a core on, the HTTP process wakes often enough to stall an engine on every core: gpt-mini's
+# 16-sequence step here makes about 3,300 tokens/s (0.33 of a core), GPT-2's about 190 (0.02).
+HTTP_SHARE = 0.1
+BATCH = 16  # sequences decoding together in the measured step (serve_load's 16 clients)
+CONTEXT = 32  # positions each has seen
+STEPS = 4  # one-token steps timed a round
+
+
+def engine_threads(model: nn.Module, measure: Callable[[], float] | None = None) -> tuple[int, str]:
+    """The threads the engine should take, and a line saying why. ``measure()`` gives a step's seconds on
+    PyTorch's threads (default: ``decode_step_seconds(model)``)."""
+    available = torch.get_num_threads()
+    if available < 2:
+        return available, "1 thread (PyTorch's count)"
+    seconds = (measure or (lambda: decode_step_seconds(model)))()
+    tokens_per_second = BATCH / seconds
+    share = tokens_per_second * HTTP_SECONDS_PER_TOKEN
+    measured = (f"a decoding step of {BATCH} sequences makes {tokens_per_second:,.0f} tokens/s on {available} "
+                f"threads, whose streaming takes about {share:.2f} of a core")
+    if share >= HTTP_SHARE:
+        return available - 1, f"{available - 1} of {available} threads: {measured}, left to the HTTP process"
+    return available, f"{available} threads: {measured}"
+
+
+@torch.no_grad()
+def decode_step_seconds(model: nn.Module, rounds: int = 3) -> float:
+    """The fastest of ``rounds`` timings of a one-token decoding step of ``BATCH`` sequences at ``CONTEXT``
+    positions (random token ids: the step's cost does not depend on them)."""
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (BATCH, CONTEXT), generator=generator).to(model.device)
+    best = float("inf")
+    for _ in range(rounds):
+        cache = model.new_cache(BATCH, CONTEXT + STEPS + 1)
+        logits = model(prompt, cache=cache).logits[:, -1:]
+        started = time.perf_counter()
+        for _ in range(STEPS):
+            logits = model(logits.argmax(-1), cache=cache).logits
+        best = min(best, (time.perf_counter() - started) / STEPS)
+    return best

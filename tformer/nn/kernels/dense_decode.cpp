@@ -50,21 +50,7 @@ void decode_head(const scalar_t* queries, const scalar_t* keys, const scalar_t* 
   }
   for (int64_t g = 0; g < group; ++g) {
     acc_t* weights = scores.data() + g * length;
-    acc_t largest = -std::numeric_limits<acc_t>::infinity();
-    for (int64_t j = 0; j < length; ++j) largest = weights[j] > largest ? weights[j] : largest;
-    if (largest == -std::numeric_limits<acc_t>::infinity()) {  // every key hidden: zeros, as the layer gives
-      for (int64_t j = 0; j < length; ++j) weights[j] = 0;
-      continue;
-    }
-    acc_t normaliser = 0;
-#pragma omp simd reduction(+ : normaliser)
-    for (int64_t j = 0; j < length; ++j) {
-      // a hidden key's -inf stays 0 (vector_exp would clamp it to e^-87)
-      weights[j] = weights[j] == -std::numeric_limits<acc_t>::infinity() ? acc_t(0)
-                                                                          : tformer::vector_exp(weights[j] - largest);
-      normaliser += weights[j];
-    }
-    const acc_t inverse = acc_t(1) / normaliser;
+    const acc_t inverse = tformer::softmax_numerators(weights, length);  // 0 when every key is hidden: zeros out
     for (int64_t j = 0; j < length; ++j) weights[j] *= inverse;
   }
   for (int64_t j = 0; j < length; ++j) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace tformer {
 
@@ -31,5 +32,26 @@ inline float vector_exp(float x) {
 }
 
 inline double vector_exp(double x) { return std::exp(x); }
+
+// Softmax numerators of a row of attention scores, in place: exp(score - the row's largest), a hidden key's
+// -infinity giving exactly 0. Returns 1 / their sum, or 0 when the row has no visible key (the caller's output
+// is then zeros, as every attention kernel gives a query that sees nothing).
+template <typename acc_t>
+acc_t softmax_numerators(acc_t* scores, int64_t length) {
+  const acc_t hidden = -std::numeric_limits<acc_t>::infinity();
+  acc_t largest = hidden;
+  for (int64_t j = 0; j < length; ++j) largest = scores[j] > largest ? scores[j] : largest;
+  if (largest == hidden) {
+    for (int64_t j = 0; j < length; ++j) scores[j] = 0;
+    return 0;
+  }
+  acc_t normaliser = 0;
+#pragma omp simd reduction(+ : normaliser)
+  for (int64_t j = 0; j < length; ++j) {
+    scores[j] = scores[j] == hidden ? acc_t(0) : vector_exp(scores[j] - largest);  // vector_exp clamps -inf
+    normaliser += scores[j];
+  }
+  return acc_t(1) / normaliser;
+}
 
 }  // namespace tformer

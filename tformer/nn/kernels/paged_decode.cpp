@@ -41,20 +41,8 @@ void decode_sequence(const scalar_t* queries, const scalar_t* keys, const scalar
       scores[h * length + j] = dot * static_cast<acc_t>(scale);
     }
   }
-  inverse.resize(count);  // 1 / each head's softmax normaliser
-  for (int64_t h = 0; h < count; ++h) {
-    acc_t* weights = scores.data() + h * length;
-    acc_t largest = -std::numeric_limits<acc_t>::infinity();
-    for (int64_t j = 0; j < length; ++j) largest = weights[j] > largest ? weights[j] : largest;
-    acc_t normaliser = 0;
-#pragma omp simd reduction(+ : normaliser)
-    for (int64_t j = 0; j < length; ++j) {
-      weights[j] = tformer::vector_exp(weights[j] - largest);
-      normaliser += weights[j];
-    }
-    // A sequence with no keys (never built by the engine) gets zeros, as every kernel gives it.
-    inverse[h] = normaliser > 0 ? acc_t(1) / normaliser : acc_t(0);
-  }
+  inverse.resize(count);  // 1 / each head's softmax normaliser (0 for a sequence with no keys: zeros out)
+  for (int64_t h = 0; h < count; ++h) inverse[h] = tformer::softmax_numerators(scores.data() + h * length, length);
   for (int64_t j = 0; j < length; ++j) {
     const scalar_t* row = values + rows[j] * slot_stride;
     for (int64_t h = 0; h < count; ++h) {

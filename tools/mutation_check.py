@@ -64,10 +64,17 @@ MUTATIONS = (
     ),
     Mutation(
         "w8a8-one-step-for-the-whole-batch", "tformer/nn/weights/int8.py",
-        "        steps = rows.abs().amax(dim=1, keepdim=True)",
-        "        steps = rows.abs().amax().expand(rows.shape[0], 1)",
+        "    steps = rows.abs().amax(dim=1, keepdim=True)",
+        "    steps = rows.abs().amax().expand(rows.shape[0], 1)",
         ("tests/nn/test_quantization.py",),
-        "w8a8 rounds a batch's activations with one shared step: a row's result depends on the other rows",
+        "w8a8 (its tensor-operation rounding) rounds a batch's activations with one shared step",
+    ),
+    Mutation(
+        "w8a8-compiled-one-step-for-the-whole-batch", "tformer/nn/kernels/int8_dynamic.cpp",
+        "largest_magnitude(source + r * length, length)",
+        "largest_magnitude(source, length)",
+        ("tests/nn/test_quantization.py", "-k", "dynamic or compiled"),
+        "w8a8's compiled rounding gives every row the first row's step: a row's result depends on the other rows",
     ),
     Mutation(
         "int4-zero-point-one-step-off", "tformer/nn/weights/int4.py",
@@ -149,8 +156,8 @@ MUTATIONS = (
     ),
     Mutation(
         "beam-reorder-skips-values", "tformer/nn/attention/cache.py",
-        "        self.values[:, :, filled] = self.values[:, :, filled].index_select(0, batch_indices)\n",
-        "",
+        "for cache in (self.keys, self.values):",
+        "for cache in (self.keys,):",
         ("tests/generation/test_generation_strategies.py", "-k", "beam"),
         "beam search reorders the key cache but not the value cache",
     ),

@@ -33,8 +33,8 @@ def engine_threads(model: nn.Module, measure: Callable[[], float] | None = None)
     """The threads the engine should take, and a line saying why. ``measure()`` gives a step's seconds on
     PyTorch's threads (default: ``decode_step_seconds(model)``)."""
     available = torch.get_num_threads()
-    if available < 2:
-        return available, "1 thread (PyTorch's count)"
+    if available < 2 or getattr(model, "config", None) is not None and model.config.max_seq_len < 2:
+        return available, f"{available} thread(s), PyTorch's count"
     seconds = (measure or (lambda: decode_step_seconds(model)))()
     tokens_per_second = BATCH / seconds
     share = tokens_per_second * HTTP_SECONDS_PER_TOKEN
@@ -48,15 +48,19 @@ def engine_threads(model: nn.Module, measure: Callable[[], float] | None = None)
 @torch.no_grad()
 def decode_step_seconds(model: nn.Module, rounds: int = 3) -> float:
     """The fastest of ``rounds`` timings of a one-token decoding step of ``BATCH`` sequences at ``CONTEXT``
-    positions (random token ids: the step's cost does not depend on them)."""
+    positions, or as many as the model's context leaves (random token ids: a step's cost does not depend on them)."""
+    total = min(CONTEXT + STEPS, model.config.max_seq_len)
+    steps = min(STEPS, total - 1)
+    if steps < 1:
+        raise ValueError(f"a context of {model.config.max_seq_len} position(s) leaves no decoding step to time")
     generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, CONTEXT), generator=generator).to(model.device)
+    prompt = torch.randint(0, model.config.vocab_size, (BATCH, total - steps), generator=generator).to(model.device)
     best = float("inf")
     for _ in range(rounds):
-        cache = model.new_cache(BATCH, CONTEXT + STEPS + 1)
+        cache = model.new_cache(BATCH, total)
         logits = model(prompt, cache=cache).logits[:, -1:]
         started = time.perf_counter()
-        for _ in range(STEPS):
+        for _ in range(steps):
             logits = model(logits.argmax(-1), cache=cache).logits
-        best = min(best, (time.perf_counter() - started) / STEPS)
+        best = min(best, (time.perf_counter() - started) / steps)
     return best

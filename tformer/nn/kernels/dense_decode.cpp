@@ -13,6 +13,7 @@
 
 #include "kernel_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -33,8 +34,21 @@ void decode_head(const scalar_t* queries, const scalar_t* keys, const scalar_t* 
   const acc_t hidden = static_cast<acc_t>(std::numeric_limits<scalar_t>::lowest()) / 2;  // at or below: masked
   scores.resize(group * length);
   total.assign(group * head_dim, acc_t(0));
+  // A short block (beam search: tens of positions) is read before the hardware's prefetcher, starting afresh
+  // at every block, catches up: fetch a few keys ahead, and each position's value for the pass after, so the two
+  // streams read as one. A long block streams well on its own (and its values would leave the cache again).
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const bool short_block = length * row_bytes <= 16384;
   for (int64_t j = 0; j < length; ++j) {
     const scalar_t* key = keys + j * key_stride;
+    if (short_block) {
+      const char* ahead = reinterpret_cast<const char*>(keys + std::min(j + 4, length - 1) * key_stride);
+      const char* value_row = reinterpret_cast<const char*>(values + j * value_stride);
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+        __builtin_prefetch(ahead + byte);
+        __builtin_prefetch(value_row + byte);
+      }
+    }
     for (int64_t g = 0; g < group; ++g) {
       const scalar_t* query = queries + g * head_dim;
       acc_t dot = 0;

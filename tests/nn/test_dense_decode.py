@@ -56,9 +56,7 @@ def test_a_position_bias_per_head_is_added_and_a_row_that_sees_nothing_gets_zero
     torch.testing.assert_close(got[0], F.scaled_dot_product_attention(queries, keys, values)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_the_sdpa_kernel_takes_it_only_for_many_sequences_without_gradients(monkeypatch):
-    calls = []
-    monkeypatch.setattr(compiled, "load_or_none", lambda: calls.append(1) or KERNELS)
+def test_the_sdpa_kernel_takes_it_only_for_many_sequences_without_gradients():
     queries = torch.randn(64, 4, 1, 16)
     keys, values = cache_views(64, 4, 12, 16)
     assert sdpa._many_sequences_decoding(queries, keys, values)
@@ -77,6 +75,15 @@ def test_beam_search_translates_the_same_with_the_compiled_decode_as_without(mon
     attention_mask[3:, 7:] = 0  # padded sources: cross-attention masks
     options = {"attention_mask": attention_mask, "max_new_tokens": 12, "num_beams": 4}
     monkeypatch.setattr(sdpa, "PAIRS_PER_THREAD", 0)  # the compiled decode at every step, whatever the threads
+    calls = []
+
+    class Counting:  # the kernels, counting the decode steps they serve
+        def dense_decode(self, *args):
+            calls.append(1)
+            return KERNELS.dense_decode(*args)
+
+    monkeypatch.setattr(compiled, "load_or_none", Counting)
     with_kernel = tformer.generate(model, sources, **options)
+    assert len(calls) >= 2 * 2 * 11  # self- and cross-attention of both layers, every step after the first
     monkeypatch.setattr(compiled, "load_or_none", lambda: None)
     assert torch.equal(with_kernel, tformer.generate(model, sources, **options))

@@ -30,6 +30,7 @@ from tformer.errors import TformerError
 SOURCES = ("paged_decode.cpp", "dense_decode.cpp", "performer_decode.cpp", "int8_matvec.cpp", "int8_dynamic.cpp")
 HEADER = "kernel_math.h"  # what they share, included by each (its text is part of the build's name)
 FUNCTIONS = ["paged_decode", "dense_decode", "performer_decode", "int8_matvec", "int8_round_rows", "int8_scale_sums"]
+NONE = torch.empty(0)  # an optional tensor argument left out (no mask, no bias): the kernels take no None
 _BUILT: dict[str, ModuleType | str] = {}  # "module" -> the loaded extension, or "error" -> why it failed
 _BUILDING = threading.Lock()
 

@@ -73,7 +73,8 @@ class SdpaKernel(AttentionKernel):
         if q_len == 1 and dropout_p == 0.0 and _many_sequences_decoding(q, k, v):
             kernels = compiled.load_or_none()
             if kernels is not None:  # a query that sees no key gets zeros there too
-                return kernels.dense_decode(q, k, v, _NO_MASK if dense is None else dense, q.shape[-1] ** -0.5), None
+                mask_or_none = compiled.NONE if dense is None else dense
+                return kernels.dense_decode(q, k, v, mask_or_none, q.shape[-1] ** -0.5), None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout_p, is_causal=is_causal,
                                              enable_gqa=k.shape[1] != q.shape[1])
         if mask.key_padding is None or mask.real_queries:  # no row can be empty
@@ -81,7 +82,6 @@ class SdpaKernel(AttentionKernel):
         return zero_empty_rows(out, None, mask, k_len)
 
 
-_NO_MASK = torch.empty(0)  # dense_decode's "every key visible"
 # Below this many (sequence, key/value head) pairs a thread, PyTorch's kernel, which also splits the keys among
 # threads, is as fast or faster (batch-1 decoding: 0.135 against 0.151 ms over 1,000 keys, 12 heads, 2 threads).
 PAIRS_PER_THREAD = 16

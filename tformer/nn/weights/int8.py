@@ -23,6 +23,11 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
     return integers, scales
 
 
+def dequantize_int8(integers: Tensor, scales: Tensor) -> Tensor:
+    """``quantize_int8`` undone: int8 (out, in) and scales (out,) -> float32 (out, in)."""
+    return integers.float() * scales[:, None]
+
+
 class Int8Linear(QuantizedLinear):
     """A linear layer whose weight is ``qweight`` (out, in) int8 times ``scales`` (out,) float32."""
 
@@ -48,7 +53,7 @@ class Int8Linear(QuantizedLinear):
         return module
 
     def dequantized_weight(self) -> Tensor:
-        return self.qweight.float() * self.scales[:, None]
+        return dequantize_int8(self.qweight, self.scales)
 
     def _prepare(self, dtype: torch.dtype) -> None:
         self._kernel_scales = self.scales.to(dtype)
@@ -91,12 +96,9 @@ class W8A8Linear(Int8Linear):
         sums = torch._int_mm(integers, self.qweight.t())  # (N, out) int32: exact up to in = 133,000
         bias = self.bias if with_bias and self.bias is not None else None
         if kernels is not None:
-            return kernels.int8_scale_sums(sums, steps, self.scales, _EMPTY if bias is None else bias.float())
+            return kernels.int8_scale_sums(sums, steps, self.scales, compiled.NONE if bias is None else bias.float())
         out = sums.float().mul_(steps).mul_(self.scales)
         return out if bias is None else out + bias
-
-
-_EMPTY = torch.empty(0)  # "no bias" for the compiled rescaling
 
 
 def round_rows(rows: Tensor) -> tuple[Tensor, Tensor]:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.nn.weights.int8 import Int8Linear, quantize_int8
+from tformer.nn.weights.int8 import Int8Linear, dequantize_int8, quantize_int8
 
 
 class QuantizedTable(nn.Module):
@@ -70,7 +70,7 @@ class QuantizedTable(nn.Module):
         integers, scales = self.rows()
         table = nn.Embedding(*integers.shape, device=integers.device)
         with torch.no_grad():
-            table.weight.copy_(integers.float() * scales[:, None])
+            table.weight.copy_(dequantize_int8(integers, scales))
         return table
 
     def extra_repr(self) -> str:

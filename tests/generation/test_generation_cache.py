@@ -112,6 +112,42 @@ def test_truncate_and_reorder_keep_the_cache_exact():
     torch.testing.assert_close(step, model(ids[[1, 1, 0], :9]).logits[:, 8:9], rtol=1e-5, atol=1e-5)
 
 
+@torch.inference_mode()
+def test_beams_share_their_sources_encoder_rows_and_stay_exact():
+    """Beams of a source read one copy of its encoder output and cross-attention keys (a reorder that repeats
+    each source, then one that drops a source, keep them grouped; rows that are not grouped get copies), and
+    every step's logits equal the model's forward over the same decoder tokens and sources."""
+    torch.manual_seed(0)
+    model = build_model("transformer-multi30k", vocab_size=61, num_layers=2, d_model=32, num_heads=4, d_ff=64).eval()
+    sources = torch.randint(4, 61, (3, 7))
+    source_mask = torch.ones_like(sources)
+    source_mask[1, 5:] = 0
+    session, state = tformer.generation.open_session(model, sources, source_mask, max_new_tokens=6)
+    decoded = state.input_ids  # (3, 1) the start tokens
+    source_rows = torch.arange(3)  # which source each decoder row translates
+
+    def step(rows: torch.Tensor, same_source: bool) -> None:
+        nonlocal decoded, source_rows
+        session.reorder(rows, same_source)
+        decoded, source_rows = decoded[rows], source_rows[rows]
+        new = torch.randint(4, 61, (rows.shape[0], 1))
+        logits = session.extend(new)[:, -1]
+        decoded = torch.cat([decoded, new], dim=1)
+        full = model(sources[source_rows], attention_mask=source_mask[source_rows],
+                     decoder_input_ids=decoded).logits[:, -1]
+        torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+
+    session.extend(decoded)
+    step(torch.arange(3).repeat_interleave(4), False)  # 4 beams a source
+    held = [layer.cross_attention.keys.shape[0] for layer in session.cache]
+    assert held == [3, 3] and session.step_inputs["encoder_output"].shape[0] == 3  # one copy per source
+    step(torch.tensor([1, 1, 0, 2, 5, 4, 4, 7, 8, 8, 9, 11]), True)  # beams continue beams of their source
+    step(torch.tensor([0, 1, 2, 3, 8, 9, 10, 11]), False)  # source 1 is done: two sources, still grouped
+    assert [layer.cross_attention.keys.shape[0] for layer in session.cache] == [2, 2]
+    step(torch.tensor([6, 0, 1]), False)  # rows in no groups: a copy of its source each
+    assert session.step_inputs["encoder_output"].shape[0] == 3
+
+
 def test_cache_bytes_per_token_counts_only_key_value_heads():
     mha = build_model(BASE)
     gqa = build_model(BASE, num_kv_heads=2)

@@ -185,3 +185,42 @@ def test_cache_overflow_is_a_clear_error():
     cache = KVCache(1, 1, 2, 4)
     with pytest.raises(ValueError, match="overflow"):
         cache.append(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+
+
+@pytest.mark.parametrize("reads_rows", [True, False], ids=["kernel-reads-the-table", "rows-moved-first"])
+def test_a_reordered_cache_attends_as_if_its_rows_had_moved(reads_rows, monkeypatch):
+    """Beam search's reorders are recorded in a row table: every later step, through a kernel that reads the
+    table or after the rows are moved into place, attends over what each row's history holds."""
+    from tformer.nn import compiled
+    from tformer.nn.attention import sdpa
+
+    if reads_rows and compiled.load_or_none() is None:
+        pytest.skip("the compiled kernels do not build here")
+    monkeypatch.setattr(sdpa, "PAIRS_PER_THREAD", 0 if reads_rows else 10 ** 9)
+    kernel = KERNELS["sdpa"](DH)
+    batch, kv_heads, heads = 6, 2, 4
+    cache, moved = KVCache(batch, kv_heads, 12, DH), KVCache(batch, kv_heads, 12, DH)
+    moved.defers_reorder = False  # the reference: rows moved at every reorder
+    mask = AttentionMask(causal=True)
+    generator = torch.Generator().manual_seed(0)
+
+    def keys_and_values(length):
+        return (torch.randn(batch, kv_heads, length, DH, generator=generator),
+                torch.randn(batch, kv_heads, length, DH, generator=generator))
+
+    k, v = keys_and_values(3)
+    for each in (cache, moved):
+        each.attend(kernel, torch.randn(batch, heads, 3, DH), k, v, mask)
+    for _ in range(5):
+        rows = torch.randint(0, batch, (batch,), generator=generator)
+        cache.reorder(rows)
+        moved.reorder(rows)
+        q = torch.randn(batch, heads, 1, DH, generator=generator)
+        k, v = keys_and_values(1)
+        got, _ = cache.attend(kernel, q, k, v, mask)
+        want, _ = moved.attend(kernel, q, k, v, mask)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert (cache.rows is not None) == reads_rows  # the rows stayed put only where the kernel read the table
+    for got, want in zip(cache.cached(), moved.cached(), strict=True):  # moved into place when read directly
+        assert torch.equal(got, want)
+    assert cache.rows is None

@@ -26,7 +26,9 @@ have them all; a model may offer just the required ones):
 - ``position_limit``: the most decoder positions it can take (a position table), or None.
 - ``step(input_ids, layout, cache, **state.step_inputs) -> logits`` (optional): the same step over
   the model's own blocks without checks, laid out by the session (``StepLayout``: positions,
-  padding, the rows wanted). A model that has it decodes in a ``StackSession``.
+  padding, the rows wanted). A model that has it decodes in a ``StackSession``, which may hand it step
+  inputs of fewer rows than ``input_ids`` has: ``g`` rows a source, row ``r`` reading source ``r // g``
+  (beams sharing their source's encoder output and cross-attention keys).
 - ``prepare_for_decoding()`` (optional): called once per call, before the first step (weight
   backends: ``Model.prepare_for_decoding``).
 - ``encodes_prompt`` (optional, default False): the prompt is a source the model encodes, so
@@ -235,13 +237,22 @@ class ModelSession:
         if self.cache is not None and not isinstance(self.cache, list):
             self.cache.reorder(rows)  # a model's own state (a recurrent one)
         if not keeps_sources:
-            for layer in self._layers():
-                if layer.cross_attention is not None:
-                    layer.cross_attention.reorder(rows)
-            self.step_inputs = {name: value.index_select(0, rows) for name, value in self.step_inputs.items()}
+            self._reorder_sources(rows)
         self.attend = self.attend.index_select(0, rows)
         if self.tokens is not None:
             self.tokens = self.tokens.index_select(0, rows)
+
+    def _reorder_sources(self, rows: Tensor) -> None:
+        """What is held per source (cross-attention caches, step inputs) follows the rows: one copy per row."""
+        self._pick_sources(rows)
+
+    def _pick_sources(self, sources: Tensor) -> None:
+        """Keep the sources named by ``sources`` (in that order, repeating as asked): cross-attention caches
+        and step inputs."""
+        for layer in self._layers():
+            if layer.cross_attention is not None:
+                layer.cross_attention.reorder(sources)
+        self.step_inputs = {name: value.index_select(0, sources) for name, value in self.step_inputs.items()}
 
     def _grow(self, end: int) -> None:
         """Room for at least ``end`` tokens: the capacity doubles (at most ``max_len``); what is held is kept."""
@@ -295,6 +306,7 @@ class StackSession(ModelSession):
         self.positions = positions_from_mask(self.attend)  # (B, capacity) the true position of each column
         # Columns from here on are real tokens in every row (left padding comes first).
         self.real_from = 0 if not self.padded else int(attention_mask.shape[1] - attention_mask.bool().sum(-1).min())
+        self.sources, self.group = batch_size, 1  # the step inputs' rows, and the rows that read each
 
     def _grow(self, end: int) -> None:
         super()._grow(end)
@@ -303,6 +315,23 @@ class StackSession(ModelSession):
     def reorder(self, rows: Tensor, same_source: bool = False) -> None:
         super().reorder(rows, same_source)
         self.positions = self.positions.index_select(0, rows)
+
+    def _reorder_sources(self, rows: Tensor) -> None:
+        """The model's ``step`` lets rows share a source: the beams of one source, kept side by side, read one
+        copy of its encoder output and cross-attention keys (``CrossAttentionCache``), ``group`` rows a source.
+        Rows that do not come in such groups get a copy each."""
+        held, group = self.sources, self.group
+        source_of_row = rows // group  # (B',) which held source each new row reads
+        self.group = 1
+        for size in (group, rows.shape[0] // held):  # beams kept in their groups, or each source repeated
+            if size > 1 and rows.shape[0] % size == 0:
+                blocks = source_of_row.view(-1, size)
+                if bool((blocks == blocks[:, :1]).all()):  # a host sync, once per reorder
+                    self.group, source_of_row = size, blocks[:, 0]
+                    break
+        self.sources = source_of_row.shape[0]
+        if self.sources != held or not bool((source_of_row == torch.arange(held, device=rows.device)).all()):
+            self._pick_sources(source_of_row)
 
     def _step(self, input_ids: Tensor, past: int, end: int, last_only: bool) -> Tensor:
         layout = StepLayout(

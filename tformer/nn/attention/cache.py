@@ -24,11 +24,16 @@ Kernel = Callable[..., tuple[Tensor, Tensor | None]]
 class KVCache:
     """Preallocated keys and values of one attention layer, filled as decoding proceeds.
 
-    Holds only the key/value heads, so grouped- and multi-query models cache less.
+    Holds only the key/value heads, so grouped- and multi-query models cache less. Beam search reorders
+    its rows every step: the cache records the reorder in a row table instead of moving its keys (``rows``:
+    sequence b's position j sits in row ``rows[b, j]``), and a kernel that ``reads_rows`` reads through it;
+    for any other call (another kernel, few sequences, weights asked for) the rows are moved first, once.
     """
 
     start = 0  # index of the first key ``append`` returns (a rolling cache forgets the oldest)
     rewindable = True  # ``length`` may be set back (speculative decoding forgets rejected drafts)
+    defers_reorder = True  # a reorder of the same rows is recorded in ``rows`` rather than done
+    rows: Tensor | None = None  # (B, max_len) int64, the row holding each position; None: every row its own
 
     def __init__(
         self,
@@ -58,10 +63,29 @@ class KVCache:
         self.keys.narrow(2, past, end - past).copy_(k)
         self.values.narrow(2, past, end - past).copy_(v)
         self.length = end
-        return kernel(q, self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end), mask, need_weights=need_weights)
+        keys, values = self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
+        if self.rows is not None:
+            self.rows[:, past:end] = self._own_rows  # new positions sit in their sequence's own row
+            if not need_weights and kernel.reads_rows(q, keys, values):
+                return kernel(q, keys, values, mask, key_rows=self.rows[:, :end])
+            self.settle()
+        return kernel(q, keys, values, mask, need_weights=need_weights)
+
+    def settle(self) -> None:
+        """Move every row's positions to where the row table says they are (each sequence into its own row)."""
+        if self.rows is None:
+            return
+        filled = self._filled()
+        batch, kv_heads, _, head_dim = self.keys.shape
+        index = self.rows[:, None, :filled, None].expand(batch, kv_heads, filled, head_dim)
+        for cache in (self.keys, self.values):
+            part = cache[:, :, :filled]
+            part.copy_(torch.gather(part, 0, index))  # gathered into new storage first: no row read after its write
+        self.rows = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values (B, Hkv, T, Dh); return all cached so far (views, no copy)."""
+        self.settle()
         end = self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} positions exceed its length {self.max_len}")
@@ -72,12 +96,23 @@ class KVCache:
 
     def cached(self) -> tuple[Tensor, Tensor]:
         """Everything cached so far (views): (B, Hkv, length, Dh) each."""
+        self.settle()
         return self.keys[:, :, : self.length], self.values[:, :, : self.length]
 
     def reorder(self, batch_indices: Tensor) -> None:
-        """Keep the rows named by ``batch_indices`` (beam search), in that order: in place over the filled
-        positions when the batch keeps its size, else into new storage."""
-        if batch_indices.shape[0] != self.keys.shape[0]:
+        """Keep the rows named by ``batch_indices`` (beam search), in that order: recorded in the row table
+        when the batch keeps its size (``defers_reorder``), else done (in place over the filled positions when
+        the batch keeps its size, into new storage when it does not)."""
+        batch = self.keys.shape[0]
+        if self.defers_reorder and batch_indices.shape[0] == batch:
+            if self.rows is None:
+                self._own_rows = torch.arange(batch, device=batch_indices.device)[:, None]  # (B, 1)
+                self.rows = self._own_rows.repeat(1, self.max_len)
+            filled = self.rows[:, : self._filled()]
+            filled.copy_(filled.index_select(0, batch_indices))  # each beam takes its parent's history
+            return
+        self.settle()
+        if batch_indices.shape[0] != batch:
             self.keys = self.keys.index_select(0, batch_indices)
             self.values = self.values.index_select(0, batch_indices)
             return
@@ -97,6 +132,7 @@ class KVCache:
         """Make room for ``max_len`` positions, keeping what is cached (the filled part is copied)."""
         if max_len <= self.max_len:
             return
+        self.settle()
         batch, kv_heads, _, head_dim = self.keys.shape
         keys = self.keys.new_empty(batch, kv_heads, max_len, head_dim)
         values = self.values.new_empty(batch, kv_heads, max_len, head_dim)
@@ -122,6 +158,7 @@ class RollingKVCache(KVCache):
     """
 
     HEADROOM = 64  # one-token steps between two moves of the kept positions to the buffer's front
+    defers_reorder = False  # its positions move within the buffer: a reorder is done at once
 
     def __init__(
         self,
@@ -209,7 +246,11 @@ class RollingKVCache(KVCache):
 
 class CrossAttentionCache:
     """The keys and values cross-attention projects from the encoder's output (B, Hkv, S, Dh): stored by
-    the first decoding step, read by every later one (the source does not change while decoding)."""
+    the first decoding step, read by every later one (the source does not change while decoding).
+
+    Beams of one source share its keys: a step may bring ``g`` times more query rows than the cache holds
+    sources, query row ``r`` reading source ``r // g`` (a session groups a source's beams together). The ``g``
+    queries of a source then attend as one block of ``g * T`` queries over its keys, read once for all."""
 
     def __init__(self) -> None:
         self.keys: Tensor | None = None
@@ -223,9 +264,24 @@ class CrossAttentionCache:
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if k is not None:
             self.keys, self.values = k, v
-        return kernel(q, self.keys, self.values, mask, need_weights=need_weights)
+        sources, rows = self.keys.shape[0], q.shape[0]
+        if rows == sources:
+            return kernel(q, self.keys, self.values, mask, need_weights=need_weights)
+        if rows % sources:
+            raise ValueError(f"{rows} query rows cannot share the cross-attention keys of {sources} sources "
+                             "(each source needs the same number of rows)")
+        group = rows // sources
+        _, heads, length, head_dim = q.shape
+        grouped = q.view(sources, group, heads, length, head_dim).transpose(1, 2)  # (B, H, g, T, Dh)
+        out, weights = kernel(grouped.reshape(sources, heads, group * length, head_dim), self.keys, self.values,
+                              mask, need_weights=need_weights)
+        out = out.view(sources, heads, group, length, head_dim).transpose(1, 2).reshape(rows, heads, length, head_dim)
+        if weights is not None:  # (B, H, g * T, S) -> (B * g, H, T, S)
+            weights = weights.view(sources, heads, group, length, -1).transpose(1, 2).reshape(rows, heads, length, -1)
+        return out, weights
 
     def reorder(self, batch_indices: Tensor) -> None:
+        """Keep the sources named by ``batch_indices`` (B',), in that order, repeating as asked."""
         if self.filled:
             self.keys = self.keys.index_select(0, batch_indices)
             self.values = self.values.index_select(0, batch_indices)

@@ -110,14 +110,14 @@ class MultiHeadAttention(nn.Module):
             q = q_proj.forward(x) if direct else q_proj(x)
             k = v = None  # already cached
             if cache is None or not cache.filled:
-                source_len = context.shape[1]
+                sources, source_len = context.shape[:2]  # a step's beams may share their source's row
                 kv = projections["kv_proj"](context)
                 keyless_bias = projections["keyless_bias"]
                 if keyless_bias is not None:
                     kv = keyless_bias.forward(kv)
                 k, v = kv.split_with_sizes([kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-                k = k.view(batch, source_len, kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
-                v = v.view(batch, source_len, kv_heads, head_dim).transpose(1, 2)
+                k = k.view(sources, source_len, kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
+                v = v.view(sources, source_len, kv_heads, head_dim).transpose(1, 2)
         q = q.view(batch, length, heads, head_dim).transpose(1, 2)  # (B, H, T, Dh)
         if rotary is not None:
             cos, sin = rotary

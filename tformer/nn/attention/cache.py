@@ -78,8 +78,8 @@ class KVCache:
         filled = self._filled()
         batch, kv_heads, _, head_dim = self.keys.shape
         index = self.rows[:, None, :filled, None].expand(batch, kv_heads, filled, head_dim)
-        for cache in (self.keys, self.values):
-            part = cache[:, :, :filled]
+        for storage in (self.keys, self.values):
+            part = storage[:, :, :filled]
             part.copy_(torch.gather(part, 0, index))  # gathered into new storage first: no row read after its write
         self.rows = None
 

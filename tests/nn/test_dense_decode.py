@@ -14,7 +14,7 @@ from tformer.nn.attention.mask import additive_mask
 
 KERNELS = compiled.load_or_none()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="the compiled kernels do not build here")
-NO_MASK = NO_ROWS = torch.empty(0)  # no mask; every sequence in its own cache row
+NO_MASK = torch.empty(0)
 
 
 def cache_views(batch, kv_heads, length, head_dim, capacity=40, seed=0):
@@ -31,49 +31,27 @@ def test_equals_pytorch_attention_with_and_without_a_padding_mask(heads, kv_head
     keys, values = cache_views(5, kv_heads, length, head_dim)
     queries = torch.randn(5, heads, 1, head_dim)
     grouped = heads != kv_heads
-    got = KERNELS.dense_decode(queries, keys, values, NO_MASK, head_dim ** -0.5, NO_ROWS)
+    got = KERNELS.dense_decode(queries, keys, values, NO_MASK, head_dim ** -0.5)
     want = F.scaled_dot_product_attention(queries, keys, values, enable_gqa=grouped)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     visible = torch.rand(5, length, generator=torch.Generator().manual_seed(1)) > 0.4
     visible[:, -1] = True
     mask = additive_mask(visible[:, None, None, :], torch.float32)  # (B, 1, 1, T)
-    got = KERNELS.dense_decode(queries, keys, values, mask, head_dim ** -0.5, NO_ROWS)
+    got = KERNELS.dense_decode(queries, keys, values, mask, head_dim ** -0.5)
     want = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=grouped)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
-def test_a_row_table_reads_each_position_from_its_row(heads, kv_heads):
-    """Beam search's cache unmoved: sequence b's position j read from row rows[b, j], as PyTorch's attention over
-    the keys and values gathered into place."""
-    keys, values = cache_views(6, kv_heads, 13, 16)
-    queries = torch.randn(6, heads, 1, 16)
-    table = torch.randint(0, 6, (6, 40), generator=torch.Generator().manual_seed(3))  # (B, capacity)
-    rows = table[:, :13]
-    gathered_keys = keys[rows, :, torch.arange(13)].permute(0, 2, 1, 3)  # (B, Hkv, T, Dh)
-    gathered_values = values[rows, :, torch.arange(13)].permute(0, 2, 1, 3)
-    visible = torch.ones(6, 1, 1, 13, dtype=torch.bool)
-    visible[2, ..., :4] = False
-    for mask in (NO_MASK, additive_mask(visible, torch.float32)):
-        got = KERNELS.dense_decode(queries, keys, values, mask, 16 ** -0.5, rows)
-        want = F.scaled_dot_product_attention(queries, gathered_keys, gathered_values,
-                                              attn_mask=None if mask is NO_MASK else mask, enable_gqa=heads != kv_heads)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(RuntimeError, match="a row outside the cache"):
-        KERNELS.dense_decode(queries, keys, values, NO_MASK, 0.25, rows + 6)
 
 
 def test_a_position_bias_per_head_is_added_and_a_row_that_sees_nothing_gets_zeros():
     keys, values = cache_views(3, 4, 9, 16)
     queries = torch.randn(3, 4, 1, 16)
     bias = torch.randn(3, 4, 1, 9)  # (B, H, 1, T): T5's relative buckets, ALiBi
-    got = KERNELS.dense_decode(queries, keys, values, bias, 0.25, NO_ROWS)
+    got = KERNELS.dense_decode(queries, keys, values, bias, 0.25)
     torch.testing.assert_close(got, F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias),
                                rtol=1e-5, atol=1e-6)
     hidden = torch.ones(3, 9, dtype=torch.bool)
     hidden[1] = False  # sequence 1 sees no key
-    nothing_for_one = additive_mask(hidden[:, None, None, :], torch.float32)
-    got = KERNELS.dense_decode(queries, keys, values, nothing_for_one, 0.25, NO_ROWS)
+    got = KERNELS.dense_decode(queries, keys, values, additive_mask(hidden[:, None, None, :], torch.float32), 0.25)
     assert torch.equal(got[1], torch.zeros_like(got[1]))
     torch.testing.assert_close(got[0], F.scaled_dot_product_attention(queries, keys, values)[0], rtol=1e-5, atol=1e-6)
 

@@ -24,16 +24,11 @@ Kernel = Callable[..., tuple[Tensor, Tensor | None]]
 class KVCache:
     """Preallocated keys and values of one attention layer, filled as decoding proceeds.
 
-    Holds only the key/value heads, so grouped- and multi-query models cache less. Beam search reorders
-    its rows every step: the cache records the reorder in a row table instead of moving its keys (``rows``:
-    sequence b's position j sits in row ``rows[b, j]``), and a kernel that ``reads_rows`` reads through it;
-    for any other call (another kernel, few sequences, weights asked for) the rows are moved first, once.
+    Holds only the key/value heads, so grouped- and multi-query models cache less.
     """
 
     start = 0  # index of the first key ``append`` returns (a rolling cache forgets the oldest)
     rewindable = True  # ``length`` may be set back (speculative decoding forgets rejected drafts)
-    defers_reorder = True  # a reorder of the same rows is recorded in ``rows`` rather than done
-    rows: Tensor | None = None  # (B, max_len) int64, the row holding each position; None: every row its own
 
     def __init__(
         self,
@@ -63,29 +58,10 @@ class KVCache:
         self.keys.narrow(2, past, end - past).copy_(k)
         self.values.narrow(2, past, end - past).copy_(v)
         self.length = end
-        keys, values = self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
-        if self.rows is not None:
-            self.rows[:, past:end] = self._own_rows  # new positions sit in their sequence's own row
-            if not need_weights and kernel.reads_rows(q, keys, values):
-                return kernel(q, keys, values, mask, key_rows=self.rows[:, :end])
-            self.settle()
-        return kernel(q, keys, values, mask, need_weights=need_weights)
-
-    def settle(self) -> None:
-        """Move every row's positions to where the row table says they are (each sequence into its own row)."""
-        if self.rows is None:
-            return
-        filled = self._filled()
-        batch, kv_heads, _, head_dim = self.keys.shape
-        index = self.rows[:, None, :filled, None].expand(batch, kv_heads, filled, head_dim)
-        for storage in (self.keys, self.values):
-            part = storage[:, :, :filled]
-            part.copy_(torch.gather(part, 0, index))  # gathered into new storage first: no row read after its write
-        self.rows = None
+        return kernel(q, self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end), mask, need_weights=need_weights)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values (B, Hkv, T, Dh); return all cached so far (views, no copy)."""
-        self.settle()
         end = self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} positions exceed its length {self.max_len}")
@@ -96,23 +72,12 @@ class KVCache:
 
     def cached(self) -> tuple[Tensor, Tensor]:
         """Everything cached so far (views): (B, Hkv, length, Dh) each."""
-        self.settle()
         return self.keys[:, :, : self.length], self.values[:, :, : self.length]
 
     def reorder(self, batch_indices: Tensor) -> None:
-        """Keep the rows named by ``batch_indices`` (beam search), in that order: recorded in the row table
-        when the batch keeps its size (``defers_reorder``), else done (in place over the filled positions when
-        the batch keeps its size, into new storage when it does not)."""
-        batch = self.keys.shape[0]
-        if self.defers_reorder and batch_indices.shape[0] == batch:
-            if self.rows is None:
-                self._own_rows = torch.arange(batch, device=batch_indices.device)[:, None]  # (B, 1)
-                self.rows = self._own_rows.repeat(1, self.max_len)
-            filled = self.rows[:, : self._filled()]
-            filled.copy_(filled.index_select(0, batch_indices))  # each beam takes its parent's history
-            return
-        self.settle()
-        if batch_indices.shape[0] != batch:
+        """Keep the rows named by ``batch_indices`` (beam search), in that order: in place over the filled
+        positions when the batch keeps its size, else into new storage."""
+        if batch_indices.shape[0] != self.keys.shape[0]:
             self.keys = self.keys.index_select(0, batch_indices)
             self.values = self.values.index_select(0, batch_indices)
             return
@@ -132,7 +97,6 @@ class KVCache:
         """Make room for ``max_len`` positions, keeping what is cached (the filled part is copied)."""
         if max_len <= self.max_len:
             return
-        self.settle()
         batch, kv_heads, _, head_dim = self.keys.shape
         keys = self.keys.new_empty(batch, kv_heads, max_len, head_dim)
         values = self.values.new_empty(batch, kv_heads, max_len, head_dim)
@@ -158,7 +122,6 @@ class RollingKVCache(KVCache):
     """
 
     HEADROOM = 64  # one-token steps between two moves of the kept positions to the buffer's front
-    defers_reorder = False  # its positions move within the buffer: a reorder is done at once
 
     def __init__(
         self,

@@ -12,9 +12,6 @@ It declares what it honours, so configs and callers ask it instead of comparing 
 - ``reads_pages``: one query at the end of its context attends with plain softmax at the default scale
   over every key it is given, so the serving engine may compute its decode steps with the in-place
   paged kernel (``paged_kernel.py``) instead of calling it on gathered contexts.
-- ``reads_rows(q, k, v)``: whether this call's keys and values may stay where they are and come with a row
-  table (beam search: ``KVCache`` then records the beams' reorders instead of moving the cache); such a
-  call passes ``key_rows`` (B, Tk), sequence b's position j sitting in row ``key_rows[b, j]``.
 - ``fields``: the ModelConfig fields it reads (any other kernel refuses them away from their
   defaults), checked by ``config_problem``.
 - ``new_cache``: the cache backend a layer decodes with (``cache.py``); the backend says whether it can
@@ -64,11 +61,6 @@ class AttentionKernel:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError
-
-    def reads_rows(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """Whether a decoding call on these inputs (no dropout, no weights) takes ``key_rows``; none does by
-        default."""
-        return False
 
     def new_cache(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
                   device: torch.device) -> Any:

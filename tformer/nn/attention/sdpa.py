@@ -64,30 +64,22 @@ class SdpaKernel(AttentionKernel):
     reads_pages = True
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
-                 need_weights: bool = False, key_rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if need_weights:
             return reference_with_mask(q, k, v, mask, dropout_p)
         q_len, k_len = q.shape[2], k.shape[2]
         found = mask._derived.get((q_len, k_len, q.dtype))  # the dense form, once built, read directly
         dense, is_causal = mask.dense(q_len, k_len, q.dtype, q.device) if found is None else found
-        if key_rows is not None or (q_len == 1 and dropout_p == 0.0 and _many_sequences_decoding(q, k, v)):
+        if q_len == 1 and dropout_p == 0.0 and _many_sequences_decoding(q, k, v):
             kernels = compiled.load_or_none()
             if kernels is not None:  # a query that sees no key gets zeros there too
                 mask_or_none = compiled.NONE if dense is None else dense
-                return kernels.dense_decode(q, k, v, mask_or_none, q.shape[-1] ** -0.5,
-                                            compiled.NONE if key_rows is None else key_rows), None
-            if key_rows is not None:
-                raise ValueError("key_rows needs the compiled kernels (reads_rows says whether they are here)")
+                return kernels.dense_decode(q, k, v, mask_or_none, q.shape[-1] ** -0.5), None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout_p, is_causal=is_causal,
                                              enable_gqa=k.shape[1] != q.shape[1])
         if mask.key_padding is None or mask.real_queries:  # no row can be empty
             return out, None
         return zero_empty_rows(out, None, mask, k_len)
-
-
-    def reads_rows(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """A decoding step that ``dense_decode`` serves reads the cache's rows through a table."""
-        return q.shape[2] == 1 and _many_sequences_decoding(q, k, v) and compiled.load_or_none() is not None
 
 
 # Below this many (sequence, key/value head) pairs a thread, PyTorch's kernel, which also splits the keys among

@@ -6,9 +6,6 @@
 // sequences a step). Here each (sequence, key/value head) reads its keys once for every query head of its group,
 // then its values once: softmax(q k^T * scale + mask) v, the mask an additive one (0 for a visible key, the most
 // negative float for a hidden one: hidden keys are left out; a position bias is added as it is).
-//
-// Beam search reorders its sequences every step; instead of moving the cache's rows, it may hand a row table:
-// sequence b's position j then sits in the cache's row rows[b][j] (each beam's history where it was written).
 
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
@@ -27,20 +24,10 @@ struct Strides {
   int64_t batch, head, position;  // of a (B, H, T, Dh) tensor; the head size's stride is 1
 };
 
-// Where one sequence's key/value head keeps its positions: position j in row rows[j] (rows: null = `row`).
-template <typename scalar_t>
-struct HeadBlock {
-  const scalar_t* base;  // the head in the cache's row 0
-  int64_t row_stride, position_stride;
-  const int64_t* rows;
-  int64_t row;
-  const scalar_t* at(int64_t j) const { return base + (rows == nullptr ? row : rows[j]) * row_stride + j * position_stride; }
-};
-
 // One sequence's key/value head: its `group` query heads over `length` positions.
 template <typename scalar_t>
-void decode_head(const scalar_t* queries, const HeadBlock<scalar_t>& keys, const HeadBlock<scalar_t>& values,
-                 const scalar_t* mask, int64_t mask_head_stride, int64_t mask_key_stride,
+void decode_head(const scalar_t* queries, const scalar_t* keys, const scalar_t* values, int64_t key_stride,
+                 int64_t value_stride, const scalar_t* mask, int64_t mask_head_stride, int64_t mask_key_stride,
                  scalar_t* out, int64_t group, int64_t length, int64_t head_dim, double scale,
                  std::vector<at::opmath_type<scalar_t>>& scores, std::vector<at::opmath_type<scalar_t>>& total) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -53,10 +40,10 @@ void decode_head(const scalar_t* queries, const HeadBlock<scalar_t>& keys, const
   const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
   const bool short_block = length * row_bytes <= 16384;
   for (int64_t j = 0; j < length; ++j) {
-    const scalar_t* key = keys.at(j);
+    const scalar_t* key = keys + j * key_stride;
     if (short_block) {
-      const char* ahead = reinterpret_cast<const char*>(keys.at(std::min(j + 4, length - 1)));
-      const char* value_row = reinterpret_cast<const char*>(values.at(j));
+      const char* ahead = reinterpret_cast<const char*>(keys + std::min(j + 4, length - 1) * key_stride);
+      const char* value_row = reinterpret_cast<const char*>(values + j * value_stride);
       for (int64_t byte = 0; byte < row_bytes; byte += 64) {
         __builtin_prefetch(ahead + byte);
         __builtin_prefetch(value_row + byte);
@@ -81,7 +68,7 @@ void decode_head(const scalar_t* queries, const HeadBlock<scalar_t>& keys, const
     for (int64_t j = 0; j < length; ++j) weights[j] *= inverse;
   }
   for (int64_t j = 0; j < length; ++j) {
-    const scalar_t* value = values.at(j);
+    const scalar_t* value = values + j * value_stride;
     for (int64_t g = 0; g < group; ++g) {
       const acc_t weight = scores[g * length + j];
       acc_t* sum = total.data() + g * head_dim;
@@ -100,10 +87,9 @@ Strides strides_of(const torch::Tensor& tensor) {
 }  // namespace
 
 // queries (B, H, 1, Dh); keys and values (B, Hkv, T, Dh), Hkv dividing H, any strides but a head size's of 1 (a
-// cache's filled part); mask: empty (none) or additive (B | 1, H | 1, 1, T); rows: empty (each sequence in its own
-// row) or int64 (B, T) with unit stride along T, each entry a row of keys and values. Returns (B, H, 1, Dh).
+// cache's filled part); mask: empty (none) or additive (B | 1, H | 1, 1, T). Returns (B, H, 1, Dh).
 torch::Tensor dense_decode(torch::Tensor queries, torch::Tensor keys, torch::Tensor values, torch::Tensor mask,
-                           double scale, torch::Tensor rows) {
+                           double scale) {
   TORCH_CHECK(queries.dim() == 4 && queries.size(2) == 1 && keys.dim() == 4 && keys.sizes() == values.sizes(),
               "dense_decode: queries (B, H, 1, Dh), keys and values (B, Hkv, T, Dh)");
   TORCH_CHECK(queries.scalar_type() == keys.scalar_type() && keys.scalar_type() == values.scalar_type(),
@@ -120,14 +106,6 @@ torch::Tensor dense_decode(torch::Tensor queries, torch::Tensor keys, torch::Ten
                     (mask.size(1) == 1 || mask.size(1) == heads),
                 "dense_decode: mask (B | 1, H | 1, 1, T) in the queries' dtype");
   }
-  const bool tabled = rows.numel() > 0;
-  if (tabled) {
-    TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kLong && rows.size(0) == batch && rows.size(1) == length &&
-                    rows.stride(1) == 1,
-                "dense_decode: rows int64 (B, T) with unit stride along T");
-    TORCH_CHECK(length == 0 || (rows.min().item<int64_t>() >= 0 && rows.max().item<int64_t>() < batch),
-                "dense_decode: a row outside the cache");
-  }
   auto query_rows = queries.contiguous();
   auto out = torch::empty_like(query_rows);
   const int64_t group = heads / kv_heads;
@@ -142,18 +120,13 @@ torch::Tensor dense_decode(torch::Tensor queries, torch::Tensor keys, torch::Ten
     const scalar_t* v = values.data_ptr<scalar_t>();
     const scalar_t* m = masked ? mask.data_ptr<scalar_t>() : nullptr;
     scalar_t* o = out.data_ptr<scalar_t>();
-    const int64_t* table = tabled ? rows.data_ptr<int64_t>() : nullptr;
-    const int64_t table_stride = tabled ? rows.stride(0) : 0;
     at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<acc_t> scores, total;  // a thread's buffers, reused from head to head
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / kv_heads, h = item % kv_heads, first = h * group;  // first query head served
-        const int64_t* history = table == nullptr ? nullptr : table + b * table_stride;
-        const HeadBlock<scalar_t> key_block{k + h * key_strides.head, key_strides.batch, key_strides.position, history, b};
-        const HeadBlock<scalar_t> value_block{v + h * value_strides.head, value_strides.batch, value_strides.position,
-                                              history, b};
-        decode_head<scalar_t>(q + (b * heads + first) * head_dim, key_block, value_block,
-                              m == nullptr ? nullptr : m + b * mask_batch + first * mask_head,
+        decode_head<scalar_t>(q + (b * heads + first) * head_dim, k + b * key_strides.batch + h * key_strides.head,
+                              v + b * value_strides.batch + h * value_strides.head, key_strides.position,
+                              value_strides.position, m == nullptr ? nullptr : m + b * mask_batch + first * mask_head,
                               mask_head, mask_key, o + (b * heads + first) * head_dim, group, length, head_dim, scale,
                               scores, total);
       }

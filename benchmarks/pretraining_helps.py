@@ -226,6 +226,16 @@ def evaluate_second_split(run_folder: Path, task: str) -> dict:
     return {name.replace("eval_", "test_", 1): value for name, value in record.items() if name.startswith("eval_")}
 
 
+def from_scratch(raw: dict, pretrained_run: Path) -> None:
+    """Turn a parsed fine-tuning recipe into its from-scratch twin, in place: the pretrained run's
+    architecture (every [model] setting of its resolved recipe but the head) with the fine-tuning
+    recipe's head and regularisation settings, and the run's tokenizer, from random weights."""
+    pretrained = tomllib.loads((pretrained_run / "recipe.toml").read_text(encoding="utf-8"))
+    raw["model"] = {**{key: value for key, value in pretrained["model"].items() if key not in HEAD_KEYS},
+                    **{key: value for key, value in raw["model"].items() if key in INIT_FROM_KEYS}}
+    raw["data"]["tokenizer"] = pretrained["data"]["tokenizer"]
+
+
 def fine_tune(out: Path, task: str, start: str, steps: int | None = None, threads: int | None = None,
               settings: tuple[str, ...] = ()) -> dict:
     """One fine-tuning run: ``start`` is "pretrained" (init_from OUT/pretrain) or "scratch" (the
@@ -249,10 +259,7 @@ def fine_tune(out: Path, task: str, start: str, steps: int | None = None, thread
     if start == "pretrained":
         raw["model"]["init_from"] = str(out / "pretrain")
     else:
-        pretrained = tomllib.loads((out / "pretrain" / "recipe.toml").read_text(encoding="utf-8"))
-        raw["model"] = {**{key: value for key, value in pretrained["model"].items() if key not in HEAD_KEYS},
-                        **{key: value for key, value in raw["model"].items() if key in INIT_FROM_KEYS}}
-        raw["data"]["tokenizer"] = pretrained["data"]["tokenizer"]
+        from_scratch(raw, out / "pretrain")
     recipe = recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent, overrides=settings)
     run_folder = out / f"{task}-{start}"
     if run_folder.exists():

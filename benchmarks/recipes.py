@@ -9,9 +9,23 @@ test sets, SST-2 dev, WNUT-17 test, SQuAD's held-out articles), or for translati
 evaluate` of test_2016_flickr (sacreBLEU). Time: the run's training seconds (its newest checkpoint's
 ``elapsed_seconds``, resumes included).
 
+The encoder chain is the one docs/encoders.md reports (benchmarks/pretraining_helps.py): bert-mini-mlm
+pretrains on that script's corpus of every allowed English text, read through its own WordPiece
+vocabulary (built once into RUNS/pretraining-corpus), with the script's settings for its 2,400 steps (the
+half-hour limit left out: a seed's minutes are reported instead); sst2, wnut17 and squad fine-tune it;
+their -scratch twins train the same recipe, architecture and tokenizer from random weights.
+
     python benchmarks/recipes.py --seeds 3                       # every recipe, seeds 1, 2, 3 (hours)
     python benchmarks/recipes.py --seeds 3 mnist-vit fashion-mnist-vit
     python benchmarks/recipes.py --seeds 1 --max-steps 20 mnist-vit --runs /tmp/smoke   # the pipeline only
+
+A sweep of hours can span sessions and fresh clones through a ledger (`--ledger FILE`, JSON lines, one
+record per finished recipe and seed: its score, minutes, host, date and commit): a seed the ledger holds
+for the same recipe (the config file's bytes, and the recipe it starts from) is read from it, not trained
+again; a seed trained here is added to it. Without `--ledger` every seed is this machine's own.
+
+    python benchmarks/recipes.py --seeds 3 --seed 2 --threads 1 multi30k-transformer \
+        --ledger benchmarks/logs/recipes-ledger.jsonl    # one seed (another process runs seed 1)
 
 Prints a Markdown table (and writes RUNS/recipes.json); the docs quote its rows.
 """
@@ -19,17 +33,25 @@ Prints a Markdown table (and writes RUNS/recipes.json); the docs quote its rows.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import platform
 import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from pretraining_helps import PRETRAIN_SETTINGS, from_scratch
+
+from tformer.training.recipe import recipe_from_dict
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
+CORPUS = "pretraining-corpus"  # RUNS/CORPUS: benchmarks/pretraining_helps.py's corpus.txt and tokenizer.json
 
 
 @dataclass(frozen=True)
@@ -42,7 +64,17 @@ class RecipeRun:
     higher_is_better: bool = True
     threshold: float | None = None  # every seed must reach it (on the quoted scale)
     init_from: str | None = None  # the recipe whose same-seed run it fine-tunes
+    scratch_of: str | None = None  # the recipe whose same-seed run's architecture it trains from random weights
+    settings: tuple[str, ...] = ()  # --set overrides; "{corpus}" is RUNS/CORPUS
 
+    @property
+    def reads_corpus(self) -> bool:
+        return any("{corpus}" in setting for setting in self.settings)
+
+
+# the pretraining of docs/encoders.md: its script's settings for 2,400 steps, without the half-hour limit
+PRETRAINING = tuple(setting for setting in PRETRAIN_SETTINGS if not setting.startswith("training.max_minutes")) + (
+    "data.train={corpus}/corpus.txt", "data.tokenizer={corpus}/tokenizer.json")
 
 RECIPES = {
     "shakespeare-char": RecipeRun("shakespeare-char.toml", "eval_loss", higher_is_better=False),
@@ -50,10 +82,13 @@ RECIPES = {
     "fashion-mnist-vit": RecipeRun("fashion-mnist-vit.toml", "eval_accuracy", 100.0, threshold=90.0),
     "multi30k-transformer": RecipeRun("multi30k-de-en-transformer.toml", "bleu"),
     "multi30k-rnn": RecipeRun("multi30k-de-en-rnn.toml", "bleu"),
-    "bert-mini-mlm": RecipeRun("bert-mini-mlm.toml", "eval_accuracy", 100.0),
+    "bert-mini-mlm": RecipeRun("bert-mini-mlm.toml", "eval_loss", higher_is_better=False, settings=PRETRAINING),
     "sst2": RecipeRun("sst2.toml", "eval_accuracy", 100.0, init_from="bert-mini-mlm"),
+    "sst2-scratch": RecipeRun("sst2.toml", "eval_accuracy", 100.0, scratch_of="bert-mini-mlm"),
     "wnut17": RecipeRun("wnut17.toml", "eval_f1", init_from="bert-mini-mlm"),
+    "wnut17-scratch": RecipeRun("wnut17.toml", "eval_f1", scratch_of="bert-mini-mlm"),
     "squad": RecipeRun("squad.toml", "eval_f1", init_from="bert-mini-mlm"),
+    "squad-scratch": RecipeRun("squad.toml", "eval_f1", scratch_of="bert-mini-mlm"),
 }
 
 
@@ -71,13 +106,81 @@ def run_folder(runs: Path, name: str, seed: int) -> Path:
     return runs / name / f"seed-{seed}"
 
 
-def train(name: str, seed: int, runs: Path, threads: int, max_steps: int | None) -> Path:
-    """Train (or finish, or only read) one seed of one recipe; its output goes to RUN.log."""
+def recipe_key(name: str, max_steps: int | None) -> str:
+    """What a ledger record was measured on: the config file's bytes, the step cut and, for a
+    fine-tuning recipe, the key of the recipe it starts from."""
     recipe = RECIPES[name]
+    digest = hashlib.sha256((ROOT / "configs" / recipe.config).read_bytes())
+    if recipe.reads_corpus:  # the script that builds the corpus and its vocabulary
+        digest.update((ROOT / "benchmarks" / "pretraining_helps.py").read_bytes())
+    start = recipe.init_from or recipe.scratch_of
+    digest.update(f"|max_steps={max_steps}|settings={recipe.settings}|scratch={recipe.scratch_of is not None}"
+                  f"|start={start and recipe_key(start, max_steps)}".encode())
+    return digest.hexdigest()[:16]
+
+
+def read_ledger(path: Path | None) -> dict[tuple[str, int, str], dict]:
+    """The ledger's records by (recipe, seed, key); a later record of the same triple wins."""
+    if path is None or not path.is_file():
+        return {}
+    records = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            records[(record["recipe"], int(record["seed"]), record["key"])] = record
+        except (ValueError, KeyError, TypeError) as error:
+            raise SystemExit(f"{path}:{number}: not a ledger record ({error})") from None
+    return records
+
+
+def git_commit() -> str:
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else "unknown"
+
+
+def prepare_corpus(runs: Path) -> None:
+    """Build the pretraining corpus and its WordPiece vocabulary into RUNS/CORPUS once (a minute)."""
+    folder = runs / CORPUS
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{CORPUS}.log", "a", encoding="utf-8") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)  # another process's sweep may be building it
+        if (folder / "tokenizer.json").is_file():
+            return
+        result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pretraining_helps.py"), "tokenizer",
+                                 "--out", str(folder)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    if result.returncode != 0:
+        raise SystemExit(f"building {folder} failed; see {folder.parent / f'{CORPUS}.log'}")
+
+
+def scratch_recipe(config: Path, pretrained_run: Path, out: Path) -> Path:
+    """Write the from-scratch twin of a fine-tuning recipe (resolved: absolute paths) to OUT."""
+    raw = tomllib.loads(config.read_text(encoding="utf-8"))
+    from_scratch(raw, pretrained_run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(recipe_from_dict(raw, source=str(config), base_dir=config.parent).to_toml(), encoding="utf-8")
+    return out
+
+
+def train(name: str, seed: int, runs: Path, threads: int, max_steps: int | None) -> Path:
+    """Train (or finish, or only read) one seed of one recipe, and first the run it starts from; its
+    output goes to RUN.log."""
+    recipe = RECIPES[name]
+    start = recipe.init_from or recipe.scratch_of
+    if start is not None:
+        train(start, seed, runs, threads, max_steps)
+    if recipe.reads_corpus:
+        prepare_corpus(runs)
     out = run_folder(runs, name, seed)
-    command = [sys.executable, "-m", "tformer", "train", str(ROOT / "configs" / recipe.config), "--out", str(out),
-               "--resume", "auto", "--no-progress", "--set", f"training.seed={seed}",
-               "--set", f"training.threads={threads}"]
+    config = ROOT / "configs" / recipe.config
+    if recipe.scratch_of is not None:
+        config = scratch_recipe(config, run_folder(runs, recipe.scratch_of, seed), out.parent / f"seed-{seed}.toml")
+    command = [sys.executable, "-m", "tformer", "train", str(config), "--out", str(out),
+               "--resume", "auto", "--no-progress"]
+    for setting in recipe.settings:
+        command += ["--set", setting.format(corpus=runs / CORPUS)]
+    command += ["--set", f"training.seed={seed}", "--set", f"training.threads={threads}"]
     if max_steps is not None:
         command += ["--set", f"training.max_steps={max_steps}", "--set", f"training.eval_every={max_steps}"]
     if recipe.init_from is not None:
@@ -126,13 +229,16 @@ def training_minutes(run: Path) -> float:
     return json.loads(states[-1].read_text())["elapsed_seconds"] / 60
 
 
-def summary(name: str, values: list[float], minutes: list[float]) -> dict:
+def summary(name: str, records: list[dict]) -> dict:
     recipe = RECIPES[name]
+    values = [record["value"] for record in records]
+    minutes = [record["minutes"] for record in records]
     worst = min(values) if recipe.higher_is_better else max(values)
     holds = None if recipe.threshold is None else all(value >= recipe.threshold for value in values)
     return {"recipe": name, "metric": recipe.metric, "values": values, "mean": statistics.fmean(values),
             "min": min(values), "max": max(values), "worst": worst, "threshold": recipe.threshold,
-            "every_seed_holds": holds, "minutes_mean": statistics.fmean(minutes), "minutes_max": max(minutes)}
+            "every_seed_holds": holds, "minutes_mean": statistics.fmean(minutes), "minutes_max": max(minutes),
+            "seeds": [record["seed"] for record in records], "records": records}
 
 
 def shown(value: float) -> str:
@@ -141,14 +247,15 @@ def shown(value: float) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| recipe | metric | seeds | mean | range | threshold | every seed holds | training minutes (mean, max) |",
-             "|---|---|---|---:|---|---:|---|---|"]
+    lines = ["| recipe | metric | seeds | mean | range | threshold | every seed holds | training minutes (mean, max) "
+             "| threads |", "|---|---|---|---:|---|---:|---|---|---|"]
     for row in rows:
         threshold = "" if row["threshold"] is None else f"{row['threshold']:g}"
         holds = "" if row["every_seed_holds"] is None else ("yes" if row["every_seed_holds"] else "**no**")
         lines.append(f"| {row['recipe']} | {row['metric']} | {', '.join(map(shown, row['values']))} | "
                      f"{shown(row['mean'])} | {shown(row['min'])}-{shown(row['max'])} | {threshold} | {holds} | "
-                     f"{row['minutes_mean']:.1f}, {row['minutes_max']:.1f} |")
+                     f"{row['minutes_mean']:.1f}, {row['minutes_max']:.1f} | "
+                     f"{', '.join(sorted({str(record['threads']) for record in row['records']}))} |")
     return "\n".join(lines)
 
 
@@ -156,6 +263,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"recipes (default: all): {', '.join(RECIPES)}")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N (default: 3)")
+    parser.add_argument("--seed", type=int, action="append", dest="only_seeds", metavar="S",
+                        help="only this seed of 1..N (repeatable): split a sweep over processes")
+    parser.add_argument("--ledger", type=Path, help="JSON-lines record of finished seeds, read and extended")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "recipes", help="where the runs go")
     parser.add_argument("--threads", type=int, default=2, help="training threads (default: 2)")
     parser.add_argument("--max-steps", type=int, help="cut every run to this many steps (a smoke test)")
@@ -164,21 +274,33 @@ def main() -> None:
     if unknown or args.seeds < 1:
         parser.error(f"unknown recipe {unknown[0]!r} (choose from {', '.join(RECIPES)})" if unknown
                      else "--seeds must be at least 1")
-    names = args.names or list(RECIPES)
-    wanted = set(names) | {RECIPES[name].init_from for name in names if RECIPES[name].init_from}
-    order = [name for name in RECIPES if name in wanted]  # pretraining before what fine-tunes it
+    seeds = sorted(set(args.only_seeds or range(1, args.seeds + 1)))
+    if not 1 <= seeds[0] <= seeds[-1] <= args.seeds:
+        parser.error(f"--seed must be between 1 and --seeds ({args.seeds})")
+    names = [name for name in RECIPES if name in (args.names or RECIPES)]
+    ledger = read_ledger(args.ledger)
     started = time.time()
     rows = []
-    for name in order:
-        values, minutes = [], []
-        for seed in range(1, args.seeds + 1):
-            run = train(name, seed, args.runs, args.threads, args.max_steps)
-            values.append(score(name, run))
-            minutes.append(training_minutes(run))
-            print(f"{name} seed {seed}: {RECIPES[name].metric} {values[-1]:.4f}, {minutes[-1]:.1f} min", flush=True)
-        if name in names:
-            rows.append(summary(name, values, minutes))
-    host = f"{cpu_name()}, {args.threads} threads, python {platform.python_version()}"
+    for name in names:
+        key = recipe_key(name, args.max_steps)
+        records = []
+        for seed in seeds:
+            record = ledger.get((name, seed, key))
+            if record is None:
+                run = train(name, seed, args.runs, args.threads, args.max_steps)
+                record = {"recipe": name, "seed": seed, "key": key, "value": score(name, run),
+                          "minutes": training_minutes(run), "host": cpu_name(), "threads": args.threads,
+                          "date": time.strftime("%Y-%m-%d"), "commit": git_commit()}
+                if args.ledger is not None:
+                    args.ledger.parent.mkdir(parents=True, exist_ok=True)
+                    with open(args.ledger, "a", encoding="utf-8") as out:
+                        out.write(json.dumps(record) + "\n")
+            print(f"{name} seed {seed}: {RECIPES[name].metric} {record['value']:.4f}, {record['minutes']:.1f} min "
+                  f"({record['host']}, threads {record['threads']}, {record['date']})", flush=True)
+            records.append(record)
+        rows.append(summary(name, records))
+    hosts = sorted({record["host"] for row in rows for record in row["records"]})
+    host = f"{'; '.join(hosts) or cpu_name()}; python {platform.python_version()}"
     print(f"\n{host}; {time.strftime('%Y-%m-%d')}; {(time.time() - started) / 60:.1f} min for this call\n")
     print(table(rows))
     args.runs.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import torch
 from speech_corpus import tiny_model, write_corpus, write_tone
 
 import tformer
-from tformer.data.log_mel import log_mel_spectrogram, pad_to_windows
+from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_to_windows, warp_frequencies
 from tformer.data.sources import DataConfig
 from tformer.evaluation.speech import transcription_scores
 from tformer.training.config import TrainingConfig, TrainingError
@@ -136,6 +136,44 @@ def test_the_frequency_masks_cover_whole_bands_of_at_most_the_declared_bins(tmp_
             assert bool((masked[row][bands[row]] == 0).all())
 
 
+@pytest.mark.parametrize("hertz", [300.0, 1000.0, 2500.0])
+@pytest.mark.parametrize("factor", [0.85, 1.12])
+def test_a_warped_tone_reads_as_the_tone_at_the_warped_frequency(hertz, factor):
+    """Vocal tract length perturbation on features: a tone of f Hz warped by a factor puts its peak in the
+    mel filter (at its level, within 0.1 on the log-mel scale) where a tone of factor * f Hz has its own; the
+    top of the band stays where it is; a factor of 1 returns the features unchanged."""
+    settings = LogMelSettings(window_samples=8000)
+    time = torch.arange(8000, dtype=torch.float64) / 16000
+
+    def tone(frequency: float) -> torch.Tensor:
+        return log_mel_spectrogram(torch.sin(2 * torch.pi * frequency * time).float()[None], settings)  # (1, M, F)
+
+    warped = warp_frequencies(tone(hertz), torch.tensor([factor]), settings)[0, :, 25]  # (M,), a middle frame
+    expected = tone(factor * hertz)[0, :, 25]
+    peak = int(expected.argmax())
+    assert int(warped.argmax()) == peak
+    assert abs(float(warped[peak] - expected[peak])) < 0.1
+    features = tone(hertz).repeat(2, 1, 1)
+    assert torch.equal(warp_frequencies(features, torch.tensor([1.0, 1.0]), settings), features)
+
+
+def test_frequency_warp_draws_a_factor_a_recording_within_its_range(tmp_path):
+    plain, model = make_task(tmp_path / "plain")
+    warped, _ = make_task(tmp_path / "warped", model=model, frequency_warp=0.1)
+    again, _ = make_task(tmp_path / "again", model=model, frequency_warp=0.1)
+    factors = torch.cat([warped._masks(position, torch.arange(4))["warp"] for position in range(50)])
+    assert 0.9 <= float(factors.min()) < 0.92 and 1.08 < float(factors.max()) <= 1.1
+    for position in (0, 3):
+        batch = warped.train_batch(position)
+        assert torch.equal(batch["input_features"], again.train_batch(position)["input_features"])  # pure
+        index = warped.global_indices(position, len(warped.train_rows))
+        expected = warp_frequencies(plain.train_batch(position)["input_features"],
+                                    warped._masks(position, index)["warp"], model.log_mel_settings)
+        assert torch.equal(batch["input_features"], expected)
+        assert torch.equal(batch["labels"], plain.train_batch(position)["labels"])
+    assert not torch.equal(warped.train_batch(0)["input_features"], plain.train_batch(0)["input_features"])
+
+
 def test_audio_longer_than_the_window_is_refused_naming_the_file_and_its_length(tmp_path):
     manifest = write_corpus(tmp_path, count=3)
     write_tone(tmp_path / "clips" / "0-1.wav", 0.8, 440)  # the window is 0.5 s
@@ -218,6 +256,11 @@ def test_the_tasks_settings_are_accepted_and_checked():
         TaskConfig(name="speech_recognition", time_masks=2)
     with pytest.raises(TrainingError, match=r"task.frequency_mask_bins=-1 must be an integer >= 0"):
         TaskConfig(name="speech_recognition", frequency_mask_bins=-1)
+    assert TaskConfig(name="speech_recognition", frequency_warp=0.1).frequency_warp == 0.1
+    for bad in (-0.1, 0.5, True, "0.1"):
+        with pytest.raises(TrainingError, match=r"task.frequency_warp=.* must be a number from 0 \(no warp\) to "
+                                                r"below 0.5"):
+            TaskConfig(name="speech_recognition", frequency_warp=bad)
     with pytest.raises(TrainingError, match="task.eval_beams=0 must be a positive integer"):
         TaskConfig(name="speech_recognition", eval_beams=0)
 

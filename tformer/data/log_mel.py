@@ -71,6 +71,34 @@ def mel_filter_bank(num_mel_bins: int, n_fft: int, sample_rate: int, min_hertz: 
     return filters * (2.0 / (edges[2:] - edges[:-2]))[None, :]
 
 
+WARP_BOUNDARY = 0.8  # of the Nyquist frequency: above it the warp bends back to leave the top edge in place
+
+
+def warp_frequencies(features: Tensor, factors: Tensor, settings: LogMelSettings = LogMelSettings()) -> Tensor:
+    """Features (B, M, F) as if each row's speaker had a vocal tract ``factors`` (B,) times shorter: vocal
+    tract length perturbation (Jaitly and Hinton 2013) on log-mel features. Row b's spectrum moves up by
+    factors[b] (a frequency f is heard at factors[b] * f) below WARP_BOUNDARY of the Nyquist frequency, and
+    is pressed linearly above it so the band's top stays in place; each mel filter reads the original
+    features at its warped source, linearly between the two nearest filters. A factor of 1 changes nothing."""
+    mels = features.shape[1]
+    nyquist = settings.sample_rate / 2
+    edges = np.linspace(hertz_to_mel(0.0), hertz_to_mel(nyquist), mels + 2)
+    centres = torch.from_numpy(mel_to_hertz(edges[1:-1]))[None, :]  # (1, M) Hz, each filter's peak
+    factors = factors.to(torch.float64)[:, None]  # (B, 1)
+    bend = WARP_BOUNDARY * nyquist * torch.clamp(factors, max=1.0)  # (B, 1): the bend, in the warped spectrum
+    below = centres / factors
+    above = bend / factors + (centres - bend) * (nyquist - bend / factors) / (nyquist - bend)
+    source = torch.where(centres <= bend, below, above)  # (B, M) Hz: what each filter hears after the warp
+    place = (torch.from_numpy(hertz_to_mel(source.numpy())) - edges[1]) / (edges[1] - edges[0])  # (B, M) filters
+    place = place.clamp(0, mels - 1)
+    lower = place.floor().long().clamp(max=mels - 2)  # (B, M)
+    weight = (place - lower).to(features.dtype)[..., None]  # (B, M, 1)
+    frames = features.shape[-1]
+    low = features.gather(1, lower[..., None].expand(-1, -1, frames))  # (B, M, F)
+    high = features.gather(1, (lower + 1)[..., None].expand(-1, -1, frames))
+    return torch.lerp(low, high, weight)
+
+
 def pad_or_trim(audio: Tensor, length: int) -> Tensor:
     """``audio`` (..., N) cut or zero-padded on the right to (..., length)."""
     if audio.shape[-1] >= length:

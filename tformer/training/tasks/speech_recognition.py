@@ -14,8 +14,10 @@ vocabulary such as spoken digits or commands, where the decoder then writes one 
 Training batches are drawn as the encoder tasks draw examples (a seeded permutation an epoch); SpecAugment
 (Park et al. 2019) masks ``time_masks`` spans of up to ``time_mask_frames`` frames inside each recording's
 audio and ``frequency_masks`` bands of up to ``frequency_mask_bins`` mels, set to 0 as Hugging Face's Whisper
-masks them, the draws made for the global batch from a generator seeded by (seed, position): a batch is a pure
-function of both, so resume stays bitwise and N processes see what one sees.
+masks them; vocal tract length perturbation (``frequency_warp``, ``tformer.data.log_mel.warp_frequencies``)
+first moves each recording's spectrum up or down by a factor drawn from 1 +- frequency_warp, a voice the
+training speakers do not have. The draws are made for the global batch from generators seeded by (seed,
+position): a batch is a pure function of both, so resume stays bitwise and N processes see what one sees.
 
 WER and CER are summed as ``tformer.evaluation.speech.EditCounts`` (substitutions, deletions, insertions,
 reference length) of the normalised transcripts (``normalise_transcript``), which add up over batches and
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 
 from tformer.data.audio import AudioError
 from tformer.data.files import DataFileError
+from tformer.data.log_mel import warp_frequencies
 from tformer.data.sources import DataConfig
 from tformer.data.speech import (
     AUDIO_COLUMN,
@@ -68,6 +71,8 @@ UTTERANCE = "utterance"  # a Rows field: the row's recording in its split's feat
 # A learned vocabulary's special tokens, ids 0-3 (the whisper-digits preset's pad 0, start 1, end 2).
 SPEECH_SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
 SPEC_AUGMENT_STREAM = 4  # seeded_generator streams: 1 is the epoch permutations
+WARP_STREAM = 5
+MAX_FREQUENCY_WARP = 0.5
 FEATURE_DTYPE = torch.float32  # the cached features: float16 halves memory (FSDD train: 250 -> 125 MB) but
 # moves them by up to 5e-4; float32 keeps evaluation's features bit-equal to ``tformer transcribe``'s
 
@@ -80,6 +85,7 @@ class SpeechRecognitionOptions:
     time_mask_frames: int = 0  # the longest such span, in 10 ms frames
     frequency_masks: int = 0  # SpecAugment: mel bands masked in each training recording (0: none)
     frequency_mask_bins: int = 0  # the widest such band, in mel bins
+    frequency_warp: float = 0.0  # vocal tract length perturbation: factors drawn from 1 +- this (0: none)
     eval_wer: bool = True  # transcribe the evaluation audio and report WER and CER
     eval_beams: int = 1  # beams of those evaluation transcripts (1: greedy)
 
@@ -92,6 +98,10 @@ class SpeechRecognitionOptions:
             if (getattr(self, count) > 0) != (getattr(self, width) > 0):
                 raise TrainingError(f"task.{count}={getattr(self, count)} and task.{width}={getattr(self, width)}: "
                                     "SpecAugment needs both (how many masks, and how wide at most), or neither")
+        warp = self.frequency_warp
+        if isinstance(warp, bool) or not isinstance(warp, int | float) or not 0 <= warp < MAX_FREQUENCY_WARP:
+            raise TrainingError(f"task.frequency_warp={warp!r} must be a number from 0 (no warp) to below "
+                                f"{MAX_FREQUENCY_WARP} (factors drawn from 1 - it to 1 + it; 0.1 is usual)")
         if isinstance(self.eval_beams, bool) or not isinstance(self.eval_beams, int) or self.eval_beams < 1:
             raise TrainingError(f"task.eval_beams={self.eval_beams!r} must be a positive integer")
 
@@ -112,10 +122,11 @@ class SpeechRecognition(ExampleTask):
 
     def __init__(self, train: SpeechData, evaluation: SpeechData | None, tokenizer, *, seq_len: int | None = None,
                  time_masks: int = 0, time_mask_frames: int = 0, frequency_masks: int = 0,
-                 frequency_mask_bins: int = 0, eval_wer: bool = True, eval_beams: int = 1) -> None:
+                 frequency_mask_bins: int = 0, frequency_warp: float = 0.0, eval_wer: bool = True,
+                 eval_beams: int = 1) -> None:
         super().__init__()
-        SpeechRecognitionOptions(time_masks, time_mask_frames, frequency_masks, frequency_mask_bins, eval_wer,
-                                 eval_beams)  # checks them
+        SpeechRecognitionOptions(time_masks, time_mask_frames, frequency_masks, frequency_mask_bins, frequency_warp,
+                                 eval_wer, eval_beams)  # checks them
         for role in ("pad", "bos", "eos"):
             if getattr(tokenizer, f"{role}_token_id") is None:
                 raise TrainingError(f"the speech_recognition task needs a {role} token; {type(tokenizer).__name__} "
@@ -125,6 +136,7 @@ class SpeechRecognition(ExampleTask):
         self.seq_len = seq_len
         self.time_masks, self.time_mask_frames = time_masks, time_mask_frames
         self.frequency_masks, self.frequency_mask_bins = frequency_masks, frequency_mask_bins
+        self.frequency_warp = float(frequency_warp)
         self.eval_wer, self.eval_beams = eval_wer, eval_beams
         self.train, self.evaluation = train, evaluation
         self.train_rows = self._encode(train)
@@ -150,7 +162,8 @@ class SpeechRecognition(ExampleTask):
     @classmethod
     def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None,
                     time_masks: int = 0, time_mask_frames: int = 0, frequency_masks: int = 0,
-                    frequency_mask_bins: int = 0, eval_wer: bool = True, eval_beams: int = 1):
+                    frequency_mask_bins: int = 0, frequency_warp: float = 0.0, eval_wer: bool = True,
+                    eval_beams: int = 1):
         """The task on the manifests (or folders of pairs) a recipe's [data] names; the tokenizer is the model
         folder's, else the file ``data.tokenizer`` names, else the characters ("char") or the words ("words")
         of the training transcripts with <pad>, <s>, </s> and <unk> at ids 0-3."""
@@ -172,7 +185,8 @@ class SpeechRecognition(ExampleTask):
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
         task = cls(train, evaluation, tokenizer, seq_len=seq_len, time_masks=time_masks,
                    time_mask_frames=time_mask_frames, frequency_masks=frequency_masks,
-                   frequency_mask_bins=frequency_mask_bins, eval_wer=eval_wer, eval_beams=eval_beams)
+                   frequency_mask_bins=frequency_mask_bins, frequency_warp=frequency_warp, eval_wer=eval_wer,
+                   eval_beams=eval_beams)
         return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe())
 
     def describe(self) -> str:
@@ -226,6 +240,8 @@ class SpeechRecognition(ExampleTask):
         mine = self.local({"index": index, **self._masks(position, index)})
         rows = self.train_rows.select(mine["index"])
         features = self.train_features.batch(rows[UTTERANCE])  # (B, M, F)
+        if self.frequency_warp:
+            features = warp_frequencies(features, mine["warp"], self.model.log_mel_settings)
         if self.time_masks:
             features = features.masked_fill(mine["time"][:, None, :], 0.0)
         if self.frequency_masks:
@@ -233,9 +249,9 @@ class SpeechRecognition(ExampleTask):
         return self._batch(features, rows["labels"])
 
     def _masks(self, position: int, index: Tensor) -> dict[str, Tensor]:
-        """SpecAugment's masks of the global batch at ``position`` (rows ``index`` (G,)): ``time`` (G, F) true on
-        the masked frames, each span inside the recording's own frames (its audio, not the padding), and
-        ``frequency`` (G, M) on the masked mel bins."""
+        """The augmentations' draws for the global batch at ``position`` (rows ``index`` (G,)): SpecAugment's
+        ``time`` (G, F) true on the masked frames, each span inside the recording's own frames (its audio, not
+        the padding), and ``frequency`` (G, M) on the masked mel bins; ``warp`` (G,), each row's factor."""
         generator = seeded_generator(self.config.seed, SPEC_AUGMENT_STREAM, position)
         size = index.numel()
         masks = {}
@@ -245,6 +261,9 @@ class SpeechRecognition(ExampleTask):
         if self.frequency_masks:
             masks["frequency"] = spans(torch.full((size,), self.mels), self.mels, self.frequency_masks,
                                        self.frequency_mask_bins, generator)
+        if self.frequency_warp:
+            draws = torch.rand(size, generator=seeded_generator(self.config.seed, WARP_STREAM, position))
+            masks["warp"] = 1.0 + self.frequency_warp * (2.0 * draws - 1.0)
         return masks
 
     def _batch(self, features: Tensor, labels: Tensor) -> Batch:

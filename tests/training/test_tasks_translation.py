@@ -203,6 +203,7 @@ def test_a_run_trains_reports_bleu_and_resumes_bitwise(tmp_path, capsys):
 
     assert main(["evaluate", str(tmp_path / "whole"), "--source", str(tmp_path / "val.de"), "--reference",
                  str(tmp_path / "val.en"), "--beam", "1"]) == 0
+    assert "translating" not in capsys.readouterr().err  # stderr is no terminal here: no progress bar in a log
     record = json.loads((tmp_path / "whole" / "evaluation" / "val.json").read_text())
     assert record["bleu"] == pytest.approx(evaluated[-1]["eval_bleu"])
     assert (tmp_path / "whole" / "evaluation" / "val.beam1.txt").read_text().splitlines() == hypotheses

@@ -153,6 +153,17 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda, cuda:N, or auto (cuda when PyTorch sees a GPU, else cpu) (default: cpu)")
 
 
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress`` (``show_progress`` reads it)."""
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (there is none either when stderr is not a terminal)")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """A progress bar on a terminal unless --no-progress; never in a log file."""
+    return not args.no_progress and sys.stderr.isatty()
+
+
 def add_quantize_option(parser: argparse.ArgumentParser) -> None:
     """``--quantize`` and ``--group-size``: quantize the model's weights as it loads (``quantize_option`` reads
     them)."""

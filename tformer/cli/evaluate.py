@@ -15,7 +15,14 @@ import argparse
 import json
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_model_argument, add_quantize_option, output_beside_model
+from tformer.cli import (
+    add_device_option,
+    add_model_argument,
+    add_progress_option,
+    add_quantize_option,
+    output_beside_model,
+    show_progress,
+)
 
 RECIPE_NAME = "recipe.toml"
 
@@ -42,6 +49,7 @@ def register(subparsers) -> None:
     parser.add_argument("--per-sentence", action="store_true", help="also print each line's sentence BLEU")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
     parser.add_argument("--batch-size", type=int, help="rows per forward pass (default: the recipe's batch size)")
+    add_progress_option(parser)
     parser.add_argument("--overwrite", action="store_true",
                         help="replace outputs in --out that tformer evaluate did not write (or that were edited "
                              "since); its own are replaced without it")
@@ -167,7 +175,7 @@ def evaluate_translation(args: argparse.Namespace) -> int:
                       written_by_tformer=lambda path: written_beside(path, metrics_file))
     model = load_translator(args.folder, args.device, quantize)
     started = time.perf_counter()
-    result = translate(model, sources, num_beams=beam, batch_size=args.batch_size or 64, progress=True)
+    result = translate(model, sources, num_beams=beam, batch_size=args.batch_size or 64, progress=show_progress(args))
     seconds = time.perf_counter() - started
     notes = f" ({result.cut:,} sources cut to {model.position_limit} tokens)" if result.cut else ""
     print(f"translated {len(sources):,} sentences in {seconds:.1f} s, beam {beam}{notes}")
@@ -244,7 +252,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
                                    batch_size=args.batch_size or recipe.training.batch_size)
     trainer = Trainer(model, training, task, out_dir=None, progress=False)
     print(f"data       {loaded.description}")
-    metrics = trainer.evaluate_metrics(progress=True)
+    metrics = trainer.evaluate_metrics(progress=show_progress(args))
     if metrics is None:
         raise UsageError(f"--data {data_file}: nothing to evaluate")
     for name, value in metrics.items():

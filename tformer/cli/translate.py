@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_model_argument, add_quantize_option
+from tformer.cli import add_device_option, add_model_argument, add_progress_option, add_quantize_option, show_progress
 
 
 def register(subparsers) -> None:
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace --output when it exists")
     add_device_option(parser)
     add_quantize_option(parser)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result = translate(model, lines, num_beams=args.beam, batch_size=args.batch_size,
                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens,
-                       progress=not args.no_progress and sys.stderr.isatty())
+                       progress=show_progress(args))
     seconds = time.perf_counter() - started
     text = "".join(f"{line}\n" for line in result.texts)
     if args.output:

@@ -266,6 +266,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, action="append", dest="only_seeds", metavar="S",
                         help="only this seed of 1..N (repeatable): split a sweep over processes")
     parser.add_argument("--ledger", type=Path, help="JSON-lines record of finished seeds, read and extended")
+    parser.add_argument("--report", action="store_true",
+                        help="train nothing: the table of what the ledger holds, and the seeds it lacks")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "recipes", help="where the runs go")
     parser.add_argument("--threads", type=int, default=2, help="training threads (default: 2)")
     parser.add_argument("--max-steps", type=int, help="cut every run to this many steps (a smoke test)")
@@ -277,15 +279,20 @@ def main() -> None:
     seeds = sorted(set(args.only_seeds or range(1, args.seeds + 1)))
     if not 1 <= seeds[0] <= seeds[-1] <= args.seeds:
         parser.error(f"--seed must be between 1 and --seeds ({args.seeds})")
+    if args.report and args.ledger is None:
+        parser.error("--report reads the ledger: name it with --ledger FILE")
     names = [name for name in RECIPES if name in (args.names or RECIPES)]
     ledger = read_ledger(args.ledger)
     started = time.time()
-    rows = []
+    rows, lacking = [], []
     for name in names:
         key = recipe_key(name, args.max_steps)
         records = []
         for seed in seeds:
             record = ledger.get((name, seed, key))
+            if record is None and args.report:
+                lacking.append(f"{name} seed {seed}")
+                continue
             if record is None:
                 run = train(name, seed, args.runs, args.threads, args.max_steps)
                 record = {"recipe": name, "seed": seed, "key": key, "value": score(name, run),
@@ -298,11 +305,14 @@ def main() -> None:
             print(f"{name} seed {seed}: {RECIPES[name].metric} {record['value']:.4f}, {record['minutes']:.1f} min "
                   f"({record['host']}, threads {record['threads']}, {record['date']})", flush=True)
             records.append(record)
-        rows.append(summary(name, records))
+        if records:
+            rows.append(summary(name, records))
     hosts = sorted({record["host"] for row in rows for record in row["records"]})
     host = f"{'; '.join(hosts) or cpu_name()}; python {platform.python_version()}"
     print(f"\n{host}; {time.strftime('%Y-%m-%d')}; {(time.time() - started) / 60:.1f} min for this call\n")
     print(table(rows))
+    if lacking:
+        print(f"\nnot in the ledger (for these configs): {', '.join(lacking)}")
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "recipes.json").write_text(json.dumps({"host": host, "date": time.strftime("%Y-%m-%d"),
                                                         "max_steps": args.max_steps, "rows": rows}, indent=2) + "\n")

@@ -4,7 +4,8 @@
 #   2. tests/test_cuda.py and the CUDA cases of tests/nn/test_one_forward.py (skipped on a machine without a GPU)
 #   3. benchmarks/gpu_speed.py: tformer beside Hugging Face on the GPU
 #   4. the whole test suite there (pytest-xdist across the machine's cores, when it is installed)
-# Logs go to $LOGS (default: logs-gpu/). Wheels in .whl/ (packages the image lacks) are installed first.
+# Logs go to $LOGS (default: logs-gpu/). Wheels in .whl/ (packages the image lacks; tools/gpu_wheels.sh
+# downloads them) are installed first.
 #     bash tools/gpu_check.sh [TEST_SECONDS BENCH_SECONDS SUITE_SECONDS]
 set -u
 LOGS=${LOGS:-logs-gpu}

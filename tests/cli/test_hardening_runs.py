@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from python_path import child_python_path
 
 import tformer
 from tformer.cli import main
@@ -128,7 +129,7 @@ def test_a_second_process_on_a_run_folder_is_refused_and_a_killed_holder_leaves_
         [sys.executable, "-m", "tformer", "train", str(recipe), "--out", str(run), "--no-progress",
          "--set", "training.max_steps=1000000", "--set", "training.eval_every=1000000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": child_python_path()},
     )
     try:
         metrics = run / "metrics.jsonl"

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from python_path import child_python_path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "tformer"
@@ -50,7 +51,7 @@ def test_every_module_imports_on_its_own():
         print("FAILED:", " ".join(failures))
         sys.exit(1 if failures else 0)
     """)
-    environment = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    environment = {"PYTHONPATH": child_python_path(), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", script, str(PACKAGE), *MODULES], cwd=ROOT, capture_output=True,
                             text=True, timeout=300, env=environment)
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]

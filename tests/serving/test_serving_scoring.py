@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from python_path import child_python_path
 
 import tformer
 from tformer.serving.chat import ChatTemplate
@@ -70,7 +71,7 @@ def port(folder):
     """``tformer serve`` on the folder, in a process of its own."""
     process = subprocess.Popen([sys.executable, "-m", "tformer", "serve", str(folder), "--port", "0", "--threads", "1",
                                 "--block-size", "8"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               env={**os.environ, "PYTHONPATH": child_python_path()})
     line = process.stderr.readline()
     assert "listening on http://" in line, line + process.stderr.read()
     yield int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_hooks import hooked_engine, slowed
+from python_path import child_python_path
 
 import tformer
 from tformer.cli import main
@@ -418,7 +419,7 @@ def _start_cli_server(checkpoint, *options, step_seconds=None):
         entry = [str(script)]
     process = subprocess.Popen([sys.executable, *entry, "serve", str(checkpoint), "--port", "0", *options],
                                cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               env={**os.environ, "PYTHONPATH": child_python_path()})
     line = process.stderr.readline()
     assert "listening on http://" in line, line + process.stderr.read()
     return process, int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from python_path import child_python_path
 
 import tformer
 from tformer.serving.threads import BATCH, HTTP_SECONDS_PER_TOKEN, HTTP_SHARE, decode_step_seconds, engine_threads
@@ -56,7 +57,7 @@ def test_serve_without_threads_says_what_its_engine_took(tmp_path):
     model.save(tmp_path / "tiny")
     process = subprocess.Popen([sys.executable, "-m", "tformer", "serve", str(tmp_path / "tiny"), "--port", "0"],
                                cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"})
+                               env={**os.environ, "PYTHONPATH": child_python_path(), "OMP_NUM_THREADS": "2"})
     try:
         lines = []
         while not lines or "listening on http://" not in lines[-1]:

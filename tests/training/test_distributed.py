@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from python_path import child_python_path
 
 import tformer
 
@@ -53,7 +54,7 @@ def recipe(tmp_path):
 
 
 def environment():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": child_python_path()}
 
 
 def train(recipe, out, *extra, processes=1):

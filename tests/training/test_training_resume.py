@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from python_path import child_python_path
 from safetensors.torch import load_file
 
 import tformer
@@ -112,7 +113,7 @@ def make_run_folder(tmp_path, max_steps=24, checkpoint_every=3):
 
 
 def environment():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": child_python_path()}
 
 
 def train(recipe, out, *extra, kill_at=None, timeout=240):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from python_path import child_python_path
 from safetensors.torch import load_file
 from sorted_task import SortedClassifier, SortedOrNot, config
 
@@ -90,7 +91,7 @@ def test_recipes_name_their_task(tmp_path):
 
 
 def environment():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": child_python_path()}
 
 
 def train(out, *extra, processes=1):

@@ -54,6 +54,12 @@ def mel_to_hertz(mels: np.ndarray) -> np.ndarray:
     return np.where(mels >= LOG_START_MEL, logarithmic, mels * LINEAR_HERTZ_PER_MEL)
 
 
+def mel_edges(num_mel_bins: int, min_hertz: float, max_hertz: float) -> np.ndarray:
+    """The ``num_mel_bins + 2`` points, in mels, evenly spaced from min_hertz to max_hertz: filter m of the
+    bank rises from point m, peaks at point m + 1 and falls to point m + 2."""
+    return np.linspace(hertz_to_mel(min_hertz), hertz_to_mel(max_hertz), num_mel_bins + 2)
+
+
 @lru_cache(maxsize=8)
 def mel_filter_bank(num_mel_bins: int, n_fft: int, sample_rate: int, min_hertz: float = 0.0,
                     max_hertz: float | None = None) -> np.ndarray:
@@ -61,7 +67,7 @@ def mel_filter_bank(num_mel_bins: int, n_fft: int, sample_rate: int, min_hertz: 
     (m+1)th of ``num_mel_bins + 2`` points evenly spaced in mels and falls to the (m+2)th, scaled to unit
     area (2 / its width in Hz, Slaney's normalisation)."""
     max_hertz = sample_rate / 2 if max_hertz is None else max_hertz
-    edges = mel_to_hertz(np.linspace(hertz_to_mel(min_hertz), hertz_to_mel(max_hertz), num_mel_bins + 2))
+    edges = mel_to_hertz(mel_edges(num_mel_bins, min_hertz, max_hertz))
     bins = np.linspace(0.0, sample_rate // 2, n_fft // 2 + 1)
     widths = np.diff(edges)
     offsets = edges[None, :] - bins[:, None]  # (F, M + 2): how far each edge lies above each bin
@@ -82,7 +88,7 @@ def warp_frequencies(features: Tensor, factors: Tensor, settings: LogMelSettings
     features at its warped source, linearly between the two nearest filters. A factor of 1 changes nothing."""
     mels = features.shape[1]
     nyquist = settings.sample_rate / 2
-    edges = np.linspace(hertz_to_mel(0.0), hertz_to_mel(nyquist), mels + 2)
+    edges = mel_edges(mels, 0.0, nyquist)
     centres = torch.from_numpy(mel_to_hertz(edges[1:-1]))[None, :]  # (1, M) Hz, each filter's peak
     factors = factors.to(torch.float64)[:, None]  # (B, 1)
     bend = WARP_BOUNDARY * nyquist * torch.clamp(factors, max=1.0)  # (B, 1): the bend, in the warped spectrum

@@ -259,6 +259,40 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pairs(rows: list[dict]) -> list[dict]:
+    """Each fine-tuning recipe beside its -scratch twin, seed by seed: what pretraining adds (positive when
+    the pretrained start scores better, whichever way the metric points)."""
+    by_name = {row["recipe"]: row for row in rows}
+    compared = []
+    for name, row in by_name.items():
+        twin = by_name.get(f"{name}-scratch")
+        if twin is None:
+            continue
+        sign = 1.0 if RECIPES[name].higher_is_better else -1.0
+        scratch = {record["seed"]: record["value"] for record in twin["records"]}
+        gains = {record["seed"]: sign * (record["value"] - scratch[record["seed"]])
+                 for record in row["records"] if record["seed"] in scratch}
+        if gains:
+            values = list(gains.values())
+            compared.append({"recipe": name, "metric": row["metric"], "seeds": list(gains), "gains": values,
+                             "mean": statistics.fmean(values), "min": min(values), "max": max(values),
+                             "every_seed_gains": all(value > 0 for value in values)})
+    return compared
+
+
+def pair_table(compared: list[dict]) -> str:
+    lines = ["| recipe | metric | pretrained - scratch, by seed | mean | range | pretraining helps on every seed |",
+             "|---|---|---|---:|---|---|"]
+    for pair in compared:
+        digits = 2 if RECIPES[pair["recipe"]].scale != 1 else 4  # points of a percentage, or of a fraction
+        by_seed = zip(pair["seeds"], pair["gains"], strict=True)
+        gains = ", ".join(f"{seed}: {gain:+.{digits}f}" for seed, gain in by_seed)
+        helps = "yes" if pair["every_seed_gains"] else "**no**"
+        lines.append(f"| {pair['recipe']} | {pair['metric']} | {gains} | {pair['mean']:+.{digits}f} | "
+                     f"{pair['min']:+.{digits}f} to {pair['max']:+.{digits}f} | {helps} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"recipes (default: all): {', '.join(RECIPES)}")
@@ -311,11 +345,15 @@ def main() -> None:
     host = f"{'; '.join(hosts) or cpu_name()}; python {platform.python_version()}"
     print(f"\n{host}; {time.strftime('%Y-%m-%d')}; {(time.time() - started) / 60:.1f} min for this call\n")
     print(table(rows))
+    compared = pairs(rows)
+    if compared:
+        print(f"\n{pair_table(compared)}")
     if lacking:
         print(f"\nnot in the ledger (for these configs): {', '.join(lacking)}")
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "recipes.json").write_text(json.dumps({"host": host, "date": time.strftime("%Y-%m-%d"),
-                                                        "max_steps": args.max_steps, "rows": rows}, indent=2) + "\n")
+                                                        "max_steps": args.max_steps, "rows": rows,
+                                                        "pretrained_minus_scratch": compared}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -183,7 +183,10 @@ def test_bad_conll_data_is_a_one_line_error(tmp_path, tokenizer):
         TokenClassification.from_recipe(DataConfig(train=good, eval=unseen), seq_len=None, tokenizer=tokenizer)
     pos = write_conll(tmp_path / "pos.conll", [[("john", "NNP"), ("ate", "VBD")]])
     with pytest.raises(TrainingError, match=r"pos\.conll: the tags must be O or BIO/IOBES entity tags: tag 'NNP'"):
-        TokenClassification.from_recipe(DataConfig(train=pos), seq_len=None, tokenizer=tokenizer)
+        TokenClassification.from_recipe(DataConfig(train=pos, eval_fraction=0.0), seq_len=None, tokenizer=tokenizer)
+    nothing_held = r"data\.eval_fraction=0\.1 of the 1 sentences of .*good\.conll holds out 0"  # not silently none
+    with pytest.raises(TrainingError, match=nothing_held):
+        TokenClassification.from_recipe(DataConfig(train=good), seq_len=None, tokenizer=tokenizer)
 
 
 def test_prepare_refuses_a_model_that_does_not_fit_the_data(tmp_path, tokenizer):

@@ -79,12 +79,8 @@ class ImageData:
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
         return f"{Path(self.source).name}: {len(self):,} images of {channels} x {height} x {width}{notes}"
 
-    def split(self, fraction: float) -> tuple[ImageData, ImageData]:
-        """The first images and the last ``fraction`` of them (held out for evaluation)."""
-        keep = len(self) - round(len(self) * fraction)
-        if keep < 1 or keep == len(self):
-            raise DataFileError(f"{self.source}: holding out {fraction} of {len(self)} images leaves no training or "
-                                "evaluation image; give an evaluation set")
+    def split(self, keep: int) -> tuple[ImageData, ImageData]:
+        """The first ``keep`` images, and the rest (held out for evaluation)."""
         head = ImageData(self.images[:keep], self.labels[:keep], self.label_names, self.source, self.notes)
         return head, ImageData(self.images[keep:], self.labels[keep:], self.label_names, self.source)
 

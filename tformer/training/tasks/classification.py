@@ -32,6 +32,7 @@ from tformer.training.tasks.examples import (
     drop_unused_segments,
     model_inputs,
     pad_rows,
+    training_count,
 )
 
 
@@ -123,7 +124,8 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
                 source = "the declared labels" if label_names else f"the labels of the training file {data.train}"
                 evaluation = read_classification(data.eval, labels=train.label_names, labels_from=source, **options)
             elif data.eval_fraction > 0:
-                train, evaluation = _split(train, data.eval_fraction)
+                train, evaluation = _split(train, training_count(len(train), data.eval_fraction, "examples",
+                                                                 data.train))
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         task = cls(train, evaluation, tokenizer, seq_len=seq_len or 128)
@@ -156,11 +158,7 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
 
 
 
-def _split(data: ClassificationData, fraction: float) -> tuple[ClassificationData, ClassificationData]:
-    """The last ``fraction`` of the examples held out for evaluation."""
-    keep = len(data) - round(len(data) * fraction)
-    if keep < 1 or keep == len(data):
-        raise TrainingError(f"data.eval_fraction={fraction} of {len(data)} examples leaves no training or "
-                            "evaluation example; give data.eval")
+def _split(data: ClassificationData, keep: int) -> tuple[ClassificationData, ClassificationData]:
+    """The first ``keep`` examples, and the rest (held out for evaluation)."""
     head = ClassificationData(data.path, data.examples[:keep], data.label_names, data.skipped)
     return head, ClassificationData(data.path, data.examples[keep:], data.label_names)

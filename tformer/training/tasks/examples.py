@@ -29,6 +29,17 @@ def seeded_generator(seed: int, stream: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + stream * 7_919 + index) % 2**64)
 
 
+def training_count(total: int, fraction: float, items: str, source: str) -> int:
+    """How many of ``total`` items (the first ones) train when the last ``fraction`` of them is held out
+    for evaluation (``data.eval_fraction``); refused when either side would be empty."""
+    held = round(total * fraction)
+    if not 0 < held < total:
+        raise TrainingError(f"data.eval_fraction={fraction} of the {total:,} {items} of {source} holds out {held}: "
+                            "training and evaluation need at least one each (set data.eval to a file, or "
+                            "eval_fraction = 0 for no evaluation)")
+    return total - held
+
+
 def data_tokenizer(data: DataConfig, task: str, tokenizer=None):
     """The tokenizer an encoder task reads its data with: a pretrained folder's (given), else the
     file ``data.tokenizer`` names (a task of whole words and [CLS]/[SEP] has no use for "char")."""

@@ -39,7 +39,7 @@ from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.base import Batch, TaskData
 from tformer.training.tasks.classification import LabelEvaluation
-from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, seeded_generator
+from tformer.training.tasks.examples import EVAL_WEIGHTS, ExampleTask, Rows, seeded_generator, training_count
 
 AUGMENTATION_STREAM = 3  # seeded_generator streams: 1 epoch permutations, 2 masked-LM masks
 
@@ -129,7 +129,8 @@ class ImageClassification(LabelEvaluation, ExampleTask):
             if data.eval:
                 evaluation = _read(data, data.eval, train.label_names)
             elif data.eval_fraction > 0:
-                train, evaluation = train.split(data.eval_fraction)
+                train, evaluation = train.split(training_count(len(train), data.eval_fraction, "images",
+                                                               data.train))
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         task = cls(train, evaluation, crop_padding=crop_padding, horizontal_flip=horizontal_flip,

@@ -31,6 +31,7 @@ from tformer.training.tasks.examples import (
     data_tokenizer,
     model_inputs,
     seeded_generator,
+    training_count,
 )
 
 MLM_HEADS = ("masked_lm", "pretraining")
@@ -51,10 +52,10 @@ def text_documents(text: str) -> list[list[str]]:
     return documents
 
 
-def split_documents(documents: list[list[str]], eval_fraction: float) -> tuple[list, list]:
+def split_documents(documents: list[list[str]], eval_fraction: float, source: str = "the training text"
+                    ) -> tuple[list, list]:
     """The last ``eval_fraction`` of the sentences held out (a document cut in two where the split falls)."""
-    total = sum(len(document) for document in documents)
-    keep = total - round(total * eval_fraction)
+    keep = training_count(sum(len(document) for document in documents), eval_fraction, "sentences", source)
     train, held_out, seen = [], [], 0
     for document in documents:
         if seen + len(document) <= keep:
@@ -144,7 +145,7 @@ class MaskedLanguageModelling(ExampleTask):
         if data.eval:
             evaluation = text_documents(_text(data, "eval"))
         elif data.eval_fraction > 0:
-            train, evaluation = split_documents(train, data.eval_fraction)
+            train, evaluation = split_documents(train, data.eval_fraction, data.train)
         else:
             evaluation = None
         sources = {"training": data.train, "evaluation": data.eval or data.train}

@@ -47,6 +47,7 @@ from tformer.training.tasks.examples import (
     data_tokenizer,
     drop_unused_segments,
     model_inputs,
+    training_count,
 )
 
 CONTEXT = 1  # the sequence id of the context in a (question, context) window
@@ -252,12 +253,8 @@ class SpanQuestionAnswering(ExampleTask):
         if data.eval:
             evaluation = _read(data, "eval")
         elif data.eval_fraction > 0:
-            held_out = round(len(train.titles) * data.eval_fraction)
-            if not 0 < held_out < len(train.titles):
-                raise TrainingError(f"data.eval_fraction={data.eval_fraction} of the {len(train.titles)} articles of "
-                                    f"{data.train} holds out {held_out}: there must be at least one article on each "
-                                    "side (set data.eval to a file, or eval_fraction = 0 for no evaluation)")
-            train, evaluation = train.split_articles(len(train.titles) - held_out)
+            train, evaluation = train.split_articles(training_count(len(train.titles), data.eval_fraction,
+                                                                    "articles", data.train))
         task = cls(train, evaluation, tokenizer, seq_len=seq_len, doc_stride=doc_stride,
                    max_answer_length=max_answer_length, n_best=n_best)
         return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe(Path(data.train).name))

@@ -64,6 +64,7 @@ from tformer.training.tasks.examples import (
     model_inputs,
     pad_rows,
     seeded_generator,
+    training_count,
 )
 
 ROW_INDEX = "row_index"  # (B,) evaluation batches: each row's utterance, for its reference transcript
@@ -175,7 +176,8 @@ class SpeechRecognition(ExampleTask):
             if data.eval:
                 evaluation = read_pairs(data, data.eval)
             elif data.eval_fraction > 0:
-                train, evaluation = hold_out(train, data.eval_fraction)
+                train, evaluation = hold_out(train, training_count(len(train), data.eval_fraction, "recordings",
+                                                                   data.train))
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         if tokenizer is None and data.tokenizer == "char":
@@ -357,10 +359,6 @@ def read_pairs(data: DataConfig, path: str) -> SpeechData:
                                 skip_bad=data.skip_bad)
 
 
-def hold_out(data: SpeechData, fraction: float) -> tuple[SpeechData, SpeechData]:
-    """The last ``fraction`` of the pairs held out for evaluation."""
-    keep = len(data) - round(len(data) * fraction)
-    if keep < 1 or keep == len(data):
-        raise TrainingError(f"data.eval_fraction={fraction} of {len(data)} recordings leaves no training or "
-                            "evaluation recording; give data.eval")
+def hold_out(data: SpeechData, keep: int) -> tuple[SpeechData, SpeechData]:
+    """The first ``keep`` recordings, and the rest (held out for evaluation)."""
     return data.subset(slice(None, keep)), data.subset(slice(keep, None))

@@ -39,6 +39,7 @@ from tformer.training.tasks.examples import (
     drop_unused_segments,
     model_inputs,
     pad_rows,
+    training_count,
 )
 
 HEAD = "token_classification"
@@ -94,15 +95,16 @@ def encode_sentences(tokenizer, sentences: Sequence[TaggedSentence], tag_ids: Se
     return EncodedSentences(sequences, first_words, truncated, cut_words, pieceless_words)
 
 
-def held_out(data: ConllData, eval_fraction: float) -> tuple[ConllData, ConllData | None]:
-    """The first sentences to train and the last ``eval_fraction`` of them to evaluate (None: none)."""
-    count = round(len(data.sentences) * eval_fraction)
-    if count == 0:
-        return data, None
-    if count == len(data.sentences):
-        raise TrainingError(f"data.eval_fraction={eval_fraction} of {data.path}'s {len(data)} sentences "
-                            "leaves none to train on")
-    keep = len(data.sentences) - count
+def tag_scheme_entities(tag_names: Sequence[str], path: str) -> tuple[str, ...]:
+    """The entity types of BIO/IOBES ``tag_names`` (read from ``path``), or a one-line refusal."""
+    try:
+        return entity_types(tag_names)
+    except TagError as error:
+        raise TrainingError(f"{path}: the tags must be O or BIO/IOBES entity tags: {error}") from None
+
+
+def held_out(data: ConllData, keep: int) -> tuple[ConllData, ConllData]:
+    """The first ``keep`` sentences, and the rest (held out for evaluation)."""
     return (ConllData(data.path, data.sentences[:keep], data.tag_names, data.skipped),
             ConllData(data.path, data.sentences[keep:], data.tag_names))
 
@@ -137,10 +139,7 @@ class TokenClassification(ExampleTask):
         super().__init__()
         self.tokenizer = tokenizer
         self.tag_names = tuple(tag_names or train.tag_names)
-        try:
-            self.entity_types = entity_types(self.tag_names)
-        except TagError as error:
-            raise TrainingError(f"{train.path}: the tags must be O or BIO/IOBES entity tags: {error}") from None
+        self.entity_types = tag_scheme_entities(self.tag_names, train.path)
         if tokenizer.pad_token_id is None:
             raise TrainingError(f"the {self.name} task needs a tokenizer with a padding token; "
                                 f"{type(tokenizer).__name__} has none (use a WordPiece or RoBERTa tokenizer)")
@@ -177,7 +176,9 @@ class TokenClassification(ExampleTask):
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         if evaluation is None and data.eval_fraction > 0:
-            train, evaluation = held_out(train, data.eval_fraction)
+            tag_scheme_entities(train.tag_names, train.path)  # a file of other tags is that error, not the split's
+            train, evaluation = held_out(train, training_count(len(train.sentences), data.eval_fraction,
+                                                               "sentences", data.train))
         task = cls(train, evaluation, tokenizer, seq_len=seq_len, tag_names=train.tag_names)
         return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe(), label_names=task.tag_names)
 

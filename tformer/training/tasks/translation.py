@@ -44,6 +44,7 @@ from tformer.training.tasks.examples import (
     model_inputs,
     pad_rows,
     seeded_generator,
+    training_count,
 )
 
 ROW_INDEX = "row_index"  # (B,) evaluation batches: each row's pair, for its reference translation
@@ -170,7 +171,8 @@ class Translation(ExampleTask):
             if data.eval:
                 evaluation = read_pairs(data, data.eval)
             elif data.eval_fraction > 0:
-                train, evaluation = hold_out(train, data.eval_fraction)
+                train, evaluation = hold_out(train, training_count(len(train), data.eval_fraction, "pairs",
+                                                                   data.train))
         except DataFileError as error:
             raise TrainingError(str(error)) from None
         if tokenizer is None and data.tokenizer == "bpe":
@@ -320,12 +322,8 @@ def pair_batch(source: Tensor, target: Tensor, source_lengths: Tensor, target_le
             "decoder_input_ids": shift_right(labels, start_id, pad_id), "labels": labels}
 
 
-def hold_out(pairs: ParallelText, fraction: float) -> tuple[ParallelText, ParallelText]:
-    """The last ``fraction`` of the pairs held out for evaluation."""
-    keep = len(pairs) - round(len(pairs) * fraction)
-    if keep < 1 or keep == len(pairs):
-        raise TrainingError(f"data.eval_fraction={fraction} of {len(pairs)} pairs leaves no training or evaluation "
-                            "pair; give data.eval")
+def hold_out(pairs: ParallelText, keep: int) -> tuple[ParallelText, ParallelText]:
+    """The first ``keep`` pairs, and the rest (held out for evaluation)."""
     def part(chosen: slice) -> ParallelText:
         return ParallelText(pairs.sources[chosen], pairs.targets[chosen], pairs.source_path, pairs.target_path)
     return part(slice(None, keep)), part(slice(keep, None))

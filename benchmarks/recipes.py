@@ -47,7 +47,7 @@ from pathlib import Path
 
 from pretraining_helps import PRETRAIN_SETTINGS, from_scratch
 
-from tformer.training.recipe import recipe_from_dict
+from tformer.training.recipe import recipe_from_dict, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -155,11 +155,20 @@ def prepare_corpus(runs: Path) -> None:
 
 
 def scratch_recipe(config: Path, pretrained_run: Path, out: Path) -> Path:
-    """Write the from-scratch twin of a fine-tuning recipe (resolved: absolute paths) to OUT."""
+    """Write the from-scratch twin of a fine-tuning recipe to OUT, its data paths made absolute. Only the
+    settings the twin names are written: a resolved recipe would also fix what the training data decides
+    (num_labels: its default of 2 against WNUT-17's 13 tags)."""
     raw = tomllib.loads(config.read_text(encoding="utf-8"))
     from_scratch(raw, pretrained_run)
+    resolved = recipe_from_dict(raw, source=str(config), base_dir=config.parent)  # checked, paths resolved
+    for key in ("train", "eval", "tokenizer"):
+        if raw["data"].get(key):
+            raw["data"][key] = getattr(resolved.data, key)
+    lines = []
+    for section, values in raw.items():
+        lines += [f"[{section}]", *(f"{key} = {toml_value(value)}" for key, value in values.items()), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(recipe_from_dict(raw, source=str(config), base_dir=config.parent).to_toml(), encoding="utf-8")
+    out.write_text("\n".join(lines), encoding="utf-8")
     return out
 
 

@@ -66,6 +66,7 @@ class RecipeRun:
     init_from: str | None = None  # the recipe whose same-seed run it fine-tunes
     scratch_of: str | None = None  # the recipe whose same-seed run's architecture it trains from random weights
     settings: tuple[str, ...] = ()  # --set overrides; "{corpus}" is RUNS/CORPUS
+    decimals: int = 2  # as the docs quote it: 2 for percentages, BLEU and SQuAD's F1; 4 for losses and 0-1 F1
 
     @property
     def reads_corpus(self) -> bool:
@@ -77,16 +78,17 @@ PRETRAINING = tuple(setting for setting in PRETRAIN_SETTINGS if not setting.star
     "data.train={corpus}/corpus.txt", "data.tokenizer={corpus}/tokenizer.json")
 
 RECIPES = {
-    "shakespeare-char": RecipeRun("shakespeare-char.toml", "eval_loss", higher_is_better=False),
+    "shakespeare-char": RecipeRun("shakespeare-char.toml", "eval_loss", higher_is_better=False, decimals=4),
     "mnist-vit": RecipeRun("mnist-vit.toml", "eval_accuracy", 100.0, threshold=99.0),
     "fashion-mnist-vit": RecipeRun("fashion-mnist-vit.toml", "eval_accuracy", 100.0, threshold=90.0),
     "multi30k-transformer": RecipeRun("multi30k-de-en-transformer.toml", "bleu"),
     "multi30k-rnn": RecipeRun("multi30k-de-en-rnn.toml", "bleu"),
-    "bert-mini-mlm": RecipeRun("bert-mini-mlm.toml", "eval_loss", higher_is_better=False, settings=PRETRAINING),
+    "bert-mini-mlm": RecipeRun("bert-mini-mlm.toml", "eval_loss", higher_is_better=False, settings=PRETRAINING,
+                               decimals=4),
     "sst2": RecipeRun("sst2.toml", "eval_accuracy", 100.0, init_from="bert-mini-mlm"),
     "sst2-scratch": RecipeRun("sst2.toml", "eval_accuracy", 100.0, scratch_of="bert-mini-mlm"),
-    "wnut17": RecipeRun("wnut17.toml", "eval_f1", init_from="bert-mini-mlm"),
-    "wnut17-scratch": RecipeRun("wnut17.toml", "eval_f1", scratch_of="bert-mini-mlm"),
+    "wnut17": RecipeRun("wnut17.toml", "eval_f1", init_from="bert-mini-mlm", decimals=4),
+    "wnut17-scratch": RecipeRun("wnut17.toml", "eval_f1", scratch_of="bert-mini-mlm", decimals=4),
     "squad": RecipeRun("squad.toml", "eval_f1", init_from="bert-mini-mlm"),
     "squad-scratch": RecipeRun("squad.toml", "eval_f1", scratch_of="bert-mini-mlm"),
 }
@@ -250,9 +252,9 @@ def summary(name: str, records: list[dict]) -> dict:
             "seeds": [record["seed"] for record in records], "records": records}
 
 
-def shown(value: float) -> str:
-    """A score as the docs quote it: four decimals below 10 (losses, F1 in 0..1), two above (percent, BLEU)."""
-    return f"{value:.4f}" if abs(value) < 10 else f"{value:.2f}"
+def shown(value: float, name: str, sign: str = "") -> str:
+    """A score (or with sign="+" a difference) of recipe NAME as the docs quote it."""
+    return f"{value:{sign}.{RECIPES[name].decimals}f}"
 
 
 def table(rows: list[dict]) -> str:
@@ -261,8 +263,10 @@ def table(rows: list[dict]) -> str:
     for row in rows:
         threshold = "" if row["threshold"] is None else f"{row['threshold']:g}"
         holds = "" if row["every_seed_holds"] is None else ("yes" if row["every_seed_holds"] else "**no**")
-        lines.append(f"| {row['recipe']} | {row['metric']} | {', '.join(map(shown, row['values']))} | "
-                     f"{shown(row['mean'])} | {shown(row['min'])}-{shown(row['max'])} | {threshold} | {holds} | "
+        name = row["recipe"]
+        values = ", ".join(shown(value, name) for value in row["values"])
+        lines.append(f"| {name} | {row['metric']} | {values} | {shown(row['mean'], name)} | "
+                     f"{shown(row['min'], name)}-{shown(row['max'], name)} | {threshold} | {holds} | "
                      f"{row['minutes_mean']:.1f}, {row['minutes_max']:.1f} | "
                      f"{', '.join(sorted({str(record['threads']) for record in row['records']}))} |")
     return "\n".join(lines)
@@ -293,12 +297,12 @@ def pair_table(compared: list[dict]) -> str:
     lines = ["| recipe | metric | pretrained - scratch, by seed | mean | range | pretraining helps on every seed |",
              "|---|---|---|---:|---|---|"]
     for pair in compared:
-        digits = 2 if RECIPES[pair["recipe"]].scale != 1 else 4  # points of a percentage, or of a fraction
+        name = pair["recipe"]
         by_seed = zip(pair["seeds"], pair["gains"], strict=True)
-        gains = ", ".join(f"{seed}: {gain:+.{digits}f}" for seed, gain in by_seed)
+        gains = ", ".join(f"{seed}: {shown(gain, name, '+')}" for seed, gain in by_seed)
         helps = "yes" if pair["every_seed_gains"] else "**no**"
-        lines.append(f"| {pair['recipe']} | {pair['metric']} | {gains} | {pair['mean']:+.{digits}f} | "
-                     f"{pair['min']:+.{digits}f} to {pair['max']:+.{digits}f} | {helps} |")
+        lines.append(f"| {name} | {pair['metric']} | {gains} | {shown(pair['mean'], name, '+')} | "
+                     f"{shown(pair['min'], name, '+')} to {shown(pair['max'], name, '+')} | {helps} |")
     return "\n".join(lines)
 
 

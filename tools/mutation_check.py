@@ -281,6 +281,13 @@ MUTATIONS = (
         "every seed reads the training examples in the same order",
     ),
     Mutation(
+        "held-out-count-trains-on-the-evaluation-share", "tformer/training/tasks/examples.py",
+        "    return total - held\n",
+        "    return held\n",
+        ("tests/training/test_task_examples.py",),
+        "data.eval_fraction's split trains on the held-out share and evaluates on the rest",
+    ),
+    Mutation(
         "vit-interpolation-aligns-corners", "tformer/nn/patches.py",
         'mode="bicubic", align_corners=False',
         'mode="bicubic", align_corners=True',

@@ -10,6 +10,7 @@
 
 #include "kernel_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -30,8 +31,19 @@ void decode_sequence(const scalar_t* queries, const scalar_t* keys, const scalar
   const int64_t first = kv_first * group, count = (kv_last - kv_first) * group;  // the query heads served
   scores.resize(count * length);  // (heads, length): head h's scores at h * length
   total.assign(count * head_dim, acc_t(0));
+  // The rows sit in blocks scattered over a pool far larger than the caches, so each step reads them from
+  // memory, where the hardware's prefetcher, starting afresh at every block, leaves the loop waiting: fetch the
+  // keys a few rows ahead, and each row's values for the second pass while its keys are read.
+  const int64_t head_bytes = count / group * head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t head_offset = kv_first * head_dim;
   for (int64_t j = 0; j < length; ++j) {
     const scalar_t* row = keys + rows[j] * slot_stride;
+    const char* ahead = reinterpret_cast<const char*>(keys + rows[std::min(j + 4, length - 1)] * slot_stride + head_offset);
+    const char* value_row = reinterpret_cast<const char*>(values + rows[j] * slot_stride + head_offset);
+    for (int64_t byte = 0; byte < head_bytes; byte += 64) {
+      __builtin_prefetch(ahead + byte);
+      __builtin_prefetch(value_row + byte);
+    }
     for (int64_t h = 0; h < count; ++h) {
       const scalar_t* query = queries + (first + h) * head_dim;
       const scalar_t* key = row + ((first + h) / group) * head_dim;

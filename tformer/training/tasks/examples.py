@@ -9,12 +9,13 @@ sees, and a resumed run the batches it would have seen.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from tformer.data.files import DataFileError
 from tformer.data.sources import DataConfig
 from tformer.tokenizers import load as load_tokenizer
 from tformer.tokenizers.errors import TokenizerError
@@ -38,6 +39,21 @@ def training_count(total: int, fraction: float, items: str, source: str) -> int:
                             "training and evaluation need at least one each (set data.eval to a file, or "
                             "eval_fraction = 0 for no evaluation)")
     return total - held
+
+
+def read_splits(data: DataConfig, read: Callable, hold_out: Callable, items: str) -> tuple:
+    """(training, evaluation) for a task whose data ``read(data, path)`` reads: ``data.train``, and ``data.eval``
+    or else the last ``data.eval_fraction`` of the training data (``hold_out(training, keep)`` splits it),
+    or no evaluation (None). A file's error becomes the task's one-line TrainingError."""
+    try:
+        train = read(data, data.train)
+        if data.eval:
+            return train, read(data, data.eval)
+        if data.eval_fraction > 0:
+            return hold_out(train, training_count(len(train), data.eval_fraction, items, data.train))
+        return train, None
+    except DataFileError as error:
+        raise TrainingError(str(error)) from None
 
 
 def data_tokenizer(data: DataConfig, task: str, tokenizer=None):

@@ -63,8 +63,8 @@ from tformer.training.tasks.examples import (
     data_tokenizer,
     model_inputs,
     pad_rows,
+    read_splits,
     seeded_generator,
-    training_count,
 )
 
 ROW_INDEX = "row_index"  # (B,) evaluation batches: each row's utterance, for its reference transcript
@@ -170,16 +170,7 @@ class SpeechRecognition(ExampleTask):
         of the training transcripts with <pad>, <s>, </s> and <unk> at ids 0-3."""
         if label_names:
             raise TrainingError("label_names: the speech_recognition task has no labels")
-        try:
-            train = read_pairs(data, data.train)
-            evaluation = None
-            if data.eval:
-                evaluation = read_pairs(data, data.eval)
-            elif data.eval_fraction > 0:
-                train, evaluation = hold_out(train, training_count(len(train), data.eval_fraction, "recordings",
-                                                                   data.train))
-        except DataFileError as error:
-            raise TrainingError(str(error)) from None
+        train, evaluation = read_splits(data, read_pairs, hold_out, "recordings")
         if tokenizer is None and data.tokenizer == "char":
             tokenizer = CharTokenizer.train(train.transcripts, special_tokens=SPEECH_SPECIAL_TOKENS)
         elif tokenizer is None and data.tokenizer == "words":

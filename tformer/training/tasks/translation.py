@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tformer.data.files import DataFileError
 from tformer.data.parallel import TRANSLATION_COLUMN, ParallelText, read_parallel, read_parallel_records
 from tformer.data.sources import DataConfig
 from tformer.evaluation.translation import BLEU_STATISTICS, bleu_from_statistics, bleu_statistics
@@ -43,8 +42,8 @@ from tformer.training.tasks.examples import (
     data_tokenizer,
     model_inputs,
     pad_rows,
+    read_splits,
     seeded_generator,
-    training_count,
 )
 
 ROW_INDEX = "row_index"  # (B,) evaluation batches: each row's pair, for its reference translation
@@ -165,16 +164,7 @@ class Translation(ExampleTask):
         if bpe_vocab_size != TranslationOptions.bpe_vocab_size and data.tokenizer != "bpe":
             raise TrainingError("task.bpe_vocab_size is the size of a learned BPE: it is read only with "
                                 "data.tokenizer = \"bpe\"")
-        try:
-            train = read_pairs(data, data.train)
-            evaluation = None
-            if data.eval:
-                evaluation = read_pairs(data, data.eval)
-            elif data.eval_fraction > 0:
-                train, evaluation = hold_out(train, training_count(len(train), data.eval_fraction, "pairs",
-                                                                   data.train))
-        except DataFileError as error:
-            raise TrainingError(str(error)) from None
+        train, evaluation = read_splits(data, read_pairs, hold_out, "pairs")
         if tokenizer is None and data.tokenizer == "bpe":
             tokenizer = learn_joint_bpe(train, bpe_vocab_size)
         tokenizer = data_tokenizer(data, cls.name, tokenizer)

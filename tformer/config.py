@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tformer.data.log_mel import NORMALIZATIONS
 from tformer.errors import TformerError
 from tformer.families import FAMILIES, declared_fields, families_reading
 from tformer.nn.attention.registry import KERNELS
@@ -98,8 +99,11 @@ class ModelConfig:
     pass a two-convolution stem (the second of stride 2) and fixed sinusoids over ``max_source_positions``
     positions into an encoder of ``num_encoder_layers`` blocks; so the model reads at most ``input_frames`` =
     2 x ``max_source_positions`` frames at once (Whisper's 30 s window: 1500 positions, 3000 frames of 10 ms; a
-    model for short utterances sets a shorter window). Its decoder is an encoder-decoder's (``num_layers``
-    blocks, ``max_seq_len`` positions, ``decoder_start_token_id``), with the output tied to its token table.
+    model for short utterances sets a shorter window). ``feature_normalization="utterance"`` normalises each
+    window of a recording (``tformer.data.log_mel.normalize_windows``) for a model trained that way from scratch;
+    Whisper's checkpoints read the features as they are (``"none"``). Its decoder is an encoder-decoder's
+    (``num_layers`` blocks, ``max_seq_len`` positions, ``decoder_start_token_id``), with the output tied to its
+    token table.
 
     ``key_bias=False`` (any family, with ``attention_bias``) leaves the key projections without a bias while
     queries, values and outputs keep theirs (Whisper's attention). ``suppress_tokens`` and
@@ -165,6 +169,7 @@ class ModelConfig:
     pooling: str = "cls"
     num_mel_bins: int = 80
     max_source_positions: int = 1500
+    feature_normalization: str = "none"  # speech: "utterance" normalises each recording's log-mel
     key_bias: bool = True  # with attention_bias: False leaves the key projections alone without one (Whisper)
     suppress_tokens: tuple[int, ...] = ()  # generation's default: never chosen
     begin_suppress_tokens: tuple[int, ...] = ()  # generation's default: not chosen as the first new token
@@ -234,6 +239,7 @@ class ModelConfig:
             ("sinusoidal_layout", SINUSOIDAL_LAYOUTS),
             ("attention_kernel", ATTENTION_KERNELS),
             ("pooling", POOLINGS),
+            ("feature_normalization", NORMALIZATIONS),
         ):
             value = getattr(self, name)
             if value not in allowed:

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from tformer.data.audio import AudioError, load_audio, read_wav, resample
-from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, mel_filter_bank, pad_or_trim
+from tformer.data.log_mel import (
+    NORMALIZATION_EPS,
+    LogMelSettings,
+    log_mel_spectrogram,
+    mel_filter_bank,
+    normalize_windows,
+    pad_or_trim,
+    recording_features,
+)
 
 FSDD = Path(__file__).resolve().parents[3] / "shared" / "data" / "fsdd" / "recordings"
 needs_fsdd = pytest.mark.skipif(not FSDD.is_dir(), reason="../shared/data/fsdd is absent")
@@ -169,3 +177,59 @@ def test_features_of_any_length_have_a_frame_every_hop():
     assert torch.all(features.amax(dim=(1, 2)) - features.amin(dim=(1, 2)) <= 2.0 + 1e-6)  # 8 decades, scaled by 4
     assert pad_or_trim(torch.ones(5), 3).tolist() == [1, 1, 1]
     assert pad_or_trim(torch.ones(2), 4).tolist() == [1, 1, 0, 0]
+
+
+# ---- per-recording normalisation (a speech model's feature_normalization) ----------------------------------------
+
+
+def _tone(seconds: float, hertz: float = 440.0, level: float = 0.3, seed: int = 0) -> torch.Tensor:
+    """A tone with a little noise (so no mel channel is constant) at 16 kHz."""
+    time = torch.arange(int(16_000 * seconds)) / 16_000
+    noise = torch.randn(time.shape[0], generator=torch.Generator().manual_seed(seed))
+    return level * (torch.sin(2 * torch.pi * hertz * time) + 0.05 * noise)
+
+
+def test_utterance_normalisation_centres_each_channel_and_scales_the_recording():
+    settings = LogMelSettings(window_samples=16_000, normalization="utterance")  # 100 frames a window
+    samples = _tone(0.6)  # 9,600 samples: frames 0-59 hold audio, 60-99 silence
+    features = recording_features(samples, settings)
+    assert features.shape == (80, 100)
+    audio = features[:, :60]
+    torch.testing.assert_close(audio.mean(dim=1), torch.zeros(80), atol=1e-5, rtol=0)  # every channel centred
+    assert 0.97 < float(audio.pow(2).mean().sqrt()) < 1.0  # unit spread over the audio's frames, less the eps's share
+    silence = features[:, 62:]  # frames whose 400-sample window holds no audio
+    assert torch.equal(silence, silence[:, :1].expand_as(silence))  # the padding stays one column, repeated
+    plain = LogMelSettings(window_samples=16_000)
+    raw = log_mel_spectrogram(pad_or_trim(samples, 16_000), plain)
+    spread = (raw[:, :60] - raw[:, :60].mean(dim=1, keepdim=True)).pow(2).mean().sqrt()
+    expected = (raw - raw[:, :60].mean(dim=1, keepdim=True)) / (spread + NORMALIZATION_EPS)
+    torch.testing.assert_close(features, expected, atol=1e-5, rtol=0)  # the silence moved as the audio did
+    assert torch.equal(recording_features(samples, plain), raw)  # "none": Whisper's features, untouched
+
+
+def test_utterance_normalisation_removes_the_recording_s_level():
+    settings = LogMelSettings(window_samples=16_000, normalization="utterance")
+    loud, quiet = _tone(0.8, level=0.5), _tone(0.8, level=0.02)
+    plain = LogMelSettings(window_samples=16_000)
+    assert (recording_features(loud, plain) - recording_features(quiet, plain)).abs().max() > 0.5  # 1.4 decades
+    torch.testing.assert_close(recording_features(loud, settings), recording_features(quiet, settings), atol=1e-4,
+                               rtol=0)
+
+
+def test_each_window_of_a_long_recording_is_normalised_on_its_own_audio():
+    settings = LogMelSettings(window_samples=16_000, normalization="utterance")
+    samples = torch.cat([_tone(1.0, 300.0), _tone(0.5, 1200.0, level=0.05, seed=1)])  # 1.5 s: two windows
+    features = recording_features(samples, settings)
+    assert features.shape == (80, 200)  # frames 0-99 the first window, 100-149 the second's audio, then silence
+    for audio in (features[:, :100], features[:, 100:150]):
+        torch.testing.assert_close(audio.mean(dim=1), torch.zeros(80), atol=1e-5, rtol=0)
+        assert 0.97 < float(audio.pow(2).mean().sqrt()) < 1.0
+
+
+def test_normalisation_refuses_what_it_cannot_read():
+    with pytest.raises(ValueError, match="normalization='global' is not one of none, utterance"):
+        normalize_windows(torch.zeros(1, 80, 100), [100], LogMelSettings(window_samples=16_000,
+                                                                         normalization="global"))
+    with pytest.raises(ValueError, match="not whole windows of 100 frames"):
+        normalize_windows(torch.zeros(1, 80, 150), [100], LogMelSettings(window_samples=16_000,
+                                                                         normalization="utterance"))

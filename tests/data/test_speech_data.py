@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from shared_data import SHARED_DATA, require
 
 from tformer.data.audio import AudioError
@@ -27,7 +28,8 @@ from tformer.data.fsdd import (
     list_recordings,
     split_recordings,
 )
-from tformer.data.speech import read_speech, read_speech_folder, read_speech_manifest
+from tformer.data.log_mel import LogMelSettings, recording_features
+from tformer.data.speech import read_speech, read_speech_folder, read_speech_manifest, window_features
 
 FSDD_RECORDINGS = SHARED_DATA / "fsdd" / "recordings"
 RATE = 8000
@@ -72,6 +74,24 @@ def test_tsv_manifest_reads_paths_relative_to_it(tmp_path, clips):
     assert data.describe() == f"{manifest}: 3 recordings"
     samples = data.audio(1, sample_rate=RATE)  # read only now, at the file's own rate
     assert samples.shape == (160,) and samples[0] == pytest.approx(2000 / 32768)
+
+
+@pytest.mark.parametrize("normalization", ["none", "utterance"])
+def test_training_features_are_what_transcription_reads(tmp_path, normalization):
+    """The task's features (every recording of a split, read once) equal the ones ``tformer transcribe`` and
+    ``tformer attention`` compute for a file alone, normalised or not: a model hears in use what it trained on."""
+    time = np.arange(RATE * 3 // 4) / RATE
+    for number, hertz in enumerate((300, 700)):
+        level = 3000 * (number + 1)
+        write_wav(tmp_path / f"t{number}.wav", level * np.sin(2 * np.pi * hertz * time[: len(time) - 900 * number]))
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("audio\ttext\nt0.wav\tone\nt1.wav\ttwo\n", encoding="utf-8")
+    data = read_speech_manifest(manifest)
+    settings = LogMelSettings(window_samples=16_000, normalization=normalization)  # 1 s windows of 16 kHz
+    stored = window_features(data, settings).batch([0, 1])  # (2, M, 100)
+    for row in range(2):
+        alone = recording_features(torch.from_numpy(data.audio(row, settings.sample_rate)), settings)
+        torch.testing.assert_close(stored[row], alone, atol=1e-6, rtol=0)
 
 
 def test_jsonl_and_csv_manifests_with_named_columns(tmp_path, clips):

@@ -217,6 +217,8 @@ def test_configs_whisper_cannot_hold_are_refused_on_save(tmp_path):
     assert family.mismatches(config) == []
     assert "key_bias=True (needs False)" in family.mismatches(config.replace(key_bias=True))
     assert "norm_position='post' (needs 'pre')" in family.mismatches(config.replace(norm_position="post"))
+    assert ("feature_normalization='utterance' (needs 'none': not a whisper setting)"
+            in family.mismatches(config.replace(feature_normalization="utterance")))
     assert any(reason.startswith("positional='sinusoidal'")
                for reason in family.mismatches(config.replace(positional="sinusoidal")))
     with pytest.raises(CheckpointError, match="no Hugging Face equivalent"):

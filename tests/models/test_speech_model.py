@@ -70,6 +70,7 @@ def test_the_digits_preset_reads_a_short_window():
     ({"decoder_start_token_id": 40}, "decoder_start_token_id=40 must be a token id"),
     ({"d_model": 2, "num_heads": 1}, "d_model=2 must be even and >= 4"),
     ({"lm_head_bias": True}, "lm_head_bias=True is a field of the encoder_decoder family"),
+    ({"feature_normalization": "global"}, "feature_normalization='global' is not one of none, utterance"),
 ])
 def test_config_refuses_what_the_speech_model_cannot_be(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -81,12 +82,15 @@ def test_speech_fields_are_refused_by_the_other_families():
         tformer.PRESETS["gpt-nano"].replace(num_mel_bins=128)
     with pytest.raises(ConfigError, match="suppress_tokens=.* architecture='encoder' does not use it"):
         tformer.PRESETS["bert-tiny"].replace(suppress_tokens=(1,))
+    with pytest.raises(ConfigError, match="feature_normalization='utterance' is a field of the speech family"):
+        tformer.PRESETS["gpt-nano"].replace(feature_normalization="utterance")
 
 
 def test_the_config_goes_through_json_unchanged():
-    config = TINY.replace(suppress_tokens=(3, 4), begin_suppress_tokens=(END,))
+    config = TINY.replace(suppress_tokens=(3, 4), begin_suppress_tokens=(END,), feature_normalization="utterance")
     again = ModelConfig.from_json(config.to_json())
     assert again == config and again.suppress_tokens == (3, 4)
+    assert tformer.build_model(again).log_mel_settings.normalization == "utterance"  # what its features go through
     assert ModelConfig.from_dict(config.to_dict()) == config
 
 

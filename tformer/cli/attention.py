@@ -244,7 +244,7 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
     import tformer
     from tformer.cli import UsageError
     from tformer.cli.transcribe import decoder_prompt, load_speech_model, read_recordings, transcript_budget
-    from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_or_trim
+    from tformer.data.log_mel import LogMelSettings, recording_features
     from tformer.viz.alignment import alignment_weights, plot_audio_alignment
     from tformer.viz.heatmaps import token_labels
 
@@ -264,7 +264,7 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.audio}: {seconds:.2f} s of audio; --audio draws one window of this model's "
                          f"{window_seconds:g} s (cut the recording, or transcribe it whole with tformer transcribe)")
     prompt = decoder_prompt(model, args.language)
-    features = log_mel_spectrogram(pad_or_trim(torch.from_numpy(samples), settings.window_samples), settings)[None]
+    features = recording_features(torch.from_numpy(samples), settings)[None]  # (1, M, F): one window
     with torch.inference_mode():  # features (1, M, F); output (1, T): the prompt, the transcript, the end token
         output = tformer.generate(model, features, max_new_tokens=transcript_budget(model, prompt),
                                   num_beams=args.beam, decoder_prompt_ids=prompt)

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tformer.cli import UsageError, resolve_device
-    from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_to_windows
+    from tformer.data.log_mel import LogMelSettings, recording_features
     from tformer.generation.transcription import transcribe_ids
 
     device = resolve_device(args.device)
@@ -125,8 +125,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     lines = []
     for path, samples in zip(args.audio, recordings, strict=True):
-        audio = pad_to_windows(torch.from_numpy(samples), settings.window_samples)  # (windows x window,)
-        features = log_mel_spectrogram(audio, settings)[None].to(device)  # (1, M, windows x frames)
+        features = recording_features(torch.from_numpy(samples), settings)[None].to(device)  # (1, M, windows x frames)
         with torch.inference_mode():
             ids = transcribe_ids(model, features, budget, decoder_prompt_ids=prompt, num_beams=args.beam)[0]
         text = " ".join(model.tokenizer.decode(ids, skip_special_tokens=True).split())  # one line, always

@@ -3,6 +3,10 @@ audio (25 ms windows, 10 ms apart), power spectra through a Slaney-style mel fil
 filters from 0 Hz to 8 kHz, each of unit area), log10 with a floor of 1e-10, clipped to 8 decades below
 each example's peak, then scaled as (x + 4) / 4.
 
+A model may also normalise each recording (``LogMelSettings.normalization = "utterance"``, the speech models'
+``feature_normalization``): Whisper's features keep the recording's level and its microphone's colouring, which
+a model trained on a few voices learns as part of the words; ``normalize_windows`` takes them out.
+
 Written as tensor operations over a batch (B, N), on the audio's device. The tests hold the features
 equal to Hugging Face's ``WhisperFeatureExtractor`` within 1e-4 on real recordings and synthetic tones.
 """
@@ -10,6 +14,7 @@ equal to Hugging Face's ``WhisperFeatureExtractor`` within 1e-4 on real recordin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,13 +34,15 @@ MELS_PER_LOG_UNIT = 27.0 / math.log(6.4)
 @dataclass(frozen=True)
 class LogMelSettings:
     """The front end of a Whisper-style model: ``window_samples`` is its fixed input (30 s at 16 kHz),
-    which the encoder sees as ``window_samples / hop_length`` frames."""
+    which the encoder sees as ``window_samples / hop_length`` frames; ``normalization`` what
+    ``normalize_windows`` does to each window after ``log_mel_spectrogram`` (``NORMALIZATIONS``)."""
 
     num_mel_bins: int = 80
     sample_rate: int = 16_000
     n_fft: int = 400
     hop_length: int = 160
     window_samples: int = 480_000
+    normalization: str = "none"
 
     @property
     def window_frames(self) -> int:
@@ -77,6 +84,8 @@ def mel_filter_bank(num_mel_bins: int, n_fft: int, sample_rate: int, min_hertz: 
     return filters * (2.0 / (edges[2:] - edges[:-2]))[None, :]
 
 
+NORMALIZATIONS = ("none", "utterance")  # LogMelSettings.normalization: Whisper's features as they are, or per recording
+NORMALIZATION_EPS = 1e-3  # added to a window's spread before dividing (a silent window has none)
 WARP_BOUNDARY = 0.8  # of the Nyquist frequency: above it the warp bends back to leave the top edge in place
 
 
@@ -136,3 +145,41 @@ def log_mel_spectrogram(audio: Tensor, settings: LogMelSettings = LogMelSettings
     log_mel = torch.maximum(log_mel, peak - DYNAMIC_RANGE)
     features = (log_mel + 4.0) / 4.0
     return features[0] if single else features
+
+
+def normalize_windows(features: Tensor, samples: Sequence[int], settings: LogMelSettings) -> Tensor:
+    """Features (B, M, W x F) of B recordings each read in W windows of F frames (``samples[b]`` samples of
+    audio, then silence), normalised as ``settings.normalization`` says: ``"none"`` leaves them as they are
+    (Whisper); ``"utterance"`` takes each mel channel's mean over a window's frames of audio (those whose
+    centre falls inside the recording) from every frame of the window, the silence after it included, and
+    divides the window by the standard deviation of its audio frames' values (+ NORMALIZATION_EPS): the level
+    and the spectral colouring of a voice and its microphone are gone, the shape of the words stays."""
+    if settings.normalization == "none":
+        return features
+    if settings.normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization={settings.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+    batch, mels, total = features.shape
+    frames = settings.window_frames
+    windows = total // frames
+    if windows * frames != total or len(samples) != batch:
+        raise ValueError(f"features (B={batch}, M={mels}, {total} frames) are not whole windows of {frames} frames "
+                         f"for {len(samples)} recordings")
+    audio_frames = torch.tensor([-(-int(count) // settings.hop_length) for count in samples])  # (B,)
+    starts = torch.arange(windows) * frames  # (W,)
+    counts = (audio_frames[:, None] - starts[None, :]).clamp(0, frames).to(features.device)  # (B, W) frames of audio
+    blocks = features.reshape(batch, mels, windows, frames).transpose(1, 2)  # (B, W, M, F)
+    inside = (torch.arange(frames, device=features.device) < counts[..., None])[:, :, None, :]  # (B, W, 1, F)
+    count = counts.clamp(min=1)[:, :, None, None].to(features.dtype)  # (B, W, 1, 1)
+    mean = (blocks * inside).sum(-1, keepdim=True) / count  # (B, W, M, 1)
+    centred = blocks - mean
+    spread = ((centred * inside) ** 2).sum(dim=(-2, -1), keepdim=True) / (count * mels)  # (B, W, 1, 1)
+    normalized = centred / (spread.sqrt() + NORMALIZATION_EPS)
+    normalized = torch.where(counts[:, :, None, None] > 0, normalized, blocks)  # a window of silence only: as it is
+    return normalized.transpose(1, 2).reshape(batch, mels, total)
+
+
+def recording_features(samples: Tensor, settings: LogMelSettings) -> Tensor:
+    """What a model of ``settings`` reads for one recording (N,) at ``settings.sample_rate``: the audio padded
+    with silence to whole windows, its log-mel features (M, W x F), each window normalised as the settings say."""
+    features = log_mel_spectrogram(pad_to_windows(samples, settings.window_samples), settings)[None]  # (1, M, W x F)
+    return normalize_windows(features, [samples.shape[-1]], settings)[0]

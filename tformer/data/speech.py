@@ -30,7 +30,7 @@ from torch import Tensor
 
 from tformer.data.audio import WHISPER_SAMPLE_RATE, AudioError, load_audio
 from tformer.data.files import DataFileError, Skipped, read_data_text
-from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram
+from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, normalize_windows
 from tformer.data.records import RecordFile, field_value, record_format
 from tformer.errors import quoted
 
@@ -114,9 +114,9 @@ def window_features(data: SpeechData, settings: LogMelSettings, *, dtype: torch.
                     known: dict[Path, tuple[Tensor, Tensor]] | None = None) -> WindowFeatures:
     """The features of every recording of ``data``: read (mono, ``settings.sample_rate``), zero-padded to
     ``settings.window_samples`` and turned into log-mel frames (``log_mel_spectrogram``, a chunk of recordings
-    at a time), stored as ``dtype``. A recording longer than the window is an AudioError naming it and its
-    length (it is never cut). ``known``: features already computed, by path (another split that lists the
-    same files), filled in as more are computed."""
+    at a time, then ``normalize_windows``), stored as ``dtype``. A recording longer than the window is an
+    AudioError naming it and its length (it is never cut). ``known``: features already computed, by path
+    (another split that lists the same files), filled in as more are computed."""
     known = {} if known is None else known
     window = settings.window_samples
     missing = list(dict.fromkeys(path for path in data.audio_paths if path not in known))
@@ -124,6 +124,7 @@ def window_features(data: SpeechData, settings: LogMelSettings, *, dtype: torch.
     for start in range(0, len(missing), FEATURE_CHUNK):
         chunk = missing[start : start + FEATURE_CHUNK]
         audio = np.zeros((len(chunk), window), dtype=np.float32)  # (B, window): silence, then each recording
+        lengths = []
         for row, path in enumerate(chunk):
             samples = data.audio(first_row[path], settings.sample_rate)
             if len(samples) > window:
@@ -131,7 +132,9 @@ def window_features(data: SpeechData, settings: LogMelSettings, *, dtype: torch.
                 raise AudioError(f"{data.origins[first_row[path]]}: {path}: {len(samples) / rate:.2f} s of audio is "
                                  f"longer than the model's window of {window / rate:.2f} s; a recording is never cut")
             audio[row, : len(samples)] = samples  # (numpy: on a busy machine a torch op a row costs a thread wait)
+            lengths.append(len(samples))
         features = log_mel_spectrogram(torch.from_numpy(audio), settings)  # (B, M, F)
+        features = normalize_windows(features, lengths, settings)
         same_as_last = (features == features[:, :, -1:]).all(dim=1)  # (B, F): a column equal to the last one
         trailing = same_as_last.flip(-1).int().cumprod(dim=-1).sum(dim=-1)  # (B,) columns equal to the last, at the end
         for row, path in enumerate(chunk):

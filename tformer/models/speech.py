@@ -30,7 +30,8 @@ from tformer.nn.stack import TransformerStack
 
 # num_mel_bins: log-mel channels of the audio input; max_source_positions: encoder positions (the input window
 # is twice as many frames).
-SPEECH_FIELDS = ("num_encoder_layers", "decoder_start_token_id", "num_mel_bins", "max_source_positions")
+SPEECH_FIELDS = ("num_encoder_layers", "decoder_start_token_id", "num_mel_bins", "max_source_positions",
+                 "feature_normalization")
 
 
 def check_speech_config(config: ModelConfig) -> None:
@@ -62,15 +63,18 @@ class SpeechModel(EncoderDecoderLM):
     @classmethod
     def describe_inputs(cls, config: ModelConfig) -> str:
         frames = config.input_frames
-        return (f"audio in windows of {frames / 100:g} s ({config.num_mel_bins} mels x {frames} frames), "
+        normalised = ", each window normalised" if config.feature_normalization == "utterance" else ""
+        return (f"audio in windows of {frames / 100:g} s ({config.num_mel_bins} mels x {frames} frames{normalised}), "
                 f"{config.max_seq_len} decoder positions")
 
     @property
     def log_mel_settings(self) -> LogMelSettings:
         """The features this model reads: ``num_mel_bins`` mels of 16 kHz audio every 10 ms, its window
-        ``config.input_frames`` frames of audio (``window_samples``)."""
+        ``config.input_frames`` frames of audio (``window_samples``), each window normalised as
+        ``config.feature_normalization`` says."""
         hop = LogMelSettings.hop_length
-        return LogMelSettings(num_mel_bins=self.config.num_mel_bins, window_samples=self.config.input_frames * hop)
+        return LogMelSettings(num_mel_bins=self.config.num_mel_bins, window_samples=self.config.input_frames * hop,
+                              normalization=self.config.feature_normalization)
 
     def __init__(self, config: ModelConfig) -> None:
         Seq2SeqModel.__init__(self, config)  # the base's, not the encoder-decoder's: this front end is audio

@@ -38,7 +38,7 @@ LAYOUT_FIELDS = frozenset({
     "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio",
     "suppress_tokens", "begin_suppress_tokens",  # generation's defaults, read by its TokenChooser
     # a speech model's audio front end: its encoder runs through forward, once, before any step is laid out
-    "num_mel_bins", "max_source_positions",
+    "num_mel_bins", "max_source_positions", "feature_normalization",
 })
 
 

@@ -288,6 +288,20 @@ MUTATIONS = (
         "data.eval_fraction's split trains on the held-out share and evaluates on the rest",
     ),
     Mutation(
+        "utterance-mean-counts-the-silence", "tformer/data/log_mel.py",
+        "    mean = (blocks * inside).sum(-1, keepdim=True) / count  # (B, W, M, 1)\n",
+        "    mean = blocks.mean(-1, keepdim=True)  # (B, W, M, 1)\n",
+        ("tests/data/test_audio.py", "-k", "normalis"),
+        "feature_normalization='utterance' centres each channel on the window's silence as well as its audio",
+    ),
+    Mutation(
+        "transcription-skips-the-normalisation", "tformer/data/log_mel.py",
+        "    return normalize_windows(features, [samples.shape[-1]], settings)[0]\n",
+        "    return features[0]\n",
+        ("tests/data/test_speech_data.py", "-k", "transcription_reads"),
+        "tformer transcribe reads plain features where the model trained on normalised ones",
+    ),
+    Mutation(
         "vit-interpolation-aligns-corners", "tformer/nn/patches.py",
         'mode="bicubic", align_corners=False',
         'mode="bicubic", align_corners=True',

@@ -294,6 +294,26 @@ def test_options_that_cannot_work_are_refused_naming_the_option(work, capsys, ar
     refused_leaving(work, capsys, args, message)
 
 
+def test_threads_sets_the_threads_a_command_computes_with(work, capsys, monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        assert main(["generate", "m", "--prompt", "to be", "--max-new-tokens", "2", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()
+    refused_leaving(work, capsys, ["generate", "m", "--prompt", "to be", "--threads", "0"], "--threads 0 must be >= 1")
+
+
+@pytest.mark.parametrize("command", ["generate", "translate", "evaluate", "transcribe", "classify", "predict",
+                                     "attention", "serve"])
+def test_every_inference_command_takes_threads(command):
+    from tformer.cli import build_parser
+
+    subcommands = next(action for action in build_parser()._actions if action.dest == "command").choices
+    assert "--threads" in subcommands[command]._option_string_actions
+
+
 @pytest.mark.parametrize("value", [2, -1])
 def test_attention_mask_values_other_than_0_and_1_are_refused(value):
     model = tformer.build_model("gpt-nano").eval()

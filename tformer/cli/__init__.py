@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _warning_printer(args.command)
         try:
             resolve_model_argument(args)
+            set_threads(args)
             return args.run(args) or 0
         except (TformerError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
             print(f"tformer {args.command}: error: {_one_line(error)}", file=sys.stderr)
@@ -151,6 +152,25 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
     """``--device``: where the model runs (``resolve_device`` reads it)."""
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda, cuda:N, or auto (cuda when PyTorch sees a GPU, else cpu) (default: cpu)")
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads``: the CPU threads the command computes with (``main`` sets them before it runs)."""
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads PyTorch computes with (default: PyTorch's, one a core); fewer leave cores "
+                             "to other work on a shared machine")
+    parser.set_defaults(sets_threads=True)
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """Apply a command's ``--threads`` (``add_threads_option``), refused in one line below 1."""
+    if not getattr(args, "sets_threads", False) or args.threads is None:
+        return
+    if args.threads < 1:
+        raise UsageError(f"--threads {args.threads} must be >= 1")
+    import torch
+
+    torch.set_num_threads(args.threads)
 
 
 def add_progress_option(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ import argparse
 import warnings
 from pathlib import Path
 
-from tformer.cli import add_model_argument, output_beside_model
+from tformer.cli import add_model_argument, add_threads_option, output_beside_model
 from tformer.viz.rollout import HEAD_FUSIONS
 
 TEXT_ARCHITECTURES = ("decoder", "encoder")
@@ -64,6 +64,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-tokens", type=int,
                         help=f"--text: draw at most this many tokens; a longer text is cut, with a warning "
                              f"(default: {DEFAULT_MAX_TOKENS}, and never past the model's context)")
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tformer.cli import add_model_argument, add_quantize_option
+from tformer.cli import add_model_argument, add_quantize_option, add_threads_option
 
 CHUNK = 64  # images per forward pass
 
@@ -26,6 +26,7 @@ def register(subparsers) -> None:
     parser.add_argument("--top-k", type=int, default=5, help="labels to show per image (default: 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     add_quantize_option(parser)
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 

@@ -20,6 +20,7 @@ from tformer.cli import (
     add_model_argument,
     add_progress_option,
     add_quantize_option,
+    add_threads_option,
     output_beside_model,
     show_progress,
 )
@@ -55,6 +56,7 @@ def register(subparsers) -> None:
                              "since); its own are replaced without it")
     add_device_option(parser)
     add_quantize_option(parser)
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -249,7 +251,8 @@ def evaluate_run(args: argparse.Namespace) -> int:
     task, loaded = task_for_recipe(task_config, data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
                                    label_names=label_names)
     training = dataclasses.replace(recipe.training, eval_batches=0, device=str(device), compile=False,
-                                   batch_size=args.batch_size or recipe.training.batch_size)
+                                   batch_size=args.batch_size or recipe.training.batch_size,
+                                   threads=args.threads or recipe.training.threads)  # --threads over the recipe's
     trainer = Trainer(model, training, task, out_dir=None, progress=False)
     print(f"data       {loaded.description}")
     metrics = trainer.evaluate_metrics(progress=show_progress(args))

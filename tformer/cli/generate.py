@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
-from tformer.cli import add_device_option, add_model_argument, add_quantize_option
+from tformer.cli import add_device_option, add_model_argument, add_quantize_option, add_threads_option
 
 T = TypeVar("T")
 
@@ -46,6 +46,7 @@ def register(subparsers) -> None:
     parser.add_argument("--stream", action="store_true", help="print the text as it is produced")
     add_device_option(parser)
     add_quantize_option(parser)
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 

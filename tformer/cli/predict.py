@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from tformer.cli import add_model_argument, add_quantize_option
+from tformer.cli import add_model_argument, add_quantize_option, add_threads_option
 from tformer.errors import quoted
 
 HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
@@ -32,6 +32,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-answer-length", type=int, default=30, help="longest answer in tokens (default: 30)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     add_quantize_option(parser)
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_model_argument
+from tformer.cli import add_device_option, add_model_argument, add_threads_option
 
 WHISPER_START = "<|startoftranscript|>"
 MULTILINGUAL_VOCAB = 51865  # Whisper's multilingual vocabulary; the English-only models have 51,864 tokens
@@ -39,6 +39,7 @@ def register(subparsers) -> None:
                         help="tokens a window's transcript may have (default: as many as the decoder's positions hold)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line: file, text, seconds")
     add_device_option(parser)
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 

@@ -8,7 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_model_argument, add_progress_option, add_quantize_option, show_progress
+from tformer.cli import (
+    add_device_option,
+    add_model_argument,
+    add_progress_option,
+    add_quantize_option,
+    add_threads_option,
+    show_progress,
+)
 
 
 def register(subparsers) -> None:
@@ -31,6 +38,7 @@ def register(subparsers) -> None:
     add_device_option(parser)
     add_quantize_option(parser)
     add_progress_option(parser)
+    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 

@@ -9,7 +9,9 @@ read by tformer.load).
               features computed once, outside the timing; --batch at a time), from Whisper's English prompt
               (<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>), --new-tokens new tokens each
               (random weights never write the end token, so both sides do the same work); utterances/s and
-              whether every output is the same token for token
+              whether every output is the same token for token; then the ceiling: the float32 work of encoding
+              the windows (counted from the shape) at this host's measured matrix-product rate, the least time
+              any float32 implementation needs, against transformers' time
 
 Ratios are HF time / tformer time (> 1: tformer is faster). The utterances come from
 ``python benchmarks/speech_fsdd.py --out data/fsdd-digits``.
@@ -32,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import tformer  # noqa: E402
-from benchmarks.timing import interleaved  # noqa: E402
+from benchmarks.timing import interleaved, timed  # noqa: E402
 from tformer.data.audio import load_audio  # noqa: E402
 from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_or_trim  # noqa: E402
 
@@ -124,6 +126,26 @@ def measure_transcription(hf, ours, features: torch.Tensor, batch: int, new_toke
             "identical": sum(ours_row == theirs_row for ours_row, theirs_row in pairs), "lengths": lengths}
 
 
+def encoding_flops(config) -> int:
+    """Floating-point operations (a multiply and an add each) of encoding one window of ``config``'s shape: the
+    stem's two convolutions, each encoder block's projections and attention over its positions, and each
+    decoder block's cross-attention keys and values of the encoder's output. Generation does all of it once
+    an utterance; the decoding steps after it are left out (they only lower the ceiling further)."""
+    positions, width, inner = config.max_source_positions, config.d_model, config.d_ff
+    stem = 2 * (2 * positions) * 3 * config.num_mel_bins * width + 2 * positions * 3 * width * width
+    block = 2 * positions * (4 * width * width + 2 * width * inner) + 2 * 2 * positions * positions * width
+    cross_keys_values = 2 * positions * 2 * width * width * config.num_layers
+    return stem + config.num_encoder_layers * block + cross_keys_values
+
+
+def matrix_rate(rounds: int = 5, size: int = 2048) -> float:
+    """This host's float32 matrix-product rate (FLOP/s): the fastest of ``rounds`` (size x size) products."""
+    left, right = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(left, right)
+    best = min(timed(lambda: torch.mm(left, right), 1) for _ in range(rounds))
+    return 2 * size**3 / best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -155,6 +177,12 @@ def main() -> None:
               f"transformers generate {seconds['transformers']:.1f} ({count / seconds['transformers']:.2f} "
               f"utterances/s), ratio {seconds['transformers'] / seconds['tformer']:.2f}; identical outputs "
               f"{result['identical']} of {count} (new tokens per row: {result['lengths']})")
+        flops, rate = encoding_flops(ours.config), matrix_rate()
+        least = count * flops / rate
+        print(f"ceiling: encoding one 30 s window is {flops / 1e9:.1f} GFLOP; at this host's float32 matrix rate of "
+              f"{rate / 1e9:.0f} GFLOP/s (the fastest of 5 products of 2048 x 2048 matrices) the {count} utterances "
+              f"need at least {least:.1f} s, so no float32 transcription beats transformers' "
+              f"{seconds['transformers']:.1f} s by more than {seconds['transformers'] / least:.2f}x here")
 
 
 if __name__ == "__main__":

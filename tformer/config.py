@@ -101,9 +101,11 @@ class ModelConfig:
     2 x ``max_source_positions`` frames at once (Whisper's 30 s window: 1500 positions, 3000 frames of 10 ms; a
     model for short utterances sets a shorter window). ``feature_normalization="utterance"`` normalises each
     window of a recording (``tformer.data.log_mel.normalize_windows``) for a model trained that way from scratch;
-    Whisper's checkpoints read the features as they are (``"none"``). Its decoder is an encoder-decoder's
-    (``num_layers`` blocks, ``max_seq_len`` positions, ``decoder_start_token_id``), with the output tied to its
-    token table.
+    Whisper's checkpoints read the features as they are (``"none"``). ``ctc_weight`` in (0, 1) gives the encoder
+    a CTC head trained beside the decoder (loss: ``(1 - ctc_weight)`` x the decoder's + ``ctc_weight`` x CTC's),
+    which makes a model trained from scratch align its audio sooner; decoding never reads it. Its decoder is an
+    encoder-decoder's (``num_layers`` blocks, ``max_seq_len`` positions, ``decoder_start_token_id``), with the
+    output tied to its token table.
 
     ``key_bias=False`` (any family, with ``attention_bias``) leaves the key projections without a bias while
     queries, values and outputs keep theirs (Whisper's attention). ``suppress_tokens`` and
@@ -170,6 +172,7 @@ class ModelConfig:
     num_mel_bins: int = 80
     max_source_positions: int = 1500
     feature_normalization: str = "none"  # speech: "utterance" normalises each recording's log-mel
+    ctc_weight: float = 0.0  # speech: > 0 adds a CTC head on the encoder, weighted so in the training loss
     key_bias: bool = True  # with attention_bias: False leaves the key projections alone without one (Whisper)
     suppress_tokens: tuple[int, ...] = ()  # generation's default: never chosen
     begin_suppress_tokens: tuple[int, ...] = ()  # generation's default: not chosen as the first new token

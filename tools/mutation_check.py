@@ -302,6 +302,27 @@ MUTATIONS = (
         "tformer transcribe reads plain features where the model trained on normalised ones",
     ),
     Mutation(
+        "ctc-targets-keep-the-end-token", "tformer/models/speech.py",
+        "        return labels.masked_fill(labels == self.config.eos_token_id, IGNORE_INDEX)\n",
+        "        return labels\n",
+        ("tests/models/test_speech_model.py", "-k", "ctc"),
+        "the CTC head is trained to write the end token in the audio, a word nobody said",
+    ),
+    Mutation(
+        "ctc-repeats-need-no-blank", "tformer/nn/losses.py",
+        "    return real.sum(dim=1) + repeats.sum(dim=1)\n",
+        "    return real.sum(dim=1)\n",
+        ("tests/nn/test_losses.py",),
+        "a transcript of repeated digits is accepted for a window its CTC alignment cannot fit",
+    ),
+    Mutation(
+        "ctc-loss-missing-from-evaluation", "tformer/training/tasks/speech_recognition.py",
+        '        if "ctc" in totals:',
+        '        if False:',
+        ("tests/training/test_one_loss.py", "-k", "ctc"),
+        "eval_loss of a model with a CTC head is not the loss it trains on",
+    ),
+    Mutation(
         "vit-interpolation-aligns-corners", "tformer/nn/patches.py",
         'mode="bicubic", align_corners=False',
         'mode="bicubic", align_corners=True',

@@ -219,6 +219,7 @@ def test_configs_whisper_cannot_hold_are_refused_on_save(tmp_path):
     assert "norm_position='post' (needs 'pre')" in family.mismatches(config.replace(norm_position="post"))
     assert ("feature_normalization='utterance' (needs 'none': not a whisper setting)"
             in family.mismatches(config.replace(feature_normalization="utterance")))
+    assert "ctc_weight=0.3 (needs 0.0: not a whisper setting)" in family.mismatches(config.replace(ctc_weight=0.3))
     assert any(reason.startswith("positional='sinusoidal'")
                for reason in family.mismatches(config.replace(positional="sinusoidal")))
     with pytest.raises(CheckpointError, match="no Hugging Face equivalent"):

@@ -18,7 +18,7 @@ from tformer.generation.settings import GenerationConfig
 from tformer.models import SpeechModel
 from tformer.models.base import shift_right
 from tformer.nn.attention import MultiHeadAttention
-from tformer.nn.losses import token_cross_entropy
+from tformer.nn.losses import ctc_loss, token_cross_entropy
 from tformer.nn.position import whisper_sinusoids
 
 PAD, START, END = 0, 1, 2
@@ -71,6 +71,9 @@ def test_the_digits_preset_reads_a_short_window():
     ({"d_model": 2, "num_heads": 1}, "d_model=2 must be even and >= 4"),
     ({"lm_head_bias": True}, "lm_head_bias=True is a field of the encoder_decoder family"),
     ({"feature_normalization": "global"}, "feature_normalization='global' is not one of none, utterance"),
+    ({"ctc_weight": 1.0}, r"ctc_weight=1.0 must be a number in \[0, 1\)"),
+    ({"ctc_weight": True}, "ctc_weight=True must be a number"),
+    ({"ctc_weight": 0.3, "pad_token_id": None}, "ctc_weight=0.3 needs pad_token_id .the CTC blank."),
 ])
 def test_config_refuses_what_the_speech_model_cannot_be(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -84,10 +87,13 @@ def test_speech_fields_are_refused_by_the_other_families():
         tformer.PRESETS["bert-tiny"].replace(suppress_tokens=(1,))
     with pytest.raises(ConfigError, match="feature_normalization='utterance' is a field of the speech family"):
         tformer.PRESETS["gpt-nano"].replace(feature_normalization="utterance")
+    with pytest.raises(ConfigError, match="ctc_weight=0.3 is a field of the speech family"):
+        tformer.PRESETS["transformer-multi30k"].replace(ctc_weight=0.3)
 
 
 def test_the_config_goes_through_json_unchanged():
-    config = TINY.replace(suppress_tokens=(3, 4), begin_suppress_tokens=(END,), feature_normalization="utterance")
+    config = TINY.replace(suppress_tokens=(3, 4), begin_suppress_tokens=(END,), feature_normalization="utterance",
+                          ctc_weight=0.25)
     again = ModelConfig.from_json(config.to_json())
     assert again == config and again.suppress_tokens == (3, 4)
     assert tformer.build_model(again).log_mel_settings.normalization == "utterance"  # what its features go through
@@ -140,6 +146,35 @@ def test_the_loss_is_the_one_loss_on_labels_shifted_behind_the_start_token(model
     shifted = shift_right(labels, START, PAD)
     assert shifted.tolist() == [[START, 5, 6, 7], [START, 8, 9, END]]
     torch.testing.assert_close(model(audio(), decoder_input_ids=shifted).logits, output.logits)
+
+
+def test_a_ctc_head_reads_the_encoder_and_mixes_its_loss_with_the_decoders():
+    torch.manual_seed(1)
+    hybrid = tformer.build_model(TINY.replace(ctc_weight=0.25))
+    labels = torch.tensor([[5, 5, 7, END], [8, 9, END, -100]])
+    output = hybrid(audio(), labels=labels)
+    torch.testing.assert_close(output.ctc_logits, hybrid.ctc_head(output.encoder_output))  # (B, S, V)
+    assert output.ctc_logits.shape == (2, TINY.max_source_positions, TINY.vocab_size)
+    without_end = torch.tensor([[5, 5, 7, -100], [8, 9, -100, -100]])
+    expected = 0.75 * token_cross_entropy(output.logits, labels) + 0.25 * ctc_loss(output.ctc_logits, without_end, PAD)
+    torch.testing.assert_close(output.loss, expected)
+    output.loss.backward()
+    assert hybrid.ctc_head.weight.grad.abs().sum() > 0 and hybrid.audio.conv1.weight.grad.abs().sum() > 0
+    plain = tformer.build_model(TINY)
+    assert plain.ctc_head is None and plain(audio(), labels=labels).ctc_logits is None
+
+
+def test_decoding_never_reads_the_ctc_head(tmp_path):
+    torch.manual_seed(2)
+    hybrid = tformer.build_model(TINY.replace(ctc_weight=0.3, initializer_range=0.5)).eval()
+    greedy, beams = tformer.generate(hybrid, audio(), 6), tformer.generate(hybrid, audio(), 6, num_beams=3)
+    with torch.no_grad():
+        hybrid.ctc_head.weight.normal_(0, 5.0)
+    assert torch.equal(tformer.generate(hybrid, audio(), 6), greedy)
+    assert torch.equal(tformer.generate(hybrid, audio(), 6, num_beams=3), beams)
+    hybrid.save(tmp_path / "ckpt")
+    again = tformer.load(tmp_path / "ckpt")
+    torch.testing.assert_close(again.ctc_head.weight, hybrid.ctc_head.weight, rtol=0, atol=0)
 
 
 def test_the_positions_never_train(model):

@@ -161,9 +161,18 @@ def speech_recognition_task(tmp_path):
     return prepared(task, tiny_model(loaded.vocab_size), seq_len=16)
 
 
+def speech_recognition_ctc_task(tmp_path):
+    """A speech model with a CTC head: its loss mixes the decoder's with the head's."""
+    manifest = write_corpus(tmp_path, count=6)
+    task, loaded = SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval=str(manifest)), seq_len=16,
+                                                 eval_wer=False)
+    return prepared(task, tiny_model(loaded.vocab_size, ctc_weight=0.3), seq_len=16)
+
+
 TASKS = {"lm": lm_task, "mlm": mlm_task, "classification": classification_task,
          "token_classification": token_classification_task, "span_qa": span_qa_task, "translation": translation_task,
-         "image_classification": image_classification_task, "speech_recognition": speech_recognition_task}
+         "image_classification": image_classification_task, "speech_recognition": speech_recognition_task,
+         "speech_recognition_ctc": speech_recognition_ctc_task}
 
 
 def model_loss(model, batch) -> torch.Tensor:
@@ -177,6 +186,8 @@ def evaluated_loss(task, sums: dict) -> float:
     """The mean loss one batch's evaluation sums give, as the task's ``finalise`` divides them."""
     if isinstance(task, MaskedLanguageModelling):
         return float(sums["mlm_loss"] / sums["masked"] + sums["nsp_loss"] / sums["rows"])
+    if "ctc" in sums:  # the decoder's loss per token, the CTC head's per row: the task mixes them as the model does
+        return task.finalise({name: float(value) for name, value in sums.items()})["eval_loss"]
     count = {"lm": "batches", "token_classification": "labelled", "span_qa": "windows", "translation": "tokens",
              "speech_recognition": "tokens"}
     return float(sums["loss"] / sums[count.get(task.name, "rows")])

@@ -14,6 +14,7 @@ import tformer
 from tformer.data.log_mel import LogMelSettings, log_mel_spectrogram, pad_to_windows, warp_frequencies
 from tformer.data.sources import DataConfig
 from tformer.evaluation.speech import transcription_scores
+from tformer.nn.losses import ctc_loss, token_cross_entropy
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks import TaskConfig
@@ -191,6 +192,28 @@ def test_a_transcript_longer_than_the_decoder_is_refused(tmp_path):
     with pytest.raises(TrainingError, match=r"train.tsv:2: the transcript is \d+ tokens with its end token, past "
                                             r"training.seq_len=5"):
         SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval_fraction=0.0), seq_len=5)
+
+
+def test_a_ctc_head_trains_with_the_smoothed_decoder_loss(tmp_path):
+    manifest = write_corpus(tmp_path, count=4)
+    task, loaded = SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval_fraction=0.0), seq_len=16)
+    model = tiny_model(loaded.vocab_size, ctc_weight=0.4).train()
+    task.prepare(TrainingConfig(batch_size=4, label_smoothing=0.1, seq_len=16), ProcessContext(0, 1), model)
+    batch = task.train_batch(0)
+    with torch.no_grad():
+        output = model(batch["input_features"], decoder_input_ids=batch["decoder_input_ids"])
+        decoder = token_cross_entropy(output.logits, batch["labels"], 0.1)
+        ctc = ctc_loss(output.ctc_logits, model.ctc_targets(batch["labels"]), model.config.pad_token_id)
+        torch.testing.assert_close(task.loss(model, batch), 0.6 * decoder + 0.4 * ctc)
+
+
+def test_a_ctc_head_needs_a_window_the_transcripts_fit(tmp_path):
+    manifest = write_corpus(tmp_path, count=3)
+    task, loaded = SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval_fraction=0.0), seq_len=16)
+    model = tiny_model(loaded.vocab_size, ctc_weight=0.3, max_source_positions=4)
+    with pytest.raises(TrainingError, match=r"a transcript needs \d+ encoder positions for CTC .* "
+                                            "max_source_positions=4"):
+        task.prepare(TrainingConfig(batch_size=2, seq_len=16), ProcessContext(0, 1), model)
 
 
 def test_the_model_must_be_a_speech_model_whose_special_ids_agree(tmp_path):

@@ -58,8 +58,10 @@ class VisionOutput(ModelOutput):
 @dataclass
 class Seq2SeqOutput(ModelOutput):
     """``logits`` (B, T, V) of the decoder's tokens; ``loss`` against ``labels``; the encoder's output
-    (B, S, D) and, when asked for, the decoder's per-layer cross-attention weights (B, H, T, S)."""
+    (B, S, D) and, when asked for, the decoder's per-layer cross-attention weights (B, H, T, S); a speech
+    model with a CTC head gives its ``ctc_logits`` (B, S, V) over the encoder's positions."""
 
     encoder_output: Tensor | None = None
     cross_attentions: list[Tensor] | None = None
     encoder_attentions: list[Tensor] | None = None
+    ctc_logits: Tensor | None = None

@@ -25,13 +25,13 @@ from tformer.nn.audio import AudioEmbedding
 from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
-from tformer.nn.losses import token_cross_entropy
+from tformer.nn.losses import IGNORE_INDEX, ctc_loss, token_cross_entropy
 from tformer.nn.stack import TransformerStack
 
 # num_mel_bins: log-mel channels of the audio input; max_source_positions: encoder positions (the input window
 # is twice as many frames).
 SPEECH_FIELDS = ("num_encoder_layers", "decoder_start_token_id", "num_mel_bins", "max_source_positions",
-                 "feature_normalization")
+                 "feature_normalization", "ctc_weight")
 
 
 def check_speech_config(config: ModelConfig) -> None:
@@ -43,6 +43,12 @@ def check_speech_config(config: ModelConfig) -> None:
         raise ConfigError(f"d_model={config.d_model} must be even and >= 4 for architecture='speech' (the "
                           "encoder's fixed sinusoids: a sine and a cosine half, at least two frequencies each)")
     require_token_ids(config, ("decoder_start_token_id", "forced_eos_token_id"))
+    weight = config.ctc_weight
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight < 1.0:
+        raise ConfigError(f"ctc_weight={weight!r} must be a number in [0, 1) (0: no CTC head; 0.3 is usual)")
+    if weight and (config.pad_token_id is None or config.eos_token_id is None):
+        raise ConfigError(f"ctc_weight={weight!r} needs pad_token_id (the CTC blank) and eos_token_id (left out of "
+                          "CTC's targets)")
 
 
 @register("speech", fields=(*TOKEN_FIELDS, *GENERATION_FIELDS, *SPEECH_FIELDS), check=check_speech_config)
@@ -84,6 +90,8 @@ class SpeechModel(EncoderDecoderLM):
         self.embedding = TokenEmbedding.from_config(config)
         self.decoder = TransformerStack(config, causal=True, cross_attention=True)
         self.lm_head = LMHead(config.d_model, config.vocab_size)
+        # CTC over the encoder's positions, its blank the pad token (never a transcript's)
+        self.ctc_head = nn.Linear(config.d_model, config.vocab_size) if config.ctc_weight else None
         self.init_weights()
         if config.tie_embeddings:
             self.lm_head.weight = self.embedding.token.weight
@@ -146,12 +154,35 @@ class SpeechModel(EncoderDecoderLM):
         decoded = self.decode(decoder_input_ids, encoder_output, None, decoder_attention_mask, cache,
                               output_attentions, output_hidden_states)
         logits = self.lm_head(decoded.hidden)  # (B, T, V)
-        loss = None if labels is None else token_cross_entropy(logits, labels)
+        ctc_logits = None if generation_step or self.ctc_head is None else self.ctc_head(encoder_output)  # (B, S, V)
+        loss = None if labels is None else self.transcript_loss(logits, ctc_logits, labels)
         return Seq2SeqOutput(
             logits=logits, loss=loss, attentions=decoded.attentions, hidden_states=decoded.hidden_states,
             cache=cache, encoder_output=encoder_output, cross_attentions=decoded.cross_attentions,
-            encoder_attentions=encoder_attentions,
+            encoder_attentions=encoder_attentions, ctc_logits=ctc_logits,
         )
+
+    def transcript_loss(self, logits: Tensor, ctc_logits: Tensor | None, labels: Tensor,
+                        label_smoothing: float = 0.0) -> Tensor:
+        """The training objective for ``labels`` (B, T) (the transcript, its end token, -100 past it): the
+        decoder's token cross-entropy of logits (B, T, V); with a CTC head, mixed (``mix_ctc``) with the CTC
+        loss of ``ctc_logits`` (B, S, V) against the transcript without its end token (Watanabe et al. 2017's
+        hybrid objective; label smoothing is the decoder's only)."""
+        loss = token_cross_entropy(logits, labels, label_smoothing)
+        if self.ctc_head is None:
+            return loss
+        if ctc_logits is None:
+            raise ValueError("this model has a CTC head (ctc_weight > 0): its loss needs the forward's ctc_logits")
+        return self.mix_ctc(loss, ctc_loss(ctc_logits, self.ctc_targets(labels), blank=self.config.pad_token_id))
+
+    def mix_ctc(self, decoder_loss: Tensor, ctc: Tensor) -> Tensor:
+        """``(1 - ctc_weight)`` x the decoder's loss + ``ctc_weight`` x the CTC head's."""
+        weight = self.config.ctc_weight
+        return (1.0 - weight) * decoder_loss + weight * ctc
+
+    def ctc_targets(self, labels: Tensor) -> Tensor:
+        """CTC's targets (B, T): the transcript's tokens of ``labels``, the end token left out (-100)."""
+        return labels.masked_fill(labels == self.config.eos_token_id, IGNORE_INDEX)
 
     # ---- generation hooks (the Session protocol: tformer/generation/session.py) ----------------------------
 

@@ -133,3 +133,32 @@ def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor,
     end = F.cross_entropy(end_logits, end_positions, ignore_index=length, reduction=each)
     losses = (start + end) / 2
     return losses.sum() if reduction == "sum" else losses
+
+
+def ctc_frames_needed(targets: Tensor) -> Tensor:
+    """The fewest frames a CTC alignment of each row of targets (B, T) (IGNORE_INDEX past its end) needs: one
+    a token, and a blank between two equal neighbours. (B,)"""
+    real = targets != IGNORE_INDEX
+    repeats = (targets[:, 1:] == targets[:, :-1]) & real[:, 1:]
+    return real.sum(dim=1) + repeats.sum(dim=1)
+
+
+def ctc_loss(logits: Tensor, targets: Tensor, blank: int, reduction: Reduction = "mean") -> Tensor:
+    """Connectionist temporal classification (Graves et al. 2006): the negative log-probability, under frame
+    logits (B, S, C), of every path over the S frames that reads as a row of targets (B, T) once repeats are
+    merged and ``blank`` dropped. Every row reads all S frames; targets end at their first IGNORE_INDEX.
+
+    ``"none"``: each row's loss over its target count (B,) (an empty row: its loss); ``"mean"``: their mean
+    (PyTorch's and ESPnet's convention); ``"sum"``: their sum. A row that cannot align (fewer frames than
+    ``ctc_frames_needed``) is a ValueError, not an infinite loss."""
+    _check_reduction(reduction)
+    frames = logits.shape[1]
+    needed = ctc_frames_needed(targets)  # (B,)
+    if bool((needed > frames).any()):
+        raise ValueError(f"a CTC target needs {int(needed.max())} frames (a token each, a blank between repeats); "
+                         f"the logits have {frames}")
+    lengths = (targets != IGNORE_INDEX).sum(dim=1)  # (B,)
+    log_probs = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (S, B, C)
+    losses = F.ctc_loss(log_probs, targets.clamp(min=0), torch.full_like(lengths, frames), lengths, blank=blank,
+                        reduction="none") / lengths.clamp(min=1)  # (B,)
+    return losses if reduction == "none" else losses.sum() if reduction == "sum" else losses.mean()

@@ -37,6 +37,7 @@ LAYOUT_FIELDS = frozenset({
     "label_names", "position_offset", "pooler_input_dropout", "image_size", "patch_size", "num_channels", "pooling",
     "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio",
     "suppress_tokens", "begin_suppress_tokens",  # generation's defaults, read by its TokenChooser
+    "ctc_weight",  # a speech model's training objective: its CTC head reads the encoder, never a decoding step
     # a speech model's audio front end: its encoder runs through forward, once, before any step is laid out
     "num_mel_bins", "max_source_positions", "feature_normalization",
 })

@@ -49,7 +49,7 @@ from tformer.data.speech import (
 from tformer.evaluation.speech import EDIT_STATISTICS, EditCounts, error_counts
 from tformer.generation.transcription import transcribe_ids
 from tformer.models.base import Seq2SeqModel, shift_right
-from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
+from tformer.nn.losses import IGNORE_INDEX, ctc_frames_needed, ctc_loss, token_cross_entropy
 from tformer.tokenizers import CharTokenizer, WordPieceTokenizer
 from tformer.tokenizers.pre_tokenizers import WhitespaceSplitPreTokenizer
 from tformer.training.config import TrainingConfig, TrainingError
@@ -204,6 +204,12 @@ class SpeechRecognition(ExampleTask):
             raise TrainingError(f"a transcript is {longest} tokens with its end token, past the model's "
                                 f"max_seq_len={limit} decoder positions")
         check_special_tokens_agree(self.tokenizer, model_config, ("pad", "eos"))
+        if model_config.ctc_weight:
+            needed = int(ctc_frames_needed(model.ctc_targets(self.train_rows.fields["labels"])).max())
+            if needed > model_config.max_source_positions:
+                raise TrainingError(f"a transcript needs {needed} encoder positions for CTC (a token each, a blank "
+                                    f"between repeats); the model has max_source_positions="
+                                    f"{model_config.max_source_positions} (set ctc_weight = 0, or a longer window)")
         if model.start_token_id != self.tokenizer.bos_token_id:
             raise TrainingError(f"the model starts decoding at id {model.start_token_id} but the tokenizer's start "
                                 f"token is id {self.tokenizer.bos_token_id}; set decoder_start_token_id to it (a "
@@ -265,6 +271,13 @@ class SpeechRecognition(ExampleTask):
         start, pad = self.tokenizer.bos_token_id, self.tokenizer.pad_token_id
         return {"input_features": features, "decoder_input_ids": shift_right(labels, start, pad), "labels": labels}
 
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        """The speech model's ``transcript_loss``: the decoder's cross-entropy (smoothed while training, as
+        ``training.label_smoothing`` says), mixed with its CTC head's loss when it has one (``ctc_weight``)."""
+        smoothing = self.config.label_smoothing if model.training else 0.0
+        output = model(**model_inputs(batch, "labels"))
+        return self.model.transcript_loss(output.logits, output.ctc_logits, batch["labels"], smoothing)
+
     # ---- evaluation -------------------------------------------------------------------------------------------
 
     def eval_batches(self) -> Iterator[Batch]:
@@ -276,11 +289,15 @@ class SpeechRecognition(ExampleTask):
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         weights = batch[EVAL_WEIGHTS]
         labels = batch["labels"]
-        logits = model(**model_inputs(batch, ROW_INDEX, "labels")).logits  # (B, T, V)
-        losses = token_cross_entropy(logits, labels, reduction="none")  # (B, T), the model's loss per token
+        output = model(**model_inputs(batch, ROW_INDEX, "labels"))
+        losses = token_cross_entropy(output.logits, labels, reduction="none")  # (B, T), the decoder's loss per token
         tokens = (labels != IGNORE_INDEX).float()
         sums: dict[str, Tensor | float] = {"loss": (losses.sum(dim=1) * weights).sum().double(),
                                            "tokens": (tokens.sum(dim=1) * weights).sum()}
+        if output.ctc_logits is not None:  # the CTC head's loss, per row (each over its tokens)
+            rows = ctc_loss(output.ctc_logits, self.model.ctc_targets(labels), self.model.config.pad_token_id,
+                            reduction="none")  # (B,)
+            sums.update({"ctc": (rows * weights).sum().double(), "rows": weights.sum()})
         if self.eval_wer:
             real = weights > 0
             hypotheses = self.transcribe(batch["input_features"][real])
@@ -301,7 +318,10 @@ class SpeechRecognition(ExampleTask):
         return [self.tokenizer.decode(row, skip_special_tokens=True) for row in ids]
 
     def finalise(self, totals: dict[str, float]) -> dict[str, float]:
-        metrics = {"eval_loss": totals["loss"] / max(totals["tokens"], 1.0)}
+        loss = totals["loss"] / max(totals["tokens"], 1.0)
+        if "ctc" in totals:  # the objective the model trains on: the decoder's loss mixed with its CTC head's
+            loss = self.model.mix_ctc(loss, totals["ctc"] / max(totals["rows"], 1.0))
+        metrics = {"eval_loss": float(loss)}
         if self.eval_wer:
             for prefix in ("wer", "cer"):
                 counts = EditCounts.from_statistics([totals[f"{prefix}/{number}"] for number in range(EDIT_STATISTICS)])

@@ -302,6 +302,13 @@ MUTATIONS = (
         "tformer transcribe reads plain features where the model trained on normalised ones",
     ),
     Mutation(
+        "threads-option-ignored", "tformer/cli/__init__.py",
+        "    torch.set_num_threads(args.threads)\n",
+        "    pass\n",
+        ("tests/cli/test_hardening_cli.py", "-k", "threads"),
+        "tformer generate --threads N computes with as many threads as before",
+    ),
+    Mutation(
         "ctc-targets-keep-the-end-token", "tformer/models/speech.py",
         "        return labels.masked_fill(labels == self.config.eos_token_id, IGNORE_INDEX)\n",
         "        return labels\n",

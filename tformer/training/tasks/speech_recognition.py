@@ -205,7 +205,8 @@ class SpeechRecognition(ExampleTask):
                                 f"max_seq_len={limit} decoder positions")
         check_special_tokens_agree(self.tokenizer, model_config, ("pad", "eos"))
         if model_config.ctc_weight:
-            needed = int(ctc_frames_needed(model.ctc_targets(self.train_rows.fields["labels"])).max())
+            needed = max(int(ctc_frames_needed(model.ctc_targets(rows.fields["labels"])).max())
+                         for rows in (self.train_rows, self.eval_rows) if rows is not None)
             if needed > model_config.max_source_positions:
                 raise TrainingError(f"a transcript needs {needed} encoder positions for CTC (a token each, a blank "
                                     f"between repeats); the model has max_source_positions="

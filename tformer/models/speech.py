@@ -173,7 +173,12 @@ class SpeechModel(EncoderDecoderLM):
             return loss
         if ctc_logits is None:
             raise ValueError("this model has a CTC head (ctc_weight > 0): its loss needs the forward's ctc_logits")
-        return self.mix_ctc(loss, ctc_loss(ctc_logits, self.ctc_targets(labels), blank=self.config.pad_token_id))
+        return self.mix_ctc(loss, self.ctc_loss(ctc_logits, labels))
+
+    def ctc_loss(self, ctc_logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+        """The CTC head's loss of ``ctc_logits`` (B, S, V) against ``labels`` (B, T): the transcript without its
+        end token (``ctc_targets``), the pad token as the blank; ``reduction`` as ``nn.losses.ctc_loss``."""
+        return ctc_loss(ctc_logits, self.ctc_targets(labels), blank=self.config.pad_token_id, reduction=reduction)
 
     def mix_ctc(self, decoder_loss: Tensor, ctc: Tensor) -> Tensor:
         """``(1 - ctc_weight)`` x the decoder's loss + ``ctc_weight`` x the CTC head's."""

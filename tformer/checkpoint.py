@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from tformer.config import ModelConfig
 from tformer.data.image_processing import PREPROCESSOR_NAME, ImageProcessing, ImageProcessingError
 from tformer.errors import TformerError
+from tformer.quantization import scheme_disagreement
 from tformer.tokenizers import TokenizerError
 from tformer.tokenizers import load as load_tokenizer
 
@@ -219,6 +220,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 def load_state(model, state: dict[str, torch.Tensor], source: str, new_head: bool = False) -> HeadChanges:
     """Copy ``state`` into ``model`` after checking names and shapes; nothing is copied on error.
 
+    A quantized model's scheme (config.json) must agree with the tensors (``scheme_disagreement``).
     Tensors of the model's ``head_modules`` (a task head, a pooler) that ``state`` holds but the
     model lacks are dropped, as Hugging Face drops another head's weights; with ``new_head`` (a
     fine-tuning load) the model's head tensors that ``state`` lacks, or holds in another shape, keep
@@ -232,6 +234,10 @@ def load_state(model, state: dict[str, torch.Tensor], source: str, new_head: boo
     expected = {name: tensor.shape for name, tensor in model.state_dict().items()
                 if name not in model.tied_parameters()}
     found = {name: tensor.shape for name, tensor in state.items()}
+    scheme = getattr(model, "quantization", None)
+    problem = scheme and scheme_disagreement(model, scheme, found)
+    if problem:
+        raise CheckpointError(f"{source}: {problem}")
     changes = head_changes(expected, found, is_head, new_head)
     check_weights({name: shape for name, shape in expected.items() if name not in changes.initialised},
                   {name: shape for name, shape in found.items() if name not in changes.dropped}, source)

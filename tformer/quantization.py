@@ -12,6 +12,7 @@ writes its dequantized weights (with a warning).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,12 +122,48 @@ def prepare_quantized(model: nn.Module, scheme: QuantizationScheme) -> nn.Module
     for name, parent, child_name, linear in _linear_layers(model):
         if (not scheme.head and _is_head(model, name)) or name in scheme.float_layers:
             continue
+        if scheme.method == "int4" and int4_problem(linear.in_features, linear.out_features, scheme.group_size):
+            continue  # a scheme edited by hand: ``scheme_disagreement`` names it against the weights file
         setattr(parent, child_name, METHODS[scheme.method].empty(linear.in_features, linear.out_features,
                                                                  linear.bias is not None, **_options(scheme)))
     if scheme.embeddings:
         _quantize_tables(model, lambda table: QuantizedTable.empty(table.num_embeddings, table.embedding_dim))
     model.quantization = scheme
     return model
+
+
+def scheme_disagreement(model: nn.Module, scheme: QuantizationScheme,
+                        shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """How the tensors of a quantized checkpoint (name -> shape) disagree with the ``scheme`` its config.json
+    records, naming the scheme's field and what the tensors say, or None. A hand-edited config.json (a
+    ``float_layers`` emptied, another ``group_size``) is refused in one line instead of failing inside a
+    layer; ``model`` is the model ``prepare_quantized`` gave the scheme."""
+    contrary: dict[tuple[str, str], list[str]] = {}  # (field, how the weights hold them) -> layers
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.Linear, QuantizedLinear)):
+            continue
+        field_name = "head" if not scheme.head and _is_head(model, name) else "float_layers"
+        in_float = field_name == "head" or name in scheme.float_layers
+        if in_float and f"{name}.qweight" in shapes:
+            contrary.setdefault((field_name, "quantized"), []).append(name)
+        elif not in_float and f"{name}.weight" in shapes and f"{name}.qweight" not in shapes:
+            contrary.setdefault((field_name, "in float"), []).append(name)
+    if contrary:
+        (field_name, held), names = next(iter(contrary.items()))
+        listed = scheme.float_layers
+        value = "false" if field_name == "head" else list(listed) if len(listed) <= 3 else f"[{len(listed)} names]"
+        return (f"config.json's quantization {field_name}={value} disagrees with the weights, which hold "
+                f"{len(names)} layer(s) {held}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
+    if scheme.method == "int4":
+        for name, shape in sorted(shapes.items()):
+            layer = name.removesuffix(".zeros")
+            if layer == name or len(shape) != 2 or len(shapes.get(f"{layer}.qweight", ())) != 2:
+                continue
+            inputs = 2 * shapes[f"{layer}.qweight"][1]
+            if shape[1] and inputs != shape[1] * scheme.group_size:
+                return (f"config.json's quantization group_size={scheme.group_size} disagrees with the weights, "
+                        f"which hold {layer} ({inputs} inputs) in {shape[1]} group(s) of {inputs / shape[1]:g}")
+    return None
 
 
 def dequantized(model: nn.Module) -> nn.Module:

@@ -95,3 +95,44 @@ def test_quantizing_a_quantized_folder_again_is_refused(model_folder, tmp_path, 
     capsys.readouterr()
     assert main(["generate", str(tmp_path / "q"), "--prompt", "a", "--quantize", "int4"]) == 2
     assert "quantized already (int8); it cannot be quantized again as int4" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def narrow_folder(tmp_path_factory):
+    """A float model whose 32-input layers int4 groups of 64 cannot hold (quantize keeps them in float)."""
+    folder = tmp_path_factory.mktemp("narrow") / "float"
+    tokenizer = CharTokenizer.train(TEXT)
+    model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size)
+    model.tokenizer = tokenizer
+    model.save(folder)
+    return folder
+
+
+@pytest.mark.parametrize("source, group, edit, message", [
+    ("narrow", "64", {"float_layers": []}, "float_layers=[] disagrees with the weights, which hold 6 layer(s) "
+                                           "in float: stack.blocks.0.attention.qkv_proj"),
+    ("narrow", "32", {"group_size": 64}, "group_size=64 disagrees with the weights, which hold lm_head (32 inputs) "
+                                         "in 1 group(s) of 32"),
+    ("narrow", "32", {"float_layers": ["lm_head"]}, "float_layers=['lm_head'] disagrees with the weights, which hold "
+                                                    "1 layer(s) quantized: lm_head"),
+    ("wide", "32", {"group_size": 64}, "group_size=64 disagrees with the weights, which hold lm_head (64 inputs) "
+                                       "in 2 group(s) of 32"),
+], ids=["float-layers-emptied", "group-size-impossible", "float-layer-quantized", "group-size-other-shape"])
+@pytest.mark.parametrize("command", [["info"], ["generate", "--prompt", "a"], ["convert", "--to", "hf", "DST"],
+                                     ["serve", "--engine", "thread", "--port", "0"]],
+                         ids=["info", "generate", "convert", "serve"])
+def test_an_int4_config_that_disagrees_with_its_tensors_is_one_line(model_folder, narrow_folder, tmp_path, capsys,
+                                                                     source, group, edit, message, command):
+    out = tmp_path / "int4"
+    float_folder = narrow_folder if source == "narrow" else model_folder
+    assert main(["quantize", str(float_folder), "--bits", "4", "--group-size", group, "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    config["quantization"].update(edit)
+    (out / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    args = [command[0], str(out), *(str(tmp_path / "dst") if arg == "DST" else arg for arg in command[1:])]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tformer {command[0]}: error: {out / 'model.safetensors'}: config.json's quantization "
+                          f"{message}") and err.count("\n") == 1
+    assert not (tmp_path / "dst").exists()

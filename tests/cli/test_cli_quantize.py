@@ -136,3 +136,65 @@ def test_an_int4_config_that_disagrees_with_its_tensors_is_one_line(model_folder
     assert err.startswith(f"tformer {command[0]}: error: {out / 'model.safetensors'}: config.json's quantization "
                           f"{message}") and err.count("\n") == 1
     assert not (tmp_path / "dst").exists()
+
+
+def train_run(folder, task: str):
+    """A run of 2 steps, classification or speech recognition, and its evaluation file."""
+    from speech_corpus import write_corpus
+
+    from tformer.training.recipe import recipe_from_dict
+    from tformer.training.run import train_recipe
+
+    if task == "speech":
+        write_corpus(folder, count=8, seed=0)
+        data = write_corpus(folder, count=3, seed=1, name="test.tsv")
+        model = {"preset": "whisper-digits", "d_model": 32, "num_layers": 1, "num_encoder_layers": 1, "num_heads": 2,
+                 "d_ff": 64, "max_source_positions": 25, "max_seq_len": 16}
+        settings = {"data": {"train": "train.tsv", "eval": "test.tsv"}, "task": {"name": "speech_recognition"}}
+    else:
+        words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film"]
+        (folder / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+        data = folder / "train.tsv"
+        data.write_text("sentence\tlabel\n" + "".join(f"{'good' if i % 2 else 'bad'} film\t{i % 2}\n"
+                                                      for i in range(12)), encoding="utf-8")
+        model = {"preset": "bert-tiny", "head": "sequence_classification", "max_seq_len": 16}
+        settings = {"data": {"train": "train.tsv", "eval": "train.tsv", "tokenizer": "vocab.txt"},
+                    "task": {"name": "classification"}}
+    recipe = recipe_from_dict({"model": model, **settings, "training": {
+        "max_steps": 2, "batch_size": 4, "eval_every": 2, "eval_batches": 0, "threads": 1}}, base_dir=folder)
+    train_recipe(recipe, folder / "run", progress=False, echo=lambda line: None)
+    return folder / "run", data
+
+
+@pytest.mark.slow  # trains, quantizes and evaluates a run (about 2 s)
+@pytest.mark.parametrize("task", ["classification", "speech"])
+def test_evaluate_reads_the_folder_quantize_writes_from_a_run(tmp_path, capsys, task):
+    run, data = train_run(tmp_path, task)
+    quantized = tmp_path / "int8"
+    assert main(["quantize", str(run / "checkpoints" / "best"), "--bits", "8", "--out", str(quantized)]) == 0
+    assert (quantized / "recipe.toml").read_text() == (run / "recipe.toml").read_text()
+    capsys.readouterr()
+    assert main(["evaluate", str(run / "checkpoints" / "best"), "--data", str(data), "--quantize", "int8"]) == 0
+    metrics = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval_")]
+    assert main(["evaluate", str(quantized), "--data", str(data)]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval_")] == metrics
+    assert json.loads((quantized / "evaluation" / f"{data.name.split('.')[0]}.json").read_text())["quantization"][
+        "method"] == "int8"
+
+
+def test_quantize_replaces_no_recipe_it_has_none_for_and_takes_none_from_a_grandparent(model_folder, tmp_path,
+                                                                                        capsys):
+    import shutil
+
+    nested = shutil.copytree(model_folder, tmp_path / "project" / "models" / "float")
+    (tmp_path / "project" / "recipe.toml").write_text("[task]\nname = 'translation'\n")  # not a run's checkpoint
+    out = tmp_path / "q"
+    assert main(["quantize", str(nested), "--bits", "8", "--out", str(out)]) == 0
+    assert not (out / "recipe.toml").exists()
+    (out / "recipe.toml").write_text("[task]\nname = 'classification'\n")
+    capsys.readouterr()
+    assert main(["quantize", str(model_folder), "--bits", "8", "--out", str(out), "--overwrite"]) == 2
+    assert capsys.readouterr().err == (f"tformer quantize: error: --out {out} holds a recipe.toml and {model_folder} "
+                                       "has none to replace it with (it would describe another model to evaluate); "
+                                       "choose an empty or new folder\n")
+    assert (out / "recipe.toml").read_text() == "[task]\nname = 'classification'\n"

@@ -61,8 +61,12 @@ def register(subparsers) -> None:
 
 
 def find_recipe(folder: Path) -> Path:
-    """The recipe of a run folder, or of the run a checkpoint folder (RUN/checkpoints/NAME) belongs to."""
-    for candidate in (folder / RECIPE_NAME, folder.parent.parent / RECIPE_NAME):
+    """The recipe of a run folder (or of a folder ``tformer quantize`` wrote from one, which carries it), or of
+    the run a checkpoint folder (RUN/checkpoints/NAME) belongs to."""
+    candidates = [folder / RECIPE_NAME]
+    if folder.resolve().parent.name == "checkpoints":  # not any folder's grandparent: a run's checkpoint
+        candidates.append(folder.resolve().parent.parent / RECIPE_NAME)
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(2, f"no {RECIPE_NAME} in it or in the run folder two levels up (evaluate reads the "

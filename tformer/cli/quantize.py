@@ -16,7 +16,8 @@ def register(subparsers) -> None:
                     "linear layer (the output head too unless --keep-head) and the token tables as int8 rows (unless "
                     "--keep-embeddings); with --activations int8, the activations too where that is faster (scheme "
                     "w8a8). Write a tformer folder to --out: model.safetensors holds the integers and scales, "
-                    "config.json the scheme. tformer generate, serve, translate, predict, classify and evaluate load "
+                    "config.json the scheme, and recipe.toml the recipe of RUN's run when it has one (what evaluate "
+                    "and predict read). tformer generate, serve, translate, predict, classify and evaluate load "
                     "it quantized; training it is refused.",
     )
     add_model_argument(parser, "model", "the float model folder to quantize", "RUN")
@@ -40,6 +41,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import tformer
     from tformer.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+    from tformer.cli.evaluate import RECIPE_NAME
+    from tformer.files import write_text_atomically
     from tformer.quantization import QuantizationError, plans, scheme_for
 
     method = f"int{args.bits}"
@@ -65,8 +68,14 @@ def run(args: argparse.Namespace) -> int:
             if not (out / CONFIG_NAME).is_file():
                 raise UsageError(f"--out {out} holds files but no model folder (no {CONFIG_NAME}); tformer replaces "
                                  "only a model folder it could have written: choose an empty or new folder")
+    recipe = run_recipe_text(Path(args.model))
+    if recipe is None and (out / RECIPE_NAME).exists():
+        raise UsageError(f"--out {out} holds a {RECIPE_NAME} and {args.model} has none to replace it with (it would "
+                         "describe another model to evaluate); choose an empty or new folder")
     model = tformer.load(args.model, quantize=scheme)
     model.save(out)
+    if recipe is not None:
+        write_text_atomically(out / RECIPE_NAME, recipe)
     source_bytes = _weights_bytes(Path(args.model))
     written = (out / WEIGHTS_NAME).stat().st_size
     print(f"wrote {out} ({model.quantization.describe()})")
@@ -86,3 +95,14 @@ def _weights_bytes(folder: Path) -> int:
     """The size of a model folder's weight files (safetensors, or PyTorch's), 0 when it has none."""
     return sum(file.stat().st_size for pattern in ("*.safetensors", "pytorch_model*.bin")
                for file in folder.glob(pattern))
+
+
+def run_recipe_text(folder: Path) -> str | None:
+    """The recipe of the run ``folder`` belongs to (``evaluate.find_recipe``), as text, or None: the quantized
+    folder keeps it, so that evaluate and predict read the task and data format of the run as they do from it."""
+    from tformer.cli.evaluate import find_recipe
+
+    try:
+        return find_recipe(folder).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None

@@ -10,6 +10,7 @@ byte-level BPE tokenizer saved as a Hugging Face folder, so lm_eval's Hugging Fa
 import http.client
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from python_path import child_python_path
+from test_text_offsets import POOL as MULTILINGUAL
+from test_text_offsets import check_offsets
 
 import tformer
 from tformer.serving.chat import ChatTemplate
@@ -179,6 +182,25 @@ def test_an_echoed_stream_starts_each_choice_with_its_prompt(port):
         assert streamed["token_logprobs"] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-5)
         for mine, theirs in zip(streamed["top_logprobs"], choice["logprobs"]["top_logprobs"], strict=True):
             assert mine == theirs if mine is None else mine == pytest.approx(theirs, abs=1e-5)
+
+
+def test_text_offsets_index_the_echoed_text_where_tokens_split_characters(port, model):
+    """The issue's prompt and random multilingual strings as ids of the byte tokens (every character past ASCII
+    split across tokens): each choice's offsets stay within its text, never decrease, and cut it into the text
+    of its tokens (test_text_offsets.py checks the rule on a BPE with merges)."""
+    tokenizer, rng = model.tokenizer, random.Random(0)
+    texts = ["x 😀 ü 日本語 zq🎈", *("".join(rng.choice(MULTILINGUAL) for _ in range(rng.randint(1, 24)))
+                                  for _ in range(12))]
+    prompts = [tokenizer.encode(text) for text in texts]
+    response = client(port).completions.create(model="facts", prompt=prompts, echo=True, logprobs=1, max_tokens=0)
+    for text, ids, choice in zip(texts, prompts, response.choices, strict=True):
+        assert choice.text == text
+        check_offsets(tokenizer, ids, text, choice.logprobs.text_offset)
+    assert response.choices[0].logprobs.text_offset[-5:] == [11, 12, 12, 12, 12]  # z, q, then 🎈's 4 bytes
+    answer = client(port).completions.create(model="facts", prompt=prompts[0], echo=True, logprobs=1, max_tokens=4,
+                                             temperature=0).choices[0]
+    assert answer.logprobs.text_offset[len(prompts[0]):][0] == len(texts[0])
+    assert max(answer.logprobs.text_offset) <= len(answer.text)
 
 
 def test_max_tokens_0_only_scores_and_needs_echo_and_logprobs(port):

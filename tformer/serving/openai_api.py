@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tformer.errors import TformerError
+from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.settings import GenerationConfig, GenerationError
 
 # GenerationConfig's names -> the request fields that set them, so an error names the field sent.
@@ -301,38 +302,71 @@ def response_object(kind: str, response_id: str, model: str, choices: list[dict]
     return body
 
 
+class TextOffsets:
+    """Where each of a run of tokens starts in the text they decode to, in characters (code points), read one
+    token at a time: the length of the text the tokens before it decode to, up to the last boundary between two
+    tokens that is also one between characters. A character split across byte-level tokens is not text yet
+    after its first bytes, so a token that ends inside a character and the tokens after it up to the one that
+    completes it share the offset where the first of them starts (vLLM's echoed offsets, sums of its
+    incrementally decoded token texts, hold such a character back the same way). Hence ``text[offset_i:offset_j]`` is
+    the text of tokens i..j-1 wherever both boundaries fall between characters, the offsets never decrease,
+    and none passes the text."""
+
+    def __init__(self, tokenizer, start: int = 0) -> None:
+        self.start = start  # where the run's text begins in the choice's text
+        self._text = IncrementalDetokenizer(tokenizer)  # no stop strings: holds back split characters only
+
+    def next(self, token_id: int) -> int:
+        """The offset of the run's next token, ``token_id``."""
+        offset = self.start + len(self._text.text)
+        self._text.add([token_id])
+        return offset
+
+
 class CompletionLogprobs:
     """The legacy completions ``logprobs`` object, grown one token at a time: with ``echo``, the prompt's tokens
     first (the first one has no log-probability: null, as OpenAI's), then the answer's. ``text_offset`` is each
-    token's character offset in the choice's text."""
+    token's character offset in the choice's text, by ``TextOffsets``' rule (the prompt's tokens from the
+    text's start, the answer's from the echoed prompt's end)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
         self.tokens: list[str] = []
         self.token_logprobs: list[float | None] = []
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
-        self.offset = 0
+        self.offsets = TextOffsets(tokenizer)
 
-    def add(self, token: str, logprob: float | None, top: list[tuple[str, float]] | None) -> None:
-        """Record one token."""
+    def add(self, token_id: int, token: str, logprob: float | None, top: list[tuple[str, float]] | None) -> None:
+        """Record one token: its id and its text (``token``)."""
         self.tokens.append(token)
         self.token_logprobs.append(logprob)
         self.top_logprobs.append(None if top is None else dict(top))
-        self.text_offset.append(self.offset)
-        self.offset += len(token)
+        self.text_offset.append(self.offsets.next(token_id))
 
-    def add_prompt(self, text: str, tokens: list[str], logprobs: list[float], tops: list[list[tuple[str, float]]]
-                   ) -> None:
-        """Record an echoed prompt: its ``text`` and its ``tokens``, all but the first scored (``logprobs``,
-        ``tops``); what follows is offset from the end of ``text``."""
-        for token, logprob, top in zip(tokens, [None, *logprobs], [None, *tops], strict=True):
-            self.add(token, logprob, top)
-        self.offset = len(text)
+    def add_prompt(self, text: str, token_ids: list[int], tokens: list[str], logprobs: list[float],
+                   tops: list[list[tuple[str, float]]]) -> None:
+        """Record an echoed prompt: its ``text``, its ids and their texts (``tokens``), all but the first scored
+        (``logprobs``, ``tops``). A text prompt is echoed as sent, so where its tokens decode to more text than
+        it holds (a tokenizer that does not give its text back) their offsets stop at its end."""
+        first = len(self.text_offset)
+        for token_id, token, logprob, top in zip(token_ids, tokens, [None, *logprobs], [None, *tops], strict=True):
+            self.add(token_id, token, logprob, top)
+        self.text_offset[first:] = [min(offset, len(text)) for offset in self.text_offset[first:]]
+        self.start_answer(len(text))
 
-    def since(self, start: int) -> dict[str, list]:
-        """The object for the tokens recorded from ``start`` on (a stream chunk's; 0: the whole answer's)."""
+    def start_answer(self, start: int) -> None:
+        """The answer's tokens follow from character ``start`` of the choice's text (the echoed prompt's end)."""
+        self.offsets = TextOffsets(self.tokenizer, start)
+
+    def since(self, start: int, text_length: int | None = None) -> dict[str, list]:
+        """The object for the tokens recorded from ``start`` on (a stream chunk's; 0: the whole answer's). Given
+        the choice's whole ``text_length``, no offset passes it (the tokens of a stop string, cut from the text)."""
+        offsets = self.text_offset[start:]
+        if text_length is not None:
+            offsets = [min(offset, text_length) for offset in offsets]
         return {"tokens": self.tokens[start:], "token_logprobs": self.token_logprobs[start:],
-                "top_logprobs": self.top_logprobs[start:], "text_offset": self.text_offset[start:]}
+                "top_logprobs": self.top_logprobs[start:], "text_offset": offsets}
 
 
 def chat_logprob_entry(token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, Any]:

@@ -484,17 +484,19 @@ class OpenAIServer:
         choice's first event starts with its prompt when ``echoes`` (each prompt's text) are given, and with the
         prompt's tokens and their log-probabilities when the event carries them. ``index``: its choice."""
         first = index not in records
-        record = records.setdefault(index, CompletionLogprobs())
+        record = records.setdefault(index, CompletionLogprobs(self.tokenizer))
         start, text = len(record.tokens), event.text
         if first and echoes is not None:
-            prompt = index // submission.n
+            prompt, ids = index // submission.n, submission.prompts[index // submission.n]
             text = echoes[prompt] + text
             scores = event.prompt_logprobs
-            if scores is not None:
-                record.add_prompt(echoes[prompt], [self._token_text(token) for token in submission.prompts[prompt]],
+            if scores is None:
+                record.start_answer(len(echoes[prompt]))
+            else:
+                record.add_prompt(echoes[prompt], ids, [self._token_text(token) for token in ids],
                                   scores.token_logprobs, [self._top_texts(top) for top in scores.top_logprobs])
         if event.token_id >= 0 and event.logprob is not None:
-            record.add(self._token_text(event.token_id), event.logprob, self._top(event))
+            record.add(event.token_id, self._token_text(event.token_id), event.logprob, self._top(event))
         return text, start
 
     async def _whole_completion(self, submission: Submission, response_id: str, echoes: list[str] | None,
@@ -507,7 +509,7 @@ class OpenAIServer:
             if event.finish_reason is not None:
                 choice["finish_reason"] = event.finish_reason
         listed = [{"index": index, "text": choices[index]["text"],
-                   "logprobs": records[index].since(0) if with_logprobs else None,
+                   "logprobs": records[index].since(0, len(choices[index]["text"])) if with_logprobs else None,
                    "finish_reason": choices[index]["finish_reason"]} for index in sorted(choices)]
         submission.check_answered()
         counts = usage(submission.prompt_tokens, submission.completion_tokens)

@@ -7,6 +7,7 @@ reported its loss only), then ``tformer transcribe`` on the run folder."""
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -78,6 +79,7 @@ def test_beam_search_gives_a_line_too(saved, capsys):
 @pytest.mark.parametrize("case, message", [
     ("bad", "bad.wav: not a RIFF/WAVE file; tformer reads WAV files (PCM or float)"),
     ("missing", "gone.wav: no such file"),
+    ("nan", "nan.wav: 1 float sample(s) NaN, infinite or beyond +-1000 (the first, at 0.000 s: NaN)"),
     ("beam", "--beam 0 must be a positive integer"),
     ("language", "--language en: this model's tokenizer has no language tokens"),
 ])
@@ -85,7 +87,13 @@ def test_errors_are_one_line_and_nothing_is_printed(saved, tmp_path, capsys, cas
     model, short, _ = saved
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"ID3 not audio at all")
+    nan = tmp_path / "nan.wav"  # a float WAV of 8 kHz: NaN, then silence
+    samples = np.array([np.nan] + [0.0] * 799, dtype="<f4").tobytes()
+    chunks = b"fmt " + struct.pack("<IHHIIHH", 16, 3, 1, 8000, 4 * 8000, 4, 32)  # IEEE float, mono, 32-bit
+    chunks += b"data" + struct.pack("<I", len(samples)) + samples
+    nan.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
     arguments = {"bad": [str(short), str(bad)], "missing": [str(short), str(tmp_path / "gone.wav")],
+                 "nan": [str(short), str(nan)],
                  "beam": [str(short), "--beam", "0"], "language": [str(short), "--language", "en"]}[case]
     assert main(["transcribe", str(model), *arguments]) == 2
     out, err = capsys.readouterr()

@@ -111,6 +111,26 @@ def test_bad_audio_is_one_line_naming_the_file(tmp_path, content, message):
     assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(("dtype", "value", "shown"), [
+    ("<f4", np.nan, "NaN"), ("<f4", -np.inf, "infinite"), ("<f4", 3e29, "3e+29"), ("<f4", -1000.5, "-1000.5"),
+    ("<f8", np.nan, "NaN"), ("<f8", np.inf, "infinite"), ("<f8", 1e300, "1e+300")])
+def test_float_samples_must_be_finite_and_within_the_bound(tmp_path, dtype, value, shown):
+    samples = np.zeros((800, 2), dtype=dtype)
+    samples[400, 1] = samples[600, 0] = value  # the first at frame 400 of 8000 Hz: 0.050 s
+    (tmp_path / "f.wav").write_bytes(_riff(_fmt(3, 2, 8000, 8 * samples.itemsize), samples.tobytes()))
+    with pytest.raises(AudioError) as caught:
+        load_audio(tmp_path / "f.wav", sample_rate=16_000)
+    assert str(caught.value) == (f"{tmp_path / 'f.wav'}: 2 float sample(s) NaN, infinite or beyond +-1000 (the first, "
+                                 f"at 0.050 s: {shown}); float WAV samples must be finite and within +-1000 "
+                                 "(nominally [-1, 1])")
+
+
+def test_loud_float_samples_within_the_bound_are_kept(tmp_path):
+    samples = np.array([0.5, -2.0, 1000.0, -1000.0], dtype="<f4")
+    (tmp_path / "f.wav").write_bytes(_riff(_fmt(3, 1, 8000, 32), samples.tobytes()))
+    np.testing.assert_array_equal(read_wav(tmp_path / "f.wav").samples, samples)
+
+
 def test_a_file_past_the_length_limit_is_refused(tmp_path):
     _write_pcm(tmp_path / "long.wav", np.zeros((8000 * 3, 1), dtype=np.int64), 8000, 2)
     assert read_wav(tmp_path / "long.wav", max_seconds=None).seconds == 3.0

@@ -6,6 +6,8 @@ and the recipe's [task] and [data] settings accepted or refused."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 import torch
 from speech_corpus import tiny_model, write_corpus, write_tone
@@ -185,6 +187,23 @@ def test_audio_longer_than_the_window_is_refused_naming_the_file_and_its_length(
     assert "\n" not in message
     assert f"train.tsv:3: {tmp_path / 'clips' / '0-1.wav'}: 0.80 s of audio is longer than the model's window of " \
            "0.50 s; a recording is never cut (the window is 2 x [model] max_source_positions=25" in message
+
+
+def test_a_recording_with_a_nan_sample_is_refused_naming_its_manifest_line_and_file(tmp_path):
+    import numpy as np
+
+    manifest = write_corpus(tmp_path, count=3)
+    samples = np.full(800, 0.1, dtype="<f4")
+    samples[10] = np.nan
+    fmt = struct.pack("<HHIIHH", 3, 1, 8000, 4 * 8000, 4, 32)
+    data = b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", samples.nbytes) + samples.tobytes()
+    (tmp_path / "clips" / "0-1.wav").write_bytes(b"RIFF" + struct.pack("<I", 4 + len(data)) + b"WAVE" + data)
+    task, loaded = SpeechRecognition.from_recipe(DataConfig(train=str(manifest), eval=str(manifest)), seq_len=16)
+    with pytest.raises(TrainingError) as caught:
+        task.prepare(TrainingConfig(batch_size=2), ProcessContext(0, 1), tiny_model(loaded.vocab_size))
+    assert str(caught.value) == (f"{manifest}:3: {tmp_path / 'clips' / '0-1.wav'}: 1 float sample(s) NaN, infinite "
+                                 "or beyond +-1000 (the first, at 0.001 s: NaN); float WAV samples must be finite and "
+                                 "within +-1000 (nominally [-1, 1])")
 
 
 def test_a_transcript_longer_than_the_decoder_is_refused(tmp_path):

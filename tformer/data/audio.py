@@ -4,7 +4,12 @@ speech model was trained at (Whisper's 16 kHz).
 The RIFF/WAVE container is parsed here (``wave`` in the standard library reads integer PCM only):
 integer PCM of 8 (unsigned), 16, 24 and 32 bits and IEEE float of 32 and 64 bits, plain or in a
 WAVE_FORMAT_EXTENSIBLE header. Anything else (a compressed codec, a truncated or corrupt header, no
-samples, a file past ``max_seconds``) is an ``AudioError`` naming the file and what is allowed.
+samples, a file past ``max_seconds``, a float sample that is NaN, infinite or beyond ``MAX_FLOAT_SAMPLE``)
+is an ``AudioError`` naming the file and what is allowed.
+
+Float samples are nominally in [-1, 1]; louder ones are kept (headroom) up to ``MAX_FLOAT_SAMPLE``, 60 dB
+above full scale. Past it a file is corrupt or scaled as integers (a float WAV holding 16-bit values), and
+its features would be off the scale a model was trained on, or overflow float32 to NaN in the spectrogram.
 
 Resampling uses libsoxr (``pip install 'tformer[speech]'``): measured against scipy's polyphase filter
 and linear interpolation (benchmarks/resample_quality.py), it kept tones up to 0.9 of the band 130 dB
@@ -25,6 +30,7 @@ from tformer.errors import TformerError
 
 WHISPER_SAMPLE_RATE = 16_000
 DEFAULT_MAX_SECONDS = 3600.0  # an hour: past it, a file is more likely a mistake than a recording to transcribe
+MAX_FLOAT_SAMPLE = 1000.0  # |float sample| allowed: 60 dB above full scale (see the module's docstring)
 PCM, IEEE_FLOAT, EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
 INTEGER_WIDTHS = (1, 2, 3, 4)  # bytes a sample
 FLOAT_WIDTHS = (4, 8)
@@ -38,7 +44,7 @@ class AudioError(TformerError):
 
 @dataclass(frozen=True)
 class Audio:
-    """Mono samples in [-1, 1] (float32, (N,)) at ``sample_rate`` Hz."""
+    """Mono samples in [-1, 1] (float32, (N,); a float file's up to ``MAX_FLOAT_SAMPLE``) at ``sample_rate`` Hz."""
 
     samples: np.ndarray
     sample_rate: int
@@ -79,7 +85,7 @@ def read_wav(path: str | Path, max_seconds: float | None = DEFAULT_MAX_SECONDS) 
                              f"{max_seconds:,.0f} s (max_seconds)")
         handle.seek(data_offset)
         payload = handle.read(frames * frame_bytes)
-    samples = _decode(payload, wav_format).reshape(frames, wav_format.channels)
+    samples = _decode(payload, wav_format, file).reshape(frames, wav_format.channels)
     return Audio(samples.mean(axis=1, dtype=np.float64).astype(np.float32), wav_format.sample_rate)
 
 
@@ -148,11 +154,14 @@ def _parse_format(body: bytes, file: Path) -> WavFormat:
     return WavFormat(tag, channels, sample_rate, width)
 
 
-def _decode(payload: bytes, wav_format: WavFormat) -> np.ndarray:
-    """Interleaved samples (N * channels,) as float32 in [-1, 1]."""
+def _decode(payload: bytes, wav_format: WavFormat, file: Path) -> np.ndarray:
+    """Interleaved samples (N * channels,) as float32 in [-1, 1] (float files: finite, within
+    ``MAX_FLOAT_SAMPLE``, checked before the cast, where a float64 past float32's range would become inf)."""
     width = wav_format.sample_width
     if wav_format.tag == IEEE_FLOAT:
-        return np.frombuffer(payload, dtype=f"<f{width}").astype(np.float32)
+        values = np.frombuffer(payload, dtype=f"<f{width}")
+        _check_float_samples(values, wav_format, file)
+        return values.astype(np.float32)
     if width == 1:  # 8-bit PCM is unsigned, centred on 128
         return (np.frombuffer(payload, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     if width == 3:  # 24-bit: three little-endian bytes, sign-extended through the top byte of an int32
@@ -162,3 +171,18 @@ def _decode(payload: bytes, wav_format: WavFormat) -> np.ndarray:
         return (widened.view("<i4").reshape(-1) >> 8).astype(np.float32) / float(1 << 23)
     integers = np.frombuffer(payload, dtype=f"<i{width}")
     return (integers.astype(np.float64) / float(1 << (8 * width - 1))).astype(np.float32)
+
+
+def _check_float_samples(values: np.ndarray, wav_format: WavFormat, file: Path) -> None:
+    """Refuse float samples that are NaN, infinite or beyond ``MAX_FLOAT_SAMPLE``, naming the first and how many."""
+    bad = ~(np.abs(values) <= MAX_FLOAT_SAMPLE)  # NaN compares false: it is bad too
+    count = int(np.count_nonzero(bad))
+    if not count:
+        return
+    first = int(np.argmax(bad))
+    value = float(values[first])
+    what = "NaN" if np.isnan(value) else "infinite" if np.isinf(value) else f"{value:g}"
+    seconds = first // wav_format.channels / wav_format.sample_rate
+    raise AudioError(f"{file}: {count:,} float sample(s) NaN, infinite or beyond +-{MAX_FLOAT_SAMPLE:g} (the first, "
+                     f"at {seconds:.3f} s: {what}); float WAV samples must be finite and within "
+                     f"+-{MAX_FLOAT_SAMPLE:g} (nominally [-1, 1])")

@@ -42,6 +42,10 @@ OTHER_AUDIO_SUFFIXES = (".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wma"
 CONVERT_HINT = "convert it to WAV (e.g. ffmpeg -i IN -ar 16000 -ac 1 -c:a pcm_s16le OUT.wav)"
 
 
+class LongerThanWindow(AudioError):
+    """A recording longer than the model's window (never cut): what names the window's setting catches it."""
+
+
 @dataclass
 class SpeechData:
     """Audio files and their transcripts (as many of each), where each pair came from (``origins``:
@@ -129,8 +133,9 @@ def window_features(data: SpeechData, settings: LogMelSettings, *, dtype: torch.
             samples = data.audio(first_row[path], settings.sample_rate)
             if len(samples) > window:
                 rate = settings.sample_rate
-                raise AudioError(f"{data.origins[first_row[path]]}: {path}: {len(samples) / rate:.2f} s of audio is "
-                                 f"longer than the model's window of {window / rate:.2f} s; a recording is never cut")
+                raise LongerThanWindow(f"{data.origins[first_row[path]]}: {path}: {len(samples) / rate:.2f} s of "
+                                       f"audio is longer than the model's window of {window / rate:.2f} s; a "
+                                       "recording is never cut")
             audio[row, : len(samples)] = samples  # (numpy: on a busy machine a torch op a row costs a thread wait)
             lengths.append(len(samples))
         features = log_mel_spectrogram(torch.from_numpy(audio), settings)  # (B, M, F)

@@ -40,6 +40,7 @@ from tformer.data.sources import DataConfig
 from tformer.data.speech import (
     AUDIO_COLUMN,
     TEXT_COLUMN,
+    LongerThanWindow,
     SpeechData,
     WindowFeatures,
     read_speech_folder,
@@ -222,10 +223,12 @@ class SpeechRecognition(ExampleTask):
             self.train_features = window_features(self.train, settings, dtype=FEATURE_DTYPE, known=known)
             if self.evaluation is not None:
                 self.eval_features = window_features(self.evaluation, settings, dtype=FEATURE_DTYPE, known=known)
-        except AudioError as error:
+        except LongerThanWindow as error:
             positions = model_config.max_source_positions
             raise TrainingError(f"{error} (the window is 2 x [model] max_source_positions={positions} frames of "
                                 "10 ms)") from None
+        except AudioError as error:  # a recording tformer cannot read: the file says why
+            raise TrainingError(str(error)) from None
         self.frames, self.mels = settings.window_frames, settings.num_mel_bins
         self.model = model  # the plain module transcribes the evaluation audio (not a DDP wrapper)
 

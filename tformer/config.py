@@ -16,17 +16,19 @@ from tformer.families import FAMILIES, declared_fields, families_reading
 from tformer.nn.attention.registry import KERNELS
 from tformer.nn.feedforward import ACTIVATION_FUNCTIONS, GATED_ACTIVATIONS
 from tformer.nn.heads import HEADS, POOLINGS
+from tformer.nn.positions.registry import POSITIONAL_SCHEMES
+from tformer.nn.positions.rope_scaling import normalized_rope_scaling
 
 ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # GATED_ACTIVATIONS: a gate and an up projection (geglu_tanh: T5 v1.1's)
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
+POSITIONALS = tuple(POSITIONAL_SCHEMES)  # the schemes of nn/positions/registry.py
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (the paper), or every sine first
 # How attention is computed (``attention_kernel``): the kernels of nn/attention/registry.py. The exact ones
 # compute softmax attention itself (the same function); the others another (a random-feature estimate, a band).
 ATTENTION_KERNELS = tuple(KERNELS)
 EXACT_ATTENTION_KERNELS = tuple(name for name, kernel in KERNELS.items() if kernel.exact)
-POSITION_BIASES = ("alibi", "relative")  # the positional schemes that add a bias to the attention scores
+POSITION_BIASES = tuple(name for name, scheme in POSITIONAL_SCHEMES.items() if scheme.adds_bias)
 POOLED_HEADS = (None, *(name for name, head in HEADS.items() if head.reads == "pooler"))  # they read the pooler
 # Fields a fine-tuning load may change in a pretrained model's config: they shape no weight (dropout off
 # for a short pretraining, BERT's 0.1 for fine-tuning).
@@ -36,8 +38,8 @@ REGULARISATION_FIELDS = ("dropout", "attention_dropout")
 # (tokens never chosen, and tokens not chosen first: Whisper's generation config).
 TOKEN_FIELDS = ("vocab_size", "max_seq_len", "tie_embeddings", "pad_token_id", "bos_token_id", "eos_token_id",
                 "forced_eos_token_id")
-TOKEN_POSITION_FIELDS = ("scale_embeddings", "rope_theta", "relative_num_buckets", "relative_max_distance",
-                         "sinusoidal_layout")
+TOKEN_POSITION_FIELDS = ("scale_embeddings", "rope_theta", "rope_scaling", "partial_rotary_factor",
+                         "relative_num_buckets", "relative_max_distance", "sinusoidal_layout")
 GENERATION_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
 
 
@@ -143,6 +145,8 @@ class ModelConfig:
     norm_bias: bool | None = None
     positional: str = "learned"
     rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # rope: a scaling type and its keys (nn/positions/rope_scaling.py)
+    partial_rotary_factor: float = 1.0  # rope: the leading share of each head's dimensions that rotates
     sinusoidal_layout: str = "interleaved"
     relative_num_buckets: int = 32
     relative_max_distance: int = 128
@@ -196,6 +200,10 @@ class ModelConfig:
         for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
             if isinstance(getattr(self, name), list):  # from JSON
                 object.__setattr__(self, name, tuple(getattr(self, name)))
+        try:
+            object.__setattr__(self, "rope_scaling", normalized_rope_scaling(self.rope_scaling))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         self._check_choices()
         family = FAMILIES[self.architecture]
         self._check_family_fields()
@@ -217,6 +225,7 @@ class ModelConfig:
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         self._check_heads()
+        self._check_chosen("positional", POSITIONAL_SCHEMES)
         if family.check is not None:
             family.check(self)
         self._check_token_lists()
@@ -260,9 +269,6 @@ class ModelConfig:
                     f"{name}={value!r} is a field of the {', '.join(families)} {kind}; "
                     f"architecture={self.architecture!r} does not use it"
                 )
-        if self.sinusoidal_layout != "interleaved" and self.positional != "sinusoidal":
-            raise ConfigError(f"sinusoidal_layout={self.sinusoidal_layout!r} lays out sinusoidal positions; "
-                              f"positional={self.positional!r} has none")
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
@@ -294,23 +300,25 @@ class ModelConfig:
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
                 "(equal: multi-head, a divisor: grouped-query, 1: multi-query)"
             )
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ConfigError(f"head_dim={self.head_dim} must be even for positional='rope'")
-        if self.positional == "sinusoidal" and self.d_model % 2:
-            raise ConfigError(f"d_model={self.d_model} must be even for positional='sinusoidal'")
 
-    def _check_attention_kernel(self) -> None:
-        """The kernel's own fields (its ``config_problem``), no other kernel's, and only what it honours."""
-        kernel = KERNELS[self.attention_kernel]
-        problem = kernel.config_problem(self)
-        if problem is not None:
-            raise ConfigError(problem)
-        for other in KERNELS.values():
+    def _check_chosen(self, switch: str, choices: Mapping[str, Any]) -> Any:
+        """The entry of ``choices`` (a registry of kernels or positional schemes) that field ``switch`` names: no
+        other entry's fields away from their defaults, and its own checked by its ``config_problem``."""
+        chosen = choices[getattr(self, switch)]
+        for other in choices.values():
             for name in other.fields:
                 value = getattr(self, name)
-                if name not in kernel.fields and value != field_default(type(self), name):
-                    raise ConfigError(f"{name}={value!r} is read only by attention_kernel={other.name!r}, "
-                                      f"not attention_kernel={kernel.name!r}")
+                if name not in chosen.fields and value != field_default(type(self), name):
+                    raise ConfigError(f"{name}={value!r} is read only by {switch}={other.name!r}, "
+                                      f"not {switch}={chosen.name!r}")
+        problem = chosen.config_problem(self)
+        if problem is not None:
+            raise ConfigError(problem)
+        return chosen
+
+    def _check_attention_kernel(self) -> None:
+        """The kernel's own fields, no other kernel's, and only what it honours."""
+        kernel = self._check_chosen("attention_kernel", KERNELS)
         if self.positional in POSITION_BIASES and not kernel.position_bias:
             allowed = ", ".join(p for p in POSITIONALS if p not in POSITION_BIASES)
             raise ConfigError(f"attention_kernel={kernel.name!r} cannot express positional={self.positional!r} (an "

@@ -183,7 +183,7 @@ MUTATIONS = (
         "atomic_directory deletes the old checkpoint before the new one is renamed into place",
     ),
     Mutation(
-        "rope-rotates-backwards", "tformer/nn/position.py",
+        "rope-rotates-backwards", "tformer/nn/positions/rotary.py",
         "return torch.cat([-second, first], dim=-1)",
         "return torch.cat([second, -first], dim=-1)",
         ("tests/nn/test_position.py",),

@@ -14,7 +14,7 @@ from tformer.generation import GenerationConfig, GenerationError, GenerationStat
 from tformer.models import ModelOutput
 from tformer.nn.attention import AttentionMask, CrossAttentionCache, KVCache
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
-from tformer.nn.position import positions_from_mask
+from tformer.nn.positions import positions_from_mask
 
 CONFIG = ModelConfig(vocab_size=11, max_seq_len=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2)
 START = 1  # the decoder's first token

@@ -57,6 +57,22 @@ LLAMA_CASES = {
         "rms_norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
     },
 }
+# Llama 3.x and the other RoPE scalings, each with a context short enough that the 12-token batches and the
+# generation tests pass it (dynamic scaling changes only past max_position_embeddings).
+LLAMA_ROPE_CASES = {
+    "rope-linear": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+    "rope-dynamic": {"max_position_embeddings": 8,
+                     "rope_parameters": {"rope_type": "dynamic", "factor": 3.0, "rope_theta": 10000.0}},
+    "rope-yarn": {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 6,
+                                      "rope_theta": 10000.0}},
+    "rope-longrope": {"rope_parameters": {"rope_type": "longrope", "original_max_position_embeddings": 6,
+                                          "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.5, 3.0, 6.0, 9.0],
+                                          "rope_theta": 10000.0}},
+    "rope-llama3": {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                        "rope_theta": 500000.0}},
+}
+LLAMA_CASES.update(LLAMA_ROPE_CASES)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -161,6 +177,37 @@ def test_greedy_generation_with_cache_matches_hf(tmp_path, family):
         for _ in range(8):  # greedy by full forward passes: no cache on the HF side
             theirs = torch.cat([theirs, reference(theirs).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("case", LLAMA_ROPE_CASES)
+def test_scaled_rope_decodes_as_hf_generate_past_the_original_context(tmp_path, case):
+    """Greedy and beam-4 decoding with tformer's caches equal HF ``generate`` token for token on a left-padded
+    batch whose positions pass the original context (and max_position_embeddings for dynamic scaling)."""
+    hf_llama(tmp_path, **LLAMA_ROPE_CASES[case])
+    model = tformer.load(tmp_path)
+    assert model.config.rope_scaling["rope_type"] == case.removeprefix("rope-")
+    ids, mask = left_padded_batch()
+    for beams in (1, 4):
+        reference = hf_llama(**LLAMA_ROPE_CASES[case])  # fresh: HF's dynamic frequencies remember past passes
+        expected = reference.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, num_beams=beams,
+                                      eos_token_id=None, pad_token_id=0)
+        got = tformer.generate(model, ids, 10, attention_mask=mask, num_beams=beams, pad_token_id=0)
+        assert torch.equal(got, expected), f"{case}, {beams} beam(s)"
+
+
+@pytest.mark.parametrize("case", LLAMA_ROPE_CASES)
+def test_scaled_rope_round_trips_to_hf(tmp_path, case):
+    hf_llama(tmp_path / "original", **LLAMA_ROPE_CASES[case])
+    model = tformer.load(tmp_path / "original")
+    model.save(tmp_path / "written", format="hf")
+    written = hf_from_folder(tmp_path / "written")
+    assert written.config.rope_parameters == hf_from_folder(tmp_path / "original").config.rope_parameters
+    assert_same_logits(model, written, f"round trip {case}")
+    assert tformer.load(tmp_path / "written").config == model.config
+    with torch.no_grad():  # the scaling changes the function (a test of the scaling, not of plain RoPE)
+        plain = build_model(model.config.replace(rope_scaling=None))
+        plain.load_state_dict(model.state_dict())
+        assert (plain(random_ids()).logits - model(random_ids()).logits).abs().max() > 1e-3
 
 
 # ---- weight files -----------------------------------------------------------------------------
@@ -415,9 +462,11 @@ def test_fused_part_with_wrong_shape_is_named_by_its_hf_name(tmp_path):
 
 @pytest.mark.parametrize("changes, message", [
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}},
-     r"RoPE scaling type 'llama3' is not supported by tformer \(supported: default"),
-    ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}},
-     r"RoPE scaling type 'linear' is not supported"),
+     r"rope_scaling of rope_type='llama3' needs low_freq_factor, high_freq_factor"),
+    ({"rope_parameters": None, "rope_scaling": {"type": "ntk-by-parts", "factor": 2.0}},
+     r"rope_scaling rope_type='ntk-by-parts' is not one of linear, dynamic, yarn, longrope, llama3"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "low_freq_factor": 1.0}},
+     r"rope_scaling low_freq_factor is not read by rope_type='linear'"),
     ({"hidden_act": "gelu_pytorch_tanh"},
      r"hidden_act='gelu_pytorch_tanh' is not supported by tformer \(supported: 'silu', 'gelu'\)"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},

@@ -19,7 +19,7 @@ from tformer.models import SpeechModel
 from tformer.models.base import shift_right
 from tformer.nn.attention import MultiHeadAttention
 from tformer.nn.losses import ctc_loss, token_cross_entropy
-from tformer.nn.position import whisper_sinusoids
+from tformer.nn.positions import whisper_sinusoids
 
 PAD, START, END = 0, 1, 2
 # Odd sizes: 5 heads of 6, 24 mels, an 9-position window (18 frames), 3 decoder blocks over 2 encoder ones.

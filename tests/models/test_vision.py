@@ -11,7 +11,7 @@ import tformer
 from tformer import ConfigError, ImageProcessing, ModelConfig, VisionModel
 from tformer.models.registry import model_bytes
 from tformer.nn.patches import PatchEmbedding, resize_position_table, sincos_2d_positions
-from tformer.nn.position import sinusoidal_table
+from tformer.nn.positions import sinusoidal_table
 
 
 def tiny(**fields) -> ModelConfig:

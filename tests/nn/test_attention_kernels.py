@@ -21,7 +21,7 @@ from tformer.nn.attention import (
     chunked_attention,
 )
 from tformer.nn.attention.sliding_window import REWIND_SLACK
-from tformer.nn.position import ALiBi, RelativePositionBias
+from tformer.nn.positions import ALiBi, RelativePositionBias
 
 B, H, DH = 2, 4, 8
 F64 = torch.float64

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tformer.nn.attention import AttentionMask, chunked_attention
 from tformer.nn.attention.registry import KERNELS, kernel_class
 from tformer.nn.performer import performer_attention, random_features
-from tformer.nn.position import ALiBi, RelativePositionBias
+from tformer.nn.positions import ALiBi, RelativePositionBias
 
 B, H, DH = 2, 4, 8
 F64 = torch.float64

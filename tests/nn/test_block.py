@@ -6,7 +6,7 @@ import torch
 from tformer import ModelConfig, build_model
 from tformer.nn.attention import AttentionMask
 from tformer.nn.block import AttentionContext, TransformerBlock
-from tformer.nn.position import positional_from_config
+from tformer.nn.positions import positional_from_config
 
 CONFIG = ModelConfig(vocab_size=50, max_seq_len=32, d_model=32, num_layers=2, num_heads=4)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tformer.nn.position import (
+from tformer.nn.positions import (
     ALiBi,
     RelativePositionBias,
     RotaryEmbedding,

@@ -26,7 +26,9 @@ LENGTHS = [1, 17, 3, 40, 8, 5, 29, 2, 11, 33, 6, 16, 4, 23, 9, 31]
     dict(positional="rope", num_kv_heads=2, norm="rmsnorm", activation="swiglu", bias=False),
     dict(positional="sinusoidal", norm_position="post"),
     dict(positional="learned", d_model=384, num_heads=6),  # projections large enough for the W @ x.T path
-], ids=["gpt2-like", "llama-like-gqa", "post-norm-sinusoidal", "wide"])
+    dict(positional="rope", partial_rotary_factor=0.5,
+         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+], ids=["gpt2-like", "llama-like-gqa", "post-norm-sinusoidal", "wide", "rope-yarn-partial"])
 def test_sixteen_concurrent_greedy_requests_equal_each_alone(overrides):
     model = small_model(**overrides)
     prompts = prompts_of_lengths(LENGTHS)
@@ -251,6 +253,9 @@ def test_blocks_held_follow_the_tokens_stored():
 def test_requests_the_engine_cannot_serve_are_refused_by_name():
     with pytest.raises(GenerationError, match="encodes a source"):
         Engine(tformer.build_model("transformer-multi30k", vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=4))
+    with pytest.raises(GenerationError, match="rope_type='dynamic' turns each position by the longest position of "
+                                              "its batch"):
+        Engine(small_model(positional="rope", rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
     engine = Engine(small_model(), cache_tokens=64, block_size=8)
     refusals = [
         (dict(prompt_ids=[]), "no tokens"),

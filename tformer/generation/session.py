@@ -56,7 +56,7 @@ from tformer.config import non_default_fields
 from tformer.generation.settings import GenerationError
 from tformer.models.output import GenerationState
 from tformer.nn.attention import StepLayout
-from tformer.nn.position import positions_from_mask
+from tformer.nn.positions import POSITIONAL_SCHEMES, positions_from_mask
 from tformer.nn.stack import LAYOUT_FIELDS
 from tformer.nn.weights import decoding_step
 
@@ -153,7 +153,7 @@ def session_bytes(model: nn.Module, rows: int, length: int, use_cache: bool = Tr
     element = next(model.parameters()).element_size()
     per_token = cache_bytes_per_token(model) if use_cache else 8
     layout = rows * (1 + 8 + element)  # attend (bool), positions (int64), additive padding mask
-    rotary = 3 * config.head_dim * 4 if config.positional == "rope" else 0  # cos, sin and their angles
+    rotary = 3 * config.head_dim * 4 if POSITIONAL_SCHEMES[config.positional].rotates else 0  # cos, sin, angles
     return length * (rows * per_token + layout + rotary)
 
 

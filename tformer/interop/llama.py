@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import Family, hf_field, require
+from tformer.interop.family import Family
+from tformer.interop.rope import rope_from_hf, rope_to_hf
 from tformer.interop.weight_map import ModuleMap
-
-ROPE_TYPES = ("default",)
 
 
 class LlamaFamily(Family):
@@ -42,7 +40,7 @@ class LlamaFamily(Family):
     # Files written by older transformers versions carry the rotary frequencies as a buffer.
     ignored_names = (r"\.rotary_emb\.inv_freq$",)
     # norm_bias: RMSNorm has no bias whatever it says. extra: a Llama 3 list of end-of-sequence ids.
-    fields_in_overrides = frozenset({"norm_bias", "rope_theta", "extra"})
+    fields_in_overrides = frozenset({"norm_bias", "rope_theta", "rope_scaling", "extra"})
 
     hf_keys = {
         "vocab_size": ("vocab_size", 32000),
@@ -71,32 +69,12 @@ class LlamaFamily(Family):
         if isinstance(eos_token_ids, list):  # Llama 3: eos_token_id holds the first, extra all of them
             values["extra"] = {"eos_token_ids": eos_token_ids}
             values["eos_token_id"] = eos_token_ids[0] if eos_token_ids else None
-        return {**values, "bias": False, "rope_theta": float(rope_theta(raw))}
+        rope = rope_from_hf(self.model_type, raw)  # Llama rotates whole heads: partial_rotary_factor refused
+        return {**values, "bias": False, "rope_theta": rope["rope_theta"], "rope_scaling": rope["rope_scaling"]}
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         return {
             **super().config_to_hf(config),
-            # transformers 5 reads rope_parameters; 4.x reads the top-level rope_theta.
-            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-            "rope_theta": config.rope_theta,
+            **rope_to_hf(config),
             "eos_token_id": config.extra.get("eos_token_ids", config.eos_token_id),
         }
-
-
-def rope_theta(raw: Mapping[str, Any]) -> float:
-    """The RoPE base of a Llama config.json, refusing scaled or partial rotary embeddings.
-
-    transformers 5 writes ``rope_parameters``; 4.x wrote ``rope_theta`` and ``rope_scaling``.
-    """
-    parameters = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-    if not isinstance(parameters, Mapping):
-        raise CheckpointError(f"llama rope_parameters={parameters!r} is not a JSON object")
-    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise CheckpointError(
-            f"llama RoPE scaling type {rope_type!r} is not supported by tformer "
-            f"(supported: {', '.join(ROPE_TYPES)}, i.e. unscaled RoPE)"
-        )
-    partial = parameters.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    require("llama", "partial_rotary_factor", partial, 1.0)
-    return parameters.get("rope_theta", hf_field(raw, "rope_theta", 10000.0))

@@ -20,6 +20,7 @@ from tformer.models.registry import register
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import Features, Pooler, add_head, check_labels, head_module_names, pool
 from tformer.nn.inputs import check_attention_mask, check_token_ids
+from tformer.nn.positions import POSITIONAL_SCHEMES
 from tformer.nn.stack import TransformerStack
 
 # The loss of sequence classification, named as Hugging Face's ``problem_type`` (None: inferred as HF does).
@@ -44,9 +45,10 @@ def check_encoder_config(config: ModelConfig) -> None:
     offset = config.position_offset
     if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < config.max_seq_len:
         raise ConfigError(f"position_offset={offset!r} must be an integer in [0, max_seq_len={config.max_seq_len})")
-    if offset and (config.pad_token_id is None or config.positional not in ("learned", "sinusoidal")):
+    if offset and (config.pad_token_id is None or not POSITIONAL_SCHEMES[config.positional].table):
+        tables = " or ".join(repr(name) for name, scheme in POSITIONAL_SCHEMES.items() if scheme.table)
         raise ConfigError(f"position_offset={offset} needs pad_token_id (what counts as padding) and a "
-                          f"position table (positional='learned' or 'sinusoidal')")
+                          f"position table (positional={tables})")
     if config.pooling != "cls" and head not in POOLED_HEADS:
         raise ConfigError(f"pooling={config.pooling!r} needs a head that reads the pooler "
                           f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")

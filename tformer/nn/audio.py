@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from tformer.nn.position import whisper_sinusoids
+from tformer.nn.positions import whisper_sinusoids
 
 
 class AudioEmbedding(nn.Module):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
-from tformer.nn.position import sinusoidal_table
+from tformer.nn.positions import sinusoidal_table
 
 
 class PatchEmbedding(nn.Module):

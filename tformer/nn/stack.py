@@ -13,7 +13,7 @@ from tformer.nn.attention import AttentionMask, CrossAttentionCache, StepLayout,
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.inputs import check_attention_mask, check_positions
 from tformer.nn.norm import build_norm
-from tformer.nn.position import positional_from_config, positions_from_mask
+from tformer.nn.positions import positional_from_config, positions_from_mask
 
 # The ModelConfig fields that a pass laid out outside the stack (a decoding session's StepLayout, the
 # serving engine's paged layout) is known to compute exactly: the layout carries positions and padding,
@@ -27,7 +27,8 @@ LAYOUT_FIELDS = frozenset({
     "feedforward_bias", "attention_kernel", "performer_features", "performer_redraw_interval", "attention_window",
     "key_bias",  # MultiHeadAttention's own: every pass through it honours it
     # positions (the layout's own business: counted over real tokens, as forward counts them)
-    "positional", "rope_theta", "sinusoidal_layout", "relative_num_buckets", "relative_max_distance",
+    "positional", "rope_theta", "rope_scaling", "partial_rotary_factor", "sinusoidal_layout", "relative_num_buckets",
+    "relative_max_distance",
     # embeddings and heads of the families that decode
     "tie_embeddings", "scale_embeddings", "embedding_norm", "num_encoder_layers", "lm_head_bias",
     "scale_decoder_output",

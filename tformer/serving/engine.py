@@ -616,7 +616,12 @@ def serving_problem(model: nn.Module) -> str | None:
     ``step`` hook) over a paged layout, which must know every switch of its config (fail closed)."""
     if getattr(model, "encodes_prompt", False):
         return "it encodes a source (an encoder-decoder); the server continues prompts with a decoder"
-    return stack_session_problem(model)
+    problem = stack_session_problem(model)
+    if problem is None and model.stack.positional.length_dependent:  # a batch's longest request sets its angles
+        kind = model.config.rope_scaling["rope_type"]
+        problem = (f"rope_scaling rope_type={kind!r} turns each position by the longest position of its batch, so "
+                   "requests batched together would change each other's output")
+    return problem
 
 
 def _check_pool_fits(cache_tokens: int, slots: int, per_token: int, device: torch.device) -> None:

@@ -30,6 +30,7 @@ from tformer.errors import TformerError
 from tformer.hub import read_model_config
 from tformer.hub_cache import is_hub_name
 from tformer.models import model_class
+from tformer.nn.positions import POSITIONAL_SCHEMES
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.tasks.registry import TaskConfig, check_data_options, task_settings
 
@@ -221,9 +222,8 @@ def recipe_from_dict(
     task = _build(origin, "task", lambda: TaskConfig(**task_values))
     _build(origin, "data", lambda: check_data_options(task.name, data))
     _build(origin, "data", data.check_files)
-    if training.seq_len is not None and training.seq_len > model.max_seq_len and model.positional in (
-        "learned", "sinusoidal"
-    ):
+    if (training.seq_len is not None and training.seq_len > model.max_seq_len
+            and POSITIONAL_SCHEMES[model.positional].table):
         where = origin("training", "seq_len") if ("training", "seq_len") in from_command_line else \
             origin("model", "max_seq_len")
         raise RecipeError(

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from tformer.nn.attention.mask import NO_MASK, AttentionMask
 from tformer.nn.attention.registry import KERNELS, kernel_class
-from tformer.nn.position import apply_rotary
+from tformer.nn.positions import apply_rotary
 
 Rotary = tuple[Tensor, Tensor]  # cos, sin: (B, 1, T, Dh)
 

@@ -1,0 +1,28 @@
+"""The positional schemes by name: the one list configs, models and kernels ask (``positional``).
+
+Adding a scheme is one file (a subclass of ``PositionalScheme``, see scheme.py) and one entry here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tformer.nn.positions.absolute import LearnedScheme, SinusoidalScheme
+from tformer.nn.positions.biases import AlibiScheme, RelativeScheme
+from tformer.nn.positions.rotary import RotaryScheme
+from tformer.nn.positions.scheme import PositionalScheme
+
+POSITIONAL_SCHEMES: dict[str, type[PositionalScheme]] = {
+    scheme.name: scheme
+    for scheme in (LearnedScheme, SinusoidalScheme, RotaryScheme, AlibiScheme, RelativeScheme, PositionalScheme)
+}
+
+
+def positional_from_config(config: Any, causal: bool, kind: str | None = None) -> PositionalScheme:
+    """The scheme a ModelConfig asks for (``kind``: another scheme at the config's sizes, e.g. "none")."""
+    name = config.positional if kind is None else kind
+    try:
+        scheme = POSITIONAL_SCHEMES[name]
+    except KeyError:
+        raise ValueError(f"positional={name!r} is not one of {', '.join(POSITIONAL_SCHEMES)}") from None
+    return scheme.from_config(config, causal)

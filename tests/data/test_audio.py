@@ -232,7 +232,10 @@ def test_utterance_normalisation_removes_the_recording_s_level():
     loud, quiet = _tone(0.8, level=0.5), _tone(0.8, level=0.02)
     plain = LogMelSettings(window_samples=16_000)
     assert (recording_features(loud, plain) - recording_features(quiet, plain)).abs().max() > 0.5  # 1.4 decades
-    torch.testing.assert_close(recording_features(loud, settings), recording_features(quiet, settings), atol=1e-4,
+    # float32 FFT rounding in the quietest channels, scaled by the normalisation, differs by host: within 1e-4 on
+    # the AMD EPYC hosts of earlier runs, 1.6e-4 on an Intel Xeon with AVX-512; 1e-3 is 500 times below the level
+    # it removes.
+    torch.testing.assert_close(recording_features(loud, settings), recording_features(quiet, settings), atol=1e-3,
                                rtol=0)
 
 

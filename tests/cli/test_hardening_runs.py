@@ -378,3 +378,54 @@ def test_resume_auto_removes_no_look_alike_of_a_temporary_and_only_its_own_run_d
     kept = (run / ".staging-photos", run / "checkpoints" / ".best.tmp-1")
     assert all((folder / "img.png").is_file() for folder in kept)
     assert json.loads((run / "training_config.json").read_text())["run_token"] == token
+
+
+# ---- a quantized model is refused before the run folder is touched (issue 60, defect 6) --------------------
+
+
+@pytest.mark.slow  # trains a tiny run twice
+@pytest.mark.parametrize("resume", [[], ["--resume", "auto"]], ids=["fresh", "resume-auto"])
+def test_fine_tuning_a_quantized_folder_is_refused_in_one_line_and_writes_nothing(recipe, tmp_path, capsys, resume):
+    assert train(recipe, tmp_path / "float") == 0
+    tformer.load(tmp_path / "float", quantize="int8").save(tmp_path / "int8")
+    capsys.readouterr()
+    tuning = tmp_path / "tune.toml"
+    tuning.write_text("[model]\ninit_from = \"int8\"\n\n[data]" + RECIPE.split("[data]")[1])
+    out = tmp_path / "tuned"
+    assert train(tuning, out, *resume) == 2
+    assert error_line(capsys) == (f"tformer train: error: [model] init_from {tmp_path / 'int8'}: a quantized model "
+                                  "(int8) cannot be trained (its weights are integers for inference); fine-tune its "
+                                  "float checkpoint, then quantize it")
+    assert not out.exists()
+    assert train(tuning, out, "--set", f"model.init_from={tmp_path / 'float'}") == 0  # the corrected run
+
+
+def test_the_trainer_refuses_a_quantized_model_before_it_writes_into_the_run_folder(tmp_path):
+    from tformer.training.config import TrainingError
+
+    model = tformer.build_model("gpt-nano", vocab_size=32, max_seq_len=16)
+    tformer.quantization.quantize(model, "int8")
+    task = LanguageModelling(np.arange(200) % 32)
+    trainer = Trainer(model, TrainingConfig(max_steps=1, batch_size=2, seq_len=16, threads=1), task,
+                      out_dir=tmp_path / "run", progress=False)
+    with pytest.raises(TrainingError, match=r"this model is quantized \(int8\)"):
+        trainer.prepare_out_dir()
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "RECIPE", "--quantize", "int8"],
+     "tformer train: error: unrecognized arguments: --quantize int8; see tformer train --help"),
+    (["train", "RECIPE", "--set"], "tformer train: error: argument --set: expected one argument; see tformer train "
+                                   "--help"),
+    (["quantize", "RECIPE", "--bits", "3", "--out", "x"],
+     "tformer quantize: error: argument --bits: invalid choice: 3 (choose from 8, 4); see tformer quantize --help"),
+])
+def test_argument_errors_are_one_line_without_the_usage_block(recipe, capsys, args, message):
+    args = [str(recipe) if arg == "RECIPE" else arg for arg in args]
+    try:
+        code = main(args)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    assert error_line(capsys) == message

@@ -10,6 +10,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn
 
 from tformer.errors import TformerError
 
@@ -21,8 +22,16 @@ class UsageError(TformerError):
     """A bad command-line argument found after parsing (a missing file, an impossible value)."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too) whose errors are one line, as tformer's own are, without the
+    usage block argparse prints before them: ``tformer CMD: error: WHAT; see tformer CMD --help``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tformer",
         description="The transformer family in one library: build, train, generate, inspect and convert models.",
     )
@@ -37,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would report them from the top parser, naming no command
+        command = f"tformer {args.command}" if args.command else "tformer"
+        print(f"{command}: error: unrecognized arguments: {' '.join(unknown)}; see {command} --help", file=sys.stderr)
+        return 2
     if args.command is None:
         parser.print_help()
         return 2

@@ -89,10 +89,15 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
 
 def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
     """The model of ``recipe.init_from`` with the recipe's head and dropout (the new head's weights listed in a
-    warning)."""
+    warning). A quantized folder is refused here, naming it, before the run folder is touched."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = load(recipe.init_from, revision=recipe.init_revision, **recipe.init_settings)
+    scheme = getattr(model, "quantization", None)
+    if scheme is not None:
+        raise TrainingError(f"[model] init_from {recipe.init_from}: a quantized model ({scheme.describe()}) cannot be "
+                            "trained (its weights are integers for inference); fine-tune its float checkpoint, then "
+                            "quantize it")
     for warning in caught:
         say(f"init_from  {warning.message}")
     return model.train()

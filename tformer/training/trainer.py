@@ -280,9 +280,11 @@ class Trainer:
 
     def prepare_out_dir(self) -> None:
         """Lock the run folder and check it (see the class doc) before the first step; ``train``
-        calls it, a caller that writes its own files into the folder (a recipe) calls it first."""
+        calls it, a caller that writes its own files into the folder (a recipe) calls it first. A model
+        that cannot train (a quantized one) is refused here, before the folder is touched."""
         if self.out_dir is None or self._out_dir_ready:
             return
+        self._refuse_quantized()
         self.state.claim()
         try:
             notes = self.state.prepare_out_dir(self.resumed_from is not None or self.step > 0, self.overwrite,

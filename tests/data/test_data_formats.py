@@ -124,6 +124,87 @@ def test_integer_labels_are_class_ids_named_by_the_file_or_the_declared_names(tm
                                 "positive)")
 
 
+@pytest.mark.parametrize("label, message", [
+    ("NaN", "label 'NaN' is a missing value (NaN), not a class name"),
+    (-1, 'label -1 is Hugging Face\'s "no label" (the rows of an unlabelled split), not a class; give labelled '
+         'rows, or declare "-1" among the label names if it is a class'),
+], ids=["nan", "minus-one"])
+def test_a_missing_label_is_refused_in_every_format_naming_the_row(tmp_path, label, message):
+    rows = [{"sentence": text, "label": int(value) if isinstance(label, int) else value} for text, value in SENTENCES]
+    rows[2]["label"] = label
+    paths = write_records(tmp_path, "train", rows)
+    places = {"jsonl": ":3", "csv": ":4", "tsv": ":4", "parquet": ": row 3", "datasets": ": row 3"}  # the third row
+    for kind in FORMATS:
+        with pytest.raises(DataFileError) as error:
+            read_classification(paths[kind])
+        assert str(error.value) == f"{paths[kind]}{places[kind]}: {message}", kind
+
+
+def test_a_float_nan_label_and_a_class_labels_minus_one_are_refused_too(tmp_path):
+    jsonl = tmp_path / "nan.jsonl"
+    jsonl.write_text('{"sentence": "a fine film", "label": 1}\n{"sentence": "bleak", "label": NaN}\n')
+    with pytest.raises(DataFileError, match=r"nan.jsonl:2: label nan is a missing value \(NaN\), not a class name$"):
+        read_classification(jsonl)
+    features = {"label": {"names": ["negative", "positive"], "_type": "ClassLabel"}}
+    paths = write_records(tmp_path, "test", [{"sentence": "a", "label": 1}, {"sentence": "b", "label": -1}], features,
+                          formats=("parquet", "datasets"))
+    for path in paths.values():
+        with pytest.raises(DataFileError, match=r": row 2: label -1 is Hugging Face's \"no label\""):
+            read_classification(path)
+
+
+def test_minus_one_is_a_class_where_the_labels_declare_it(tmp_path):
+    tsv = tmp_path / "signs.tsv"
+    tsv.write_text("sentence\tlabel\ngood\t1\nbad\t-1\nso so\t0\n")
+    data = read_classification(tsv, labels=["-1", "0", "1"])
+    assert [example.label for example in data.examples] == ["1", "-1", "0"]
+
+
+@pytest.mark.parametrize("kind, content, message", [
+    ("csv", "text,text,label\na,b,pos\n", ":1: the header names column 'text' twice; each column needs its own name"),
+    ("tsv", "text\tlabel\ttext\na\tpos\tb\n", ":1: the header names column 'text' twice"),
+    ("jsonl", '{"text": "a", "label": "pos", "text": "b"}\n', ":1: the object names 'text' twice; each key needs its "
+                                                            "own name"),
+    ("parquet", None, ": the schema names column 'text' twice; each column needs its own name"),
+])
+def test_a_column_named_twice_is_refused(tmp_path, kind, content, message):
+    path = tmp_path / f"twice.{kind}"
+    if content is None:
+        parquet.write_table(pyarrow.Table.from_arrays([pyarrow.array(["a"]), pyarrow.array(["b"]),
+                                                       pyarrow.array(["pos"])], names=["text", "text", "label"]), path)
+    else:
+        path.write_text(content)
+    with pytest.raises(DataFileError) as error:
+        read_classification(path)
+    assert str(error.value).startswith(str(path) + message) and "\n" not in str(error.value)
+
+
+def test_columns_naming_one_twice_are_refused(tmp_path):
+    (tmp_path / "plain.tsv").write_text("a\tb\n")
+    with pytest.raises(DataFileError, match=r"plain.tsv: columns=\[...\] names 'text' twice; each column needs"):
+        read_classification(tmp_path / "plain.tsv", columns=["text", "text"])
+
+
+def test_a_long_value_reads_alike_in_every_text_format_and_past_the_limit_is_one_line(tmp_path, monkeypatch):
+    long_text = "word " * 40_000  # 200,000 characters: past the csv module's own 128 Ki limit
+    paths = write_records(tmp_path, "long", [{"text": long_text, "label": "pos"}, {"text": "short", "label": "neg"}],
+                          formats=("jsonl", "csv", "tsv"))
+    for kind in ("jsonl", "csv", "tsv"):
+        assert read_classification(paths[kind]).examples[0].text == long_text.strip(), kind
+    monkeypatch.setattr(records_module, "MAX_RECORD_CHARS", 1000)
+    limit = csv.field_size_limit(1000)  # as tformer raises it to its own bound
+    try:
+        multiline = tmp_path / "multiline.csv"  # a quoted value over lines, each under the bound
+        multiline.write_text('text,label\nok,pos\n"' + "x\n" * 600 + '",neg\n')
+        for path, line in [(paths["jsonl"], 1), (paths["csv"], 2), (paths["tsv"], 2), (multiline, 3)]:
+            with pytest.raises(DataFileError) as error:
+                read_classification(path)
+            assert str(error.value).startswith(f"{path}:{line}: ") and "past the limit of one record (1,000 " \
+                "characters: a JSONL, TSV or CSV line, or a CSV value)" in str(error.value), path
+    finally:
+        csv.field_size_limit(limit)
+
+
 @pytest.mark.slow  # imports Hugging Face datasets
 def test_a_real_save_to_disk_folder_reads_as_the_tsv_does(tmp_path):
     datasets = pytest.importorskip("datasets")

@@ -114,7 +114,7 @@ def read_classification(
                 for column, option in named:
                     field_value(record, column, option, where)
             example = _example(record, line, text_column, text_pair_column, label_column if labeled else None,
-                               id_names)
+                               id_names, labels or ())
         except DataFileError as error:
             message = str(error)
             skipped.handle(message if message.startswith(where) else f"{where}: {message}", skip_bad)
@@ -132,7 +132,8 @@ def read_classification(
 
 
 def _example(record: dict, line: int, text_column: str | None, pair_column: str | None,
-             label_column: str | None, id_names: Sequence[str] | None = None) -> ClassificationExample:
+             label_column: str | None, id_names: Sequence[str] | None = None,
+             declared: Sequence[str] = ()) -> ClassificationExample:
     """The example of one record (a dict of column -> value); a DataFileError without the file's name."""
     text_column = text_column or next((name for name in TEXT_COLUMNS if name in record), None)
     if text_column is None or text_column not in record:
@@ -146,7 +147,7 @@ def _example(record: dict, line: int, text_column: str | None, pair_column: str 
         value = record.get(label_column)
         if value is None or (isinstance(value, str) and not value.strip()):
             raise DataFileError(f"the row has no label (column {label_column!r})")
-        label = class_name(value, id_names, "label")
+        label = class_name(value, id_names, "label", declared)
     return ClassificationExample(text, pair, label, line)
 
 

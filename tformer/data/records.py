@@ -16,12 +16,19 @@ pyarrow is an optional dependency: ``pip install 'tformer[data]'``.
 A record is ``(position, fields)``: the line of a text file, the row (from 1) of a table; ``where(position)``
 names it in a message. A line that is no record (bad JSON, more fields than the header) comes as
 ``(position, what is wrong)`` for the reader to raise or skip.
+
+The same rules in every format: a column is named once (a TSV/CSV header, ``columns``, a table's schema, a
+JSON object's keys: a second ``text`` would silently replace the first); a JSONL, TSV or CSV line, and a CSV
+value spanning lines, holds at most ``MAX_RECORD_CHARS`` characters (64 Mi; a longer one is a bad record
+naming its line, where the csv module stopped at 128 Ki with its own words); a class label that is NaN or -1
+(Hugging Face's "no label") is refused (``class_name``).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +41,8 @@ TEXT_RECORD_FORMATS = ("jsonl", "csv", "tsv")
 _SUFFIXES = ((".jsonl", "jsonl"), (".json", "jsonl"), (".csv", "csv"), (".tsv", "tsv"))
 BATCH_ROWS = 1024  # rows of a Parquet / Arrow record batch read at a time
 PYARROW_HINT = "pip install 'tformer[data]'"
+MAX_RECORD_CHARS = 64 * 1024 * 1024  # one JSONL/TSV/CSV line or CSV value: a document, not a whole corpus
+NO_LABEL = -1  # Hugging Face's "no label": ClassLabel's missing value, on every row of GLUE's test splits
 
 
 def record_format(path: str | Path) -> str | None:
@@ -97,6 +106,8 @@ class RecordFile:
         if kind != "datasets" and not path.is_file():
             raise DataFileError(f"{path}: no such file")
         names = None if columns is None else tuple(name.strip() for name in columns)
+        if names is not None and (twice := repeated(names)):
+            raise DataFileError(f"{path}: columns=[...] names {twice!r} twice; each column needs its own name")
         records = cls(path, kind, names, tuple(dict.fromkeys(header_names)))
         if kind == "parquet":
             records._read_parquet_schema()
@@ -167,10 +178,16 @@ class RecordFile:
             line = line.removesuffix("\n")
             if not line.strip():
                 continue
+            if len(line) > MAX_RECORD_CHARS:
+                yield number, _too_long(len(line))
+                continue
             try:
-                record = json.loads(line)
+                record = json.loads(line, object_pairs_hook=_object)
             except json.JSONDecodeError as error:
                 yield number, f"not a JSON object ({error.msg} at column {error.colno})"
+                continue
+            except _RepeatedKey as error:
+                yield number, f"the object names {error.args[0]!r} twice; each key needs its own name"
                 continue
             if not isinstance(record, dict):
                 yield number, f"not a JSON object (a {type(record).__name__})"
@@ -182,11 +199,15 @@ class RecordFile:
         if self.format == "tsv":
             for number, line in data_lines(self.path):
                 line = line.removesuffix("\n").removesuffix("\r")
+                if len(line) > MAX_RECORD_CHARS:
+                    raise DataFileError(f"{self.path}:{number}: {_too_long(len(line))}")
                 if line.strip():
                     yield number, line.split("\t")
             return
         lines = data_lines(self.path)
-        reader = csv.reader(line for _, line in lines)
+        reader = csv.reader(_bounded_lines(lines, self.path))
+        if csv.field_size_limit() < MAX_RECORD_CHARS:  # the module's 128 Ki default, process-wide: raised once
+            csv.field_size_limit(MAX_RECORD_CHARS)
         start = 1
         try:
             for fields in reader:
@@ -194,6 +215,8 @@ class RecordFile:
                     yield start, fields
                 start = reader.line_num + 1
         except csv.Error as error:
+            if "field larger than field limit" in str(error):  # named by the line its record starts on
+                raise DataFileError(f"{self.path}:{start}: {_too_long(None)}") from None
             raise DataFileError(f"{self.path}:{reader.line_num}: not valid CSV ({error})") from None
 
     def _header(self, fields: list[str], line: int) -> list[str]:
@@ -203,6 +226,9 @@ class RecordFile:
             raise DataFileError(f"{self.path}:{line}: the first row [{first}] is not a header naming the "
                                 f"columns (e.g. {', '.join(self.header_names[:2])}); for a file without a header "
                                 "give columns=[...]")
+        if twice := repeated(name for name in header if name):
+            raise DataFileError(f"{self.path}:{line}: the header names column {twice!r} twice; each column needs "
+                                "its own name")
         return header
 
     def _table_records(self) -> Iterator[tuple[int, dict | str]]:
@@ -246,7 +272,7 @@ class RecordFile:
             schema = parquet.read_schema(self.path)
         except (pyarrow.ArrowException, OSError) as error:
             raise DataFileError(f"{self.path}: not a readable Parquet file ({error})") from None
-        self._schema_names = list(schema.names)
+        self._set_schema_names(schema.names)
         metadata = (schema.metadata or {}).get(b"huggingface")
         if metadata:
             try:
@@ -254,6 +280,12 @@ class RecordFile:
             except (json.JSONDecodeError, AttributeError):
                 features = {}
             self._class_names = hub_class_names(features)
+
+    def _set_schema_names(self, names: Sequence[str]) -> None:
+        if twice := repeated(names):
+            raise DataFileError(f"{self.path}: the schema names column {twice!r} twice; each column needs its own "
+                                "name")
+        self._schema_names = list(names)
 
     def _arrow_files(self) -> list[Path]:
         try:
@@ -277,7 +309,7 @@ class RecordFile:
                 schema = pyarrow.ipc.open_stream(source).schema
         except (pyarrow.ArrowException, OSError) as error:
             raise DataFileError(f"{first}: not a readable Arrow stream ({error})") from None
-        self._schema_names = list(schema.names)
+        self._set_schema_names(schema.names)
         info = self.path / "dataset_info.json"
         features = {}
         if info.is_file():
@@ -314,9 +346,17 @@ def field_value(record: dict, column: str, option: str, where: str):
     return record[column]
 
 
-def class_name(value, names: Sequence[str] | None, what: str) -> str:
+def class_name(value, names: Sequence[str] | None, what: str, declared: Sequence[str] = ()) -> str:
     """A label value as a name: an integer is a class id, named by ``names`` (an id outside them is refused)
-    or, without names, its number; a string is stripped. A DataFileError for anything else."""
+    or, without names, its number; a string is stripped. A DataFileError for anything else, and, in every
+    format, for NaN (a float, or a cell spelling it: a missing value) and -1 (Hugging Face's "no label"; as
+    text it is a class only where ``declared`` names "-1")."""
+    text = value.strip() if isinstance(value, str) else None
+    if (isinstance(value, float) and math.isnan(value)) or (text is not None and text.lower() == "nan"):
+        raise DataFileError(f"{what} {quoted(value)} is a missing value (NaN), not a class name")
+    if (type(value) is int and value == NO_LABEL) or (text == str(NO_LABEL) and text not in declared):
+        raise DataFileError(f"{what} -1 is Hugging Face's \"no label\" (the rows of an unlabelled split), not a "
+                            "class; give labelled rows, or declare \"-1\" among the label names if it is a class")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise DataFileError(f"{what} {quoted(value)} is not a name or an integer")
     if isinstance(value, str):
@@ -327,6 +367,43 @@ def class_name(value, names: Sequence[str] | None, what: str) -> str:
         raise DataFileError(f"{what} {value} is not a class id of the {len(names)} names (0..{len(names) - 1}: "
                             f"{listed(names)})")
     return names[value]
+
+
+def repeated(names: Iterable[str]) -> str | None:
+    """The first name that comes twice in ``names``, or None."""
+    seen = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
+class _RepeatedKey(Exception):
+    """A JSON object naming a key twice (``json`` would keep the last value silently)."""
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``'s object_pairs_hook: the object as a dict, its keys each named once."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        raise _RepeatedKey(repeated(key for key, _ in pairs))
+    return record
+
+
+def _too_long(characters: int | None) -> str:
+    """The message for a line (or a CSV value) past ``MAX_RECORD_CHARS``."""
+    size = f"{characters:,} characters" if characters is not None else "a value"
+    return (f"{size} past the limit of one record ({MAX_RECORD_CHARS:,} characters: a JSONL, TSV or CSV line, "
+            "or a CSV value)")
+
+
+def _bounded_lines(lines: Iterator[tuple[int, str]], path: Path) -> Iterator[str]:
+    """The lines of a CSV file for ``csv.reader``, each checked against ``MAX_RECORD_CHARS`` before it is parsed."""
+    for number, line in lines:
+        if len(line) > MAX_RECORD_CHARS:
+            raise DataFileError(f"{path}:{number}: {_too_long(len(line))}")
+        yield line
 
 
 def list_value(value, where: str, what: str) -> list:

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from tformer.config import ModelConfig
 from tformer.data.image_processing import PREPROCESSOR_NAME, ImageProcessing, ImageProcessingError
 from tformer.errors import TformerError
+from tformer.files import clear_dead_writers, dead_writer_pid, remove_entry
 from tformer.quantization import scheme_disagreement
 from tformer.tokenizers import TokenizerError
 from tformer.tokenizers import load as load_tokenizer
@@ -71,10 +72,13 @@ def atomic_directory(path: str | Path, tag: str | None = None) -> Iterator[Path]
 
     On error the temporary folder is removed and ``path`` is left as it was (an old folder
     already renamed aside is renamed back). The temporary names end in ``-TAG``: a run passes its
-    token (so that it can tell its own debris), the default is the pid.
+    token (so that it can tell its own debris), the default is the pid, and then what a writer of
+    ``path`` killed mid-write left is cleared first (``files.clear_dead_writers``).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if tag is None:
+        clear_dead_writers(target)
     suffix = tag or os.getpid()
     temporary = target.parent / f".{target.name}.tmp-{suffix}"
     previous = target.parent / f".{target.name}.old-{suffix}"
@@ -97,9 +101,15 @@ def atomic_directory(path: str | Path, tag: str | None = None) -> Iterator[Path]
 
 def write_files_into(target: Path, write, tag: str | None = None) -> None:
     """Write files into an existing folder (a run folder with logs beside the checkpoint):
-    ``write`` fills a temporary folder (``.staging-TAG-XXXX``, see ``atomic_directory``), then each
-    file is renamed into place, the config last, so a reader never sees a config without its weights."""
-    staging = Path(tempfile.mkdtemp(prefix=f".staging-{tag}-" if tag else ".staging-", dir=target))
+    ``write`` fills a temporary folder (``.staging-TAG-XXXX``, the pid without a tag; see
+    ``atomic_directory``), then each file is renamed into place, the config last, so a reader never
+    sees a config without its weights. Without a tag, staging folders of writers killed mid-write go
+    first."""
+    if tag is None:
+        for entry in target.iterdir():
+            if dead_writer_pid(entry.name.rpartition("-")[0], ".staging-") is not None and entry.is_dir():
+                remove_entry(entry)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{tag or os.getpid()}-", dir=target))
     try:
         write(staging)
         for file in sorted(staging.iterdir(), key=lambda f: f.name == CONFIG_NAME):
@@ -135,9 +145,11 @@ def write_checkpoint_folder(path: str | Path, write: Callable[[Path], None]) -> 
     """Let ``write`` fill the checkpoint folder ``path`` (it writes config.json last).
 
     A new or empty folder appears whole, in one rename; into a folder that already holds other
-    files (a run folder with logs) each file is renamed into place, the config last.
+    files (a run folder with logs) each file is renamed into place, the config last. What a writer of
+    ``path`` killed mid-write left beside it is cleared first (an old copy it had renamed aside comes back).
     """
     target = Path(path)
+    clear_dead_writers(target)
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is not a folder; a checkpoint is written as a folder "
                               "(give a new path or a folder)")

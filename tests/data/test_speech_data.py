@@ -313,6 +313,19 @@ def test_output_folder_replaced_only_when_ours(fake_fsdd, tmp_path):
     build_digit_corpus(source, tmp_path / "empty", DigitSettings(2, 1))
 
 
+def test_a_build_clears_the_temporary_folder_of_one_killed_midway(fake_fsdd, tmp_path):
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid now names no process
+    debris, look_alike = tmp_path / f".out.tmp-{child.pid}", tmp_path / ".out.tmp-mine"
+    for folder in (debris, look_alike):
+        (folder / "train").mkdir(parents=True)
+    build_digit_corpus(fake_fsdd[0], tmp_path / "out", DigitSettings(2, 1))
+    assert not debris.exists() and look_alike.is_dir()
+
+
 def test_bad_settings_and_sources(fake_fsdd, tmp_path):
     with pytest.raises(FsddError, match="min_digits=5, max_digits=3"):
         DigitSettings(min_digits=5, max_digits=3)

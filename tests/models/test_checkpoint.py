@@ -127,3 +127,78 @@ def test_tformer_save_is_model_save(tmp_path):
     assert torch.equal(tformer.load(tmp_path / "a")(ids).logits, model(ids).logits)
     with pytest.raises(ValueError, match="format='onnx' is not one of tformer, hf"):
         tformer.save(model, tmp_path / "b", format="onnx")
+
+
+# ---- what a writer killed mid-write leaves (issue 60, defect 9) --------------------------------------------
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.slow  # starts a writer and kills it
+def test_a_save_clears_what_a_writer_killed_mid_write_left_and_nothing_else(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from python_path import child_python_path
+
+    out = tmp_path / "int8"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom tformer.checkpoint import atomic_directory\n"
+         f"with atomic_directory({str(out)!r}) as folder:\n"
+         "    (folder / 'model.safetensors').write_bytes(b'half')\n    print('writing', flush=True)\n"
+         "    time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": child_python_path()})
+    assert writer.stdout.readline() == "writing\n"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    debris = tmp_path / f".int8.tmp-{writer.pid}"
+    assert (debris / "model.safetensors").read_bytes() == b"half"
+    kept = [tmp_path / ".int8.tmp-1", tmp_path / ".int8.tmp-photos", tmp_path / f".other.tmp-{writer.pid}",
+            tmp_path / f".int8.tmp-{writer.pid}0000000000000"]  # pid 1 runs; not a pid; another name; a run token
+    for folder in kept:
+        folder.mkdir()
+    tformer.build_model("gpt-nano").save(out)
+    assert not debris.exists() and all(folder.is_dir() for folder in kept)
+    assert tformer.load(out).config.d_model == tformer.build_model("gpt-nano").config.d_model
+
+
+def test_a_swap_killed_between_its_renames_gets_the_old_folder_back(tmp_path):
+    pid = dead_pid()
+    tformer.build_model("gpt-nano", num_layers=1).save(tmp_path / "swap")
+    (tmp_path / "swap" / "notes.txt").write_text("kept beside the model")
+    os.replace(tmp_path / "swap", tmp_path / f".ckpt.old-{pid}")  # the kill fell after the first rename
+    (tmp_path / f".ckpt.tmp-{pid}").mkdir()
+    tformer.build_model("gpt-nano").save(tmp_path / "ckpt")  # into the folder brought back: other files kept
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ckpt"]
+    assert (tmp_path / "ckpt" / "notes.txt").read_text() == "kept beside the model"
+    assert tformer.load(tmp_path / "ckpt").config.num_layers == tformer.build_model("gpt-nano").config.num_layers
+    (tmp_path / f".ckpt.old-{pid}").mkdir()  # the kill fell after the second rename: the old copy goes
+    tformer.build_model("gpt-nano").save(tmp_path / "ckpt")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_text_files_and_staging_folders_of_dead_writers_are_cleared_by_the_next_write(tmp_path):
+    from tformer.files import write_text_atomically
+
+    pid = dead_pid()
+    (tmp_path / f".notes.txt.tmp-{pid}").write_text("half")
+    (tmp_path / ".notes.txt.tmp-1").write_text("a live writer's")
+    write_text_atomically(tmp_path / "notes.txt", "whole\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".notes.txt.tmp-1", "notes.txt"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    for name in (f".staging-{pid}-k3x9", ".staging-photos", ".staging-1-abc"):
+        (run / name).mkdir()
+    tformer.build_model("gpt-nano").save(run)  # into a folder holding other files: staged, then renamed in
+    assert sorted(path.name for path in run.iterdir() if path.name.startswith(".")) == [".staging-1-abc",
+                                                                                       ".staging-photos"]

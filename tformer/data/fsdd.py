@@ -38,7 +38,7 @@ import numpy as np
 from tformer.data.audio import read_wav
 from tformer.data.files import DataFileError
 from tformer.errors import TformerError, listed
-from tformer.files import move_aside
+from tformer.files import clear_dead_writers, move_aside
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 OFFICIAL_TEST_TAKES = range(0, 5)  # FSDD's test set: takes 0-4 of every digit and speaker
@@ -290,8 +290,9 @@ def build_digit_corpus(source: str | Path, out: str | Path, settings: DigitSetti
     streams = np.random.SeedSequence(settings.seed).spawn(len(SPLITS))  # one independent stream a split
     plans = {split: plan_utterances(pools[split], counts[split], settings, sample_rate, np.random.default_rng(stream))
              for split, stream in zip(SPLITS, streams, strict=True)}
-    replaced = _check_replaceable(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
+    clear_dead_writers(out)  # a build killed midway: its temporary gone, a corpus it had renamed aside back
+    replaced = _check_replaceable(out, overwrite)
     building = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)  # this process's own debris, from nothing but a reused pid
     try:

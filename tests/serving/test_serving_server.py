@@ -4,6 +4,7 @@ types, concurrent requests, a client that disconnects, a full cache, SIGTERM and
 engine in a process of its own (the default) and on a thread of the server's, which answer alike."""
 
 import concurrent.futures
+import contextlib
 import functools
 import http.client
 import json
@@ -30,6 +31,7 @@ from tformer.serving import Engine
 from tformer.serving.chat import ChatTemplate, ChatTemplateError
 from tformer.serving.engine_client import ThreadEngineClient
 from tformer.serving.engine_process import ProcessEngineClient
+from tformer.serving.limits import DEFAULT_STALL_SECONDS
 from tformer.serving.server import OpenAIServer
 from tformer.tokenizers import CharTokenizer
 
@@ -61,17 +63,17 @@ class ServerThread:
     (``engine="process"``) or on a thread (``"thread"``: ``self.engine`` is the Engine, inspectable)."""
 
     def __init__(self, checkpoint, engine="thread", api_key=None, chat=True, step_seconds=None, failing_prompt=None,
-                 **engine_options):
+                 stall_timeout=DEFAULT_STALL_SECONDS, **engine_options):
         self.model = tformer.load(checkpoint)  # the reference the answers are compared with
         if engine == "thread":
             self.engine = Engine(self.model, self.model.tokenizer, **engine_options)
             if step_seconds is not None:
                 self.engine.step = slowed(self.engine.step, step_seconds)
-            self.engine_client = ThreadEngineClient(self.engine)
+            self.engine_client = ThreadEngineClient(self.engine, stall_timeout)
         else:  # as tformer serve starts it: the engine process builds its engine, this one reads the tokenizer
             build = functools.partial(hooked_engine, step_seconds, failing_prompt, str(checkpoint), "cpu", None, 1,
                                       engine_options)
-            self.engine_client = ProcessEngineClient(build, load_tokenizer(checkpoint))
+            self.engine_client = ProcessEngineClient(build, load_tokenizer(checkpoint), stall_timeout)
         template = ChatTemplate.from_folder(checkpoint) if chat else None
         self.server = OpenAIServer(self.engine_client, "tiny", api_key=api_key, chat_template=template)
         config = uvicorn.Config(self.server.app(), host="127.0.0.1", port=0, log_level="error", lifespan="on")
@@ -481,6 +483,11 @@ def test_serve_refuses_bad_options_with_exit_code_2(checkpoint, tmp_path, capsys
         taken.listen()
         assert main(["serve", str(checkpoint), "--port", str(taken.getsockname()[1])]) == 2
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+    for option, value, message in (("--engine-timeout", "0.2", "--engine-timeout 0.2 must be >= 1 s"),
+                                   ("--engine-timeout", "-1", "--engine-timeout -1.0 must be a number of seconds"),
+                                   ("--shutdown-timeout", "inf", "--shutdown-timeout inf must be a finite number")):
+        assert main(["serve", str(checkpoint), "--port", "0", option, value]) == 2
+        assert message in capsys.readouterr().err
 
 
 # ---- hardening (issue 37): limits, strict types, disconnects, shutdown, errors without tracebacks ----------
@@ -770,3 +777,150 @@ def test_a_bug_or_a_dead_engine_process_is_a_500_and_health_says_so(checkpoint):
         assert response.status == 500 and json.loads(response.read())["status"] == "failed"
     finally:
         server.stop()
+
+
+# ---- issue 60: an engine that stops making progress, and a stop bounded by its timeout -------------------------
+
+
+def _engine_pid(server_pid):
+    """The engine process among the server's (multiprocessing's spawned child, not its resource tracker)."""
+    engines = [pid for pid in _descendants(server_pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(engines) == 1, engines
+    return engines[0]
+
+
+def _get(port, path):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def _wait_for(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+LONG = {"model": "tiny", "prompt": "to be", "max_tokens": 400, "ignore_eos": True}
+
+
+def test_a_stopped_engine_process_fails_health_and_requests_within_the_engine_timeout_then_recovers(checkpoint):
+    """SIGSTOP stands in for an engine process that hangs: within --engine-timeout /health answers 503 with the
+    reason, the stream in flight ends with that error and [DONE], a whole answer gets it as a 503; an idle engine
+    never counts as stalled (it gives signs of life while idle), and one that resumes serves again."""
+    process, port = _start_cli_server(checkpoint, "--engine-timeout", "1.5", "--threads", "1", step_seconds=0.02)
+    engine = _engine_pid(process.pid)
+    try:
+        time.sleep(2)  # idle for longer than the engine timeout
+        assert _get(port, "/health") == (200, {"status": "ok"})
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first_chunk = threading.Event()
+            stream = pool.submit(_stream_count, port, 400, first_chunk)
+            assert first_chunk.wait(30)
+            os.kill(engine, signal.SIGSTOP)
+            stopped = time.monotonic()
+            status, body = pool.submit(_post_json, port, {**LONG, "max_tokens": 5}).result(timeout=30)
+            assert status == 503 and body["error"]["code"] == "engine_stalled", body
+            assert "the engine has made no progress for 2 s (more than the 1.5 s allowed" in body["error"]["message"]
+            tokens, done = stream.result(timeout=30)
+            assert time.monotonic() - stopped < 5
+        assert 0 < tokens < 400 and done
+        status, health = _get(port, "/health")
+        assert status == 503 and health["status"] == "stalled" and "no progress" in health["error"]
+        os.kill(engine, signal.SIGCONT)
+        _wait_for(lambda: _get(port, "/health")[0] == 200, 5, "the resumed engine is not reported healthy")
+        status, body = _post_json(port, {**LONG, "max_tokens": 3})
+        assert status == 200 and body["usage"]["completion_tokens"] == 3
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        log = process.stderr.read()
+    finally:
+        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(engine, signal.SIGCONT)
+    assert "Traceback" not in log
+
+
+def test_a_step_that_never_returns_stalls_the_thread_engine_until_it_does(checkpoint):
+    """The engine on a thread: a step that does not return makes no sign of life either."""
+    server = ServerThread(checkpoint, "thread", chat=False, stall_timeout=1.0)
+    release, step = threading.Event(), server.engine.step
+
+    def hanging_step():
+        release.wait(60)
+        return step()
+
+    server.engine.step = hanging_step
+    try:
+        started = time.monotonic()
+        status, body = server.post("/v1/completions", b'{"model": "tiny", "prompt": "to", "max_tokens": 2}')
+        assert status == 503 and body["error"]["code"] == "engine_stalled" and time.monotonic() - started < 4
+        assert _get(server.port, "/health")[0] == 503
+        release.set()
+        _wait_for(lambda: _get(server.port, "/health")[0] == 200, 5, "the engine is still reported stalled")
+        assert server.client().completions.create(model="tiny", prompt="to", max_tokens=2).usage.completion_tokens == 2
+    finally:
+        release.set()
+        server.stop()
+
+
+def test_sigterm_with_a_stopped_engine_exits_within_the_shutdown_timeout(checkpoint):
+    """The engine process stopped with requests in flight (one streaming, one waiting for the engine to take it):
+    the stop ends both at the timeout (the server answers them itself: the engine cannot), kills the engine
+    process and exits 0 within the timeout and a small margin, with no traceback."""
+    process, port = _start_cli_server(checkpoint, "--shutdown-timeout", "1", "--threads", "1", step_seconds=0.02)
+    engine = _engine_pid(process.pid)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            stream = pool.submit(_stream_events, port, LONG)
+            _wait_for(lambda: _metric(port, "tformer_running_sequences") == 1, 30, "the stream is not decoding")
+            os.kill(engine, signal.SIGSTOP)
+            whole = pool.submit(_post_json, port, LONG)
+            time.sleep(0.5)  # the whole request waits for the stopped engine
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            assert process.wait(timeout=30) == 0
+            took = time.monotonic() - signalled
+            status, body = whole.result(timeout=10)
+            events = stream.result(timeout=10)
+        log = process.stderr.read()
+    finally:
+        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(engine, signal.SIGCONT)
+    assert 1 <= took < 5, took  # the timeout, ending what is in flight, killing the engine, the exit
+    assert status == 503 and body["error"]["code"] == "shutting_down"
+    assert events[-1] == b"[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
+    _wait_for(lambda: not _running(engine), 5, "the stopped engine process outlived the server")
+    assert "Traceback" not in log and "Cancel" not in log, log
+    assert "the engine did not stop in time and was ended" in log
+
+
+def test_a_second_signal_stops_at_once_without_a_traceback(checkpoint):
+    """Requests in flight and a long shutdown timeout: the second SIGTERM ends them (streams with [DONE], a whole
+    answer with a 503) and the server exits 0 within a second or two (it took 8 s and logged a CancelledError's
+    traceback), its engine stopped, nothing logged but its lines."""
+    process, port = _start_cli_server(checkpoint, "--shutdown-timeout", "30", "--threads", "1", step_seconds=0.02)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            streams = [pool.submit(_stream_events, port, LONG) for _ in range(2)]
+            whole = pool.submit(_post_json, port, LONG)
+            _wait_for(lambda: _metric(port, "tformer_running_sequences") == 3, 30, "the requests are not decoding")
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            assert process.wait(timeout=30) == 0
+            took = time.monotonic() - signalled
+            status, body = whole.result(timeout=10)
+            events = [stream.result(timeout=10) for stream in streams]
+        log = process.stderr.read()
+    finally:
+        process.kill()
+    assert took < 3, took  # most of it the interpreter's exit, with torch loaded
+    assert status == 503 and body["error"]["code"] == "shutting_down"
+    assert all(lines[-1] == b"[DONE]" for lines in events)
+    assert "a second signal" in log and "0 cache blocks in use" in log
+    assert "Traceback" not in log and "Cancel" not in log and "ERROR" not in log, log

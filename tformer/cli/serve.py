@@ -4,6 +4,7 @@ over a decoder checkpoint, with continuous batching over a paged key/value cache
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -11,7 +12,13 @@ from functools import partial
 from pathlib import Path
 
 from tformer.cli import add_device_option, add_model_argument, add_quantize_option
-from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
+from tformer.serving.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_PROMPTS,
+    DEFAULT_STALL_SECONDS,
+    HEARTBEAT_SECONDS,
+    MIN_STALL_SECONDS,
+)
 
 
 def register(subparsers) -> None:
@@ -23,7 +30,8 @@ def register(subparsers) -> None:
                     "/tokenizer_info. Completions with echo and logprobs score prompts (lm-evaluation-harness's "
                     "local-completions). Requests share one continuously batched decode over a paged key/value "
                     "cache, run by an engine in a process of its own. SIGTERM or Ctrl-C stops admitting (new "
-                    "requests get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0.",
+                    "requests get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0; "
+                    "a second signal ends them at once.",
     )
     add_model_argument(parser, "checkpoint", "a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
     parser.add_argument("--host", default="127.0.0.1",
@@ -50,7 +58,13 @@ def register(subparsers) -> None:
     parser.add_argument("--queue-timeout", type=float, default=60.0,
                         help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
-                        help="seconds requests in flight get to finish after SIGTERM (default: 30)")
+                        help="seconds requests in flight get to finish after SIGTERM; the server exits at most a "
+                             "few seconds later, whatever hangs (default: 30)")
+    parser.add_argument("--engine-timeout", type=float, default=DEFAULT_STALL_SECONDS,
+                        help="seconds the engine may go without a sign of life (a step that never returns, an "
+                             "engine process stopped or hung) before /health answers 503 and the requests waiting "
+                             "on it fail with 503; longer than the slowest step (default: "
+                             f"{DEFAULT_STALL_SECONDS:g}; 0: never)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help=f"a request body's size limit; larger bodies get 413 unread (default: "
                              f"{DEFAULT_MAX_BODY_BYTES})")
@@ -84,9 +98,16 @@ def run(args: argparse.Namespace) -> int:
                           ("--max-request-tokens", args.max_request_tokens)):
         if value is not None and value < 1:
             raise UsageError(f"{option} {value} must be >= 1")
-    for option, value in (("--queue-timeout", args.queue_timeout), ("--shutdown-timeout", args.shutdown_timeout)):
+    for option, value in (("--queue-timeout", args.queue_timeout), ("--shutdown-timeout", args.shutdown_timeout),
+                          ("--engine-timeout", args.engine_timeout)):
         if not value >= 0:
             raise UsageError(f"{option} {value} must be a number of seconds >= 0")
+    for option, value in (("--shutdown-timeout", args.shutdown_timeout), ("--engine-timeout", args.engine_timeout)):
+        if math.isinf(value):
+            raise UsageError(f"{option} {value} must be a finite number of seconds")
+    if 0 < args.engine_timeout < MIN_STALL_SECONDS:
+        raise UsageError(f"--engine-timeout {args.engine_timeout:g} must be >= {MIN_STALL_SECONDS:g} s (the engine "
+                         f"gives a sign of life every {HEARTBEAT_SECONDS:g} s), or 0 for no limit")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads {args.threads} must be >= 1")
     if args.api_key is not None and not args.api_key.strip():
@@ -123,13 +144,13 @@ def run(args: argparse.Namespace) -> int:
                "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention}
     build = partial(build_engine, args.checkpoint, device, quantize, args.threads, options)
     if args.engine == "thread":
-        engine = ThreadEngineClient(build())
+        engine = ThreadEngineClient(build(), stall_timeout=args.engine_timeout)
     else:
         tokenizer, problem = with_tokenizer_problem(lambda: load_tokenizer(args.checkpoint))
         if tokenizer is None:
             raise _no_tokenizer(args.checkpoint, problem)
         torch.set_num_threads(1)  # this process tokenizes and formats; the engine process has --threads
-        engine = ProcessEngineClient(build, tokenizer)
+        engine = ProcessEngineClient(build, tokenizer, stall_timeout=args.engine_timeout)
     name = args.model_name or args.hub_name or Path(args.checkpoint).resolve().name
     try:
         server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template,

@@ -7,6 +7,11 @@ GenerationError before it has answered anything; it receives the request's ``Tok
 loop, through the callback it gave with the prompt, one step's events at a time; it cancels by id, reads
 snapshots for /metrics, /health and its shutdown line, and stops the engine. Events arrive without their
 ``request`` (a Request holds the engine's generators, lock and callback): the callback names the request.
+
+Liveness: the engine gives a sign of life at least every HEARTBEAT_SECONDS, idle or not, between two steps (the
+engine process sends an update, the engine's thread marks the time), so a step that never returns, or an engine
+process that is stopped or hung, goes silent. Past ``stall_timeout`` seconds of silence ``stall`` says so: the
+server then answers /health with 503 and fails the requests waiting on the engine instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from tformer.generation.settings import GenerationConfig
 from tformer.serving.engine import Engine, EngineStats, TokenEvent
+from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
 
 EventSink = Callable[[TokenEvent], None]  # receives one request's events, on the server's event loop
 StepEvents = list[tuple[int, TokenEvent]]  # one step's events: (request id, the event without its request)
@@ -87,19 +93,50 @@ class _Route:
 
 class EngineClient(ABC):
     """The engine as the HTTP server sees it. ``tokenizer`` reads prompts and answers in the HTTP process;
-    ``error`` is why the engine stopped (None while it runs); ``admitting`` turns False at ``stop_admitting``.
-    Every method is called on the server's event loop, after ``start``."""
+    ``error`` is why the engine stopped (None while it runs); ``admitting`` turns False at ``stop_admitting``;
+    ``stall_timeout``: seconds without a sign of life after which ``stall`` reports the engine (None or 0:
+    never); ``forced`` turns True when ``stop`` had to end an engine that did not stop in time. Every method
+    is called on the server's event loop, after ``start``."""
 
-    def __init__(self, tokenizer, facts: EngineFacts) -> None:
+    def __init__(self, tokenizer, facts: EngineFacts, stall_timeout: float | None = DEFAULT_STALL_SECONDS) -> None:
         self.tokenizer = tokenizer
         self.facts = facts
         self.error: str | None = None
         self.admitting = True
+        self.stall_timeout = stall_timeout
+        self.forced = False
+        self._heard = time.monotonic()  # the engine's last sign of life
         self._routes: dict[int, _Route] = {}  # request id -> where its events go, while it runs
 
     @abstractmethod
     def start(self) -> None:
         """Begin delivering events to the running event loop."""
+
+    def stall(self) -> str | None:
+        """Why the engine counts as stalled (no sign of life for more than ``stall_timeout`` seconds: a step
+        that never returns, an engine process stopped or hung), or None. It is a state, not an end: the engine
+        counts as running again at its next sign of life."""
+        if not self.stall_timeout or self.error is not None:
+            return None
+        silent = self.silence()
+        if silent <= self.stall_timeout:
+            return None
+        return (f"the engine has made no progress for {silent:.0f} s (more than the {self.stall_timeout:g} s "
+                "allowed, --engine-timeout): it is stopped or hung")
+
+    def silence(self) -> float:
+        """Seconds since the engine's last sign of life."""
+        silent = time.monotonic() - self._heard
+        return 0.0 if silent > HEARTBEAT_SECONDS and self._heard_now() else silent
+
+    def unresponsive(self) -> bool:
+        """Whether the engine has missed two signs of life (in a long step, or stopped or hung): a stop does not
+        wait for it."""
+        return self.silence() > 2 * HEARTBEAT_SECONDS
+
+    def _heard_now(self) -> bool:
+        """Whether a sign of life waits unread (a client reading its engine's messages looks here)."""
+        return False
 
     @abstractmethod
     async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
@@ -131,7 +168,12 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def stop(self, timeout: float = 10.0) -> None:
-        """Cancel whatever waits or runs, let the engine free its blocks, end it."""
+        """Cancel whatever waits or runs, let the engine free its blocks, end it: within ``timeout`` seconds,
+        after which an engine still running is ended without its cooperation (``forced``)."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """End the engine at once, from any thread: the process is about to exit without stopping it."""
 
     def _follow(self, request_id: int, sink: EventSink, n: int) -> None:
         self._routes[request_id] = _Route(sink, n)
@@ -154,8 +196,8 @@ class ThreadEngineClient(EngineClient):
     look inside the engine). The two share one interpreter lock: the HTTP side's work after each step and the
     engine's next step take turns."""
 
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine.tokenizer, EngineFacts.of(engine))
+    def __init__(self, engine: Engine, stall_timeout: float | None = DEFAULT_STALL_SECONDS) -> None:
+        super().__init__(engine.tokenizer, EngineFacts.of(engine), stall_timeout)
         self.engine = engine
         self._outbox: StepEvents = []  # the step's events, filled on the engine's thread
         self._event_loop: asyncio.AbstractEventLoop | None = None
@@ -164,6 +206,7 @@ class ThreadEngineClient(EngineClient):
 
     def start(self) -> None:
         self._event_loop = asyncio.get_running_loop()
+        self._heard = time.monotonic()
         self._thread.start()
 
     async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
@@ -191,15 +234,22 @@ class ThreadEngineClient(EngineClient):
     async def stop(self, timeout: float = 10.0) -> None:
         await asyncio.to_thread(self._stop, timeout)
 
+    def kill(self) -> None:
+        pass  # the engine's thread (a daemon) ends with the process
+
     def _stop(self, timeout: float) -> None:
+        """Within ``timeout``: the cancelled requests' last events (not waited for on an unresponsive engine), then the
+        thread's end. A thread stuck in a step is left behind (``forced``): it is a daemon, and ends with the
+        process."""
+        deadline = time.monotonic() + timeout
         self.stop_admitting()
         self.engine.cancel_all()
-        deadline = time.monotonic() + timeout
-        while self.engine.has_work() and self.error is None and time.monotonic() < deadline:
+        while self.engine.has_work() and self.error is None and not self.unresponsive() and time.monotonic() < deadline:
             time.sleep(0.01)
         self._stopping.set()
         if self._thread.is_alive():
-            self._thread.join(timeout)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+            self.forced = self._thread.is_alive()
 
     # ---- on the engine's thread -----------------------------------------------------------------------
 
@@ -211,6 +261,7 @@ class ThreadEngineClient(EngineClient):
         events to the event loop in one wake-up (not one per token)."""
         engine = self.engine
         while not self._stopping.is_set():
+            self._heard = time.monotonic()  # a sign of life at least every IDLE_WAIT_SECONDS, and after each step
             if not engine.wait_for_work(timeout=IDLE_WAIT_SECONDS):
                 continue
             try:

@@ -6,12 +6,15 @@ The engine process, started with multiprocessing's "spawn", builds the engine it
 model from its checkpoint: a model never crosses the pipe) and loops: read the commands waiting on its
 pipe, step while there is work, and after each step send one ``Update`` holding every event of the step,
 the answers to the submits read before it and a snapshot of the engine's counters. Commands are small
-messages the other way: ``Submit``, ``Cancel``, ``CancelAll``, ``StopAdmitting``, ``Close``.
+messages the other way: ``Submit``, ``Cancel``, ``CancelAll``, ``StopAdmitting``, ``Close``. An update goes
+out at least every HEARTBEAT_SECONDS, with nothing new in it if need be: the HTTP process's sign of life
+(``EngineClient.stall``).
 
 The HTTP process owns shutdown: the engine process ignores SIGINT and SIGTERM, drains and exits at
 ``Close``, and exits when its pipe ends (the HTTP process died), so it never outlives the server. A model
 that fails in a step has its traceback printed and its message sent as the update's ``error``; the engine
-process then exits, and the HTTP process answers 500, as it does when the engine process dies.
+process then exits, and the HTTP process answers 500, as it does when the engine process dies. ``stop`` is
+bounded: an engine process that has not exited by its timeout (stopped, hung, in a long step) is killed.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ import atexit
 import contextlib
 import itertools
 import multiprocessing
+import os
 import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,9 +48,10 @@ from tformer.serving.engine_client import (
     StepEvents,
     detached,
 )
+from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
 
 BLOCKED_WAIT_SECONDS = 0.01  # requests wait for room with nothing running: how often the engine looks again
-CLOSE_SECONDS = 5.0  # after its pipe is closed, time the engine process gets to exit before it is killed
+CLOSE_SECONDS = 5.0  # after its pipe is closed outside ``stop``: time the engine process gets to exit before a kill
 
 
 SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the HTTP process's to handle; the engine process ignores them
@@ -134,6 +140,11 @@ def run_engine_process(connection: Connection, build: Callable[[], Engine]) -> N
         _EngineHost(engine, connection).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):  # the HTTP process is gone
         pass
+    # The engine's state ends with it: no interpreter teardown (most of a second with torch loaded), which a
+    # stopping server would wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _EngineHost:
@@ -144,12 +155,13 @@ class _EngineHost:
         self.connection = connection
         self.update = Update(EngineSnapshot.of(engine))  # what the next report sends
         self.reported = self.update.snapshot
+        self.sent_at = time.monotonic()
 
     def run(self) -> None:
         engine = self.engine
         made = None  # tokens the last step made (0: it could run nothing)
         while True:
-            wait = None if not engine.has_work() else BLOCKED_WAIT_SECONDS if made == 0 else 0.0
+            wait = HEARTBEAT_SECONDS if not engine.has_work() else BLOCKED_WAIT_SECONDS if made == 0 else 0.0
             if self.connection.poll(wait) and not self.read_commands():
                 self.close()
                 return
@@ -202,12 +214,14 @@ class _EngineHost:
         self.update.events.append(detached(event))
 
     def report(self) -> None:
-        """Send the update when it holds anything new."""
+        """Send the update when it holds anything new, or when the last went out HEARTBEAT_SECONDS ago."""
         update = self.update
         update.snapshot = EngineSnapshot.of(self.engine)
-        if update.events or update.answers or update.error or update.snapshot != self.reported:
+        now = time.monotonic()
+        if (update.events or update.answers or update.error or update.snapshot != self.reported
+                or now - self.sent_at >= HEARTBEAT_SECONDS):
             self.connection.send(update)
-            self.reported = update.snapshot
+            self.reported, self.sent_at = update.snapshot, now
             self.update = Update(update.snapshot)
 
     def close(self) -> None:
@@ -224,9 +238,11 @@ class _EngineHost:
 class ProcessEngineClient(EngineClient):
     """The engine in a process of its own, built there by ``build``: a picklable callable (a module-level
     function, or a ``functools.partial`` of one) that loads the model and returns the Engine. Construction
-    waits until the engine is ready; an EngineStartError says why it could not be built."""
+    waits until the engine is ready; an EngineStartError says why it could not be built. ``stall_timeout``:
+    ``EngineClient``'s."""
 
-    def __init__(self, build: Callable[[], Engine], tokenizer) -> None:
+    def __init__(self, build: Callable[[], Engine], tokenizer,
+                 stall_timeout: float | None = DEFAULT_STALL_SECONDS) -> None:
         self._tickets = itertools.count()
         self._pending: dict[int, tuple[asyncio.Future, EventSink, int]] = {}  # ticket -> its submitter
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -254,12 +270,19 @@ class ProcessEngineClient(EngineClient):
         if isinstance(first, StartFailed):
             self.close()
             raise EngineStartError(first.message)
-        super().__init__(tokenizer, first.facts)
+        super().__init__(tokenizer, first.facts, stall_timeout)
         self._snapshot = first.snapshot
 
     def start(self) -> None:
+        self._heard = time.monotonic()
         asyncio.get_running_loop().add_reader(self._fd, self._read)
         self._sender.start()
+
+    def _heard_now(self) -> bool:
+        try:
+            return not self._closed and self._connection.poll()
+        except OSError:
+            return False
 
     async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
                      prompt_logprobs: int | None, sink: EventSink) -> int:
@@ -285,33 +308,38 @@ class ProcessEngineClient(EngineClient):
         return self._snapshot
 
     async def stop(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
         self.admitting = False
         self._closing = True
         self._commands.put(Close())
-        try:
-            await asyncio.wait_for(self._ended.wait(), timeout)
-        except TimeoutError:
-            pass
-        self.close()
+        if not self.unresponsive():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), timeout)
+        self.close(0.0 if self.unresponsive() else max(0.0, deadline - time.monotonic()))
 
-    def close(self) -> None:
+    def close(self, grace: float = CLOSE_SECONDS) -> None:
         """End the engine process now: its pipe closes (it exits at its next look), killed if still there
-        after CLOSE_SECONDS."""
+        after ``grace`` seconds (``forced``)."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)
         self._commands.put(None)
         self._connection.close()
-        self.process.join(CLOSE_SECONDS)
+        self.process.join(grace)
         if self.process.is_alive():
-            self.process.kill()
+            self.forced = True
+            self.process.kill()  # SIGKILL ends a stopped process too
             self.process.join()
+
+    def kill(self) -> None:
+        self.process.kill()
 
     # ---- on the event loop ----------------------------------------------------------------------------
 
     def _read(self) -> None:
         """Apply every update waiting on the pipe (the engine writes each whole, so none is read in part)."""
+        self._heard = time.monotonic()
         try:
             while self._connection.poll():
                 self._apply(self._connection.recv())

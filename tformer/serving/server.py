@@ -5,8 +5,13 @@ engine's token events from an asyncio queue, streamed as server-sent events or g
 Lifecycle: SIGTERM (or SIGINT) stops admitting while still listening (new requests, and requests whose
 body is still arriving, get 503), lets the requests in flight finish for ``shutdown_timeout`` seconds,
 cancels the rest (a whole answer becomes a 503 error object, a stream ends with finish reason
-"cancelled" and ``[DONE]``), then closes the listener and exits 0. A client that goes away, mid-stream
-or while waiting for a whole answer, has its request cancelled at once: the engine stops at its next step.
+"cancelled" and ``[DONE]``; what the engine has not ended STOP_GRACE_SECONDS later the server ends itself),
+then closes the listener, stops the engine (killed if it has not exited within ENGINE_STOP_SECONDS) and
+exits 0. A second signal does all of that at once. Whatever hangs, the process exits STOP_MARGIN_SECONDS
+past the timeout (past a second signal: SECOND_SIGNAL_SECONDS), with a line saying so and status 1. A
+client that goes away, mid-stream or while waiting for a whole answer, has its request cancelled at once:
+the engine stops at its next step. A stalled engine (``EngineClient.stall``) fails the requests waiting on
+it with 503 and makes /health answer 503, until it shows life again.
 
 Limits: a body past ``max_body_bytes`` is refused (413) before it is read whole, more than ``max_prompts``
 prompts (400) before any is tokenized, and more than ``max_request_tokens`` tokens of prompts and answers
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import os
 import signal
 import sys
 import threading
@@ -26,7 +32,7 @@ import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -63,14 +69,19 @@ if TYPE_CHECKING:
 
 DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
 CLIENT_CLOSED_REQUEST = 499  # the status counted for a client that left before its answer (never sent)
-STOP_GRACE_SECONDS = 5.0  # after the shutdown timeout: time for cancelled requests to send their last bytes
-POLL_SECONDS = 0.25  # how often a waiting handler looks for a failed engine
+STOP_GRACE_SECONDS = 1.0  # after the shutdown timeout: time the engine gets to end the requests it cancelled
+ENGINE_STOP_SECONDS = 1.0  # after a signal, once the requests are over: time the engine gets to exit before a kill
+CLOSE_WAIT_SECONDS = 1.0  # then uvicorn's wait for the last bytes of answers (a client that does not read)
+STOP_MARGIN_SECONDS = 5.0  # past the shutdown timeout, the process exits whatever is left
+SECOND_SIGNAL_SECONDS = 3.0  # past a second signal, the same
+POLL_SECONDS = 0.25  # how often a waiting handler looks for a failed or stalled engine
 TEXT_COMPLETION, CHAT_COMPLETION = "text_completion", "chat.completion"  # the response objects' kinds
 # With --engine thread, the engine's thread waits for the GIL whenever the HTTP thread holds it; forced
 # switches every 0.5 ms instead of Python's 5 bound that wait. Measured at 16 gpt-mini clients, 5, 0.5 and
 # 0.1 ms give the same throughput (docs/serving.md): the HTTP thread's work after each step, not the
 # interval, is what the engine waits for.
 SWITCH_INTERVAL = 0.0005
+T = TypeVar("T")
 
 
 class ClientGone(Exception):
@@ -104,9 +115,13 @@ class Submission:
         self.server.active.add(self)
         self.prompts, self.n = prompts, n
         self._watch = asyncio.create_task(self._watch_connection())
-        outcomes = await asyncio.gather(*(engine.submit(prompt, config, n, logprobs, prompt_logprobs,
-                                                        partial(self._receive, index))
-                                          for index, prompt in enumerate(prompts)), return_exceptions=True)
+        try:
+            outcomes = await self.server.from_engine(asyncio.gather(
+                *(engine.submit(prompt, config, n, logprobs, prompt_logprobs, partial(self._receive, index))
+                  for index, prompt in enumerate(prompts)), return_exceptions=True))
+        except APIError:  # the engine failed or stalled before it answered, or the shutdown gave up
+            self.close()
+            raise
         self.request_ids = [outcome for outcome in outcomes if isinstance(outcome, int)]
         self.unfinished = n * len(self.request_ids)
         self.prompt_tokens = sum(len(prompt) for prompt in prompts)
@@ -141,15 +156,12 @@ class Submission:
         """Every event, with the choice it belongs to, until each sequence has finished. A queue timeout is a
         429."""
         while self.unfinished:
+            if self.server.given_up:
+                raise cut_by_shutdown()
             try:
                 prompt_index, event = self.queue.get_nowait()
             except asyncio.QueueEmpty:
-                try:
-                    prompt_index, event = await asyncio.wait_for(self.queue.get(), POLL_SECONDS)
-                except TimeoutError:
-                    if self.server.engine.error is not None:
-                        raise APIError(500, f"the model failed: {self.server.engine.error}") from None
-                    continue
+                prompt_index, event = await self.server.from_engine(self.queue.get())
             if event.token_id >= 0:
                 self.completion_tokens += 1
             if event.finish_reason is not None:
@@ -167,8 +179,7 @@ class Submission:
         if self.client_gone:
             raise ClientGone
         if self.cut:
-            raise APIError(503, "the server is shutting down: this request was cancelled when the shutdown "
-                                "timeout passed", code="shutting_down")
+            raise cut_by_shutdown()
 
     def cancel(self) -> None:
         for request_id in self.request_ids:
@@ -180,6 +191,18 @@ class Submission:
             self._watch.cancel()
         self.cancel()
         self.server.active.discard(self)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Read a finished future's outcome, so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+def cut_by_shutdown() -> APIError:
+    """The answer of a request the shutdown timeout cut."""
+    return APIError(503, "the server is shutting down: this request was cancelled when the shutdown timeout passed",
+                    code="shutting_down")
 
 
 class OpenAIServer:
@@ -202,6 +225,7 @@ class OpenAIServer:
         self._refused: set[asyncio.Task] = set()  # those of them begin_stop cancelled, to answer 503
         self.stop_deadline: float | None = None  # set by begin_stop: when requests in flight are cancelled
         self._cancelled_in_flight = False
+        self.given_up_at: float | None = None  # when the server began to end the cancelled requests itself
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
@@ -211,7 +235,21 @@ class OpenAIServer:
         self.responses: Counter[int] = Counter()  # HTTP status -> count, for /metrics
         self.created = int(time.time())
 
-    def app(self) -> Starlette:
+    def app(self) -> Callable[[dict, Callable, Callable], Awaitable[None]]:
+        """The ASGI app: the routes. A handler that uvicorn cancels once a stop has waited CLOSE_WAIT_SECONDS for
+        it (its client reads nothing) ends quietly: a stop logs no traceback."""
+        starlette = self._starlette()
+
+        async def app(scope: dict, receive: Callable, send: Callable) -> None:
+            try:
+                await starlette(scope, receive, send)
+            except asyncio.CancelledError:
+                if self.stop_deadline is None:
+                    raise
+
+        return app
+
+    def _starlette(self) -> Starlette:
         routes = [
             Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self._endpoint(self.chat_completions), methods=["POST"]),
@@ -262,7 +300,10 @@ class OpenAIServer:
         try:
             yield
         finally:
-            await self.engine.stop()
+            if self.stop_deadline is None:
+                await self.engine.stop()
+            else:  # a signal's stop: the requests are over, the engine has nothing left to finish
+                await self.engine.stop(ENGINE_STOP_SECONDS)
 
     async def _read_body(self, http_request: HTTPRequest) -> bytes:
         """The body, refused with 413 as soon as it passes ``max_body_bytes`` (by its Content-Length before a
@@ -312,16 +353,57 @@ class OpenAIServer:
             self._refused.add(task)
             task.cancel()
 
+    def stop_now(self) -> None:
+        """A second signal: what ``begin_stop`` gives the requests in flight is over now (they are cancelled, and
+        ended by the server at once: see ``drained``). Callable from a signal handler, as ``begin_stop``."""
+        self.begin_stop(0.0)
+        self.stop_deadline = min(self.stop_deadline, time.monotonic() - STOP_GRACE_SECONDS)
+
+    @property
+    def given_up(self) -> bool:
+        return self.given_up_at is not None
+
     def drained(self) -> bool:
-        """After ``begin_stop``, on the event loop: whether nothing is in flight any more. Past the deadline
-        the requests still in flight are cancelled, and get STOP_GRACE_SECONDS to send their last bytes."""
+        """After ``begin_stop``, on the event loop: whether the requests in flight are over. Past the deadline
+        they are cancelled; those the engine has not ended STOP_GRACE_SECONDS later (at once when it is
+        unresponsive) the server ends itself (``given_up``), each at its next look, within POLL_SECONDS."""
         if not self.active and not self._reading:
             return True
         now = time.monotonic()
-        if now >= self.stop_deadline and not self._cancelled_in_flight:
+        if now < self.stop_deadline:
+            return False
+        if not self._cancelled_in_flight:
             self._cancelled_in_flight = True
             self.engine.cancel_all()
-        return now >= self.stop_deadline + STOP_GRACE_SECONDS
+        if self.given_up_at is None and (now >= self.stop_deadline + STOP_GRACE_SECONDS or self.engine.unresponsive()):
+            self.given_up_at = now
+        return self.given_up and now >= self.given_up_at + 2 * POLL_SECONDS
+
+    async def from_engine(self, awaitable: Awaitable[T]) -> T:
+        """What ``awaitable`` gives (the engine's answer, a request's next event), looking every POLL_SECONDS
+        for why it may never come (``check_in_flight``): then that APIError, ``awaitable`` cancelled."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
+                if done:
+                    return task.result()
+                self.check_in_flight()
+        finally:
+            if not task.done():
+                task.cancel()
+                task.add_done_callback(_retrieved)  # a gather cancelled ends with its CancelledError as a result
+
+    def check_in_flight(self) -> None:
+        """An APIError when the requests in flight will get nothing more from the engine: the shutdown has given
+        up on them (503), the engine failed (500) or it stalled (503)."""
+        if self.given_up:
+            raise cut_by_shutdown()
+        if self.engine.error is not None:
+            raise APIError(500, f"the model failed: {self.engine.error}")
+        stall = self.engine.stall()
+        if stall is not None:
+            raise APIError(503, stall, code="engine_stalled")
 
     def _check_key(self, http_request: HTTPRequest) -> None:
         if self.api_key is None:
@@ -338,8 +420,7 @@ class OpenAIServer:
     def _check_admitting(self) -> None:
         if not self.engine.admitting:
             raise APIError(503, "the server is shutting down", code="shutting_down")
-        if self.engine.error is not None:
-            raise APIError(500, f"the model failed: {self.engine.error}")
+        self.check_in_flight()
 
     def _prompt_ids(self, prompts: list[str | list[int]], n: int) -> list[list[int]]:
         """Each prompt's ids; a 400 past ``max_prompts`` before any is tokenized, and as soon as the prompts so
@@ -398,6 +479,9 @@ class OpenAIServer:
     async def health(self, http_request: HTTPRequest) -> Response:
         if self.engine.error is not None:
             return JSONResponse({"status": "failed", "error": self.engine.error}, status_code=500)
+        stall = self.engine.stall()
+        if stall is not None:
+            return JSONResponse({"status": "stalled", "error": stall}, status_code=503)
         if not self.engine.admitting:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -658,18 +742,51 @@ def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdow
         log_level: str = "warning") -> None:
     """Serve until SIGTERM or SIGINT, then drain (see the module's docstring) and return."""
     sys.setswitchinterval(SWITCH_INTERVAL)
-    uvicorn_server(server, host, port, shutdown_timeout, log_level).run()
+    backstop = Backstop(server.engine)
+    try:
+        uvicorn_server(server, host, port, shutdown_timeout, log_level, backstop).run()
+    finally:
+        backstop.disarm()
     snapshot = server.engine.snapshot()
     stats = snapshot.stats
+    forced = ""
+    if server.engine.forced:
+        forced = "; the engine did not stop in time and was ended: these are its last figures"
     print(f"tformer serve: stopped: {stats.requests_finished} request(s) finished, {stats.requests_cancelled} "
-          f"cancelled, {stats.requests_timed_out} timed out; {snapshot.blocks_in_use} cache blocks in use",
+          f"cancelled, {stats.requests_timed_out} timed out; {snapshot.blocks_in_use} cache blocks in use{forced}",
           file=sys.stderr, flush=True)
 
 
-def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout: float,
-                   log_level: str) -> uvicorn.Server:
+class Backstop:
+    """The bound on a stop, whatever hangs: armed at each signal, it ends the process when the time is up (a line
+    saying why, the engine killed, exit status 1) unless disarmed first, when the stop is done."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+        self._timer: threading.Timer | None = None
+
+    def arm(self, seconds: float, why: str) -> None:
+        """End the process in ``seconds`` (replacing an earlier arming), saying ``why``."""
+        self.disarm()
+        self._timer = threading.Timer(seconds, self._exit, (why,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _exit(self, why: str) -> None:
+        print(f"tformer serve: {why}; exiting now", file=sys.stderr, flush=True)
+        self.engine.kill()
+        os._exit(1)
+
+
+def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout: float, log_level: str,
+                   backstop: Backstop | None = None) -> uvicorn.Server:
     """A uvicorn server for ``server`` whose first SIGTERM or SIGINT drains while still listening (new requests
-    get 503: ``OpenAIServer.begin_stop``) and closes the listener once ``drained``; a second one stops at once."""
+    get 503: ``OpenAIServer.begin_stop``) and closes the listener once ``drained``; a second one ends the
+    requests in flight at once (``OpenAIServer.stop_now``). Each signal arms ``backstop``."""
     import uvicorn
 
     class Uvicorn(uvicorn.Server):
@@ -679,8 +796,16 @@ def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout:
                 print(f"tformer serve: stopping: no new requests; {running} sequence(s) in flight get up to "
                       f"{shutdown_timeout:g} s", file=sys.stderr, flush=True)
                 server.begin_stop(shutdown_timeout)
+                if backstop is not None:
+                    backstop.arm(shutdown_timeout + STOP_MARGIN_SECONDS, f"the stop took over --shutdown-timeout "
+                                 f"{shutdown_timeout:g} s + {STOP_MARGIN_SECONDS:g} s")
             else:
-                super().handle_exit(sig, frame)
+                print("tformer serve: a second signal: ending the requests in flight now", file=sys.stderr,
+                      flush=True)
+                server.stop_now()
+                if backstop is not None:
+                    backstop.arm(SECOND_SIGNAL_SECONDS, f"the stop took over {SECOND_SIGNAL_SECONDS:g} s after a "
+                                 "second signal")
 
         async def on_tick(self, counter: int) -> bool:
             if server.stop_deadline is not None and not self.should_exit and server.drained():
@@ -699,7 +824,7 @@ def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout:
 
     # The drain happens before uvicorn's own shutdown, which then only waits for the last bytes to go out.
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=STOP_GRACE_SECONDS, lifespan="on")
+                            timeout_graceful_shutdown=CLOSE_WAIT_SECONDS, lifespan="on")
     return Uvicorn(config)
 
 

@@ -121,7 +121,7 @@ class EngineClient(ABC):
         silent = self.silence()
         if silent <= self.stall_timeout:
             return None
-        return (f"the engine has made no progress for {silent:.0f} s (more than the {self.stall_timeout:g} s "
+        return (f"the engine has made no progress for {silent:.1f} s (more than the {self.stall_timeout:g} s "
                 "allowed, --engine-timeout): it is stopped or hung")
 
     def silence(self) -> float:

@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import tformer  # noqa: E402
-from tformer.config import POSITIONALS  # noqa: E402
 from tformer.data.sources import load_language_model_data  # noqa: E402
+from tformer.nn.positions import POSITIONALS  # noqa: E402
 from tformer.training.recipe import Recipe, load_recipe  # noqa: E402
 from tformer.training.run import RECIPE_NAME, train_recipe  # noqa: E402
 

@@ -10,26 +10,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tformer.data.log_mel import NORMALIZATIONS
+from tformer.choices import ACTIVATIONS, ATTENTION_KERNELS, HEADS, POSITIONAL_SCHEMES
 from tformer.errors import TformerError
-from tformer.families import FAMILIES, declared_fields, families_reading
-from tformer.nn.attention.registry import KERNELS
-from tformer.nn.feedforward import ACTIVATION_FUNCTIONS, GATED_ACTIVATIONS
-from tformer.nn.heads import HEADS, POOLINGS
-from tformer.nn.positions.registry import POSITIONAL_SCHEMES
-from tformer.nn.positions.rope_scaling import normalized_rope_scaling
+from tformer.families import FAMILIES, declared_fields, families_reading, preset_fields
 
-ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # GATED_ACTIVATIONS: a gate and an up projection (geglu_tanh: T5 v1.1's)
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-POSITIONALS = tuple(POSITIONAL_SCHEMES)  # the schemes of nn/positions/registry.py
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (the paper), or every sine first
-# How attention is computed (``attention_kernel``): the kernels of nn/attention/registry.py. The exact ones
-# compute softmax attention itself (the same function); the others another (a random-feature estimate, a band).
-ATTENTION_KERNELS = tuple(KERNELS)
-EXACT_ATTENTION_KERNELS = tuple(name for name, kernel in KERNELS.items() if kernel.exact)
-POSITION_BIASES = tuple(name for name, scheme in POSITIONAL_SCHEMES.items() if scheme.adds_bias)
-POOLED_HEADS = (None, *(name for name, head in HEADS.items() if head.reads == "pooler"))  # they read the pooler
 # Fields a fine-tuning load may change in a pretrained model's config: they shape no weight (dropout off
 # for a short pretraining, BERT's 0.1 for fine-tuning).
 REGULARISATION_FIELDS = ("dropout", "attention_dropout")
@@ -63,70 +50,19 @@ class ModelConfig:
     declares the fields it reads beside its class, tformer/families.py); ``scale_embeddings``
     multiplies token embeddings by sqrt(d_model).
 
-    Encoder fields: ``head`` (an encoder head of ``nn.heads.HEADS``, None for the bare encoder); ``num_labels``
-    and ``label_names`` (names by label id; empty: ``LABEL_0``, ...) for the classification heads;
-    ``problem_type`` the loss of sequence classification (``models.encoder.PROBLEM_TYPES``; None: regression for
-    one label, cross-entropy for integer labels, binary cross-entropy per label for float labels);
-    ``position_offset`` > 0 numbers positions as RoBERTa: tokens other than ``pad_token_id`` from
-    ``position_offset`` on, padding tokens at ``position_offset - 1``; ``pooler_input_dropout``
-    applies dropout to the first token's vector before the pooler (RoBERTa's classification head);
-    ``pooling`` the vector the pooler reads (``POOLINGS``: the first token's, BERT's, or the mean of
-    the tokens that are not padding; Hugging Face's classes have the first only).
-
-    Vision fields (``architecture="vision"``, a Vision Transformer): square images of ``image_size``
-    pixels with ``num_channels`` channels, cut into ``patch_size`` x ``patch_size`` patches (the size
-    must be a multiple of it); ``pooling`` the vector the head reads (``POOLINGS``: the class token's,
-    or the mean of the patch tokens'); ``head`` None (the bare model, with its tanh pooler) or
-    ``image_classification`` with ``num_labels`` and ``label_names`` as an encoder's; ``positional``
-    ``learned`` (a table of 1 + patch-count rows) or ``sinusoidal`` (fixed 2D sine-cosine over the
-    patch grid: half the width encodes the row, half the column; the class token's row is zero). A
-    vision model has no tokens: the token fields (``vocab_size``, ``max_seq_len``, the special token
-    ids, ``tie_embeddings``, ``scale_embeddings``, ``type_vocab_size``) and those of rotary and
-    relative positions stay at their defaults, unread; any other value is refused (families.py).
-
-    Encoder-decoder fields (``architecture="encoder_decoder"``, the 2017 translation model): a
-    bidirectional encoder of ``num_encoder_layers`` blocks (default: ``num_layers``) and a causal decoder
-    of ``num_layers`` blocks that cross-attend to its output; one token table for source, target and
-    (``tie_embeddings``) output, a joint vocabulary; generation starts the decoder at
-    ``decoder_start_token_id`` (default: ``bos_token_id``, else ``pad_token_id`` as Marian);
-    ``forced_eos_token_id`` (any text family; Marian's, BART's) makes generation end a sequence that reaches
-    its length limit with this token, as Hugging Face's ``ForcedEOSTokenLogitsProcessor`` does;
-    ``lm_head_bias`` adds a learned per-token bias to the logits (Marian's ``final_logits_bias``);
-    ``scale_decoder_output`` multiplies the decoder's last hidden states by d_model^-0.5 before the
-    output layer (T5 with a tied output).
-    ``sinusoidal_layout`` (text families, sinusoidal positions): ``interleaved`` alternates sine and
-    cosine channels as the paper writes it; ``split`` puts every sine first (Marian, fairseq).
-
-    Speech fields (``architecture="speech"``, Whisper's shape): log-mel features of ``num_mel_bins`` channels
-    pass a two-convolution stem (the second of stride 2) and fixed sinusoids over ``max_source_positions``
-    positions into an encoder of ``num_encoder_layers`` blocks; so the model reads at most ``input_frames`` =
-    2 x ``max_source_positions`` frames at once (Whisper's 30 s window: 1500 positions, 3000 frames of 10 ms; a
-    model for short utterances sets a shorter window). ``feature_normalization="utterance"`` normalises each
-    window of a recording (``tformer.data.log_mel.normalize_windows``) for a model trained that way from scratch;
-    Whisper's checkpoints read the features as they are (``"none"``). ``ctc_weight`` in (0, 1) gives the encoder
-    a CTC head trained beside the decoder (loss: ``(1 - ctc_weight)`` x the decoder's + ``ctc_weight`` x CTC's),
-    which makes a model trained from scratch align its audio sooner; decoding never reads it. Its decoder is an
-    encoder-decoder's (``num_layers`` blocks, ``max_seq_len`` positions, ``decoder_start_token_id``), with the
-    output tied to its token table.
+    Each family documents the fields it reads beside its class (``models/<family>.py``: the encoder's heads,
+    labels and pooling; the vision family's image and patch sizes; the encoder-decoder's layers, start token
+    and output; the speech family's audio window, feature normalisation and CTC head), and declares them in
+    its register line with its checks and presets (tformer/families.py). Positional schemes document theirs
+    in ``nn/positions/`` (``rope_theta``, ``rope_scaling``, ``partial_rotary_factor``, ``sinusoidal_layout``, the
+    relative buckets), attention kernels theirs in ``nn/attention/`` (``performer_features``,
+    ``performer_redraw_interval``, ``attention_window``). The registries they fill (tformer/choices.py) are
+    what this class validates against; it imports none of the layers that fill them.
 
     ``key_bias=False`` (any family, with ``attention_bias``) leaves the key projections without a bias while
     queries, values and outputs keep theirs (Whisper's attention). ``suppress_tokens`` and
     ``begin_suppress_tokens`` (the generating families) are generation's defaults, as ``forced_eos_token_id``:
     tokens never chosen, and tokens not chosen as the first new token (Whisper's generation config).
-
-    Attention kernels (every family; ``ATTENTION_KERNELS``): ``attention_kernel`` picks how attention is
-    computed. ``sdpa`` (PyTorch's fused kernel), ``reference`` (matmul, mask, softmax, matmul) and
-    ``chunked`` (query and key blocks with an online softmax: memory linear in length) compute the same
-    exact softmax attention. ``performer`` estimates it with ``performer_features`` positive random
-    features per head (FAVOR+), redrawn every ``performer_redraw_interval`` training steps (0: drawn
-    once); it has no score matrix, so it refuses the additive position biases (``positional`` alibi,
-    relative). ``sliding_window`` is exact attention restricted to a band of ``attention_window`` keys:
-    causal, query i sees keys i - W .. i (itself and the W previous tokens); bidirectional, keys with
-    |i - j| <= W (W on each side), counted in sequence order (a vision model's: the class token, then
-    the patches row by row); a decoder's cache then keeps only the last W positions. The window must be
-    at most the sequence length (``max_seq_len``; a vision model's: patches + 1). ``chunked``,
-    ``sliding_window`` and ``performer`` have no attention dropout (``attention_dropout`` must be 0);
-    the performer and window fields are refused away from their defaults with any other kernel.
     """
 
     architecture: str = "decoder"
@@ -200,10 +136,8 @@ class ModelConfig:
         for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
             if isinstance(getattr(self, name), list):  # from JSON
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-        try:
-            object.__setattr__(self, "rope_scaling", normalized_rope_scaling(self.rope_scaling))
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+        if isinstance(self.rope_scaling, Mapping):  # from JSON or TOML: a plain dict, as config.json holds it
+            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
         self._check_choices()
         family = FAMILIES[self.architecture]
         self._check_family_fields()
@@ -244,17 +178,15 @@ class ModelConfig:
     def _check_choices(self) -> None:
         for name, allowed in (
             ("architecture", tuple(FAMILIES)),
-            ("activation", ACTIVATIONS),
+            ("activation", tuple(ACTIVATIONS)),
             ("norm", NORMS),
             ("norm_position", NORM_POSITIONS),
-            ("positional", POSITIONALS),
+            ("positional", tuple(POSITIONAL_SCHEMES)),
             ("sinusoidal_layout", SINUSOIDAL_LAYOUTS),
-            ("attention_kernel", ATTENTION_KERNELS),
-            ("pooling", POOLINGS),
-            ("feature_normalization", NORMALIZATIONS),
+            ("attention_kernel", tuple(ATTENTION_KERNELS)),
         ):
             value = getattr(self, name)
-            if value not in allowed:
+            if not isinstance(value, str) or value not in allowed:
                 raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
 
     def _check_family_fields(self) -> None:
@@ -318,13 +250,13 @@ class ModelConfig:
 
     def _check_attention_kernel(self) -> None:
         """The kernel's own fields, no other kernel's, and only what it honours."""
-        kernel = self._check_chosen("attention_kernel", KERNELS)
-        if self.positional in POSITION_BIASES and not kernel.position_bias:
-            allowed = ", ".join(p for p in POSITIONALS if p not in POSITION_BIASES)
+        kernel = self._check_chosen("attention_kernel", ATTENTION_KERNELS)
+        if POSITIONAL_SCHEMES[self.positional].adds_bias and not kernel.position_bias:
+            allowed = ", ".join(name for name, scheme in POSITIONAL_SCHEMES.items() if not scheme.adds_bias)
             raise ConfigError(f"attention_kernel={kernel.name!r} cannot express positional={self.positional!r} (an "
                               f"additive bias on scores it never forms); allowed positional: {allowed}")
         if self.attention_dropout and not kernel.dropout:
-            with_dropout = " and ".join(repr(name) for name, other in KERNELS.items() if other.dropout)
+            with_dropout = " and ".join(repr(name) for name, other in ATTENTION_KERNELS.items() if other.dropout)
             raise ConfigError(f"attention_dropout={self.attention_dropout!r} is not supported by "
                               f"attention_kernel={kernel.name!r} (needs 0.0; {with_dropout} have it)")
 
@@ -361,7 +293,7 @@ class ModelConfig:
         return self.patch_grid ** 2
 
     def _default_d_ff(self) -> int:
-        if self.activation in GATED_ACTIVATIONS:
+        if self.gated:
             return 64 * -(-(8 * self.d_model // 3) // 64)
         return 4 * self.d_model
 
@@ -370,7 +302,7 @@ class ModelConfig:
     @property
     def gated(self) -> bool:
         """Whether the feed-forward is a gated linear unit (two input projections)."""
-        return self.activation in GATED_ACTIVATIONS
+        return ACTIVATIONS[self.activation].gated
 
     # ---- (de)serialisation ------------------------------------------------------------------
 
@@ -461,182 +393,27 @@ def require_token_ids(config: ModelConfig, names: tuple[str, ...]) -> None:
             raise ConfigError(f"{name}={value!r} must be a token id in [0, {config.vocab_size})")
 
 
-def check_label_fields(config: ModelConfig, classification_heads: tuple[str, ...]) -> None:
-    """``num_labels`` and ``label_names``: read only by the family's ``classification_heads``."""
-    head = config.head
-    require_positive_int("num_labels", config.num_labels)
-    classifying = head in classification_heads
-    if config.num_labels != 2 and not classifying:
-        raise ConfigError(f"num_labels={config.num_labels} is read only by the classification heads "
-                          f"({', '.join(classification_heads)}); head={head!r} has a fixed size")
-    if config.label_names:
-        if not classifying:
-            raise ConfigError(f"label_names are read only by the classification heads, not head={head!r}")
-        if not all(isinstance(name, str) and name for name in config.label_names):
-            raise ConfigError(f"label_names={list(config.label_names)!r} must be non-empty strings")
-        if len(config.label_names) != config.num_labels or len(set(config.label_names)) != config.num_labels:
-            raise ConfigError(f"label_names={list(config.label_names)!r} must be {config.num_labels} distinct "
-                              f"names (num_labels={config.num_labels})")
-
-
-def family_heads(family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The heads of nn/heads.py a family may carry, and those of them that ``num_labels`` sizes."""
-    heads = tuple(name for name, head in HEADS.items() if family in head.families)
-    return heads, tuple(name for name in heads if HEADS[name].sized_by_labels)
-
-def _bert(d_model: int, num_layers: int, num_heads: int) -> dict[str, Any]:
-    """A BERT-shaped encoder (the uncased English WordPiece vocabulary's size, [PAD] = 0)."""
-    return dict(
-        architecture="encoder", vocab_size=30522, max_seq_len=512, d_model=d_model, num_layers=num_layers,
-        num_heads=num_heads, activation="gelu", norm="layernorm", norm_position="post", norm_eps=1e-12,
-        positional="learned", embedding_norm=True, type_vocab_size=2, dropout=0.1, attention_dropout=0.1,
-        pad_token_id=0,
-    )
-
-
-def _vit(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> dict[str, Any]:
-    """A ViT-shaped image classifier (Hugging Face ViTForImageClassification's defaults: LayerNorm eps 1e-12)."""
-    return {
-        "architecture": "vision", "d_model": d_model, "num_layers": num_layers, "num_heads": num_heads,
-        "activation": "gelu", "norm": "layernorm", "norm_position": "pre", "norm_eps": 1e-12,
-        "positional": "learned", "head": "image_classification", **fields,
-    }
-
-
-def _whisper(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> dict[str, Any]:
-    """A Whisper-shaped speech model with ``num_layers`` blocks on each side (Hugging Face's WhisperConfig)."""
-    return {
-        "architecture": "speech", "vocab_size": 51865, "max_seq_len": 448, "d_model": d_model,
-        "num_layers": num_layers, "num_encoder_layers": num_layers, "num_heads": num_heads, "activation": "gelu",
-        "norm": "layernorm", "norm_position": "pre", "positional": "learned", "key_bias": False,
-        "num_mel_bins": 80, "max_source_positions": 1500, "pad_token_id": 50257, "bos_token_id": 50257,
-        "eos_token_id": 50257, "decoder_start_token_id": 50258, "begin_suppress_tokens": (220, 50257), **fields,
-    }
-
-
-PRESET_FIELDS: dict[str, dict[str, Any]] = {
-    # GPT-2 small: 124,439,808 parameters with the tied LM head.
-    "gpt2": dict(
-        vocab_size=50257, max_seq_len=1024, d_model=768, num_layers=12, num_heads=12,
-        activation="gelu_tanh", norm="layernorm", positional="learned", bias=True,
-        tie_embeddings=True, bos_token_id=50256, eos_token_id=50256,
-    ),
-    # A Llama-shaped small decoder: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases.
-    "llama-small": dict(
-        vocab_size=32000, max_seq_len=2048, d_model=512, num_layers=8, num_heads=8,
-        num_kv_heads=2, activation="swiglu", norm="rmsnorm", norm_eps=1e-6, positional="rope",
-        bias=False, tie_embeddings=False,
-    ),
-    # A few million parameters: trains on a laptop CPU in minutes (the demo's model).
-    "gpt-mini": dict(
-        vocab_size=256, max_seq_len=256, d_model=192, num_layers=6, num_heads=6,
-        activation="gelu_tanh", positional="learned", dropout=0.0,
-    ),
-    # BERT (Devlin et al. 2019): post-norm, exact GELU, segment embeddings, embedding LayerNorm.
-    # bert-base is Hugging Face's BertModel bert-base-uncased: 109,482,240 parameters with the pooler.
-    "bert-base": _bert(768, 12, 12),
-    "bert-small": _bert(512, 4, 8),
-    "bert-mini": _bert(256, 4, 4),
-    "bert-tiny": _bert(128, 2, 2),
-    # Vision Transformers (Dosovitskiy et al. 2021): pre-norm, exact GELU, class token, learned positions.
-    # vit-base-patch16-224 is Hugging Face's ViTForImageClassification google/vit-base-patch16-224 (1,000
-    # ImageNet classes): 86,567,656 parameters; vit-tiny-patch16-224 the DeiT-tiny shape with the same head.
-    "vit-base-patch16-224": _vit(768, 12, 12, num_labels=1000),
-    "vit-tiny-patch16-224": _vit(192, 12, 3, num_labels=1000),
-    # MNIST-sized (28 x 28 grey, 10 classes): 4 x 4 patches, a 7 x 7 grid; trains on a CPU in minutes.
-    "vit-mnist": _vit(128, 6, 4, num_labels=10, image_size=28, patch_size=4, num_channels=1, norm_eps=1e-6),
-    # The 2017 paper's base translation model: 6 + 6 post-norm layers, 512 wide, 2,048 feed-forward, 8 heads,
-    # ReLU, sinusoidal positions, embeddings scaled by sqrt(512) and shared by source, target and output
-    # (a joint 37,000-token BPE vocabulary), dropout 0.1.
-    "transformer-base": dict(
-        architecture="encoder_decoder", vocab_size=37000, max_seq_len=512, d_model=512, num_layers=6, num_heads=8,
-        d_ff=2048, activation="relu", norm_position="post", positional="sinusoidal", scale_embeddings=True,
-        dropout=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-    ),
-    # Multi30k-sized (29,000 training pairs): 3 + 3 layers, 256 wide, 512 feed-forward, 8 heads.
-    "transformer-multi30k": dict(
-        architecture="encoder_decoder", vocab_size=8000, max_seq_len=256, d_model=256, num_layers=3, num_heads=8,
-        d_ff=512, activation="relu", norm_position="post", positional="sinusoidal", scale_embeddings=True,
-        dropout=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-    ),
-    # The attention-RNN baseline of the Multi30k recipe: about the transformer-multi30k's size (one joint
-    # vocabulary, 6.0M parameters at 8,000 tokens), a bidirectional GRU encoder and Bahdanau's attention.
-    "rnn-multi30k": dict(
-        architecture="rnn_seq2seq", vocab_size=8000, max_seq_len=256, d_model=256, rnn_hidden_size=512, num_layers=1,
-        rnn_cell="gru", rnn_attention="bahdanau", dropout=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        decoder_start_token_id=1,
-    ),
-    # Whisper (Radford et al. 2022) as Hugging Face's WhisperForConditionalGeneration holds it: pre-norm, exact
-    # GELU, no key bias, the multilingual vocabulary (<|endoftext|> 50257, <|startoftranscript|> 50258), 80 mels,
-    # a 30 s window (1500 positions), 448 decoder positions. whisper-tiny has 37,760,640 parameters as Hugging
-    # Face counts them (the encoder's fixed sinusoids included). The Hub folders also carry the suppress_tokens
-    # lists, read on load; these shapes carry only begin_suppress_tokens (" " and <|endoftext|>).
-    "whisper-tiny": _whisper(384, 4, 6),
-    "whisper-base": _whisper(512, 6, 8),
-    # A from-scratch recipe on spoken digits (FSDD: single words, under 2 s): Whisper's layout at 3.3M
-    # parameters, a 3 s window (150 positions, 300 frames) instead of 30 s, so a batch of short utterances
-    # costs a tenth of the attention, and a character vocabulary of 32 (0 pad, 1 start, 2 end, then characters)
-    # with 32 decoder positions (a prompt and a spoken number's letters).
-    "whisper-digits": _whisper(192, 3, 4, vocab_size=32, max_seq_len=32, max_source_positions=150, pad_token_id=0,
-                               bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, begin_suppress_tokens=()),
-    # For tests: tiny and fast.
-    "gpt-nano": dict(
-        vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,
-        activation="gelu_tanh", positional="learned",
-    ),
-}
-
-
-
-
 class Presets(Mapping[str, ModelConfig]):
-    """The named configs: kept as their fields (data) and made into a ModelConfig when first read, once
-    the families they name have declared themselves (tformer.models)."""
+    """The named configs each family declares beside its class (``presets=`` in its register line): kept as
+    their fields (data) and made into a ModelConfig when first read, once the families have declared
+    themselves (tformer.models)."""
 
-    def __init__(self, fields: Mapping[str, Mapping[str, Any]]) -> None:
-        self._fields = fields
+    def __init__(self) -> None:
         self._made: dict[str, ModelConfig] = {}
 
     def __getitem__(self, name: str) -> ModelConfig:
         if name not in self._made:
-            self._made[name] = ModelConfig(**self._fields[name])
+            self._made[name] = ModelConfig(**preset_fields()[name])
         return self._made[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._fields)
+        return iter(preset_fields())
 
     def __len__(self) -> int:
-        return len(self._fields)
+        return len(preset_fields())
 
 
-PRESETS = Presets(PRESET_FIELDS)
-
-
-def replace_head(
-    config: ModelConfig, head: str | None, num_labels: int | None = None, label_names: tuple[str, ...] | None = None,
-    problem_type: str | None = None, pooling: str | None = None, **layout: Any,
-) -> ModelConfig:
-    """``config`` with a new head (an encoder's or a vision model's), for fine-tuning: what the old
-    head's fields said is kept only where it still applies (the same head and number of labels);
-    ``num_labels`` defaults to the number of ``label_names``, else 2; ``pooling`` to the config's where
-    the new head reads a pooled vector, else ``"cls"``. ``layout``: fields a family fixes for the head."""
-    if label_names is not None:
-        label_names = tuple(label_names)
-        num_labels = len(label_names) if num_labels is None else num_labels
-    same_head = head == config.head
-    if num_labels is None:
-        num_labels = config.num_labels if same_head else 2
-    if label_names is None:
-        label_names = config.label_names if same_head and num_labels == config.num_labels else ()
-    if problem_type is None and same_head:
-        problem_type = config.problem_type
-    pooler_input_dropout = config.pooler_input_dropout and head in POOLED_HEADS
-    if pooling is None:
-        pooling = config.pooling if head is None or HEADS[head].reads != "tokens" else "cls"
-    return config.replace(**{
-        "head": head, "num_labels": num_labels, "label_names": label_names, "problem_type": problem_type,
-        "pooler_input_dropout": pooler_input_dropout, "pooling": pooling, **layout,
-    })
+PRESETS = Presets()
 
 
 def get_preset(name: str) -> ModelConfig:

@@ -1,8 +1,9 @@
 """The families a ModelConfig may name (``architecture``), each declared beside its model class.
 
 A family declares the config fields only some families read that it reads (``fields``: its tokens, its
-heads, its images or audio, ...), its own checks of a config (``check``), and whether it is built from the
-shared transformer stack (``transformer``: the core's size, head and kernel checks then apply). ModelConfig
+heads, its images or audio, ...), its own checks of a config (``check``), whether it is built from the
+shared transformer stack (``transformer``: the core's size, head and kernel checks then apply), and its named
+configs (``presets``, read through ``config.PRESETS``). ModelConfig
 reads these declarations when it validates: a field no declaration of the config's family names must hold
 its default, so a switch never sits in a config unread. This module imports nothing of tformer's, so
 config.py and the model files can both read it.
@@ -10,8 +11,8 @@ config.py and the model files can both read it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -21,15 +22,19 @@ class FamilyDeclaration:
     fields: frozenset[str]
     check: Callable[[Any], None] | None = None
     transformer: bool = True
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # preset name -> its config fields
 
 
 FAMILIES: dict[str, FamilyDeclaration] = {}
 
 
 def declare_family(architecture: str, fields: Iterable[str] = (), check: Callable[[Any], None] | None = None,
-                   transformer: bool = True) -> FamilyDeclaration:
-    """Declare (or declare again, as a module reload does) the family ``architecture``."""
-    declaration = FamilyDeclaration(architecture, frozenset(fields), check, transformer)
+                   transformer: bool = True, presets: Mapping[str, Mapping[str, Any]] | None = None,
+                   ) -> FamilyDeclaration:
+    """Declare (or declare again, as a module reload does) the family ``architecture`` with its named
+    ``presets`` (each a dict of config fields; the family's own ``architecture`` is implied)."""
+    presets = {name: {"architecture": architecture, **values} for name, values in (presets or {}).items()}
+    declaration = FamilyDeclaration(architecture, frozenset(fields), check, transformer, presets)
     FAMILIES[architecture] = declaration
     return declaration
 
@@ -42,3 +47,11 @@ def families_reading(field: str) -> tuple[str, ...]:
 def declared_fields() -> frozenset[str]:
     """Every field some family declares: the fields that belong to families rather than to the core."""
     return frozenset().union(*(family.fields for family in FAMILIES.values()))
+
+
+def preset_fields() -> dict[str, Mapping[str, Any]]:
+    """Every declared family's presets: name -> config fields."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for family in FAMILIES.values():
+        found.update(family.presets)
+    return found

@@ -21,13 +21,14 @@ from tformer.checkpoint import (
     load_weights,
     read_config,
 )
-from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, replace_head
+from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig
 from tformer.families import families_reading
 from tformer.hub_cache import resolve_model
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.memory import require_memory
 from tformer.models import Model, model_class
 from tformer.models.registry import model_bytes
+from tformer.nn.heads import replace_head
 from tformer.quantization import QuantizationError, QuantizationScheme, prepare_quantized, scheme_for
 from tformer.quantization import quantize as quantize_model
 

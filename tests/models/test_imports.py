@@ -107,3 +107,39 @@ def test_module_import_graph_has_no_cycle():
         if name not in state:
             cycle = visit(name, [])
             assert cycle is None, "import cycle: " + " -> ".join(cycle[cycle.index(cycle[-1]):])
+
+
+def _module_graph() -> dict[str, set[str]]:
+    graph = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        graph[name] = {target for _, names in _tformer_imports(tree) for target in names if target != name}
+    return graph
+
+
+# The package's parts from the ground floor up: a module imports only from its own part or from parts below it.
+# The config and the registries it validates against (families, choices) are the floor; nn/ the layers;
+# models/ the families built from them; commands on top.
+LAYERS = ("errors", "files", "memory", "profiling", "families", "choices", "config", "tokenizers", "nn", "quantization",
+          "data", "evaluation", "checkpoint", "hub_cache", "interop", "models", "generation", "serving", "hub", "viz",
+          "training", "cli", "__main__")
+
+
+def _part(module: str) -> str:
+    """tformer.nn.attention.sdpa -> nn; tformer.config -> config; the package's own __init__ -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_config_imports_only_the_ground_floor():
+    assert _module_graph()["tformer.config"] <= {"tformer.errors", "tformer.families", "tformer.choices"}
+
+
+def test_no_module_imports_from_a_part_above_its_own():
+    upward = sorted(
+        f"{name} -> {target}" for name, targets in _module_graph().items() for target in targets
+        if _part(name) and _part(target) and LAYERS.index(_part(target)) > LAYERS.index(_part(name))
+    )
+    assert not upward, "imports from a higher part: " + ", ".join(upward)
+    parts = {_part(name) for name in MODULES if _part(name)}
+    assert parts <= set(LAYERS), f"parts missing from LAYERS: {sorted(parts - set(LAYERS))}"

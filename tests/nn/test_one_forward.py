@@ -16,14 +16,16 @@ import pytest
 import torch
 
 import tformer
-from tformer.config import ACTIVATIONS, NORM_POSITIONS, POSITIONALS, ConfigError, ModelConfig
+from tformer.config import NORM_POSITIONS, ConfigError, ModelConfig
 from tformer.generation import GenerationConfig, GenerationError, StackSession, open_session
 from tformer.nn.attention import KERNELS
+from tformer.nn.feedforward import ACTIVATIONS
+from tformer.nn.positions import POSITIONALS
 from tformer.serving import Engine
 
 VOCAB = 13
 HEADS = 4
-AXES = {"positional": POSITIONALS, "norm_position": NORM_POSITIONS, "activation": ACTIVATIONS,
+AXES = {"positional": POSITIONALS, "norm_position": NORM_POSITIONS, "activation": tuple(ACTIVATIONS),
         "num_kv_heads": (HEADS, HEADS // 2, 1), "attention_kernel": tuple(KERNELS)}
 # What each kernel reads besides its name: a window narrower than the sequences (so the rolling cache
 # forgets), few random features (tiny heads).

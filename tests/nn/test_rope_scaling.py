@@ -78,11 +78,9 @@ def test_partial_rotation_turns_the_leading_share_and_passes_the_rest():
     torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))  # a rotation keeps lengths
 
 
-def test_rope_scaling_round_trips_through_json_with_hugging_faces_older_type_key():
-    config = ModelConfig(positional="rope", rope_scaling={"type": "linear", "factor": 2})
-    assert config.rope_scaling == {"rope_type": "linear", "factor": 2}
+def test_rope_scaling_round_trips_through_json():
+    config = ModelConfig(positional="rope", rope_scaling={"rope_type": "linear", "factor": 2})
     assert ModelConfig.from_json(config.to_json()) == config
-    assert ModelConfig(positional="rope", rope_scaling={"rope_type": "default"}).rope_scaling is None
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -98,6 +96,7 @@ def test_rope_scaling_round_trips_through_json_with_hugging_faces_older_type_key
     (dict(rope_scaling={"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 8, "truncate": 1}),
      r"truncate=1 must be true or false"),
     (dict(rope_scaling=["linear", 2]), r"rope_scaling=\['linear', 2\] must be a table with a rope_type"),
+    (dict(rope_scaling={"type": "linear", "factor": 2}), r"rope_scaling=.* needs rope_type \(one of linear, dynamic"),
     (dict(partial_rotary_factor=1.5), r"partial_rotary_factor=1.5 must be a number in \(0, 1\]"),
     (dict(partial_rotary_factor=0.3), r"head_dim=64 x partial_rotary_factor=0.3 = 19 must be even"),
     (dict(positional="learned", rope_scaling={"rope_type": "linear", "factor": 2}),

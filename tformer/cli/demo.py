@@ -7,7 +7,7 @@ import time
 import warnings
 from pathlib import Path
 
-from tformer.config import POSITIONALS
+from tformer.nn.positions import POSITIONALS
 
 DEFAULT_PROMPT = "The import statement"
 

@@ -21,8 +21,9 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
-from tformer.config import EXACT_ATTENTION_KERNELS, ModelConfig, field_default, non_default_fields
+from tformer.config import ModelConfig, field_default, non_default_fields
 from tformer.interop.weight_map import ModuleMap
+from tformer.nn.attention.registry import EXACT_ATTENTION_KERNELS
 from tformer.nn.heads import HEADS
 
 # The classic attention of GPT-2, BERT, ViT and Marian, required on save: every head with its own keys and

@@ -13,7 +13,7 @@ from typing import Any
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
 from tformer.interop.family import hf_field, require
-from tformer.nn.positions.rope_scaling import normalized_rope_scaling, rope_scaling_problem
+from tformer.nn.positions.rope_scaling import rope_scaling_problem
 from tformer.nn.positions.rotary import rotary_dimensions
 
 # The scaling types measured against a pretraining length, which HF fills from max_position_embeddings
@@ -58,3 +58,21 @@ def rope_to_hf(config: ModelConfig) -> dict[str, Any]:
         parameters["partial_rotary_factor"] = config.partial_rotary_factor
         raw["partial_rotary_factor"] = config.partial_rotary_factor
     return raw
+
+
+def normalized_rope_scaling(value: Any) -> dict[str, Any] | None:
+    """A config.json's RoPE table as ``ModelConfig.rope_scaling`` holds it: None for unscaled RoPE, else a dict
+    whose ``rope_type`` names the type (Hugging Face's older ``type`` key read as it). ValueError for what is not
+    such a mapping."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"rope_scaling={value!r} must be a table with a rope_type (or null)")
+    parameters = dict(value)
+    if "type" in parameters:
+        kind = parameters.pop("type")
+        if parameters.setdefault("rope_type", kind) != kind:
+            raise ValueError(f"rope_scaling names two types: type={kind!r}, rope_type={parameters['rope_type']!r}")
+    if parameters.get("rope_type") == "default" and len(parameters) == 1:
+        return None
+    return {"rope_type": parameters.pop("rope_type", None), **parameters}

@@ -17,8 +17,33 @@ from tformer.nn.inputs import check_token_ids
 from tformer.nn.losses import next_token_loss
 from tformer.nn.stack import TransformerStack
 
+DECODER_PRESETS = {
+    # GPT-2 small: 124,439,808 parameters with the tied LM head.
+    "gpt2": dict(
+        vocab_size=50257, max_seq_len=1024, d_model=768, num_layers=12, num_heads=12,
+        activation="gelu_tanh", norm="layernorm", positional="learned", bias=True,
+        tie_embeddings=True, bos_token_id=50256, eos_token_id=50256,
+    ),
+    # A Llama-shaped small decoder: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases.
+    "llama-small": dict(
+        vocab_size=32000, max_seq_len=2048, d_model=512, num_layers=8, num_heads=8,
+        num_kv_heads=2, activation="swiglu", norm="rmsnorm", norm_eps=1e-6, positional="rope",
+        bias=False, tie_embeddings=False,
+    ),
+    # A few million parameters: trains on a laptop CPU in minutes (the demo's model).
+    "gpt-mini": dict(
+        vocab_size=256, max_seq_len=256, d_model=192, num_layers=6, num_heads=6,
+        activation="gelu_tanh", positional="learned", dropout=0.0,
+    ),
+    # For tests: tiny and fast.
+    "gpt-nano": dict(
+        vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4,
+        activation="gelu_tanh", positional="learned",
+    ),
+}
 
-@register("decoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS))
+
+@register("decoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS), presets=DECODER_PRESETS)
 class DecoderLM(Model):
     """Token embedding -> causal TransformerStack (positions, blocks, final norm) -> LM head."""
 

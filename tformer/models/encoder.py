@@ -1,24 +1,38 @@
-"""EncoderModel: BERT / RoBERTa on the shared core, with a pooler and one task head."""
+"""EncoderModel: BERT / RoBERTa on the shared core, with a pooler and one task head.
+
+Encoder fields: ``head`` (an encoder head of ``nn.heads.HEADS``, None for the bare encoder); ``num_labels``
+and ``label_names`` (names by label id; empty: ``LABEL_0``, ...) for the classification heads;
+``problem_type`` the loss of sequence classification (``models.encoder.PROBLEM_TYPES``; None: regression for
+one label, cross-entropy for integer labels, binary cross-entropy per label for float labels);
+``position_offset`` > 0 numbers positions as RoBERTa: tokens other than ``pad_token_id`` from
+``position_offset`` on, padding tokens at ``position_offset - 1``; ``pooler_input_dropout``
+applies dropout to the first token's vector before the pooler (RoBERTa's classification head);
+``pooling`` the vector the pooler reads (``POOLINGS``: the first token's, BERT's, or the mean of
+the tokens that are not padding; Hugging Face's classes have the first only).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from tformer.config import (
-    POOLED_HEADS,
-    TOKEN_FIELDS,
-    TOKEN_POSITION_FIELDS,
-    ConfigError,
-    ModelConfig,
-    check_label_fields,
-    family_heads,
-)
+from tformer.config import TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ConfigError, ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import EncoderOutput
 from tformer.models.registry import register
 from tformer.nn.embeddings import TokenEmbedding
-from tformer.nn.heads import Features, Pooler, add_head, check_labels, head_module_names, pool
+from tformer.nn.heads import (
+    POOLED_HEADS,
+    Features,
+    Pooler,
+    add_head,
+    check_head_fields,
+    check_labels,
+    head_module_names,
+    pool,
+)
 from tformer.nn.inputs import check_attention_mask, check_token_ids
 from tformer.nn.positions import POSITIONAL_SCHEMES
 from tformer.nn.stack import TransformerStack
@@ -32,10 +46,7 @@ ENCODER_FIELDS = ("type_vocab_size", "head", "num_labels", "problem_type", "labe
 def check_encoder_config(config: ModelConfig) -> None:
     """An encoder's head, labels, loss, RoBERTa's position numbering and pooling."""
     head = config.head
-    heads, classification_heads = family_heads("encoder")
-    if head is not None and head not in heads:
-        raise ConfigError(f"head={head!r} is not one of None, {', '.join(heads)}")
-    check_label_fields(config, classification_heads)
+    check_head_fields(config)
     if config.problem_type is not None:
         if config.problem_type not in PROBLEM_TYPES:
             raise ConfigError(f"problem_type={config.problem_type!r} is not one of None, {', '.join(PROBLEM_TYPES)}")
@@ -57,7 +68,27 @@ def check_encoder_config(config: ModelConfig) -> None:
                           f"({', '.join(map(repr, POOLED_HEADS))}), not head={head!r}")
 
 
-@register("encoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *ENCODER_FIELDS), check=check_encoder_config)
+def _bert(d_model: int, num_layers: int, num_heads: int) -> dict[str, Any]:
+    """A BERT-shaped encoder (the uncased English WordPiece vocabulary's size, [PAD] = 0)."""
+    return dict(
+        vocab_size=30522, max_seq_len=512, d_model=d_model, num_layers=num_layers, num_heads=num_heads,
+        activation="gelu", norm="layernorm", norm_position="post", norm_eps=1e-12, positional="learned",
+        embedding_norm=True, type_vocab_size=2, dropout=0.1, attention_dropout=0.1, pad_token_id=0,
+    )
+
+
+# BERT (Devlin et al. 2019): post-norm, exact GELU, segment embeddings, embedding LayerNorm.
+# bert-base is Hugging Face's BertModel bert-base-uncased: 109,482,240 parameters with the pooler.
+ENCODER_PRESETS = {
+    "bert-base": _bert(768, 12, 12),
+    "bert-small": _bert(512, 4, 8),
+    "bert-mini": _bert(256, 4, 4),
+    "bert-tiny": _bert(128, 2, 2),
+}
+
+
+@register("encoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *ENCODER_FIELDS), check=check_encoder_config,
+          presets=ENCODER_PRESETS)
 class EncoderModel(Model):
     """Token (+ segment) embedding -> bidirectional TransformerStack (learned positions, embedding
     norm, post-norm blocks as BERT) -> the tanh pooler where the head reads it, on the first token

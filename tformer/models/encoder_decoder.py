@@ -1,6 +1,18 @@
 """EncoderDecoderLM: the 2017 translation model on the shared core: a bidirectional encoder
 stack over the source, a causal decoder stack whose blocks cross-attend to the encoder's output,
-one token table for both sides (a joint vocabulary) and the output."""
+one token table for both sides (a joint vocabulary) and the output.
+
+Encoder-decoder fields (``architecture="encoder_decoder"``, the 2017 translation model): a
+bidirectional encoder of ``num_encoder_layers`` blocks (default: ``num_layers``) and a causal decoder
+of ``num_layers`` blocks that cross-attend to its output; one token table for source, target and
+(``tie_embeddings``) output, a joint vocabulary; generation starts the decoder at
+``decoder_start_token_id`` (default: ``bos_token_id``, else ``pad_token_id`` as Marian);
+``forced_eos_token_id`` (any text family; Marian's, BART's) makes generation end a sequence that reaches
+its length limit with this token, as Hugging Face's ``ForcedEOSTokenLogitsProcessor`` does;
+``lm_head_bias`` adds a learned per-token bias to the logits (Marian's ``final_logits_bias``);
+``scale_decoder_output`` multiplies the decoder's last hidden states by d_model^-0.5 before the
+output layer (T5 with a tied output).
+"""
 
 from __future__ import annotations
 
@@ -25,8 +37,27 @@ from tformer.nn.stack import TransformerStack
 ENCODER_DECODER_FIELDS = ("lm_head_bias", "scale_decoder_output", "num_encoder_layers", "decoder_start_token_id")
 
 
+ENCODER_DECODER_PRESETS = {
+    # The 2017 paper's base translation model: 6 + 6 post-norm layers, 512 wide, 2,048 feed-forward, 8 heads,
+    # ReLU, sinusoidal positions, embeddings scaled by sqrt(512) and shared by source, target and output
+    # (a joint 37,000-token BPE vocabulary), dropout 0.1.
+    "transformer-base": dict(
+        vocab_size=37000, max_seq_len=512, d_model=512, num_layers=6, num_heads=8, d_ff=2048, activation="relu",
+        norm_position="post", positional="sinusoidal", scale_embeddings=True, dropout=0.1, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    ),
+    # Multi30k-sized (29,000 training pairs): 3 + 3 layers, 256 wide, 512 feed-forward, 8 heads.
+    "transformer-multi30k": dict(
+        vocab_size=8000, max_seq_len=256, d_model=256, num_layers=3, num_heads=8, d_ff=512, activation="relu",
+        norm_position="post", positional="sinusoidal", scale_embeddings=True, dropout=0.1, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    ),
+}
+
+
 @register("encoder_decoder",
-          fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS, *ENCODER_DECODER_FIELDS))
+          fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS, *ENCODER_DECODER_FIELDS),
+          presets=ENCODER_DECODER_PRESETS)
 class EncoderDecoderLM(Seq2SeqModel):
     """Token embedding (shared) -> encoder stack over the source; token embedding -> decoder stack
     (causal, cross-attending) over the target -> LM head tied to the embedding."""

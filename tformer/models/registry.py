@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tformer.config import ConfigError, ModelConfig, resolve_config
@@ -14,16 +14,18 @@ MODEL_CLASSES: dict[str, type[Model]] = {}
 
 
 def register(architecture: str, fields: Iterable[str] = (), check: Callable[[ModelConfig], None] | None = None,
-             transformer: bool = True) -> Callable[[type[Model]], type[Model]]:
+             transformer: bool = True, presets: Mapping[str, Mapping[str, Any]] | None = None,
+             ) -> Callable[[type[Model]], type[Model]]:
     """Class decorator: the class implements the family ``architecture``, which reads ``fields`` of the
     fields only some families read (config.TOKEN_FIELDS, ...), is checked by ``check`` beside the core's
-    checks, and is built from the shared stack unless ``transformer`` is False (tformer/families.py)."""
+    checks, is built from the shared stack unless ``transformer`` is False, and names ``presets`` (each a dict
+    of config fields: ``tformer.PRESETS``) (tformer/families.py)."""
 
     def add(cls: type[Model]) -> type[Model]:
         if architecture in MODEL_CLASSES and MODEL_CLASSES[architecture] is not cls:
             raise ValueError(f"architecture {architecture!r} is already implemented by "
                              f"{MODEL_CLASSES[architecture].__name__}")
-        declare_family(architecture, fields, check, transformer)
+        declare_family(architecture, fields, check, transformer, presets)
         MODEL_CLASSES[architecture] = cls
         return cls
 

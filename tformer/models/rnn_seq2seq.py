@@ -136,7 +136,19 @@ def check_rnn_config(config: ModelConfig) -> None:
                                "forced_eos_token_id"))
 
 
-@register("rnn_seq2seq", fields=(*TOKEN_FIELDS, *RNN_SEQ2SEQ_FIELDS), check=check_rnn_config, transformer=False)
+RNN_PRESETS = {
+    # The attention-RNN baseline of the Multi30k recipe: about the transformer-multi30k's size (one joint
+    # vocabulary, 6.0M parameters at 8,000 tokens), a bidirectional GRU encoder and Bahdanau's attention.
+    "rnn-multi30k": dict(
+        vocab_size=8000, max_seq_len=256, d_model=256, rnn_hidden_size=512, num_layers=1, rnn_cell="gru",
+        rnn_attention="bahdanau", dropout=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1,
+    ),
+}
+
+
+@register("rnn_seq2seq", fields=(*TOKEN_FIELDS, *RNN_SEQ2SEQ_FIELDS), check=check_rnn_config, transformer=False,
+          presets=RNN_PRESETS)
 class RNNSeq2Seq(Seq2SeqModel):
     """Token embedding -> bidirectional RNN encoder; token embedding -> RNN decoder with attention over
     the encoder's states -> output layer (tied to the embedding by default)."""

@@ -1,10 +1,24 @@
 """SpeechModel: Whisper (Radford et al. 2022) on the shared core: log-mel frames through a two-convolution
 stem and fixed sinusoids into a bidirectional encoder stack; the encoder-decoder's causal decoder stack,
-cross-attending to it, writes the transcript's tokens through an output tied to its token table."""
+cross-attending to it, writes the transcript's tokens through an output tied to its token table.
+
+Speech fields (``architecture="speech"``, Whisper's shape): log-mel features of ``num_mel_bins`` channels
+pass a two-convolution stem (the second of stride 2) and fixed sinusoids over ``max_source_positions``
+positions into an encoder of ``num_encoder_layers`` blocks; so the model reads at most ``input_frames`` =
+2 x ``max_source_positions`` frames at once (Whisper's 30 s window: 1500 positions, 3000 frames of 10 ms; a
+model for short utterances sets a shorter window). ``feature_normalization="utterance"`` normalises each
+window of a recording (``tformer.data.log_mel.normalize_windows``) for a model trained that way from scratch;
+Whisper's checkpoints read the features as they are (``"none"``). ``ctc_weight`` in (0, 1) gives the encoder
+a CTC head trained beside the decoder (loss: ``(1 - ctc_weight)`` x the decoder's + ``ctc_weight`` x CTC's),
+which makes a model trained from scratch align its audio sooner; decoding never reads it. Its decoder is an
+encoder-decoder's (``num_layers`` blocks, ``max_seq_len`` positions, ``decoder_start_token_id``), with the
+output tied to its token table.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -16,7 +30,7 @@ from tformer.config import (
     require_positive_int,
     require_token_ids,
 )
-from tformer.data.log_mel import LogMelSettings
+from tformer.data.log_mel import NORMALIZATIONS, LogMelSettings
 from tformer.models.base import Seq2SeqModel
 from tformer.models.encoder_decoder import EncoderDecoderLM
 from tformer.models.output import GenerationState, Seq2SeqOutput
@@ -43,6 +57,9 @@ def check_speech_config(config: ModelConfig) -> None:
         raise ConfigError(f"d_model={config.d_model} must be even and >= 4 for architecture='speech' (the "
                           "encoder's fixed sinusoids: a sine and a cosine half, at least two frequencies each)")
     require_token_ids(config, ("decoder_start_token_id", "forced_eos_token_id"))
+    if config.feature_normalization not in NORMALIZATIONS:
+        raise ConfigError(f"feature_normalization={config.feature_normalization!r} is not one of "
+                          f"{', '.join(NORMALIZATIONS)}")
     weight = config.ctc_weight
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight < 1.0:
         raise ConfigError(f"ctc_weight={weight!r} must be a number in [0, 1) (0: no CTC head; 0.3 is usual)")
@@ -51,7 +68,36 @@ def check_speech_config(config: ModelConfig) -> None:
                           "CTC's targets)")
 
 
-@register("speech", fields=(*TOKEN_FIELDS, *GENERATION_FIELDS, *SPEECH_FIELDS), check=check_speech_config)
+def _whisper(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> dict[str, Any]:
+    """A Whisper-shaped speech model with ``num_layers`` blocks on each side (Hugging Face's WhisperConfig)."""
+    return {
+        "vocab_size": 51865, "max_seq_len": 448, "d_model": d_model, "num_layers": num_layers,
+        "num_encoder_layers": num_layers, "num_heads": num_heads, "activation": "gelu", "norm": "layernorm",
+        "norm_position": "pre", "positional": "learned", "key_bias": False, "num_mel_bins": 80,
+        "max_source_positions": 1500, "pad_token_id": 50257, "bos_token_id": 50257, "eos_token_id": 50257,
+        "decoder_start_token_id": 50258, "begin_suppress_tokens": (220, 50257), **fields,
+    }
+
+
+SPEECH_PRESETS = {
+    # Whisper (Radford et al. 2022) as Hugging Face's WhisperForConditionalGeneration holds it: pre-norm, exact
+    # GELU, no key bias, the multilingual vocabulary (<|endoftext|> 50257, <|startoftranscript|> 50258), 80 mels,
+    # a 30 s window (1500 positions), 448 decoder positions. whisper-tiny has 37,760,640 parameters as Hugging
+    # Face counts them (the encoder's fixed sinusoids included). The Hub folders also carry the suppress_tokens
+    # lists, read on load; these shapes carry only begin_suppress_tokens (" " and <|endoftext|>).
+    "whisper-tiny": _whisper(384, 4, 6),
+    "whisper-base": _whisper(512, 6, 8),
+    # A from-scratch recipe on spoken digits (FSDD: single words, under 2 s): Whisper's layout at 3.3M
+    # parameters, a 3 s window (150 positions, 300 frames) instead of 30 s, so a batch of short utterances
+    # costs a tenth of the attention, and a character vocabulary of 32 (0 pad, 1 start, 2 end, then characters)
+    # with 32 decoder positions (a prompt and a spoken number's letters).
+    "whisper-digits": _whisper(192, 3, 4, vocab_size=32, max_seq_len=32, max_source_positions=150, pad_token_id=0,
+                               bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, begin_suppress_tokens=()),
+}
+
+
+@register("speech", fields=(*TOKEN_FIELDS, *GENERATION_FIELDS, *SPEECH_FIELDS), check=check_speech_config,
+          presets=SPEECH_PRESETS)
 class SpeechModel(EncoderDecoderLM):
     """``audio`` (``AudioEmbedding``: conv stem + sinusoids) -> ``encoder`` stack (its final norm) over
     (B, S, D); ``embedding`` (tokens; the decoder's positions are its stack's) -> ``decoder`` stack (causal,

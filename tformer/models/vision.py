@@ -1,4 +1,16 @@
-"""VisionModel: the Vision Transformer (Dosovitskiy et al. 2021) on the shared core."""
+"""VisionModel: the Vision Transformer (Dosovitskiy et al. 2021) on the shared core.
+
+Vision fields (``architecture="vision"``, a Vision Transformer): square images of ``image_size``
+pixels with ``num_channels`` channels, cut into ``patch_size`` x ``patch_size`` patches (the size
+must be a multiple of it); ``pooling`` the vector the head reads (``POOLINGS``: the class token's,
+or the mean of the patch tokens'); ``head`` None (the bare model, with its tanh pooler) or
+``image_classification`` with ``num_labels`` and ``label_names`` as an encoder's; ``positional``
+``learned`` (a table of 1 + patch-count rows) or ``sinusoidal`` (fixed 2D sine-cosine over the
+patch grid: half the width encodes the row, half the column; the class token's row is zero). A
+vision model has no tokens: the token fields (``vocab_size``, ``max_seq_len``, the special token
+ids, ``tie_embeddings``, ``scale_embeddings``, ``type_vocab_size``) and those of rotary and
+relative positions stay at their defaults, unread; any other value is refused (families.py).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +19,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from tformer.config import ConfigError, ModelConfig, check_label_fields, family_heads, require_positive_int
+from tformer.config import ConfigError, ModelConfig, require_positive_int
 from tformer.models.base import Model
 from tformer.models.output import VisionOutput
 from tformer.models.registry import register
-from tformer.nn.heads import Features, Pooler, add_head, check_labels, head_module_names, pool
+from tformer.nn.heads import Features, Pooler, add_head, check_head_fields, check_labels, head_module_names, pool
 from tformer.nn.inputs import INTEGER_DTYPES
 from tformer.nn.patches import ImageEmbedding
 from tformer.nn.stack import TransformerStack
@@ -23,10 +35,7 @@ VISION_FIELDS = ("head", "num_labels", "label_names", "image_size", "patch_size"
 
 def check_vision_config(config: ModelConfig) -> None:
     """A vision model's head and labels, its positions over the patch grid and a grid the patches tile."""
-    heads, classification_heads = family_heads("vision")
-    if config.head is not None and config.head not in heads:
-        raise ConfigError(f"head={config.head!r} is not one of None, {', '.join(heads)} (architecture='vision')")
-    check_label_fields(config, classification_heads)
+    check_head_fields(config)
     if config.head == "image_classification" and config.num_labels < 2:
         raise ConfigError(f"num_labels={config.num_labels} must be >= 2 for head='image_classification' "
                           "(a cross-entropy over classes)")
@@ -43,7 +52,27 @@ def check_vision_config(config: ModelConfig) -> None:
                           "(the patches must tile the image)")
 
 
-@register("vision", fields=VISION_FIELDS, check=check_vision_config)
+def _vit(d_model: int, num_layers: int, num_heads: int, **fields: Any) -> dict[str, Any]:
+    """A ViT-shaped image classifier (Hugging Face ViTForImageClassification's defaults: LayerNorm eps 1e-12)."""
+    return {
+        "d_model": d_model, "num_layers": num_layers, "num_heads": num_heads, "activation": "gelu",
+        "norm": "layernorm", "norm_position": "pre", "norm_eps": 1e-12, "positional": "learned",
+        "head": "image_classification", **fields,
+    }
+
+
+# Vision Transformers (Dosovitskiy et al. 2021): pre-norm, exact GELU, class token, learned positions.
+# vit-base-patch16-224 is Hugging Face's ViTForImageClassification google/vit-base-patch16-224 (1,000
+# ImageNet classes): 86,567,656 parameters; vit-tiny-patch16-224 the DeiT-tiny shape with the same head.
+VISION_PRESETS = {
+    "vit-base-patch16-224": _vit(768, 12, 12, num_labels=1000),
+    "vit-tiny-patch16-224": _vit(192, 12, 3, num_labels=1000),
+    # MNIST-sized (28 x 28 grey, 10 classes): 4 x 4 patches, a 7 x 7 grid; trains on a CPU in minutes.
+    "vit-mnist": _vit(128, 6, 4, num_labels=10, image_size=28, patch_size=4, num_channels=1, norm_eps=1e-6),
+}
+
+
+@register("vision", fields=VISION_FIELDS, check=check_vision_config, presets=VISION_PRESETS)
 class VisionModel(Model):
     """Patches + class token + positions (``ImageEmbedding``) -> bidirectional TransformerStack
     (pre-norm blocks, final norm) -> the pooled vector (``config.pooling``: the class token's, or the

@@ -4,29 +4,43 @@ linear unit (SwiGLU / GeGLU, exact or tanh GELU) whose gate and value projection
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# The activations a config may name, by their elementwise function (a gated kind's: the one on its gate).
-ACTIVATION_FUNCTIONS = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
-    "silu": F.silu,
-    "swiglu": F.silu,
-    "geglu": F.gelu,
-    "geglu_tanh": partial(F.gelu, approximate="tanh"),
-}
-GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # a gate and an up projection (geglu_tanh: T5 v1.1's)
+from tformer.choices import ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An activation a config may name (``activation``): its elementwise function (a gated kind's: the one on its
+    gate) and whether it is a gated linear unit (a gate and an up projection, one fused matrix)."""
+
+    name: str
+    function: Callable[[Tensor], Tensor]
+    gated: bool = False
+
+
+ACTIVATIONS.register(
+    Activation("relu", F.relu),
+    Activation("gelu", F.gelu),
+    Activation("gelu_tanh", partial(F.gelu, approximate="tanh")),
+    Activation("silu", F.silu),
+    Activation("swiglu", F.silu, gated=True),
+    Activation("geglu", F.gelu, gated=True),
+    Activation("geglu_tanh", partial(F.gelu, approximate="tanh"), gated=True),  # T5 v1.1's
+)
+GATED_ACTIVATIONS = tuple(name for name, activation in ACTIVATIONS.items() if activation.gated)
 
 
 def activation_function(name: str) -> Callable[[Tensor], Tensor]:
     """The elementwise function of an activation name (a gated kind's: the one applied to its gate)."""
-    if name not in ACTIVATION_FUNCTIONS:
-        raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATION_FUNCTIONS)}")
-    return ACTIVATION_FUNCTIONS[name]
+    problem = ACTIVATIONS.problem(name)
+    if problem is not None:
+        raise ValueError(problem)
+    return ACTIVATIONS[name].function
 
 
 class FeedForward(nn.Module):

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from tformer.choices import HEADS
+from tformer.config import ConfigError, ModelConfig, require_positive_int
 from tformer.nn.feedforward import activation_function
 from tformer.nn.losses import IGNORE_INDEX, sequence_classification_loss, span_loss, token_cross_entropy
 from tformer.nn.norm import build_norm
@@ -302,10 +304,72 @@ class ImageClassification(Head):
             output.loss = token_cross_entropy(output.logits, labels)
 
 
-HEADS: dict[str, type[Head]] = {
-    head.name: head for head in (MaskedLM, NextSentence, Pretraining, SequenceClassification, TokenClassification,
-                                 QuestionAnswering, ImageClassification)
-}
+HEADS.register(MaskedLM, NextSentence, Pretraining, SequenceClassification, TokenClassification, QuestionAnswering,
+               ImageClassification)
+POOLED_HEADS = (None, *(name for name, head in HEADS.items() if head.reads == "pooler"))  # they read the pooler
+
+
+def family_heads(family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The heads a family may carry, and those of them that ``num_labels`` sizes."""
+    heads = tuple(name for name, head in HEADS.items() if family in head.families)
+    return heads, tuple(name for name in heads if HEADS[name].sized_by_labels)
+
+
+def check_head_fields(config: ModelConfig) -> None:
+    """The fields of a family with task heads (the encoder's, the vision family's): ``head`` one of the family's,
+    ``num_labels`` and ``label_names`` as its head reads them, ``pooling`` one of ``POOLINGS``."""
+    family = config.architecture
+    heads, classification_heads = family_heads(family)
+    if config.head is not None and config.head not in heads:
+        raise ConfigError(f"head={config.head!r} is not one of None, {', '.join(heads)} (architecture={family!r})")
+    check_label_fields(config, classification_heads)
+    if config.pooling not in POOLINGS:
+        raise ConfigError(f"pooling={config.pooling!r} is not one of {', '.join(POOLINGS)}")
+
+
+def check_label_fields(config: ModelConfig, classification_heads: tuple[str, ...]) -> None:
+    """``num_labels`` and ``label_names``: read only by the family's ``classification_heads``."""
+    head = config.head
+    require_positive_int("num_labels", config.num_labels)
+    classifying = head in classification_heads
+    if config.num_labels != 2 and not classifying:
+        raise ConfigError(f"num_labels={config.num_labels} is read only by the classification heads "
+                          f"({', '.join(classification_heads)}); head={head!r} has a fixed size")
+    if config.label_names:
+        if not classifying:
+            raise ConfigError(f"label_names are read only by the classification heads, not head={head!r}")
+        if not all(isinstance(name, str) and name for name in config.label_names):
+            raise ConfigError(f"label_names={list(config.label_names)!r} must be non-empty strings")
+        if len(config.label_names) != config.num_labels or len(set(config.label_names)) != config.num_labels:
+            raise ConfigError(f"label_names={list(config.label_names)!r} must be {config.num_labels} distinct "
+                              f"names (num_labels={config.num_labels})")
+
+
+def replace_head(
+    config: ModelConfig, head: str | None, num_labels: int | None = None, label_names: tuple[str, ...] | None = None,
+    problem_type: str | None = None, pooling: str | None = None, **layout: Any,
+) -> ModelConfig:
+    """``config`` with a new head (an encoder's or a vision model's), for fine-tuning: what the old
+    head's fields said is kept only where it still applies (the same head and number of labels);
+    ``num_labels`` defaults to the number of ``label_names``, else 2; ``pooling`` to the config's where
+    the new head reads a pooled vector, else ``"cls"``. ``layout``: fields a family fixes for the head."""
+    if label_names is not None:
+        label_names = tuple(label_names)
+        num_labels = len(label_names) if num_labels is None else num_labels
+    same_head = head == config.head
+    if num_labels is None:
+        num_labels = config.num_labels if same_head else 2
+    if label_names is None:
+        label_names = config.label_names if same_head and num_labels == config.num_labels else ()
+    if problem_type is None and same_head:
+        problem_type = config.problem_type
+    pooler_input_dropout = config.pooler_input_dropout and head in POOLED_HEADS
+    if pooling is None:
+        pooling = config.pooling if head is None or HEADS[head].reads != "tokens" else "cls"
+    return config.replace(**{
+        "head": head, "num_labels": num_labels, "label_names": label_names, "problem_type": problem_type,
+        "pooler_input_dropout": pooler_input_dropout, "pooling": pooling, **layout,
+    })
 
 
 def head_module_names(family: str) -> tuple[str, ...]:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tformer.config import POOLINGS
 from tformer.errors import TformerError
+from tformer.nn.heads import POOLINGS
 from tformer.viz.figures import pyplot, save_figure
 
 HEAD_FUSIONS = ("mean", "max", "min")

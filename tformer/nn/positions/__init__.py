@@ -13,14 +13,14 @@ from tformer.nn.positions.absolute import (
     whisper_sinusoids,
 )
 from tformer.nn.positions.biases import ALiBi, RelativePositionBias, alibi_slopes, relative_position_bucket
-from tformer.nn.positions.registry import POSITIONAL_SCHEMES, positional_from_config
+from tformer.nn.positions.registry import POSITIONAL_SCHEMES, POSITIONALS, positional_from_config
 from tformer.nn.positions.rope_scaling import ROPE_SCALINGS
 from tformer.nn.positions.rotary import RotaryEmbedding, apply_rotary, rotary_dimensions, rotate_half
 from tformer.nn.positions.scheme import PositionalScheme, positions_from_mask
 
 __all__ = [
-    "ALiBi", "LearnedPositions", "POSITIONAL_SCHEMES", "PositionalScheme", "ROPE_SCALINGS", "RelativePositionBias",
-    "RotaryEmbedding", "SinusoidalPositions", "alibi_slopes", "apply_rotary", "positional_from_config",
-    "positions_from_mask", "relative_position_bucket", "rotary_dimensions", "rotate_half", "sinusoidal_table",
-    "whisper_sinusoids",
+    "ALiBi", "LearnedPositions", "POSITIONALS", "POSITIONAL_SCHEMES", "PositionalScheme", "ROPE_SCALINGS",
+    "RelativePositionBias", "RotaryEmbedding", "SinusoidalPositions", "alibi_slopes", "apply_rotary",
+    "positional_from_config", "positions_from_mask", "relative_position_bucket", "rotary_dimensions", "rotate_half",
+    "sinusoidal_table", "whisper_sinusoids",
 ]

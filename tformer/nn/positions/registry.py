@@ -1,4 +1,5 @@
-"""The positional schemes by name: the one list configs, models and kernels ask (``positional``).
+"""The positional schemes by name: the one list configs, models and kernels ask (``positional``), registered
+into ``tformer.choices.POSITIONAL_SCHEMES`` (which config.py reads without importing nn/).
 
 Adding a scheme is one file (a subclass of ``PositionalScheme``, see scheme.py) and one entry here.
 """
@@ -7,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from tformer.choices import POSITIONAL_SCHEMES
 from tformer.nn.positions.absolute import LearnedScheme, SinusoidalScheme
 from tformer.nn.positions.biases import AlibiScheme, RelativeScheme
 from tformer.nn.positions.rotary import RotaryScheme
 from tformer.nn.positions.scheme import PositionalScheme
 
-POSITIONAL_SCHEMES: dict[str, type[PositionalScheme]] = {
-    scheme.name: scheme
-    for scheme in (LearnedScheme, SinusoidalScheme, RotaryScheme, AlibiScheme, RelativeScheme, PositionalScheme)
-}
+POSITIONAL_SCHEMES.register(LearnedScheme, SinusoidalScheme, RotaryScheme, AlibiScheme, RelativeScheme,
+                            PositionalScheme)
+POSITIONALS = tuple(POSITIONAL_SCHEMES)  # the names ``positional`` may hold
 
 
 def positional_from_config(config: Any, causal: bool, kind: str | None = None) -> PositionalScheme:

@@ -191,29 +191,16 @@ ROPE_SCALINGS: dict[str, type[RopeScaling]] = {
 }
 
 
-def normalized_rope_scaling(value: Any) -> dict[str, Any] | None:
-    """``rope_scaling`` as a config holds it: None for unscaled RoPE, else a dict whose ``rope_type`` names
-    the type (Hugging Face's older ``type`` key read as it). ValueError for what is not such a mapping."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"rope_scaling={value!r} must be a table with a rope_type (or null)")
-    parameters = dict(value)
-    if "type" in parameters:
-        kind = parameters.pop("type")
-        if parameters.setdefault("rope_type", kind) != kind:
-            raise ValueError(f"rope_scaling names two types: type={kind!r}, rope_type={parameters['rope_type']!r}")
-    if parameters.get("rope_type") == "default" and len(parameters) == 1:
-        return None
-    return {"rope_type": parameters.pop("rope_type", None), **parameters}
-
-
-def rope_scaling_problem(parameters: Mapping[str, Any] | None, rotary_dim: int) -> str | None:
-    """Why a normalised ``rope_scaling`` cannot be used (naming the key), or None."""
+def rope_scaling_problem(parameters: Any, rotary_dim: int) -> str | None:
+    """Why ``ModelConfig.rope_scaling`` cannot be used (naming the key), or None."""
     if parameters is None:
         return None
-    kind = parameters.get("rope_type")
-    if kind not in ROPE_SCALINGS:
+    if not isinstance(parameters, Mapping):
+        return f"rope_scaling={parameters!r} must be a table with a rope_type (or null)"
+    if "rope_type" not in parameters:
+        return f"rope_scaling={dict(parameters)!r} needs rope_type (one of {', '.join(ROPE_SCALINGS)})"
+    kind = parameters["rope_type"]
+    if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
         return f"rope_scaling rope_type={kind!r} is not one of {', '.join(ROPE_SCALINGS)}"
     scaling = ROPE_SCALINGS[kind]
     keys = set(parameters) - {"rope_type"}

@@ -23,6 +23,12 @@ class FamilyDeclaration:
     check: Callable[[Any], None] | None = None
     transformer: bool = True
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # preset name -> its config fields
+    # The longest sequence any of its stacks attends over (a kernel bounding a window asks): max_seq_len by default
+    longest_sequence: Callable[[Any], int] | None = None
+
+    def sequence_limit(self, config: Any) -> int:
+        """The most positions one of this family's stacks attends over for ``config``."""
+        return config.max_seq_len if self.longest_sequence is None else self.longest_sequence(config)
 
 
 FAMILIES: dict[str, FamilyDeclaration] = {}
@@ -30,11 +36,12 @@ FAMILIES: dict[str, FamilyDeclaration] = {}
 
 def declare_family(architecture: str, fields: Iterable[str] = (), check: Callable[[Any], None] | None = None,
                    transformer: bool = True, presets: Mapping[str, Mapping[str, Any]] | None = None,
-                   ) -> FamilyDeclaration:
+                   longest_sequence: Callable[[Any], int] | None = None) -> FamilyDeclaration:
     """Declare (or declare again, as a module reload does) the family ``architecture`` with its named
-    ``presets`` (each a dict of config fields; the family's own ``architecture`` is implied)."""
+    ``presets`` (each a dict of config fields; the family's own ``architecture`` is implied) and, where its
+    stacks attend over other lengths than ``max_seq_len``, the ``longest_sequence`` of a config."""
     presets = {name: {"architecture": architecture, **values} for name, values in (presets or {}).items()}
-    declaration = FamilyDeclaration(architecture, frozenset(fields), check, transformer, presets)
+    declaration = FamilyDeclaration(architecture, frozenset(fields), check, transformer, presets, longest_sequence)
     FAMILIES[architecture] = declaration
     return declaration
 

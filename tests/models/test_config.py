@@ -90,7 +90,7 @@ VISION = {"architecture": "vision", "image_size": 16, "patch_size": 4, "d_model"
         ({"attention_kernel": "chunked", "attention_dropout": 0.1},
          "attention_dropout=0.1 is not supported by attention_kernel='chunked'"),
         ({"attention_kernel": "sliding_window"},
-         "attention_window=0 must be an integer in [1, 1024] (the sequence length) for "
+         "attention_window=0 must be an integer in [1, 1024] (the longest sequence of architecture='decoder') for "
          "attention_kernel='sliding_window'"),
         ({"attention_kernel": "sliding_window", "attention_window": 1025}, "attention_window=1025 must be an integer"),
         ({**VISION, "attention_kernel": "sliding_window", "attention_window": 18},

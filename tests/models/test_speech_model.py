@@ -61,6 +61,19 @@ def test_the_digits_preset_reads_a_short_window():
     assert config.input_frames < tformer.PRESETS["whisper-tiny"].input_frames == 3000
 
 
+def test_a_sliding_window_is_bounded_by_the_encoders_length_not_the_decoders():
+    """whisper-digits: 150 encoder positions, 32 decoder positions; a window of 100 is the encoder's to use."""
+    model = tformer.build_model("whisper-digits", num_layers=1, attention_kernel="sliding_window",
+                                attention_window=100).eval()
+    features = torch.randn(1, model.config.num_mel_bins, model.config.input_frames)
+    with torch.no_grad():
+        logits = model(input_features=features, decoder_input_ids=torch.tensor([[1, 5, 6]])).logits
+    assert logits.shape == (1, 3, 32) and torch.isfinite(logits).all()
+    with pytest.raises(ConfigError, match=r"attention_window=151 must be an integer in \[1, 150\] \(the longest "
+                                          r"sequence of architecture='speech'\)"):
+        model.config.replace(attention_window=151)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"attention_bias": False}, "key_bias=False takes the key projections' bias away"),
     ({"num_mel_bins": 0}, "num_mel_bins=0 must be"),

@@ -179,3 +179,31 @@ def test_the_command_line_reports_a_bad_recipe_in_one_line_before_any_work(tmp_p
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert "[training] schedule='cosin' is not one of cosine" in result.stderr
     assert not out.exists()
+
+
+VIT_RECIPE = """
+[model]
+preset = "vit-mnist"
+num_layers = 1
+
+[data]
+train = "images.npz"
+
+[task]
+name = "image_classification"
+"""
+
+
+def test_seq_len_is_refused_by_a_task_that_does_not_read_it(tmp_path):
+    """A ViT's sequence is its patches: training.seq_len is refused by name, whatever its size (4096 was refused
+    as past a 'learned position table' it does not have, 64 accepted and never read)."""
+    (tmp_path / "images.npz").write_bytes(b"")
+    path = write(tmp_path, VIT_RECIPE)
+    for value in (64, 4096):
+        with pytest.raises(RecipeError, match=rf"--set training.seq_len={value}: \[training\] seq_len={value} is not "
+                                              r"read by the image_classification task"):
+            load_recipe(path, [f"training.seq_len={value}"])
+    recipe = load_recipe(path)
+    assert recipe.training.seq_len is None and "\nseq_len =" not in recipe.to_toml()
+    # a run's recipe.toml from before the check holds the length it resolved to: still read
+    assert load_recipe(path, [f"training.seq_len={recipe.model.max_seq_len}"]).training.seq_len is not None

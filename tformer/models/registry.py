@@ -15,17 +15,18 @@ MODEL_CLASSES: dict[str, type[Model]] = {}
 
 def register(architecture: str, fields: Iterable[str] = (), check: Callable[[ModelConfig], None] | None = None,
              transformer: bool = True, presets: Mapping[str, Mapping[str, Any]] | None = None,
-             ) -> Callable[[type[Model]], type[Model]]:
+             longest_sequence: Callable[[ModelConfig], int] | None = None) -> Callable[[type[Model]], type[Model]]:
     """Class decorator: the class implements the family ``architecture``, which reads ``fields`` of the
     fields only some families read (config.TOKEN_FIELDS, ...), is checked by ``check`` beside the core's
-    checks, is built from the shared stack unless ``transformer`` is False, and names ``presets`` (each a dict
-    of config fields: ``tformer.PRESETS``) (tformer/families.py)."""
+    checks, is built from the shared stack unless ``transformer`` is False, names ``presets`` (each a dict of
+    config fields: ``tformer.PRESETS``), and says the ``longest_sequence`` its stacks attend over where that is
+    not ``max_seq_len`` (tformer/families.py)."""
 
     def add(cls: type[Model]) -> type[Model]:
         if architecture in MODEL_CLASSES and MODEL_CLASSES[architecture] is not cls:
             raise ValueError(f"architecture {architecture!r} is already implemented by "
                              f"{MODEL_CLASSES[architecture].__name__}")
-        declare_family(architecture, fields, check, transformer, presets)
+        declare_family(architecture, fields, check, transformer, presets, longest_sequence)
         MODEL_CLASSES[architecture] = cls
         return cls
 

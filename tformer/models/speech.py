@@ -97,7 +97,8 @@ SPEECH_PRESETS = {
 
 
 @register("speech", fields=(*TOKEN_FIELDS, *GENERATION_FIELDS, *SPEECH_FIELDS), check=check_speech_config,
-          presets=SPEECH_PRESETS)
+          presets=SPEECH_PRESETS,  # the encoder over the audio window, the decoder over the transcript
+          longest_sequence=lambda config: max(config.max_source_positions, config.max_seq_len))
 class SpeechModel(EncoderDecoderLM):
     """``audio`` (``AudioEmbedding``: conv stem + sinusoids) -> ``encoder`` stack (its final norm) over
     (B, S, D); ``embedding`` (tokens; the decoder's positions are its stack's) -> ``decoder`` stack (causal,

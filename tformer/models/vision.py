@@ -72,7 +72,8 @@ VISION_PRESETS = {
 }
 
 
-@register("vision", fields=VISION_FIELDS, check=check_vision_config, presets=VISION_PRESETS)
+@register("vision", fields=VISION_FIELDS, check=check_vision_config, presets=VISION_PRESETS,
+          longest_sequence=lambda config: config.num_patches + 1)  # the class token and the patches
 class VisionModel(Model):
     """Patches + class token + positions (``ImageEmbedding``) -> bidirectional TransformerStack
     (pre-norm blocks, final norm) -> the pooled vector (``config.pooling``: the class token's, or the

@@ -32,7 +32,7 @@ from tformer.hub_cache import is_hub_name
 from tformer.models import model_class
 from tformer.nn.positions import POSITIONAL_SCHEMES
 from tformer.training.config import TrainingConfig, TrainingError
-from tformer.training.tasks.registry import TaskConfig, check_data_options, task_settings
+from tformer.training.tasks.registry import TASKS, TaskConfig, check_data_options, task_settings
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
                              "task": TaskConfig}
@@ -222,7 +222,12 @@ def recipe_from_dict(
     task = _build(origin, "task", lambda: TaskConfig(**task_values))
     _build(origin, "data", lambda: check_data_options(task.name, data))
     _build(origin, "data", data.check_files)
-    if (training.seq_len is not None and training.seq_len > model.max_seq_len
+    if not TASKS[task.name].reads_seq_len:
+        # a run's recipe.toml from before this check holds the default it resolved to (max_seq_len): still read
+        if training.seq_len not in (None, model.max_seq_len):
+            raise RecipeError(f"{origin('training', 'seq_len')}: [training] seq_len={training.seq_len} is not read "
+                              f"by the {task.name} task (its model's inputs set the sequence length); leave it out")
+    elif (training.seq_len is not None and training.seq_len > model.max_seq_len
             and POSITIONAL_SCHEMES[model.positional].table):
         where = origin("training", "seq_len") if ("training", "seq_len") in from_command_line else \
             origin("model", "max_seq_len")
@@ -230,7 +235,7 @@ def recipe_from_dict(
             f"{where}: [training] seq_len={training.seq_len} exceeds [model] max_seq_len={model.max_seq_len} "
             f"of its {model.positional} position table"
         )
-    if training.seq_len is None:
+    elif training.seq_len is None:
         training = dataclasses.replace(training, seq_len=model.max_seq_len)
     return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given,
                   init_from=init_from, init_revision=init_revision, init_settings=init_settings,

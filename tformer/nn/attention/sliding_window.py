@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from tformer.families import FAMILIES
 from tformer.nn.attention.cache import RollingKVCache
 from tformer.nn.attention.chunked import ChunkedKernel
 
@@ -36,11 +37,11 @@ class SlidingWindowKernel(ChunkedKernel):
 
     @classmethod
     def config_problem(cls, config: Any) -> str | None:
-        limit = config.num_patches + 1 if config.architecture == "vision" else config.max_seq_len
+        limit = FAMILIES[config.architecture].sequence_limit(config)
         window = config.attention_window
         if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= limit:
-            return (f"attention_window={window!r} must be an integer in [1, {limit}] (the sequence length) for "
-                    "attention_kernel='sliding_window'")
+            return (f"attention_window={window!r} must be an integer in [1, {limit}] (the longest sequence of "
+                    f"architecture={config.architecture!r}) for attention_kernel='sliding_window'")
         return None
 
     def new_cache(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,

@@ -65,6 +65,7 @@ class Task:
     data_formats: tuple[str, ...] = ()  # the data.format values it reads besides "auto" and the record formats
     data_settings: frozenset[str] = frozenset()  # the [data] settings it reads besides train, eval, eval_fraction
     learned_tokenizers: tuple[str, ...] = ()  # data.tokenizer values it learns from its data (not files)
+    reads_seq_len: bool = True  # it reads training.seq_len (a recipe giving one to a task that does not is refused)
 
     @classmethod
     def check_data(cls, data) -> None:

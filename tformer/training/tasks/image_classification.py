@@ -90,6 +90,7 @@ class ImageClassification(LabelEvaluation, ExampleTask):
     Options = ImageOptions
     data_formats = ("idx", "image_folder", "npz")
     data_settings = frozenset({"columns", "image_column", "label_column"})
+    reads_seq_len = False  # the image and patch sizes set the sequence
 
     def __init__(self, train: ImageData, evaluation: ImageData | None = None, *, crop_padding: int = 0,
                  horizontal_flip: bool = False, image_mean: Sequence[float] | None = None,

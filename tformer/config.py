@@ -60,7 +60,8 @@ class ModelConfig:
     what this class validates against; it imports none of the layers that fill them.
 
     ``key_bias=False`` (any family, with ``attention_bias``) leaves the key projections without a bias while
-    queries, values and outputs keep theirs (Whisper's attention). ``suppress_tokens`` and
+    queries, values and outputs keep theirs (Whisper's attention); ``output_bias=False`` leaves the attention's
+    output projection without one while queries, keys and values keep theirs (Qwen2's). ``suppress_tokens`` and
     ``begin_suppress_tokens`` (the generating families) are generation's defaults, as ``forced_eos_token_id``:
     tokens never chosen, and tokens not chosen as the first new token (Whisper's generation config).
     """
@@ -114,6 +115,7 @@ class ModelConfig:
     feature_normalization: str = "none"  # speech: "utterance" normalises each recording's log-mel
     ctc_weight: float = 0.0  # speech: > 0 adds a CTC head on the encoder, weighted so in the training loss
     key_bias: bool = True  # with attention_bias: False leaves the key projections alone without one (Whisper)
+    output_bias: bool = True  # with attention_bias: False leaves the output projection without one (Qwen2)
     suppress_tokens: tuple[int, ...] = ()  # generation's default: never chosen
     begin_suppress_tokens: tuple[int, ...] = ()  # generation's default: not chosen as the first new token
     initializer_range: float = 0.02
@@ -163,9 +165,10 @@ class ModelConfig:
         if family.check is not None:
             family.check(self)
         self._check_token_lists()
-        if not self.key_bias and not self.attention_bias:
-            raise ConfigError("key_bias=False takes the key projections' bias away from attention_bias=True; "
-                              "with attention_bias=False no projection has one (leave key_bias=True)")
+        for name, projections in (("key_bias", "the key projections'"), ("output_bias", "the output projection's")):
+            if not getattr(self, name) and not self.attention_bias:
+                raise ConfigError(f"{name}=False takes {projections} bias away from attention_bias=True; with "
+                                  f"attention_bias=False no projection has one (leave {name}=True)")
         self._check_attention_kernel()
 
     @property

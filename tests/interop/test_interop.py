@@ -22,7 +22,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 import tformer  # noqa: E402
 from tformer.checkpoint import CheckpointError  # noqa: E402
@@ -73,6 +82,19 @@ LLAMA_ROPE_CASES = {
                                         "rope_theta": 500000.0}},
 }
 LLAMA_CASES.update(LLAMA_ROPE_CASES)
+# Today's Llama-shaped families: Qwen2 (biases on q, k and v only; a large RoPE base; often tied) and Mistral (a
+# sliding window, here shorter than the 12-token batches and the prompts of the generation tests).
+OPEN_CASES = {
+    "qwen2-untied": ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "qwen2-tied-mqa": ("qwen2", {"tie_word_embeddings": True, "num_key_value_heads": 1, "head_dim": 16}),
+    "qwen2-yarn": ("qwen2", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 6, "rope_theta": 10000.0}}),
+    "mistral-window-5": ("mistral", {"sliding_window": 5}),
+    "mistral-no-window": ("mistral", {"sliding_window": None}),
+    "mistral-window-7-llama3": ("mistral", {"sliding_window": 7, "num_key_value_heads": 4, "rope_parameters": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64, "rope_theta": 500000.0}}),
+}
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -95,17 +117,28 @@ def hf_gpt2(folder=None, **overrides) -> GPT2LMHeadModel:
     return model
 
 
-def hf_llama(folder=None, **overrides) -> LlamaForCausalLM:
+# The Llama-shaped families: config and LM classes by model_type, each made at LLAMA_TINY's sizes.
+LLAMA_SHAPED = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                "mistral": (MistralConfig, MistralForCausalLM)}
+
+
+def hf_decoder(model_type: str, folder=None, **overrides) -> torch.nn.Module:
+    """A seeded, perturbed random HF model of a Llama-shaped family (saved into ``folder`` when given)."""
     torch.manual_seed(0)
-    model = perturbed(LlamaForCausalLM(LlamaConfig(**{**LLAMA_TINY, **overrides}, attn_implementation="eager")))
+    config_class, model_class = LLAMA_SHAPED[model_type]
+    model = perturbed(model_class(config_class(**{**LLAMA_TINY, **overrides}, attn_implementation="eager")))
     if folder is not None:
         model.save_pretrained(folder)
     return model
 
 
+def hf_llama(folder=None, **overrides) -> LlamaForCausalLM:
+    return hf_decoder("llama", folder, **overrides)
+
+
 def hf_from_folder(folder) -> torch.nn.Module:
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    model_class = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM}[model_type]
+    model_class = {"gpt2": GPT2LMHeadModel, **{name: classes[1] for name, classes in LLAMA_SHAPED.items()}}[model_type]
     return model_class.from_pretrained(folder, attn_implementation="eager").eval()
 
 
@@ -208,6 +241,49 @@ def test_scaled_rope_round_trips_to_hf(tmp_path, case):
         plain = build_model(model.config.replace(rope_scaling=None))
         plain.load_state_dict(model.state_dict())
         assert (plain(random_ids()).logits - model(random_ids()).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("case", OPEN_CASES)
+def test_open_families_give_hf_logits_and_decode_as_hf_generate(tmp_path, case):
+    """Qwen2 and Mistral folders: logits within 1e-5 on plain and left-padded batches, and greedy and beam-4
+    decoding with tformer's caches equal to HF ``generate`` token for token (Mistral's window shorter than the
+    prompts, so its rolling cache is exercised)."""
+    model_type, overrides = OPEN_CASES[case]
+    reference = hf_decoder(model_type, tmp_path, **overrides)
+    model = tformer.load(tmp_path)
+    if overrides.get("sliding_window"):
+        assert (model.config.attention_kernel, model.config.attention_window) == (
+            "sliding_window", overrides["sliding_window"] - 1)
+    assert_same_logits(model, reference, case)
+    ids, mask = left_padded_batch()
+    for beams in (1, 4):
+        expected = hf_decoder(model_type, **overrides).generate(
+            ids, attention_mask=mask, max_new_tokens=10, do_sample=False, num_beams=beams, eos_token_id=None,
+            pad_token_id=0)
+        got = tformer.generate(model, ids, 10, attention_mask=mask, num_beams=beams, pad_token_id=0)
+        assert torch.equal(got, expected), f"{case}, {beams} beam(s)"
+
+
+@pytest.mark.parametrize("case", OPEN_CASES)
+def test_open_families_round_trip_to_hf(tmp_path, case):
+    """HF folder -> tformer -> HF folder: every tensor back bit for bit, the config's window and biases kept, and
+    HF's logits of the written folder equal tformer's. A config is written as the first family that can hold it:
+    Qwen2's biases and Mistral's window are theirs alone; a Mistral without a window is a Llama."""
+    model_type, overrides = OPEN_CASES[case]
+    hf_decoder(model_type, tmp_path / "original", **overrides)
+    model = tformer.load(tmp_path / "original")
+    model.save(tmp_path / "written", format="hf")
+    written_config = json.loads((tmp_path / "written" / "config.json").read_text())
+    windowless_mistral = model_type == "mistral" and not overrides["sliding_window"]
+    assert written_config["model_type"] == ("llama" if windowless_mistral else model_type)  # Llama's own function
+    if model_type == "mistral" and not windowless_mistral:
+        assert written_config["sliding_window"] == overrides["sliding_window"]
+    original = load_file(str(tmp_path / "original" / "model.safetensors"))
+    written = load_file(str(tmp_path / "written" / "model.safetensors"))
+    assert sorted(written) == sorted(original)
+    assert all(torch.equal(written[name], original[name]) for name in original)
+    assert_same_logits(model, hf_from_folder(tmp_path / "written"), f"round trip {case}")
+    assert tformer.load(tmp_path / "written").config == model.config
 
 
 # ---- weight files -----------------------------------------------------------------------------
@@ -414,11 +490,12 @@ def write_config(folder, **changes) -> None:
 
 def test_unsupported_model_type_names_the_supported_ones(tmp_path, capsys):
     tmp_path.joinpath("config.json").write_text(json.dumps({"model_type": "bart", "d_model": 8}))
-    with pytest.raises(CheckpointError, match=r"model_type 'bart' is not supported; supported: gpt2, llama, bert, rob"):
+    with pytest.raises(CheckpointError,
+                       match=r"model_type 'bart' is not supported; supported: gpt2, llama, qwen2, mistral, bert, rob"):
         tformer.load(tmp_path)
     assert cli_main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "supported: gpt2, llama, bert, roberta" in err
+    assert err.count("\n") == 1 and "supported: gpt2, llama, qwen2, mistral, bert, roberta" in err
 
 
 def test_missing_weights_are_listed(tmp_path):
@@ -479,6 +556,22 @@ def test_llama_features_tformer_lacks_are_refused(tmp_path, changes, message):
         tformer.load(tmp_path)
 
 
+@pytest.mark.parametrize("model_type, changes, message", [
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 4},
+     r"qwen2 use_sliding_window=True is not supported by tformer \(supported: False\)"),
+    ("mistral", {"sliding_window": 1}, r"mistral sliding_window=1 must be an integer >= 2"),
+    ("mistral", {"layer_types": ["sliding_attention", "full_attention"]},
+     r"mistral layer_types=\['sliding_attention', 'full_attention'\] is not supported"),
+    ("mistral", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}},
+     r"mistral rope_scaling of rope_type='dynamic' needs factor"),
+])
+def test_open_family_features_tformer_lacks_are_refused(tmp_path, model_type, changes, message):
+    hf_decoder(model_type, tmp_path)
+    write_config(tmp_path, **changes)
+    with pytest.raises(CheckpointError, match=rf"config\.json: {message}"):
+        tformer.load(tmp_path)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True is not supported"),
     ({"activation_function": "quick_gelu"}, r"activation_function='quick_gelu' is not supported .*'gelu_new'"),
@@ -521,7 +614,8 @@ def test_model_without_hf_equivalent_is_refused_and_nothing_is_written(tmp_path)
     model = build_model("gpt-nano", positional="rope")  # GPT-2 layers with rotary positions
     with pytest.raises(CheckpointError, match=(
         r"no Hugging Face equivalent \(as gpt2: positional='rope' \(needs 'learned'\); "
-        r"as llama: norm='layernorm' \(needs 'rmsnorm'\), activation='gelu_tanh' \(needs 'swiglu' or 'geglu'\)\)"
+        r"as llama: norm='layernorm' \(needs 'rmsnorm'\), activation='gelu_tanh' \(needs 'swiglu' or 'geglu'\); "
+        r"as qwen2: .*output_bias=True \(needs False\).*; as mistral: .*attention_bias=True \(needs False\)"
     )):
         model.save(tmp_path / "out", format="hf")
     assert not (tmp_path / "out").exists()

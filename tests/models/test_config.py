@@ -120,3 +120,12 @@ def test_every_kernel_builds_from_a_config():
     assert ModelConfig(**VISION, attention_kernel="sliding_window", attention_window=17).attention_window == 17
     performer = ModelConfig(attention_kernel="performer", performer_features=16, performer_redraw_interval=100)
     assert non_default_fields(performer) == ["attention_kernel", "performer_features", "performer_redraw_interval"]
+
+
+def test_output_bias_takes_only_the_output_projections_bias():
+    """Qwen2's attention: biases on the query, key and value rows, none on the output projection."""
+    attention = build_model("gpt-nano", bias=False, attention_bias=True, output_bias=False).stack.blocks[0].attention
+    assert attention.qkv_proj.bias is not None and attention.out_proj.bias is None
+    with pytest.raises(ConfigError, match=r"output_bias=False takes the output projection's bias away from "
+                                          r"attention_bias=True"):
+        ModelConfig(bias=False, output_bias=False)

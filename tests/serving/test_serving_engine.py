@@ -26,9 +26,9 @@ LENGTHS = [1, 17, 3, 40, 8, 5, 29, 2, 11, 33, 6, 16, 4, 23, 9, 31]
     dict(positional="rope", num_kv_heads=2, norm="rmsnorm", activation="swiglu", bias=False),
     dict(positional="sinusoidal", norm_position="post"),
     dict(positional="learned", d_model=384, num_heads=6),  # projections large enough for the W @ x.T path
-    dict(positional="rope", partial_rotary_factor=0.5,
+    dict(positional="rope", partial_rotary_factor=0.5, bias=False, attention_bias=True, output_bias=False,
          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
-], ids=["gpt2-like", "llama-like-gqa", "post-norm-sinusoidal", "wide", "rope-yarn-partial"])
+], ids=["gpt2-like", "llama-like-gqa", "post-norm-sinusoidal", "wide", "qwen2-like-yarn-partial"])
 def test_sixteen_concurrent_greedy_requests_equal_each_alone(overrides):
     model = small_model(**overrides)
     prompts = prompts_of_lengths(LENGTHS)

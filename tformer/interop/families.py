@@ -9,6 +9,8 @@ from tformer.interop.family import Family
 from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
 from tformer.interop.marian import MarianFamily
+from tformer.interop.mistral import MistralFamily
+from tformer.interop.qwen2 import Qwen2Family
 from tformer.interop.roberta import RobertaFamily
 from tformer.interop.t5 import T5Family
 from tformer.interop.vit import ViTFamily
@@ -16,8 +18,8 @@ from tformer.interop.whisper import WhisperFamily
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
-    for family in (GPT2Family(), LlamaFamily(), BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(),
-                   T5Family(), WhisperFamily())
+    for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), BertFamily(), RobertaFamily(),
+                   ViTFamily(), MarianFamily(), T5Family(), WhisperFamily())
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

@@ -95,6 +95,9 @@ class Family:
     token_defaults: ClassVar[Mapping[str, int | None] | None] = None
     # The ModelConfig fields a family's overrides translate beyond its tables (see ``handled_fields``).
     fields_in_overrides: ClassVar[frozenset[str]] = frozenset()
+    # The attention kernels whose function the HF class computes: exact softmax attention by default (a family
+    # with a sliding window adds the band, declaring its ``attention_window`` among its overrides).
+    attention_kernels: ClassVar[tuple[str, ...]] = EXACT_ATTENTION_KERNELS
 
     @property
     def handled_fields(self) -> frozenset[str]:
@@ -196,14 +199,14 @@ class Family:
         """Why ``config`` cannot be written as this family, one short phrase per reason; [] if it can:
         handled fields with values the family lacks, then any field it does not handle set at all.
 
-        Every family computes exact softmax attention: a model on an exact kernel (sdpa, reference,
-        chunked) is the same function there; Performer and sliding windows are not, and are refused."""
+        A family computes exact softmax attention unless it says otherwise (``attention_kernels``): a model on an
+        exact kernel (sdpa, reference, chunked) is the same function there; Performer is not, and a sliding
+        window only where the family has one (Mistral)."""
         found = self.required_values(config)
         kernel = config.attention_kernel
-        if kernel not in EXACT_ATTENTION_KERNELS:
-            exact = " or ".join(map(repr, EXACT_ATTENTION_KERNELS))
-            found.append(f"attention_kernel={kernel!r} (needs {exact}: {self.model_type} computes exact softmax "
-                         "attention)")
+        if kernel not in self.attention_kernels:
+            allowed = " or ".join(map(repr, self.attention_kernels))
+            found.append(f"attention_kernel={kernel!r} (needs {allowed}: the function {self.model_type} computes)")
         for name in non_default_fields(config):
             if name not in self.handled_fields and name != "attention_kernel":
                 default = field_default(type(config), name)

@@ -57,7 +57,7 @@ class TransformerBlock(nn.Module):
             return MultiHeadAttention(
                 config.d_model, config.num_heads, config.num_kv_heads, config.head_dim, bias=config.attention_bias,
                 dropout=config.attention_dropout, cross=cross, kernel=config.attention_kernel, kernel_settings=settings,
-                key_bias=config.key_bias,
+                key_bias=config.key_bias, output_bias=config.output_bias,
             )
 
         self.attention_norm = norm()

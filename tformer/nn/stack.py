@@ -25,7 +25,7 @@ LAYOUT_FIELDS = frozenset({
     "architecture", "vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
     "d_ff", "activation", "norm", "norm_position", "norm_eps", "norm_bias", "bias", "attention_bias",
     "feedforward_bias", "attention_kernel", "performer_features", "performer_redraw_interval", "attention_window",
-    "key_bias",  # MultiHeadAttention's own: every pass through it honours it
+    "key_bias", "output_bias",  # MultiHeadAttention's own: every pass through it honours them
     # positions (the layout's own business: counted over real tokens, as forward counts them)
     "positional", "rope_theta", "rope_scaling", "partial_rotary_factor", "sinusoidal_layout", "relative_num_buckets",
     "relative_max_distance",

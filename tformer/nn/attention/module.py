@@ -29,7 +29,8 @@ class MultiHeadAttention(nn.Module):
     ``key_bias=False`` (with ``bias``): the keys get no bias, the queries, values and output keep theirs
     (Whisper). The projection that makes keys (``qkv_proj``, cross-attention's ``kv_proj``) then has no bias of
     its own; ``keyless_bias`` (a ``KeylessBias``) holds the biases of its other rows and adds them after it, so
-    a weight backend swapped in for the projection (prepacked, int8, ...) changes nothing.
+    a weight backend swapped in for the projection (prepacked, int8, ...) changes nothing. ``output_bias=False``
+    (with ``bias``): the output projection has none (Qwen2).
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class MultiHeadAttention(nn.Module):
         kernel: str = "sdpa",
         kernel_settings: dict[str, Any] | None = None,
         key_bias: bool = True,
+        output_bias: bool = True,
     ) -> None:
         super().__init__()
         kernel_type = kernel_class(kernel)
@@ -66,7 +68,7 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(d_model, 2 * kv_size, bias=fused_bias)
         else:
             self.qkv_proj = nn.Linear(d_model, q_size + 2 * kv_size, bias=fused_bias)
-        self.out_proj = nn.Linear(q_size, d_model, bias=bias)
+        self.out_proj = nn.Linear(q_size, d_model, bias=bias and output_bias)
         self.add_module("keyless_bias", KeylessBias(0 if cross else q_size, kv_size, kv_size)
                         if bias and not key_bias else None)
 

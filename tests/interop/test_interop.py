@@ -29,6 +29,8 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -82,6 +84,7 @@ LLAMA_ROPE_CASES = {
                                         "rope_theta": 500000.0}},
 }
 LLAMA_CASES.update(LLAMA_ROPE_CASES)
+PHI3_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # Phi3Config's 32000 is past VOCAB
 # Today's Llama-shaped families: Qwen2 (biases on q, k and v only; a large RoPE base; often tied) and Mistral (a
 # sliding window, here shorter than the 12-token batches and the prompts of the generation tests).
 OPEN_CASES = {
@@ -94,6 +97,16 @@ OPEN_CASES = {
     "mistral-window-7-llama3": ("mistral", {"sliding_window": 7, "num_key_value_heads": 4, "rope_parameters": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64, "rope_theta": 500000.0}}),
+    # Phi-3: fused projections; its long variants' LongRoPE past original_max_position_embeddings (top-level), a
+    # window, and rotary on half of each head (Phi-4-mini rotates 3/4)
+    "phi3-mini": ("phi3", {"sliding_window": None, **PHI3_TOKENS}),
+    "phi3-longrope-window": ("phi3", {**PHI3_TOKENS, "sliding_window": 9, "original_max_position_embeddings": 6,
+                                      "rope_parameters": {
+        "rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.5, 3.0, 6.0, 9.0],
+        "rope_theta": 10000.0}}),
+    "phi3-partial-rotary": ("phi3", {**PHI3_TOKENS, "sliding_window": None, "tie_word_embeddings": True,
+                                     "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
 }
 
 
@@ -119,7 +132,7 @@ def hf_gpt2(folder=None, **overrides) -> GPT2LMHeadModel:
 
 # The Llama-shaped families: config and LM classes by model_type, each made at LLAMA_TINY's sizes.
 LLAMA_SHAPED = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                "mistral": (MistralConfig, MistralForCausalLM)}
+                "mistral": (MistralConfig, MistralForCausalLM), "phi3": (Phi3Config, Phi3ForCausalLM)}
 
 
 def hf_decoder(model_type: str, folder=None, **overrides) -> torch.nn.Module:
@@ -266,17 +279,16 @@ def test_open_families_give_hf_logits_and_decode_as_hf_generate(tmp_path, case):
 
 @pytest.mark.parametrize("case", OPEN_CASES)
 def test_open_families_round_trip_to_hf(tmp_path, case):
-    """HF folder -> tformer -> HF folder: every tensor back bit for bit, the config's window and biases kept, and
-    HF's logits of the written folder equal tformer's. A config is written as the first family that can hold it:
-    Qwen2's biases and Mistral's window are theirs alone; a Mistral without a window is a Llama."""
+    """HF folder -> tformer -> HF folder of the same model_type (a Mistral without a window is written as a Mistral,
+    though a Llama could hold it): every tensor back bit for bit, the window and biases kept, and HF's logits of
+    the written folder equal tformer's."""
     model_type, overrides = OPEN_CASES[case]
     hf_decoder(model_type, tmp_path / "original", **overrides)
     model = tformer.load(tmp_path / "original")
     model.save(tmp_path / "written", format="hf")
     written_config = json.loads((tmp_path / "written" / "config.json").read_text())
-    windowless_mistral = model_type == "mistral" and not overrides["sliding_window"]
-    assert written_config["model_type"] == ("llama" if windowless_mistral else model_type)  # Llama's own function
-    if model_type == "mistral" and not windowless_mistral:
+    assert written_config["model_type"] == model_type  # the family it came from, though a Llama may hold it
+    if model_type in ("mistral", "phi3"):
         assert written_config["sliding_window"] == overrides["sliding_window"]
     original = load_file(str(tmp_path / "original" / "model.safetensors"))
     written = load_file(str(tmp_path / "written" / "model.safetensors"))
@@ -491,11 +503,11 @@ def write_config(folder, **changes) -> None:
 def test_unsupported_model_type_names_the_supported_ones(tmp_path, capsys):
     tmp_path.joinpath("config.json").write_text(json.dumps({"model_type": "bart", "d_model": 8}))
     with pytest.raises(CheckpointError,
-                       match=r"model_type 'bart' is not supported; supported: gpt2, llama, qwen2, mistral, bert, rob"):
+                       match=r"model_type .bart. is not supported; supported: gpt2, llama, qwen2, mistral, phi3, bert"):
         tformer.load(tmp_path)
     assert cli_main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "supported: gpt2, llama, qwen2, mistral, bert, roberta" in err
+    assert err.count("\n") == 1 and "supported: gpt2, llama, qwen2, mistral, phi3, bert, roberta" in err
 
 
 def test_missing_weights_are_listed(tmp_path):

@@ -5,11 +5,12 @@ from __future__ import annotations
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
 from tformer.interop.bert import BertFamily
-from tformer.interop.family import Family
+from tformer.interop.family import ORIGIN_KEY, Family
 from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
 from tformer.interop.marian import MarianFamily
 from tformer.interop.mistral import MistralFamily
+from tformer.interop.phi3 import Phi3Family
 from tformer.interop.qwen2 import Qwen2Family
 from tformer.interop.roberta import RobertaFamily
 from tformer.interop.t5 import T5Family
@@ -18,8 +19,8 @@ from tformer.interop.whisper import WhisperFamily
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
-    for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), BertFamily(), RobertaFamily(),
-                   ViTFamily(), MarianFamily(), T5Family(), WhisperFamily())
+    for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), Phi3Family(), BertFamily(),
+                   RobertaFamily(), ViTFamily(), MarianFamily(), T5Family(), WhisperFamily())
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
@@ -35,11 +36,15 @@ def family_for_model_type(model_type: object) -> Family:
 
 
 def family_for_config(config: ModelConfig) -> Family:
-    """The first family of ``config``'s architecture that can represent it; otherwise an error saying
-    what each lacks."""
+    """The family ``config`` was read from (``extra["hf_model_type"]``, which the Llama-shaped families record)
+    when it can still represent it, else the first family of its architecture that can; otherwise an error
+    saying what each lacks."""
     reasons = {}
     candidates = {model_type: family for model_type, family in FAMILIES.items()
                   if family.architecture == config.architecture}
+    origin = config.extra.get(ORIGIN_KEY)
+    if origin in candidates:
+        candidates = {origin: candidates[origin], **candidates}
     if not candidates:
         raise CheckpointError(f"architecture={config.architecture!r} has no Hugging Face family in tformer")
     for model_type, family in candidates.items():

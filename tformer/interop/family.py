@@ -46,6 +46,9 @@ HF_ACTIVATIONS: Mapping[str, str] = {
     "swish": "silu",
 }
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id")
+# ModelConfig.extra's key naming the model_type a config was read from, where another family could also hold it
+# (a Mistral without a window is a Llama): saving writes that family again.
+ORIGIN_KEY = "hf_model_type"
 # The encoder's config.json names and defaults of BertConfig, which ViTConfig repeats (their dropout
 # defaults differ: each family adds its own).
 BERT_ENCODER_KEYS: Mapping[str, tuple[str, Any]] = {

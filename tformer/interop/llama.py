@@ -8,10 +8,10 @@ tformer stacks them into ``qkv_proj`` and ``in_proj``. Both use the half-split r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from tformer.config import ModelConfig
-from tformer.interop.family import Family
+from tformer.interop.family import ORIGIN_KEY, Family
 from tformer.interop.rope import rope_from_hf, rope_to_hf
 from tformer.interop.weight_map import ModuleMap
 
@@ -41,6 +41,7 @@ class LlamaFamily(Family):
     ignored_names = (r"\.rotary_emb\.inv_freq$",)
     # norm_bias: RMSNorm has no bias whatever it says. extra: a Llama 3 list of end-of-sequence ids.
     fields_in_overrides = frozenset({"norm_bias", "rope_theta", "rope_scaling", "extra"})
+    partial_rotation: ClassVar[bool] = False  # HF's Llama rotates whole heads: partial_rotary_factor refused
 
     hf_keys = {
         "vocab_size": ("vocab_size", 32000),
@@ -66,11 +67,16 @@ class LlamaFamily(Family):
     def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
         values = super().values_from_hf(raw, tokens)
         eos_token_ids = values["eos_token_id"]
+        extra = {} if self.model_type == "llama" else {ORIGIN_KEY: self.model_type}  # saved back as this family
         if isinstance(eos_token_ids, list):  # Llama 3: eos_token_id holds the first, extra all of them
-            values["extra"] = {"eos_token_ids": eos_token_ids}
+            extra["eos_token_ids"] = eos_token_ids
             values["eos_token_id"] = eos_token_ids[0] if eos_token_ids else None
-        rope = rope_from_hf(self.model_type, raw)  # Llama rotates whole heads: partial_rotary_factor refused
-        return {**values, "bias": False, "rope_theta": rope["rope_theta"], "rope_scaling": rope["rope_scaling"]}
+        if extra:
+            values["extra"] = extra
+        rope = rope_from_hf(self.model_type, raw, partial=self.partial_rotation)
+        if not self.partial_rotation:
+            del rope["partial_rotary_factor"]
+        return {**values, "bias": False, **rope}
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         return {

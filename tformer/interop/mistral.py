@@ -9,11 +9,10 @@ the sliding-window kernel.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
-from tformer.interop.family import hf_field
 from tformer.interop.llama import LlamaFamily
 from tformer.nn.attention.registry import EXACT_ATTENTION_KERNELS
 
@@ -32,13 +31,14 @@ class MistralFamily(LlamaFamily):
     activations = {"silu": "swiglu"}
     attention_kernels = (*EXACT_ATTENTION_KERNELS, WINDOW_KERNEL)
     fields_in_overrides = LlamaFamily.fields_in_overrides | {"attention_window"}
+    window_default: ClassVar[int | None] = 4096  # MistralConfig's sliding_window when config.json has no such key
 
     def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
         values = super().values_from_hf(raw, tokens)
         if "layer_types" in raw and any(kind != "full_attention" for kind in raw["layer_types"] or ()):
             raise CheckpointError(f"mistral layer_types={raw['layer_types']!r} is not supported by tformer (one "
                                   "attention for every layer: a sliding_window or none)")
-        window = hf_field(raw, "sliding_window", None)
+        window = raw["sliding_window"] if "sliding_window" in raw else self.window_default
         if window is None:
             return values
         if isinstance(window, bool) or not isinstance(window, int) or window < 2:

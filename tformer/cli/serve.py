@@ -88,7 +88,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.cli import UsageError, quantize_option, resolve_device
+    from tformer.cli import UsageError, check_threads, quantize_option, resolve_device
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} must be in [0, 65535]")
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if 0 < args.engine_timeout < MIN_STALL_SECONDS:
         raise UsageError(f"--engine-timeout {args.engine_timeout:g} must be >= {MIN_STALL_SECONDS:g} s (the engine "
                          f"gives a sign of life every {HEARTBEAT_SECONDS:g} s), or 0 for no limit")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads {args.threads} must be >= 1")
+    if args.threads is not None:
+        check_threads(args.threads)
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("--api-key is empty; give a key, or leave the option out to serve without one")
     device = resolve_device(args.device)

@@ -87,6 +87,9 @@ def _snapshot(name: str, revision: str | None, local_only: bool, also_a_path: bo
         RevisionNotFoundError,
     )
 
+    if revision is not None and not revision.strip():
+        raise HubError(f"{name}: the revision is empty (--revision/revision=); give a branch, a tag or a commit, or "
+                       "leave it out for the repo's default branch")
     at = f"{name}@{revision}" if revision else name
     offline = local_only or constants.HF_HUB_OFFLINE
     try:
@@ -110,6 +113,13 @@ def _snapshot(name: str, revision: str | None, local_only: bool, also_a_path: bo
     except HfHubHTTPError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise HubError(f"{at}: the Hugging Face Hub refused: {first_line}") from None
+    broken = sorted(entry for entry in folder.iterdir() if entry.is_symlink() and not entry.exists())
+    if broken:
+        blob = broken[0].resolve()
+        raise HubError(f"{at}: the cached snapshot's {', '.join(entry.name for entry in broken)} "
+                       f"{'is a broken link' if len(broken) == 1 else 'are broken links'}: the blob {blob.name} is "
+                       f"missing from {blob.parent}; fetch it again with `tformer download {at}` where the network "
+                       "is on")
     if not any((folder / weights).is_file() for weights in SAFETENSORS_WEIGHTS):
         pickles = sorted(path.name for path in folder.glob("*.bin"))
         held = f" (its cached snapshot holds only {', '.join(pickles)})" if pickles else ""

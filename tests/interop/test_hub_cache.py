@@ -120,6 +120,8 @@ def test_an_existing_local_folder_wins_over_a_name(offline, tmp_path):
                               r"tiny-org/absent is not in the Hugging Face cache .*\(HF_HUB_OFFLINE\); fetch it "
                               r"with `tformer download tiny-org/absent`"),
     (NAME, "v9", r"tiny-org/tiny-gpt@v9 is not in the Hugging Face cache"),
+    (NAME, "", r"tiny-org/tiny-gpt: the revision is empty \(--revision/revision=\); give a branch, a tag or a commit"),
+    (NAME, " ", r"tiny-org/tiny-gpt: the revision is empty"),
 ])
 def test_names_that_cannot_be_loaded_say_why(offline, name, revision, message):
     with pytest.raises(HubError, match=message):
@@ -153,6 +155,35 @@ def test_command_errors_are_one_line_with_exit_code_2(offline, capsys):
     assert len(errors) == 3 and all(line.startswith("tformer ") and ": error: " in line for line in errors)
     assert "--local-only" in errors[1] and "not a Hub model name" in errors[2]
     assert errors[1].startswith("tformer download: error: tiny-org/absent: not in the Hugging Face cache")  # no folder
+
+
+def test_an_empty_revision_is_one_line_on_the_command_line(offline, capsys):
+    assert main(["info", NAME, "--revision", ""]) == 2  # was "refs/: Is a directory"
+    assert capsys.readouterr().err == (f"tformer info: error: {NAME}: the revision is empty (--revision/revision=); "
+                                       "give a branch, a tag or a commit, or leave it out for the repo's default "
+                                       "branch\n")
+
+
+def test_a_snapshot_whose_weight_blob_was_deleted_says_so(hub_cache, monkeypatch, tmp_path, capsys):
+    """A blob deleted from the cache leaves the snapshot's link dangling: named as a broken link, with the way to
+    fetch it again (it was reported as a repo without safetensors weights)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _add_snapshot(cache, NAME, MAIN_COMMIT, hub_cache / "models--tiny-org--tiny-gpt" / "snapshots" / MAIN_COMMIT,
+                  symlinks=True, refs=("main",))
+    weights = cache / "models--tiny-org--tiny-gpt" / "snapshots" / MAIN_COMMIT / "model.safetensors"
+    blob = weights.resolve()
+    blob.unlink()
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HubError, match=f"^{NAME}: the cached snapshot's model.safetensors is a broken link: the blob "
+                                       f"{blob.name} is missing from {blob.parent}; fetch it again with `tformer "
+                                       f"download {NAME}` where the network is on$"):
+        tformer.load(NAME)
+    assert main(["info", NAME]) == 2
+    err = capsys.readouterr().err
+    assert "is a broken link" in err and err.count("\n") == 1
 
 
 @pytest.mark.slow

@@ -79,6 +79,7 @@ def test_beam_search_gives_a_line_too(saved, capsys):
 @pytest.mark.parametrize("case, message", [
     ("bad", "bad.wav: not a RIFF/WAVE file; tformer reads WAV files (PCM or float)"),
     ("missing", "gone.wav: no such file"),
+    ("device", "/dev/null: not a regular file (a character device); give a WAV file"),
     ("nan", "nan.wav: 1 float sample(s) NaN, infinite or beyond +-1000 (the first, at 0.000 s: NaN)"),
     ("beam", "--beam 0 must be a positive integer"),
     ("language", "--language en: this model's tokenizer has no language tokens"),
@@ -93,6 +94,7 @@ def test_errors_are_one_line_and_nothing_is_printed(saved, tmp_path, capsys, cas
     chunks += b"data" + struct.pack("<I", len(samples)) + samples
     nan.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
     arguments = {"bad": [str(short), str(bad)], "missing": [str(short), str(tmp_path / "gone.wav")],
+                 "device": [str(short), "/dev/null"],
                  "nan": [str(short), str(nan)],
                  "beam": [str(short), "--beam", "0"], "language": [str(short), "--language", "en"]}[case]
     assert main(["transcribe", str(model), *arguments]) == 2

@@ -1,6 +1,7 @@
 """Audio in (WAV reading, resampling) and Whisper's log-mel features, against outside readers (Python's
 ``wave``, scipy's ``wavfile``) and Hugging Face's ``WhisperFeatureExtractor`` on real recordings."""
 
+import os
 import struct
 import wave
 from pathlib import Path
@@ -109,6 +110,21 @@ def test_bad_audio_is_one_line_naming_the_file(tmp_path, content, message):
     with pytest.raises(AudioError, match=message) as caught:
         read_wav(path)
     assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("make", "kind"), [
+    (lambda tmp_path: Path(os.devnull), "a character device"),
+    (lambda tmp_path: tmp_path, "a folder"),
+    (lambda tmp_path: (os.mkfifo(tmp_path / "pipe.wav"), tmp_path / "pipe.wav")[1], "a named pipe"),
+], ids=["dev-null", "folder", "fifo"])
+def test_what_is_no_regular_file_is_named_so(tmp_path, make, kind):
+    """/dev/null was reported as 'no such file'; a named pipe would block the read: neither is opened."""
+    path = make(tmp_path)
+    with pytest.raises(AudioError) as caught:
+        read_wav(path)
+    assert str(caught.value) == f"{path}: not a regular file ({kind}); give a WAV file"
+    with pytest.raises(AudioError, match="no such file"):
+        read_wav(tmp_path / "gone.wav")
 
 
 @pytest.mark.parametrize(("dtype", "value", "shown"), [

@@ -73,7 +73,8 @@ def read_wav(path: str | Path, max_seconds: float | None = DEFAULT_MAX_SECONDS) 
     read and the length checked against ``max_seconds`` before any sample is."""
     file = Path(path)
     if not file.is_file():
-        raise AudioError(f"{file}: no such file")
+        kind = _special_kind(file)
+        raise AudioError(f"{file}: not a regular file ({kind}); give a WAV file" if kind else f"{file}: no such file")
     with open(file, "rb") as handle:
         wav_format, data_offset, data_size = _parse_riff(handle, file.stat().st_size, file)
         frame_bytes = wav_format.channels * wav_format.sample_width
@@ -87,6 +88,17 @@ def read_wav(path: str | Path, max_seconds: float | None = DEFAULT_MAX_SECONDS) 
         payload = handle.read(frames * frame_bytes)
     samples = _decode(payload, wav_format, file).reshape(frames, wav_format.channels)
     return Audio(samples.mean(axis=1, dtype=np.float64).astype(np.float32), wav_format.sample_rate)
+
+
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is when it exists but is no regular file (a device such as /dev/null, a folder, a pipe that
+    would block the read), or None when nothing is there."""
+    for kind, test in (("a folder", path.is_dir), ("a character device", path.is_char_device),
+                       ("a block device", path.is_block_device), ("a named pipe", path.is_fifo),
+                       ("a socket", path.is_socket)):
+        if test():
+            return kind
+    return "neither a file nor a folder" if path.exists() else None
 
 
 def load_audio(path: str | Path, sample_rate: int = WHISPER_SAMPLE_RATE,

@@ -319,6 +319,19 @@ def test_threads_beyond_the_cpus_this_process_may_use_are_refused(work, capsys, 
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.parametrize("command", ["quantize", "transcribe", "generate"])
+def test_ctrl_c_says_interrupted_in_one_line_with_exit_status_130(work, capsys, monkeypatch, command):
+    """A KeyboardInterrupt carries no message: the line said only 'tformer quantize: '."""
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(f"tformer.cli.{command}.run", interrupted)
+    arguments = {"quantize": ["m", "--bits", "8", "--out", "q"], "transcribe": ["m", "a.wav"],
+                 "generate": ["m", "--prompt", "to be"]}[command]
+    assert main([command, *arguments]) == 130
+    assert capsys.readouterr().err == f"tformer {command}: interrupted\n"
+
+
 @pytest.mark.parametrize("command", ["generate", "translate", "evaluate", "transcribe", "classify", "predict",
                                      "attention", "serve"])
 def test_every_inference_command_takes_threads(command):

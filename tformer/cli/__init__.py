@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         except (TformerError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
             print(f"tformer {args.command}: error: {_one_line(error)}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt as interrupted:  # a TrainingInterrupted says where the run was saved
-            print(f"tformer {args.command}: {interrupted or 'interrupted'}", file=sys.stderr)
+        except KeyboardInterrupt as interrupted:  # a TrainingInterrupted says where the run was saved; Ctrl-C, nothing
+            print(f"tformer {args.command}: {str(interrupted) or 'interrupted'}", file=sys.stderr)
             return getattr(interrupted, "exit_code", 130)
 
 

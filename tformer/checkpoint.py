@@ -247,7 +247,7 @@ def load_state(model, state: dict[str, torch.Tensor], source: str, new_head: boo
                 if name not in model.tied_parameters()}
     found = {name: tensor.shape for name, tensor in state.items()}
     scheme = getattr(model, "quantization", None)
-    problem = scheme and scheme_disagreement(model, scheme, found)
+    problem = scheme and scheme_disagreement(model, scheme, state)
     if problem:
         raise CheckpointError(f"{source}: {problem}")
     changes = head_changes(expected, found, is_head, new_head)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from tformer.errors import TformerError
 from tformer.nn.embeddings import TokenEmbedding
@@ -132,12 +132,18 @@ def prepare_quantized(model: nn.Module, scheme: QuantizationScheme) -> nn.Module
     return model
 
 
-def scheme_disagreement(model: nn.Module, scheme: QuantizationScheme,
-                        shapes: Mapping[str, Sequence[int]]) -> str | None:
-    """How the tensors of a quantized checkpoint (name -> shape) disagree with the ``scheme`` its config.json
+def scheme_disagreement(model: nn.Module, scheme: QuantizationScheme, tensors: Mapping[str, Tensor]) -> str | None:
+    """How the tensors of a quantized checkpoint (name -> tensor) disagree with the ``scheme`` its config.json
     records, naming the scheme's field and what the tensors say, or None. A hand-edited config.json (a
-    ``float_layers`` emptied, another ``group_size``) is refused in one line instead of failing inside a
-    layer; ``model`` is the model ``prepare_quantized`` gave the scheme."""
+    ``float_layers`` emptied or naming a layer the model lacks, another ``group_size``) or tensors of another
+    kind (a float ``qweight``) are refused in one line instead of failing inside a layer or loading as
+    garbage; ``model`` is the model ``prepare_quantized`` gave the scheme."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+    layers = [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, QuantizedLinear))]
+    unknown = [name for name in scheme.float_layers if name not in layers]
+    if unknown:
+        return (f"config.json's quantization float_layers names {_names(unknown)}, which the model has no linear "
+                f"layer of (float_layers lists linear layers of the model, such as {layers[0]})")
     contrary: dict[tuple[str, str], list[str]] = {}  # (field, how the weights hold them) -> layers
     for name, module in model.named_modules():
         if not isinstance(module, (nn.Linear, QuantizedLinear)):
@@ -153,7 +159,11 @@ def scheme_disagreement(model: nn.Module, scheme: QuantizationScheme,
         listed = scheme.float_layers
         value = "false" if field_name == "head" else list(listed) if len(listed) <= 3 else f"[{len(listed)} names]"
         return (f"config.json's quantization {field_name}={value} disagrees with the weights, which hold "
-                f"{len(names)} layer(s) {held}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
+                f"{len(names)} layer(s) {held}: {_names(names)}")
+    for name, expected in model.state_dict().items():  # the integers of the quantized layers and tables
+        if not expected.is_floating_point() and name in tensors and tensors[name].dtype != expected.dtype:
+            return (f"{name} holds {_dtype(tensors[name])} values where this {scheme.method} checkpoint holds "
+                    f"{_dtype(expected)} integers; the weights are not what tformer quantize writes")
     if scheme.method == "int4":
         for name, shape in sorted(shapes.items()):
             layer = name.removesuffix(".zeros")
@@ -164,6 +174,14 @@ def scheme_disagreement(model: nn.Module, scheme: QuantizationScheme,
                 return (f"config.json's quantization group_size={scheme.group_size} disagrees with the weights, "
                         f"which hold {layer} ({inputs} inputs) in {shape[1]} group(s) of {inputs / shape[1]:g}")
     return None
+
+
+def _names(names: Sequence[str]) -> str:
+    return f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+
+
+def _dtype(tensor: Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def dequantized(model: nn.Module) -> nn.Module:

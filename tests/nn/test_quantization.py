@@ -368,6 +368,37 @@ def test_a_corrupted_scale_tensor_or_an_unknown_scheme_is_refused_at_load(tmp_pa
         tformer.load(folder)
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_float_layer_the_model_lacks_or_a_float_qweight_is_refused_at_load(tmp_path, capsys, method):
+    """Both loaded without a word: the float_layers entry was ignored, the float32 integers cast to int8."""
+    from tformer.cli import main
+
+    _, folder = quantized_folder(tmp_path, method, group_size=32 if method == "int4" else None)
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config["quantization"]["float_layers"] = ["stack.blocks.7.attention.qkv_proj"]
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"model.safetensors: config.json's quantization float_layers names "
+                                              r"stack.blocks.7.attention.qkv_proj, which the model has no linear "
+                                              r"layer of \(float_layers lists linear layers of the model, such as "
+                                              r"stack.blocks.0.attention.qkv_proj\)$"):
+        tformer.load(folder)
+    config["quantization"]["float_layers"] = []
+    config_file.write_text(json.dumps(config))
+    tensors = load_file(folder / "model.safetensors")
+    name = "stack.blocks.0.attention.qkv_proj.qweight"
+    integers = "uint8" if method == "int4" else "int8"
+    tensors[name] = tensors[name].float()
+    save_file(tensors, folder / "model.safetensors")
+    message = (f"{folder / 'model.safetensors'}: {name} holds float32 values where this {method} checkpoint holds "
+               f"{integers} integers; the weights are not what tformer quantize writes")
+    with pytest.raises(CheckpointError) as caught:
+        tformer.load(folder)
+    assert str(caught.value) == message
+    assert main(["info", str(folder)]) == 2
+    assert capsys.readouterr().err == f"tformer info: error: {message}\n"
+
+
 def test_schemes_are_checked():
     with pytest.raises(QuantizationError, match="int4 group_size=48 is not one of 32, 64, 128"):
         QuantizationScheme("int4", 48)

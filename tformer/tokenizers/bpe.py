@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain, pairwise
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,37 @@ CACHE_LIMIT = 200_000
 _SPACE_CHARS = "".join(WHITE_SPACE) + BYTE_TO_CHAR[ord(" ")]
 
 
-class BPETokenizer(VocabularyTokenizer):
+class MergeTokenizer(VocabularyTokenizer):
+    """What both BPEs share (byte-level here, SentencePiece-style in ``sentencepiece_bpe``): a
+    vocabulary, merges by rank, an optional unknown token and normalizer, a cache of words."""
+
+    normalizer: Normalizer | None = None
+
+    def _set_model(self, vocab: Mapping[str, int], merges: Sequence[tuple[str, str]], unk_token: str | None) -> None:
+        self._set_vocabulary(_check_vocab(vocab))
+        if unk_token is not None and unk_token not in self._vocab:
+            raise TokenizerError(f"unk_token {unk_token!r} is not in the vocabulary")
+        self._unk_token = unk_token
+        self._unk_id = None if unk_token is None else self._vocab[unk_token]
+        self._merge_pairs = [tuple(pair) for pair in merges]
+        self._merges = merge_table(self._vocab, self._merge_pairs)
+        self._cache: dict = {}
+
+    @property
+    def merges(self) -> list[tuple[str, str]]:
+        return list(self._merge_pairs)
+
+    def _normalize(self, text: str) -> str:
+        return text if self.normalizer is None else self.normalizer(text)
+
+    def _normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        return (text, None) if self.normalizer is None else self.normalizer.normalize_aligned(text)
+
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+
+
+class BPETokenizer(MergeTokenizer):
     """Byte-level BPE. ``vocab`` maps byte-level token strings ("Ġthe") to ids; ``merges``
     lists ``(left, right)`` pairs by rank. ``pattern`` is the pre-tokenization regex (GPT-2's
     by default). ``ignore_merges`` looks a whole word up in the vocabulary before merging
@@ -54,48 +84,18 @@ class BPETokenizer(VocabularyTokenizer):
         normalizer: Normalizer | None = None,
         trim_offsets: bool = False,
     ) -> None:
-        self._set_vocabulary(_check_vocab(vocab))
+        self._set_model(vocab, merges, unk_token)
         self._byte_ids = [self._vocab.get(char) for char in BYTE_TO_CHAR]
         self._missing_bytes = None in self._byte_ids
-        if unk_token is not None and unk_token not in self._vocab:
-            raise TokenizerError(f"unk_token {unk_token!r} is not in the vocabulary")
-        self._unk_token = unk_token
-        self._unk_id = None if unk_token is None else self._vocab[unk_token]
-        self._merge_pairs = [tuple(pair) for pair in merges]
-        self._merges: dict[tuple[int, int], tuple[int, int]] = {}
-        for rank, pair in enumerate(self._merge_pairs):
-            if len(pair) != 2:
-                raise TokenizerError(f"merge {rank} is {pair!r}; a merge is a pair of tokens")
-            left, right = pair
-            ids = (self._vocab.get(left), self._vocab.get(right), self._vocab.get(left + right))
-            if None in ids:
-                missing = next(token for token, token_id in zip((left, right, left + right), ids, strict=True)
-                               if token_id is None)
-                raise TokenizerError(f"merge {rank} ({left!r} {right!r}): {missing!r} is not in the vocabulary")
-            self._merges[ids[0], ids[1]] = (rank, ids[2])
         self._split = PreTokenizer(pattern)
         self.pattern = pattern
         self.ignore_merges = ignore_merges
         self.add_prefix_space = add_prefix_space
         self.normalizer = normalizer
         self.trim_offsets = trim_offsets
-        self._cache: dict[str, list[int]] = {}
         super().__init__(added_tokens, roles, template)
 
     # ---- the model ------------------------------------------------------------------------------
-
-    @property
-    def merges(self) -> list[tuple[str, str]]:
-        return list(self._merge_pairs)
-
-    def _normalize(self, text: str) -> str:
-        return text if self.normalizer is None else self.normalizer(text)
-
-    def _normalize_aligned(self, text: str) -> tuple[str, Alignment]:
-        return (text, None) if self.normalizer is None else self.normalizer.normalize_aligned(text)
-
-    def _clear_cache(self) -> None:
-        self._cache.clear()
 
     def _refresh_added(self) -> None:
         super()._refresh_added()
@@ -207,10 +207,7 @@ class BPETokenizer(VocabularyTokenizer):
         return rows
 
     def _encode_word(self, word: str) -> list[int]:
-        """The ids of one pre-tokenized word: its bytes, merged lowest rank first (leftmost
-        first among equals), as in GPT-2. A heap of (rank, position, result) over a linked list
-        of symbols makes that O(n log n) even for a word of a million spaces; entries whose pair
-        has changed since they were pushed are skipped when popped."""
+        """The ids of one pre-tokenized word: its bytes, merged as in GPT-2 (:func:`apply_merges`)."""
         if self.ignore_merges:
             whole = self._vocab.get(to_byte_chars(word))
             if whole is not None:
@@ -219,42 +216,7 @@ class BPETokenizer(VocabularyTokenizer):
             ids = self._replace_missing([self._byte_ids[byte] for byte in word.encode("utf-8")])
         else:
             ids = list(map(self._byte_ids.__getitem__, word.encode("utf-8")))
-        count = len(ids)
-        if count < 2:
-            return ids
-        get = self._merges.get
-        heap = [(merge[0], position, merge[1])
-                for position, merge in enumerate(map(get, pairwise(ids))) if merge is not None]
-        if not heap:
-            return ids
-        heapq.heapify(heap)
-        after = list(range(1, count + 1))  # linked list: after[i] / before[i] is the next / previous symbol
-        after[-1] = -1
-        before = list(range(-1, count - 1))
-        symbols: list[int | None] = ids
-        pop, push = heapq.heappop, heapq.heappush
-        while heap:
-            rank, position, new_id = pop(heap)
-            right = after[position]
-            if right == -1 or symbols[position] is None:
-                continue
-            merge = get((symbols[position], symbols[right]))
-            if merge is None or merge[0] != rank:
-                continue
-            symbols[position] = new_id
-            symbols[right] = None
-            following = after[position] = after[right]
-            if following != -1:
-                before[following] = position
-                merge = get((new_id, symbols[following]))
-                if merge is not None:
-                    push(heap, (merge[0], position, merge[1]))
-            left = before[position]
-            if left != -1:
-                merge = get((symbols[left], new_id))
-                if merge is not None:
-                    push(heap, (merge[0], left, merge[1]))
-        return [symbol for symbol in symbols if symbol is not None]
+        return [symbol for symbol in apply_merges(ids, self._merges.get) if symbol is not None]
 
     def _replace_missing(self, ids: list[int | None]) -> list[int]:
         """Bytes the vocabulary lacks become the unknown token, or vanish without one (as in
@@ -361,6 +323,71 @@ class BPETokenizer(VocabularyTokenizer):
             roles=roles,
             pattern=pattern,
         )
+
+
+# (left id, right id) -> (rank, id of the merged token).
+MergeTable = dict[tuple[int, int], tuple[int, int]]
+
+
+def merge_table(vocab: Mapping[str, int], merges: Sequence[tuple[str, str]]) -> MergeTable:
+    """The merges by rank as ids; a merge whose parts or result the vocabulary lacks is refused.
+    A pair listed twice keeps its last rank, as in Hugging Face."""
+    table: MergeTable = {}
+    for rank, pair in enumerate(merges):
+        if len(pair) != 2:
+            raise TokenizerError(f"merge {rank} is {pair!r}; a merge is a pair of tokens")
+        left, right = pair
+        ids = (vocab.get(left), vocab.get(right), vocab.get(left + right))
+        if None in ids:
+            missing = next(token for token, token_id in zip((left, right, left + right), ids, strict=True)
+                           if token_id is None)
+            raise TokenizerError(f"merge {rank} ({left!r} {right!r}): {missing!r} is not in the vocabulary")
+        table[ids[0], ids[1]] = (rank, ids[2])
+    return table
+
+
+def apply_merges(ids: list[int], get: Callable[[tuple[int, int]], tuple[int, int] | None]) -> list[int | None]:
+    """``ids`` merged lowest rank first (leftmost first among equals), as GPT-2 and Hugging Face
+    do; ``get`` is a :data:`MergeTable`'s ``get``. A merged token stands at its first symbol's
+    position and the positions it absorbed hold None (so callers can tell which symbols each
+    token covers). A heap of (rank, position, result) over a linked list of symbols makes that
+    O(n log n) even for a word of a million spaces; entries whose pair has changed since they
+    were pushed are skipped when popped."""
+    count = len(ids)
+    if count < 2:
+        return ids
+    heap = [(merge[0], position, merge[1])
+            for position, merge in enumerate(map(get, pairwise(ids))) if merge is not None]
+    if not heap:
+        return ids
+    heapq.heapify(heap)
+    after = list(range(1, count + 1))  # linked list: after[i] / before[i] is the next / previous symbol
+    after[-1] = -1
+    before = list(range(-1, count - 1))
+    symbols: list[int | None] = ids
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        rank, position, new_id = pop(heap)
+        right = after[position]
+        if right == -1 or symbols[position] is None:
+            continue
+        merge = get((symbols[position], symbols[right]))
+        if merge is None or merge[0] != rank:
+            continue
+        symbols[position] = new_id
+        symbols[right] = None
+        following = after[position] = after[right]
+        if following != -1:
+            before[following] = position
+            merge = get((new_id, symbols[following]))
+            if merge is not None:
+                push(heap, (merge[0], position, merge[1]))
+        left = before[position]
+        if left != -1:
+            merge = get((symbols[left], new_id))
+            if merge is not None:
+                push(heap, (merge[0], left, merge[1]))
+    return symbols
 
 
 def read_merges(path: Path) -> list[tuple[str, str]]:

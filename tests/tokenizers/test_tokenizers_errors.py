@@ -69,8 +69,8 @@ def test_missing_and_undecodable_corpus_files(tmp_path):
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0, "byte_fallback": true}}',
          "Unigram with byte_fallback=true is not supported"),
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
-         b'"Metaspace", "prepend_scheme": "first"}}',
-         "Metaspace prepend_scheme 'first' is not supported; known: always"),
+         b'"Metaspace", "prepend_scheme": "sometimes"}}',
+         "Metaspace prepend_scheme 'sometimes' is not supported; known: always, first, never"),
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
          b'"Metaspace"}, "decoder": {"type": "ByteLevel"}}',
          "Unigram decoder 'ByteLevel' is not supported; known: Metaspace"),
@@ -82,9 +82,17 @@ def test_missing_and_undecodable_corpus_files(tmp_path):
         (b'{"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]], "unk_id": 0}, "pre_tokenizer": {"type": '
          b'"Metaspace"}, "decoder": {"type": "Metaspace"}, "normalizer": {"type": "Replace", "pattern": '
          b'{"Regex": " +"}, "content": " "}}', "Replace normalizer with pattern .* is not supported; only a String"),
-        (b'{"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": true}}', "byte_fallback=True"),
-        (b'{"model": {"type": "BPE", "vocab": {}, "merges": []}, "decoder": {"type": "Metaspace"}}',
-         "BPE decoder 'Metaspace' is not supported"),
+        (b'{"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": true}, "decoder": {"type": '
+         b'"ByteLevel"}}', "byte-level BPE with byte_fallback=true is not supported"),
+        (b'{"model": {"type": "BPE", "vocab": {}, "merges": []}, "decoder": {"type": "Metaspace"}, '
+         b'"pre_tokenizer": {"type": "ByteLevel"}}', "byte-level BPE decoder 'Metaspace' is not supported; known: "
+         "ByteLevel"),
+        (b'{"model": {"type": "BPE", "vocab": {}, "merges": []}, "decoder": {"type": "CTC"}}',
+         "decoder 'CTC' is not supported for SentencePiece-style BPE; known: Sequence, Replace, ByteFallback"),
+        (b'{"model": {"type": "BPE", "vocab": {}, "merges": []}}',
+         "decoder None is not supported for SentencePiece-style BPE"),
+        (b'{"model": {"type": "BPE", "vocab": {}, "merges": [], "continuing_subword_prefix": "##"}, "decoder": '
+         b'{"type": "Fuse"}}', "BPE with continuing_subword_prefix='##' is not supported; allowed: None or ''"),
         (b'{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}}, "pre_tokenizer": {"type": "Metaspace"}}',
          "WordPiece pre_tokenizer 'Metaspace' is not supported; known: BertPreTokenizer"),
         (b'{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0}}, "normalizer": {"type": "NFKCish"}, '

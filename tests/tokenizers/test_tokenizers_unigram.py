@@ -29,6 +29,7 @@ _EDGE_CASES = [
     "", " ", "  hello   world  ", "a\r\nb", "tab\there", "e\u0301t\u00e9", "ﬁ\u0301ve", "x\u200dy", "👨‍👩‍👧 family",
     "日本語のテキスト", "<extra_id_0> the <extra_id_1>dog</s>", "UPPER lower 123 4.5 %$#", "Ⅻ ① ｆｕｌｌ ﬁve",
     "\u00a0nbsp\u3000ideographic", "▁leading mark", "a▁b", "\x00ctrl\x07", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "``quoted''", "zzqqxx",
+    "  <extra_id_0>x", "x <extra_id_0> y", "<extra_id_0>",
     "ª\u0300 º\u0301 x",  # two keys begin these graphemes ("ª" and "ª̀"): Hugging Face replaces by the first
 ]
 
@@ -57,22 +58,28 @@ def t5_document(tmp_path_factory) -> dict:
 
 def _variants(document: dict) -> dict[str, dict]:
     """T5's file and the other layouts Unigram files use: Metaspace alone, not splitting, not
-    prepending, a normalizer sequence."""
+    prepending, prepending before the text's first piece only ("first", not after an added
+    token), a normalizer sequence."""
     metaspace_only = copy.deepcopy(document)
     metaspace_only["pre_tokenizer"] = metaspace_only["pre_tokenizer"]["pretokenizers"][1]
     no_split = copy.deepcopy(metaspace_only)
     no_split["pre_tokenizer"]["split"] = False
     never = copy.deepcopy(metaspace_only)
     never["pre_tokenizer"]["prepend_scheme"] = never["decoder"]["prepend_scheme"] = "never"
+    first = copy.deepcopy(metaspace_only)
+    first["pre_tokenizer"]["prepend_scheme"] = first["decoder"]["prepend_scheme"] = "first"
+    t5_first = copy.deepcopy(document)
+    t5_first["pre_tokenizer"]["pretokenizers"][1]["prepend_scheme"] = t5_first["decoder"]["prepend_scheme"] = "first"
     sequence = copy.deepcopy(document)
     replace = {"type": "Replace", "pattern": {"String": "``"}, "content": '"'}
     steps = [document["normalizer"], replace, {"type": "Lowercase"}]
     sequence["normalizer"] = {"type": "Sequence", "normalizers": steps}
     return {"t5": document, "metaspace-only": metaspace_only, "no-split": no_split, "never": never,
-            "sequence": sequence}
+            "first": first, "t5-first": t5_first, "sequence": sequence}
 
 
-@pytest.mark.parametrize("variant", ["t5", "metaspace-only", "no-split", "never", "sequence"])
+@pytest.mark.parametrize("variant", ["t5", "metaspace-only", "no-split", "never", "first", "t5-first",
+                                     "sequence"])
 def test_ids_and_text_equal_hugging_face(t5_document, variant):
     document = _variants(t5_document)[variant]
     reference = hf_tokenizers.Tokenizer.from_str(json.dumps(document))
@@ -183,7 +190,7 @@ def test_a_folder_with_a_unigram_tokenizer_translates_text_as_hugging_face_does(
     assert sum(bool(text) for text in got) >= 2, got  # real output, not only empty strings
 
 
-@pytest.mark.parametrize("variant", ["t5", "metaspace-only", "no-split", "never"])
+@pytest.mark.parametrize("variant", ["t5", "metaspace-only", "no-split", "never", "first", "t5-first"])
 def test_offsets_and_word_ids_equal_hugging_face(t5_document, variant):
     """Offsets through the precompiled map (ligatures, decomposed accents, CR LF, full width)
     and through the marks Metaspace puts in, and word ids, as Hugging Face reports them."""
@@ -199,7 +206,7 @@ def test_offsets_and_word_ids_equal_hugging_face(t5_document, variant):
 
 def test_unsupported_unigram_layouts_are_refused(t5_document):
     replacing = _variants(t5_document)["sequence"]
-    with pytest.raises(TokenizerError, match="offsets are not supported through the ReplaceNormalizer normalizer"):
+    with pytest.raises(TokenizerError, match="offsets are not supported through the Replace normalizer"):
         from_dict(replacing).encode_plus("a man")
     wrong = copy.deepcopy(t5_document)
     wrong["pre_tokenizer"] = {"type": "ByteLevel"}

@@ -1,5 +1,6 @@
-"""Tokenizers: byte-level BPE (GPT-2), WordPiece (BERT) and characters, trainable, exact against
-the vocabularies people already have, and stored as Hugging Face ``tokenizer.json``.
+"""Tokenizers: byte-level BPE (GPT-2, Llama 3, Qwen2), WordPiece (BERT) and characters, trainable;
+SentencePiece-style BPE (Llama 2, Mistral, Gemma) and Unigram (T5, Marian), read and written;
+all exact against the vocabularies people already have, and stored as Hugging Face ``tokenizer.json``.
 
 ``load(path)`` reads any supported file or folder; ``train(kind, corpus, vocab_size)`` learns
 a new one. Every tokenizer has ``encode``, ``decode``, ``encode_batch``, ``save``, ``vocab_size``;
@@ -17,6 +18,7 @@ from tformer.tokenizers.corpus import TextsOrFiles
 from tformer.tokenizers.encoding import Encoding
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.loader import from_dict, load
+from tformer.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer
 from tformer.tokenizers.wordpiece import WordPieceTokenizer
 
 KINDS: dict[str, type[Tokenizer]] = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer, "char": CharTokenizer}
@@ -33,6 +35,6 @@ def train(kind: str, texts_or_files: TextsOrFiles, vocab_size: int | None = None
 
 
 __all__ = [
-    "KINDS", "SPECIAL_ROLES", "AddedToken", "BPETokenizer", "BatchEncoding", "CharTokenizer", "Encoding", "Tokenizer",
-    "TokenizerError", "WordPieceTokenizer", "from_dict", "load", "train",
+    "KINDS", "SPECIAL_ROLES", "AddedToken", "BPETokenizer", "BatchEncoding", "CharTokenizer", "Encoding",
+    "SentencePieceBPETokenizer", "Tokenizer", "TokenizerError", "WordPieceTokenizer", "from_dict", "load", "train",
 ]

@@ -79,6 +79,15 @@ class Tokenizer:
         """Ids of normalized text holding no added token."""
         raise NotImplementedError
 
+    def _encode_piece(self, text: str, first: bool) -> list[int]:
+        """``_encode_normalized`` of one piece between added tokens; ``first`` when the piece begins
+        the text (Metaspace's prepend_scheme "first" marks a word start there only)."""
+        return self._encode_normalized(text)
+
+    def _encode_piece_with_offsets(self, text: str, first: bool) -> tuple[list[int], list[Offset], list[int], int]:
+        """``_encode_normalized_with_offsets`` of one piece, ``first`` as in ``_encode_piece``."""
+        return self._encode_normalized_with_offsets(text)
+
     def _normalize_aligned(self, text: str) -> tuple[str, Alignment]:
         """``_normalize`` with where each normalized character comes from (for offsets)."""
         return text, None
@@ -508,7 +517,8 @@ class Tokenizer:
                 if piece_token_id is not None:
                     piece_ids, piece_offsets, piece_words, count = [piece_token_id], [(0, len(piece))], [0], 1
                 else:
-                    piece_ids, piece_offsets, piece_words, count = self._encode_normalized_with_offsets(piece)
+                    piece_ids, piece_offsets, piece_words, count = self._encode_piece_with_offsets(
+                        piece, raw_start == 0 and start == 0)
                 ids += piece_ids
                 word_ids += [word + word_count for word in piece_words]
                 word_count += count
@@ -560,9 +570,9 @@ class Tokenizer:
         if splitter is None or not splitter.could_match(text):
             return self._encode_normalized(self._normalize(text))
         ids: list[int] = []
-        for piece, token_id in splitter.split(text):
+        for index, (piece, token_id) in enumerate(splitter.split(text)):
             if token_id is None:
-                ids += self._encode_normalized(piece)
+                ids += self._encode_piece(piece, index == 0)
             else:
                 ids.append(token_id)
         return ids

@@ -1,5 +1,5 @@
 """The one loader: a ``tokenizer.json`` (Hugging Face's, or tformer's which is the same format;
-byte-level BPE, WordPiece, SentencePiece Unigram, characters),
+byte-level BPE, SentencePiece-style BPE, WordPiece, SentencePiece Unigram, characters),
 GPT-2's ``encoder.json`` + ``vocab.bpe`` or ``vocab.json`` + ``merges.txt``, BERT's
 ``vocab.txt``, or a folder holding any of them. Every unsupported component is refused with
 its name and the supported ones, never silently approximated."""
@@ -14,10 +14,12 @@ from tformer.tokenizers.base import TOKENIZER_FILE, Tokenizer
 from tformer.tokenizers.bpe import BPETokenizer
 from tformer.tokenizers.byte_level import GPT2_PATTERN
 from tformer.tokenizers.char import CHAR_SPLIT, CharTokenizer
+from tformer.tokenizers.decoders import decoder_from_json
 from tformer.tokenizers.errors import TokenizerError
 from tformer.tokenizers.normalizers import NoNormalizer, normalizer_from_json
 from tformer.tokenizers.post_processor import Template, offset_trimming
-from tformer.tokenizers.pre_tokenizers import pre_tokenizer_from_json
+from tformer.tokenizers.pre_tokenizers import SplitPreTokenizer, pre_tokenizer_from_json
+from tformer.tokenizers.sentencepiece_bpe import SentencePieceBPETokenizer
 from tformer.tokenizers.unigram import Metaspace, UnigramTokenizer
 from tformer.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -91,8 +93,8 @@ def from_dict(data: dict) -> Tokenizer:
             return CharTokenizer.from_dict(data)
     except KeyError as error:
         raise TokenizerError(f"a {kind} tokenizer.json lacks the field {error}") from None
-    raise TokenizerError(f"unknown tokenizer model type {kind!r}; known: BPE (byte-level), WordPiece, "
-                         "Unigram (SentencePiece), WordLevel (characters), Char")
+    raise TokenizerError(f"unknown tokenizer model type {kind!r}; known: BPE (byte-level or SentencePiece-style), "
+                         "WordPiece, Unigram (SentencePiece), WordLevel (characters), Char")
 
 
 def _guess_model_type(model: dict) -> str | None:
@@ -115,31 +117,70 @@ def _added_and_roles(data: dict) -> tuple[dict[int, AddedToken], dict[str, str]]
     return added, roles
 
 
-def _bpe_from_dict(data: dict) -> BPETokenizer:
+def _bpe_from_dict(data: dict) -> BPETokenizer | SentencePieceBPETokenizer:
+    """Byte-level BPE (GPT-2, Llama 3, Qwen2: a ByteLevel decoder or pre-tokenizer) or
+    SentencePiece-style BPE over characters (Llama 2, Mistral, Gemma: anything else)."""
     model = data["model"]
-    for name, allowed in (("dropout", (None,)), ("continuing_subword_prefix", (None, "")),
-                          ("end_of_word_suffix", (None, "")), ("byte_fallback", (False, None))):
+    for name, allowed in (("dropout", (None, 0, 0.0)), ("continuing_subword_prefix", (None, "")),
+                          ("end_of_word_suffix", (None, ""))):
         if model.get(name) not in allowed:
-            raise TokenizerError(f"BPE with {name}={model.get(name)!r} is not supported (only byte-level BPE is)")
+            raise TokenizerError(f"BPE with {name}={model.get(name)!r} is not supported; allowed: "
+                                 f"{' or '.join(map(repr, allowed[:2]))}")
+    merges = [tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in model["merges"]]
+    added, roles = _added_and_roles(data)
+    template = Template.from_json(data.get("post_processor"))
+    if not _is_byte_level(data):
+        return _sentencepiece_bpe_from_dict(data, merges, added, roles, template)
+    if model.get("byte_fallback"):
+        raise TokenizerError("byte-level BPE with byte_fallback=true is not supported (every byte has a token); "
+                             "byte_fallback is read for SentencePiece-style BPE")
     if model.get("fuse_unk") and model.get("unk_token"):
-        raise TokenizerError("BPE with fuse_unk is not supported")
+        raise TokenizerError("byte-level BPE with fuse_unk is not supported; fuse_unk is read for SentencePiece-style "
+                             "BPE")
     decoder = data.get("decoder") or {}
     if decoder.get("type") != "ByteLevel":
-        raise TokenizerError(f"BPE decoder {decoder.get('type')!r} is not supported; only byte-level BPE "
-                             "(decoder ByteLevel) is")
+        raise TokenizerError(f"byte-level BPE decoder {decoder.get('type')!r} is not supported; known: ByteLevel")
     pattern, add_prefix_space = _byte_level_pre_tokenizer(data.get("pre_tokenizer"))
     trim_offsets, trim_prefix_space = offset_trimming(data.get("post_processor"))
     if trim_offsets and trim_prefix_space != add_prefix_space:
         raise TokenizerError(f"a post_processor trimming offsets with add_prefix_space={trim_prefix_space} after a "
                              f"pre_tokenizer with add_prefix_space={add_prefix_space} is not supported")
-    merges = [tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in model["merges"]]
-    added, roles = _added_and_roles(data)
     return BPETokenizer(
-        model["vocab"], merges, added_tokens=added, roles=roles,
-        template=Template.from_json(data.get("post_processor")), pattern=pattern,
+        model["vocab"], merges, added_tokens=added, roles=roles, template=template, pattern=pattern,
         unk_token=model.get("unk_token"), ignore_merges=bool(model.get("ignore_merges")),
         add_prefix_space=add_prefix_space, normalizer=normalizer_from_json(data.get("normalizer")),
         trim_offsets=trim_offsets,
+    )
+
+
+def _is_byte_level(data: dict) -> bool:
+    """Whether a BPE file is byte-level: its decoder or a step of its pre-tokenizer is ByteLevel."""
+    pre_tokenizer = data.get("pre_tokenizer") or {}
+    steps = (pre_tokenizer.get("pretokenizers") or []) if pre_tokenizer.get("type") == "Sequence" else [pre_tokenizer]
+    return (data.get("decoder") or {}).get("type") == "ByteLevel" or any(
+        isinstance(step, dict) and step.get("type") == "ByteLevel" for step in steps)
+
+
+def _sentencepiece_bpe_from_dict(data: dict, merges: list, added: dict, roles: dict,
+                                 template: Template) -> SentencePieceBPETokenizer:
+    model = data["model"]
+    if offset_trimming(data.get("post_processor"))[0]:
+        raise TokenizerError("a post_processor trimming byte-level offsets is not supported with SentencePiece-style "
+                             "BPE (its tokens hold no byte-level spaces)")
+    pre_tokenizer = data.get("pre_tokenizer")
+    kind = None if pre_tokenizer is None else pre_tokenizer.get("type")
+    if kind in ("Metaspace", "Sequence"):
+        pre_tokenizer = _metaspace_from_json(pre_tokenizer, model="SentencePiece-style BPE")
+    elif kind == "Split":
+        pre_tokenizer = SplitPreTokenizer.from_json(pre_tokenizer)
+    elif kind is not None:
+        raise TokenizerError(f"SentencePiece-style BPE pre_tokenizer {kind!r} is not supported; known: none, "
+                             "Metaspace, Split, Sequence[WhitespaceSplit, Metaspace]")
+    return SentencePieceBPETokenizer(
+        model["vocab"], merges, unk_token=model.get("unk_token"), byte_fallback=bool(model.get("byte_fallback")),
+        fuse_unk=bool(model.get("fuse_unk")), ignore_merges=bool(model.get("ignore_merges")),
+        normalizer=normalizer_from_json(data.get("normalizer")), pre_tokenizer=pre_tokenizer,
+        decoder=decoder_from_json(data.get("decoder")), added_tokens=added, roles=roles, template=template,
     )
 
 
@@ -203,7 +244,7 @@ def _unigram_from_dict(data: dict) -> UnigramTokenizer:
     )
 
 
-def _metaspace_from_json(data: dict | None, what: str = "pre_tokenizer") -> Metaspace:
+def _metaspace_from_json(data: dict | None, what: str = "pre_tokenizer", model: str = "Unigram") -> Metaspace:
     """Metaspace, alone or after WhitespaceSplit (T5); "add_prefix_space" of older files read as a scheme."""
     kind = None if data is None else data.get("type")
     whitespace_split = False
@@ -212,7 +253,7 @@ def _metaspace_from_json(data: dict | None, what: str = "pre_tokenizer") -> Meta
         if len(steps) == 2 and steps[0].get("type") == "WhitespaceSplit":
             whitespace_split, data, kind = True, steps[1], steps[1].get("type")
     if kind != "Metaspace":
-        raise TokenizerError(f"Unigram {what} {kind!r} is not supported; known: Metaspace"
+        raise TokenizerError(f"{model} {what} {kind!r} is not supported; known: Metaspace"
                              + (", Sequence[WhitespaceSplit, Metaspace]" if what == "pre_tokenizer" else ""))
     scheme = data.get("prepend_scheme")
     if scheme is None:

@@ -97,8 +97,10 @@ class Normalizer:
 
     def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
         """The normalized text and its :data:`Alignment` to ``text`` (what offsets are made from)."""
-        raise TokenizerError(f"offsets are not supported through the {type(self).__name__} normalizer; "
-                             "they are through BertNormalizer, Precompiled, Lowercase, StripAccents and none")
+        name = (self.to_json() or {}).get("type", type(self).__name__)
+        raise TokenizerError(f"offsets are not supported through the {name} normalizer; they are "
+                             "through BertNormalizer, Precompiled, Lowercase, StripAccents, Prepend, a one-character "
+                             "Replace and none")
 
     def to_json(self) -> dict | None:
         raise NotImplementedError
@@ -187,7 +189,7 @@ class UnicodeStep(Normalizer):
     def __init__(self, kind: str) -> None:
         if kind not in self.KINDS:
             raise TokenizerError(f"normalizer {kind!r} is not supported; known: BertNormalizer, Sequence, "
-                                 f"Precompiled, Replace, {', '.join(self.KINDS)}")
+                                 f"Precompiled, Replace, Prepend, {', '.join(self.KINDS)}")
         self.kind = kind
         self._pieces = _PieceTable(self)
 
@@ -199,10 +201,15 @@ class UnicodeStep(Normalizer):
         return unicodedata.normalize(self.kind, text)
 
     def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
-        if self.kind not in ("Lowercase", "StripAccents"):  # (de)composition moves characters across others
-            raise TokenizerError(f"offsets are not supported through the {self.kind} normalizer; they are through "
-                                 "BertNormalizer, Precompiled, Lowercase, StripAccents and none")
-        return _aligned_by_character(self._pieces, text)
+        """Lowercase and StripAccents character by character; NFC and the others only on text
+        they leave as it is (Qwen2's NFC on NFC text), since (de)composition moves characters
+        across others in ways not reproduced here."""
+        if self.kind in ("Lowercase", "StripAccents"):
+            return _aligned_by_character(self._pieces, text)
+        if unicodedata.is_normalized(self.kind, text):
+            return text, None
+        raise TokenizerError(f"offsets are not supported through the {self.kind} normalizer on text it changes "
+                             f"(not in {self.kind} form); they are on text already in {self.kind} form")
 
     def to_json(self) -> dict:
         return {"type": self.kind}
@@ -307,8 +314,36 @@ class ReplaceNormalizer(Normalizer):
     def __call__(self, text: str) -> str:
         return text.replace(self.pattern, self.content)
 
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        """One character for one (Llama 2's and Gemma's " " -> "▁") keeps every position."""
+        if len(self.pattern) != 1 or len(self.content) != 1:
+            return super().normalize_aligned(text)
+        return self(text), None
+
     def to_json(self) -> dict:
         return {"type": "Replace", "pattern": {"String": self.pattern}, "content": self.content}
+
+
+class PrependNormalizer(Normalizer):
+    """Hugging Face's ``Prepend``: ``prepend`` put before any non-empty text (legacy Llama 2 and
+    Mistral files put "▁" there, SentencePiece's mark of a word start). The added characters
+    stand for the text's first character, as in Hugging Face's offsets."""
+
+    def __init__(self, prepend: str) -> None:
+        if not isinstance(prepend, str) or not prepend:
+            raise TokenizerError(f"a Prepend normalizer needs a non-empty str to prepend, got {prepend!r}")
+        self.prepend = prepend
+
+    def __call__(self, text: str) -> str:
+        return self.prepend + text if text else text
+
+    def normalize_aligned(self, text: str) -> tuple[str, Alignment]:
+        if not text:
+            return text, None
+        return self.prepend + text, [0] * len(self.prepend) + list(range(len(text)))
+
+    def to_json(self) -> dict:
+        return {"type": "Prepend", "prepend": self.prepend}
 
 
 def _replace_from_json(data: dict) -> ReplaceNormalizer:
@@ -334,4 +369,6 @@ def normalizer_from_json(data: dict | None) -> Normalizer | None:
         return PrecompiledNormalizer(data.get("precompiled_charsmap", ""))
     if kind == "Replace":
         return _replace_from_json(data)
+    if kind == "Prepend":
+        return PrependNormalizer(data.get("prepend"))
     return UnicodeStep(kind)

@@ -1,6 +1,7 @@
-"""Pre-tokenizers for WordPiece: how normalized text is cut into the words WordPiece splits
-further. BERT's (whitespace removed, each punctuation character a word of its own) and
-Hugging Face's Whitespace / WhitespaceSplit."""
+"""Pre-tokenizers: how normalized text is cut into the words a model splits further. For
+WordPiece, BERT's (whitespace removed, each punctuation character a word of its own) and
+Hugging Face's Whitespace / WhitespaceSplit; Hugging Face's general Split (a string or regex
+and what to do with its matches), which Gemma's SentencePiece-style BPE uses."""
 
 from __future__ import annotations
 
@@ -61,6 +62,92 @@ class WhitespaceSplitPreTokenizer(PreTokenizer):
 
     kind = "WhitespaceSplit"
     _pattern = regex.compile(rf"[^{_SPACE}]+")
+
+
+# Hugging Face's Split behaviours: what becomes of the matched delimiters.
+SPLIT_BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
+
+
+class SplitPreTokenizer(PreTokenizer):
+    """Hugging Face's Split: cut at each match of a string or regex ``pattern`` (with ``invert``,
+    at what lies between matches); ``behavior`` drops the delimiters ("Removed"), keeps each as a
+    word ("Isolated"), glues each to the word before or after it ("MergedWithPrevious" / "Next")
+    or joins neighbouring ones ("Contiguous"). Empty words are dropped, as in Hugging Face."""
+
+    kind = "Split"
+
+    def __init__(self, pattern: str, is_regex: bool, behavior: str, invert: bool = False) -> None:
+        if behavior not in SPLIT_BEHAVIORS:
+            raise TokenizerError(f"Split behavior {behavior!r} is not supported; known: {', '.join(SPLIT_BEHAVIORS)}")
+        if not isinstance(pattern, str) or not pattern:
+            raise TokenizerError(f"a Split pre_tokenizer needs a non-empty str pattern, got {pattern!r}")
+        try:
+            self._pattern = regex.compile(pattern if is_regex else regex.escape(pattern))
+        except regex.error as error:
+            raise TokenizerError(f"Split pattern {pattern!r} is not a valid regex: {error}") from None
+        self.pattern, self.is_regex, self.behavior, self.invert = pattern, is_regex, behavior, bool(invert)
+
+    def __call__(self, text: str) -> list[str]:
+        return [text[start:end] for start, end in self.spans(text)]
+
+    def _matches(self, text: str) -> list[tuple[int, int, bool]]:
+        """(start, end, is_delimiter) tiling ``text``."""
+        pieces: list[tuple[int, int, bool]] = []
+        previous = 0
+        for match in self._pattern.finditer(text):
+            start, end = match.span()
+            if start == end and self.behavior not in ("Removed", "Isolated"):
+                raise TokenizerError(f"Split pattern {self.pattern!r} matched the empty string at {start}; with "
+                                     f"behavior {self.behavior} only patterns that match characters are supported")
+            if start > previous:
+                pieces.append((previous, start, self.invert))
+            pieces.append((start, end, not self.invert))
+            previous = end
+        if previous < len(text):
+            pieces.append((previous, len(text), self.invert))
+        return pieces
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        pieces = self._matches(text)
+        behavior = self.behavior
+        if behavior == "Removed":
+            return [(start, end) for start, end, delimiter in pieces if not delimiter and end > start]
+        if behavior == "MergedWithNext":  # Hugging Face folds from the right, then reverses
+            mirrored = self._merged([(-end, -start, delimiter) for start, end, delimiter in reversed(pieces)], behavior)
+            return [(-end, -start) for start, end in reversed(mirrored) if end > start]
+        return [(start, end) for start, end in self._merged(pieces, behavior) if end > start]
+
+    @staticmethod
+    def _merged(pieces: list[tuple[int, int, bool]], behavior: str) -> list[tuple[int, int]]:
+        """Hugging Face's fold: a delimiter (or, for Contiguous, a piece of the same kind as the
+        one before) extends the previous span instead of starting one."""
+        spans: list[list[int]] = []
+        previous = False
+        for start, end, delimiter in pieces:
+            if behavior == "Contiguous":
+                extend = delimiter == previous
+            else:
+                extend = behavior != "Isolated" and delimiter and not previous
+            if extend and spans:
+                spans[-1][1] = end
+            else:
+                spans.append([start, end])
+            previous = delimiter
+        return [(start, end) for start, end in spans]
+
+    def to_json(self) -> dict:
+        return {"type": "Split", "pattern": {"Regex" if self.is_regex else "String": self.pattern},
+                "behavior": self.behavior, "invert": self.invert}
+
+    @classmethod
+    def from_json(cls, data: dict) -> SplitPreTokenizer:
+        pattern = data.get("pattern") or {}
+        if len(pattern) != 1 or not ({"String", "Regex"} & set(pattern)):
+            raise TokenizerError(f"Split pattern {pattern!r} is not supported; a pattern is {{\"String\": ...}} or "
+                                 "{\"Regex\": ...}")
+        is_regex = "Regex" in pattern
+        return cls(pattern["Regex" if is_regex else "String"], is_regex, data.get("behavior", "Isolated"),
+                   bool(data.get("invert", False)))
 
 
 _KINDS = {cls.kind: cls for cls in (BertPreTokenizer, WhitespacePreTokenizer, WhitespaceSplitPreTokenizer)}

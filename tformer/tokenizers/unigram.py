@@ -22,14 +22,15 @@ from tformer.tokenizers.pre_tokenizers import WhitespaceSplitPreTokenizer
 
 # Hugging Face scores an unknown character this far below the lowest-scoring piece.
 UNKNOWN_PENALTY = 10.0
-PREPEND_SCHEMES = ("always", "never")
+PREPEND_SCHEMES = ("always", "first", "never")
 
 
 class Metaspace:
     """Hugging Face's Metaspace pre-tokenizer and decoder: spaces become ``replacement``, one is
-    put before text that does not start with it (``prepend_scheme`` "always"), and with
-    ``split`` the text is cut before each ``replacement``. ``whitespace_split`` first cuts at
-    whitespace (T5's ``Sequence[WhitespaceSplit, Metaspace]``)."""
+    put before text that does not start with it (``prepend_scheme`` "always"; "first": only
+    before the text's first piece, not after an added token), and with ``split`` the text is
+    cut before each ``replacement``. ``whitespace_split`` first cuts at whitespace (T5's
+    ``Sequence[WhitespaceSplit, Metaspace]``)."""
 
     def __init__(self, replacement: str = "▁", prepend_scheme: str = "always", split: bool = True,
                  whitespace_split: bool = False) -> None:
@@ -44,28 +45,30 @@ class Metaspace:
         self.whitespace_split = whitespace_split
         self._whitespace = WhitespaceSplitPreTokenizer() if whitespace_split else None
 
-    def words(self, text: str) -> list[str]:
-        sections = self._whitespace(text) if self._whitespace is not None else [text]
-        words: list[str] = []
-        for section in sections:
-            words += [word for word, _ in self._section_words(section, 0)]
-        return words
+    def words(self, text: str, first: bool = True) -> list[str]:
+        """The words of ``text``; ``first`` when it begins the whole text (for scheme "first")."""
+        return [word for word, _ in self.cut(text, first, sources=False)]
 
-    def words_with_sources(self, text: str) -> list[tuple[str, list[int]]]:
+    def words_with_sources(self, text: str, first: bool = True) -> list[tuple[str, list[int]]]:
         """Each word and, for each of its characters, the index in ``text`` it stands for (a
         mark put before a section stands for the section's first character, as in Hugging Face)."""
+        return self.cut(text, first, sources=True)
+
+    def cut(self, text: str, first: bool, sources: bool) -> list[tuple[str, list[int] | None]]:
+        """The words of ``text``, each with its characters' indices in ``text`` when ``sources``."""
         if self._whitespace is None:
-            return self._section_words(text, 0, sources=True)
-        words: list[tuple[str, list[int]]] = []
+            return self._section_words(text, 0, sources, first)
+        words: list[tuple[str, list[int] | None]] = []
         for start, end in self._whitespace.spans(text):
-            words += self._section_words(text[start:end], start, sources=True)
+            words += self._section_words(text[start:end], start, sources, first and start == 0)
         return words
 
-    def _section_words(self, text: str, offset: int, sources: bool = False) -> list[tuple[str, list[int] | None]]:
+    def _section_words(self, text: str, offset: int, sources: bool, first: bool) -> list[tuple[str, list[int] | None]]:
         mark = self.replacement
         text = text.replace(" ", mark)
         source = list(range(offset, offset + len(text))) if sources else None
-        if text and self.prepend_scheme == "always" and not text.startswith(mark):
+        prepend = self.prepend_scheme == "always" or (first and self.prepend_scheme == "first")
+        if text and prepend and not text.startswith(mark):
             text = mark + text
             if sources:
                 source.insert(0, offset)
@@ -155,16 +158,22 @@ class UnigramTokenizer(Tokenizer):
         self._cache.clear()
 
     def _encode_normalized(self, text: str) -> list[int]:
+        return self._encode_piece(text, True)
+
+    def _encode_piece(self, text: str, first: bool) -> list[int]:
         ids: list[int] = []
-        for word in self.metaspace.words(text):
+        for word in self.metaspace.words(text, first):
             ids += [token_id for _, _, token_id in self._cut(word)]
         return ids
 
     def _encode_normalized_with_offsets(self, text: str) -> tuple[list[int], list[Offset], list[int], int]:
+        return self._encode_piece_with_offsets(text, True)
+
+    def _encode_piece_with_offsets(self, text: str, first: bool) -> tuple[list[int], list[Offset], list[int], int]:
         ids: list[int] = []
         offsets: list[Offset] = []
         word_ids: list[int] = []
-        words = self.metaspace.words_with_sources(text)
+        words = self.metaspace.words_with_sources(text, first)
         for word_index, (word, source) in enumerate(words):
             for start, end, token_id in self._cut(word):
                 ids.append(token_id)

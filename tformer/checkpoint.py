@@ -29,7 +29,7 @@ from tformer.config import ModelConfig
 from tformer.data.image_processing import PREPROCESSOR_NAME, ImageProcessing, ImageProcessingError
 from tformer.errors import TformerError
 from tformer.files import clear_dead_writers, dead_writer_pid, remove_entry
-from tformer.quantization import scheme_disagreement
+from tformer.quantization import SCALE_LIMIT, implausible_scales, scheme_disagreement
 from tformer.tokenizers import TokenizerError
 from tformer.tokenizers import load as load_tokenizer
 
@@ -254,6 +254,8 @@ def load_state(model, state: dict[str, torch.Tensor], source: str, new_head: boo
     check_weights({name: shape for name, shape in expected.items() if name not in changes.initialised},
                   {name: shape for name, shape in found.items() if name not in changes.dropped}, source)
     _warn_if_not_finite(state, source)
+    if scheme:
+        _warn_if_implausible_scales(state, source)
     model.load_state_dict({name: t for name, t in state.items() if name not in changes.dropped}, strict=False)
     return changes
 
@@ -303,6 +305,17 @@ def _warn_if_not_finite(state: dict[str, torch.Tensor], source: str) -> None:
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
         warnings.warn(f"{source}: {bad[0]}{more} hold NaN or infinite values; the model's outputs will not be "
                       "finite (was it saved after training diverged?)", NonFiniteWeightsWarning, stacklevel=5)
+
+
+def _warn_if_implausible_scales(state: dict[str, torch.Tensor], source: str) -> None:
+    """As ``_warn_if_not_finite``, for quantization scales that are finite but absurd (``implausible_scales``)."""
+    found = implausible_scales(state)
+    if found:
+        first, largest = next(iter(found.items()))
+        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        warnings.warn(f"{source}: {first}{more} hold values up to {largest:.3g}, where quantization scales stay "
+                      f"below {SCALE_LIMIT:g} (a trained layer's are far below 1); the model's outputs will be "
+                      "infinite or meaningless (is the file corrupt?)", NonFiniteWeightsWarning, stacklevel=5)
 
 
 def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], source: str) -> None:

@@ -28,6 +28,9 @@ from tformer.nn.weights.table import QuantizedTable
 
 METHODS = QUANTIZED_BACKENDS
 DEFAULT_GROUP_SIZE = 64
+# A quantized weight's step (``scales``) or int4 offset (``zeros``) past this is a corrupt file: a trained layer's
+# steps are far below 1, and one of 1e38 overflows every product it enters (the model then gives only <unk>).
+SCALE_LIMIT = 1e4
 
 
 class QuantizationError(TformerError):
@@ -174,6 +177,18 @@ def scheme_disagreement(model: nn.Module, scheme: QuantizationScheme, tensors: M
                 return (f"config.json's quantization group_size={scheme.group_size} disagrees with the weights, "
                         f"which hold {layer} ({inputs} inputs) in {shape[1]} group(s) of {inputs / shape[1]:g}")
     return None
+
+
+def implausible_scales(tensors: Mapping[str, Tensor]) -> dict[str, float]:
+    """The quantization steps and offsets (``*.scales``, ``*.zeros``) among ``tensors`` whose finite values pass
+    ``SCALE_LIMIT`` in magnitude, each with its largest: finite, but the model's outputs will not be."""
+    found = {}
+    for name, tensor in sorted(tensors.items()):
+        if name.endswith((".scales", ".zeros")) and tensor.is_floating_point() and tensor.numel():
+            largest = float(tensor.detach().float().nan_to_num(0.0, 0.0, 0.0).abs().max())
+            if largest > SCALE_LIMIT:
+                found[name] = largest
+    return found
 
 
 def _names(names: Sequence[str]) -> str:

@@ -4,6 +4,7 @@ quantized model equal to its own uncached forward; quantized folders that save, 
 cannot be, and are refused for training."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -397,6 +398,30 @@ def test_a_float_layer_the_model_lacks_or_a_float_qweight_is_refused_at_load(tmp
     assert str(caught.value) == message
     assert main(["info", str(folder)]) == 2
     assert capsys.readouterr().err == f"tformer info: error: {message}\n"
+
+
+@pytest.mark.parametrize("method, tensor, value", [("int8", "scales", 1e38), ("int4", "scales", 3e20),
+                                                   ("int4", "zeros", -1e6)])
+def test_absurd_scales_warn_as_nan_scales_do(tmp_path, method, tensor, value):
+    """Scales of 1e38 gave only <unk> tokens without the warning a NaN scale gets."""
+    from tformer.checkpoint import NonFiniteWeightsWarning
+
+    _, folder = quantized_folder(tmp_path, method, group_size=32 if method == "int4" else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tformer.load(folder)  # a folder as tformer quantize writes it: no warning
+    tensors = load_file(folder / "model.safetensors")
+    name = f"stack.blocks.1.feedforward.out_proj.{tensor}"
+    tensors[name][0] = value
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.warns(NonFiniteWeightsWarning) as caught:
+        model = tformer.load(folder)
+    assert [str(w.message) for w in caught] == [
+        f"{folder / 'model.safetensors'}: {name} hold values up to {abs(value):.3g}, where quantization scales stay "
+        "below 10000 (a trained layer's are far below 1); the model's outputs will be infinite or meaningless (is "
+        "the file corrupt?)"]
+    if method == "int8":
+        assert not torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
 
 
 def test_schemes_are_checked():

@@ -14,7 +14,7 @@ from tformer.choices import ACTIVATIONS, ATTENTION_KERNELS, HEADS, POSITIONAL_SC
 from tformer.errors import TformerError
 from tformer.families import FAMILIES, declared_fields, families_reading, preset_fields
 
-NORMS = ("layernorm", "rmsnorm")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")  # rmsnorm_plus_one: scaled by 1 + weight (Gemma)
 NORM_POSITIONS = ("pre", "post")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (the paper), or every sine first
 # Fields a fine-tuning load may change in a pretrained model's config: they shape no weight (dropout off

@@ -23,6 +23,8 @@ from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
+    GemmaConfig,
+    GemmaForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -107,6 +109,11 @@ OPEN_CASES = {
     "phi3-partial-rotary": ("phi3", {**PHI3_TOKENS, "sliding_window": None, "tie_word_embeddings": True,
                                      "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    # Gemma: (1 + w) RMSNorm, embeddings scaled by sqrt(d), GeGLU with the tanh GELU, heads wider than d / heads
+    "gemma": ("gemma", {"head_dim": 16, "hidden_act": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": 1,
+                        "pad_token_id": 0}),
+    "gemma-mqa-untied-legacy-gelu": ("gemma", {"num_key_value_heads": 1, "tie_word_embeddings": False,
+                                               "hidden_act": "gelu", "pad_token_id": 0}),
 }
 
 
@@ -132,7 +139,8 @@ def hf_gpt2(folder=None, **overrides) -> GPT2LMHeadModel:
 
 # The Llama-shaped families: config and LM classes by model_type, each made at LLAMA_TINY's sizes.
 LLAMA_SHAPED = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                "mistral": (MistralConfig, MistralForCausalLM), "phi3": (Phi3Config, Phi3ForCausalLM)}
+                "mistral": (MistralConfig, MistralForCausalLM), "phi3": (Phi3Config, Phi3ForCausalLM),
+                "gemma": (GemmaConfig, GemmaForCausalLM)}
 
 
 def hf_decoder(model_type: str, folder=None, **overrides) -> torch.nn.Module:
@@ -269,12 +277,23 @@ def test_open_families_give_hf_logits_and_decode_as_hf_generate(tmp_path, case):
             "sliding_window", overrides["sliding_window"] - 1)
     assert_same_logits(model, reference, case)
     ids, mask = left_padded_batch()
-    for beams in (1, 4):
+    for beams in (1, 4):  # both end at the config's end token
         expected = hf_decoder(model_type, **overrides).generate(
-            ids, attention_mask=mask, max_new_tokens=10, do_sample=False, num_beams=beams, eos_token_id=None,
-            pad_token_id=0)
+            ids, attention_mask=mask, max_new_tokens=10, do_sample=False, num_beams=beams,
+            eos_token_id=reference.config.eos_token_id, pad_token_id=0)
         got = tformer.generate(model, ids, 10, attention_mask=mask, num_beams=beams, pad_token_id=0)
-        assert torch.equal(got, expected), f"{case}, {beams} beam(s)"
+        end = reference.config.eos_token_id
+        assert torch.equal(until_end(got, ids.shape[1], end), until_end(expected, ids.shape[1], end)), \
+            f"{case}, {beams} beam(s)"
+
+
+def until_end(sequences: torch.Tensor, prompt_length: int, end: int | list[int] | None) -> torch.Tensor:
+    """The sequences with what follows each new end token blanked (-1): HF's beam search fills a finished row with
+    its end token where tformer (and HF's greedy search) pad it."""
+    new = sequences[:, prompt_length:]
+    is_end = torch.isin(new, torch.tensor([] if end is None else end).reshape(-1)).long()
+    ended = is_end.cumsum(dim=1) - is_end > 0  # strictly after the first end token
+    return torch.cat([sequences[:, :prompt_length], new.masked_fill(ended, -1)], dim=1)
 
 
 @pytest.mark.parametrize("case", OPEN_CASES)
@@ -503,11 +522,11 @@ def write_config(folder, **changes) -> None:
 def test_unsupported_model_type_names_the_supported_ones(tmp_path, capsys):
     tmp_path.joinpath("config.json").write_text(json.dumps({"model_type": "bart", "d_model": 8}))
     with pytest.raises(CheckpointError,
-                       match=r"model_type .bart. is not supported; supported: gpt2, llama, qwen2, mistral, phi3, bert"):
+                       match=r"model_type .bart. is not supported; supported: gpt2, llama, qwen2, mistral, phi3, "):
         tformer.load(tmp_path)
     assert cli_main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "supported: gpt2, llama, qwen2, mistral, phi3, bert, roberta" in err
+    assert err.count("\n") == 1 and "supported: gpt2, llama, qwen2, mistral, phi3, gemma, bert" in err
 
 
 def test_missing_weights_are_listed(tmp_path):

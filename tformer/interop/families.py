@@ -6,6 +6,7 @@ from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
 from tformer.interop.bert import BertFamily
 from tformer.interop.family import ORIGIN_KEY, Family
+from tformer.interop.gemma import GemmaFamily
 from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
 from tformer.interop.marian import MarianFamily
@@ -19,8 +20,8 @@ from tformer.interop.whisper import WhisperFamily
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
-    for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), Phi3Family(), BertFamily(),
-                   RobertaFamily(), ViTFamily(), MarianFamily(), T5Family(), WhisperFamily())
+    for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), Phi3Family(), GemmaFamily(),
+                   BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(), T5Family(), WhisperFamily())
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

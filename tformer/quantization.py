@@ -228,6 +228,26 @@ def quantized_weights(model: nn.Module) -> int:
     return layers + sum(m.qweight.numel() for m in model.modules() if isinstance(m, QuantizedTable) and m.owned)
 
 
+def represented_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
+    """The parameters of the float model ``model`` stands for, as its ``num_parameters`` counts them: the float
+    parameters, each quantized layer's inputs x outputs and each token table's rows x width once (a table tied
+    to a quantized head is that head's weight, as in the float model). A quantized model's own parameters are
+    only what stayed float (a 28,800-parameter model counted 896)."""
+    total = model.num_parameters(exclude_embeddings)
+    total += sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantizedLinear))
+    heads = {source.rpartition(".")[0]: alias.rpartition(".")[0] for alias, source in model.tied_parameters().items()}
+    for name, _, table in _token_tables(model):
+        size = table.num_embeddings * table.embedding_dim
+        shared = name in heads and isinstance(model.get_submodule(heads[name]), QuantizedLinear)
+        if not isinstance(table, QuantizedTable):
+            total -= size if shared else 0  # counted as a float table and as the quantized head it is tied to
+        elif exclude_embeddings:
+            total -= size if shared else 0  # as the float model's tied head goes with its table
+        elif not shared:
+            total += size
+    return total
+
+
 def _quantize_tables(model: nn.Module, own_table) -> None:
     """Put a ``QuantizedTable`` in place of every token table of ``model``: one reading the rows of the int8
     head it is tied to, else its own (``own_table(table)``: also beside an int4 head, whose groups are not a

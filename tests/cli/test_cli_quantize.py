@@ -9,6 +9,7 @@ import torch
 
 import tformer
 from tformer.cli import main
+from tformer.quantization import quantized_weights
 from tformer.tokenizers import CharTokenizer
 
 TEXT = "to be or not to be, that is the question.\n"
@@ -46,6 +47,25 @@ def test_quantize_writes_a_folder_that_generate_loads_quantized(model_folder, tm
     assert capsys.readouterr().out == greedy_text(model) + "\n"
     assert main(["info", str(out)]) == 0
     assert f"quantized    {method}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("options", [["--bits", "8"], ["--bits", "4", "--group-size", "32"]], ids=["int8", "int4"])
+def test_info_and_convert_count_the_parameters_the_quantized_model_stands_for(model_folder, tmp_path, capsys, options):
+    """They counted only the parameters left in float: 'parameters 15,360' for a 2.7M-parameter model."""
+    floats = tformer.load(model_folder)
+    total, without = floats.num_parameters(), floats.num_parameters(exclude_embeddings=True)
+    out = tmp_path / "q"
+    assert main(["quantize", str(model_folder), *options, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("parameters"))
+    integers = quantized_weights(tformer.load(out))
+    assert line == (f"parameters   {total:,} ({without:,} without embeddings); stored quantized: {integers:,} as "
+                    f"integers, {total - integers:,} in float")
+    assert main(["convert", str(out), str(tmp_path / "copy"), "--to", "tformer"]) == 0
+    scheme = tformer.load(out).quantization.describe()
+    assert capsys.readouterr().out == (f"wrote {tmp_path / 'copy'} (tformer format, DecoderLM, {total:,} parameters, "
+                                       f"stored quantized: {scheme})\n")
 
 
 def test_keep_embeddings_keeps_the_token_table_float(model_folder, tmp_path, capsys):

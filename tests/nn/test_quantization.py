@@ -19,7 +19,14 @@ from tformer.nn.weights.int4 import pack_nibbles, quantize_int4, unpack_nibbles
 from tformer.nn.weights.int8 import quantize_int8, round_rows
 from tformer.nn.weights.quantized import Plan
 from tformer.nn.weights.table import QuantizedTable
-from tformer.quantization import QuantizationError, QuantizationScheme, dequantized, quantize, quantized_weights
+from tformer.quantization import (
+    QuantizationError,
+    QuantizationScheme,
+    dequantized,
+    quantize,
+    quantized_weights,
+    represented_parameters,
+)
 from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer, TrainingConfig, TrainingError
 
@@ -271,6 +278,22 @@ def test_a_tied_table_reads_its_int8_heads_rows_and_a_float_head_keeps_it_float(
     floats = quantize(tformer.build_model("gpt-nano"), "int8", embeddings=False)
     assert isinstance(floats.embedding.token, nn.Embedding) and isinstance(floats.lm_head, Int8Linear)
     assert "token tables in float" in floats.quantization.describe()
+
+
+@pytest.mark.parametrize("preset, options", [("gpt-nano", {}), ("gpt-nano", {"tie_embeddings": False}),
+                                             ("bert-tiny", {"vocab_size": 96, "head": "sequence_classification"})],
+                         ids=["tied", "untied", "encoder"])
+@pytest.mark.parametrize("scheme", [{"method": "int8"}, {"method": "int4", "group_size": 32},
+                                    {"method": "int8", "head": False}, {"method": "int8", "embeddings": False},
+                                    {"method": "int4", "group_size": 32, "embeddings": False}],
+                         ids=["int8", "int4", "float-head", "float-tables", "int4-float-tables"])
+def test_a_quantized_model_counts_the_parameters_of_the_float_model_it_stands_for(preset, options, scheme):
+    """num_parameters counts only what stayed float (896 of gpt-nano's 28,800 under int8)."""
+    float_model = tformer.build_model(preset, **options)
+    model = quantize(tformer.build_model(preset, **options), **scheme)
+    for exclude in (False, True):
+        assert represented_parameters(model, exclude) == float_model.num_parameters(exclude)
+    assert represented_parameters(float_model) == float_model.num_parameters()
 
 
 def test_int4_keeps_layers_whose_inputs_do_not_group_in_float_and_says_so():

@@ -32,6 +32,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import tformer
     from tformer.checkpoint import checkpoint_files
+    from tformer.quantization import represented_parameters
 
     destination = Path(args.destination)
     refuse_output_over_input(destination, [args.source], option="DST")
@@ -46,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     if old_files:
         moved = move_aside(destination, old_files)
         print(f"moved the checkpoint files in {destination} ({', '.join(old_files)}) to {moved} (nothing is deleted)")
+    count = represented_parameters(model)  # a quantized model's: those it stands for, its integers included
+    scheme = model.quantization
+    stored = f", stored quantized: {scheme.describe()}" if scheme is not None and args.to == "tformer" else ""
     model.save(destination, format=args.to)
-    print(f"wrote {destination} ({args.to} format, {type(model).__name__}, {model.num_parameters():,} parameters)")
+    print(f"wrote {destination} ({args.to} format, {type(model).__name__}, {count:,} parameters{stored})")
     return 0

@@ -15,19 +15,20 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import tformer
+    from tformer.quantization import plans, quantized_weights, represented_parameters
 
     model = tformer.load(args.checkpoint)
     config = model.config
+    scheme = model.quantization
+    count = represented_parameters(model)  # a quantized model's: those it stands for, its integers included
+    stored = "" if scheme is None else (f"; stored quantized: {quantized_weights(model):,} as integers, "
+                                        f"{count - quantized_weights(model):,} in float")
     print(f"checkpoint   {args.checkpoint}")
     print(f"model        {type(model).__name__} ({config.architecture})")
-    print(f"parameters   {model.num_parameters():,} "
-          f"({model.num_parameters(exclude_embeddings=True):,} without embeddings)")
-    scheme = model.quantization
+    print(f"parameters   {count:,} ({represented_parameters(model, exclude_embeddings=True):,} without "
+          f"embeddings){stored}")
     if scheme is not None:
-        from tformer.quantization import plans, quantized_weights
-
-        print(f"quantized    {scheme.describe()}: {quantized_weights(model):,} weights as integers besides the "
-              "float parameters above")
+        print(f"quantized    {scheme.describe()}")
         for name, plan in plans(model).items():
             print(f"             {name} on this host: {plan.describe()} (measured)")
     tokenizer = getattr(model, "tokenizer", None)

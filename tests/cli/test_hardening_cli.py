@@ -319,6 +319,25 @@ def test_threads_beyond_the_cpus_this_process_may_use_are_refused(work, capsys, 
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.parametrize("architecture, what", [
+    ("encoder", "an encoder, which reads text and answers with its head: tformer predict and tformer evaluate run it"),
+    ("vision", "a vision model, which labels images: tformer classify runs it")])
+@pytest.mark.parametrize("command", [["generate", "RUN", "--prompt", "to be"],
+                                     ["serve", "RUN", "--port", "0", "--engine", "thread"],
+                                     ["generate", "m", "--prompt", "to be", "--draft", "RUN"]],
+                         ids=["generate", "serve", "draft"])
+def test_a_model_that_writes_no_text_is_refused_in_a_users_words(work, capsys, architecture, what, command):
+    """serve said 'model must be a tformer model with the generation hooks ...; EncoderModel lacks ...'."""
+    options = {"vocab_size": 64} if architecture == "encoder" else {"image_size": 32, "patch_size": 16}
+    model = tformer.build_model("bert-tiny" if architecture == "encoder" else "vit-mnist", **options)
+    model.tokenizer = CharTokenizer.train(TEXT)
+    model.save(work / "run")
+    option = "--draft" if "--draft" in command else command[0]
+    refused_leaving(work, capsys, [("run" if arg == "RUN" else arg) for arg in command],
+                    f"tformer {command[0]}: error: run: {option} needs a decoder (a text generator); this run is "
+                    f"{what}\n")
+
+
 @pytest.mark.parametrize("command", ["quantize", "transcribe", "generate"])
 def test_ctrl_c_says_interrupted_in_one_line_with_exit_status_130(work, capsys, monkeypatch, command):
     """A KeyboardInterrupt carries no message: the line said only 'tformer quantize: '."""

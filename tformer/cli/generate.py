@@ -79,11 +79,14 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     quantize = quantize_option(args)
     model, tokenizer_problem = load_model(args.checkpoint, device, quantize)
+    refuse_non_generator(model, args.checkpoint, "generate")
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; "
                          "generate needs one to read --prompt")
     draft = load_model(args.draft, device, quantize, local_only=args.local_only)[0] if args.draft else None
+    if draft is not None:
+        refuse_non_generator(draft, args.draft, "--draft")
     prompt_ids = encode_prompt(tokenizer, args.prompt)
 
     input_ids = torch.tensor([prompt_ids], device=device)
@@ -117,6 +120,26 @@ def run(args: argparse.Namespace) -> int:
                   f"({output.accepted_draft_tokens}/{output.draft_tokens} drafted tokens)")
     print(speed, file=sys.stderr)
     return 0
+
+
+# What a model that generates no text is, and the command that runs it instead, by architecture.
+NOT_GENERATORS = {"encoder": ("an encoder, which reads text and answers with its head",
+                              "tformer predict and tformer evaluate run it"),
+                  "vision": ("a vision model, which labels images", "tformer classify runs it")}
+
+
+def refuse_non_generator(model, folder: str, command: str) -> None:
+    """A one-line UsageError, in a user's terms, when ``model`` generates no text (an encoder, a vision model):
+    ``command`` needs a decoder (the library's wording names generation hooks the model lacks)."""
+    from tformer.cli import UsageError
+    from tformer.generation.settings import HOOKS
+
+    if all(hasattr(model, hook) for hook in HOOKS):
+        return
+    architecture = model.config.architecture
+    what, instead = NOT_GENERATORS.get(architecture, (f"a {architecture} model, which does not write text", None))
+    raise UsageError(f"{folder}: {command} needs a decoder (a text generator); this run is {what}"
+                     f"{f': {instead}' if instead else ''}")
 
 
 def load_model(path: str, device="cpu", quantize=None, local_only: bool = False):

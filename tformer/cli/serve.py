@@ -171,7 +171,7 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
     import torch
 
     from tformer.cli import UsageError, _warning_printer
-    from tformer.cli.generate import load_model
+    from tformer.cli.generate import load_model, refuse_non_generator
     from tformer.generation import GenerationError
     from tformer.nn import compiled
     from tformer.serving.engine import Engine
@@ -181,6 +181,7 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
     if threads is not None:
         torch.set_num_threads(threads)
     model, tokenizer_problem = load_model(checkpoint, device, quantize)
+    refuse_non_generator(model, checkpoint, "serve")
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise _no_tokenizer(checkpoint, tokenizer_problem)

@@ -345,11 +345,17 @@ def _name_list(names: list[str], limit: int = 20) -> str:
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
+# The tokenizer files a checkpoint folder may hold, in the order the tokenizer loader looks for them.
+TOKENIZER_LAYOUTS = ((TOKENIZER_NAME,), ("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"), ("vocab.txt",))
+
+
 def load_attached_tokenizer(folder: Path):
-    """The tokenizer saved in a checkpoint folder, or None (see ``read_attached_tokenizer``)."""
-    if not (folder / TOKENIZER_NAME).is_file():
+    """The tokenizer saved in a checkpoint folder (tokenizer.json, else GPT-2's vocab.json + merges.txt or
+    encoder.json + vocab.bpe, else BERT's vocab.txt, as a Hugging Face folder's), or None (see
+    ``read_attached_tokenizer``). A folder with GPT-2's two files but no tokenizer.json got none."""
+    if not any(all((folder / name).is_file() for name in layout) for layout in TOKENIZER_LAYOUTS):
         return None
-    return read_attached_tokenizer(folder / TOKENIZER_NAME, folder)
+    return read_attached_tokenizer(folder, folder)
 
 
 def read_attached_tokenizer(source: Path, folder: Path):

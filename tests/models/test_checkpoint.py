@@ -202,3 +202,32 @@ def test_text_files_and_staging_folders_of_dead_writers_are_cleared_by_the_next_
     tformer.build_model("gpt-nano").save(run)  # into a folder holding other files: staged, then renamed in
     assert sorted(path.name for path in run.iterdir() if path.name.startswith(".")) == [".staging-1-abc",
                                                                                        ".staging-photos"]
+
+
+@pytest.mark.parametrize("layout", ["vocab.json+merges.txt", "encoder.json+vocab.bpe", "vocab.txt"])
+def test_a_tokenizer_in_the_files_of_gpt2_or_bert_is_attached_as_in_a_hugging_face_folder(tmp_path, layout):
+    """A tformer folder with GPT-2's vocab.json + merges.txt and no tokenizer.json loaded without a tokenizer."""
+    from tformer.hub import load_tokenizer
+    from tformer.tokenizers import BPETokenizer, WordPieceTokenizer
+
+    text = "the transformer writes the text"
+    if layout == "vocab.txt":
+        words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "transformer", "writes", "text"]
+        (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+        tokenizer = WordPieceTokenizer.from_vocab_file(tmp_path / "vocab.txt")
+    else:
+        tokenizer = BPETokenizer.train([text] * 5, vocab_size=280)
+        model_part = tokenizer.to_dict()["model"]
+        vocab_name, merges_name = layout.split("+")
+        (tmp_path / vocab_name).write_text(json.dumps(model_part["vocab"]), encoding="utf-8")
+        (tmp_path / merges_name).write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in model_part["merges"]),
+                                            encoding="utf-8")
+    tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size).save(tmp_path / "model")
+    for name in os.listdir(tmp_path):
+        if name != "model":
+            os.replace(tmp_path / name, tmp_path / "model" / name)
+    assert not (tmp_path / "model" / "tokenizer.json").exists()
+    model = tformer.load(tmp_path / "model")
+    assert type(model.tokenizer) is type(tokenizer)
+    assert model.tokenizer.encode(text) == tokenizer.encode(text)
+    assert load_tokenizer(tmp_path / "model").encode(text) == tokenizer.encode(text)  # what serve reads

@@ -926,3 +926,28 @@ def test_a_second_signal_stops_at_once_without_a_traceback(checkpoint):
     assert all(lines[-1] == b"[DONE]" for lines in events)
     assert "a second signal" in log and "0 cache blocks in use" in log
     assert "Traceback" not in log and "Cancel" not in log and "ERROR" not in log, log
+
+
+@pytest.mark.slow
+def test_the_shutdown_lines_of_a_server_whose_engine_was_killed_report_no_stale_figures(checkpoint):
+    """The engine process killed with requests decoding, then SIGTERM: the lines said '3 sequence(s) in flight get
+    up to 30 s' and '6 cache blocks in use', the engine's last figures from before it died."""
+    process, port = _start_cli_server(checkpoint, "--threads", "1", step_seconds=0.05)
+    engine = _engine_pid(process.pid)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            streams = [pool.submit(_stream_events, port, LONG) for _ in range(2)]
+            _wait_for(lambda: _metric(port, "tformer_running_sequences") == 2, 30, "the requests are not decoding")
+            os.kill(engine, signal.SIGKILL)
+            events = [stream.result(timeout=30) for stream in streams]
+        assert all(b"the engine process ended (exit code -9)" in lines[-2] for lines in events)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        log = process.stderr.read()
+    finally:
+        process.kill()
+    died = "the engine process ended (exit code -9)"
+    assert log.splitlines() == [
+        f"tformer serve: stopping: no new requests; none in flight: the engine had stopped ({died})",
+        f"tformer serve: stopped: 0 request(s) finished, 0 cancelled, 0 timed out; the engine had stopped before "
+        f"({died}): these are its figures up to then"], log

@@ -749,12 +749,14 @@ def run(server: OpenAIServer, host: str = "127.0.0.1", port: int = 8000, shutdow
         backstop.disarm()
     snapshot = server.engine.snapshot()
     stats = snapshot.stats
-    forced = ""
-    if server.engine.forced:
-        forced = "; the engine did not stop in time and was ended: these are its last figures"
+    if server.engine.error is not None:  # its gauges are stale: what ran then failed with it
+        state = f"the engine had stopped before ({server.engine.error}): these are its figures up to then"
+    else:
+        state = f"{snapshot.blocks_in_use} cache blocks in use"
+        if server.engine.forced:
+            state += "; the engine did not stop in time and was ended: these are its last figures"
     print(f"tformer serve: stopped: {stats.requests_finished} request(s) finished, {stats.requests_cancelled} "
-          f"cancelled, {stats.requests_timed_out} timed out; {snapshot.blocks_in_use} cache blocks in use{forced}",
-          file=sys.stderr, flush=True)
+          f"cancelled, {stats.requests_timed_out} timed out; {state}", file=sys.stderr, flush=True)
 
 
 class Backstop:
@@ -792,9 +794,11 @@ def uvicorn_server(server: OpenAIServer, host: str, port: int, shutdown_timeout:
     class Uvicorn(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
             if server.stop_deadline is None:
+                error = server.engine.error  # an engine that stopped (killed, its model failed) runs nothing
                 running = server.engine.snapshot().running
-                print(f"tformer serve: stopping: no new requests; {running} sequence(s) in flight get up to "
-                      f"{shutdown_timeout:g} s", file=sys.stderr, flush=True)
+                in_flight = (f"none in flight: the engine had stopped ({error})" if error is not None else
+                             f"{running} sequence(s) in flight get up to {shutdown_timeout:g} s")
+                print(f"tformer serve: stopping: no new requests; {in_flight}", file=sys.stderr, flush=True)
                 server.begin_stop(shutdown_timeout)
                 if backstop is not None:
                     backstop.arm(shutdown_timeout + STOP_MARGIN_SECONDS, f"the stop took over --shutdown-timeout "

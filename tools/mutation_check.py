@@ -42,6 +42,57 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
+        "llama3-scaling-blends-backwards", "tformer/nn/positions/rope_scaling.py",
+        "smoothed = (1 - blend) * scaled / factor + blend * scaled",
+        "smoothed = blend * scaled / factor + (1 - blend) * scaled",
+        ("tests/nn/test_rope_scaling_hf.py",),
+        "Llama 3.1's scaling blends the middle wavelengths with the weights swapped",
+    ),
+    Mutation(
+        "yarn-attention-factor-dropped", "tformer/nn/positions/rotary.py",
+        "        if factor != 1.0:\n            cos, sin = cos * factor, sin * factor\n",
+        "",
+        ("tests/nn/test_rope_scaling.py", "tests/interop/test_interop.py::test_llama_checkpoint_gives_hf_logits"),
+        "YaRN's and LongRoPE's attention factor never scales cos and sin",
+    ),
+    Mutation(
+        "longrope-switches-one-position-late", "tformer/nn/positions/rope_scaling.py",
+        "long = seq_len is not None and seq_len > original",
+        "long = seq_len is not None and seq_len > original + 1",
+        ("tests/nn/test_rope_scaling_hf.py",),
+        "LongRoPE keeps its short factors for a pass whose longest position is the first past the original context",
+    ),
+    Mutation(
+        "partial-rotary-turns-the-tail", "tformer/nn/positions/rotary.py",
+        "    turning, passing = x[..., :rotated], x[..., rotated:]\n"
+        "    return torch.cat([turning * cos + rotate_half(turning) * sin, passing], dim=-1)",
+        "    passing, turning = x[..., :-rotated], x[..., -rotated:]\n"
+        "    return torch.cat([passing, turning * cos + rotate_half(turning) * sin], dim=-1)",
+        ("tests/nn/test_rope_scaling.py", "tests/nn/test_rope_scaling_hf.py"),
+        "a partial rotary embedding turns the last dimensions of each head instead of the first",
+    ),
+    Mutation(
+        "output-bias-ignored", "tformer/nn/attention/module.py",
+        "self.out_proj = nn.Linear(q_size, d_model, bias=bias and output_bias)",
+        "self.out_proj = nn.Linear(q_size, d_model, bias=bias)",
+        ("tests/models/test_config.py",),
+        "output_bias=False leaves the output projection its bias (Qwen2 would load with a missing weight)",
+    ),
+    Mutation(
+        "mistral-window-one-key-wide", "tformer/interop/mistral.py",
+        'return {**values, "attention_kernel": WINDOW_KERNEL, "attention_window": window - 1}',
+        'return {**values, "attention_kernel": WINDOW_KERNEL, "attention_window": window}',
+        ("tests/interop/test_interop.py::test_open_families_give_hf_logits_and_decode_as_hf_generate",),
+        "Mistral's sliding_window read as tformer's window (one key more than Hugging Face attends)",
+    ),
+    Mutation(
+        "gemma-norm-without-the-one", "tformer/nn/norm.py",
+        'return (normed * (1.0 + self._parameters["weight"].float())).to(x.dtype)',
+        'return (normed * self._parameters["weight"].float()).to(x.dtype)',
+        ("tests/nn/test_norm.py",),
+        "Gemma's RMSNorm scales by its weight instead of one plus it",
+    ),
+    Mutation(
         "chunked-window-cut-one-key-late", "tformer/nn/attention/chunked.py",
         "cuts_window = window is not None and (ks < last - window or",
         "cuts_window = window is not None and (ks < last - window - 1 or",

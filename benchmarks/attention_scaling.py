@@ -5,7 +5,7 @@ up to --max-length (16k), for every kernel this checkout has:
   sdpa            torch.nn.functional.scaled_dot_product_attention (PyTorch's fused CPU kernel)
   reference       tformer.nn.attention.attention_reference: scores, softmax, weighted sum
   chunked         tformer.nn.attention.chunked_attention (exact, online softmax over blocks)
-  performer       tformer.nn.performer.performer_attention, random_features(256, 64)
+  performer       tformer.nn.favor.performer_attention, random_features(256, 64)
   sliding_window  chunked_attention(..., window=256): each query sees itself and the 256 before it
 
 A kernel not importable here is listed as "not available on this checkout" (no row). Time: the median
@@ -73,9 +73,9 @@ def available_kernels() -> tuple[dict[str, Kernel], dict[str, str]]:
         kernels["chunked"] = lambda q, k, v: chunked_attention(q, k, v, causal=True)
         kernels["sliding_window"] = lambda q, k, v: chunked_attention(q, k, v, causal=True, window=WINDOW)
     try:
-        from tformer.nn.performer import performer_attention, random_features
+        from tformer.nn.favor import performer_attention, random_features
     except ImportError:
-        missing["performer"] = "no tformer.nn.performer"
+        missing["performer"] = "no tformer.nn.favor"
     else:
         projection = random_features(PERFORMER_FEATURES, HEAD_DIM, generator=torch.Generator().manual_seed(0))
         kernels["performer"] = lambda q, k, v: performer_attention(q, k, v, projection, causal=True)

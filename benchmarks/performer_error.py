@@ -67,7 +67,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 from tformer.nn.attention import attention_reference  # noqa: E402
-from tformer.nn.performer import performer_attention, random_features  # noqa: E402
+from tformer.nn.favor import performer_attention, random_features  # noqa: E402
 from tformer.viz.figures import pyplot, save_figure  # noqa: E402
 
 FEATURES = [16, 32, 64, 128, 256, 512, 1024]

@@ -27,7 +27,7 @@ TOKEN_FIELDS = ("vocab_size", "max_seq_len", "tie_embeddings", "pad_token_id", "
                 "forced_eos_token_id")
 TOKEN_POSITION_FIELDS = ("scale_embeddings", "rope_theta", "rope_scaling", "partial_rotary_factor",
                          "relative_num_buckets", "relative_max_distance", "sinusoidal_layout")
-GENERATION_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
+GENERATION_DEFAULT_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
 
 
 class ConfigError(TformerError):

@@ -409,7 +409,7 @@ MUTATIONS = (
         "the online softmax adds a new key block's sum without rescaling the old one to the new maximum",
     ),
     Mutation(
-        "performer-causal-chunk-sees-ahead", "tformer/nn/performer.py",
+        "performer-causal-chunk-sees-ahead", "tformer/nn/favor.py",
         "decay = decay * below[:length, :length]",
         "decay = decay * below[:length, :length].T",
         ("tests/nn/test_performer.py",),
@@ -526,7 +526,7 @@ MUTATIONS = (
         "a fused AdamW step (which keeps the weights' version) leaves generation reading the old weights' layout",
     ),
     Mutation(
-        "performer-decode-keeps-the-old-level", "tformer/nn/performer.py",
+        "performer-decode-keeps-the-old-level", "tformer/nn/favor.py",
         "    if not torch.equal(raw, level):  # the running max rose\n",
         "    if False:\n",
         ("tests/nn/test_attention_kernels.py", "-k", "performer", "tests/nn/test_performer.py"),

@@ -7,7 +7,7 @@ from torch import nn
 
 import tformer
 from tformer.cli import main
-from tformer.config import GENERATION_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ConfigError, ModelConfig
+from tformer.config import GENERATION_DEFAULT_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ConfigError, ModelConfig
 from tformer.families import FAMILIES
 from tformer.models.decoder import DecoderLM
 from tformer.models.registry import MODEL_CLASSES, register
@@ -32,7 +32,7 @@ class GainedTokens(nn.Module):
 def toy_family():
     """Register the toy family for one test, and take it away after."""
 
-    @register("toy", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS))
+    @register("toy", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_DEFAULT_FIELDS))
     class ToyLM(DecoderLM):  # the decoder's decoding hooks; its own front end and head
         def __init__(self, config: ModelConfig) -> None:
             tformer.models.base.Model.__init__(self, config)

@@ -406,18 +406,18 @@ def test_module_refuses_dropout_and_a_window_it_cannot_use():
         MultiHeadAttention(16, 2, kernel="flash")
 
 
-# ---- Performer wiring (tformer.nn.performer comes from the Performer branch) ----------------------
+# ---- Performer wiring (tformer.nn.favor comes from the Performer branch) ----------------------
 
 
 def _performer_model(**fields):
-    pytest.importorskip("tformer.nn.performer", reason="tformer.nn.performer is written on the Performer branch")
+    pytest.importorskip("tformer.nn.favor", reason="tformer.nn.favor is written on the Performer branch")
     config = tformer.PRESETS["gpt-nano"].replace(attention_kernel="performer", performer_features=32, **fields)
     return build_model(config).eval()
 
 
 def test_each_performer_layer_owns_its_projection():
     model = _performer_model()
-    from tformer.nn.performer import PerformerProjection
+    from tformer.nn.favor import PerformerProjection
 
     projections = [block.attention.performer for block in model.stack.blocks]
     assert all(isinstance(p, PerformerProjection) for p in projections)

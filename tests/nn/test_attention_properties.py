@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tformer.nn.attention import AttentionMask, chunked_attention
 from tformer.nn.attention.registry import KERNELS, kernel_class
-from tformer.nn.performer import performer_attention, random_features
+from tformer.nn.favor import performer_attention, random_features
 from tformer.nn.positions import ALiBi, RelativePositionBias
 
 B, H, DH = 2, 4, 8

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tformer.nn.attention import attention_reference
-from tformer.nn.performer import PerformerProjection, performer_attention, random_features
+from tformer.nn.favor import PerformerProjection, performer_attention, random_features
 
 B, H, T, DH = 2, 4, 64, 16
 
@@ -325,7 +325,7 @@ def test_the_compiled_step_equals_the_tensor_operations(dtype, heads, kv_heads):
     """``decode_one`` on the CPU (one pass over the sums in C++) computes what ``decode_one_tensors`` does,
     step after step, through steps whose key raises the running max; both equal full causal attention."""
     from tformer.nn.compiled import load_or_none
-    from tformer.nn.performer import (
+    from tformer.nn.favor import (
         decode_one,
         decode_one_tensors,
         decode_unchecked,

@@ -18,18 +18,18 @@ from tformer.interop.t5 import T5Family
 from tformer.interop.vit import ViTFamily
 from tformer.interop.whisper import WhisperFamily
 
-FAMILIES: dict[str, Family] = {
+HF_FAMILIES: dict[str, Family] = {
     family.model_type: family
     for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), Phi3Family(), GemmaFamily(),
                    BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(), T5Family(), WhisperFamily())
 }
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+SUPPORTED_MODEL_TYPES = tuple(HF_FAMILIES)
 
 
 def family_for_model_type(model_type: object) -> Family:
     """The family of a config.json's ``model_type``; an unsupported one names the supported ones."""
     try:
-        return FAMILIES[model_type]
+        return HF_FAMILIES[model_type]
     except (KeyError, TypeError):
         raise CheckpointError(
             f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -41,7 +41,7 @@ def family_for_config(config: ModelConfig) -> Family:
     when it can still represent it, else the first family of its architecture that can; otherwise an error
     saying what each lacks."""
     reasons = {}
-    candidates = {model_type: family for model_type, family in FAMILIES.items()
+    candidates = {model_type: family for model_type, family in HF_FAMILIES.items()
                   if family.architecture == config.architecture}
     origin = config.extra.get(ORIGIN_KEY)
     if origin in candidates:

@@ -209,7 +209,9 @@ class Family:
         kernel = config.attention_kernel
         if kernel not in self.attention_kernels:
             allowed = " or ".join(map(repr, self.attention_kernels))
-            found.append(f"attention_kernel={kernel!r} (needs {allowed}: the function {self.model_type} computes)")
+            window = " or its sliding window" if "sliding_window" in self.attention_kernels else ""
+            found.append(f"attention_kernel={kernel!r} (needs {allowed}: {self.model_type} computes exact softmax "
+                         f"attention{window})")
         for name in non_default_fields(config):
             if name not in self.handled_fields and name != "attention_kernel":
                 default = field_default(type(config), name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.config import GENERATION_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
+from tformer.config import GENERATION_DEFAULT_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
 from tformer.models.base import Model
 from tformer.models.output import GenerationState, ModelOutput
 from tformer.models.registry import register
@@ -43,7 +43,8 @@ DECODER_PRESETS = {
 }
 
 
-@register("decoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS), presets=DECODER_PRESETS)
+@register("decoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_DEFAULT_FIELDS),
+          presets=DECODER_PRESETS)
 class DecoderLM(Model):
     """Token embedding -> causal TransformerStack (positions, blocks, final norm) -> LM head."""
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.config import GENERATION_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
+from tformer.config import GENERATION_DEFAULT_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
 from tformer.models.base import Seq2SeqModel
 from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
@@ -56,7 +56,7 @@ ENCODER_DECODER_PRESETS = {
 
 
 @register("encoder_decoder",
-          fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_FIELDS, *ENCODER_DECODER_FIELDS),
+          fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_DEFAULT_FIELDS, *ENCODER_DECODER_FIELDS),
           presets=ENCODER_DECODER_PRESETS)
 class EncoderDecoderLM(Seq2SeqModel):
     """Token embedding (shared) -> encoder stack over the source; token embedding -> decoder stack

@@ -23,7 +23,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from tformer.config import (
-    GENERATION_FIELDS,
+    GENERATION_DEFAULT_FIELDS,
     TOKEN_FIELDS,
     ConfigError,
     ModelConfig,
@@ -96,7 +96,7 @@ SPEECH_PRESETS = {
 }
 
 
-@register("speech", fields=(*TOKEN_FIELDS, *GENERATION_FIELDS, *SPEECH_FIELDS), check=check_speech_config,
+@register("speech", fields=(*TOKEN_FIELDS, *GENERATION_DEFAULT_FIELDS, *SPEECH_FIELDS), check=check_speech_config,
           presets=SPEECH_PRESETS,  # the encoder over the audio window, the decoder over the transcript
           longest_sequence=lambda config: max(config.max_source_positions, config.max_seq_len))
 class SpeechModel(EncoderDecoderLM):

@@ -1,7 +1,7 @@
 """The compiled CPU kernels (``nn/kernels/*.cpp``): the in-place paged decode attention
 (``paged_decode.cpp``, see ``nn/attention/paged_kernel.py``), one-query decode attention over a dense cache
 (``dense_decode.cpp``, see ``nn/attention/sdpa.py``), Performer's one-pass decoding step
-(``performer_decode.cpp``, see ``nn/performer.py``), int8 weights times a few rows of activations
+(``performer_decode.cpp``, see ``nn/favor.py``), int8 weights times a few rows of activations
 (``int8_matvec.cpp``) and the rounding and rescaling around w8a8's integer product (``int8_dynamic.cpp``; both
 see ``nn/weights/int8.py``), where tensor operations would pass over memory several times or spend a step on
 operator calls.

@@ -1,4 +1,4 @@
-"""The ``performer`` kernel: FAVOR+ (``nn/performer.py``), softmax attention estimated with
+"""The ``performer`` kernel: FAVOR+ (``nn/favor.py``), softmax attention estimated with
 ``performer_features`` positive random features per head, in time and memory linear in length.
 
 It decodes with its own cache: causal Performer attention needs of the past only two running sums
@@ -14,13 +14,13 @@ from torch import Tensor, nn
 
 from tformer.nn.attention.kernel import AttentionKernel
 from tformer.nn.attention.mask import AttentionMask
-from tformer.nn.performer import (
+from tformer.nn.favor import (
     PerformerProjection,
     PerformerState,
     decode_one,
     decode_unchecked,
-    decoding_weights,
     performer_attention,
+    projection_for_decoding,
 )
 
 
@@ -69,7 +69,7 @@ class PerformerKernel(AttentionKernel):
         scale = self.head_dim ** -0.5
         key = (projection.data_ptr(), projection._version, state.sums.dtype)
         if self._decoding_weights is None or self._decoding_weights[0] != key:
-            self._decoding_weights = key, decoding_weights(projection, state.sums.dtype, scale)
+            self._decoding_weights = key, projection_for_decoding(projection, state.sums.dtype, scale)
         return decode_one(q, k, v, self._decoding_weights[1], state, scale)
 
     @staticmethod

@@ -1,4 +1,4 @@
-// One causal Performer decoding step in one pass (tformer/nn/performer.py's decode_one, for the CPU).
+// One causal Performer decoding step in one pass (tformer/nn/favor.py's decode_one, for the CPU).
 //
 // Per (sequence, key/value head): the key's and the queries' random-feature logits, the running max,
 // the carried sums brought to it when it rises, phi(k)^T [v, 1] added, and every query head's output

@@ -143,14 +143,14 @@ def decode_unchecked(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, state:
     position after a state, the common step, is computed directly (``decode_one``)."""
     if state is not None and q.shape[2] == 1 and key_padding_mask is None:
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        return decode_one(q, k, v, decoding_weights(projection, state.sums.dtype, scale), state, scale)
+        return decode_one(q, k, v, projection_for_decoding(projection, state.sums.dtype, scale), state, scale)
     with _without_autocast(q.device):
         q_features, k_logits, values = _features(q, k, v, projection, key_padding_mask, scale)
         out, state = _causal(q_features, k_logits, values, chunk_size, state)
     return out.reshape(*q.shape[:3], v.shape[-1]).to(q.dtype), state
 
 
-def decoding_weights(projection: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
+def projection_for_decoding(projection: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
     """The projection as ``decode_one`` multiplies by it: (Dh, M) contiguous, times scale**0.5 (q' = q * scale**0.5)."""
     return (projection.to(dtype).t() * scale ** 0.5).contiguous()
 
@@ -255,7 +255,7 @@ def _causal(q_features: Tensor, k_logits: Tensor, values: Tensor, chunk_size: in
 def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: PerformerState,
                scale: float) -> tuple[Tensor, PerformerState]:
     """One new real position after ``carried`` (see ``decode_one_tensors``), with ``weights`` from
-    ``decoding_weights``: on the CPU, the compiled one-pass step (``nn/kernels/performer_decode.cpp``),
+    ``projection_for_decoding``: on the CPU, the compiled one-pass step (``nn/kernels/performer_decode.cpp``),
     which reads and writes the sums once; elsewhere, or where it cannot be built, the tensor operations."""
     kernels = load_or_none() if q.device.type == "cpu" and weights.dtype in (torch.float32, torch.float64) else None
     if kernels is None:
@@ -268,7 +268,7 @@ def decode_one(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: Perfor
 
 def decode_one_tensors(q: Tensor, k: Tensor, v: Tensor, weights: Tensor, carried: PerformerState,
                scale: float) -> tuple[Tensor, PerformerState]:
-    """One new real position after ``carried``, with ``weights`` from ``decoding_weights`` for ``scale`` (the
+    """One new real position after ``carried``, with ``weights`` from ``projection_for_decoding`` for ``scale`` (the
     score scale, 1 / sqrt(Dh) by default): ``_causal``'s arithmetic for a chunk of one (whose decay is 1), as
     batched products over the (batch, key/value head) pairs, the carried sums updated in place (the cache
     owns them). The running max never falls, so the sums are brought to a new level only when it rises,

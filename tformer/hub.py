@@ -23,6 +23,7 @@ from tformer.checkpoint import (
 )
 from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig
 from tformer.families import families_reading
+from tformer.generation.defaults import attach_generation_defaults
 from tformer.hub_cache import resolve_model
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.memory import require_memory
@@ -96,6 +97,7 @@ def load(
         model = _build(config.replace(**regularisation), folder)
         changes = load_hf_weights(model, family, folder, new_head=new_head)
         model.tokenizer = attached_tokenizer(folder)
+        attach_generation_defaults(model, folder)
     else:
         config = config_from_checkpoint(raw)
         saved_labels = config.label_names

@@ -19,7 +19,8 @@ from tformer.nn.positions import positions_from_mask
 CONFIG = ModelConfig(vocab_size=11, max_seq_len=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2)
 START = 1  # the decoder's first token
 HOOKS = {"config", "prepare_generation", "new_cache", "position_limit", "forward", "encodes_prompt",
-         "cache_bytes_per_token", "step", "prepare_for_decoding", "check_generation_input"}  # the last five optional
+         "cache_bytes_per_token", "step", "prepare_for_decoding", "check_generation_input",
+         "generation_config"}  # the last six optional (generation_config: a folder's defaults)
 MODULE_API = {name for name in dir(nn.Module) if not name.startswith("_")} | {"training"}  # eval, parameters, ...
 
 

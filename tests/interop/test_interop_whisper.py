@@ -162,6 +162,24 @@ def test_the_configs_suppressions_are_generations_defaults(tmp_path):
     assert torch.equal(tformer.generate(ours, audio, 8, decoder_prompt_ids=PROMPT)[:, len(PROMPT):], expected)
 
 
+def test_whisper_suppressions_in_generation_config_decode_as_hugging_face(tmp_path):
+    """suppress_tokens / begin_suppress_tokens in generation_config.json alone (config.json's are empty)."""
+    hf = _hf_model(SHAPES["80-mels"])
+    hf.save_pretrained(tmp_path / "plain")
+    audio = features(hf)
+    suppress, begin_suppress = _suppressions(tformer.load(tmp_path / "plain").eval(), audio)
+    hf.generation_config.suppress_tokens = suppress
+    hf.generation_config.begin_suppress_tokens = begin_suppress
+    hf.save_pretrained(tmp_path / "suppressing")
+    assert json.loads((tmp_path / "suppressing" / "config.json").read_text())["suppress_tokens"] == []
+    ours = tformer.load(tmp_path / "suppressing").eval()
+    assert ours.config.suppress_tokens == ()  # config.json's: the file's win, as in Hugging Face
+    expected = hf.generate(audio, language="en", task="transcribe", max_new_tokens=8)  # the generation config saved
+    got = tformer.generate(ours, audio, 8, decoder_prompt_ids=PROMPT)[:, len(PROMPT):]
+    assert torch.equal(got, expected)
+    assert not torch.isin(got, torch.tensor(suppress)).any()
+
+
 def test_a_saved_folder_loads_in_hugging_face_with_the_same_logits(models, tmp_path):
     hf, ours = models
     ours.save(tmp_path / "out", format="hf")

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from tformer.generation.autoregressive import autoregressive_decode
 from tformer.generation.beam import beam_search
+from tformer.generation.defaults import with_model_defaults
 from tformer.generation.output import GenerationOutput
 from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
@@ -43,6 +44,8 @@ def generate(
 
     The options are the fields of ``GenerationConfig``: pass ``generation_config=``, keyword
     options (which override its fields), or both; ``max_new_tokens`` given here overrides both.
+    What the call leaves out comes from ``model.generation_config`` (a folder's generation_config.json,
+    ``tformer.generation.defaults``), as Hugging Face's ``generate`` takes it.
     Returns the prompts followed by the new tokens, (B * num_return_sequences, T + new), or a
     ``GenerationOutput`` with ``return_dict`` / ``output_scores``.
 
@@ -68,7 +71,7 @@ def generate(
             f"streamer must be callable (it receives each (batch, n) chunk of new tokens), "
             f"got {type(streamer).__name__}"
         )
-    config = _config(generation_config, max_new_tokens, options)
+    config = _config(model, generation_config, max_new_tokens, options)
     generation = _Generation(model, input_ids, attention_mask, config, draft_model, tokenizer,
                              streaming=streamer is not None)
     for chunk in generation.chunks():
@@ -94,23 +97,27 @@ def stream_generate(
     """Like ``generate`` (the same options, no beam search), as an iterator over the chunks of
     new tokens (B, n) as they are produced; its ``output`` holds the GenerationOutput once the
     iteration has ended. Every option is checked when the stream is made."""
-    config = _config(generation_config, max_new_tokens, options)
+    config = _config(model, generation_config, max_new_tokens, options)
     with torch.inference_mode():
         generation = _Generation(model, input_ids, attention_mask, config, draft_model, tokenizer, streaming=True)
     return TokenStream(generation)
 
 
-def _config(generation_config: GenerationConfig | None, max_new_tokens: int | None, options: dict) -> GenerationConfig:
-    """The call's one config: ``generation_config`` (or the defaults) with the keyword options over it."""
-    if generation_config is None:
-        generation_config = GenerationConfig()
-    elif not isinstance(generation_config, GenerationConfig):
+def _config(model: nn.Module, generation_config: GenerationConfig | None, max_new_tokens: int | None,
+            options: dict) -> GenerationConfig:
+    """The call's one config: ``generation_config`` (else the model's defaults: its folder's
+    generation_config.json) with the keyword options over it; an explicit ``max_new_tokens`` replaces a default
+    ``max_length``."""
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         raise GenerationError(
             f"generation_config must be a GenerationConfig, got {type(generation_config).__name__}"
         )
+    base = with_model_defaults(model, generation_config)
     if max_new_tokens is not None:
         options = {**options, "max_new_tokens": max_new_tokens}
-    return generation_config.replace(**options) if options else generation_config
+    if "max_new_tokens" in options:
+        options = {"max_length": None, **options}
+    return base.replace(**options) if options else base
 
 
 class TokenStream:
@@ -145,13 +152,15 @@ class _Generation:
                  draft_model: nn.Module | None, tokenizer, streaming: bool) -> None:
         check_model(model)
         check_prompt(model, input_ids, attention_mask)
+        own_prompt = getattr(model, "check_generation_input", None) is not None
+        decoder_prompt = max(len(config.decoder_prompt_ids), 1) if getattr(model, "encodes_prompt", False) else None
+        config = config.for_prompt(input_ids.shape[1] if decoder_prompt is None else decoder_prompt)
         tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         check_call(config, model, input_ids, draft_model, tokenizer, streaming)
         self.config = config
         self.model, self.draft_model = model, draft_model
         device = next(model.parameters()).device
         # Token ids as int64; a model's own kind of prompt (a speech model's features) as it is.
-        own_prompt = getattr(model, "check_generation_input", None) is not None
         input_ids = input_ids.to(device=device) if own_prompt else input_ids.to(device=device, dtype=torch.long)
         attention_mask = None if attention_mask is None else attention_mask.to(device)
         if config.num_beams == 1 and config.num_return_sequences > 1:  # independent samples per prompt

@@ -35,6 +35,9 @@ class GenerationConfig:
     """
 
     max_new_tokens: int = 32
+    # The whole sequence's length limit, prompt included (Hugging Face's max_length, from a folder's
+    # generation_config.json): when set, max_new_tokens is what the prompt leaves of it.
+    max_length: int | None = None
     min_new_tokens: int = 0  # end ids are forbidden before this many new tokens
     forced_eos_token_id: int | bool | None = None  # the last token a row may have; None: the model config's,
     # False: none
@@ -81,9 +84,21 @@ class GenerationConfig:
             return self.temperature != 1.0 or self.top_k is not None or self.top_p is not None
         return self.do_sample
 
+    def for_prompt(self, prompt_length: int) -> GenerationConfig:
+        """This config with ``max_length`` turned into ``max_new_tokens`` for a decoder prompt of
+        ``prompt_length`` tokens (unchanged without ``max_length``)."""
+        if self.max_length is None:
+            return self
+        if self.max_length <= prompt_length:
+            raise GenerationError(f"max_length={self.max_length} leaves no new token after a {prompt_length}-token "
+                                  "prompt; pass max_new_tokens")
+        return dataclasses.replace(self, max_new_tokens=self.max_length - prompt_length, max_length=None)
+
     def end_ids(self, model_config) -> tuple[int, ...]:
-        """The end-of-sequence ids, the model config's by default, each within its vocabulary."""
-        value = model_config.eos_token_id if self.eos_token_id is None else self.eos_token_id
+        """The end-of-sequence ids, the model config's by default (all of a list), each within its vocabulary."""
+        value = self.eos_token_id
+        if value is None:  # a Llama 3 config.json's list is kept whole in extra (eos_token_id holds its first)
+            value = getattr(model_config, "extra", {}).get("eos_token_ids", model_config.eos_token_id)
         return _token_ids("eos_token_id", value, model_config.vocab_size)
 
     def forced_end_id(self, model_config) -> int | None:
@@ -121,6 +136,8 @@ class GenerationConfig:
     def _check(self) -> None:
         _require_int("max_new_tokens", self.max_new_tokens, 0)
         _require_int("min_new_tokens", self.min_new_tokens, 0)
+        if self.max_length is not None:
+            _require_int("max_length", self.max_length, 1)
         forced = self.forced_eos_token_id
         if forced is not None and forced is not False and (isinstance(forced, bool) or not isinstance(forced, int)):
             raise GenerationError(f"forced_eos_token_id={forced!r} must be a token id, None (the model config's) "

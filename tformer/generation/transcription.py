@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from tformer.generation.defaults import with_model_defaults
 from tformer.generation.generate import generate
 from tformer.generation.settings import GenerationConfig, GenerationError
 
@@ -32,7 +33,7 @@ def transcribe_ids(model: nn.Module, features: Tensor, max_new_tokens: int = 100
     if getattr(model.config, "architecture", None) != "speech" or window is None:
         raise GenerationError(f"transcribe_ids needs a speech model, not architecture="
                               f"{getattr(model.config, 'architecture', type(model).__name__)!r}")
-    config = GenerationConfig(max_new_tokens=max_new_tokens).replace(**options)
+    config = with_model_defaults(model, GenerationConfig(max_new_tokens=max_new_tokens).replace(**options))
     ends = set(config.end_ids(model.config))
     prompt_length = max(len(config.decoder_prompt_ids), 1)
     rows: list[list[int]] = [[] for _ in range(features.shape[0])]

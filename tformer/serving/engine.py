@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from tformer.generation.defaults import MODEL_FIELDS, with_model_defaults
 from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.session import cache_bytes_per_token, stack_session_problem
@@ -52,7 +53,8 @@ HONOURED = None
 # a value other than the default (with a GenerationError naming the field). A field added to
 # GenerationConfig must be entered here (a test enumerates the dataclass), so none is silently dropped.
 GENERATION_FIELDS: dict[str, str | None] = {
-    "max_new_tokens": HONOURED, "min_new_tokens": HONOURED, "forced_eos_token_id": HONOURED,
+    "max_new_tokens": HONOURED, "max_length": HONOURED,
+    "min_new_tokens": HONOURED, "forced_eos_token_id": HONOURED,
     "do_sample": HONOURED, "temperature": HONOURED, "top_k": HONOURED, "top_p": HONOURED, "seed": HONOURED,
     "eos_token_id": HONOURED, "stop_strings": HONOURED,
     "pad_token_id": "a sequence that ends is not padded: the server returns each one as it is",
@@ -69,6 +71,7 @@ GENERATION_FIELDS: dict[str, str | None] = {
 }
 
 
+SERVED_MODEL_FIELDS = tuple(name for name in MODEL_FIELDS if name != "pad_token_id")  # ended sequences: unpadded
 PROMPT_ROWS_AT_ONCE = 256  # prompt rows turned into float32 log-probabilities at a time (bounds the copy)
 
 
@@ -257,7 +260,7 @@ class Engine:
         never run (bad ids, past the position table, more cache than the pool holds, beam search...).
         ``logprobs=k``: each new token's log-probability and the k best; ``prompt_logprobs=k``: the same for
         the prompt's tokens (``PromptLogprobs`` on each sequence's first event)."""
-        config = config or GenerationConfig()
+        config = serving_defaults(self.model, config).for_prompt(len(prompt_ids))
         request = self._make_request(list(prompt_ids), config, n, logprobs, prompt_logprobs, on_event)
         with self._work:
             if not self.admitting:
@@ -632,6 +635,12 @@ def _check_pool_fits(cache_tokens: int, slots: int, per_token: int, device: torc
         raise GenerationError(f"cache_tokens={cache_tokens} needs {format_bytes(slots * per_token)} of key/value "
                               f"cache ({per_token} bytes a token); {format_bytes(available)} is available on "
                               f"{device.type}: cache_tokens must be in [1, {available // per_token}]")
+
+
+def serving_defaults(model: nn.Module, config: GenerationConfig | None) -> GenerationConfig:
+    """A request's config with the ids it leaves to the model (end ids, forced end, suppressions) taken from the
+    model's folder's generation_config.json when it has one; sampling is the request's."""
+    return with_model_defaults(model, config or GenerationConfig(), SERVED_MODEL_FIELDS)
 
 
 def refuse_unhonoured(config: GenerationConfig) -> None:

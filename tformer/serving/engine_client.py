@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tformer.generation.settings import GenerationConfig
-from tformer.serving.engine import Engine, EngineStats, TokenEvent
+from tformer.serving.engine import Engine, EngineStats, TokenEvent, serving_defaults
 from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
 
 EventSink = Callable[[TokenEvent], None]  # receives one request's events, on the server's event loop
@@ -48,8 +48,9 @@ class EngineFacts:
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
+        end_ids = serving_defaults(engine.model, None).end_ids(engine.model.config)
         return cls(engine.pool.num_blocks, engine.pool.block_size, engine.model.position_limit, engine.queue_timeout,
-                   tuple(GenerationConfig().end_ids(engine.model.config)), engine.paged_attention_note)
+                   tuple(end_ids), engine.paged_attention_note)
 
 
 @dataclass(frozen=True)

@@ -31,15 +31,13 @@ class RMSNorm(nn.Module):
         return torch.rms_norm(x, self.shape, self._parameters["weight"], self.eps)
 
 
-class RMSNormPlusOne(nn.Module):
+class RMSNormPlusOne(RMSNorm):
     """RMSNorm scaled by ``1 + weight`` (the weight starts at zero), computed in float32 and cast back after the
     scale (Gemma's: the scale multiplies before the cast to a lower precision, not after)."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.shape = (dim,)
-        self.weight = nn.Parameter(torch.zeros(dim))
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         normed = torch.rms_norm(x.float(), self.shape, None, self.eps)

@@ -329,7 +329,7 @@ def test_the_compiled_step_equals_the_tensor_operations(dtype, heads, kv_heads):
         decode_one,
         decode_one_tensors,
         decode_unchecked,
-        decoding_weights,
+        projection_for_decoding,
     )
 
     if load_or_none() is None:
@@ -338,7 +338,7 @@ def test_the_compiled_step_equals_the_tensor_operations(dtype, heads, kv_heads):
     k[:, :, 7] *= 6  # a key whose logits raise the running max mid-way
     weights = projection(40, dtype=dtype)
     scale = DH ** -0.5
-    step_weights = decoding_weights(weights, dtype, scale)
+    step_weights = projection_for_decoding(weights, dtype, scale)
     _, compiled = decode_unchecked(q[:, :, :4], k[:, :, :4], v[:, :, :4], weights, None)
     _, tensors = decode_unchecked(q[:, :, :4], k[:, :, :4], v[:, :, :4], weights, None)
     steps = []

@@ -25,9 +25,9 @@ class Phi3Family(MistralFamily):
         "stack.blocks.{i}.attention.qkv_proj": ModuleMap(("model.layers.{i}.self_attn.qkv_proj",)),
         "stack.blocks.{i}.feedforward.in_proj": ModuleMap(("model.layers.{i}.mlp.gate_up_proj",)),
     }
-    hf_keys = {**MistralFamily.hf_keys, "vocab_size": ("vocab_size", 32064), "max_seq_len": (
-        "max_position_embeddings", 4096), "d_ff": ("intermediate_size", 8192), "num_kv_heads": (
-        "num_key_value_heads", None), "norm_eps": ("rms_norm_eps", 1e-5)}
+    hf_keys = {**MistralFamily.hf_keys, "vocab_size": ("vocab_size", 32064),
+               "max_seq_len": ("max_position_embeddings", 4096), "d_ff": ("intermediate_size", 8192),
+               "num_kv_heads": ("num_key_value_heads", None), "norm_eps": ("rms_norm_eps", 1e-5)}
     # dropout on the residual branches only (tformer's dropout also drops the embeddings): refused past 0
     pinned = {"resid_pdrop": 0.0}
     token_defaults = {"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000}

@@ -7,9 +7,6 @@ only, a mix of windowed and full layers tformer's one kernel per model cannot ex
 
 from __future__ import annotations
 
-from typing import Any
-
-from tformer.config import ModelConfig
 from tformer.interop.llama import LlamaFamily
 
 
@@ -21,13 +18,9 @@ class Qwen2Family(LlamaFamily):
     hf_keys["vocab_size"] = ("vocab_size", 151936)
     hf_keys["max_seq_len"] = ("max_position_embeddings", 32768)
     hf_keys["d_ff"] = ("intermediate_size", 22016)
-    hf_keys["num_kv_heads"] = ("num_key_value_heads", None)
     # q/k/v biased, the output projection and the feed-forward not (bias itself: the norms', which RMSNorm lacks)
     layout = {**LlamaFamily.layout, "bias": False, "attention_bias": True, "output_bias": False,
               "feedforward_bias": False}
     pinned = {"use_sliding_window": False}
     token_defaults = {"bos_token_id": None, "eos_token_id": None}
     activations = {"silu": "swiglu"}
-
-    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
-        return {**super().config_to_hf(config), "use_sliding_window": False}

@@ -78,38 +78,16 @@ def load(
                                                          strict=True) if value is not None}
     folder = resolve_model(path, revision, local_only)
     raw = read_config(folder)
-    new_head = head is not _KEEP or any(value is not None for value in (num_labels, label_names, problem_type, pooling))
+    head_options = (head, num_labels, label_names, problem_type, pooling)
+    new_head = head is not _KEEP or any(value is not None for value in head_options[1:])
     saved_scheme = _saved_scheme(folder, raw)
     wanted = scheme_for(quantize) if isinstance(quantize, str) else quantize
-    if saved_scheme is not None and (new_head or wanted is not None):
-        if new_head:
-            raise CheckpointError(f"{folder}: a quantized model ({saved_scheme.describe()}) cannot take a new head; "
-                                  "fine-tune its float checkpoint, then quantize")
-        if (wanted.method, wanted.group_size, wanted.head, wanted.embeddings) != (
-                saved_scheme.method, saved_scheme.group_size, saved_scheme.head, saved_scheme.embeddings):
-            raise CheckpointError(f"{folder}: quantized already ({saved_scheme.describe()}); it cannot be quantized "
-                                  f"again as {wanted.describe()} (quantize its float checkpoint)")
-    if is_hf_config(raw):
-        family, config = hf_config(folder, raw)
-        saved_labels = config.label_names
-        if new_head:
-            config = _with_head(config, head, num_labels, label_names, problem_type, pooling, family.head_layout)
-        model = _build(config.replace(**regularisation), folder)
-        changes = load_hf_weights(model, family, folder, new_head=new_head)
-        model.tokenizer = attached_tokenizer(folder)
-        attach_generation_defaults(model, folder)
-    else:
-        config = config_from_checkpoint(raw)
-        saved_labels = config.label_names
-        if new_head:
-            config = _with_head(config, head, num_labels, label_names, problem_type, pooling, lambda _: {})
-        model = _build(config.replace(**regularisation), folder)
-        if saved_scheme is not None:
-            prepare_quantized(model, saved_scheme)
-        changes = load_weights(model, folder, new_head=new_head)
-        model.tokenizer = load_attached_tokenizer(folder)
-    if "image_processor" in model_class(config).attachments:
-        model.image_processor = load_attached_image_processor(folder, config)
+    _check_requantize(folder, saved_scheme, wanted, new_head)
+    read_folder = _read_hf_folder if is_hf_config(raw) else _read_tformer_folder
+    model, saved_labels, changes = read_folder(folder, raw, head_options if new_head else None, regularisation,
+                                               saved_scheme)
+    if "image_processor" in model_class(model.config).attachments:
+        model.image_processor = load_attached_image_processor(folder, model.config)
     relabelled = _reset_relabelled_classifier(model, saved_labels)
     if changes or relabelled:
         described = "; ".join(part for part in (relabelled, changes.describe()) if part)
@@ -117,6 +95,52 @@ def load(
     if wanted is not None and saved_scheme is None:
         quantize_model(model, wanted)
     return model.to(device).eval()
+
+
+def _check_requantize(folder: Path, saved: QuantizationScheme | None, wanted: QuantizationScheme | None,
+                      new_head: bool) -> None:
+    """Refuse a new head for a quantized folder, and a quantization other than the one it was saved with."""
+    if saved is None or not (new_head or wanted is not None):
+        return
+    if new_head:
+        raise CheckpointError(f"{folder}: a quantized model ({saved.describe()}) cannot take a new head; "
+                              "fine-tune its float checkpoint, then quantize")
+    if (wanted.method, wanted.group_size, wanted.head, wanted.embeddings) != (
+            saved.method, saved.group_size, saved.head, saved.embeddings):
+        raise CheckpointError(f"{folder}: quantized already ({saved.describe()}); it cannot be quantized "
+                              f"again as {wanted.describe()} (quantize its float checkpoint)")
+
+
+def _read_hf_folder(folder: Path, raw: dict, head_options: tuple | None, regularisation: dict,
+                    saved_scheme: QuantizationScheme | None) -> tuple[Model, Sequence[str], Any]:
+    """The model of a Hugging Face folder (with a new head when ``head_options`` are given), the labels its
+    config named, and the weights' changes (new and dropped tensors); its tokenizer and generation defaults
+    attached."""
+    family, config = hf_config(folder, raw)
+    saved_labels = config.label_names
+    if head_options is not None:
+        config = _with_head(config, *head_options, family.head_layout)
+    model = _build(config.replace(**regularisation), folder)
+    changes = load_hf_weights(model, family, folder, new_head=head_options is not None)
+    model.tokenizer = attached_tokenizer(folder)
+    attach_generation_defaults(model, folder)
+    return model, saved_labels, changes
+
+
+def _read_tformer_folder(folder: Path, raw: dict, head_options: tuple | None, regularisation: dict,
+                         saved_scheme: QuantizationScheme | None) -> tuple[Model, Sequence[str], Any]:
+    """The model of a tformer folder (quantized as it was saved; with a new head when ``head_options`` are
+    given), the labels its config named, and the weights' changes; its tokenizer attached."""
+    config = config_from_checkpoint(raw)
+    saved_labels = config.label_names
+    if head_options is not None:
+        config = _with_head(config, *head_options, lambda _: {})
+    model = _build(config.replace(**regularisation), folder)
+    if saved_scheme is not None:
+        prepare_quantized(model, saved_scheme)
+    changes = load_weights(model, folder, new_head=head_options is not None)
+    model.tokenizer = load_attached_tokenizer(folder)
+    return model, saved_labels, changes
 
 
 def _saved_scheme(folder: Path, raw: dict) -> QuantizationScheme | None:

@@ -300,3 +300,11 @@ def test_audio_goes_to_a_speech_model(tmp_path, speech_folder, capsys):
     tformer.build_model("gpt-nano").save(text_model)
     assert main(["attention", str(text_model), "--audio", str(short)]) == 2
     assert "does not transcribe audio; give a speech model" in capsys.readouterr().err
+
+
+def test_text_maps_of_a_model_quantized_as_it_loads(tmp_path, capsys):
+    """--quantize came to attention with the shared option group: the maps are the quantized model's."""
+    folder = text_folder(tmp_path / "decoder", "decoder")
+    assert main(["attention", str(folder), "--text", TEXT, "--quantize", "int8", "--out", str(tmp_path / "q.png")]) == 0
+    assert written_by_tformer(tmp_path / "q.png")
+    assert "(3 layers x 4 heads" in capsys.readouterr().out

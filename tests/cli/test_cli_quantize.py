@@ -218,3 +218,10 @@ def test_quantize_replaces_no_recipe_it_has_none_for_and_takes_none_from_a_grand
                                        "has none to replace it with (it would describe another model to evaluate); "
                                        "choose an empty or new folder\n")
     assert (out / "recipe.toml").read_text() == "[task]\nname = 'classification'\n"
+
+
+def test_info_takes_the_option_groups_quantize(model_folder, capsys):
+    """--quantize came to info with the shared option group: it describes the model quantized as it loads."""
+    assert main(["info", str(model_folder), "--quantize", "int4", "--group-size", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "quantized    int4" in out and "stored quantized" in out

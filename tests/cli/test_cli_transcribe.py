@@ -113,7 +113,7 @@ def test_a_whisper_tokenizer_gets_whispers_prompt_with_the_language():
     from types import SimpleNamespace
 
     from tformer.cli import UsageError
-    from tformer.cli.transcribe import decoder_prompt
+    from tformer.cli.model_inputs import decoder_prompt
 
     specials = ["<unk>", "<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|transcribe|>",
                 "<|notimestamps|>"]
@@ -164,3 +164,20 @@ def test_train_then_evaluate_prints_and_records_wer_and_cer(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "run"), "--data", str(test), "--beam", "3"]) == 0  # beside, not over it
     beams = json.loads((tmp_path / "run" / "evaluation" / "test.beam3.json").read_text(encoding="utf-8"))
     assert beams["beam"] == 3 and beams["eval_loss"] == record["eval_loss"]
+
+
+def test_transcribe_takes_the_option_groups_quantize(saved, capsys):
+    """--quantize came to transcribe with the shared option group: the transcript is the quantized model's."""
+    from tformer.cli.model_inputs import transcript_budget
+    from tformer.data.log_mel import recording_features
+    from tformer.generation.transcription import transcribe_ids
+
+    folder, short, _ = saved
+    assert main(["transcribe", str(folder), str(short), "--quantize", "int8", "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    model = tformer.load(folder, quantize="int8")
+    assert model.quantization.method == "int8"
+    features = recording_features(torch.from_numpy(load_audio(short)), model.log_mel_settings)[None]
+    with torch.inference_mode():
+        ids = transcribe_ids(model, features, transcript_budget(model, ()))[0]
+    assert text == " ".join(model.tokenizer.decode(ids, skip_special_tokens=True).split())

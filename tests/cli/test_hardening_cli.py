@@ -296,7 +296,7 @@ def test_options_that_cannot_work_are_refused_naming_the_option(work, capsys, ar
 
 def test_threads_sets_the_threads_a_command_computes_with(work, capsys, monkeypatch):
     before = torch.get_num_threads()
-    monkeypatch.setattr("tformer.cli.available_cpus", lambda: before + 1)  # a machine with a core to spare
+    monkeypatch.setattr("tformer.cli.model_source.available_cpus", lambda: before + 1)  # a machine with a core to spare
     try:
         threads = before + 1  # not what it had
         assert main(["generate", "m", "--prompt", "to be", "--max-new-tokens", "2", "--threads", str(threads)]) == 0

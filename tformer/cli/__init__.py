@@ -1,5 +1,7 @@
 """The ``tformer`` command. Each subcommand lives in its own module of this package and
-registers itself through ``register(subparsers)``; add its name to COMMANDS."""
+registers itself through ``register(subparsers)``; add its name to COMMANDS. A command that loads a model takes
+the one option group of ``model_source`` (and loads through it); a command module never imports another: what
+two commands share lives here, in ``model_source`` or in ``model_inputs``."""
 
 from __future__ import annotations
 
@@ -55,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     with warnings.catch_warnings():
-        warnings.showwarning = _warning_printer(args.command)
+        warnings.showwarning = warning_printer(args.command)
         try:
-            resolve_model_argument(args)
-            set_threads(args)
+            from tformer.cli.model_source import read_model_source
+
+            read_model_source(args)  # the model option group, checked once for every command that loads a model
             return args.run(args) or 0
         except (TformerError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
             print(f"tformer {args.command}: error: {_one_line(error)}", file=sys.stderr)
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             return getattr(interrupted, "exit_code", 130)
 
 
-def _warning_printer(command: str):
+def warning_printer(command: str):
     """Warnings as one line each on standard error, like the errors (no source line under them)."""
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         print(f"tformer {command}: warning: {_one_line(message) if isinstance(message, Warning) else message}",
@@ -105,47 +108,6 @@ def refuse_output_over_input(output: str | Path, inputs: Iterable[str | Path], o
                              "that folder: move the input out or choose another output folder")
 
 
-def add_model_argument(parser: argparse.ArgumentParser, dest: str, help: str, metavar: str | None = None,
-                       nargs: str | None = None) -> None:
-    """The command's model: a local folder or a Hugging Face Hub name, with ``--revision`` and
-    ``--local-only``. ``main`` turns a name into its cached snapshot folder before the command runs
-    (``resolve_model_argument``), so commands only ever see folders."""
-    parser.add_argument(dest, metavar=metavar, nargs=nargs,
-                        help=f"{help}; or a Hugging Face Hub name (org/name) when no such local path exists")
-    parser.add_argument("--revision", help="with a Hub name: its branch, tag or commit (default: the main branch)")
-    parser.add_argument("--local-only", action="store_true",
-                        help="with a Hub name: read the Hugging Face cache only, never the network")
-    parser.set_defaults(model_argument=dest)
-
-
-def resolve_model_argument(args: argparse.Namespace) -> None:
-    """Replace a command's model argument by the folder it names (a Hub name by its snapshot folder in
-    the Hugging Face cache); ``args.hub_name`` keeps the name (None for a local folder)."""
-    from tformer.hub_cache import resolve_model
-
-    dest = getattr(args, "model_argument", None)
-    args.hub_name = None
-    if dest is None:
-        return
-    if getattr(args, dest) is None:
-        if args.revision is not None:
-            raise UsageError("--revision goes with a Hub model name")
-        return
-    source = getattr(args, dest)
-    folder = resolve_model(source, args.revision, args.local_only)
-    if str(folder) != str(Path(source).expanduser()):
-        args.hub_name = source
-        setattr(args, dest, str(folder))
-
-
-def output_beside_model(args: argparse.Namespace, folder: str | Path, *default: str) -> Path:
-    """``--out``, or by default the path ``default`` inside the model's folder; for a Hub model (whose
-    snapshot in the cache is not ours to write) inside a folder named after it in the working directory."""
-    if args.out:
-        return Path(args.out)
-    return (Path(args.hub_name.replace("/", "--")) if args.hub_name else Path(folder)).joinpath(*default)
-
-
 def check_replaceable(path: str | Path, overwrite: bool | None, option: str = "--out",
                       written_by_tformer: Callable[[Path], bool] | None = None, what: str = "") -> None:
     """Refuse to replace an existing ``path`` unless ``overwrite`` was given, or ``written_by_tformer(path)``
@@ -161,49 +123,6 @@ def check_replaceable(path: str | Path, overwrite: bool | None, option: str = "-
     raise UsageError(f"{path} exists{kind}; choose another {option}{offer}")
 
 
-def add_device_option(parser: argparse.ArgumentParser) -> None:
-    """``--device``: where the model runs (``resolve_device`` reads it)."""
-    parser.add_argument("--device", default="cpu",
-                        help="cpu, cuda, cuda:N, or auto (cuda when PyTorch sees a GPU, else cpu) (default: cpu)")
-
-
-def add_threads_option(parser: argparse.ArgumentParser) -> None:
-    """``--threads``: the CPU threads the command computes with (``main`` sets them before it runs)."""
-    parser.add_argument("--threads", type=int, metavar="N",
-                        help="CPU threads PyTorch computes with (default: PyTorch's, one a core); fewer leave cores "
-                             "to other work on a shared machine")
-    parser.set_defaults(sets_threads=True)
-
-
-def set_threads(args: argparse.Namespace) -> None:
-    """Apply a command's ``--threads`` (``add_threads_option``), checked by ``check_threads``."""
-    if not getattr(args, "sets_threads", False) or args.threads is None:
-        return
-    check_threads(args.threads)
-    import torch
-
-    torch.set_num_threads(args.threads)
-
-
-def check_threads(threads: int, option: str = "--threads") -> None:
-    """Refuse in one line a thread count below 1, or above the CPUs this process may run on: threads past them
-    only wait for each other (9999 on 2 cores made a 0.0 s transcription take 19 s)."""
-    if threads < 1:
-        raise UsageError(f"{option} {threads} must be >= 1")
-    cpus = available_cpus()
-    if threads > cpus:
-        raise UsageError(f"{option} {threads} is more than the {cpus} CPU(s) this process may run on; give 1 to "
-                         f"{cpus}")
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity, where the system tells it; else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity on macOS and Windows
-        return os.cpu_count() or 1
-
-
 def add_progress_option(parser: argparse.ArgumentParser) -> None:
     """``--no-progress`` (``show_progress`` reads it)."""
     parser.add_argument("--no-progress", action="store_true",
@@ -213,64 +132,6 @@ def add_progress_option(parser: argparse.ArgumentParser) -> None:
 def show_progress(args: argparse.Namespace) -> bool:
     """A progress bar on a terminal unless --no-progress; never in a log file."""
     return not args.no_progress and sys.stderr.isatty()
-
-
-def add_quantize_option(parser: argparse.ArgumentParser) -> None:
-    """``--quantize`` and ``--group-size``: quantize the model's weights as it loads (``quantize_option`` reads
-    them)."""
-    parser.add_argument("--quantize", choices=("int8", "w8a8", "int4"),
-                        help="quantize the weights as they load: int8 (per output channel), w8a8 (int8 weights, "
-                             "activations rounded to int8 where that is faster) or int4 (groups of --group-size "
-                             "inputs); a folder written by tformer quantize loads quantized without it")
-    parser.add_argument("--group-size", type=int, metavar="N", help="with --quantize int4: inputs per group, 32, 64 or "
-                                                                    "128 (default: 64)")
-
-
-def quantize_option(args: argparse.Namespace):
-    """The ``QuantizationScheme`` that ``--quantize`` / ``--group-size`` ask for, or None."""
-    from tformer.quantization import QuantizationError, scheme_for
-
-    if args.quantize is None:
-        if args.group_size is not None:
-            raise UsageError("--group-size goes with --quantize int4")
-        return None
-    if args.quantize != "int4" and args.group_size is not None:
-        raise UsageError(f"--group-size goes with --quantize int4 ({args.quantize} is per output channel)")
-    try:
-        return scheme_for(args.quantize, args.group_size)
-    except QuantizationError as error:
-        raise UsageError(f"--group-size: {error}") from None
-
-
-def resolve_device(text: str, option: str = "--device"):
-    """The torch.device a ``--device`` value names, refused in one line naming the devices this machine has
-    when it has no such device (every command that takes ``--device`` reads it through here)."""
-    import torch
-
-    text = text.strip().lower()
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if text == "cpu":
-        return torch.device("cpu")
-    kind, _, index = text.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise UsageError(f"{option} {text!r} is not a device (cpu, cuda, cuda:N or auto); this machine has: "
-                         f"{available_devices()}")
-    if not torch.cuda.is_available():
-        build = " (a CPU-only build)" if torch.version.cuda is None else ""
-        raise UsageError(f"{option} {text}: PyTorch {torch.__version__}{build} sees no CUDA device; this machine "
-                         f"has: {available_devices()}")
-    if index and int(index) >= torch.cuda.device_count():
-        raise UsageError(f"{option} {text}: no such CUDA device; this machine has: {available_devices()}")
-    return torch.device(text)
-
-
-def available_devices() -> str:
-    """The ``--device`` values this machine can run on, for a message: cpu, each GPU (cuda:N), auto."""
-    import torch
-
-    gpus = [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return ", ".join(["cpu", *gpus, "auto"])
 
 
 def check_text_option(text: str, option: str) -> str:

@@ -23,7 +23,7 @@ import argparse
 import warnings
 from pathlib import Path
 
-from tformer.cli import add_model_argument, add_threads_option, output_beside_model
+from tformer.cli.model_source import add_model_source, output_beside_model
 from tformer.viz.rollout import HEAD_FUSIONS
 
 TEXT_ARCHITECTURES = ("decoder", "encoder")
@@ -38,7 +38,8 @@ def register(subparsers) -> None:
                     "class-token attention over the image. With --text: run a decoder or an encoder on the text and "
                     "draw each layer's and head's attention weights as heatmaps, tokens on both axes.",
     )
-    add_model_argument(parser, "model", "a model folder (a run, a checkpoint, a Hugging Face folder)")
+    add_model_source(parser, "model", "a model folder (a run, a checkpoint, a Hugging Face folder)",
+                     without=("device",))
     inputs = parser.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--image", nargs="+", metavar="IMAGE", help="PNG or JPEG files (a vision model)")
     inputs.add_argument("--text", help="a text (a decoder or an encoder with a tokenizer)")
@@ -64,7 +65,6 @@ def register(subparsers) -> None:
     parser.add_argument("--max-tokens", type=int,
                         help=f"--text: draw at most this many tokens; a longer text is cut, with a warning "
                              f"(default: {DEFAULT_MAX_TOKENS}, and never past the model's context)")
-    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -90,11 +90,11 @@ def run(args: argparse.Namespace) -> int:
 
 def check_has_weights(model_path: str, config) -> None:
     """Refuse a model whose attention kernel never forms the weights to draw (Performer estimates them)."""
+    from tformer.choices import ATTENTION_KERNELS
     from tformer.cli import UsageError
-    from tformer.nn.attention import KERNELS
 
-    if not KERNELS[config.attention_kernel].weights:
-        with_weights = ", ".join(name for name, kernel in KERNELS.items() if kernel.weights)
+    if not ATTENTION_KERNELS[config.attention_kernel].weights:
+        with_weights = ", ".join(name for name, kernel in ATTENTION_KERNELS.items() if kernel.weights)
         raise UsageError(f"{model_path}: attention_kernel={config.attention_kernel!r} never forms attention weights, "
                          f"so there is nothing to draw; models with {with_weights} have them")
 
@@ -104,7 +104,8 @@ def draw_image_maps(args: argparse.Namespace) -> int:
     import torch
 
     from tformer.cli import UsageError
-    from tformer.cli.classify import load_classifier, read_model_images
+    from tformer.cli.model_inputs import read_model_images
+    from tformer.cli.model_source import load_image_classifier
     from tformer.viz.rollout import (
         attention_rollout,
         fuse_heads,
@@ -116,7 +117,7 @@ def draw_image_maps(args: argparse.Namespace) -> int:
     )
 
     head_fusion = args.head_fusion or "mean"
-    model = load_classifier(args.model)
+    model = load_image_classifier(args.model_source)
     config = model.config
     check_has_weights(args.model, config)
     out = output_beside_model(args, args.model, "attention", f"{Path(args.image[0]).stem}.png")
@@ -151,23 +152,21 @@ def draw_text_maps(args: argparse.Namespace) -> int:
     import torch
 
     from tformer.cli import UsageError, check_text_option
-    from tformer.cli.generate import load_model
+    from tformer.cli.model_source import load_model
     from tformer.viz.heatmaps import plot_attention_heatmaps, select_maps, token_labels
 
     text = check_text_option(args.text, "--text")
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     if max_tokens < 1:
         raise UsageError(f"--max-tokens {max_tokens} must be a positive integer")
-    model, tokenizer_problem = load_model(args.model)
-    config = model.config
+    loaded = load_model(args.model_source)
+    model, config = loaded.model, loaded.model.config
     if config.architecture not in TEXT_ARCHITECTURES:
         raise UsageError(f"{args.model}: --text draws the attention of a decoder or an encoder; this model is "
                          f"architecture={config.architecture!r}"
                          + (" (give it --image)" if config.architecture == "vision" else ""))
     check_has_weights(args.model, config)
-    if model.tokenizer is None:
-        raise UsageError(f"{tokenizer_problem or f'{args.model}: no tokenizer.json'}; attention --text needs one "
-                         "to read the text")
+    loaded.require_tokenizer(args.model, "attention --text needs one to read the text")
     check_layer_and_head(args, config.num_layers, config.num_heads)
     out = output_beside_model(args, args.model, "attention", "text.png")
     check_own_png(out)
@@ -193,7 +192,7 @@ def draw_alignment(args: argparse.Namespace) -> int:
 
     import tformer
     from tformer.cli import UsageError, check_text_option
-    from tformer.cli.translate import load_translator
+    from tformer.cli.model_source import load_translator
     from tformer.generation.translation import new_token_budget
     from tformer.viz.alignment import alignment_weights, plot_alignment
     from tformer.viz.heatmaps import token_labels
@@ -203,7 +202,7 @@ def draw_alignment(args: argparse.Namespace) -> int:
         raise UsageError(f"--beam {args.beam} must be a positive integer")
     out = output_beside_model(args, args.model, "attention", "alignment.png")
     check_own_png(out)
-    model = load_translator(args.model, "cpu")
+    model = load_translator(args.model_source)
     config = model.config
     if config.architecture == "encoder_decoder":
         check_has_weights(args.model, config)
@@ -244,7 +243,8 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
 
     import tformer
     from tformer.cli import UsageError
-    from tformer.cli.transcribe import decoder_prompt, load_speech_model, read_recordings, transcript_budget
+    from tformer.cli.model_inputs import decoder_prompt, read_recordings, transcript_budget
+    from tformer.cli.model_source import load_speech_model
     from tformer.data.log_mel import LogMelSettings, recording_features
     from tformer.viz.alignment import alignment_weights, plot_audio_alignment
     from tformer.viz.heatmaps import token_labels
@@ -254,7 +254,7 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
     out = output_beside_model(args, args.model, "attention", f"{Path(args.audio).stem}.png")
     check_own_png(out)
     samples = read_recordings([args.audio], LogMelSettings.sample_rate)[0]  # (N,) mono at 16 kHz
-    model = load_speech_model(args.model, torch.device("cpu"))
+    model = load_speech_model(args.model_source)
     config = model.config
     check_has_weights(args.model, config)
     check_layer_and_head(args, config.num_layers, config.num_heads, "cross-attention ")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tformer.cli import UsageError, add_model_argument, refuse_output_over_input
+from tformer.cli import UsageError, refuse_output_over_input
+from tformer.cli.model_source import add_model_source
 from tformer.files import move_aside
 
 FORMATS = ("hf", "tformer")
@@ -17,7 +18,8 @@ def register(subparsers) -> None:
         description="Load SRC (either format) and write it to DST in the format given by --to. An existing DST "
                     "is refused unless --overwrite.",
     )
-    add_model_argument(parser, "source", "a checkpoint folder (tformer or Hugging Face format)", "SRC")
+    add_model_source(parser, "source", "a checkpoint folder (tformer or Hugging Face format)", "SRC",
+                     without=("device", "quantize"))
     parser.add_argument("destination", metavar="DST", help="the folder to write")
     parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
     parser.add_argument(
@@ -30,8 +32,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tformer
     from tformer.checkpoint import checkpoint_files
+    from tformer.cli.model_source import load_model
     from tformer.quantization import represented_parameters
 
     destination = Path(args.destination)
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if destination.exists() and not destination.is_dir():
         raise UsageError(f"{destination}: exists and is not a folder; a checkpoint is written as a folder "
                          "(give a new path or a folder)")
-    model = tformer.load(args.source)  # before anything moves: a source that cannot load changes nothing
+    model = load_model(args.model_source).model  # before anything moves: a source that cannot load changes nothing
     old_files = checkpoint_files(destination)
     if old_files:
         moved = move_aside(destination, old_files)

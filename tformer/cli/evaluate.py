@@ -15,17 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tformer.cli import (
-    add_device_option,
-    add_model_argument,
-    add_progress_option,
-    add_quantize_option,
-    add_threads_option,
-    output_beside_model,
-    show_progress,
-)
-
-RECIPE_NAME = "recipe.toml"
+from tformer.cli import add_progress_option, show_progress
+from tformer.cli.model_source import add_model_source, output_beside_model, run_recipe
 
 
 def register(subparsers) -> None:
@@ -35,7 +26,7 @@ def register(subparsers) -> None:
                     "--data, read and scored as the run's recipe reads and scores its evaluation data. Prints the "
                     "metrics and writes them, with a confusion matrix PNG for a classification run, into --out.",
     )
-    add_model_argument(parser, "folder", "a run folder (with recipe.toml), or a checkpoint folder inside one "
+    add_model_source(parser, "folder", "a run folder (with recipe.toml), or a checkpoint folder inside one "
                        "(with --data); any model folder (with --source)", "RUN", nargs="?")
     parser.add_argument("--data", help="the file (or image folder) to evaluate on, in the format of the run's data")
     parser.add_argument("--hypotheses", metavar="FILE",
@@ -54,23 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace outputs in --out that tformer evaluate did not write (or that were edited "
                              "since); its own are replaced without it")
-    add_device_option(parser)
-    add_quantize_option(parser)
-    add_threads_option(parser)
     parser.set_defaults(run=run)
-
-
-def find_recipe(folder: Path) -> Path:
-    """The recipe of a run folder (or of a folder ``tformer quantize`` wrote from one, which carries it), or of
-    the run a checkpoint folder (RUN/checkpoints/NAME) belongs to."""
-    candidates = [folder / RECIPE_NAME]
-    if folder.resolve().parent.name == "checkpoints":  # not any folder's grandparent: a run's checkpoint
-        candidates.append(folder.resolve().parent.parent / RECIPE_NAME)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(2, f"no {RECIPE_NAME} in it or in the run folder two levels up (evaluate reads the "
-                               "task and the data format from the run's recipe)", str(folder))
 
 
 DEFAULT_TRANSLATION_BEAMS = 5  # --source
@@ -112,19 +87,6 @@ def written_beside(path: Path, metrics_file: Path) -> bool:
     return recorded is not None and path.is_file() and sha256_of(path) == recorded
 
 
-def run_recipe(folder: Path):
-    """The recipe a model folder was trained with (see ``find_recipe``), its model being the folder
-    itself, whatever folder the run started from."""
-    import tomllib
-
-    from tformer.training.recipe import recipe_from_dict
-
-    recipe_file = find_recipe(folder)
-    raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
-    raw["model"] = {"init_from": str(folder.resolve())}
-    return recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)
-
-
 def run(args: argparse.Namespace) -> int:
     from tformer.cli import UsageError
 
@@ -158,15 +120,14 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     the translations into --out (default RUN/evaluation)."""
     import time
 
-    from tformer.cli import UsageError, check_replaceable, quantize_option, resolve_device
-    from tformer.cli.translate import load_translator
+    from tformer.cli import UsageError, check_replaceable
+    from tformer.cli.model_source import load_translator
     from tformer.data.parallel import read_aligned
     from tformer.files import sha256_of, write_text_atomically
     from tformer.generation.translation import translate
     from tformer.nn import compiled
 
-    resolve_device(args.device)  # before the files are read (load_translator moves the model there)
-    quantize = quantize_option(args)
+    quantize = args.model_source.quantize
     beam = DEFAULT_TRANSLATION_BEAMS if args.beam is None else args.beam
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
@@ -180,7 +141,7 @@ def evaluate_translation(args: argparse.Namespace) -> int:
     check_replaceable(hypotheses_file, args.overwrite, what=f"the translation {metrics_file.name} records (edited "
                       "since, or not written by tformer evaluate)",
                       written_by_tformer=lambda path: written_beside(path, metrics_file))
-    model = load_translator(args.folder, args.device, quantize)
+    model = load_translator(args.model_source)
     compiled.ready(model.device)  # a first run builds the CPU kernels here, outside the timed part
     started = time.perf_counter()
     result = translate(model, sources, num_beams=beam, batch_size=args.batch_size or 64, progress=show_progress(args))
@@ -215,8 +176,10 @@ def print_scores(hypotheses: list[str], references: list[str], args: argparse.Na
 def evaluate_run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import tformer
-    from tformer.cli import UsageError, check_replaceable, quantize_option, resolve_device
+    import torch
+
+    from tformer.cli import UsageError, check_replaceable
+    from tformer.cli.model_source import load_model
     from tformer.files import write_text_atomically
     from tformer.training.tasks import task_for_recipe
     from tformer.training.tasks.translation import TranslationOptions
@@ -226,8 +189,8 @@ def evaluate_run(args: argparse.Namespace) -> int:
     data_file = Path(args.data)
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
-    quantize = quantize_option(args)
-    device = resolve_device(args.device)
+    source = args.model_source
+    quantize, device = source.quantize, source.device
     recipe = run_recipe(folder)
     task_config = recipe.task
     if task_config.name == "translation":
@@ -244,7 +207,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
             raise UsageError(f"--beam: a {task_config.name} run does not decode its evaluation data; --beam goes "
                              "with --source, or with --data for a translation or speech recognition run")
         task_config = task_config.replace(eval_beams=args.beam)
-    model = tformer.load(folder, device="cpu", quantize=quantize)
+    model = load_model(source.replace(device=torch.device("cpu"))).model  # the Trainer moves it to --device
     if "image_processor" in type(model).attachments:
         if getattr(model, "image_processor", None) is None:
             raise UsageError(f"{folder}: the model folder has no preprocessor_config.json (the normalisation its "

@@ -6,20 +6,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-from tformer.cli import add_device_option, add_model_argument, add_quantize_option, add_threads_option
+from tformer.cli.model_source import add_model_source
+from tformer.generation.settings import declared
 
-T = TypeVar("T")
 DEFAULT_NEW_TOKENS = 100  # when neither --max-new-tokens nor the folder's generation_config.json gives a length
 
-# GenerationConfig fields -> the options that set them, so an option's error names the option.
-OPTIONS = {"max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens", "temperature": "--temperature",
-           "top_k": "--top-k", "top_p": "--top-p", "num_beams": "--num-beams", "seed": "--seed",
-           "stop_strings": "--stop", "num_draft_tokens": "--num-draft-tokens"}
+# GenerationConfig fields -> the options that set them (each field declares its flag), so an option's error names
+# the option; and the sampling ones, which sample whatever the folder's do_sample says.
+FLAGS = {name: option.flag for name, option in declared().items() if option.flag is not None}
+OPTIONS = {name: flag.name for name, flag in FLAGS.items()}
+SAMPLING_OPTIONS = frozenset(name for name, option in declared().items() if option.flag and option.sampling)
 
 
 def register(subparsers) -> None:
@@ -32,31 +30,20 @@ def register(subparsers) -> None:
                     "with the folder's chat template. The text goes to standard output, the speed (new tokens/s) "
                     "to standard error.",
     )
-    add_model_argument(parser, "checkpoint", "a checkpoint folder with a tokenizer.json (tformer or Hugging Face "
-                                             "format)")
+    add_model_source(parser, "checkpoint", "a checkpoint folder with a tokenizer.json (tformer or Hugging Face "
+                                           "format)")
     parser.add_argument("--prompt", help="the text to continue (with --chat: the user's message)")
     parser.add_argument("--chat", action="store_true",
                         help="render --prompt as one user message with the folder's chat template and print the "
                              "reply, which ends at the end-of-turn token")
     parser.add_argument("--messages", metavar="FILE", help="a JSON list of chat messages ({\"role\", "
                                                             "\"content\"}) to answer (implies --chat)")
-    parser.add_argument("--max-new-tokens", type=int, help="at most this many new tokens (default: the folder's "
-                                                           "generation_config.json, else 100)")
-    parser.add_argument("--min-new-tokens", type=int, help="never end before this many (default: 0)")
-    parser.add_argument("--temperature", type=float, help="sample at this temperature (0 = greedy)")
-    parser.add_argument("--top-k", type=int, help="sample among the k most probable tokens")
-    parser.add_argument("--top-p", type=float, help="sample among the most probable tokens holding this mass")
-    parser.add_argument("--num-beams", type=int, help="beam search with this many beams (default: 1)")
-    parser.add_argument("--seed", type=int, help="seed for reproducible sampling")
-    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                        help="stop once the new text contains TEXT (repeatable)")
     parser.add_argument("--draft", metavar="CKPT", help="a small checkpoint (a folder, or a Hub name at its main "
                                                          "branch) to draft tokens (speculative decoding)")
-    parser.add_argument("--num-draft-tokens", type=int, help="tokens drafted per round (default: 4)")
+    for flag in FLAGS.values():  # the GenerationConfig options, as their fields declare them
+        parser.add_argument(flag.name, type=flag.type, help=flag.help, metavar=flag.metavar,
+                            **({"action": "append", "default": []} if flag.repeat else {}))
     parser.add_argument("--stream", action="store_true", help="print the text as it is produced")
-    add_device_option(parser)
-    add_quantize_option(parser)
-    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -64,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import tformer
-    from tformer.cli import UsageError, check_text_option, encode_prompt, quantize_option, resolve_device
+    from tformer.cli import UsageError, check_text_option
     from tformer.generation import GenerationConfig, GenerationError, TextStreamer
     from tformer.nn import compiled
 
@@ -72,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--stream needs --num-beams 1: beam search knows its text only at the end")
     if args.draft and (args.num_beams or 1) > 1:
         raise UsageError("--draft needs --num-beams 1: speculative decoding is greedy or sampling")
-    chat = args.chat or args.messages is not None
     if (args.prompt is None) == (args.messages is None):
         raise UsageError("give --prompt TEXT or --messages FILE (with --chat), one of them")
     # Every option is checked here, before anything is loaded or printed.
@@ -83,40 +69,19 @@ def run(args: argparse.Namespace) -> int:
         check_text_option(stop, "--stop")
     given = {name: getattr(args, option[2:].replace("-", "_")) for name, option in OPTIONS.items()}
     given = {name: value for name, value in given.items() if value is not None and value != []}
-    if "stop_strings" in given:
-        given["stop_strings"] = tuple(given["stop_strings"])
+    given = {name: tuple(value) if FLAGS[name].repeat else value for name, value in given.items()}
     try:
         GenerationConfig(**given)
     except GenerationError as error:
         option = OPTIONS.get(str(error).split("=", 1)[0])
         raise UsageError(f"{option}: {error}" if option else str(error)) from None
-    device = resolve_device(args.device)
-    quantize = quantize_option(args)
-    model, tokenizer_problem = load_model(args.checkpoint, device, quantize)
-    refuse_non_generator(model, args.checkpoint, "generate")
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        raise UsageError(f"{tokenizer_problem or f'{args.checkpoint}: no tokenizer.json'}; "
-                         "generate needs one to read --prompt")
-    config = call_config(model, given)
-    if chat:
-        prompt_text, end_ids = chat_prompt(args.checkpoint, tokenizer, messages or [{"role": "user",
-                                                                                        "content": args.prompt}])
-        config = config.replace(eos_token_id=tuple(dict.fromkeys((*config.end_ids(model.config), *end_ids))))
-        prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
-        if not prompt_ids:
-            raise UsageError("the chat renders to no tokens; give some text")
-        shown = ""  # a chat prints the reply alone
-    else:
-        prompt_ids = encode_prompt(tokenizer, args.prompt)
-        shown = args.prompt
-    draft = load_model(args.draft, device, quantize, local_only=args.local_only)[0] if args.draft else None
-    if draft is not None:
-        refuse_non_generator(draft, args.draft, "--draft")
+    model, tokenizer = load_generator(args)
+    prompt_ids, shown, config = prepare_prompt(args, model, tokenizer, call_config(model, given), messages)
+    draft = load_draft(args)
 
-    reply = {"skip_special_tokens": True} if chat else {}  # a chat's reply without its end-of-turn token
-    input_ids = torch.tensor([prompt_ids], device=device)
-    compiled.ready(device)  # a first run builds the CPU kernels here, outside the timed part
+    reply = {"skip_special_tokens": True} if is_chat(args) else {}  # a chat's reply without its end-of-turn token
+    input_ids = torch.tensor([prompt_ids], device=model.device)
+    compiled.ready(model.device)  # a first run builds the CPU kernels here, outside the timed part
     started = time.perf_counter()
     if config.num_beams > 1:
         output = tformer.generate(model, input_ids, generation_config=config, tokenizer=tokenizer)
@@ -148,10 +113,52 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def is_chat(args: argparse.Namespace) -> bool:
+    """Whether the run answers a chat (--chat, or --messages) rather than continuing text."""
+    return args.chat or args.messages is not None
+
+
+def load_generator(args: argparse.Namespace):
+    """The model the option group names, and its tokenizer; a one-line UsageError when it writes no text or has
+    no tokenizer."""
+    from tformer.cli.model_source import load_model, require_generator
+
+    loaded = load_model(args.model_source)
+    require_generator(loaded.model, args.checkpoint, "generate")
+    return loaded.model, loaded.require_tokenizer(args.checkpoint, "generate needs one to read --prompt")
+
+
+def load_draft(args: argparse.Namespace):
+    """The --draft model, loaded as the option group loads the model (device, quantization, ...), or None."""
+    from tformer.cli.model_source import load_model, require_generator
+
+    if not args.draft:
+        return None
+    draft = load_model(args.model_source.replace(path=args.draft, hub_name=None, revision=None)).model
+    require_generator(draft, args.draft, "--draft")
+    return draft
+
+
+def prepare_prompt(args: argparse.Namespace, model, tokenizer, config, messages: list[dict] | None):
+    """The prompt's ids, the text printed before the new text (the prompt; nothing for a chat, whose reply is
+    printed alone) and the run's GenerationConfig (a chat's also ends at the template's end of turn)."""
+    from tformer.cli import UsageError, encode_prompt
+
+    if not is_chat(args):
+        return encode_prompt(tokenizer, args.prompt), args.prompt, config
+    prompt_text, end_ids = chat_prompt(args.checkpoint, tokenizer, messages or [{"role": "user",
+                                                                                    "content": args.prompt}])
+    config = config.replace(eos_token_id=tuple(dict.fromkeys((*config.end_ids(model.config), *end_ids))))
+    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+    if not prompt_ids:
+        raise UsageError("the chat renders to no tokens; give some text")
+    return prompt_ids, "", config
+
+
 def call_config(model, given: dict):
     """The run's GenerationConfig: the folder's defaults (generation_config.json) with the options ``given`` over
-    them; 100 new tokens when neither gives a length. --temperature, --top-k and --top-p sample, whatever the
-    folder's do_sample."""
+    them; 100 new tokens when neither gives a length. The sampling options (--temperature, --top-k, --top-p,
+    --min-p) sample, whatever the folder's do_sample."""
     from tformer.generation import GenerationConfig
     from tformer.generation.defaults import model_defaults
 
@@ -161,7 +168,7 @@ def call_config(model, given: dict):
         given = {**given, "max_new_tokens": DEFAULT_NEW_TOKENS}
     if "max_new_tokens" in given:
         given = {"max_length": None, **given}
-    if {"temperature", "top_k", "top_p"} & set(given):
+    if SAMPLING_OPTIONS & set(given):
         given = {"do_sample": None, **given}
     return base.replace(**given)
 
@@ -202,48 +209,3 @@ def chat_prompt(folder: str, tokenizer, messages: list[dict]) -> tuple[str, tupl
     end = template.special_tokens.get("eos_token")
     end_id = None if end is None else tokenizer.token_to_id(end)
     return text, () if end_id is None else (end_id,)
-
-
-# What a model that generates no text is, and the command that runs it instead, by architecture.
-NOT_GENERATORS = {"encoder": ("an encoder, which reads text and answers with its head",
-                              "tformer predict and tformer evaluate run it"),
-                  "vision": ("a vision model, which labels images", "tformer classify runs it")}
-
-
-def refuse_non_generator(model, folder: str, command: str) -> None:
-    """A one-line UsageError, in a user's terms, when ``model`` generates no text (an encoder, a vision model):
-    ``command`` needs a decoder (the library's wording names generation hooks the model lacks)."""
-    from tformer.cli import UsageError
-    from tformer.generation.settings import HOOKS
-
-    if all(hasattr(model, hook) for hook in HOOKS):
-        return
-    architecture = model.config.architecture
-    what, instead = NOT_GENERATORS.get(architecture, (f"a {architecture} model, which does not write text", None))
-    raise UsageError(f"{folder}: {command} needs a decoder (a text generator); this run is {what}"
-                     f"{f': {instead}' if instead else ''}")
-
-
-def load_model(path: str, device="cpu", quantize=None, local_only: bool = False):
-    """``tformer.load(path, device, quantize=..., local_only=...)`` and, when its tokenizer could not be attached,
-    why (see ``with_tokenizer_problem``)."""
-    import tformer
-
-    return with_tokenizer_problem(lambda: tformer.load(path, device=device, quantize=quantize, local_only=local_only))
-
-
-def with_tokenizer_problem(load: Callable[[], T]) -> tuple[T, str | None]:
-    """``load()`` (a model or a tokenizer) and, when a tokenizer could not be read, why (the warning's text, kept
-    for the error instead of shown); other warnings are shown as they come."""
-    from tformer.checkpoint import TokenizerNotAttachedWarning
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        loaded = load()
-    problem = None
-    for warning in caught:
-        if issubclass(warning.category, TokenizerNotAttachedWarning):
-            problem = str(warning.message)
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    return loaded, problem

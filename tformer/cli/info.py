@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-from tformer.cli import add_model_argument
+from tformer.cli.model_source import add_model_source
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("info", help="print a checkpoint's config and parameter count")
-    add_model_argument(parser, "checkpoint", "a checkpoint folder (tformer or Hugging Face format)")
+    add_model_source(parser, "checkpoint", "a checkpoint folder (tformer or Hugging Face format)",
+                     without=("device",))
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import tformer
+    from tformer.cli.model_source import load_model
     from tformer.quantization import plans, quantized_weights, represented_parameters
 
-    model = tformer.load(args.checkpoint)
+    model = load_model(args.model_source).model
     config = model.config
     scheme = model.quantization
     count = represented_parameters(model)  # a quantized model's: those it stands for, its integers included

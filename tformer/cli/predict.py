@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from tformer.cli import add_model_argument, add_quantize_option, add_threads_option
+from tformer.cli.model_source import add_model_source, run_recipe
 from tformer.errors import quoted
 
 HEADS = ("sequence_classification", "token_classification", "question_answering", "masked_lm", "pretraining")
@@ -23,7 +23,8 @@ def register(subparsers) -> None:
                     "on the command line, reading the answer its head gives: a label, entities, an answer span or "
                     "masked tokens. --json prints one JSON object per text instead of lines.",
     )
-    add_model_argument(parser, "model", "a model folder with a tokenizer (an encoder with a task head)")
+    add_model_source(parser, "model", "a model folder with a tokenizer (an encoder with a task head)",
+                     without=("device",))
     parser.add_argument("--text", action="append", default=[], help="a text to classify, tag or fill (repeatable)")
     parser.add_argument("--pair", help="the second text of a pair (sequence classification of pairs)")
     parser.add_argument("--question", help="a question (extractive QA; with --context)")
@@ -31,22 +32,20 @@ def register(subparsers) -> None:
     parser.add_argument("--top-k", type=int, default=1, help="labels or tokens to show per prediction (default: 1)")
     parser.add_argument("--max-answer-length", type=int, default=30, help="longest answer in tokens (default: 30)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    add_quantize_option(parser)
-    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    import tformer
-    from tformer.cli import UsageError, check_text_option, quantize_option
+    from tformer.cli import UsageError, check_text_option
+    from tformer.cli.model_source import load_model
 
     for option, value in (("--top-k", args.top_k), ("--max-answer-length", args.max_answer_length)):
         if value < 1:
             raise UsageError(f"{option} {value} must be a positive integer")
     texts = [check_text_option(text, "--text") for text in args.text]
-    model = tformer.load(args.model, quantize=quantize_option(args))
+    model = load_model(args.model_source).model
     head = getattr(model.config, "head", None)
     if model.config.architecture != "encoder" or head not in HEADS:
         raise UsageError(f"{args.model}: predict reads an encoder's task head ({', '.join(HEADS)}); this model is "
@@ -88,7 +87,6 @@ def check_reads_pairs(model, folder: str) -> None:
     """Refuse ``--pair`` for a classifier of single texts: a model without segment embeddings, or a run
     whose training file has no second text (a model folder without a run's recipe is taken at its word)."""
     from tformer.cli import UsageError
-    from tformer.cli.evaluate import run_recipe
     from tformer.data.classification import read_classification
     from tformer.data.files import DataFileError
 
@@ -143,7 +141,6 @@ def predict_answer(model, folder: str, question: str, context: str, max_answer_l
     its score."""
     import torch
 
-    from tformer.cli.evaluate import run_recipe
     from tformer.training.tasks.span_qa import best_answer, question_windows
 
     seq_len = min(model.config.max_seq_len, 384)

@@ -6,7 +6,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tformer.cli import UsageError, add_model_argument, refuse_output_over_input
+from tformer.cli import UsageError, refuse_output_over_input
+from tformer.cli.model_source import RECIPE_NAME, add_model_source, find_recipe
+
+
+def weight_bits() -> dict[int, str]:
+    """--bits's choices: the bits of each weight-only quantized backend (``int8``, ``int4``) in the registry, by
+    the backend's name (w8a8 is int8's weights with --activations int8)."""
+    from tformer.nn.weights import QUANTIZED_BACKENDS
+
+    return {int(name[3:]): name for name in QUANTIZED_BACKENDS if name.startswith("int") and name[3:].isdigit()}
+
+
+BITS = weight_bits()
 
 
 def register(subparsers) -> None:
@@ -20,8 +32,8 @@ def register(subparsers) -> None:
                     "and predict read). tformer generate, serve, translate, predict, classify and evaluate load "
                     "it quantized; training it is refused.",
     )
-    add_model_argument(parser, "model", "the float model folder to quantize", "RUN")
-    parser.add_argument("--bits", type=int, required=True, choices=(8, 4),
+    add_model_source(parser, "model", "the float model folder to quantize", "RUN", without=("device", "quantize"))
+    parser.add_argument("--bits", type=int, required=True, choices=tuple(BITS),
                         help="8: int8, one scale per output channel; 4: int4, a scale and offset per group of inputs")
     parser.add_argument("--group-size", type=int, metavar="N", help="--bits 4: inputs per group, 32, 64 or 128 "
                                                                     "(default: 64)")
@@ -39,13 +51,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tformer
     from tformer.checkpoint import CONFIG_NAME, WEIGHTS_NAME
-    from tformer.cli.evaluate import RECIPE_NAME
+    from tformer.cli.model_source import load_model
     from tformer.files import write_text_atomically
     from tformer.quantization import QuantizationError, plans, scheme_for
 
-    method = f"int{args.bits}"
+    method = BITS[args.bits]
     if args.group_size is not None and args.bits != 4:
         raise UsageError("--group-size goes with --bits 4 (int8 is per output channel)")
     if args.activations == "int8":
@@ -72,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if recipe is None and (out / RECIPE_NAME).exists():
         raise UsageError(f"--out {out} holds a {RECIPE_NAME} and {args.model} has none to replace it with (it would "
                          "describe another model to evaluate); choose an empty or new folder")
-    model = tformer.load(args.model, quantize=scheme)
+    model = load_model(args.model_source.replace(quantize=scheme)).model
     model.save(out)
     if recipe is not None:
         write_text_atomically(out / RECIPE_NAME, recipe)
@@ -100,8 +111,6 @@ def _weights_bytes(folder: Path) -> int:
 def run_recipe_text(folder: Path) -> str | None:
     """The recipe of the run ``folder`` belongs to (``evaluate.find_recipe``), as text, or None: the quantized
     folder keeps it, so that evaluate and predict read the task and data format of the run as they do from it."""
-    from tformer.cli.evaluate import find_recipe
-
     try:
         return find_recipe(folder).read_text(encoding="utf-8")
     except FileNotFoundError:

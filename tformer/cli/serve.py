@@ -11,7 +11,7 @@ import warnings
 from functools import partial
 from pathlib import Path
 
-from tformer.cli import add_device_option, add_model_argument, add_quantize_option
+from tformer.cli.model_source import ModelSource, add_model_source
 from tformer.serving.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPTS,
@@ -19,6 +19,10 @@ from tformer.serving.limits import (
     HEARTBEAT_SECONDS,
     MIN_STALL_SECONDS,
 )
+
+ENGINE_THREADS_HELP = ("CPU threads for the model (default: PyTorch's, or one fewer when a decoding step measured at "
+                       "start makes so many tokens a second that streaming them needs a share of a core: "
+                       "docs/serving.md)")
 
 
 def register(subparsers) -> None:
@@ -33,7 +37,8 @@ def register(subparsers) -> None:
                     "requests get 503), lets requests in flight finish for --shutdown-timeout seconds, and exits 0; "
                     "a second signal ends them at once.",
     )
-    add_model_argument(parser, "checkpoint", "a checkpoint folder with a tokenizer (tformer or Hugging Face format)")
+    add_model_source(parser, "checkpoint", "a checkpoint folder with a tokenizer (tformer or Hugging Face format)",
+                     helps={"threads": ENGINE_THREADS_HELP}, sets_threads=False)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
@@ -73,22 +78,16 @@ def register(subparsers) -> None:
     parser.add_argument("--max-request-tokens", type=int,
                         help="prompt and answer tokens of all of one request's sequences, n x (prompt + max_tokens) "
                              "summed over its prompts (default: --cache-tokens)")
-    parser.add_argument("--threads", type=int,
-                        help="CPU threads for the model (default: PyTorch's, or one fewer when a decoding step "
-                             "measured at start makes so many tokens a second that streaming them needs a share of "
-                             "a core: docs/serving.md)")
     parser.add_argument("--engine", choices=("process", "thread"), default="process",
                         help="where the engine runs: a process of its own, beside the HTTP process (default), or "
                              "a thread of the HTTP process, sharing its interpreter lock")
-    add_device_option(parser)
-    add_quantize_option(parser)
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                         help="the HTTP server's log level (default: warning)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.cli import UsageError, check_threads, quantize_option, resolve_device
+    from tformer.cli import UsageError
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} must be in [0, 65535]")
@@ -108,12 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if 0 < args.engine_timeout < MIN_STALL_SECONDS:
         raise UsageError(f"--engine-timeout {args.engine_timeout:g} must be >= {MIN_STALL_SECONDS:g} s (the engine "
                          f"gives a sign of life every {HEARTBEAT_SECONDS:g} s), or 0 for no limit")
-    if args.threads is not None:
-        check_threads(args.threads)
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("--api-key is empty; give a key, or leave the option out to serve without one")
-    device = resolve_device(args.device)
-    quantize = quantize_option(args)
     _check_address(args.host, args.port)
     try:
         import pydantic  # noqa: F401
@@ -125,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from tformer.cli.generate import with_tokenizer_problem
-    from tformer.hub import load_tokenizer
+    from tformer.cli.model_source import load_tokenizer
     from tformer.serving.chat import ChatTemplate, ChatTemplateError
     from tformer.serving.engine_client import ThreadEngineClient
     from tformer.serving.engine_process import ProcessEngineClient
@@ -142,16 +136,16 @@ def run(args: argparse.Namespace) -> int:
     options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
                "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout,
                "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention}
-    build = partial(build_engine, args.checkpoint, device, quantize, args.threads, options)
+    build = partial(build_engine, args.model_source, options=options)
     if args.engine == "thread":
         engine = ThreadEngineClient(build(), stall_timeout=args.engine_timeout)
     else:
-        tokenizer, problem = with_tokenizer_problem(lambda: load_tokenizer(args.checkpoint))
+        tokenizer, problem = load_tokenizer(args.model_source)
         if tokenizer is None:
             raise _no_tokenizer(args.checkpoint, problem)
         torch.set_num_threads(1)  # this process tokenizes and formats; the engine process has --threads
         engine = ProcessEngineClient(build, tokenizer, stall_timeout=args.engine_timeout)
-    name = args.model_name or args.hub_name or Path(args.checkpoint).resolve().name
+    name = args.model_name or args.model_source.hub_name or Path(args.checkpoint).resolve().name
     try:
         server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template,
                               max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts,
@@ -164,31 +158,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_engine(checkpoint: str, device, quantize, threads: int | None, options: dict):
-    """The Engine ``tformer serve`` runs: the checkpoint's model with its tokenizer, on ``device``, ``threads``
-    CPU threads. Called in the engine process (or, with ``--engine thread``, in the server's), so it is a
+def build_engine(source: ModelSource | str, device="cpu", quantize=None, threads: int | None = None,
+                 options: dict | None = None):
+    """The Engine ``tformer serve`` runs: the model of ``source`` (the option group's ModelSource: device,
+    quantization, threads, ...) with its tokenizer; a folder ``source`` loads with ``device``, ``quantize`` and
+    ``threads``. Called in the engine process (or, with ``--engine thread``, in the server's), so it is a
     module-level function of picklable arguments."""
     import torch
 
-    from tformer.cli import UsageError, _warning_printer
-    from tformer.cli.generate import load_model, refuse_non_generator
+    from tformer.cli import UsageError, warning_printer
+    from tformer.cli.model_source import load_model, require_generator
     from tformer.generation import GenerationError
     from tformer.nn import compiled
     from tformer.serving.engine import Engine
     from tformer.serving.threads import engine_threads
 
-    warnings.showwarning = _warning_printer("serve")  # one line each, in the engine process too
+    if not isinstance(source, ModelSource):
+        source = ModelSource(str(source), device=torch.device(device), quantize=quantize, threads=threads)
+    warnings.showwarning = warning_printer("serve")  # one line each, in the engine process too
+    threads = source.threads
     if threads is not None:
         torch.set_num_threads(threads)
-    model, tokenizer_problem = load_model(checkpoint, device, quantize)
-    refuse_non_generator(model, checkpoint, "serve")
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        raise _no_tokenizer(checkpoint, tokenizer_problem)
+    loaded = load_model(source)
+    model = loaded.model
+    require_generator(model, source.path, "serve")
+    tokenizer = loaded.require_tokenizer(source.path, SERVE_NEEDS_TOKENIZER)
     try:
-        engine = Engine(model, tokenizer, **options)
+        engine = Engine(model, tokenizer, **(options or {}))
     except GenerationError as error:
-        raise UsageError(f"{checkpoint}: {error}") from None
+        raise UsageError(f"{source.path}: {error}") from None
     compiled.ready(model.device)  # a first run builds the CPU kernels here, before the step is timed
     if threads is None and model.device.type == "cpu":
         chosen, why = engine_threads(model)
@@ -197,11 +195,13 @@ def build_engine(checkpoint: str, device, quantize, threads: int | None, options
     return engine
 
 
+SERVE_NEEDS_TOKENIZER = "serve needs one (requests and answers are text)"
+
+
 def _no_tokenizer(checkpoint: str, problem: str | None):
     from tformer.cli import UsageError
 
-    return UsageError(f"{problem or f'{checkpoint}: no tokenizer.json'}; serve needs one (requests and answers are "
-                      "text)")
+    return UsageError(f"{problem or f'{checkpoint}: no tokenizer.json'}; {SERVE_NEEDS_TOKENIZER}")
 
 
 def _check_address(host: str, port: int) -> None:

@@ -13,12 +13,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from tformer.cli import add_device_option, add_model_argument, add_threads_option
-
-WHISPER_START = "<|startoftranscript|>"
-MULTILINGUAL_VOCAB = 51865  # Whisper's multilingual vocabulary; the English-only models have 51,864 tokens
+from tformer.cli.model_source import add_model_source
 
 
 def register(subparsers) -> None:
@@ -30,7 +26,7 @@ def register(subparsers) -> None:
                     "text and seconds of audio). Every file is read before any is transcribed: a bad one stops the "
                     "command with nothing printed.",
     )
-    add_model_argument(parser, "model", "a speech model folder (a run folder, a checkpoint, a Whisper folder)")
+    add_model_source(parser, "model", "a speech model folder (a run folder, a checkpoint, a Whisper folder)")
     parser.add_argument("audio", nargs="+", metavar="AUDIO", help="WAV files (PCM or float, any rate and channels)")
     parser.add_argument("--beam", type=int, default=1, help="beams (default: 1, greedy)")
     parser.add_argument("--language", help="a Whisper model's language code (en, de, ...); a multilingual Whisper "
@@ -38,89 +34,26 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, metavar="N",
                         help="tokens a window's transcript may have (default: as many as the decoder's positions hold)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line: file, text, seconds")
-    add_device_option(parser)
-    add_threads_option(parser)
     parser.set_defaults(run=run)
-
-
-def read_recordings(paths: list[str], sample_rate: int) -> list:
-    """Every file's mono samples (N,) at ``sample_rate``, all read before any is used; a bad file is a one-line
-    UsageError naming it."""
-    from tformer.cli import UsageError
-    from tformer.data.audio import AudioError, load_audio
-
-    recordings = []
-    for path in paths:
-        if Path(path).is_dir():
-            raise UsageError(f"{path}: is a folder; give WAV files, e.g. {Path(path) / '*.wav'}")
-        try:
-            recordings.append(load_audio(path, sample_rate))
-        except AudioError as error:
-            raise UsageError(str(error)) from None
-    return recordings
-
-
-def load_speech_model(folder: str, device):
-    """The speech model of ``folder`` with its tokenizer, or a one-line UsageError."""
-    import tformer
-    from tformer.cli import UsageError
-
-    model = tformer.load(folder, device=device)
-    if getattr(model, "inputs", "tokens") != "audio":
-        raise UsageError(f"{folder}: a {model.config.architecture} model does not transcribe audio; give a speech "
-                         "model (architecture 'speech': a speech_recognition run, or a Whisper folder)")
-    if getattr(model, "tokenizer", None) is None:
-        raise UsageError(f"{folder}: the model folder has no tokenizer to write the transcripts with")
-    return model
-
-
-def decoder_prompt(model, language: str | None) -> tuple[int, ...]:
-    """The decoder's first tokens: Whisper's prompt for a Whisper tokenizer (with ``language``), else none (the
-    model's start token)."""
-    from tformer.cli import UsageError
-    from tformer.models.speech import whisper_prompt
-
-    tokenizer = model.tokenizer
-    if tokenizer.token_to_id(WHISPER_START) is None:
-        if language is not None:
-            raise UsageError(f"--language {language}: this model's tokenizer has no language tokens (it is not a "
-                             "Whisper model); leave --language out")
-        return ()
-    multilingual = model.config.vocab_size >= MULTILINGUAL_VOCAB
-    if multilingual and language is None:
-        raise UsageError("a multilingual Whisper model needs --language (en, de, fr, ...): tformer does no language "
-                         "detection")
-    try:
-        if not multilingual:
-            if language is not None:
-                raise UsageError(f"--language {language}: an English-only Whisper model takes no language")
-            return whisper_prompt(tokenizer, None, None)
-        return whisper_prompt(tokenizer, language, "transcribe")
-    except ValueError as error:
-        raise UsageError(f"--language {language}: {error}") from None
-
-
-def transcript_budget(model, prompt: tuple[int, ...]) -> int:
-    """The new tokens a window's transcript may have: what the decoder's positions hold after ``prompt``."""
-    limit = model.position_limit or model.config.max_seq_len
-    return max(1, limit - max(len(prompt), 1))
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from tformer.cli import UsageError, resolve_device
+    from tformer.cli import UsageError
+    from tformer.cli.model_inputs import decoder_prompt, read_recordings, transcript_budget
+    from tformer.cli.model_source import load_speech_model
     from tformer.data.log_mel import LogMelSettings, recording_features
     from tformer.generation.transcription import transcribe_ids
     from tformer.nn import compiled
 
-    device = resolve_device(args.device)
     if args.beam < 1:
         raise UsageError(f"--beam {args.beam} must be a positive integer")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens} must be a positive integer")
     recordings = read_recordings(args.audio, LogMelSettings.sample_rate)  # before the model loads
-    model = load_speech_model(args.model, device)
+    model = load_speech_model(args.model_source)
+    device = model.device
     prompt = decoder_prompt(model, args.language)
     settings = model.log_mel_settings  # (16 kHz, as the recordings were read)
     budget = args.max_new_tokens or transcript_budget(model, prompt)

@@ -8,14 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from tformer.cli import (
-    add_device_option,
-    add_model_argument,
-    add_progress_option,
-    add_quantize_option,
-    add_threads_option,
-    show_progress,
-)
+from tformer.cli import add_progress_option, show_progress
+from tformer.cli.model_source import add_model_source
 
 
 def register(subparsers) -> None:
@@ -25,7 +19,7 @@ def register(subparsers) -> None:
                     "folder, by beam search (--beam 1: greedy). Writes one line per input line, in order (an empty "
                     "line stays empty), to --output or standard output; counts and speed go to standard error.",
     )
-    add_model_argument(parser, "model", "a run or model folder with a tokenizer (tformer or Hugging Face)", "RUN")
+    add_model_source(parser, "model", "a run or model folder with a tokenizer (tformer or Hugging Face)", "RUN")
     parser.add_argument("--input", required=True, metavar="FILE", help="sentences to translate, one a line")
     parser.add_argument("--output", metavar="FILE", help="where to write the translations (default: standard output)")
     parser.add_argument("--beam", type=int, default=5, help="beams (default: 5; 1 = greedy)")
@@ -35,18 +29,14 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int,
                         help="tokens a translation may have (default: 1.5 x the longest source in its batch + 10)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output when it exists")
-    add_device_option(parser)
-    add_quantize_option(parser)
     add_progress_option(parser)
-    add_threads_option(parser)
     parser.set_defaults(run=run)
 
 
 def check_options(args: argparse.Namespace) -> None:
     """Every option checked before the model loads: one line naming the option and what it allows."""
-    from tformer.cli import UsageError, resolve_device
+    from tformer.cli import UsageError
 
-    resolve_device(args.device)
     for option, value in (("--beam", args.beam), ("--batch-size", args.batch_size)):
         if value < 1:
             raise UsageError(f"{option} {value} must be a positive integer")
@@ -66,21 +56,6 @@ def check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"--output {output} exists; give --overwrite to replace it, or another file")
 
 
-def load_translator(folder: str, device: str, quantize=None):
-    """The encoder-decoder of ``folder`` with its tokenizer (quantized as ``quantize`` asks), or a one-line
-    UsageError."""
-    import tformer
-    from tformer.cli import UsageError, resolve_device
-
-    model = tformer.load(folder, device=resolve_device(device), quantize=quantize)
-    if not getattr(model, "encodes_prompt", False) or getattr(model, "inputs", "tokens") != "tokens":
-        raise UsageError(f"{folder}: a {model.config.architecture} model does not translate; give an encoder-decoder "
-                         "(architecture encoder_decoder or rnn_seq2seq)")
-    if getattr(model, "tokenizer", None) is None:
-        raise UsageError(f"{folder}: the model folder has no tokenizer to read the sentences with")
-    return model
-
-
 def read_lines(path: str) -> list[str]:
     from tformer.data.files import DataFileError
     from tformer.data.parallel import text_lines
@@ -94,15 +69,14 @@ def read_lines(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.cli import quantize_option
+    from tformer.cli.model_source import load_translator
     from tformer.files import write_text_atomically
     from tformer.generation.translation import translate
     from tformer.nn import compiled
 
     check_options(args)
-    quantize = quantize_option(args)
     lines = read_lines(args.input)
-    model = load_translator(args.model, args.device, quantize)
+    model = load_translator(args.model_source)
     compiled.ready(model.device)  # a first run builds the CPU kernels here, outside the timed part
     started = time.perf_counter()
     result = translate(model, lines, num_beams=args.beam, batch_size=args.batch_size,

@@ -1,0 +1,381 @@
+"""Where a command's model comes from: the one option group every command that loads a model takes, read once
+into a ``ModelSource`` by ``main``, and the one loader that turns a source into the model with its tokenizer or
+image processor. Commands import these (and ``model_inputs``), never each other, so a cross-cutting option is
+one entry in ``MODEL_OPTIONS`` and one field of ``ModelSource`` here.
+
+The group: the model (a folder, or a Hugging Face Hub name with ``--revision`` and ``--local-only``), ``--device``,
+``--quantize`` / ``--group-size`` (choices read from the quantized weight backends' registry) and ``--threads``.
+A command leaves out the options it cannot honour (``without=``): the flag then does not exist for it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tformer.cli import UsageError
+
+T = TypeVar("T")
+RECIPE_NAME = "recipe.toml"  # a run folder's recipe, beside its model
+
+
+# ---- the option group ----------------------------------------------------------------------------------------
+
+
+def add_device_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--device``: where the model runs (``resolve_device`` reads it)."""
+    parser.add_argument("--device", default="cpu", help=help or "cpu, cuda, cuda:N, or auto (cuda when PyTorch sees a "
+                                                                "GPU, else cpu) (default: cpu)")
+
+
+def add_quantize_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--quantize`` and ``--group-size``: quantize the weights as they load, by a method of the quantized weight
+    backends' registry (``quantize_option`` reads them)."""
+    from tformer.nn.weights import QUANTIZED_BACKENDS
+    from tformer.nn.weights.int4 import GROUP_SIZES
+    from tformer.quantization import DEFAULT_GROUP_SIZE
+
+    parser.add_argument("--quantize", choices=tuple(QUANTIZED_BACKENDS),
+                        help=help or "quantize the weights as they load: int8 (per output channel), w8a8 (int8 "
+                                     "weights, activations rounded to int8 where that is faster) or int4 (groups of "
+                                     "--group-size inputs); a folder written by tformer quantize loads quantized "
+                                     "without it")
+    parser.add_argument("--group-size", type=int, metavar="N",
+                        help=f"with --quantize int4: inputs per group, {', '.join(map(str, GROUP_SIZES[:-1]))} or "
+                             f"{GROUP_SIZES[-1]} (default: {DEFAULT_GROUP_SIZE})")
+
+
+def add_threads_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--threads``: the CPU threads the command computes with (``read_model_source`` checks them, and sets them
+    before the command runs unless it says it sets them itself)."""
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help=help or "CPU threads PyTorch computes with (default: PyTorch's, one a core); fewer "
+                                     "leave cores to other work on a shared machine")
+
+
+# The group's options besides the model argument: name -> how it is added (given a help text of the command's own,
+# or None). A command leaves out some by name.
+MODEL_OPTIONS: dict[str, Callable[[argparse.ArgumentParser, str | None], None]] = {
+    "device": add_device_option, "quantize": add_quantize_option, "threads": add_threads_option}
+
+
+def add_model_source(parser: argparse.ArgumentParser, dest: str, help: str, metavar: str | None = None,
+                     nargs: str | None = None, *, without: Collection[str] = (), helps: Mapping[str, str] | None = None,
+                     sets_threads: bool = True) -> None:
+    """The command's model: a local folder or a Hugging Face Hub name, with ``--revision`` and ``--local-only``,
+    and every option of ``MODEL_OPTIONS`` but those named in ``without`` (``helps``: a command's own help text for
+    some). ``main`` reads them once into ``args.model_source`` (``read_model_source``) before the command runs, so
+    commands only ever see folders; it sets ``--threads`` unless ``sets_threads`` is False (a command that gives
+    them to a process of its own)."""
+    helps = helps or {}
+    unknown = (set(without) | set(helps)) - set(MODEL_OPTIONS)
+    if unknown:
+        raise ValueError(f"{sorted(unknown)}: not options of the group ({', '.join(MODEL_OPTIONS)})")
+    parser.add_argument(dest, metavar=metavar, nargs=nargs,
+                        help=f"{help}; or a Hugging Face Hub name (org/name) when no such local path exists")
+    group = parser.add_argument_group("model options", "how the model loads (the same options on every command "
+                                                       "that loads one)")
+    group.add_argument("--revision", help="with a Hub name: its branch, tag or commit (default: the main branch)")
+    group.add_argument("--local-only", action="store_true",
+                       help="with a Hub name: read the Hugging Face cache only, never the network")
+    options = tuple(name for name in MODEL_OPTIONS if name not in without)
+    for name in options:
+        MODEL_OPTIONS[name](group, helps.get(name))
+    parser.set_defaults(model_argument=dest, model_options=options, sets_threads=sets_threads)
+
+
+# ---- the source, read once -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What the option group asked for: the model's ``path`` (a folder: ``main`` turned a Hub name into its
+    snapshot, ``hub_name`` keeps the name; None when the command's model argument is optional and not given), and
+    how to load it. Picklable: ``tformer serve`` hands it to its engine process."""
+
+    path: str | None
+    hub_name: str | None = None
+    revision: str | None = None  # of a Hub name ``path``; None once ``main`` resolved it to the snapshot folder
+    local_only: bool = False
+    device: Any = "cpu"  # a torch.device (``resolve_device``)
+    quantize: Any = None  # a QuantizationScheme, or None
+    threads: int | None = None
+
+    def replace(self, **changes: Any) -> ModelSource:
+        """This source with ``changes`` (another path: a draft model, loaded the same way)."""
+        return dataclasses.replace(self, **changes)
+
+
+def read_model_source(args: argparse.Namespace) -> None:
+    """Check the group's options once, before the command runs: resolve a Hub name to its snapshot folder (the
+    command's model argument then names the folder, ``args.hub_name`` the name), the device and the quantization;
+    set ``args.model_source`` and this process's threads (``--threads``)."""
+    args.hub_name = None
+    dest = getattr(args, "model_argument", None)
+    if dest is None:
+        return
+    path = resolve_model_argument(args, dest)
+    given = set(args.model_options)
+    threads = args.threads if "threads" in given else None
+    if threads is not None:
+        check_threads(threads)
+    args.model_source = ModelSource(path=path, hub_name=args.hub_name, local_only=args.local_only,
+                                    device=resolve_device(args.device if "device" in given else "cpu"),
+                                    quantize=quantize_option(args) if "quantize" in given else None,
+                                    threads=threads)
+    if threads is not None and args.sets_threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def resolve_model_argument(args: argparse.Namespace, dest: str) -> str | None:
+    """The folder the command's model argument names (a Hub name: its snapshot folder in the Hugging Face cache,
+    written back into ``args``, the name kept in ``args.hub_name``); None when the argument is optional and absent."""
+    from tformer.hub_cache import resolve_model
+
+    source = getattr(args, dest)
+    if source is None:
+        if args.revision is not None:
+            raise UsageError("--revision goes with a Hub model name")
+        return None
+    folder = resolve_model(source, args.revision, args.local_only)
+    if str(folder) != str(Path(source).expanduser()):
+        args.hub_name = source
+        setattr(args, dest, str(folder))
+    return getattr(args, dest)
+
+
+def output_beside_model(args: argparse.Namespace, folder: str | Path, *default: str) -> Path:
+    """``--out``, or by default the path ``default`` inside the model's folder; for a Hub model (whose
+    snapshot in the cache is not ours to write) inside a folder named after it in the working directory."""
+    if args.out:
+        return Path(args.out)
+    return (Path(args.hub_name.replace("/", "--")) if args.hub_name else Path(folder)).joinpath(*default)
+
+
+def check_threads(threads: int, option: str = "--threads") -> None:
+    """Refuse in one line a thread count below 1, or above the CPUs this process may run on: threads past them
+    only wait for each other (9999 on 2 cores made a 0.0 s transcription take 19 s)."""
+    if threads < 1:
+        raise UsageError(f"{option} {threads} must be >= 1")
+    cpus = available_cpus()
+    if threads > cpus:
+        raise UsageError(f"{option} {threads} is more than the {cpus} CPU(s) this process may run on; give 1 to "
+                         f"{cpus}")
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system tells it; else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on macOS and Windows
+        return os.cpu_count() or 1
+
+
+def quantize_option(args: argparse.Namespace):
+    """The ``QuantizationScheme`` that ``--quantize`` / ``--group-size`` ask for, or None."""
+    from tformer.quantization import QuantizationError, scheme_for
+
+    method, group_size = args.quantize, args.group_size
+    if method is None:
+        if group_size is not None:
+            raise UsageError("--group-size goes with --quantize int4")
+        return None
+    if method != "int4" and group_size is not None:
+        raise UsageError(f"--group-size goes with --quantize int4 ({method} is per output channel)")
+    try:
+        return scheme_for(method, group_size)
+    except QuantizationError as error:
+        raise UsageError(f"--group-size: {error}") from None
+
+
+def resolve_device(text: str, option: str = "--device"):
+    """The torch.device a ``--device`` value names, refused in one line naming the devices this machine has
+    when it has no such device."""
+    import torch
+
+    text = text.strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise UsageError(f"{option} {text!r} is not a device (cpu, cuda, cuda:N or auto); this machine has: "
+                         f"{available_devices()}")
+    if not torch.cuda.is_available():
+        build = " (a CPU-only build)" if torch.version.cuda is None else ""
+        raise UsageError(f"{option} {text}: PyTorch {torch.__version__}{build} sees no CUDA device; this machine "
+                         f"has: {available_devices()}")
+    if index and int(index) >= torch.cuda.device_count():
+        raise UsageError(f"{option} {text}: no such CUDA device; this machine has: {available_devices()}")
+    return torch.device(text)
+
+
+def available_devices() -> str:
+    """The ``--device`` values this machine can run on, for a message: cpu, each GPU (cuda:N), auto."""
+    import torch
+
+    gpus = [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return ", ".join(["cpu", *gpus, "auto"])
+
+
+# ---- the loader ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModel:
+    """A model as ``load_model`` gives it: in eval mode on the source's device, its tokenizer and image processor
+    attached where the folder has them, and why a tokenizer could not be read (None when it could, or when the
+    folder has none), kept for the command's error instead of shown as a warning."""
+
+    model: Any
+    tokenizer_problem: str | None = None
+
+    @property
+    def tokenizer(self):
+        return getattr(self.model, "tokenizer", None)
+
+    @property
+    def image_processor(self):
+        return getattr(self.model, "image_processor", None)
+
+    def require_tokenizer(self, label: str, why: str):
+        """The tokenizer, or a one-line UsageError saying why there is none and ``why`` the command needs one."""
+        if self.tokenizer is None:
+            raise UsageError(f"{self.tokenizer_problem or f'{label}: no tokenizer.json'}; {why}")
+        return self.tokenizer
+
+
+def load_model(source: ModelSource) -> LoadedModel:
+    """The model of ``source`` (``tformer.load`` with the group's options), the one way the commands load one."""
+    import tformer
+
+    if source.path is None:
+        raise UsageError("no model given")
+    model, problem = with_tokenizer_problem(lambda: tformer.load(source.path, device=source.device,
+                                                                 quantize=source.quantize,
+                                                                 revision=source.revision,
+                                                                 local_only=source.local_only))
+    return LoadedModel(model, problem)
+
+
+def load_tokenizer(source: ModelSource):
+    """The tokenizer of ``source`` without its model, and why it could not be read (or None): for a process that
+    only reads and writes text (``tformer serve``'s HTTP process)."""
+    from tformer.hub import load_tokenizer as folder_tokenizer
+
+    return with_tokenizer_problem(lambda: folder_tokenizer(source.path, source.revision,
+                                                                          source.local_only))
+
+
+def with_tokenizer_problem(load: Callable[[], T]) -> tuple[T, str | None]:
+    """``load()`` (a model or a tokenizer) and, when a tokenizer could not be read, why (the warning's text, kept
+    for the error instead of shown); other warnings are shown as they come."""
+    from tformer.checkpoint import TokenizerNotAttachedWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load()
+    problem = None
+    for warning in caught:
+        if issubclass(warning.category, TokenizerNotAttachedWarning):
+            problem = str(warning.message)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    return loaded, problem
+
+
+# ---- what a command needs of the model -----------------------------------------------------------------------
+
+# What a model that generates no text is, and the command that runs it instead, by architecture.
+NOT_GENERATORS = {"encoder": ("an encoder, which reads text and answers with its head",
+                              "tformer predict and tformer evaluate run it"),
+                  "vision": ("a vision model, which labels images", "tformer classify runs it")}
+
+
+def require_generator(model, label: str, command: str) -> None:
+    """A one-line UsageError, in a user's terms, when ``model`` generates no text (an encoder, a vision model):
+    ``command`` needs a decoder (the library's wording names generation hooks the model lacks)."""
+    generates = getattr(model, "generates", None)  # the generation protocol's (models/generation_protocol.py)
+    if generates is None:  # a tree from before that protocol: the hooks generation asks of a model
+        from tformer.generation.settings import HOOKS
+
+        generates = all(hasattr(model, hook) for hook in HOOKS)
+    if generates:
+        return
+    architecture = model.config.architecture
+    what, instead = NOT_GENERATORS.get(architecture, (f"a {architecture} model, which does not write text", None))
+    raise UsageError(f"{label}: {command} needs a decoder (a text generator); this run is {what}"
+                     f"{f': {instead}' if instead else ''}")
+
+
+def load_translator(source: ModelSource):
+    """The encoder-decoder of ``source`` with its tokenizer, or a one-line UsageError."""
+    model = load_model(source).model
+    if not getattr(model, "encodes_prompt", False) or getattr(model, "inputs", "tokens") != "tokens":
+        raise UsageError(f"{source.path}: a {model.config.architecture} model does not translate; give an "
+                         "encoder-decoder (architecture encoder_decoder or rnn_seq2seq)")
+    if getattr(model, "tokenizer", None) is None:
+        raise UsageError(f"{source.path}: the model folder has no tokenizer to read the sentences with")
+    return model
+
+
+def load_image_classifier(source: ModelSource):
+    """The vision model with an image-classification head of ``source``, with its image processor; a UsageError
+    naming what the folder holds otherwise."""
+    model = load_model(source).model
+    config = model.config
+    if config.head != "image_classification":
+        raise UsageError(f"{source.path}: a vision model with head 'image_classification' is needed; this model "
+                         f"is architecture={config.architecture!r}, head={config.head!r}")
+    if getattr(model, "image_processor", None) is None:
+        raise UsageError(f"{source.path}: the model folder has no preprocessor_config.json (the normalisation its "
+                         "weights were trained with)")
+    return model
+
+
+def load_speech_model(source: ModelSource):
+    """The speech model of ``source`` with its tokenizer, or a one-line UsageError."""
+    model = load_model(source).model
+    if getattr(model, "inputs", "tokens") != "audio":
+        raise UsageError(f"{source.path}: a {model.config.architecture} model does not transcribe audio; give a "
+                         "speech model (architecture 'speech': a speech_recognition run, or a Whisper folder)")
+    if getattr(model, "tokenizer", None) is None:
+        raise UsageError(f"{source.path}: the model folder has no tokenizer to write the transcripts with")
+    return model
+
+
+# ---- the run a model folder belongs to -----------------------------------------------------------------------
+
+
+def find_recipe(folder: Path) -> Path:
+    """The recipe of a run folder (or of a folder ``tformer quantize`` wrote from one, which carries it), or of
+    the run a checkpoint folder (RUN/checkpoints/NAME) belongs to."""
+    candidates = [folder / RECIPE_NAME]
+    if folder.resolve().parent.name == "checkpoints":  # not any folder's grandparent: a run's checkpoint
+        candidates.append(folder.resolve().parent.parent / RECIPE_NAME)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(2, f"no {RECIPE_NAME} in it or in the run folder two levels up (evaluate reads the "
+                               "task and the data format from the run's recipe)", str(folder))
+
+
+def run_recipe(folder: Path):
+    """The recipe a model folder was trained with (see ``find_recipe``), its model being the folder
+    itself, whatever folder the run started from."""
+    import tomllib
+
+    from tformer.training.recipe import recipe_from_dict
+
+    recipe_file = find_recipe(folder)
+    raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
+    raw["model"] = {"init_from": str(folder.resolve())}
+    return recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)

@@ -125,7 +125,7 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
 def matvec_floor(model) -> None:
     """Only the matrix-vector products of NEW_TOKENS one-token steps, back to back: every weight
     read once per token, nothing else. Its speed is the ceiling of any batch-1 decoder here."""
-    model.prepare_for_decoding()  # the weight backend decoding reads (prepacked on the CPU)
+    model = model.decoding_view()  # the weight backend decoding reads (prepacked on the CPU)
     projections = [module.packed() for module in model.modules() if isinstance(module, PrepackedLinear)]
     inputs = [torch.randn(1, p.weight_in_out.shape[0]) for p in projections]
     with torch.inference_mode():

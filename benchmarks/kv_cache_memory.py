@@ -6,7 +6,7 @@ heads of 64, vocabulary 50257, float32, random weights: no download) with
   GQA   4 key/value heads (--gqa-kv-heads: each shared by 3 query heads)
   MQA   1 key/value head (shared by all 12)
 
-Cache bytes per token: ``tformer.generation.cache_bytes_per_token`` (2 x layers x KV heads x 64 x 4
+Cache bytes per token: ``Model.cache_bytes_per_token`` (2 x layers x KV heads x 64 x 4
 bytes), checked against the key/value tensors a decoding session of the same model really allocates
 (their bytes / (rows x positions)); the script stops if the two differ. Speed: new tokens per second
 of ``tformer.generate`` (greedy, the KV cache, no end token: always --new-tokens new tokens) after
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import tformer  # noqa: E402
 from benchmarks.timing import interleaved  # noqa: E402
 from tformer.config import resolve_config  # noqa: E402
-from tformer.generation import cache_bytes_per_token, open_session  # noqa: E402
+from tformer.generation import open_session  # noqa: E402
 from tformer.models import build_model  # noqa: E402
 
 BATCHES, FULL_CONTEXT = (1, 8), 1024
@@ -92,7 +92,7 @@ def main() -> None:
     for name, config in configs.items():
         torch.manual_seed(0)
         model = build_model(config).eval()
-        formula = cache_bytes_per_token(model)
+        formula = model.cache_bytes_per_token()
         for batch in BATCHES:
             held, positions = allocated_cache(model, batch, args.prompt_length, args.new_tokens)
             if held != formula * batch * positions:

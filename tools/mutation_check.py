@@ -178,14 +178,14 @@ MUTATIONS = (
         "a large projection over many rows (a batched decode step, a prefill) forgets its bias",
     ),
     Mutation(
-        "server-keeps-decoding-for-a-gone-client", "tformer/serving/server.py",
+        "server-keeps-decoding-for-a-gone-client", "tformer/serving/submission.py",
         "        self.client_gone = True\n        self.cancel()\n",
         "        self.client_gone = True\n",
         ("tests/serving/test_serving_server.py::test_a_client_that_leaves_stops_the_decode_within_one_step",),
         "a request whose client closed its connection decodes on to max_tokens, holding its cache blocks",
     ),
     Mutation(
-        "server-mixes-up-choices", "tformer/serving/server.py",
+        "server-mixes-up-choices", "tformer/serving/submission.py",
         "            yield prompt_index * self.n + event.index, event\n",
         "            yield prompt_index * self.n, event\n",
         ("tests/serving/test_serving_server.py::test_stop_strings_n_and_seeded_sampling",),
@@ -598,10 +598,10 @@ MUTATIONS = (
         "the server drifts from generate: it drops the forced end token (Marian's forced_eos_token_id)",
     ),
     Mutation(
-        "decoding-skips-the-users-hooks", "tformer/models/base.py",
-        "        self.decodes_directly = not observed(self)\n",
-        "        self.decodes_directly = True\n",
-        ("tests/nn/test_one_forward.py", "-k", "hooks"),
+        "decoding-skips-the-users-hooks", "tformer/nn/decoding_view.py",
+        "    return _view(model, WEIGHT_BACKENDS[weights], not observed(model), {})\n",
+        "    return _view(model, WEIGHT_BACKENDS[weights], True, {})\n",
+        ("tests/nn/test_one_forward.py", "tests/generation/test_decoding_view.py", "-k", "hook"),
         "a decoding step calls the parts' forwards directly even when a user registered a hook on one",
     ),
     Mutation(

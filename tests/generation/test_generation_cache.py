@@ -3,15 +3,14 @@ attention and position variant, with and without left padding, through the model
 StackSession) and through its forward (a ModelSession); rewinding and reordering the cache keep it
 exact; the prepacked weight backend follows the weights and the thread count."""
 
-import copy
 
 import pytest
 import torch
 
 import tformer
 from tformer import ModelConfig, build_model
-from tformer.generation import ModelSession, StackSession, cache_bytes_per_token
-from tformer.nn.weights import PrepackedLinear, weights_in_use
+from tformer.generation import ModelSession, StackSession
+from tformer.nn.weights import PrepackedLinear, use_weights, weights_in_use
 from tformer.nn.weights.backend import decoding_step
 
 BASE = ModelConfig(vocab_size=61, max_seq_len=48, d_model=32, num_layers=2, num_heads=4)
@@ -44,7 +43,7 @@ def left_padded_batch():
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @torch.inference_mode()
 def test_cached_logits_equal_full_forward_at_every_step(variant, padded, session_type):
-    model = build_model(BASE, **VARIANTS[variant]).eval().prepare_for_decoding()
+    model = build_model(BASE, **VARIANTS[variant]).eval().decoding_view()
     ids, mask = left_padded_batch()
     mask = mask if padded else None
     session = session_type(model, 3, 14, None if mask is None else mask[:, :5])
@@ -60,8 +59,7 @@ def test_projections_split_across_threads_stay_exact(variant):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the prepacked backend then cuts each projection in two (one slice per thread)
     try:
-        model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).eval()  # big enough
-        model.prepare_for_decoding()
+        model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).decoding_view()  # big
         assert model.stack.blocks[0].attention.qkv_proj.packed().parts == model.lm_head.packed().parts == 2
         ids, mask = left_padded_batch()
         with torch.inference_mode():
@@ -154,36 +152,36 @@ def test_cache_bytes_per_token_counts_only_key_value_heads():
     mha = build_model(BASE)
     gqa = build_model(BASE, num_kv_heads=2)
     mqa = build_model(BASE, num_kv_heads=1)
-    assert cache_bytes_per_token(mha) == 2 * 2 * 4 * 8 * 4  # K and V x layers x heads x head_dim x fp32
-    assert cache_bytes_per_token(gqa) * 2 == cache_bytes_per_token(mha)
-    assert cache_bytes_per_token(mqa) * 4 == cache_bytes_per_token(mha)
-    assert cache_bytes_per_token(mha, torch.bfloat16) * 2 == cache_bytes_per_token(mha)
+    assert mha.cache_bytes_per_token() == 2 * 2 * 4 * 8 * 4  # K and V x layers x heads x head_dim x fp32
+    assert gqa.cache_bytes_per_token() * 2 == mha.cache_bytes_per_token()
+    assert mqa.cache_bytes_per_token() * 4 == mha.cache_bytes_per_token()
+    assert mha.cache_bytes_per_token(torch.bfloat16) * 2 == mha.cache_bytes_per_token()
     session = StackSession(gqa, batch_size=3, max_len=20)
     allocated = sum(layer.self_attention.nbytes() for layer in session.cache)
-    assert allocated == 3 * 20 * cache_bytes_per_token(gqa)
+    assert allocated == 3 * 20 * gqa.cache_bytes_per_token()
 
 
-def test_prepacked_weights_follow_the_weights_and_give_the_layers_back():
+def test_prepacked_weights_follow_the_weights_and_leave_the_model_as_it_was():
     model = build_model("gpt-nano").eval()
     prompt = torch.randint(0, 64, (1, 4))
-    tformer.generate(model, prompt, 5)  # generation swaps in the CPU's decoding backend
-    assert weights_in_use(model) == {"prepacked"}
-    layer = model.stack.blocks[0].feedforward.in_proj
+    names = list(model.state_dict())
+    tformer.generate(model, prompt, 5)  # generation decodes through a view on the CPU's decoding backend
+    assert weights_in_use(model) == {"plain"} and list(model.state_dict()) == names
+    assert weights_in_use(model.decoding_view()) == {"prepacked"}
+    layer = model.decoding_view().stack.blocks[0].feedforward.in_proj
     first = layer.packed()
-    assert layer.packed() is first
+    assert model.decoding_view().stack.blocks[0].feedforward.in_proj.packed() is first  # made once per layer
     with torch.no_grad():
         layer.weight.mul_(3.0)  # in place: same storage, new version
     assert layer.packed() is not first
     assert torch.equal(tformer.generate(model, prompt, 12), tformer.generate(model, prompt, 12, use_cache=False))
-    names = list(model.state_dict())
-    model.prepare_for_decoding(weights="plain")
-    assert weights_in_use(model) == {"plain"} and list(model.state_dict()) == names
-    assert model.lm_head.weight is model.embedding.token.weight  # tied as before
+    view = model.decoding_view()
+    assert view.lm_head.weight is view.embedding.token.weight is model.lm_head.weight  # tied, and shared
 
 
 def test_weights_made_in_inference_mode_are_read_as_they_are():
     with torch.inference_mode():  # such weights keep no version counter: a change could not be seen
-        model = build_model("gpt-nano").eval().prepare_for_decoding()
+        model = build_model("gpt-nano").eval().decoding_view()
         assert model.lm_head.packed() is None
         prompt = torch.randint(0, 64, (1, 4))
         before = model(prompt).logits
@@ -195,7 +193,7 @@ def test_weights_made_in_inference_mode_are_read_as_they_are():
 
 
 def test_training_multiplies_by_the_parameters_themselves():
-    model = build_model("gpt-nano").prepare_for_decoding()
+    model = use_weights(build_model("gpt-nano"), "prepacked")  # a backend a user swapped in for good
     assert isinstance(model.lm_head, PrepackedLinear)
     model.train()
     ids = torch.randint(0, 64, (2, 9))
@@ -209,15 +207,15 @@ def test_a_fused_optimiser_step_never_leaves_a_stale_layout():
     tformer.generate(model, prompt, 4)  # the layout is made
     layer = model.stack.blocks[0].attention.qkv_proj
     version = layer.weight._version
+    packed = model.decoding_view().stack.blocks[0].attention.qkv_proj
     optimiser = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
     model.train()
-    model(prompt, labels=prompt).loss.backward()  # the training forward drops the layout
+    model(prompt, labels=prompt).loss.backward()
     model.eval()
-    with torch.no_grad():
-        model(prompt)  # ... and an inference forward makes it again, before the step
+    assert packed._packed is not None  # the layout generate made
     optimiser.step()  # fused: the weights change, their version does not
     assert layer.weight._version == version
-    plain = copy.deepcopy(model).prepare_for_decoding(weights="plain")  # nn.Linear over the same weights
-    with torch.no_grad():
-        torch.testing.assert_close(model(prompt).logits, plain(prompt).logits, rtol=1e-5, atol=1e-5)
-    assert torch.equal(tformer.generate(model, prompt, 8), tformer.generate(plain, prompt, 8))
+    with torch.no_grad(), decoding_step:
+        prepacked = StackSession(model.decoding_view(), 1, 4).extend(prompt)  # verify() dropped the stale layout
+        plain = StackSession(model.decoding_view("plain"), 1, 4).extend(prompt)  # nn.Linear over the same weights
+    torch.testing.assert_close(prepacked, plain, rtol=1e-5, atol=1e-5)

@@ -1,8 +1,8 @@
-"""The generation protocol: a model joins ``generate`` through its hooks alone (prepare_generation,
-new_cache, forward with a cache, position_limit, config). A toy encoder–decoder built from the
-shared blocks decodes greedily and by beam search exactly as uncached brute-force references
-do, on a padded batch of two different sources; a decoder seen only through its hooks decodes
-as the DecoderLM itself does; and no strategy reads anything of a model but its hooks."""
+"""The generation protocol: a model joins ``generate`` by declaring it (subclassing ``GenerationProtocol``) and
+offering its hooks (prepare_generation, new_cache, forward with a cache, position_limit, config). A toy
+encoder–decoder built from the shared blocks decodes greedily and by beam search exactly as uncached brute-force
+references do, on a padded batch of two different sources; a decoder seen only through its hooks decodes as the
+DecoderLM itself does; and no strategy reads anything of a model but the protocol's names."""
 
 import pytest
 import torch
@@ -12,15 +12,14 @@ import tformer
 from tformer import ModelConfig
 from tformer.generation import GenerationConfig, GenerationError, GenerationState, stream_generate
 from tformer.models import ModelOutput
+from tformer.models.generation_protocol import GenerationProtocol
 from tformer.nn.attention import AttentionMask, CrossAttentionCache, KVCache
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.positions import positions_from_mask
 
 CONFIG = ModelConfig(vocab_size=11, max_seq_len=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2)
 START = 1  # the decoder's first token
-HOOKS = {"config", "prepare_generation", "new_cache", "position_limit", "forward", "encodes_prompt",
-         "cache_bytes_per_token", "step", "prepare_for_decoding", "check_generation_input",
-         "generation_config"}  # the last six optional (generation_config: a folder's defaults)
+HOOKS = {name for name in dir(GenerationProtocol) if not name.startswith("_")} | {"config", "forward"}
 MODULE_API = {name for name in dir(nn.Module) if not name.startswith("_")} | {"training"}  # eval, parameters, ...
 
 
@@ -43,9 +42,11 @@ class RecordsTouches(nn.Module):
         return self._touched - HOOKS - MODULE_API - {"tokenizer", "foreign_touches"}
 
 
-class ToyTranslator(RecordsTouches):
+class ToyTranslator(RecordsTouches, GenerationProtocol):
     """A tiny encoder–decoder: a bidirectional encoder stack, a causal decoder stack whose blocks
     cross-attend to the encoder output, learned positions, one shared token embedding."""
+
+    generates = encodes_prompt = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -100,8 +101,10 @@ class ToyTranslator(RecordsTouches):
         return ModelOutput(logits=self._head(self._norm(x)))
 
 
-class DecoderThroughHooks(RecordsTouches):
+class DecoderThroughHooks(RecordsTouches, GenerationProtocol):
     """A DecoderLM seen only through the generation hooks: its parts are out of reach."""
+
+    generates = True
 
     def __init__(self, decoder) -> None:
         super().__init__()
@@ -231,8 +234,8 @@ def test_a_decoder_seen_only_through_its_hooks_decodes_as_itself(options):
     assert hooks_only.foreign_touches() == set()
 
 
-def test_a_module_without_the_hooks_is_refused():
-    with pytest.raises(GenerationError, match="lacks config, prepare_generation, new_cache, position_limit"):
+def test_a_module_that_does_not_declare_the_protocol_is_refused():
+    with pytest.raises(GenerationError, match="one offering tformer.models.GenerationProtocol.; got Linear"):
         tformer.generate(nn.Linear(2, 2), torch.tensor([[1]]), 2)
 
 

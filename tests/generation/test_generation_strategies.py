@@ -277,12 +277,13 @@ def test_streaming_yields_the_tokens_as_they_come():
     tformer.generate(model, prompt, 9, streamer=received.append)
     assert torch.equal(torch.cat(received, 1), expected[:, 4:])
     assert torch.is_grad_enabled()  # the stream's inference mode does not leak into the caller
-    training = tformer.build_model("gpt-nano")
+    training = tformer.build_model("gpt-nano", dropout=0.5)
     early = stream_generate(training, prompt, 9)
     next(early)
-    assert not training.training
+    assert training.training  # the caller's model stays as it is: its decoding view runs in eval mode
     early.close()
     assert training.training and early.output.sequences.shape == (2, 5)
+    assert torch.equal(early.output.sequences, tformer.generate(training.eval(), prompt, 1))  # no dropout
 
 
 def test_text_streamer_prints_the_new_text():

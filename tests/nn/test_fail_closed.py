@@ -13,7 +13,6 @@ import tformer
 from tformer import ModelConfig
 from tformer.checkpoint import CheckpointError
 from tformer.generation import GenerationConfig, GenerationError, ModelSession, StackSession, open_session
-from tformer.generation.session import stack_session_problem
 from tformer.interop import family_for_model_type
 from tformer.models import DecoderLM
 from tformer.nn.stack import LAYOUT_FIELDS
@@ -43,7 +42,7 @@ def test_every_generation_config_field_is_honoured_or_refused_by_the_engine():
 
 def test_an_unknown_switch_decodes_through_the_models_forward_and_the_server_refuses_it():
     model = _model(_SwitchedConfig(**{**NANO.to_dict(), "new_switch": True}))
-    assert "new_switch=True" in stack_session_problem(model)
+    assert "new_switch=True" in model.step_problem()
     prompt = torch.randint(0, 64, (2, 4))
     session, _ = open_session(model, prompt, None, 6)
     assert type(session) is ModelSession

@@ -187,7 +187,7 @@ def test_the_plan_is_measured_once_per_backend(backend):
 
 def test_quantized_layers_stay_when_other_backends_are_asked_for():
     model = quantize(tformer.build_model("gpt-nano"), "int8")
-    model.prepare_for_decoding()  # prepacked on the CPU: for float layers only
+    assert weights_in_use(model.decoding_view()) == {"int8"}  # prepacked on the CPU: for float layers only
     use_weights(model, "plain")
     assert weights_in_use(model) == {"int8"}
 

@@ -30,11 +30,11 @@ def pool_is_consistent(engine):
     what those tables have left, and no block is held while free or cached."""
     pool = engine.pool
     held = [0] * pool.num_blocks
-    for _, sequence in engine._running:
+    for _, sequence in engine.scheduler.running:
         for block in sequence.table.blocks:
             held[block] += 1
     assert held == [pool.references(block) for block in range(pool.num_blocks)]
-    assert pool.reserved == sum(sequence.table.reservation for _, sequence in engine._running)
+    assert pool.reserved == sum(sequence.table.reservation for _, sequence in engine.scheduler.running)
     assert pool.blocks_in_use == sum(count > 0 for count in held)
     assert pool.available >= 0
 

@@ -21,16 +21,17 @@ from torch import nn
 
 from tformer.checkpoint import CheckpointError
 from tformer.errors import TformerError
-from tformer.generation.settings import GenerationConfig, GenerationError
+from tformer.generation.settings import GenerationConfig, GenerationError, declared
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 # GenerationConfig fields a model's defaults fill when a caller's config leaves them None ("the model's").
 MODEL_FIELDS = ("eos_token_id", "pad_token_id", "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens")
-# Keys read as the GenerationConfig field of the same name.
-HONOURED = ("max_new_tokens", "min_new_tokens", "num_beams", "length_penalty", "early_stopping",
-            "num_return_sequences", "stop_strings")
+# Keys read as the GenerationConfig field of the same name (each field declares it: ``from_file``): always, and
+# the sampling ones only with do_sample true (Hugging Face applies its warpers only when sampling).
+HONOURED = tuple(name for name, option in declared().items() if option.from_file and not option.sampling)
+SAMPLING = tuple(name for name, option in declared().items() if option.from_file and option.sampling)
 # Every key read (the others are ignored or refused).
-READ = (*HONOURED, *MODEL_FIELDS, "decoder_start_token_id", "do_sample", "temperature", "top_k", "top_p", "max_length")
+READ = (*HONOURED, *SAMPLING, *MODEL_FIELDS, "decoder_start_token_id", "do_sample", "max_length")
 # Keys that change nothing generate returns: bookkeeping, outputs tformer shapes its own way, the cache's
 # kind, the start of a prompt-less call (tformer needs a prompt); Whisper's prompt and timestamp data, used
 # by Hugging Face only when a call does not give the prompt (tformer's is the caller's decoder_prompt_ids).
@@ -46,9 +47,9 @@ IGNORED = frozenset({
 })
 # Keys tformer does not implement, with Hugging Face's neutral value (the file may hold it, or null).
 NEUTRAL = {
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0, "min_length": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-    "min_p": None, "top_h": None, "diversity_penalty": 0.0, "num_beam_groups": 1, "penalty_alpha": None,
+    "top_h": None, "diversity_penalty": 0.0, "num_beam_groups": 1, "penalty_alpha": None,
     "bad_words_ids": None, "sequence_bias": None, "forced_bos_token_id": None, "renormalize_logits": False,
     "remove_invalid_values": False, "exponential_decay_length_penalty": None, "guidance_scale": None,
     "watermarking_config": None, "constraints": None, "force_words_ids": None, "suppress_tokens_at_begin": None,
@@ -111,9 +112,9 @@ def _fields(raw: Mapping[str, Any], model_config: Any) -> dict[str, Any]:
     # Sampling: HF samples only with do_sample, then with its global top_k=50 unless set; do_sample false keeps
     # a call greedy whatever temperature it gives (as HF), no do_sample leaves tformer's rule (implied by them).
     if raw.get("do_sample"):
-        top_k, top_p, temperature = raw.get("top_k", 50), raw.get("top_p"), raw.get("temperature")
-        fields.update(do_sample=True, temperature=1.0 if temperature is None else temperature,
-                      top_k=None if top_k in (None, 0) else top_k, top_p=None if top_p in (None, 1.0) else top_p)
+        fields.update({key: raw[key] for key in SAMPLING if raw.get(key) is not None}, do_sample=True)
+        top_k, top_p = raw.get("top_k", 50), raw.get("top_p")
+        fields.update(top_k=None if top_k in (None, 0) else top_k, top_p=None if top_p in (None, 1.0) else top_p)
     elif raw.get("do_sample") is not None:
         fields["do_sample"] = False
     return fields
@@ -129,7 +130,7 @@ def attach_generation_defaults(model: nn.Module, folder: Path) -> None:
 
 def model_defaults(model: nn.Module) -> GenerationConfig:
     """The model's generation defaults: its folder's generation_config.json's, else tformer's."""
-    defaults = getattr(model, "generation_config", None)
+    defaults = model.generation_config
     return defaults if isinstance(defaults, GenerationConfig) else GenerationConfig()
 
 
@@ -139,7 +140,7 @@ def with_model_defaults(model: nn.Module, config: GenerationConfig | None,
     defaults, or the model's defaults whole when the caller gave no config."""
     if config is None:
         return model_defaults(model)
-    defaults = getattr(model, "generation_config", None)
+    defaults = model.generation_config
     if not isinstance(defaults, GenerationConfig):
         return config
     filled = {name: getattr(defaults, name) for name in fields if getattr(config, name) is None}

@@ -16,12 +16,13 @@ from torch import Tensor, nn
 
 from tformer.generation.autoregressive import autoregressive_decode
 from tformer.generation.beam import beam_search
+from tformer.generation.checks import check_call, check_model, check_prompt
 from tformer.generation.defaults import with_model_defaults
 from tformer.generation.output import GenerationOutput
 from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.session import GROWTH_CHUNK, ModelSession, open_session, session_bytes
-from tformer.generation.settings import GenerationConfig, GenerationError, check_call, check_model, check_prompt
+from tformer.generation.settings import SPECULATIVE, GenerationConfig, GenerationError, refuse_unsupported
 from tformer.generation.speculative import speculative_decode
 from tformer.generation.stopping import StopRule
 from tformer.memory import format_bytes, require_memory
@@ -112,6 +113,7 @@ def _config(model: nn.Module, generation_config: GenerationConfig | None, max_ne
         raise GenerationError(
             f"generation_config must be a GenerationConfig, got {type(generation_config).__name__}"
         )
+    check_model(model)
     base = with_model_defaults(model, generation_config)
     if max_new_tokens is not None:
         options = {**options, "max_new_tokens": max_new_tokens}
@@ -152,16 +154,21 @@ class _Generation:
                  draft_model: nn.Module | None, tokenizer, streaming: bool) -> None:
         check_model(model)
         check_prompt(model, input_ids, attention_mask)
-        own_prompt = getattr(model, "check_generation_input", None) is not None
-        decoder_prompt = max(len(config.decoder_prompt_ids), 1) if getattr(model, "encodes_prompt", False) else None
+        decoder_prompt = max(len(config.decoder_prompt_ids), 1) if model.encodes_prompt else None
         config = config.for_prompt(input_ids.shape[1] if decoder_prompt is None else decoder_prompt)
-        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        tokenizer = tokenizer if tokenizer is not None else model.tokenizer
         check_call(config, model, input_ids, draft_model, tokenizer, streaming)
+        if draft_model is not None:  # the options speculative decoding cannot apply, as their fields declare
+            refuse_unsupported(config, SPECULATIVE)
         self.config = config
+        # The models as decoding runs them, for this call: the caller's are left as they are.
+        model = model.decoding_view()
+        draft_model = None if draft_model is None else draft_model.decoding_view()
         self.model, self.draft_model = model, draft_model
         device = next(model.parameters()).device
         # Token ids as int64; a model's own kind of prompt (a speech model's features) as it is.
-        input_ids = input_ids.to(device=device) if own_prompt else input_ids.to(device=device, dtype=torch.long)
+        input_ids = (input_ids.to(device=device, dtype=torch.long) if model.prompt_is_tokens
+                     else input_ids.to(device=device))
         attention_mask = None if attention_mask is None else attention_mask.to(device)
         if config.num_beams == 1 and config.num_return_sequences > 1:  # independent samples per prompt
             input_ids = input_ids.repeat_interleave(config.num_return_sequences, dim=0)
@@ -171,9 +178,6 @@ class _Generation:
         end_ids = config.end_ids(model.config)
         grow = self._check_memory(input_ids, device, may_end_early=bool(end_ids or config.stop_strings))
         # The prompts are prepared (an encoder–decoder encodes its source) once, in eval mode.
-        for decoder in (model, draft_model):
-            if callable(getattr(decoder, "prepare_for_decoding", None)):
-                decoder.prepare_for_decoding()
         with self._eval_mode():
             self.session, state = open_session(model, input_ids, attention_mask, config.max_new_tokens,
                                                use_cache=config.use_cache, grow=grow,
@@ -210,6 +214,7 @@ class _Generation:
             pad_id=pad_id,
             generator=generator,
             scores=[] if config.output_scores else None,
+            prompt_padding=None if state.attention_mask is None else ~state.attention_mask.bool(),
         )
         self.beam_result: tuple[Tensor, Tensor] | None = None
 
@@ -221,7 +226,7 @@ class _Generation:
         # The decoder's prompt: a decoder's input_ids; an encoder-decoder's start token or decoder_prompt_ids,
         # bounded by its source's length (the source of a model with its own kind of prompt is not tokens).
         batch, prompt_length = input_ids.shape[0], max(len(config.decoder_prompt_ids), 1)
-        if not getattr(model, "check_generation_input", None):
+        if model.prompt_is_tokens:
             prompt_length = max(prompt_length, input_ids.shape[1])
         length = prompt_length + config.max_new_tokens
         rows = batch * max(config.num_beams, 1)  # num_return_sequences is already in the batch
@@ -249,7 +254,8 @@ class _Generation:
 
     @contextmanager
     def _eval_mode(self) -> Iterator[None]:
-        """The models in eval mode (no dropout) inside, back in the mode they were in after."""
+        """The models in eval mode (no dropout) inside, back in the mode they were in after (a ``Model``'s
+        decoding view is always in eval mode; a model whose view is itself may not be)."""
         training = [m for m in (self.model, self.draft_model) if m is not None and m.training]
         for m in training:
             m.eval()

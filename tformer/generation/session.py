@@ -1,64 +1,32 @@
-"""The Session protocol: the only thing decoding strategies talk to, and the hooks a model
-offers so that a session can be opened on it.
+"""The Session protocol: the only thing decoding strategies talk to. A session is opened on a model offering the
+generation protocol (``tformer/models/generation_protocol.py``: what it offers, with defaults), and reads
+nothing of the model beyond it.
 
 Strategies (greedy, sampling, beam search, speculative, streaming) call four things:
 ``extend`` runs new tokens after what the session holds and returns their logits,
 ``truncate`` forgets the last tokens (rejected drafts), ``reorder`` picks and repeats rows
 (beams), and ``length`` says how many tokens it holds. They never read a model's attributes.
 
-A model family joins generation by offering these hooks (``DecoderLM`` and ``EncoderDecoderLM``
-have them all; a model may offer just the required ones):
-
-- ``config``: its ``ModelConfig`` (``vocab_size``, default ``eos_token_id`` / ``pad_token_id``).
-- ``prepare_generation(input_ids, attention_mask) -> GenerationState``: called once per
-  ``generate`` call. A decoder continues its prompt as it is; an encoder–decoder encodes the
-  source once and returns its decoder's start tokens plus the encoder state every step needs
-  (with ``decoder_prompt=`` ids, those tokens instead: ``GenerationConfig.decoder_prompt_ids``).
-- ``check_generation_input(inputs, attention_mask) -> str | None`` (optional): a model whose prompt
-  is not token ids (a speech model's log-mel features) says what is wrong with one, or None; its
-  prompt then reaches ``prepare_generation`` as it is (not as int64 ids).
-- ``new_cache(batch_size, max_len) -> list[LayerCache]``: one per block, for up to ``max_len``
-  decoder positions (each block's kernel picks its cache backend; cross-attention's slot is
-  filled by the first step).
-- ``forward(input_ids, attention_mask=..., cache=..., **state.step_inputs)``: one step, with
-  ``input_ids`` (B, T) after the cached tokens and ``attention_mask`` (B, cached + T) or None
-  when nothing is padded; returns an object with ``logits`` (B, T, V).
-- ``position_limit``: the most decoder positions it can take (a position table), or None.
-- ``step(input_ids, layout, cache, **state.step_inputs) -> logits`` (optional): the same step over
-  the model's own blocks without checks, laid out by the session (``StepLayout``: positions,
-  padding, the rows wanted). A model that has it decodes in a ``StackSession``, which may hand it step
-  inputs of fewer rows than ``input_ids`` has: ``g`` rows a source, row ``r`` reading source ``r // g``
-  (beams sharing their source's encoder output and cross-attention keys).
-- ``prepare_for_decoding()`` (optional): called once per call, before the first step (weight
-  backends: ``Model.prepare_for_decoding``).
-- ``encodes_prompt`` (optional, default False): the prompt is a source the model encodes, so
-  its padding may be on either side (a decoder's prompt must be left-padded).
-- ``cache_bytes_per_token()`` (optional): what its cache holds per token and sequence, for a model whose
-  cache is not one key/value pair per block (a recurrent state: 0); ``new_cache`` may then return any
-  object with ``reorder(rows)`` (beam search), and the session refuses to truncate it.
-
 ``ModelSession`` runs any model through ``forward``; reordering moves every row-indexed piece
 of state together: the self-attention caches, the cross-attention caches and the step inputs
 (encoder output, encoder mask). ``StackSession`` steps through ``step`` instead: the whole row
 layout ``(B, max_len)`` is known up front (the prompt's padding, then real tokens only), so each
 step's positions and padding are slices of the session's tables, and nothing is checked per step.
+A step of ``StackSession`` may hand the model step inputs of fewer rows than ``input_ids`` has: ``g``
+rows a source, row ``r`` reading source ``r // g`` (beams sharing their source's encoder output and
+cross-attention keys).
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from tformer.config import non_default_fields
 from tformer.generation.settings import GenerationError
+from tformer.models.generation_protocol import GenerationProtocol
 from tformer.models.output import GenerationState
-from tformer.nn.attention import StepLayout
-from tformer.nn.positions import POSITIONAL_SCHEMES, positions_from_mask
-from tformer.nn.stack import LAYOUT_FIELDS
-from tformer.nn.weights import decoding_step
 
 
 class Session(Protocol):
@@ -82,12 +50,12 @@ GROWTH_CHUNK = 1024  # new tokens a growing session holds room for at first
 
 
 def open_session(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int, *,
+    model: GenerationProtocol, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int, *,
     use_cache: bool = True, role: str = "model", grow: bool = False, decoder_prompt: tuple[int, ...] = (),
 ) -> tuple[ModelSession, GenerationState]:
     """Prepare the prompt (``prepare_generation``) and open a session for it and ``max_new_tokens`` more.
 
-    A model with the ``step`` hook whose config the session lays out gets a ``StackSession``; any
+    A model whose steps the session can lay out (``step_problem()`` is None) gets a ``StackSession``; any
     other model (or ``use_cache=False``) a ``ModelSession``. With ``grow`` (a run that may end early)
     the session first holds room for ``GROWTH_CHUNK`` new tokens and doubles as needed. ``decoder_prompt``: an
     encoder-decoder's first decoder tokens in place of its start token (``check_call`` refuses it elsewhere)."""
@@ -104,7 +72,7 @@ def open_session(
         )
     max_len = prompt_length + max_new_tokens
     capacity = min(max_len, prompt_length + GROWTH_CHUNK) if grow else max_len
-    if use_cache and stack_session_problem(model) is None:
+    if use_cache and model.step_problem() is None:
         session = StackSession(model, batch, max_len, state.attention_mask, step_inputs=state.step_inputs,
                                capacity=capacity)
     else:
@@ -113,52 +81,18 @@ def open_session(
     return session, state
 
 
-def stack_session_problem(model: nn.Module) -> str | None:
-    """Why ``model`` cannot decode in a ``StackSession`` (no ``step`` hook, or a config field the session
-    does not lay out: fail closed), or None. Worked out once per config a model has."""
-    if not callable(getattr(model, "step", None)):
-        return f"{type(model).__name__} has no step hook"
-    config = model.config
-    known = _LAYOUT_PROBLEMS.get(model)
-    if known is None or known[0] is not config:
-        unknown = [name for name in non_default_fields(config) if name not in LAYOUT_FIELDS]
-        problem = "config " + ", ".join(f"{name}={getattr(config, name)!r}" for name in unknown) if unknown else None
-        known = _LAYOUT_PROBLEMS[model] = (config, problem)
-    return known[1]
-
-
-_LAYOUT_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (config, problem)
-
-
-def cache_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> int:
-    """Bytes of key/value cache one token of one sequence takes: 2 x layers x KV heads x head size.
-
-    Grouped- and multi-query models cache only their key/value heads, so they need
-    ``num_heads / num_kv_heads`` times less than multi-head attention of the same width.
-    """
-    own = getattr(model, "cache_bytes_per_token", None)
-    if own is not None:  # a model whose state is not a key/value cache (a recurrent one) says what it holds
-        return own()
-    config = model.config
-    dtype = dtype or next(model.parameters()).dtype
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element
-
-
-def session_bytes(model: nn.Module, rows: int, length: int, use_cache: bool = True) -> int:
+def session_bytes(model: GenerationProtocol, rows: int, length: int, use_cache: bool = True) -> int:
     """About how many bytes a session of ``rows`` sequences of ``length`` tokens holds: the
     key/value cache (without one, the token buffer) and the row layout (which columns are
     tokens, their positions, the padding mask, the rotary table)."""
-    config = model.config
     element = next(model.parameters()).element_size()
-    per_token = cache_bytes_per_token(model) if use_cache else 8
+    per_token = model.cache_bytes_per_token() if use_cache else 8
     layout = rows * (1 + 8 + element)  # attend (bool), positions (int64), additive padding mask
-    rotary = 3 * config.head_dim * 4 if POSITIONAL_SCHEMES[config.positional].rotates else 0  # cos, sin, angles
-    return length * (rows * per_token + layout + rotary)
+    return length * (rows * per_token + layout + model.layout_bytes_per_token())
 
 
 class ModelSession:
-    """Decoding state of any model with the generation hooks: ``batch_size`` rows of up to
+    """Decoding state of any model offering the generation protocol: ``batch_size`` rows of up to
     ``max_len`` decoder tokens each, stepped through the model's own forward.
 
     ``attention_mask`` (B, T) marks the real tokens of left-padded prompts (None: no padding);
@@ -169,7 +103,7 @@ class ModelSession:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: GenerationProtocol,
         batch_size: int,
         max_len: int,
         attention_mask: Tensor | None = None,
@@ -179,6 +113,7 @@ class ModelSession:
         capacity: int | None = None,
     ) -> None:
         self.model = model
+        self.stepping = model.stepping  # the context every step runs in
         self.batch_size = batch_size
         self.max_len = max_len
         self.capacity = max_len if capacity is None else min(capacity, max_len)
@@ -201,7 +136,7 @@ class ModelSession:
         past, end = self.length, self.length + input_ids.shape[1]
         if end > self.capacity:
             self._grow(end)
-        with decoding_step:
+        with self.stepping:
             logits = self._step(input_ids, past, end, last_only)
         self.length = end
         return logits[:, -1:] if last_only else logits
@@ -288,13 +223,13 @@ class ModelSession:
 
 class StackSession(ModelSession):
     """The session of a model with the ``step`` hook (a decoder, an encoder–decoder): each step runs the
-    model's own blocks through ``step`` with a ``StepLayout`` cut from the session's tables (every
+    model's own blocks through ``step`` with a layout (``step_layout``) cut from the session's tables (every
     column's true position, which columns are real tokens), made once, so a step builds nothing but
     the slices and checks nothing (``generate`` checked the prompt once)."""
 
     def __init__(
         self,
-        model: nn.Module,
+        model: GenerationProtocol,
         batch_size: int,
         max_len: int,
         attention_mask: Tensor | None = None,
@@ -303,14 +238,14 @@ class StackSession(ModelSession):
         capacity: int | None = None,
     ) -> None:
         super().__init__(model, batch_size, max_len, attention_mask, step_inputs=step_inputs, capacity=capacity)
-        self.positions = positions_from_mask(self.attend)  # (B, capacity) the true position of each column
+        self.positions = model.token_positions(self.attend)  # (B, capacity) the true position of each column
         # Columns from here on are real tokens in every row (left padding comes first).
         self.real_from = 0 if not self.padded else int(attention_mask.shape[1] - attention_mask.bool().sum(-1).min())
         self.sources, self.group = batch_size, 1  # the step inputs' rows, and the rows that read each
 
     def _grow(self, end: int) -> None:
         super()._grow(end)
-        self.positions = positions_from_mask(self.attend)
+        self.positions = self.model.token_positions(self.attend)
 
     def reorder(self, rows: Tensor, same_source: bool = False) -> None:
         super().reorder(rows, same_source)
@@ -334,7 +269,7 @@ class StackSession(ModelSession):
             self._pick_sources(source_of_row)
 
     def _step(self, input_ids: Tensor, past: int, end: int, last_only: bool) -> Tensor:
-        layout = StepLayout(
+        layout = self.model.step_layout(
             positions=self.positions[:, past:end],
             key_positions=self.positions[:, :end],
             key_padding=self.attend[:, :end] if self.padded else None,

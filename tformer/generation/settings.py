@@ -1,28 +1,63 @@
-"""The options of ``generate`` as one frozen ``GenerationConfig``, checked where they enter, and
-the checks that need the model (token ids against its vocabulary, the draft model). Every
-problem is a ``GenerationError`` naming the option and what is allowed.
+"""The options of ``generate`` as one frozen ``GenerationConfig``, checked where they enter (the checks that
+need the model are ``checks.py``'s). Every problem is a ``GenerationError`` naming the option and what is
+allowed. It imports no torch: the serving process that only speaks HTTP reads it.
 
-A new option is one field of ``GenerationConfig`` plus its check in ``_check``: ``generate``,
-``stream_generate`` and the command line all take the config as it is.
+A new option is one field of ``GenerationConfig`` (its default and, through ``option``, its command-line flag,
+OpenAI request field, generation_config.json key and the decoding paths that cannot apply it) plus its check in
+``_check``; the command line, the server's request fields and its support table are derived from the fields
+(``declared``), and a logits rule is one class in ``generation/rules.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor, nn
+from typing import Any
 
 from tformer.errors import TformerError
-
-HOOKS = ("config", "prepare_generation", "new_cache", "position_limit")  # what a model offers generation
 
 
 class GenerationError(TformerError):
     """An argument of ``generate`` is invalid; the message names it and what is allowed."""
+
+
+# The decoding paths that may be unable to apply an option (each refuses it by name, failing closed).
+SERVER, BEAM_SEARCH, SPECULATIVE = "the server", "beam search", "speculative decoding"
+DECLARATION = "tformer"  # the key of a field's metadata holding its ``Option``
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The ``tformer generate`` option that sets a field."""
+
+    name: str  # "--top-k"
+    type: Callable[[str], Any]  # argparse's type
+    help: str
+    repeat: bool = False  # given once a value, the values a tuple (argparse's action="append")
+    metavar: str | None = None
+
+
+@dataclass(frozen=True)
+class Option:
+    """What a ``GenerationConfig`` field declares beside its default: what sets it, where it applies."""
+
+    flag: Flag | None = None  # its ``tformer generate`` option
+    api: str | None = None  # the OpenAI request field that sets it (errors name that field)
+    # True: the request field holds the option's value as it is (``openai_api`` makes the field from this one);
+    # False: ``openai_api`` declares the field and turns its OpenAI meaning into the option.
+    api_as_is: bool = False
+    sampling: bool = False  # a sampling filter: applied only when sampling, and implying it (do_sample None)
+    from_file: bool = False  # read from generation_config.json under its name (a sampling one with do_sample only)
+    # decoding path (SERVER, BEAM_SEARCH, SPECULATIVE) -> why it refuses a value other than the default
+    refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def option(default: Any, **declared: Any) -> Any:
+    """A ``GenerationConfig`` field with ``default`` and its ``Option`` (``declared``) in its metadata."""
+    return dataclasses.field(default=default, metadata={DECLARATION: Option(**declared)})
 
 
 @dataclass(frozen=True)
@@ -34,35 +69,69 @@ class GenerationConfig:
     vocabulary, its default end and pad ids) are resolved per call by ``end_ids``/``pad_id``.
     """
 
-    max_new_tokens: int = 32
+    max_new_tokens: int = option(32, flag=Flag("--max-new-tokens", int, "at most this many new tokens (default: the "
+                                                                        "folder's generation_config.json, else 100)"),
+                                 api="max_tokens", from_file=True)
     # The whole sequence's length limit, prompt included (Hugging Face's max_length, from a folder's
     # generation_config.json): when set, max_new_tokens is what the prompt leaves of it.
     max_length: int | None = None
-    min_new_tokens: int = 0  # end ids are forbidden before this many new tokens
+    min_new_tokens: int = option(0, flag=Flag("--min-new-tokens", int, "never end before this many (default: 0)"),
+                                 api="min_tokens", from_file=True)  # end ids are forbidden before this many
     forced_eos_token_id: int | bool | None = None  # the last token a row may have; None: the model config's,
     # False: none
-    do_sample: bool | None = None  # None: sample when temperature != 1, top_k or top_p say so
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
+    do_sample: bool | None = None  # None: sample when temperature != 1, top_k, top_p or min_p say so
+    temperature: float = option(1.0, flag=Flag("--temperature", float, "sample at this temperature (0 = greedy)"),
+                                api="temperature", sampling=True, from_file=True)  # 0 = greedy
+    top_k: int | None = option(None, flag=Flag("--top-k", int, "sample among the k most probable tokens"),
+                               api="top_k", sampling=True, from_file=True)
+    top_p: float | None = option(None, flag=Flag("--top-p", float, "sample among the most probable tokens holding "
+                                                                  "this mass"), api="top_p", sampling=True,
+                                 from_file=True)
+    # Sample among the tokens at least min_p times as probable as the most probable one (Hugging Face's MinP).
+    min_p: float | None = option(None, flag=Flag("--min-p", float, "sample among the tokens at least this fraction "
+                                                                  "as probable as the most probable one"),
+                                 api="min_p", api_as_is=True, sampling=True, from_file=True)
+    # The logits of tokens already in the sequence (prompt included) divided by it, or multiplied where
+    # negative (Hugging Face's RepetitionPenalty): > 1 repeats less. It reads each row's tokens so far.
+    repetition_penalty: float = option(
+        1.0, flag=Flag("--repetition-penalty", float, "penalise tokens already in the text: their logits divided "
+                                                      "by this (multiplied if negative); 1 = none"),
+        api="repetition_penalty", api_as_is=True, from_file=True,
+        refused={SERVER: "the server's chooser does not read a sequence's tokens so far",
+                 BEAM_SEARCH: "it scores without each beam's tokens so far; pass repetition_penalty=1.0",
+                 SPECULATIVE: "the drafted positions are scored without their tokens so far; pass "
+                              "repetition_penalty=1.0"})
+    seed: int | None = option(None, flag=Flag("--seed", int, "seed for reproducible sampling"), api="seed")
     eos_token_id: int | tuple[int, ...] | None = None  # None: the model config's; () never ends early
-    pad_token_id: int | None = None  # None: the model config's, else the first end id
-    stop_strings: str | tuple[str, ...] = ()
-    num_beams: int = 1
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False  # True, False or "never"
-    num_return_sequences: int = 1
-    num_draft_tokens: int = 4  # speculative decoding: tokens the draft model proposes per round
-    output_scores: bool = False
-    return_dict: bool = False
-    use_cache: bool = True  # False re-runs the whole sequence each step (the slow reference)
+    # None: the model config's, else the first end id
+    pad_token_id: int | None = option(None, refused={SERVER: "a sequence that ends is not padded: the server "
+                                                             "returns each one as it is"})
+    stop_strings: str | tuple[str, ...] = option(
+        (), flag=Flag("--stop", str, "stop once the new text contains TEXT (repeatable)", repeat=True,
+                      metavar="TEXT"), api="stop", from_file=True)
+    num_beams: int = option(1, flag=Flag("--num-beams", int, "beam search with this many beams (default: 1)"),
+                            from_file=True,
+                            refused={SERVER: "the server decodes one token at a time per sequence (no beam search)"})
+    length_penalty: float = option(1.0, from_file=True,
+                                   refused={SERVER: "it is beam search's, and the server does no beam search"})
+    # True, False or "never"
+    early_stopping: bool | str = option(False, from_file=True,
+                                        refused={SERVER: "it is beam search's, and the server does no beam search"})
+    num_return_sequences: int = option(1, from_file=True, refused={SERVER: "ask for n sequences instead"})
+    # Speculative decoding: the tokens the draft model proposes per round.
+    num_draft_tokens: int = option(4, flag=Flag("--num-draft-tokens", int, "tokens drafted per round (default: 4)"),
+                                   refused={SERVER: "the server decodes without a draft model"})
+    output_scores: bool = option(False, refused={SERVER: "ask for logprobs instead"})
+    return_dict: bool = option(False, refused={SERVER: "the server answers in its own format"})
+    # False re-runs the whole sequence each step (the slow reference).
+    use_cache: bool = option(True, refused={SERVER: "the server always decodes over its cache"})
     # Tokens never chosen, and tokens not chosen as the first new one (None: the model config's; () none).
     suppress_tokens: tuple[int, ...] | None = None
     begin_suppress_tokens: tuple[int, ...] | None = None
     # An encoder-decoder's (a speech model's) first decoder tokens for every row, in place of its start token:
     # Whisper's <|startoftranscript|>, language, task, <|notimestamps|> (tformer.models.speech.whisper_prompt).
-    decoder_prompt_ids: tuple[int, ...] = ()
+    decoder_prompt_ids: tuple[int, ...] = option(
+        (), refused={SERVER: "the server decodes decoder-only models, whose prompt is the request's"})
 
     def __post_init__(self) -> None:
         self._check()
@@ -80,8 +149,8 @@ class GenerationConfig:
         """Whether tokens are drawn (else the argmax): ``do_sample``, or implied by the sampling options."""
         if self.temperature == 0:
             return False
-        if self.do_sample is None:
-            return self.temperature != 1.0 or self.top_k is not None or self.top_p is not None
+        if self.do_sample is None:  # a sampling option away from its default (temperature 1, no cut)
+            return any(getattr(self, field.name) != field.default for field in _fields_declaring("sampling"))
         return self.do_sample
 
     def for_prompt(self, prompt_length: int) -> GenerationConfig:
@@ -144,14 +213,7 @@ class GenerationConfig:
                                   "or False (none)")
         if self.min_new_tokens > self.max_new_tokens:
             raise GenerationError(f"min_new_tokens={self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}")
-        if self.do_sample is not None and not isinstance(self.do_sample, bool):
-            raise GenerationError(f"do_sample={self.do_sample!r} must be True, False or None")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise GenerationError(f"temperature={self.temperature!r} must be a number >= 0 (0 = greedy)")
-        if self.top_k is not None:
-            _require_int("top_k", self.top_k, 1)
-        if self.top_p is not None and (not _is_number(self.top_p) or not 0 < self.top_p <= 1):
-            raise GenerationError(f"top_p={self.top_p!r} must be a number in (0, 1]")
+        self._check_logits_rules()
         if self.seed is not None:
             _require_int("seed", self.seed, 0)
             if self.seed >= 2**64:
@@ -177,9 +239,9 @@ class GenerationConfig:
             raise GenerationError(f"early_stopping={self.early_stopping!r} must be True, False or 'never'")
         if self.num_beams > 1:
             if self.sampling:
-                raise GenerationError(
-                    "sampling (do_sample, temperature, top_k, top_p) cannot be combined with num_beams > 1"
-                )
+                names = ", ".join(("do_sample", *(field.name for field in _fields_declaring("sampling"))))
+                raise GenerationError(f"sampling ({names}) cannot be combined with num_beams > 1")
+            refuse_unsupported(self, BEAM_SEARCH)
             if self.num_return_sequences > self.num_beams:
                 raise GenerationError(
                     f"num_return_sequences={self.num_return_sequences} exceeds num_beams={self.num_beams}; "
@@ -195,99 +257,56 @@ class GenerationConfig:
             if not isinstance(getattr(self, name), bool):
                 raise GenerationError(f"{name}={getattr(self, name)!r} must be True or False")
 
+    def _check_logits_rules(self) -> None:
+        """The options of the logits rules (``generation/rules.py``): sampling and penalties."""
+        if self.do_sample is not None and not isinstance(self.do_sample, bool):
+            raise GenerationError(f"do_sample={self.do_sample!r} must be True, False or None")
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise GenerationError(f"temperature={self.temperature!r} must be a number >= 0 (0 = greedy)")
+        if self.top_k is not None:
+            _require_int("top_k", self.top_k, 1)
+        if self.top_p is not None and (not _is_number(self.top_p) or not 0 < self.top_p <= 1):
+            raise GenerationError(f"top_p={self.top_p!r} must be a number in (0, 1]")
+        if self.min_p is not None and (not _is_number(self.min_p) or not 0 <= self.min_p <= 1):
+            raise GenerationError(f"min_p={self.min_p!r} must be a number in [0, 1]")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise GenerationError(f"repetition_penalty={self.repetition_penalty!r} must be a number > 0 (1 = none)")
+
     def _normalise(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # frozen: set once, while being made
 
 
-def check_model(model: object, role: str = "model") -> None:
-    """A model ``generate`` can decode: a module offering the generation hooks (see ``session``)."""
-    missing = [hook for hook in HOOKS if not hasattr(model, hook)] if isinstance(model, nn.Module) else list(HOOKS)
-    if missing:
-        raise GenerationError(
-            f"{role} must be a tformer model with the generation hooks {', '.join(HOOKS)}; "
-            f"{type(model).__name__} lacks {', '.join(missing)}"
-        )
+# ---- the tables derived from the fields' declarations ------------------------------------------------
 
 
-def check_prompt(model: nn.Module, input_ids: object, attention_mask: object) -> None:
-    """``input_ids`` (B, T) token ids of the model's vocabulary; ``attention_mask`` left padding (a
-    decoder continues its prompt), or either side for a model whose ``encodes_prompt`` is True. A model whose
-    prompt is not token ids (a speech model's log-mel features) checks it with its ``check_generation_input``."""
-    own_check = getattr(model, "check_generation_input", None)
-    if own_check is not None:
-        problem = own_check(input_ids, attention_mask)
-        if problem is not None:
-            raise GenerationError(problem)
-        return
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
-        raise GenerationError(f"input_ids must be a tensor of shape (batch, length >= 1), got {shape}")
-    if input_ids.shape[0] == 0:
-        raise GenerationError("input_ids has no rows (batch size 0)")
-    if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8):
-        raise GenerationError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    vocab = model.config.vocab_size
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= vocab:
-        bad = low if low < 0 else high
-        raise GenerationError(f"token id {bad} in input_ids is outside the vocabulary [0, {vocab})")
-    if attention_mask is None:
-        return
-    if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
-        shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-        raise GenerationError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
-    mask = attention_mask.long()
-    if bool(((mask != 0) & (mask != 1)).any()):
-        raise GenerationError("attention_mask must hold only 0 (padding) and 1 (token)")
-    if bool((mask.sum(-1) == 0).any()):
-        raise GenerationError(f"attention_mask row {int((mask.sum(-1) == 0).nonzero()[0])} has no token")
-    if getattr(model, "encodes_prompt", False):  # a source for an encoder: padded on either side
-        return
-    if bool((mask[:, 1:] < mask[:, :-1]).any()):
-        row = int((mask[:, 1:] < mask[:, :-1]).any(-1).nonzero()[0])
-        raise GenerationError(
-            f"attention_mask row {row} is not left-padded: padding (0) must come before the tokens (1)"
-        )
+def declared() -> dict[str, Option]:
+    """Every ``GenerationConfig`` field's ``Option``, in field order (a field declaring none: ``Option()``)."""
+    return {field.name: field.metadata.get(DECLARATION, _NOTHING) for field in dataclasses.fields(GenerationConfig)}
 
 
-def check_call(
-    config: GenerationConfig,
-    model: nn.Module,
-    input_ids: Tensor,
-    draft_model: nn.Module | None,
-    tokenizer: object | None,
-    streaming: bool,
-) -> None:
-    """The checks that need more than the options: the model's vocabulary, a tokenizer for stop
-    strings, streaming, and what speculative decoding needs of its draft model."""
-    config.pad_id(model.config)  # checks the end and pad ids against the vocabulary
-    config.suppressed_ids(model.config)
-    if config.decoder_prompt_ids:
-        if not getattr(model, "encodes_prompt", False):
-            raise GenerationError("decoder_prompt_ids are an encoder-decoder's first decoder tokens; a decoder's "
-                                  "prompt is its input_ids")
-        _token_ids("decoder_prompt_ids", config.decoder_prompt_ids, model.config.vocab_size)
-    if config.stop_strings and tokenizer is None:
-        raise GenerationError("stop_strings need a tokenizer: pass tokenizer= or attach one to the model")
-    if streaming and config.num_beams > 1:
-        raise GenerationError("streaming needs num_beams=1: beam search only knows its sequences at the end")
-    if draft_model is None:
-        return
-    check_model(draft_model, role="draft_model")
-    if draft_model.config.vocab_size != model.config.vocab_size:
-        raise GenerationError(
-            f"draft_model has vocab_size={draft_model.config.vocab_size}, the model {model.config.vocab_size}; "
-            "speculative decoding needs the same vocabulary"
-        )
-    if config.num_beams > 1:
-        raise GenerationError("speculative decoding (draft_model) cannot be combined with num_beams > 1")
-    if input_ids.shape[0] * config.num_return_sequences != 1:
-        raise GenerationError(
-            f"speculative decoding (draft_model) takes one sequence at a time; got batch size "
-            f"{input_ids.shape[0]} x num_return_sequences {config.num_return_sequences}"
-        )
-    if not config.use_cache:
-        raise GenerationError("speculative decoding (draft_model) needs use_cache=True")
+def refusals(path: str) -> dict[str, str | None]:
+    """Every field: None where the decoding ``path`` (SERVER, ...) applies it, else why it refuses a value other
+    than the default."""
+    return {name: declaration.refused.get(path) for name, declaration in declared().items()}
+
+
+def refuse_unsupported(config: GenerationConfig, path: str) -> None:
+    """A GenerationError naming the first option of ``config`` that ``path`` cannot apply set away from its
+    default, and why (the field's declaration)."""
+    for field in dataclasses.fields(config):
+        reason = field.metadata.get(DECLARATION, _NOTHING).refused.get(path)
+        if reason is not None and getattr(config, field.name) != field.default:
+            raise GenerationError(f"{field.name}={getattr(config, field.name)!r} is not supported by {path}: {reason}")
+
+
+_NOTHING = Option()
+
+
+@functools.cache
+def _fields_declaring(attribute: str) -> tuple[dataclasses.Field, ...]:
+    """The ``GenerationConfig`` fields whose ``Option`` sets ``attribute`` (a flag such as "sampling")."""
+    return tuple(field for field in dataclasses.fields(GenerationConfig)
+                 if getattr(field.metadata.get(DECLARATION, _NOTHING), attribute))
 
 
 def _is_number(value: object) -> bool:
@@ -305,7 +324,7 @@ def _token_ids(name: str, value: object, vocab_size: int | None) -> tuple[int, .
     if value is None:
         return ()
     ids = [value] if isinstance(value, int) else value
-    if isinstance(ids, Tensor):
+    if callable(getattr(ids, "flatten", None)):  # a tensor or an array (settings.py imports no torch)
         ids = ids.flatten().tolist()
     if not isinstance(ids, Sequence) or isinstance(ids, str):
         raise GenerationError(f"{name}={value!r} must be a token id or a list of token ids")

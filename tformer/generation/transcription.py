@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from tformer.generation.checks import check_model
 from tformer.generation.defaults import with_model_defaults
 from tformer.generation.generate import generate
 from tformer.generation.settings import GenerationConfig, GenerationError
@@ -29,10 +30,10 @@ def transcribe_ids(model: nn.Module, features: Tensor, max_new_tokens: int = 100
     window of the model's ``config.input_frames`` (``audio_windows``) with ``options`` (``decoder_prompt_ids``,
     ``num_beams``, ...), each window's tokens up to its end token (not included), joined window after window.
     Nothing is carried from one window to the next (no previous-text prompt, no timestamps)."""
-    window = getattr(model.config, "input_frames", None)
-    if getattr(model.config, "architecture", None) != "speech" or window is None:
-        raise GenerationError(f"transcribe_ids needs a speech model, not architecture="
-                              f"{getattr(model.config, 'architecture', type(model).__name__)!r}")
+    check_model(model)
+    if model.config.architecture != "speech":
+        raise GenerationError(f"transcribe_ids needs a speech model, not architecture={model.config.architecture!r}")
+    window = model.config.input_frames
     config = with_model_defaults(model, GenerationConfig(max_new_tokens=max_new_tokens).replace(**options))
     ends = set(config.end_ids(model.config))
     prompt_length = max(len(config.decoder_prompt_ids), 1)

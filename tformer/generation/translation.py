@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tformer.generation.checks import check_model
 from tformer.generation.generate import generate
 from tformer.generation.settings import GenerationError
 
@@ -32,7 +33,7 @@ def new_token_budget(model: nn.Module, longest_source: int) -> int:
     batch: a sentence's translation does not depend on the sentences beside it), within what the
     decoder's positions allow."""
     budget = longest_source * 3 // 2 + 10
-    limit = getattr(model, "position_limit", None)
+    limit = model.position_limit
     return budget if limit is None else max(1, min(budget, limit - 1))
 
 
@@ -55,12 +56,13 @@ def translate(model: nn.Module, sentences: Sequence[str], tokenizer=None, *, num
     """Translate ``sentences`` with an encoder-decoder ``model`` (its own tokenizer unless one is given),
     ``batch_size`` sentences at a time, by beam search with ``num_beams`` (1: greedy). A translation has
     at most ``max_new_tokens`` tokens (default: ``new_token_budget``)."""
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    check_model(model)
+    if not model.encodes_prompt or not model.prompt_is_tokens:
+        raise GenerationError(f"translate needs an encoder-decoder model that reads text; this one is "
+                              f"{model.config.architecture!r}")
+    tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     if tokenizer is None:
         raise GenerationError("translate needs a tokenizer: the model has none attached; pass tokenizer=")
-    if not getattr(model, "encodes_prompt", False) or getattr(model, "inputs", "tokens") != "tokens":
-        raise GenerationError(f"translate needs an encoder-decoder model that reads text; this one is "
-                              f"{getattr(model.config, 'architecture', type(model).__name__)!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise GenerationError(f"batch_size={batch_size!r} must be a positive integer")
     end_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
@@ -69,7 +71,7 @@ def translate(model: nn.Module, sentences: Sequence[str], tokenizer=None, *, num
     wanted = [row for row, text in enumerate(texts) if text]
     encoded = tokenizer.encode_batch([texts[row] for row in wanted], add_special_tokens=False)["input_ids"] \
         if wanted else []
-    limit = getattr(model, "position_limit", None)  # the longest source the model reads
+    limit = model.position_limit  # the longest source the model reads
     cut = 0
     sources = []
     for ids in encoded:
@@ -87,23 +89,17 @@ def translate(model: nn.Module, sentences: Sequence[str], tokenizer=None, *, num
         from tqdm.auto import tqdm
 
         batches = tqdm(batches, desc="translating", unit="batch", leave=False)
-    was_training = model.training
-    model.eval()
-    try:
-        for batch in batches:
-            longest = max(len(sources[index]) for index in batch)
-            input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
-            for row, index in enumerate(batch):
-                input_ids[row, : len(sources[index])] = torch.tensor(sources[index])
-                attention_mask[row, : len(sources[index])] = 1
-            device = next(model.parameters()).device
-            hypotheses = translate_ids(model, input_ids.to(device), attention_mask.to(device), tokenizer,
-                                       num_beams=num_beams, length_penalty=length_penalty,
-                                       max_new_tokens=max_new_tokens)
-            for index, hypothesis in zip(batch, hypotheses, strict=True):
-                results[wanted[index]] = hypothesis
-    finally:
-        model.train(was_training)
+    device = next(model.parameters()).device
+    for batch in batches:  # generate decodes each through the model's decoding view, in eval mode
+        longest = max(len(sources[index]) for index in batch)
+        input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, index in enumerate(batch):
+            input_ids[row, : len(sources[index])] = torch.tensor(sources[index])
+            attention_mask[row, : len(sources[index])] = 1
+        hypotheses = translate_ids(model, input_ids.to(device), attention_mask.to(device), tokenizer,
+                                   num_beams=num_beams, length_penalty=length_penalty, max_new_tokens=max_new_tokens)
+        for index, hypothesis in zip(batch, hypotheses, strict=True):
+            results[wanted[index]] = hypothesis
     return Translations(results, cut=cut, empty=len(texts) - len(wanted))
 

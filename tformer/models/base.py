@@ -14,18 +14,21 @@ import torch
 from torch import nn
 
 from tformer.checkpoint import save_checkpoint
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, non_default_fields
 from tformer.interop import save_hf
+from tformer.models.generation_protocol import GenerationProtocol
 from tformer.models.output import GenerationState
-from tformer.nn.lean import observed
+from tformer.nn.decoding_view import decoding_view
+from tformer.nn.experts import feedforward_parameters
 from tformer.nn.losses import IGNORE_INDEX
-from tformer.nn.stack import TransformerStack
-from tformer.nn.weights import decoding_weights, use_weights
+from tformer.nn.stack import LAYOUT_FIELDS, TransformerStack
+from tformer.nn.weights import decoding_step, decoding_weights
 from tformer.quantization import dequantized
 
 
-class Model(nn.Module):
-    """Base class of tformer models. Subclasses build their layers from ``config``."""
+class Model(nn.Module, GenerationProtocol):
+    """Base class of tformer models. Subclasses build their layers from ``config``; a family that writes
+    tokens offers the generation protocol (``generation_protocol.py``), whose defaults every model has."""
 
     config: ModelConfig
     # Submodules that a fine-tuning load may initialise afresh or drop (a task head, a pooler):
@@ -43,7 +46,6 @@ class Model(nn.Module):
         super().__init__()
         self.config = config
         self.tokenizer: Any = None
-        self.decodes_directly = False  # decoding steps call every part's forward directly (prepare_for_decoding)
         self.quantization: Any = None  # the QuantizationScheme of its layers (tformer.quantization), or None
 
     # ---- what a config implies, before a model is built ------------------------------------------
@@ -61,7 +63,7 @@ class Model(nn.Module):
     def layer_parameters(config: ModelConfig) -> int:
         """The attention and feed-forward projections of one transformer layer."""
         attention = (2 * config.num_heads + 2 * config.num_kv_heads) * config.head_dim * config.d_model
-        return attention + (3 if config.gated else 2) * config.d_model * config.d_ff
+        return attention + feedforward_parameters(config)  # dense, or router + experts + shared expert
 
     @classmethod
     def describe_inputs(cls, config: ModelConfig) -> str:
@@ -116,15 +118,24 @@ class Model(nn.Module):
             raise ValueError(f"format={format!r} is not one of tformer, hf")
         return save_checkpoint(self, path)
 
-    def prepare_for_decoding(self, weights: str | None = None) -> Model:
-        """Ready the model to decode: its linear layers on the weight backend ``weights`` (``nn.weights``;
-        default: prepacked on the CPU, plain elsewhere), swapped in as modules, so every path (generation,
-        the serving engine) runs the same blocks; and whether its decoding steps may call each part's
-        forward directly (nothing observes its modules: nn/lean.py). Generation and the engine call it;
-        ``weights="plain"`` gives the layers back. Returns the model."""
-        use_weights(self, decoding_weights(self.device) if weights is None else weights)
-        self.decodes_directly = not observed(self)
-        return self
+    # ---- the generation protocol's decoding side ---------------------------------------------------
+
+    stepping = decoding_step  # weight backends read their derived copies only inside a step
+
+    def decoding_view(self, weights: str | None = None) -> Model:
+        """This model as decoding runs it, leaving the model itself as it is: the same parameters, its linear
+        layers on the weight backend ``weights`` (``nn.weights``; default: prepacked on the CPU, plain
+        elsewhere), in inference mode, each part called directly when nothing observes it
+        (``nn/decoding_view.py``). Generation makes one per call, the serving engine one for its life."""
+        return decoding_view(self, decoding_weights(self.device) if weights is None else weights)
+
+    def step_problem(self) -> str | None:
+        """Why a ``StackSession`` cannot lay out this model's steps (no ``step``, or a config field the layout
+        does not know: fail closed), or None."""
+        if type(self).step is GenerationProtocol.step:
+            return super().step_problem()
+        unknown = [name for name in non_default_fields(self.config) if name not in LAYOUT_FIELDS]
+        return "config " + ", ".join(f"{name}={getattr(self.config, name)!r}" for name in unknown) if unknown else None
 
     @property
     def position_limit(self) -> int | None:
@@ -156,6 +167,7 @@ class Seq2SeqModel(Model):
     """What the encoder-decoder families share: the source is generation's prompt (padded on either side),
     and the decoder reads its target shifted right behind a start token."""
 
+    generates = True
     encodes_prompt = True
 
     @property

@@ -48,6 +48,8 @@ DECODER_PRESETS = {
 class DecoderLM(Model):
     """Token embedding -> causal TransformerStack (positions, blocks, final norm) -> LM head."""
 
+    generates = True
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
@@ -96,11 +98,9 @@ class DecoderLM(Model):
     def step(self, input_ids: Tensor, layout: StepLayout, cache: list[LayerCache]) -> Tensor:
         """A decoding step: ``input_ids`` (B, T) after the cached tokens, laid out by the caller (positions,
         padding, the rows it wants), unchecked: a session checks its prompt once. Logits (B, kept rows, V)."""
-        parts, direct = self._modules, self.decodes_directly
-        embedding, lm_head = parts["embedding"], parts["lm_head"]
-        x = embedding.forward(input_ids) if direct else embedding(input_ids)
-        hidden = parts["stack"].run(x, layout, cache, direct=direct).hidden
-        return lm_head.forward(hidden) if direct else lm_head(hidden)
+        parts = self._modules
+        hidden = parts["stack"].run(parts["embedding"](input_ids), layout, cache).hidden
+        return parts["lm_head"](hidden)
 
     def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> GenerationState:
         """The prompt as it is: a decoder has nothing to encode, and its steps need nothing but tokens."""

@@ -162,8 +162,7 @@ class EncoderDecoderLM(Seq2SeqModel):
         unchecked (a session checks its source once), attending to ``encoder_output`` (B, S, D) where
         ``encoder_attention_mask`` (B, S) is 1 (None: everywhere, a speech model's). Logits (B, kept rows, V)."""
         padding = None if encoder_attention_mask is None else encoder_attention_mask.bool()
-        decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output, padding,
-                                   direct=self.decodes_directly)
+        decoded = self.decoder.run(self.embedding(input_ids), layout, cache, encoder_output, padding)
         return self._logits(decoded.hidden)
 
     def _logits(self, hidden: Tensor) -> Tensor:

@@ -349,7 +349,7 @@ class RNNSeq2Seq(Seq2SeqModel):
     def encoded_source(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return self.encode(input_ids, attention_mask)
 
-    def cache_bytes_per_token(self) -> int:
+    def cache_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         """A decoding state does not grow with the tokens it reads (generation's memory estimate)."""
         return 0
 

@@ -238,6 +238,8 @@ class SpeechModel(EncoderDecoderLM):
 
     # ---- generation hooks (the Session protocol: tformer/generation/session.py) ----------------------------
 
+    prompt_is_tokens = False  # its prompt is log-mel features
+
     def check_generation_input(self, inputs: object, attention_mask: object) -> str | None:
         """Why ``generate`` cannot take ``inputs`` as this model's prompt (log-mel features (B, M, F) within
         the window, no attention_mask), or None."""

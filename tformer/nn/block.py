@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from tformer.config import ModelConfig
 from tformer.nn.attention import AttentionMask, MultiHeadAttention, Rotary, kernel_class
-from tformer.nn.feedforward import FeedForward
+from tformer.nn.experts import build_feedforward
 from tformer.nn.norm import build_norm
 
 
@@ -26,7 +26,6 @@ class AttentionContext:
     encoder_mask: AttentionMask | None = None
     need_weights: bool = False
     shape: tuple[int, int] | None = None  # (B, T) when the blocks get their inputs as rows (B * T, D)
-    direct: bool = False  # call the parts' forwards directly: nothing observes the modules (nn/lean.py)
 
 
 @dataclass
@@ -67,7 +66,7 @@ class TransformerBlock(nn.Module):
             self.cross_attention_norm = norm()
             self.cross_attention = mha(cross=True)
         self.feedforward_norm = norm()
-        self.feedforward = FeedForward(config.d_model, config.d_ff, config.activation, config.feedforward_bias)
+        self.feedforward = build_feedforward(config)  # dense, or a mixture of experts (num_experts > 0)
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
 
     def forward(
@@ -80,40 +79,26 @@ class TransformerBlock(nn.Module):
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.self_attention, cache.cross_attention
-        if context.direct:  # a decoding step's self-attention, written out (see _attend)
-            norm, attention = layers["attention_norm"], layers["attention"]
-            out, self_weights = attention.forward(norm.forward(x) if self.pre_norm else x, mask=context.mask,
-                                                  rotary=context.rotary, cache=self_cache, shape=context.shape,
-                                                  direct=True)
-            x = x + out if self.pre_norm else norm.forward(x + out)
-        else:
-            x, self_weights = self._attend(x, layers["attention_norm"], layers["attention"], context.mask, None,
-                                           context.rotary, self_cache, context)
+        norm = layers["attention_norm"]
+        out, self_weights = layers["attention"](norm(x) if self.pre_norm else x, mask=context.mask,
+                                                rotary=context.rotary, cache=self_cache,
+                                                need_weights=context.need_weights, shape=context.shape)
+        x = self._residual(x, out, norm)
         cross_weights = None
         cross_attention = layers.get("cross_attention")
         if cross_attention is not None:
-            x, cross_weights = self._attend(x, layers["cross_attention_norm"], cross_attention, context.encoder_mask,
-                                            context.encoder_output, None, cross_cache, context)
-        norm, feedforward = layers["feedforward_norm"], layers["feedforward"]
-        if context.direct:
-            out = feedforward.forward(norm.forward(x) if self.pre_norm else x, direct=True)
-            return (x + out if self.pre_norm else norm.forward(x + out)), self_weights, cross_weights
-        out = feedforward(norm(x) if self.pre_norm else x)
-        if self.training:
-            out = self.dropout(out)
-        return (x + out if self.pre_norm else norm(x + out)), self_weights, cross_weights
+            norm = layers["cross_attention_norm"]
+            out, cross_weights = cross_attention(norm(x) if self.pre_norm else x, mask=context.encoder_mask,
+                                                 context=context.encoder_output, cache=cross_cache,
+                                                 need_weights=context.need_weights, shape=context.shape)
+            x = self._residual(x, out, norm)
+        norm = layers["feedforward_norm"]
+        out = layers["feedforward"](norm(x) if self.pre_norm else x)
+        return self._residual(x, out, norm), self_weights, cross_weights
 
-    def _attend(self, x: Tensor, norm: nn.Module, attention: MultiHeadAttention, mask: AttentionMask | None,
-                source: Tensor | None, rotary: Rotary | None, cache: Any,
-                context: AttentionContext) -> tuple[Tensor, Tensor | None]:
-        """One attention sublayer as a residual branch (self-attention, or cross-attention to ``source``)."""
-        if context.direct:  # a decoding step: no dropout, no hooks
-            out, weights = attention.forward(norm.forward(x) if self.pre_norm else x, mask=mask, context=source,
-                                             rotary=rotary, cache=cache, need_weights=context.need_weights,
-                                             shape=context.shape, direct=True)
-            return (x + out if self.pre_norm else norm.forward(x + out)), weights
-        out, weights = attention(norm(x) if self.pre_norm else x, mask=mask, context=source, rotary=rotary,
-                                 cache=cache, need_weights=context.need_weights, shape=context.shape)
+    def _residual(self, x: Tensor, out: Tensor, norm: nn.Module) -> Tensor:
+        """A sublayer's output ``out`` added to the stream ``x`` (after dropout in training): pre-norm adds it,
+        post-norm normalises the sum."""
         if self.training:
-            out = self.dropout(out)
-        return (x + out if self.pre_norm else norm(x + out)), weights
+            out = self._modules["dropout"](out)
+        return x + out if self.pre_norm else norm(x + out)

@@ -56,14 +56,12 @@ class FeedForward(nn.Module):
         self.in_proj = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.out_proj = nn.Linear(d_ff, d_model, bias=bias)
 
-    def forward(self, x: Tensor, direct: bool = False) -> Tensor:
-        """x: (..., D) -> (..., D). ``direct``: call the projections' forwards directly (a decoding step that
-        nothing observes: nn/lean.py)."""
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., D) -> (..., D)."""
         projections = self._modules  # read directly: a decoding step runs every layer once per token
-        in_proj, out_proj = projections["in_proj"], projections["out_proj"]
-        hidden = in_proj.forward(x) if direct else in_proj(x)
+        hidden = projections["in_proj"](x)
         hidden = self.activate(hidden) if self.gated else self.activation(hidden)
-        return out_proj.forward(hidden) if direct else out_proj(hidden)
+        return projections["out_proj"](hidden)
 
     def activate(self, hidden: Tensor) -> Tensor:
         """The activation between the projections: (..., d_ff or 2 * d_ff) -> (..., d_ff)."""

@@ -26,6 +26,8 @@ LAYOUT_FIELDS = frozenset({
     "d_ff", "activation", "norm", "norm_position", "norm_eps", "norm_bias", "bias", "attention_bias",
     "feedforward_bias", "attention_kernel", "performer_features", "performer_redraw_interval", "attention_window",
     "key_bias", "output_bias",  # MultiHeadAttention's own: every pass through it honours them
+    # the feed-forward as a mixture of experts (nn/experts.py): it reads rows, as every pass hands them
+    "num_experts", "num_experts_per_token", "moe_d_ff", "norm_topk_prob", "shared_expert_d_ff", "shared_expert_gate",
     # positions (the layout's own business: counted over real tokens, as forward counts them)
     "positional", "rope_theta", "rope_scaling", "partial_rotary_factor", "sinusoidal_layout", "relative_num_buckets",
     "relative_max_distance",
@@ -38,6 +40,7 @@ LAYOUT_FIELDS = frozenset({
     "label_names", "position_offset", "pooler_input_dropout", "image_size", "patch_size", "num_channels", "pooling",
     "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio",
     "suppress_tokens", "begin_suppress_tokens",  # generation's defaults, read by its TokenChooser
+    "router_aux_loss_coef",  # a mixture of experts' load-balancing loss: training only
     "ctc_weight",  # a speech model's training objective: its CTC head reads the encoder, never a decoding step
     # a speech model's audio front end: its encoder runs through forward, once, before any step is laid out
     "num_mel_bins", "max_source_positions", "feature_normalization",
@@ -138,13 +141,11 @@ class TransformerStack(nn.Module):
         *,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
-        direct: bool = False,
     ) -> StackOutput:
         """The pass itself, for inputs already checked: ``forward``'s, or a decoding session's and the
         serving engine's, which check theirs once and lay out every step from their own tables. Positions,
         the mask and rotary angles are built here once and shared by every block. ``encoder_padding``
-        (B, S) bool, True = a real source token. ``direct``: call every part's forward directly (a decoding
-        step of a model nothing observes: nn/lean.py)."""
+        (B, S) bool, True = a real source token."""
         parts = self._modules  # read directly: a decoding step runs this once per token
         positional = parts["positional"]
         absolute = positional.embeddings(layout.positions)
@@ -162,7 +163,6 @@ class TransformerStack(nn.Module):
             encoder_mask=None if encoder_padding is None else AttentionMask(key_padding=encoder_padding),
             need_weights=output_attentions,
             shape=(batch, length),
-            direct=direct,
         )
         x = x.reshape(batch * length, width)  # the blocks read rows; only attention needs (B, T)
         hidden_states: list[Tensor] = []
@@ -172,8 +172,7 @@ class TransformerStack(nn.Module):
             if output_hidden_states:
                 hidden_states.append(x.view(batch, length, width))
             layer_cache = None if cache is None else cache[index]
-            x, self_weights, cross_weights = (block.forward(x, context, layer_cache) if direct
-                                              else block(x, context, layer_cache))
+            x, self_weights, cross_weights = block(x, context, layer_cache)
             if output_attentions:
                 attentions.append(self_weights)
                 if cross_weights is not None:
@@ -181,8 +180,7 @@ class TransformerStack(nn.Module):
         x = x.view(batch, length, width)
         if layout.keep is not None:
             x = x[:, layout.keep]
-        final_norm = parts["final_norm"]
-        x = final_norm.forward(x) if direct else final_norm(x)
+        x = parts["final_norm"](x)
         if output_hidden_states:
             hidden_states.append(x)
         return StackOutput(

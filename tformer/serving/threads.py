@@ -33,7 +33,7 @@ def engine_threads(model: nn.Module, measure: Callable[[], float] | None = None)
     """The threads the engine should take, and a line saying why. ``measure()`` gives a step's seconds on
     PyTorch's threads (default: ``decode_step_seconds(model)``)."""
     available = torch.get_num_threads()
-    if available < 2 or getattr(model, "config", None) is not None and model.config.max_seq_len < 2:
+    if available < 2 or model is not None and model.config.max_seq_len < 2:
         return available, f"{available} thread(s), PyTorch's count"
     seconds = (measure or (lambda: decode_step_seconds(model)))()
     tokens_per_second = BATCH / seconds

@@ -86,37 +86,33 @@ class MultiHeadAttention(nn.Module):
         cache: Any = None,
         need_weights: bool = False,
         shape: tuple[int, int] | None = None,
-        direct: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, D), or the same rows flattened (B * T, D) with ``shape`` = (B, T); context
         (cross-attention): (B, S, D). Returns the output in x's layout and the weights (B, H, T, keys) when
         asked for, else None. ``mask``: the pass's ``AttentionMask`` (None: every query sees every key);
-        ``cache``: a cache backend (``nn.attention.cache``) when decoding. ``direct``: call the projections'
-        forwards directly (a decoding step that nothing observes: nn/lean.py)."""
+        ``cache``: a cache backend (``nn.attention.cache``) when decoding."""
         batch, length = x.shape[:2] if shape is None else shape
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         projections = self._modules  # read directly: a decoding step runs every layer once per token
         if not self.cross:
-            qkv_proj = projections["qkv_proj"]
-            qkv = qkv_proj.forward(x) if direct else qkv_proj(x)
+            qkv = projections["qkv_proj"](x)
             keyless_bias = projections["keyless_bias"]
             if keyless_bias is not None:
-                qkv = keyless_bias.forward(qkv)
+                qkv = keyless_bias(qkv)
             q, k, v = qkv.split_with_sizes([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
             k = k.view(batch, length, kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
             v = v.view(batch, length, kv_heads, head_dim).transpose(1, 2)
         else:
             if context is None:
                 raise ValueError("cross-attention needs a context (the encoder output)")
-            q_proj = projections["q_proj"]
-            q = q_proj.forward(x) if direct else q_proj(x)
+            q = projections["q_proj"](x)
             k = v = None  # already cached
             if cache is None or not cache.filled:
                 sources, source_len = context.shape[:2]  # a step's beams may share their source's row
                 kv = projections["kv_proj"](context)
                 keyless_bias = projections["keyless_bias"]
                 if keyless_bias is not None:
-                    kv = keyless_bias.forward(kv)
+                    kv = keyless_bias(kv)
                 k, v = kv.split_with_sizes([kv_heads * head_dim, kv_heads * head_dim], dim=-1)
                 k = k.view(sources, source_len, kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
                 v = v.view(sources, source_len, kv_heads, head_dim).transpose(1, 2)
@@ -132,8 +128,7 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = cache.attend(self.kernel, q, k, v, mask, need_weights)
         out = out.transpose(1, 2).reshape(*x.shape[:-1], heads * head_dim)  # back to x's layout
-        out_proj = projections["out_proj"]
-        return out_proj.forward(out) if direct else out_proj(out), weights
+        return projections["out_proj"](out), weights
 
 
 class KeylessBias(nn.Module):

@@ -52,9 +52,11 @@ def use_weights(model: nn.Module, name: str) -> nn.Module:
 
 
 def weights_in_use(model: nn.Module) -> set[str]:
-    """The names of the weight backends of ``model``'s linear layers (a subclass of nn.Linear counts as plain)."""
+    """The names of the weight backends of ``model``'s linear layers (a subclass of nn.Linear counts as plain, a
+    decoding view's subclass of a backend as that backend)."""
     names = {backend: name for name, backend in {**WEIGHT_BACKENDS, **QUANTIZED_BACKENDS}.items()}
-    return {names.get(type(m), "plain") for m in model.modules() if isinstance(m, nn.Linear)}
+    return {next((names[cls] for cls in type(m).__mro__[:2] if cls in names), "plain")
+            for m in model.modules() if isinstance(m, nn.Linear)}
 
 
 __all__ = ["QUANTIZED_BACKENDS", "WEIGHT_BACKENDS", "Int4Linear", "Int8Linear", "LinearBackend", "PrepackedLinear",

@@ -18,7 +18,7 @@ a decoding step (``decoding()``, which generation sessions and the serving engin
 any other call multiplies by the parameters themselves, exactly as nn.Linear. The copy is made on the
 first step and rebuilt when the weights change or the thread count does: new storage or an in-place
 change (the tensor's version counter) is seen at every step; a change that keeps the version (PyTorch's
-fused AdamW steps do) is seen by ``verify()``, which every ``Model.prepare_for_decoding`` runs (every
+fused AdamW steps do) is seen by ``verify()``, which every ``Model.decoding_view`` runs (every
 ``generate`` call, the serving engine's start) by comparing a sample of the weights with the copy's.
 Weights made in inference mode keep no version counter: they are read as they are, never copied.
 """
@@ -53,7 +53,7 @@ class PrepackedLinear(LinearBackend):
     def forward(self, x: Tensor) -> Tensor:
         packed = self._packed
         # A step runs without gradients; new storage or a new thread count is seen by verify() (every
-        # prepare_for_decoding), an in-place change here by the version counters the copy was made at.
+        # decoding_view), an in-place change here by the version counters the copy was made at.
         if (packed is None or not decoding_step.depth or packed.weight._version != packed.version
                 or (packed.bias is not None and packed.bias._version != packed.bias_version)):
             packed = self.packed() if decoding_step.depth else None

@@ -1,0 +1,154 @@
+"""What a step's logits become in the engine: each running sequence's next token, chosen by the request's
+``TokenChooser`` (the one ``generate`` uses, so a request alone decodes what ``generate`` would), its text (the
+``IncrementalDetokenizer``, stop strings included), its end (end id, stop string, length), the log-probabilities
+a request asked for, and the ``TokenEvent`` each listener receives; a finished sequence leaves the scheduler's
+batch at once."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from tformer.serving.requests import Request, RunningSequence
+from tformer.serving.scheduler import Scheduler
+from tformer.serving.wire import EngineStats, PromptLogprobs, TokenEvent
+
+PROMPT_ROWS_AT_ONCE = 256  # prompt rows turned into float32 log-probabilities at a time (bounds the copy)
+
+
+class Emitter:
+    """Turns a step's logits into tokens, text and events (see the module's docstring)."""
+
+    def __init__(self, scheduler: Scheduler, stats: EngineStats) -> None:
+        self.scheduler = scheduler
+        self.stats = stats
+
+    def score_prompts(self, logits: Tensor, counts: list[int], scored: list[bool]) -> Tensor:
+        """Score the prompts of the ``scored`` sequences from their rows of ``logits`` (K, V) (every prompt row;
+        one row for the others), for every sequence of their requests; each sequence's last row (S, V). A scored
+        prompt must be prefilled whole in this step: a prompt whose keys came from elsewhere has no logits."""
+        last_rows, start = [], 0
+        for (request, _), count, whole in zip(self.scheduler.running, counts, scored, strict=True):
+            kept = count if whole else 1
+            if whole:
+                prompt = request.prompt_ids
+                if count != len(prompt):
+                    raise RuntimeError(f"a scored prompt of {len(prompt)} tokens was prefilled from token "
+                                       f"{len(prompt) - count}: its first rows have no logits")
+                # Row i predicts prompt token i + 1: rows 0 .. T-2 score tokens 1 .. T-1.
+                targets = torch.tensor(prompt[1:], dtype=torch.long, device=logits.device)  # (T - 1,)
+                values, tops = token_logprobs(logits[start : start + count - 1], targets, request.prompt_logprobs)
+                for sequence in request.sequences:
+                    sequence.prompt_logprobs = PromptLogprobs(values, tops)
+            start += kept
+            last_rows.append(start - 1)
+        return logits.index_select(0, torch.tensor(last_rows, device=logits.device))
+
+    def sample(self, logits: Tensor, rows: dict[int, int]) -> None:
+        """Choose each running sequence's next token from its row of ``logits`` (S, V) (``rows``: id() of a
+        sequence -> its row) and hand it out: one argmax over the sequences whose choice is the plain argmax,
+        the chooser one by one for the others. A sequence that only scores its prompt (``max_new_tokens`` 0)
+        finishes without a token."""
+        running = list(self.scheduler.running)
+        scoring_only = {index for index, (request, _) in enumerate(running) if request.config.max_new_tokens == 0}
+        plain = [index for index, (request, sequence) in enumerate(running)
+                 if index not in scoring_only and not request.chooser.alters(len(sequence.output_ids))]
+        tokens: dict[int, int] = {}
+        if plain:
+            plain_rows = torch.tensor([rows[id(running[index][1])] for index in plain], device=logits.device)
+            tokens = dict(zip(plain, logits.index_select(0, plain_rows).argmax(-1).tolist(), strict=True))
+        for index, (request, sequence) in enumerate(running):
+            if index in scoring_only:
+                self.finish(request, sequence, "length")
+                continue
+            row = rows[id(sequence)]
+            if index not in tokens:
+                chooser = request.chooser
+                scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids))
+                tokens[index] = int(chooser.choose(scores, sequence.generator))
+            self._accept(request, sequence, tokens[index], logits[row] if request.logprobs is not None else None)
+
+    def _accept(self, request: Request, sequence: RunningSequence, token: int, logits: Tensor | None) -> None:
+        """Record ``token`` for ``sequence``: its text, its end (end id, stop string, length), its event."""
+        if request.first_token_at is None:
+            request.first_token_at = time.monotonic()
+        sequence.output_ids.append(token)
+        self.stats.generated_tokens += 1
+        ended = token in request.end_ids  # the end token is kept in the ids, not in the text
+        detokenizer = sequence.detokenizer
+        text = "" if detokenizer is None or ended else detokenizer.add([token])
+        finish = "stop" if ended or (detokenizer is not None and detokenizer.stopped) else None
+        if finish is None and len(sequence.output_ids) >= request.config.max_new_tokens:
+            finish = "length"
+        if finish is not None and detokenizer is not None:
+            text += detokenizer.finish()
+        logprob = top = None
+        if logits is not None:
+            values, tops = token_logprobs(logits[None], torch.tensor([token], device=logits.device), request.logprobs)
+            logprob, top = values[0], tops[0]
+        self.scheduler.pending[id(sequence)] = token
+        event = TokenEvent(request, sequence.index, token, text, logprob, top, finish,
+                           sequence.take_prompt_logprobs())
+        if finish is not None:
+            self.finish(request, sequence, finish, emit=False)
+        send(event)
+        if request.finished:
+            self.close(request)
+
+    def finish(self, request: Request, sequence: RunningSequence, reason: str, emit: bool = True) -> None:
+        """End ``sequence`` (its blocks back to the pool, out of the running batch), with its last event unless
+        the caller sends one."""
+        sequence.finish_reason = reason
+        self.scheduler.remove(sequence)
+        if emit:
+            send(TokenEvent(request, sequence.index, -1, "", finish_reason=reason,
+                            prompt_logprobs=sequence.take_prompt_logprobs()))
+            if request.finished:
+                self.close(request)
+
+    def finish_unstarted(self, request: Request, reason: str) -> None:
+        """End a request that never ran (cancelled or timed out while waiting): one last event a sequence."""
+        for sequence in request.sequences:
+            sequence.finish_reason = reason
+            send(TokenEvent(request, sequence.index, -1, "", finish_reason=reason))
+        self.close(request)
+
+    def close(self, request: Request) -> None:
+        """Count ``request``'s end once and wake whoever waits on it."""
+        if request.done.is_set():
+            return
+        reasons = request.finish_reasons()
+        if "cancelled" in reasons:
+            self.stats.requests_cancelled += 1
+        elif "timeout" in reasons:
+            self.stats.requests_timed_out += 1
+        else:
+            self.stats.requests_finished += 1
+        request.done.set()
+
+
+def send(event: TokenEvent) -> None:
+    """Hand ``event`` to its request's listener (on the engine's thread)."""
+    if event.request.on_event is not None:
+        event.request.on_event(event)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, top: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """For each row of ``logits`` (R, V): the log-probability of its token in ``tokens`` (R,) under the model
+    (float32 log_softmax, before any sampling filter) and the ``top`` best (id, log-probability). Rows go
+    ``PROMPT_ROWS_AT_ONCE`` at a time, so a long prompt's float32 copy stays bounded."""
+    values: list[float] = []
+    tops: list[list[tuple[int, float]]] = []
+    for start in range(0, logits.shape[0], PROMPT_ROWS_AT_ONCE):
+        logprobs = torch.log_softmax(logits[start : start + PROMPT_ROWS_AT_ONCE].float(), dim=-1)  # (r, V)
+        chosen = tokens[start : start + PROMPT_ROWS_AT_ONCE]
+        values.extend(logprobs.gather(1, chosen[:, None])[:, 0].tolist())
+        if top:
+            best = torch.topk(logprobs, top)
+            tops.extend([list(zip(ids, scores, strict=True))
+                         for ids, scores in zip(best.indices.tolist(), best.values.tolist(), strict=True)])
+        else:
+            tops.extend([] for _ in range(logprobs.shape[0]))
+    return values, tops

@@ -12,6 +12,8 @@ as Hugging Face's, per ``early_stopping``), when every candidate has ended, or a
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 from torch import Tensor
 
@@ -35,7 +37,7 @@ def beam_search(
     Returns the best ``num_return_sequences`` sequences per prompt (B * R, T + new), best
     first, and their scores (B * R,).
     """
-    batch, vocab = logits.shape
+    batch = logits.shape[0]
     prompt_length, max_length = run.prompt_length, run.prompt_length + run.max_new_tokens
     device = logits.device
     eos_count = 0 if run.stop.eos_ids is None else run.stop.eos_ids.numel()
@@ -44,87 +46,140 @@ def beam_search(
     # A prompt whose search is over leaves the batch, so later steps compute only the others (not when
     # every step's scores are returned for every row).
     retire = run.scores is None
-    prompts = torch.arange(batch, device=device)  # each active prompt's index in the batch
     results = _Results(batch, num_beams, max_length, run.pad_id, device)
-
-    # Running beams and finished hypotheses, per active prompt: sequences (A, nb, max_length), scores (A, nb).
-    running = torch.full((batch, num_beams, max_length), run.pad_id, dtype=torch.long, device=device)
-    running[:, :, :prompt_length] = run.sequences[:, None, :prompt_length]
-    running_scores = torch.zeros(batch, num_beams, device=device)
-    running_scores[:, 1:] = EXCLUDED  # all beams start equal: only the first may expand at step one
-    finished = running.clone()
-    finished_scores = torch.full((batch, num_beams), EXCLUDED, device=device)
-    finished_lengths = torch.zeros(batch, num_beams, dtype=torch.long, device=device)
-    is_finished = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
-    can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
+    beams = _Beams.start(run.sequences[:, :prompt_length], num_beams, max_length, run.pad_id, device)
 
     session.reorder(torch.arange(batch, device=device).repeat_interleave(num_beams))
     logits = logits.repeat_interleave(num_beams, dim=0)  # (A * nb, V)
     for length in range(prompt_length, max_length):
-        active = prompts.shape[0]
+        generated = length + 1 - prompt_length  # tokens each candidate holds after this step
         log_probs = run.chooser.scores(torch.log_softmax(logits.float(), dim=-1), length - prompt_length)
         if run.scores is not None:
             run.scores.append(log_probs)
-        totals = (log_probs.view(active, num_beams, vocab) + running_scores[:, :, None]).view(active, -1)
-        top_scores, top_indices = torch.topk(totals, keep)  # (A, K)
-        parents, tokens = top_indices // vocab, top_indices % vocab
-        candidates = _gather(running, parents)
-        candidates[:, :, length] = tokens
-        ends = run.stop.hits_anywhere(candidates.view(active * keep, max_length), length + 1).view(active, keep)
-        if length + 1 >= max_length:
-            ends = torch.ones_like(ends)
-
-        # The best unfinished candidates run on.
-        running_candidate_scores = top_scores + ends.float() * EXCLUDED
-        chosen = torch.topk(running_candidate_scores, num_beams).indices  # (A, nb)
-        running = _gather(candidates, chosen)
-        running_scores = _gather(running_candidate_scores, chosen)
-        beam_parents = _gather(parents, chosen)
-
-        # Candidates that just ended among the top num_beams may enter the finished set.
-        just_finished = ends & in_top_beams
-        scores = top_scores / ((length + 1 - prompt_length) ** length_penalty)
-        scores += (is_finished.all(-1, keepdim=True) & (early_stopping is True)).float() * EXCLUDED
-        scores += (~can_improve).float() * EXCLUDED
-        scores += (~just_finished).float() * EXCLUDED
-        merged_scores = torch.cat([finished_scores, scores], dim=1)
-        best = torch.topk(merged_scores, num_beams).indices
-        finished = _gather(torch.cat([finished, candidates], dim=1), best)
-        finished_scores = _gather(merged_scores, best)
-        finished_lengths = _gather(
-            torch.cat([finished_lengths, torch.full_like(tokens, length + 1 - prompt_length)], dim=1), best
-        )
-        is_finished = _gather(torch.cat([is_finished, just_finished], dim=1), best)
-
-        can_improve = can_improve & _may_improve(
-            running_scores, finished_scores, is_finished, length + 1 - prompt_length, run.max_new_tokens,
+        candidates = _Candidates.expand(beams, log_probs, keep, length, run)
+        beam_parents = beams.run_on(candidates)
+        beams.finish(candidates, in_top_beams, generated, length_penalty, early_stopping)
+        beams.can_improve = beams.can_improve & _may_improve(
+            beams.running_scores, beams.finished_scores, beams.is_finished, generated, run.max_new_tokens,
             length_penalty, early_stopping,
         )
         # A prompt is over when no running beam can beat its finished ones (or, with early_stopping=True,
         # when it has num_beams finished): nothing it holds changes after that.
-        over = ~can_improve[:, 0]
+        over = ~beams.can_improve[:, 0]
         if early_stopping is True:
-            over = over | is_finished.all(-1)
-        if bool(over.all()) or bool(ends.all()):
+            over = over | beams.is_finished.all(-1)
+        if bool(over.all()) or bool(candidates.ends.all()):
             break
+        active = beams.prompts.shape[0]
         rows = (beam_parents + torch.arange(active, device=device)[:, None] * num_beams).flatten()
         same_source = True  # each beam continues a beam of its own prompt
         if retire and bool(over.any()):
             same_source = False
-            results.store(prompts[over], finished[over], finished_scores[over], finished_lengths[over])
+            results.store(beams.prompts[over], beams.finished[over], beams.finished_scores[over],
+                          beams.finished_lengths[over])
             staying = (~over).nonzero().squeeze(1)
             rows = rows.view(active, num_beams)[staying].flatten()
-            prompts, running, running_scores, can_improve = (
-                prompts[staying], running[staying], running_scores[staying], can_improve[staying])
-            finished, finished_scores = finished[staying], finished_scores[staying]
-            finished_lengths, is_finished = finished_lengths[staying], is_finished[staying]
+            beams = beams.select(staying)
         session.reorder(rows, same_source)
-        logits = session.extend(running[:, :, length].reshape(-1, 1), last_only=True)[:, -1]
+        logits = session.extend(beams.running[:, :, length].reshape(-1, 1), last_only=True)[:, -1]
 
-    results.store(prompts, finished, finished_scores, finished_lengths)
+    results.store(beams.prompts, beams.finished, beams.finished_scores, beams.finished_lengths)
     sequences = results.sequences[:, :num_return_sequences].reshape(batch * num_return_sequences, max_length)
     generated = int(results.lengths[:, :num_return_sequences].max())
     return sequences[:, : prompt_length + generated], results.scores[:, :num_return_sequences].flatten()
+
+
+@dataclass
+class _Beams:
+    """The search's state, one row per prompt still searching (A of them): its running beams and its
+    finished hypotheses, num_beams (nb) of each, sequences padded to max_length."""
+
+    prompts: Tensor  # (A,) each active prompt's index in the batch
+    running: Tensor  # (A, nb, max_length)
+    running_scores: Tensor  # (A, nb) summed log-probabilities
+    finished: Tensor  # (A, nb, max_length)
+    finished_scores: Tensor  # (A, nb) length-penalised scores
+    finished_lengths: Tensor  # (A, nb) generated tokens of each finished hypothesis
+    is_finished: Tensor  # (A, nb) whether a finished slot is filled
+    can_improve: Tensor  # (A, 1) whether a running beam may still beat the finished ones
+
+    @classmethod
+    def start(cls, prompts: Tensor, num_beams: int, max_length: int, pad_id: int, device: torch.device) -> _Beams:
+        """num_beams copies of each prompt (B, T), of which only the first may expand at step one."""
+        batch, prompt_length = prompts.shape
+        running = torch.full((batch, num_beams, max_length), pad_id, dtype=torch.long, device=device)
+        running[:, :, :prompt_length] = prompts[:, None, :]
+        running_scores = torch.zeros(batch, num_beams, device=device)
+        running_scores[:, 1:] = EXCLUDED  # all beams start equal: only the first may expand at step one
+        return cls(
+            prompts=torch.arange(batch, device=device),
+            running=running,
+            running_scores=running_scores,
+            finished=running.clone(),
+            finished_scores=torch.full((batch, num_beams), EXCLUDED, device=device),
+            finished_lengths=torch.zeros(batch, num_beams, dtype=torch.long, device=device),
+            is_finished=torch.zeros(batch, num_beams, dtype=torch.bool, device=device),
+            can_improve=torch.ones(batch, 1, dtype=torch.bool, device=device),
+        )
+
+    def run_on(self, candidates: _Candidates) -> Tensor:
+        """Keep the best unfinished candidates as the running beams; returns each one's parent beam (A, nb)."""
+        num_beams = self.running.shape[1]
+        running_candidate_scores = candidates.scores + candidates.ends.float() * EXCLUDED
+        chosen = torch.topk(running_candidate_scores, num_beams).indices  # (A, nb)
+        self.running = _gather(candidates.sequences, chosen)
+        self.running_scores = _gather(running_candidate_scores, chosen)
+        return _gather(candidates.parents, chosen)
+
+    def finish(self, candidates: _Candidates, in_top_beams: Tensor, generated: int, length_penalty: float,
+               early_stopping: bool | str) -> None:
+        """Let the candidates that just ended among the top num_beams enter the finished set (the best
+        num_beams of old and new stay), scored ``sum log p / generated ** length_penalty``."""
+        num_beams = self.running.shape[1]
+        just_finished = candidates.ends & in_top_beams
+        scores = candidates.scores / (generated**length_penalty)
+        scores += (self.is_finished.all(-1, keepdim=True) & (early_stopping is True)).float() * EXCLUDED
+        scores += (~self.can_improve).float() * EXCLUDED
+        scores += (~just_finished).float() * EXCLUDED
+        merged_scores = torch.cat([self.finished_scores, scores], dim=1)
+        best = torch.topk(merged_scores, num_beams).indices
+        self.finished = _gather(torch.cat([self.finished, candidates.sequences], dim=1), best)
+        self.finished_scores = _gather(merged_scores, best)
+        self.finished_lengths = _gather(
+            torch.cat([self.finished_lengths, torch.full_like(candidates.tokens, generated)], dim=1), best
+        )
+        self.is_finished = _gather(torch.cat([self.is_finished, just_finished], dim=1), best)
+
+    def select(self, staying: Tensor) -> _Beams:
+        """The state of the prompts at indices ``staying`` only (the others' searches are over)."""
+        return _Beams(*(getattr(self, field.name)[staying] for field in fields(self)))
+
+
+@dataclass
+class _Candidates:
+    """One step's K best continuations of each active prompt's beams (A, K)."""
+
+    sequences: Tensor  # (A, K, max_length) the parent beam with the new token written at this step
+    scores: Tensor  # (A, K) summed log-probabilities
+    parents: Tensor  # (A, K) the beam each continues
+    tokens: Tensor  # (A, K) the new token
+    ends: Tensor  # (A, K) whether it ends there (an end id, a stop string, the length limit)
+
+    @classmethod
+    def expand(cls, beams: _Beams, log_probs: Tensor, keep: int, length: int, run: DecodingRun) -> _Candidates:
+        """The ``keep`` best of every running beam's continuations by ``log_probs`` (A * nb, V), written at
+        position ``length``."""
+        active, num_beams, max_length = beams.running.shape
+        vocab = log_probs.shape[-1]
+        totals = (log_probs.view(active, num_beams, vocab) + beams.running_scores[:, :, None]).view(active, -1)
+        top_scores, top_indices = torch.topk(totals, keep)  # (A, K)
+        parents, tokens = top_indices // vocab, top_indices % vocab
+        sequences = _gather(beams.running, parents)
+        sequences[:, :, length] = tokens
+        ends = run.stop.hits_anywhere(sequences.view(active * keep, max_length), length + 1).view(active, keep)
+        if length + 1 >= max_length:
+            ends = torch.ones_like(ends)
+        return cls(sequences, top_scores, parents, tokens, ends)
 
 
 class _Results:

@@ -145,7 +145,57 @@ def recipe_from_dict(
     """Validate a parsed recipe (sections -> key -> value) after applying ``--set`` overrides."""
     base_dir = base_dir or Path.cwd()
     raw = {section: dict(values) if isinstance(values, dict) else values for section, values in raw.items()}
-    from_command_line: dict[tuple[str, str], str] = {}  # (section, key) -> "--set section.key=value"
+    origin = _apply_overrides(raw, overrides, source)
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise RecipeError(f"{source}: unknown section [{section}]; sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise RecipeError(f"{source}: [{section}] must be a table of key = value lines")
+    values = {section: dict(raw.get(section, {})) for section in SECTIONS}
+    model_values, data_values = values["model"], values["data"]
+    start = _model_start(origin, model_values, base_dir)
+    for section, section_values in values.items():
+        _check_keys(origin, section, section_values, extra_allowed=("preset",) if section == "model" else ())
+    for section, section_values in values.items():
+        _check_types(origin, section, section_values)
+    _resolve_data_paths(origin, data_values, base_dir)
+
+    model = _build(origin, "model", lambda: start.model_config(origin, model_values))
+    data = _build(origin, "data", lambda: DataConfig(**data_values))
+    training = _build(origin, "training", lambda: TrainingConfig(**values["training"]))
+    task = _build(origin, "task", lambda: TaskConfig(**values["task"]))
+    _build(origin, "data", lambda: check_data_options(task.name, data))
+    _build(origin, "data", data.check_files)
+    training = _settle_seq_len(origin, model, training, task)
+    return Recipe(model, data, training, task, source=source,
+                  vocab_size_given="vocab_size" in model_values or start.init_from is not None,
+                  init_from=start.init_from, init_revision=start.init_revision,
+                  init_settings=dict(model_values) if start.init_from is not None else {},
+                  num_labels_given="num_labels" in model_values)
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where each recipe value came from: its ``--set`` option, or the recipe file (``source``).
+    Called as ``origin(section, key)`` for the prefix of an error message."""
+
+    source: str
+    from_command_line: dict[tuple[str, str], str]  # (section, key) -> "--set section.key=value"
+
+    def __call__(self, section: str, key: str | None) -> str:
+        return self.from_command_line.get((section, key or ""), self.source)
+
+    def is_override(self, section: str, key: str) -> bool:
+        return (section, key) in self.from_command_line
+
+    def root(self, section: str, key: str, base_dir: Path) -> Path:
+        """The folder a relative path is resolved against: the working folder for a --set value."""
+        return Path.cwd() if self.is_override(section, key) else base_dir
+
+
+def _apply_overrides(raw: dict[str, Any], overrides, source: str) -> _Origin:
+    """Write each ``--set section.key=value`` into ``raw`` (in place); returns where values came from."""
+    from_command_line: dict[tuple[str, str], str] = {}
     for override in overrides:
         section, key, value = parse_override(override)
         if section not in SECTIONS:
@@ -154,21 +204,33 @@ def recipe_from_dict(
             raise RecipeError(f"{source}: [{section}] must be a table of key = value lines")
         raw.setdefault(section, {})[key] = value
         from_command_line[(section, key)] = f"--set {override.strip()}"
+    return _Origin(source, from_command_line)
 
-    def origin(section: str, key: str | None) -> str:
-        """Where a value came from: its --set option, or the recipe file."""
-        return from_command_line.get((section, key or ""), source)
 
-    for section, values in raw.items():
-        if section not in SECTIONS:
-            raise RecipeError(f"{source}: unknown section [{section}]; sections: {', '.join(SECTIONS)}")
-        if not isinstance(values, dict):
-            raise RecipeError(f"{source}: [{section}] must be a table of key = value lines")
-    model_values = dict(raw.get("model", {}))
-    data_values = dict(raw.get("data", {}))
-    training_values = dict(raw.get("training", {}))
-    task_values = dict(raw.get("task", {}))
+@dataclass(frozen=True)
+class _ModelStart:
+    """What ``[model]`` starts from: a preset, a pretrained model (``init_from`` at ``init_revision``),
+    or neither (every field given)."""
 
+    preset: str | None
+    init_from: str | None
+    init_revision: str | None
+
+    def model_config(self, origin: _Origin, model_values: dict[str, Any]) -> ModelConfig:
+        """The model's config: the pretrained model's, or the preset's or ModelConfig's with ``model_values``."""
+        if self.init_from is not None:
+            try:
+                return read_model_config(self.init_from, self.init_revision)
+            except CheckpointError as error:
+                raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from: {error}") from None
+        if self.preset is None:
+            return ModelConfig(**model_values)
+        return resolve_config(self.preset, **model_values)  # a preset's special-token ids follow a new vocab_size
+
+
+def _model_start(origin: _Origin, model_values: dict[str, Any], base_dir: Path) -> _ModelStart:
+    """Take ``preset``, ``init_from`` and ``init_revision`` out of ``model_values`` (in place) and check
+    them; a local ``init_from`` path becomes absolute, and beside it only ``INIT_FROM_KEYS`` may be set."""
     preset = model_values.pop("preset", None)
     if preset is not None and not isinstance(preset, str):
         raise RecipeError(f"{origin('model', 'preset')}: [model] preset={preset!r} must be a preset name")
@@ -181,47 +243,27 @@ def recipe_from_dict(
         if not isinstance(init_from, str):
             raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from={init_from!r} must be a model folder "
                               "or a Hub name")
-        root = Path.cwd() if ("model", "init_from") in from_command_line else base_dir
-        local = (root / Path(init_from).expanduser()).resolve()
+        local = (origin.root("model", "init_from", base_dir) / Path(init_from).expanduser()).resolve()
         init_from = str(local) if local.exists() or not is_hub_name(init_from) else init_from
         others = [key for key in model_values if key not in INIT_FROM_KEYS] + (["preset"] if preset else [])
         if others:
             raise RecipeError(f"{origin('model', others[0])}: [model] {others[0]} cannot be set with init_from (the "
                               f"folder's config is the model's); beside it only {', '.join(INIT_FROM_KEYS)}")
-    _check_keys(origin, "model", model_values, extra_allowed=("preset",))
-    _check_keys(origin, "data", data_values)
-    _check_keys(origin, "training", training_values)
-    _check_keys(origin, "task", task_values)
-    _check_types(origin, "model", model_values)
-    _check_types(origin, "data", data_values)
-    _check_types(origin, "training", training_values)
-    _check_types(origin, "task", task_values)
+    return _ModelStart(preset, init_from, init_revision)
 
+
+def _resolve_data_paths(origin: _Origin, data_values: dict[str, Any], base_dir: Path) -> None:
+    """Make the ``[data]`` file paths absolute (in place); a learned tokenizer's name stays a name."""
     for key in PATH_KEYS:
         value = data_values.get(key)
         if isinstance(value, str) and not (key == "tokenizer" and value in LEARNED_TOKENIZERS):
-            root = Path.cwd() if ("data", key) in from_command_line else base_dir
-            data_values[key] = str((root / Path(value).expanduser()).resolve())
+            data_values[key] = str((origin.root("data", key, base_dir) / Path(value).expanduser()).resolve())
 
-    vocab_size_given = "vocab_size" in model_values or init_from is not None
-    init_settings = dict(model_values) if init_from is not None else {}
 
-    def make_model() -> ModelConfig:
-        if init_from is not None:
-            try:
-                return read_model_config(init_from, init_revision)
-            except CheckpointError as error:
-                raise RecipeError(f"{origin('model', 'init_from')}: [model] init_from: {error}") from None
-        if preset is None:
-            return ModelConfig(**model_values)
-        return resolve_config(preset, **model_values)  # a preset's special-token ids follow a new vocab_size
-
-    model = _build(origin, "model", make_model)
-    data = _build(origin, "data", lambda: DataConfig(**data_values))
-    training = _build(origin, "training", lambda: TrainingConfig(**training_values))
-    task = _build(origin, "task", lambda: TaskConfig(**task_values))
-    _build(origin, "data", lambda: check_data_options(task.name, data))
-    _build(origin, "data", data.check_files)
+def _settle_seq_len(origin: _Origin, model: ModelConfig, training: TrainingConfig, task: TaskConfig
+                    ) -> TrainingConfig:
+    """``training`` with its sequence length checked against the task and the model (the model's
+    ``max_seq_len`` when left out)."""
     if not TASKS[task.name].reads_seq_len:
         # a run's recipe.toml from before this check holds the default it resolved to (max_seq_len): still read
         if training.seq_len not in (None, model.max_seq_len):
@@ -229,7 +271,7 @@ def recipe_from_dict(
                               f"by the {task.name} task (its model's inputs set the sequence length); leave it out")
     elif (training.seq_len is not None and training.seq_len > model.max_seq_len
             and POSITIONAL_SCHEMES[model.positional].table):
-        where = origin("training", "seq_len") if ("training", "seq_len") in from_command_line else \
+        where = origin("training", "seq_len") if origin.is_override("training", "seq_len") else \
             origin("model", "max_seq_len")
         raise RecipeError(
             f"{where}: [training] seq_len={training.seq_len} exceeds [model] max_seq_len={model.max_seq_len} "
@@ -237,9 +279,7 @@ def recipe_from_dict(
         )
     elif training.seq_len is None:
         training = dataclasses.replace(training, seq_len=model.max_seq_len)
-    return Recipe(model, data, training, task, source=source, vocab_size_given=vocab_size_given,
-                  init_from=init_from, init_revision=init_revision, init_settings=init_settings,
-                  num_labels_given="num_labels" in model_values)
+    return training
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -109,7 +109,8 @@ def test_the_cli_takes_the_folders_defaults_and_its_options_win(llama, tmp_path,
 
 
 @pytest.mark.parametrize(("changes", "named"), [
-    ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported by tformer (supported: 1.0)"),
+    ({"typical_p": 0.9}, "typical_p=0.9 is not supported by tformer (supported: 1.0)"),
+    ({"repetition_penalty": 0}, "repetition_penalty=0 must be a number > 0"),
     ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"),
     ({"watermarking_config": {"greenlist_ratio": 0.25}}, "watermarking_config="),
     ({"return_timestamps": True}, "return_timestamps=True"),
@@ -123,6 +124,20 @@ def test_a_field_tformer_cannot_honour_is_refused_naming_it(llama, tmp_path, cap
     assert named in str(caught.value) and "\n" not in str(caught.value)
     assert main(["generate", str(folder), "--prompt", "x"]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_a_repetition_penalty_and_min_p_are_read_as_hugging_face_reads_them(llama, tmp_path):
+    """Qwen2.5-Instruct's file holds repetition_penalty 1.05 (with do_sample, top_p...): the penalty applies to greedy
+    decoding too, min_p only when sampling, as in Hugging Face."""
+    folder, plain = llama
+    penalised = with_generation_config(folder, tmp_path / "penalty", repetition_penalty=1.5, min_p=0.2)
+    ours = tformer.load(penalised)
+    assert (model_defaults(ours).repetition_penalty, model_defaults(ours).min_p) == (1.5, None)  # no do_sample
+    expected = hf_generate(penalised, max_new_tokens=12)
+    assert torch.equal(tformer.generate(ours, PROMPTS, 12), expected)
+    assert not torch.equal(expected[:, PROMPTS.shape[1]:], plain)  # it bites
+    sampling = tformer.load(with_generation_config(folder, tmp_path / "min-p", do_sample=True, min_p=0.2))
+    assert model_defaults(sampling).min_p == 0.2 and model_defaults(sampling).sampling
 
 
 def test_neutral_values_and_ignored_fields_load(llama, tmp_path):

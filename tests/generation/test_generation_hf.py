@@ -60,3 +60,65 @@ def test_beam_search_equals_hugging_face(models, num_beams, length_penalty, earl
     got = tformer.generate(ours, ids, 12, attention_mask=mask, return_dict=True, **options)
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-5, atol=1e-5)
+
+
+# ---- the logits rules against Hugging Face's processors ---------------------------------------
+
+
+def rule_inputs():
+    """Scores (4, 50) with ties, -inf entries and a row of equal scores, and token ids (4, 9) with repeats and ids
+    past the vocabulary (a larger embedding than the head's: Hugging Face ignores them)."""
+    generator = torch.Generator().manual_seed(3)
+    scores = torch.randn(4, 50, generator=generator) * 3
+    scores[0, :5] = scores[0, 5]
+    scores[1, 10:20] = float("-inf")
+    scores[2] = 0.5
+    ids = torch.randint(0, 50, (4, 9), generator=generator)
+    ids[3, :4] = torch.tensor([7, 7, 55, 60])
+    return scores, ids
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.05, 0.3, 0.9, 1.0])
+def test_min_p_equals_hugging_faces_warper(min_p):
+    from tformer.generation.rules import MinP
+
+    scores, ids = rule_inputs()
+    expected = transformers.MinPLogitsWarper(min_p)(ids, scores.clone())
+    assert torch.equal(MinP(min_p)(scores, 0, False, ids), expected)  # the same float operations: exact
+
+
+@pytest.mark.parametrize("penalty", [0.5, 1.3, 2.0])
+def test_the_repetition_penalty_equals_hugging_faces_processor(penalty):
+    from tformer.generation.rules import RepetitionPenalty
+
+    scores, ids = rule_inputs()
+    expected = transformers.RepetitionPenaltyLogitsProcessor(penalty)(ids, scores.clone())
+    assert torch.equal(RepetitionPenalty(penalty)(scores, 0, False, ids), expected)
+
+
+def test_the_sampling_rules_together_equal_hugging_faces_warpers():
+    from tformer.generation import GenerationConfig
+    from tformer.generation.sampling import TokenChooser
+
+    scores, ids = rule_inputs()
+    config = GenerationConfig(temperature=0.7, top_k=20, min_p=0.1, repetition_penalty=1.2)
+    ours = TokenChooser.from_config(config, tformer.build_model("gpt-nano", vocab_size=50).config)
+    expected = transformers.LogitsProcessorList([
+        transformers.RepetitionPenaltyLogitsProcessor(1.2), transformers.TemperatureLogitsWarper(0.7),
+        transformers.TopKLogitsWarper(20), transformers.MinPLogitsWarper(0.1)])(ids, scores.clone())
+    assert torch.equal(ours.scores(scores, 0, history=ids), expected)
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.8])
+def test_greedy_with_a_repetition_penalty_equals_hugging_face(models, penalty):
+    """Over the prompt and the new tokens, padding included, as Hugging Face's generate applies it."""
+    hf, ours = models
+    ids, mask = prompts()
+    options = dict(eos_token_id=[46], pad_token_id=PAD, min_new_tokens=2, repetition_penalty=penalty)
+    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=15, do_sample=False, output_scores=True,
+                           return_dict_in_generate=True, **options)
+    got = tformer.generate(ours, ids, 15, attention_mask=mask, output_scores=True, **options)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert not torch.equal(got.sequences, tformer.generate(ours, ids, 15, attention_mask=mask, eos_token_id=[46],
+                                                           pad_token_id=PAD, min_new_tokens=2))  # it bites
+    torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-6, atol=1e-5)

@@ -303,7 +303,7 @@ def test_sixteen_requests_with_every_option_equal_generate_alone():
         dict(temperature=0.7, seed=3), dict(do_sample=True, top_k=3, seed=4), dict(top_p=0.8, seed=5),
         dict(temperature=0.0, suppress_tokens=tuple(free[11][:2])),
         dict(max_new_tokens=3, begin_suppress_tokens=(free[12][0],)), dict(min_new_tokens=12, eos_token_id=free[13][0]),
-        dict(do_sample=True, temperature=1.3, top_k=5, top_p=0.9, seed=9, min_new_tokens=2),
+        dict(do_sample=True, temperature=1.3, top_k=5, top_p=0.9, min_p=0.1, seed=9, min_new_tokens=2),
         dict(max_new_tokens=1),
     ]
     configs = [GenerationConfig(**{"max_new_tokens": 12, **option}) for option in options]
@@ -331,7 +331,7 @@ def test_every_option_the_engine_does_not_honour_is_refused_by_name():
     engine = Engine(small_model(), cache_tokens=64, block_size=8)
     unusual = {"pad_token_id": 3, "num_beams": 2, "length_penalty": 0.5, "early_stopping": True,
                "num_return_sequences": 2, "num_draft_tokens": 2, "output_scores": True, "return_dict": True,
-               "use_cache": False, "decoder_prompt_ids": (1,)}
+               "use_cache": False, "decoder_prompt_ids": (1,), "repetition_penalty": 1.2}
     refused = {name for name, reason in GENERATION_FIELDS.items() if reason is not None}
     assert refused == set(unusual) and set(GENERATION_FIELDS) == {f.name for f in fields(GenerationConfig)}
     for name, value in unusual.items():

@@ -181,6 +181,10 @@ def test_stop_strings_n_and_seeded_sampling(served):
     assert sampled.choices[0].text == generated(served.model, prompt, max_new_tokens=12, do_sample=True,
                                                 temperature=0.9, seed=5)
     assert sampled.usage.completion_tokens == 36
+    min_p = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=12, temperature=1.2, seed=6,
+                                      extra_body={"ignore_eos": True, "min_p": 0.3})  # vLLM's extension
+    assert min_p.choices[0].text == generated(served.model, prompt, max_new_tokens=12, do_sample=True,
+                                              temperature=1.2, min_p=0.3, seed=6)
 
 
 def test_logprobs_are_the_models(served):
@@ -226,6 +230,12 @@ def test_errors_are_the_clients_exception_types_and_the_server_keeps_serving(ser
         client.completions.create(model="tiny", prompt="to", extra_body={"beam_width": 4})
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
         client.completions.create(model="tiny", prompt="to", frequency_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="repetition_penalty=1.2 is not supported by the server"):
+        client.completions.create(model="tiny", prompt="to", extra_body={"repetition_penalty": 1.2})
+    with pytest.raises(openai.BadRequestError, match=r"min_p=2.0 must be a number in \[0, 1\]"):
+        client.completions.create(model="tiny", prompt="to", extra_body={"min_p": 2.0})
+    with pytest.raises(openai.UnprocessableEntityError, match="min_p"):
+        client.completions.create(model="tiny", prompt="to", extra_body={"min_p": "0.1"})
     with pytest.raises(openai.UnprocessableEntityError, match="max_tokens"):
         client.completions.create(model="tiny", prompt="to", max_tokens="many")
     with pytest.raises(openai.UnprocessableEntityError, match="temperature"):

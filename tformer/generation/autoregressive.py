@@ -17,9 +17,10 @@ def autoregressive_decode(session: Session, run: DecodingRun, logits: Tensor) ->
     padded with ``pad_id`` while the others go on).
     """
     chooser, stop = run.chooser, run.stop
+    reads_history = chooser.reads_history  # a rule (the repetition penalty) reads each row's tokens so far
     finished: Tensor | None = None  # (B,) bool, once anything can finish a row
     for step in range(run.max_new_tokens):
-        scores = chooser.scores(logits, step)
+        scores = chooser.scores(logits, step, history=run.history() if reads_history else None)
         if run.scores is not None:
             run.scores.append(scores)
         token = chooser.choose(scores, run.generator)  # (B,)

@@ -5,25 +5,30 @@ routes vLLM made common (``/tokenize``, ``/detokenize``).
 Failing closed: a known field the server cannot honour (``suffix``, a penalty, ``logit_bias``, tools)
 is refused with 400 naming it, and so is an unknown field; a field of the wrong type is 422, nothing
 coerced (``"10"`` is not a number, ``true`` not 1, ``"yes"`` not a boolean; an integer is a float). The
-extensions vLLM made common are accepted: ``top_k``, ``ignore_eos`` and ``min_tokens``.
+extensions vLLM made common are accepted: ``top_k``, ``ignore_eos``, ``min_tokens``, and the options whose
+``GenerationConfig`` field declares a request field taken as it is (``min_p``; ``repetition_penalty``, which the
+engine refuses away from 1 by name, as every option it cannot apply).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+import typing
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from tformer.errors import TformerError
 from tformer.generation.detokenize import IncrementalDetokenizer
-from tformer.generation.settings import GenerationConfig, GenerationError
+from tformer.generation.settings import GenerationConfig, GenerationError, declared
 
-# GenerationConfig's names -> the request fields that set them, so an error names the field sent.
-FIELD_OF_OPTION = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "temperature": "temperature",
-                   "top_k": "top_k", "top_p": "top_p", "seed": "seed", "stop_strings": "stop"}
+# GenerationConfig's names -> the request fields that set them (each field's ``api``), so an error names the field
+# sent; and the options a request field sets as it is (``api_as_is``: vLLM's min_p, repetition_penalty).
+FIELD_OF_OPTION = {name: option.api for name, option in declared().items() if option.api is not None}
+AS_IS = {name: option.api for name, option in declared().items() if option.api is not None and option.api_as_is}
 
 
 class APIError(TformerError):
@@ -56,8 +61,9 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
-    """The fields completions and chat completions share."""
+class _OpenAISampling(_Strict):
+    """The fields completions and chat completions share, as OpenAI defines them (``_Sampling`` adds the options
+    a request sets as they are)."""
 
     model: str
     temperature: float = Field(1.0, ge=0)
@@ -94,9 +100,20 @@ class _Sampling(_Strict):
                 temperature=self.temperature, top_k=top_k, top_p=None if self.top_p == 1 else self.top_p,
                 seed=self.seed, stop_strings=() if self.stop is None else self.stop,
                 eos_token_id=() if self.ignore_eos else None,
+                **{name: getattr(self, field) for name, field in AS_IS.items()},
             )
         except GenerationError as error:
             raise as_api_error(error) from None
+
+
+def _as_is_fields() -> dict[str, Any]:
+    """The request fields of the options a request sets as they are: the option's type and default."""
+    hints = typing.get_type_hints(GenerationConfig)
+    defaults = {field.name: field.default for field in dataclasses.fields(GenerationConfig)}
+    return {field: (hints[name], defaults[name]) for name, field in AS_IS.items()}
+
+
+_Sampling = create_model("_Sampling", __base__=_OpenAISampling, __doc__=_OpenAISampling.__doc__, **_as_is_fields())
 
 
 class CompletionRequest(_Sampling):

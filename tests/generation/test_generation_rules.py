@@ -1,0 +1,146 @@
+"""The logits rules (``generation/rules.py``) and the option tables derived from the ``GenerationConfig`` fields:
+only the rules an option turns on are composed (greedy decoding composes none), in Hugging Face's order; min-p and
+the repetition penalty do what Hugging Face's processors do (by hand here; against ``transformers`` itself in
+``test_generation_hf.py``); a decoding path that cannot apply a rule refuses it by name; the command line, the
+server's support table and request fields and generation_config.json's keys come from the fields' declarations."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import tformer
+from tformer.generation import GenerationConfig, GenerationError
+from tformer.generation.rules import RULES, MinP, RepetitionPenalty, Temperature, TopK
+from tformer.generation.sampling import TokenChooser
+from tformer.generation.settings import BEAM_SEARCH, SERVER, SPECULATIVE, declared, refusals
+
+
+def nano(**overrides):
+    return tformer.build_model("gpt-nano", **overrides).eval()
+
+
+CONFIG = nano().config  # a vocabulary of 64, end id in it
+
+
+def test_greedy_decoding_composes_no_rule():
+    chooser = TokenChooser.from_config(GenerationConfig(), CONFIG)
+    assert chooser.rules == () and not chooser.reads_history and not chooser.alters(0)
+    logits = torch.randn(2, 64)
+    assert chooser.scores(logits, 0) is logits  # float32 logits pass untouched: no work a step
+    # Sampling options are not composed when decoding greedily (do_sample=False), as in Hugging Face.
+    greedy = TokenChooser.from_config(GenerationConfig(do_sample=False, temperature=0.5, top_k=3, min_p=0.2), CONFIG)
+    assert greedy.rules == () and not greedy.do_sample
+
+
+def test_every_rule_composes_in_hugging_faces_order():
+    config = GenerationConfig(repetition_penalty=1.3, forced_eos_token_id=5, suppress_tokens=(1,),
+                              begin_suppress_tokens=(2,), min_new_tokens=2, eos_token_id=3, temperature=0.7, top_k=5,
+                              top_p=0.9, min_p=0.1)
+    chooser = TokenChooser.from_config(config, CONFIG)
+    assert [type(rule) for rule in chooser.rules] == list(RULES)
+    assert chooser.do_sample and chooser.reads_history
+    # Options at their neutral values compose nothing: top_p 1, min_p 0, temperature 1, penalty 1.
+    neutral = GenerationConfig(do_sample=True, top_p=1.0, min_p=0.0, temperature=1.0, repetition_penalty=1.0)
+    assert TokenChooser.from_config(neutral, CONFIG).rules == ()
+    assert [type(r) for r in TokenChooser.from_config(GenerationConfig(temperature=0.5, top_k=4), CONFIG).rules] == \
+        [Temperature, TopK]
+
+
+def test_min_p_keeps_the_tokens_at_least_min_p_times_as_probable_as_the_best():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf")], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    probabilities = logits.softmax(-1)
+    rule = MinP(0.3)
+    got = rule(logits, 0, False, None)
+    keep = probabilities >= 0.3 * probabilities.amax(-1, keepdim=True)
+    assert torch.equal(torch.isfinite(got), keep)
+    assert keep[0].tolist() == [True, True, False, False, False] and keep[1].all()  # ties with the best stay
+    assert torch.equal(got[keep], logits[keep])
+    assert torch.isfinite(MinP(1.0)(logits, 0, False, None)[0]).tolist() == [True, False, False, False, False]
+
+
+def test_min_p_one_samples_the_argmax():
+    model = nano()
+    prompt = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(1))
+    greedy = tformer.generate(model, prompt, 8, eos_token_id=())
+    assert GenerationConfig(min_p=1.0).sampling  # min_p implies sampling, as top_k and top_p do
+    assert torch.equal(tformer.generate(model, prompt, 8, eos_token_id=(), min_p=1.0, seed=0), greedy)
+
+
+def test_the_repetition_penalty_divides_positive_and_multiplies_negative_scores_of_tokens_seen():
+    scores = torch.tensor([[2.0, -2.0, 1.0, 0.0, 3.0], [2.0, -2.0, 1.0, 0.0, 3.0]])
+    history = torch.tensor([[0, 1, 1, 3], [4, 4, 4, 4]])  # repeats count once
+    got = RepetitionPenalty(2.0)(scores, 0, False, history)
+    assert got.tolist() == [[1.0, -4.0, 1.0, 0.0, 3.0], [2.0, -2.0, 1.0, 0.0, 1.5]]
+    with pytest.raises(GenerationError, match="repetition_penalty needs each row's tokens so far"):
+        RepetitionPenalty(2.0)(scores, 0, False, None)  # fail closed where a path gives no history
+
+
+def test_greedy_decoding_with_a_repetition_penalty_penalises_the_prompt_and_what_it_wrote():
+    model = nano()
+    prompt = torch.tensor([[5, 9, 5, 9, 5, 9]])
+    plain = tformer.generate(model, prompt, 12, eos_token_id=())
+    penalised = tformer.generate(model, prompt, 12, eos_token_id=(), repetition_penalty=50.0, return_dict=True,
+                                 output_scores=True)
+    assert not torch.equal(plain, penalised.sequences)
+    # Each step: the logits with every token of the sequence so far penalised.
+    for step, scores in enumerate(penalised.scores):
+        seen = set(penalised.sequences[0, : prompt.shape[1] + step].tolist())
+        chosen = int(penalised.sequences[0, prompt.shape[1] + step])
+        assert chosen == int(scores.argmax())
+        assert chosen not in seen or len(seen) == 64
+
+
+@pytest.mark.parametrize(("options", "path"), [
+    (dict(num_beams=2, repetition_penalty=1.2), BEAM_SEARCH),
+])
+def test_beam_search_refuses_what_it_cannot_apply_by_name(options, path):
+    with pytest.raises(GenerationError, match=rf"repetition_penalty=1.2 is not supported by {path}: ") as caught:
+        GenerationConfig(**options)
+    assert "\n" not in str(caught.value)
+
+
+def test_speculative_decoding_refuses_the_repetition_penalty_by_name():
+    model, draft = nano(), nano()
+    with pytest.raises(GenerationError, match=f"repetition_penalty=1.2 is not supported by {SPECULATIVE}: "):
+        tformer.generate(model, torch.tensor([[1, 2]]), 4, draft_model=draft, repetition_penalty=1.2)
+    # min_p is a per-row filter: speculative decoding applies it (min_p 1: the greedy output).
+    out = tformer.generate(model, torch.tensor([[1, 2]]), 6, draft_model=draft, min_p=1.0, seed=0, eos_token_id=())
+    assert torch.equal(out, tformer.generate(model, torch.tensor([[1, 2]]), 6, eos_token_id=()))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(min_p=1.5), r"min_p=1.5 must be a number in \[0, 1\]"),
+    (dict(min_p=float("nan")), r"min_p=nan must be a number in \[0, 1\]"),
+    (dict(repetition_penalty=0), r"repetition_penalty=0 must be a number > 0 \(1 = none\)"),
+    (dict(repetition_penalty="2"), r"repetition_penalty='2' must be a number > 0"),
+    (dict(num_beams=2, min_p=0.1), r"sampling \(do_sample, temperature, top_k, top_p, min_p\) cannot be combined"),
+])
+def test_bad_rule_options_are_refused_naming_them(options, message):
+    with pytest.raises(GenerationError, match=message):
+        GenerationConfig(**options)
+
+
+def test_the_option_tables_are_derived_from_the_fields():
+    from tformer.cli import build_parser
+    from tformer.cli.generate import OPTIONS, SAMPLING_OPTIONS
+    from tformer.generation.defaults import HONOURED, NEUTRAL, READ
+    from tformer.serving.engine import GENERATION_FIELDS
+    from tformer.serving.openai_api import FIELD_OF_OPTION, CompletionRequest
+
+    names = [field.name for field in dataclasses.fields(GenerationConfig)]
+    assert list(declared()) == names
+    assert GENERATION_FIELDS == refusals(SERVER) and set(GENERATION_FIELDS) == set(names)
+    assert {"min_p": "--min-p", "repetition_penalty": "--repetition-penalty"}.items() <= OPTIONS.items()
+    assert SAMPLING_OPTIONS == {"temperature", "top_k", "top_p", "min_p"}
+    args = build_parser().parse_args(["generate", "x", "--prompt", "y", "--min-p", "0.1", "--repetition-penalty",
+                                      "1.1", "--stop", "a", "--stop", "b"])
+    assert (args.min_p, args.repetition_penalty, args.stop) == (0.1, 1.1, ["a", "b"])
+    assert FIELD_OF_OPTION["min_p"] == "min_p" and FIELD_OF_OPTION["max_new_tokens"] == "max_tokens"
+    request = CompletionRequest(model="m", prompt="x", min_p=0.2, repetition_penalty=1.1)
+    assert (request.generation_config(4).min_p, request.generation_config(4).repetition_penalty) == (0.2, 1.1)
+    assert {"repetition_penalty", "min_p"} <= set(READ) and "repetition_penalty" in HONOURED
+    assert not {"repetition_penalty", "min_p"} & set(NEUTRAL)
+    # Each decoding path that cannot apply an option says why, in its field's declaration.
+    assert refusals(SERVER)["repetition_penalty"] and refusals(SERVER)["min_p"] is None
+    assert refusals(SPECULATIVE)["repetition_penalty"] and refusals(BEAM_SEARCH)["repetition_penalty"]

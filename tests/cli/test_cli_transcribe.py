@@ -181,3 +181,19 @@ def test_transcribe_takes_the_option_groups_quantize(saved, capsys):
     with torch.inference_mode():
         ids = transcribe_ids(model, features, transcript_budget(model, ()))[0]
     assert text == " ".join(model.tokenizer.decode(ids, skip_special_tokens=True).split())
+
+
+def test_transcribe_runs_the_speech_model_in_the_dtype_asked_for(saved, capsys):
+    """--dtype bf16: the features (float32 log-mels) go through the bfloat16 model; the transcript is its own."""
+    from tformer.cli.model_inputs import transcript_budget
+    from tformer.data.log_mel import recording_features
+    from tformer.generation.transcription import transcribe_ids
+
+    folder, short, _ = saved
+    assert main(["transcribe", str(folder), str(short), "--dtype", "bf16", "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    model = tformer.load(folder).to(torch.bfloat16)
+    features = recording_features(torch.from_numpy(load_audio(short)), model.log_mel_settings)[None]
+    with torch.inference_mode():
+        ids = transcribe_ids(model, features, transcript_budget(model, ()))[0]
+    assert text == " ".join(model.tokenizer.decode(ids, skip_special_tokens=True).split())

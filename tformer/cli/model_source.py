@@ -4,7 +4,8 @@ image processor. Commands import these (and ``model_inputs``), never each other,
 one entry in ``MODEL_OPTIONS`` and one field of ``ModelSource`` here.
 
 The group: the model (a folder, or a Hugging Face Hub name with ``--revision`` and ``--local-only``), ``--device``,
-``--quantize`` / ``--group-size`` (choices read from the quantized weight backends' registry) and ``--threads``.
+``--dtype``, ``--quantize`` / ``--group-size`` (choices read from the quantized weight backends' registry) and
+``--threads``.
 A command leaves out the options it cannot honour (``without=``): the flag then does not exist for it."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tformer.cli import UsageError
 
 T = TypeVar("T")
 RECIPE_NAME = "recipe.toml"  # a run folder's recipe, beside its model
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --dtype's names -> torch's
 
 
 # ---- the option group ----------------------------------------------------------------------------------------
@@ -31,6 +33,14 @@ def add_device_option(parser: argparse.ArgumentParser, help: str | None = None) 
     """``--device``: where the model runs (``resolve_device`` reads it)."""
     parser.add_argument("--device", default="cpu", help=help or "cpu, cuda, cuda:N, or auto (cuda when PyTorch sees a "
                                                                 "GPU, else cpu) (default: cpu)")
+
+
+def add_dtype_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--dtype``: the floating-point type the model's parameters are cast to once it has loaded."""
+    parser.add_argument("--dtype", choices=tuple(DTYPES),
+                        help=help or "cast the model's floating-point weights to float32, bfloat16 or float16 once "
+                                     "it has loaded (default: as it loads, float32); a quantized model's layers must "
+                                     "take that type on this host, or it is refused")
 
 
 def add_quantize_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
@@ -61,7 +71,8 @@ def add_threads_option(parser: argparse.ArgumentParser, help: str | None = None)
 # The group's options besides the model argument: name -> how it is added (given a help text of the command's own,
 # or None). A command leaves out some by name.
 MODEL_OPTIONS: dict[str, Callable[[argparse.ArgumentParser, str | None], None]] = {
-    "device": add_device_option, "quantize": add_quantize_option, "threads": add_threads_option}
+    "device": add_device_option, "dtype": add_dtype_option, "quantize": add_quantize_option,
+    "threads": add_threads_option}
 
 
 def add_model_source(parser: argparse.ArgumentParser, dest: str, help: str, metavar: str | None = None,
@@ -105,6 +116,7 @@ class ModelSource:
     device: Any = "cpu"  # a torch.device (``resolve_device``)
     quantize: Any = None  # a QuantizationScheme, or None
     threads: int | None = None
+    dtype: Any = None  # the torch.dtype the model's floating-point parameters are cast to, or None (as it loads)
 
     def replace(self, **changes: Any) -> ModelSource:
         """This source with ``changes`` (another path: a draft model, loaded the same way)."""
@@ -124,10 +136,10 @@ def read_model_source(args: argparse.Namespace) -> None:
     threads = args.threads if "threads" in given else None
     if threads is not None:
         check_threads(threads)
-    args.model_source = ModelSource(path=path, hub_name=args.hub_name, local_only=args.local_only,
-                                    device=resolve_device(args.device if "device" in given else "cpu"),
+    device = resolve_device(args.device if "device" in given else "cpu")
+    args.model_source = ModelSource(path=path, hub_name=args.hub_name, local_only=args.local_only, device=device,
                                     quantize=quantize_option(args) if "quantize" in given else None,
-                                    threads=threads)
+                                    threads=threads, dtype=dtype_option(args, device) if "dtype" in given else None)
     if threads is not None and args.sets_threads:
         import torch
 
@@ -193,6 +205,39 @@ def quantize_option(args: argparse.Namespace):
         return scheme_for(method, group_size)
     except QuantizationError as error:
         raise UsageError(f"--group-size: {error}") from None
+
+
+def dtype_option(args: argparse.Namespace, device):
+    """The torch.dtype ``--dtype`` names, or None when it is not given; refused in one line when this PyTorch
+    cannot compute in it on ``device``."""
+    import torch
+
+    if args.dtype is None:
+        return None
+    dtype = getattr(torch, DTYPES[args.dtype])
+    problem = device_dtype_problem(device, dtype)
+    if problem is not None:
+        raise UsageError(f"--dtype {args.dtype}: {problem}; leave out --dtype, or give another")
+    return dtype
+
+
+def device_dtype_problem(device, dtype) -> str | None:
+    """Why this PyTorch cannot compute in ``dtype`` on ``device`` (a matrix product, a norm, a softmax and
+    attention: what every model runs; float16 on the CPU came late to PyTorch), or None."""
+    import torch
+    import torch.nn.functional as F
+
+    ones = torch.ones(1, 2, 8, 8, dtype=dtype, device=device)  # (B, H, T, Dh)
+    try:
+        F.linear(ones, ones[0, 0])
+        F.layer_norm(ones, (8,), ones[0, 0, 0], ones[0, 0, 0])
+        ones.softmax(-1)
+        F.scaled_dot_product_attention(ones, ones, ones, is_causal=True)
+    except RuntimeError as error:
+        why = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return (f"PyTorch {torch.__version__} cannot compute in {str(dtype).removeprefix('torch.')} on "
+                f"{device} ({why})")
+    return None
 
 
 def resolve_device(text: str, option: str = "--device"):
@@ -263,7 +308,55 @@ def load_model(source: ModelSource) -> LoadedModel:
                                                                  quantize=source.quantize,
                                                                  revision=source.revision,
                                                                  local_only=source.local_only))
+    if source.dtype is not None:
+        cast_model(model, source.dtype, source.path)
     return LoadedModel(model, problem)
+
+
+def cast_model(model, dtype, label: str) -> None:
+    """Cast ``model``'s floating-point parameters and buffers to ``dtype`` (``--dtype``), in place; a one-line
+    UsageError when its quantized layers cannot take activations of that type on this host."""
+    model.to(dtype)
+    problem = quantized_dtype_problem(model, dtype)
+    if problem is not None:
+        name = next(name for name, torch_name in DTYPES.items() if torch_name == str(dtype).removeprefix("torch."))
+        raise UsageError(f"--dtype {name}: {label} is quantized ({model.quantization.describe()}) and {problem}; "
+                         "leave out --dtype (its float parts stay float32), or use another --quantize")
+
+
+def quantized_dtype_problem(model, dtype) -> str | None:
+    """Why the quantized layers of ``model`` (cast to ``dtype``) cannot run in it, or None: one layer of each kind
+    and shape is run, as decoding runs it (one row) and as a prompt does (many), and must answer in ``dtype``.
+    Checked rather than assumed: which kernel a quantized layer uses is measured per host."""
+    import torch
+
+    from tformer.nn.weights import QUANTIZED_BACKENDS
+    from tformer.nn.weights.quantized import MANY_ROWS
+    from tformer.nn.weights.table import QuantizedTable
+
+    probes, seen = [], set()
+    for module in model.modules():
+        if isinstance(module, tuple(QUANTIZED_BACKENDS.values())):
+            key = (type(module), module.in_features, module.out_features)
+            probes += [] if key in seen else [(module, torch.zeros(rows, module.in_features, dtype=dtype,
+                                                                   device=model.device)) for rows in (1, MANY_ROWS)]
+        elif isinstance(module, QuantizedTable):
+            key = QuantizedTable
+            probes += [] if key in seen else [(module, torch.zeros(1, 1, dtype=torch.long, device=model.device))]
+        else:
+            continue
+        seen.add(key)
+    for module, inputs in probes:
+        try:
+            with torch.inference_mode():
+                answer = module(inputs)
+        except RuntimeError as error:
+            why = str(error).splitlines()[0] if str(error) else type(error).__name__
+            return (f"its {type(module).__name__} layers cannot take {str(dtype).removeprefix('torch.')} inputs "
+                    f"on this host ({why})")
+        if answer.dtype != dtype:
+            return f"its {type(module).__name__} layers answer in {answer.dtype}, not {dtype}"
+    return None
 
 
 def load_tokenizer(source: ModelSource):

@@ -89,9 +89,11 @@ def _fields(raw: Mapping[str, Any], model_config: Any) -> dict[str, Any]:
         return tuple(token for token in listed if 0 <= token < vocab)  # others never match, as in HF
 
     for key, value in raw.items():
+        if key in READ:  # a field that declares it (from_file) is read, even one NEUTRAL still lists
+            continue
         if key in NEUTRAL and value is not None and value != NEUTRAL[key]:
             raise GenerationError(f"{key}={value!r} is not supported by tformer (supported: {NEUTRAL[key]!r})")
-        if key not in NEUTRAL and key not in IGNORED and key not in READ:
+        if key not in NEUTRAL and key not in IGNORED:
             raise GenerationError(f"{key}={value!r} is not supported by tformer (it honours {', '.join(READ)})")
     start = raw.get("decoder_start_token_id")
     if getattr(model_config, "architecture", "decoder") != "decoder" and start is not None \

@@ -395,13 +395,8 @@ NOT_GENERATORS = {"encoder": ("an encoder, which reads text and answers with its
 
 def require_generator(model, label: str, command: str) -> None:
     """A one-line UsageError, in a user's terms, when ``model`` generates no text (an encoder, a vision model):
-    ``command`` needs a decoder (the library's wording names generation hooks the model lacks)."""
-    generates = getattr(model, "generates", None)  # the generation protocol's (models/generation_protocol.py)
-    if generates is None:  # a tree from before that protocol: the hooks generation asks of a model
-        from tformer.generation.settings import HOOKS
-
-        generates = all(hasattr(model, hook) for hook in HOOKS)
-    if generates:
+    ``command`` needs a decoder (the library's refusal speaks of the generation protocol instead)."""
+    if model.generates:  # the generation protocol's (models/generation_protocol.py)
         return
     architecture = model.config.architecture
     what, instead = NOT_GENERATORS.get(architecture, (f"a {architecture} model, which does not write text", None))

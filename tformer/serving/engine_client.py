@@ -1,5 +1,6 @@
 """How the HTTP server reaches the engine: the ``EngineClient`` interface, what crosses it (the engine's
-facts, its snapshots, its token events) and the client whose engine steps on a thread of the HTTP process.
+facts and snapshots; its token events and counters are ``wire``'s) and the client whose engine steps on a thread
+of the HTTP process.
 ``engine_process.ProcessEngineClient`` runs the engine in a process of its own instead.
 
 The server never touches an ``Engine``. It submits a prompt and gets the request's id, or the engine's
@@ -17,6 +18,7 @@ server then answers /health with 503 and fails the requests waiting on the engin
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 import threading
 import time
@@ -24,10 +26,18 @@ import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tformer.generation.settings import GenerationConfig
-from tformer.serving.engine import Engine, EngineStats, TokenEvent, serving_defaults
 from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
+from tformer.serving.wire import EngineStats, TokenEvent
+
+if TYPE_CHECKING:
+    from tformer.serving.engine import Engine
+
+# The engine's module (torch, the model's code): loaded wherever an Engine was built, never by this module, which the
+# HTTP process imports (see ``EngineFacts.of``).
+ENGINE_MODULE = "tformer.serving.engine"
 
 EventSink = Callable[[TokenEvent], None]  # receives one request's events, on the server's event loop
 StepEvents = list[tuple[int, TokenEvent]]  # one step's events: (request id, the event without its request)
@@ -48,6 +58,9 @@ class EngineFacts:
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
+        """The facts of a built ``engine``, read on its side (the engine process, or the HTTP process with the
+        engine on a thread), where its module is loaded already: the end ids a request starts from are its."""
+        serving_defaults = importlib.import_module(ENGINE_MODULE).serving_defaults
         end_ids = serving_defaults(engine.model, None).end_ids(engine.model.config)
         return cls(engine.pool.num_blocks, engine.pool.block_size, engine.model.position_limit, engine.queue_timeout,
                    tuple(end_ids), engine.paged_attention_note)

@@ -34,10 +34,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from tformer.errors import TformerError
 from tformer.generation.settings import GenerationConfig, GenerationError
-from tformer.serving.engine import Engine, TokenEvent
 from tformer.serving.engine_client import (
     EngineBug,
     EngineClient,
@@ -49,6 +49,10 @@ from tformer.serving.engine_client import (
     detached,
 )
 from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
+from tformer.serving.wire import TokenEvent
+
+if TYPE_CHECKING:
+    from tformer.serving.engine import Engine  # built in the engine process by ``build``; never imported here
 
 BLOCKED_WAIT_SECONDS = 0.01  # requests wait for room with nothing running: how often the engine looks again
 CLOSE_SECONDS = 5.0  # after its pipe is closed outside ``stop``: time the engine process gets to exit before a kill

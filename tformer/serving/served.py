@@ -1,0 +1,126 @@
+"""What every route of the server reads: the engine client and its tokenizer, the served model's name and chat
+template, the request limits, the requests in flight, and the checks and conversions the routes share, among
+them ``submit``, the one path from a route's prompts to the engine's events (a ``Submission``).
+
+Limits: a body past ``max_body_bytes`` is refused (413) before it is read whole, more than ``max_prompts``
+prompts (400) before any is tokenized, and more than ``max_request_tokens`` tokens of prompts and answers
+(400) as soon as the prompts tokenized so far pass it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from starlette.requests import Request as HTTPRequest
+
+from tformer.generation.settings import GenerationConfig, GenerationError
+from tformer.serving.chat import ChatTemplate, ChatTemplateError
+from tformer.serving.engine_client import EngineClient
+from tformer.serving.inflight import InFlight
+from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
+from tformer.serving.openai_api import APIError, ChatMessage
+from tformer.serving.submission import Submission
+from tformer.serving.wire import TokenEvent
+
+DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
+
+
+class ServedModel:
+    """One model served over one engine, as the routes see it (``server.OpenAIServer`` adds the HTTP app)."""
+
+    def __init__(self, engine: EngineClient, model_name: str, *, api_key: str | None = None,
+                 chat_template: ChatTemplate | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_prompts: int = DEFAULT_MAX_PROMPTS, max_request_tokens: int | None = None) -> None:
+        """``max_request_tokens``: prompt and answer tokens of all of a request's sequences together (default:
+        the cache's size, what the engine could ever hold at once)."""
+        if engine.tokenizer is None:
+            raise GenerationError("the server needs the model's tokenizer (text in, text out)")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+        self.api_key = api_key
+        self.chat_template = chat_template
+        self.max_prompts = max_prompts
+        self.max_request_tokens = (max_request_tokens if max_request_tokens is not None
+                                   else engine.facts.num_blocks * engine.facts.block_size)
+        self.flight = InFlight(engine, max_body_bytes)
+        self.responses: Counter[int] = Counter()  # HTTP status -> count, for /metrics
+        self.created = int(time.time())
+
+    async def read_body(self, http_request: HTTPRequest) -> bytes:
+        return await self.flight.read_body(http_request)
+
+    async def submit(self, http_request: HTTPRequest, prompts: list[list[int]], config: GenerationConfig, n: int,
+                     logprobs: int | None, prompt_logprobs: int | None = None) -> Submission:
+        """``prompts`` (``n`` sequences each) submitted to the engine for ``http_request``: their events are read
+        from the submission, which the caller closes when the answer is over."""
+        submission = Submission(self.flight, http_request)
+        await submission.submit(prompts, config, n, logprobs, prompt_logprobs)
+        return submission
+
+    # ---- checks -------------------------------------------------------------------------------------
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                           "model", "model_not_found")
+
+    def check_admitting(self) -> None:
+        self.flight.check_admitting()
+
+    def prompt_ids(self, prompts: list[str | list[int]], n: int) -> list[list[int]]:
+        """Each prompt's ids; a 400 past ``max_prompts`` before any is tokenized, and as soon as the prompts so
+        far pass ``max_request_tokens``."""
+        if len(prompts) > self.max_prompts:
+            raise APIError(400, f"{len(prompts):,} prompts in one request; at most {self.max_prompts} "
+                                "(the server's --max-prompts)", "prompt")
+        every: list[list[int]] = []
+        for index, prompt in enumerate(prompts):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if not ids:
+                raise APIError(400, f"prompt {index} has no tokens", "prompt")
+            every.append(ids)
+            self.check_request_tokens(every, n, 0)
+        return every
+
+    def check_request_tokens(self, prompts: list[list[int]], n: int, new_tokens: int) -> None:
+        """A 400 when ``n`` sequences of each prompt, prompt and ``new_tokens`` together, pass
+        ``max_request_tokens``."""
+        total = n * sum(len(prompt) + new_tokens for prompt in prompts)
+        if total > self.max_request_tokens:
+            raise APIError(400, f"the request needs {'more than ' if not new_tokens else ''}{total:,} tokens (n={n} x "
+                                f"{len(prompts)} prompt(s) x (prompt + max_tokens)); at most "
+                                f"{self.max_request_tokens:,} per request (the server's --max-request-tokens)",
+                           "max_tokens" if new_tokens else "prompt", "request_too_large")
+
+    def default_tokens(self, prompt_length: int) -> int:
+        """Room left in the context after the prompt (a request that set no limit)."""
+        limit = self.engine.facts.position_limit
+        return DEFAULT_CHAT_TOKENS if limit is None else max(1, limit - prompt_length)
+
+    # ---- text ---------------------------------------------------------------------------------------
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def top(self, event: TokenEvent) -> list[tuple[str, float]]:
+        """The event's alternatives as (text, log-probability)."""
+        return self.top_texts(event.top_logprobs or [])
+
+    def top_texts(self, top: list[tuple[int, float]]) -> list[tuple[str, float]]:
+        return [(self.token_text(token), value) for token, value in top]
+
+    async def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+        """``messages`` rendered by the chat template, on a worker thread (a slow template, bounded by its time
+        limit, holds no other request); a 400 without a template or when it fails."""
+        if self.chat_template is None:
+            raise APIError(400, f"model {self.model_name!r} has no chat template (the checkpoint's tokenizer ships "
+                                "none; start the server with --chat-template FILE, or use /v1/completions)",
+                           "messages", "no_chat_template")
+        rendered = [message.as_template_input() for message in messages]
+        try:
+            return await asyncio.to_thread(self.chat_template.render, rendered, add_generation_prompt)
+        except ChatTemplateError as error:
+            raise APIError(400, str(error), "messages") from None

@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = warning_printer(args.command)
         try:
-            from tformer.cli.model_source import read_model_source
-
-            read_model_source(args)  # the model option group, checked once for every command that loads a model
+            prepare = getattr(args, "prepare", None)  # what a command's options need done once before it runs:
+            if prepare is not None:  # the model option group's reading (cli/model_source.py)
+                prepare(args)
             return args.run(args) or 0
         except (TformerError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
             print(f"tformer {args.command}: error: {_one_line(error)}", file=sys.stderr)

@@ -80,9 +80,9 @@ def add_model_source(parser: argparse.ArgumentParser, dest: str, help: str, meta
                      sets_threads: bool = True) -> None:
     """The command's model: a local folder or a Hugging Face Hub name, with ``--revision`` and ``--local-only``,
     and every option of ``MODEL_OPTIONS`` but those named in ``without`` (``helps``: a command's own help text for
-    some). ``main`` reads them once into ``args.model_source`` (``read_model_source``) before the command runs, so
-    commands only ever see folders; it sets ``--threads`` unless ``sets_threads`` is False (a command that gives
-    them to a process of its own)."""
+    some). ``main`` reads them once into ``args.model_source`` before the command runs (``read_model_source``, the
+    parser's ``prepare``), so commands only ever see folders; it sets ``--threads`` unless ``sets_threads`` is False
+    (a command that gives them to a process of its own)."""
     helps = helps or {}
     unknown = (set(without) | set(helps)) - set(MODEL_OPTIONS)
     if unknown:
@@ -97,7 +97,8 @@ def add_model_source(parser: argparse.ArgumentParser, dest: str, help: str, meta
     options = tuple(name for name in MODEL_OPTIONS if name not in without)
     for name in options:
         MODEL_OPTIONS[name](group, helps.get(name))
-    parser.set_defaults(model_argument=dest, model_options=options, sets_threads=sets_threads)
+    parser.set_defaults(model_argument=dest, model_options=options, sets_threads=sets_threads,
+                        prepare=read_model_source)
 
 
 # ---- the source, read once -----------------------------------------------------------------------------------

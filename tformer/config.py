@@ -12,7 +12,7 @@ from typing import Any
 
 from tformer.choices import ACTIVATIONS, ATTENTION_KERNELS, HEADS, POSITIONAL_SCHEMES
 from tformer.errors import TformerError
-from tformer.families import FAMILIES, declared_fields, families_reading, preset_fields
+from tformer.families import FAMILIES, declared_fields, ensure_declared, families_reading, preset_fields
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")  # rmsnorm_plus_one: scaled by 1 + weight (Gemma)
 NORM_POSITIONS = ("pre", "post")
@@ -28,6 +28,9 @@ TOKEN_FIELDS = ("vocab_size", "max_seq_len", "tie_embeddings", "pad_token_id", "
 TOKEN_POSITION_FIELDS = ("scale_embeddings", "rope_theta", "rope_scaling", "partial_rotary_factor",
                          "relative_num_buckets", "relative_max_distance", "sinusoidal_layout")
 GENERATION_DEFAULT_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
+# The fields of a mixture-of-experts feed-forward besides num_experts: read only when num_experts > 0.
+EXPERT_FIELDS = ("num_experts_per_token", "moe_d_ff", "norm_topk_prob", "shared_expert_d_ff", "shared_expert_gate",
+                 "router_aux_loss_coef")
 
 
 class ConfigError(TformerError):
@@ -114,6 +117,15 @@ class ModelConfig:
     max_source_positions: int = 1500
     feature_normalization: str = "none"  # speech: "utterance" normalises each recording's log-mel
     ctc_weight: float = 0.0  # speech: > 0 adds a CTC head on the encoder, weighted so in the training loss
+    # A sparse mixture of experts as the feed-forward (nn/experts.py): num_experts > 0 experts, each token routed to
+    # num_experts_per_token of them; the rest are read only then (EXPERT_FIELDS)
+    num_experts: int = 0
+    num_experts_per_token: int = 2
+    moe_d_ff: int | None = None  # each expert's hidden size; None: d_ff
+    norm_topk_prob: bool = True  # the chosen experts' weights renormalised to sum to 1 (Mixtral; Qwen2-MoE: False)
+    shared_expert_d_ff: int = 0  # > 0: a shared expert every token goes through, of this hidden size (Qwen2-MoE)
+    shared_expert_gate: bool = False  # the shared expert's output scaled by sigmoid(Linear(d_model, 1)) (Qwen2-MoE)
+    router_aux_loss_coef: float = 0.01  # training adds this times the load-balancing loss (Switch Transformer)
     key_bias: bool = True  # with attention_bias: False leaves the key projections alone without one (Whisper)
     output_bias: bool = True  # with attention_bias: False leaves the output projection without one (Qwen2)
     suppress_tokens: tuple[int, ...] = ()  # generation's default: never chosen
@@ -135,6 +147,7 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=True)
 
     def __post_init__(self) -> None:
+        ensure_declared()
         for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
             if isinstance(getattr(self, name), list):  # from JSON
                 object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -158,9 +171,12 @@ class ModelConfig:
         }
         if "num_encoder_layers" in family.fields and self.num_encoder_layers is None:
             derived["num_encoder_layers"] = self.num_layers  # as deep as the decoder
+        if self.num_experts and self.moe_d_ff is None:
+            derived["moe_d_ff"] = derived["d_ff"]  # experts as wide as the dense feed-forward (Mixtral)
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         self._check_heads()
+        self._check_experts()
         self._check_chosen("positional", POSITIONAL_SCHEMES)
         if family.check is not None:
             family.check(self)
@@ -235,6 +251,33 @@ class ModelConfig:
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
                 "(equal: multi-head, a divisor: grouped-query, 1: multi-query)"
             )
+
+    def _check_experts(self) -> None:
+        """A mixture of experts' fields: at their defaults for a dense feed-forward (num_experts=0), else sizes that
+        fit (top-k of at most num_experts experts) and a shared expert's gate only with a shared expert."""
+        require_non_negative_int("num_experts", self.num_experts, "(0: a dense feed-forward)")
+        if not self.num_experts:
+            for name in EXPERT_FIELDS:
+                value = getattr(self, name)
+                if value != field_default(type(self), name):
+                    raise ConfigError(f"{name}={value!r} is read only by a mixture of experts (num_experts > 0); "
+                                      "num_experts=0 has a dense feed-forward")
+            return
+        require_positive_int("num_experts_per_token", self.num_experts_per_token)
+        if self.num_experts_per_token > self.num_experts:
+            raise ConfigError(f"num_experts_per_token={self.num_experts_per_token} must be at most "
+                              f"num_experts={self.num_experts} (each token's top-k experts)")
+        require_positive_int("moe_d_ff", self.moe_d_ff)
+        require_non_negative_int("shared_expert_d_ff", self.shared_expert_d_ff, "(0: no shared expert)")
+        if self.shared_expert_gate and not self.shared_expert_d_ff:
+            raise ConfigError("shared_expert_gate=True gates a shared expert: set shared_expert_d_ff > 0")
+        for name in ("norm_topk_prob", "shared_expert_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+        coef = self.router_aux_loss_coef
+        if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not (math.isfinite(coef) and coef >= 0):
+            raise ConfigError(f"router_aux_loss_coef={coef!r} must be a finite number >= 0 (the load-balancing "
+                              "loss's weight in training; 0: none)")
 
     def _check_chosen(self, switch: str, choices: Mapping[str, Any]) -> Any:
         """The entry of ``choices`` (a registry of kernels or positional schemes) that field ``switch`` names: no
@@ -362,6 +405,8 @@ def _underived(config: ModelConfig) -> dict[str, Any]:
             reset[name] = None
     if "num_encoder_layers" in FAMILIES[config.architecture].fields and config.num_encoder_layers == config.num_layers:
         reset["num_encoder_layers"] = None
+    if config.num_experts and config.moe_d_ff == config.d_ff:
+        reset["moe_d_ff"] = None
     return reset
 
 
@@ -383,6 +428,11 @@ def non_default_fields(config: ModelConfig) -> list[str]:
 def require_positive_int(name: str, value: Any, alternative: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{name}={value!r} must be {alternative}a positive integer")
+
+
+def require_non_negative_int(name: str, value: Any, meaning: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{name}={value!r} must be an integer >= 0 {meaning}".rstrip())
 
 
 # ---- presets -------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from tformer.nn.experts import auxiliary_loss, mixtures
 from tformer.training import checkpoints, distributed, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.optim import build_optimizer
@@ -124,6 +125,7 @@ class Trainer:
             decay_embeddings=config.decay_embeddings, fused=not self.sharded,
         )
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.mixtures = mixtures(self.model)  # its mixture-of-experts layers, whose load-balancing loss training adds
         self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
         self.thread_tuner = None
         if config.threads > 0:
@@ -188,6 +190,9 @@ class Trainer:
             self.data_position += 1
             with self._gradient_sync(micro == accumulate - 1), self.autocast():
                 loss = self.task.loss(self.forward_module, batch)
+                balance = auxiliary_loss(self.mixtures, batch.get("attention_mask"))  # mixtures of experts
+                if balance is not None:
+                    loss = loss + balance
             scaled = loss / accumulate if accumulate > 1 else loss
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()

@@ -1,10 +1,9 @@
 """tformer: the transformer family in one PyTorch library and one command-line tool.
 
 The public names load on first use (PEP 562): ``tformer.load``, ``from tformer import generate``, ``tformer.nn``
-and the rest work as before (each comes with the registries filled, ``REGISTERING_MODULE``), while a module
-imported by its own name that needs little (``tformer.serving.server``, ``tformer.tokenizers``) loads without the
-model's libraries. A process that imports ``tformer.config`` (or ``tformer.checkpoint``) by name and makes a config
-before anything imports ``tformer.models`` finds the registries empty: import ``tformer.models`` first.
+and the rest work as before, while a module imported by its own name that needs little (``tformer.serving.server``,
+``tformer.tokenizers``) loads without the model's libraries. The registries a config is checked against fill
+themselves when a config is first made (``families.ensure_declared``), whichever module was imported first.
 """
 
 from __future__ import annotations
@@ -37,9 +36,6 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# Importing it registers every model family (and its presets), attention kernel, positional scheme and head: the
-# registries a config is checked against (choices.py, families.py), which must be filled before a config is made.
-REGISTERING_MODULE = "tformer.models"
 # name -> the module that defines it
 EXPORTS = {
     "PRESETS": "tformer.config", "ConfigError": "tformer.config", "ModelConfig": "tformer.config",
@@ -60,13 +56,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """An exported name, or a submodule (``tformer.nn``), imported the first time it is asked for; the registries
-    are filled first, as the eager package did, so a config made from it sees every choice."""
+    """An exported name, or a submodule (``tformer.nn``), imported the first time it is asked for."""
     if name in EXPORTS:
-        importlib.import_module(REGISTERING_MODULE)
         value = getattr(importlib.import_module(EXPORTS[name]), name)
     elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        importlib.import_module(REGISTERING_MODULE)
         value = importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

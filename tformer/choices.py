@@ -4,8 +4,8 @@
 ``ACTIVATIONS`` (nn/feedforward.py) and ``HEADS`` (nn/heads.py) map each name to what its module declares: a
 class or a small record whose attributes say what the choice honours (the fields it reads, whether it is exact,
 gated, pooled, ...). Like families.py this module imports nothing of tformer's, so config.py validates against
-the registries without importing the layers that fill them: the config is the floor they stand on. The package
-imports every implementing module (tformer/__init__.py) before any config is made.
+the registries without importing the layers that fill them: the config is the floor they stand on. A config
+being made first makes sure every implementing module has registered (``families.ensure_declared``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 from tformer.choices import ACTIVATIONS, ATTENTION_KERNELS, HEADS, POSITIONAL_SCHEMES
 from tformer.errors import TformerError
-from tformer.families import FAMILIES, declared_fields, families_reading, preset_fields
+from tformer.families import FAMILIES, declared_fields, ensure_declared, families_reading, preset_fields
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")  # rmsnorm_plus_one: scaled by 1 + weight (Gemma)
 NORM_POSITIONS = ("pre", "post")
@@ -147,6 +147,7 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=True)
 
     def __post_init__(self) -> None:
+        ensure_declared()
         for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
             if isinstance(getattr(self, name), list):  # from JSON
                 object.__setattr__(self, name, tuple(getattr(self, name)))

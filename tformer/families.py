@@ -7,10 +7,16 @@ configs (``presets``, read through ``config.PRESETS``). ModelConfig
 reads these declarations when it validates: a field no declaration of the config's family names must hold
 its default, so a switch never sits in a config unread. This module imports nothing of tformer's, so
 config.py and the model files can both read it.
+
+The declarations (and the choices of ``choices.py``) are made by the modules that implement them, which
+``tformer.models`` imports, every family and layer. The package imports lazily (the HTTP server's process
+never loads torch), so the first read of a registry makes sure they are made: ``ensure_declared`` imports
+``tformer.models`` by name once, a registry discovering its entries, not a layer reaching upward.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +38,17 @@ class FamilyDeclaration:
 
 
 FAMILIES: dict[str, FamilyDeclaration] = {}
+DECLARING_MODULE = "tformer.models"  # importing it declares every family and registers every choice
+_declaring = False
+
+
+def ensure_declared() -> None:
+    """Make sure every family has declared itself and every layer registered its choices (once per process; a
+    config made from ``tformer.config`` in a fresh process, before anything imported the models, needs it)."""
+    global _declaring
+    if not _declaring:
+        _declaring = True
+        importlib.import_module(DECLARING_MODULE)
 
 
 def declare_family(architecture: str, fields: Iterable[str] = (), check: Callable[[Any], None] | None = None,
@@ -48,16 +65,19 @@ def declare_family(architecture: str, fields: Iterable[str] = (), check: Callabl
 
 def families_reading(field: str) -> tuple[str, ...]:
     """The families that declare ``field``."""
+    ensure_declared()
     return tuple(name for name, family in FAMILIES.items() if field in family.fields)
 
 
 def declared_fields() -> frozenset[str]:
     """Every field some family declares: the fields that belong to families rather than to the core."""
+    ensure_declared()
     return frozenset().union(*(family.fields for family in FAMILIES.values()))
 
 
 def preset_fields() -> dict[str, Mapping[str, Any]]:
     """Every declared family's presets: name -> config fields."""
+    ensure_declared()
     found: dict[str, Mapping[str, Any]] = {}
     for family in FAMILIES.values():
         found.update(family.presets)

@@ -283,7 +283,8 @@ def test_streaming_yields_the_tokens_as_they_come():
     assert training.training  # the caller's model stays as it is: its decoding view runs in eval mode
     early.close()
     assert training.training and early.output.sequences.shape == (2, 5)
-    assert torch.equal(early.output.sequences, tformer.generate(training.eval(), prompt, 1))  # no dropout
+    whole = torch.cat([prompt, *stream_generate(training, prompt, 9)], 1)
+    assert torch.equal(whole, tformer.generate(training.eval(), prompt, 9))  # decoded without dropout
 
 
 def test_text_streamer_prints_the_new_text():

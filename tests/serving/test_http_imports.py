@@ -93,3 +93,13 @@ def test_a_config_made_from_the_package_sees_every_registered_choice():
                        "import tformer\n"
                        "assert tformer.config.ModelConfig(attention_kernel='sliding_window', attention_window=4)\n")
     assert result.returncode == 0, result.stderr.decode()[-3000:]
+
+
+@pytest.mark.slow  # starts a process
+def test_a_config_made_from_the_config_module_alone_sees_every_family_and_choice():
+    """The lazy package imports no model: the registries fill themselves when the first config is made."""
+    result = run_fresh("from tformer.config import ModelConfig, resolve_config\n"
+                       "assert resolve_config('gpt-mini').d_model == 192\n"
+                       "ModelConfig(architecture='vision', image_size=32, patch_size=16, attention_kernel='chunked')\n"
+                       "print('ok')")
+    assert result.returncode == 0 and result.stdout.decode().strip() == "ok", result.stderr.decode()[-3000:]

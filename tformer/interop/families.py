@@ -11,8 +11,10 @@ from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
 from tformer.interop.marian import MarianFamily
 from tformer.interop.mistral import MistralFamily
+from tformer.interop.mixtral import MixtralFamily
 from tformer.interop.phi3 import Phi3Family
 from tformer.interop.qwen2 import Qwen2Family
+from tformer.interop.qwen2_moe import Qwen2MoeFamily
 from tformer.interop.roberta import RobertaFamily
 from tformer.interop.t5 import T5Family
 from tformer.interop.vit import ViTFamily
@@ -21,7 +23,8 @@ from tformer.interop.whisper import WhisperFamily
 HF_FAMILIES: dict[str, Family] = {
     family.model_type: family
     for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), Phi3Family(), GemmaFamily(),
-                   BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(), T5Family(), WhisperFamily())
+                   BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(), T5Family(), WhisperFamily(),
+                   MixtralFamily(), Qwen2MoeFamily())
 }
 SUPPORTED_MODEL_TYPES = tuple(HF_FAMILIES)
 

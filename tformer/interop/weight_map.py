@@ -86,14 +86,14 @@ def weight_rules(modules: Mapping[str, ModuleMap], model) -> list[WeightRule]:
             raise KeyError(f"the key map has no entry for tformer module {key!r} (tensor {name})")
         entry = modules[key]
         theirs = tuple(f"{template.format(i=layer)}.{parameter}" for template in entry.theirs)
-        rows = _fused_rows(entry.fused, config) if entry.fused else (tensor.shape[0],)
+        rows = _fused_rows(entry.fused, config, tensor.shape[0]) if entry.fused else (tensor.shape[0],)
         transposed = entry.transposed and tensor.dim() == 2
         rules.append(WeightRule(name, theirs, rows, transposed))
     return rules
 
 
-def _fused_rows(fused: str, config: ModelConfig) -> tuple[int, ...]:
-    """Row counts of the parts of tformer's fused matrices (their layout is fixed by the core)."""
+def _fused_rows(fused: str, config: ModelConfig, rows: int) -> tuple[int, ...]:
+    """Row counts of the parts of tformer's fused matrices of ``rows`` rows (their layout is fixed by the core)."""
     kv_rows = config.num_kv_heads * config.head_dim
     if fused == "qkv":
         return (config.num_heads * config.head_dim, kv_rows, kv_rows)
@@ -101,7 +101,7 @@ def _fused_rows(fused: str, config: ModelConfig) -> tuple[int, ...]:
         return (kv_rows, kv_rows)
     if fused == "qv":  # the query and value biases of a projection whose keys have none
         return (config.num_heads * config.head_dim, kv_rows)
-    return (config.d_ff, config.d_ff)  # gate_up
+    return (rows // 2, rows // 2)  # gate_up: a feed-forward's, or an expert's (moe_d_ff) or a shared one's
 
 
 def hf_to_tformer(

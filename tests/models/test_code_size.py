@@ -4,8 +4,6 @@ over 80, so each module stays one idea a reader can hold and each function one s
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "tformer"
 MAX_FILE_LINES = 600
@@ -38,14 +36,12 @@ def test_function_lengths_count_methods_and_nested_functions_from_def_to_last_li
     assert len(SOURCES) > 50  # the package is found
 
 
-@pytest.mark.xfail(strict=False, reason="issue 54 in progress")
 def test_no_file_is_over_600_lines():
     too_long = [f"{path.relative_to(ROOT)} ({lines} lines)" for path in SOURCES
                 if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES]
     assert not too_long, f"files over {MAX_FILE_LINES} lines: " + ", ".join(too_long)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 54 in progress")
 def test_no_function_is_over_80_lines():
     too_long = [f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)" for path in SOURCES
                 for name, line, length in _function_lengths(path.read_text(encoding="utf-8"), str(path))

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import tformer
 from tformer.config import ConfigError
 from tformer.data.lm import random_crops
+from tformer.generation import GenerationConfig
 from tformer.nn.experts import (
     MixtureOfExperts,
     auxiliary_loss,
@@ -22,6 +23,8 @@ from tformer.nn.experts import (
     router_logits,
 )
 from tformer.nn.stack import LAYOUT_FIELDS
+from tformer.quantization import quantize
+from tformer.serving import Engine
 from tformer.training.config import TrainingConfig
 from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer
@@ -174,3 +177,21 @@ def test_a_training_step_adds_the_weighted_load_balancing_loss():
     assert outcome.loss == pytest.approx(expected.item(), rel=1e-5)
     balance.backward()
     assert reference.stack.blocks[0].feedforward.router.weight.grad.abs().sum() > 0  # the router learns balance
+
+
+def test_quantized_experts_and_the_serving_engine_decode_as_generate():
+    """int8 swaps every expert's projections (and the router's) like any linear layer; the engine batches
+    requests of different lengths through the paged cache and each decodes what ``generate`` decodes alone."""
+    torch.manual_seed(0)
+    model = tformer.build_model(tformer.ModelConfig(**{**MOE, "shared_expert_d_ff": 8, "shared_expert_gate": True}))
+    quantized = quantize(copy.deepcopy(model).eval(), "int8")
+    assert type(quantized.stack.blocks[0].feedforward.experts[3].in_proj).__name__ == "Int8Linear"
+    prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(tformer.generate(quantized, prompt, 6), tformer.generate(quantized, prompt, 6, use_cache=False))
+    prompts = [torch.randint(0, 40, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+               for length in (3, 9, 1, 6)]
+    config = GenerationConfig(max_new_tokens=6, eos_token_id=())
+    requests = Engine(model.eval(), cache_tokens=256, block_size=4).complete(prompts, config)
+    for prompt, request in zip(prompts, requests, strict=True):
+        alone = tformer.generate(model, torch.tensor([prompt]), 6, eos_token_id=None)[0, len(prompt):].tolist()
+        assert request.outputs()[0] == alone

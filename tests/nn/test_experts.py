@@ -180,14 +180,17 @@ def test_a_training_step_adds_the_weighted_load_balancing_loss():
 
 
 def test_quantized_experts_and_the_serving_engine_decode_as_generate():
-    """int8 swaps every expert's projections (and the router's) like any linear layer; the engine batches
+    """int8 and int4 swap every expert's projections (and the router's) like any linear layer; the engine batches
     requests of different lengths through the paged cache and each decodes what ``generate`` decodes alone."""
     torch.manual_seed(0)
-    model = tformer.build_model(tformer.ModelConfig(**{**MOE, "shared_expert_d_ff": 8, "shared_expert_gate": True}))
-    quantized = quantize(copy.deepcopy(model).eval(), "int8")
-    assert type(quantized.stack.blocks[0].feedforward.experts[3].in_proj).__name__ == "Int8Linear"
+    model = tformer.build_model(tformer.ModelConfig(**{**MOE, "d_model": 32, "moe_d_ff": 32, "shared_expert_d_ff": 32,
+                                                       "shared_expert_gate": True}))  # int4's groups of 32 inputs
     prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(2))
-    assert torch.equal(tformer.generate(quantized, prompt, 6), tformer.generate(quantized, prompt, 6, use_cache=False))
+    for method, layer in (("int8", "Int8Linear"), ("int4", "Int4Linear")):
+        quantized = quantize(copy.deepcopy(model).eval(), method, group_size=32 if method == "int4" else None)
+        assert type(quantized.stack.blocks[0].feedforward.experts[3].in_proj).__name__ == layer
+        assert torch.equal(tformer.generate(quantized, prompt, 6),
+                           tformer.generate(quantized, prompt, 6, use_cache=False))
     prompts = [torch.randint(0, 40, (length,), generator=torch.Generator().manual_seed(length)).tolist()
                for length in (3, 9, 1, 6)]
     config = GenerationConfig(max_new_tokens=6, eos_token_id=())

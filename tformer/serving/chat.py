@@ -4,6 +4,8 @@ messages into the prompt text the model was trained on. Rendered in Jinja's sand
 ``transformers``' ``apply_chat_template`` does, so a template runs no arbitrary code, and within bounds:
 ``time_limit`` seconds of template code, ``size_limit`` characters of output and of any string or list its
 ``*``, ``+`` and ``**`` make, so no request's messages can make a template hang the server or fill its memory.
+Templates see what ``transformers`` gives them: the tokenizer's special tokens (``bos_token``, ``eos_token``, ...),
+``raise_exception``, ``strftime_now`` (Llama 3.1+ print today's date) and a ``tojson`` that escapes no HTML.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import math
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,8 @@ class ChatTemplate:
         environment = _bounded_sandbox(size_limit)(trim_blocks=True, lstrip_blocks=True,
                                                    extensions=["jinja2.ext.loopcontrols"])
         environment.globals["raise_exception"] = _raise
+        environment.globals["strftime_now"] = _strftime_now
+        environment.filters["tojson"] = _tojson
         self.time_limit = time_limit
         self.size_limit = size_limit
         try:
@@ -69,6 +74,20 @@ class ChatTemplate:
             return cls(template, special)
         return None
 
+    def end_token_ids(self, tokenizer: Any) -> tuple[int, ...]:
+        """The id of the token that ends the assistant's turn: tokenizer_config.json's ``eos_token`` (Qwen2.5
+        Instruct's ``<|im_end|>``, Llama 3 Instruct's ``<|eot_id|>``), a stop beside the model's end ids as vLLM
+        adds it; () when the template came without one. A ChatTemplateError when ``tokenizer`` has no such token
+        (every answer would run to its length)."""
+        end = self.special_tokens.get("eos_token")
+        if end is None:
+            return ()
+        end_id = tokenizer.token_to_id(end)
+        if end_id is None:
+            raise ChatTemplateError(f"{TOKENIZER_CONFIG}'s eos_token {end!r} (where a chat turn ends) is not a token "
+                                    "of the tokenizer")
+        return (end_id,)
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text for ``messages``, ending with the assistant's turn opened; a ChatTemplateError
         for whatever the template raises (an error of its own, ``range`` past the sandbox's limit, a type
@@ -96,6 +115,18 @@ class ChatTemplate:
 
 def _raise(message: str) -> None:
     raise ChatTemplateError(message)
+
+
+def _strftime_now(pattern: str) -> str:
+    """The local time as ``pattern`` says (transformers' ``strftime_now``: Llama 3.1+ templates date the prompt)."""
+    return datetime.now().strftime(pattern)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: tuple | None = None,
+            sort_keys: bool = False) -> str:
+    """JSON as transformers' templates get it: Jinja's own ``tojson`` escapes ``<``, ``>``, ``&`` and ``'`` for HTML
+    and sorts keys, which would change a tool's schema in the prompt."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class _Deadline:

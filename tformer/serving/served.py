@@ -42,6 +42,10 @@ class ServedModel:
         self.model_name = model_name
         self.api_key = api_key
         self.chat_template = chat_template
+        # A chat answer stops at the model's end ids and at the template's end of turn (tokenizer_config.json's
+        # eos_token), which a folder's generation_config.json may not list.
+        turn_ends = () if chat_template is None else chat_template.end_token_ids(self.tokenizer)
+        self.chat_end_ids = tuple(dict.fromkeys((*engine.facts.end_token_ids, *turn_ends)))
         self.max_prompts = max_prompts
         self.max_request_tokens = (max_request_tokens if max_request_tokens is not None
                                    else engine.facts.num_blocks * engine.facts.block_size)

@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: messages rendered by the model's chat template and answered ``n`` times, as one
-answer or streamed, with the answer tokens' log-probabilities when asked."""
+answer or streamed, with the answer tokens' log-probabilities when asked; an answer ends at the model's end ids
+or at the template's end-of-turn token (``ServedModel.chat_end_ids``)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,10 @@ async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Re
     tokens = body.token_limit if body.token_limit is not None else served.default_tokens(len(prompt))
     served.check_request_tokens([prompt], body.n, tokens)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    submission = await served.submit(http_request, [prompt], body.generation_config(tokens), body.n, top)
+    config = body.generation_config(tokens)
+    if not body.ignore_eos:  # the end of the assistant's turn as well as the model's end ids
+        config = config.replace(eos_token_id=served.chat_end_ids)
+    submission = await served.submit(http_request, [prompt], config, body.n, top)
     answer = _ChatAnswer(served, submission, new_id("chatcmpl"))
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -1,24 +1,30 @@
-"""``tformer convert SRC DST --to hf|tformer``: rewrite a checkpoint folder in the other format."""
+"""``tformer convert SRC DST --to hf|tformer|gguf``: rewrite a checkpoint folder in another format; SRC may also
+be a GGUF file (llama.cpp's), DST one with ``--to gguf``."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections import Counter
 from pathlib import Path
 
 from tformer.cli import UsageError, refuse_output_over_input
 from tformer.cli.model_source import add_model_source
 from tformer.files import move_aside
 
-FORMATS = ("hf", "tformer")
+FORMATS = ("hf", "tformer", "gguf")
+GGUF_HINT = "pip install 'tformer[gguf]'"
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "convert", help="convert a checkpoint between tformer's and Hugging Face's format",
-        description="Load SRC (either format) and write it to DST in the format given by --to. An existing DST "
-                    "is refused unless --overwrite.",
+        "convert", help="convert a checkpoint between tformer's, Hugging Face's and llama.cpp's (GGUF) formats",
+        description="Load SRC (either folder format, or a GGUF file) and write it to DST in the format given by "
+                    "--to (gguf: a file; int8 models as Q8_0, int4 as Q4_0, float ones as F32/F16/BF16). An "
+                    "existing DST is refused unless --overwrite.",
     )
-    add_model_source(parser, "source", "a checkpoint folder (tformer or Hugging Face format)", "SRC",
+    add_model_source(parser, "source", "a checkpoint folder (tformer or Hugging Face format) or a GGUF file", "SRC",
                      without=("device", "quantize"))
     parser.add_argument("destination", metavar="DST", help="the folder to write")
     parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
@@ -26,25 +32,27 @@ def register(subparsers) -> None:
         "--overwrite", action="store_true",
         help="write into DST even if it exists: the files of the checkpoint it holds (weights, configs, tokenizer "
              "files, tokenizer_config.json, chat template) are moved to DST.replaced-N beside it (nothing is "
-             "deleted), so none outlives the conversion; other files stay",
+             "deleted), so none outlives the conversion; other files stay (--to gguf: the old file is moved to "
+             "DST.replaced-N)",
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tformer.checkpoint import checkpoint_files
-    from tformer.cli.model_source import load_model
     from tformer.quantization import represented_parameters
 
     destination = Path(args.destination)
     refuse_output_over_input(destination, [args.source], option="DST")
+    if args.to == "gguf":
+        return _write_gguf(args, destination)
     if destination.exists() and not args.overwrite:
         raise UsageError(f"{destination} already exists; pass --overwrite to write into it (the files of the "
                          f"checkpoint there are moved to {destination.resolve().name}.replaced-N beside it)")
     if destination.exists() and not destination.is_dir():
         raise UsageError(f"{destination}: exists and is not a folder; a checkpoint is written as a folder "
                          "(give a new path or a folder)")
-    model = load_model(args.model_source).model  # before anything moves: a source that cannot load changes nothing
+    model = _load(args)  # before anything moves: a source that cannot load changes nothing
     old_files = checkpoint_files(destination)
     if old_files:
         moved = move_aside(destination, old_files)
@@ -55,3 +63,80 @@ def run(args: argparse.Namespace) -> int:
     model.save(destination, format=args.to)
     print(f"wrote {destination} ({args.to} format, {type(model).__name__}, {count:,} parameters{stored})")
     return 0
+
+
+def _gguf():
+    """tformer.interop.gguf, or a one-line UsageError when the gguf package is not installed."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise UsageError(f"GGUF files are read and written through the gguf package: {GGUF_HINT}") from None
+    from tformer.interop import gguf as gguf_interop
+
+    return gguf_interop
+
+
+def _load(args: argparse.Namespace):
+    """The model of SRC: a GGUF file (read, built, filled; cast to --dtype), else ``load_model``."""
+    from tformer.cli.model_source import cast_model, load_model
+    from tformer.interop.gguf_layout import GGUF_SUFFIX
+
+    source = args.model_source
+    path = Path(source.path)
+    if path.is_file() and (path.suffix == GGUF_SUFFIX or _starts_with(path, b"GGUF")):
+        from tformer.checkpoint import CheckpointError
+        from tformer.memory import require_memory
+        from tformer.models import build_model
+        from tformer.models.registry import model_bytes
+
+        interop = _gguf()
+        checkpoint = interop.read_gguf(path)
+        config = checkpoint.config  # the float model and its dequantized weights are held at once, as hub.load does
+        require_memory(2 * model_bytes(config), "cpu", f"{path}: loading its model (vocab_size={config.vocab_size}, "
+                       f"d_model={config.d_model}, num_layers={config.num_layers})", CheckpointError)
+        model = interop.load_gguf_weights(build_model(config), checkpoint)
+        if source.dtype is not None:
+            cast_model(model, source.dtype, source.path)
+        return model
+    return load_model(source).model
+
+
+def _write_gguf(args: argparse.Namespace, destination: Path) -> int:
+    """``--to gguf``: DST is a file, an existing one moved to DST.replaced-N (with --overwrite)."""
+    from tformer.quantization import represented_parameters
+
+    if destination.is_dir():
+        raise UsageError(f"{destination}: is a folder; --to gguf writes one file (give a file path such as "
+                         f"{destination / 'model.gguf'})")
+    if destination.exists() and not args.overwrite:
+        raise UsageError(f"{destination} already exists; pass --overwrite to replace it (the old file is moved to "
+                         f"{destination.name}.replaced-N beside it)")
+    interop = _gguf()
+    model = _load(args)
+    interop.gguf_family(model.config)  # refused before anything moves
+    if destination.exists():
+        moved = _moved_aside(destination)
+        print(f"moved the old {destination} to {moved} (nothing is deleted)")
+    written = interop.save_gguf(model, destination)
+    if written.tokenizer_problem is not None:
+        print(f"tformer convert: warning: the tokenizer is not written: {written.tokenizer_problem}",
+              file=sys.stderr)
+    kinds = ", ".join(f"{count} {kind}" for kind, count in Counter(written.tensor_types.values()).most_common())
+    print(f"wrote {destination} (gguf, architecture {written.architecture}, {represented_parameters(model):,} "
+          f"parameters; tensors: {kinds})")
+    return 0
+
+
+def _moved_aside(path: Path) -> Path:
+    """Rename file ``path`` to the first free ``NAME.replaced-N`` beside it."""
+    for number in range(1, 10_000):
+        target = path.with_name(f"{path.name}.replaced-{number}")
+        if not target.exists():
+            os.replace(path, target)
+            return target
+    raise UsageError(f"--overwrite: {path.parent} already holds {path.name}.replaced-1 to -9999")
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    with open(path, "rb") as file:
+        return file.read(len(magic)) == magic

@@ -9,6 +9,7 @@ llama.cpp's query/key permutation itself) reads the files tformer writes.
 from __future__ import annotations
 
 import copy
+import io
 import sys
 from pathlib import Path
 
@@ -174,6 +175,30 @@ def test_a_sentencepiece_gguf_tokenizer_merges_by_score():
     # "abc": a+b (ab, score -5) merges before b+c (bc, -7); "▁" + "ab" then makes "▁ab"
     assert tokenizer.encode("abc") == [1, 8, 6]
     assert tokenizer.decode([1, 8, 6], skip_special_tokens=True) == "abc"
+
+
+@pytest.mark.slow
+def test_a_sentencepiece_gguf_tokenizer_encodes_as_sentencepiece_does():
+    """A SentencePiece BPE model (byte fallback, the dummy prefix, Llama 2's settings) as convert_hf_to_gguf.py
+    stores it (pieces, scores, types): tformer's tokenizer from that metadata gives sentencepiece's own ids."""
+    spm = pytest.importorskip("sentencepiece")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([*TEXTS, "  spaces   and\ttabs\nnew lines"] * 20), model_writer=model, vocab_size=400,
+        model_type="bpe", byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        character_coverage=1.0, minloglevel=2, hard_vocab_limit=False)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    ids = range(sp.get_piece_size())
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 5 if sp.is_unused(i) else 6 if sp.is_byte(i)
+             else 1 for i in ids]
+    tokenizer, problem = tokenizer_from_gguf({
+        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [sp.id_to_piece(i) for i in ids],
+        "tokenizer.ggml.scores": [sp.get_score(i) for i in ids], "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.unknown_token_id": sp.unk_id(), "tokenizer.ggml.bos_token_id": sp.bos_id()})
+    assert problem is None
+    for text in [*TEXTS, "  spaces   and\ttabs\nnew lines", "unseen ✨ emoji 🎉 and Ω", " leading space"]:
+        assert tokenizer.encode(text) == sp.encode(text), text
+        assert tokenizer.decode(sp.encode(text)) == sp.decode(sp.encode(text)) == text
 
 
 def k_quant_blocks(shape: tuple[int, int], kind: GGMLQuantizationType) -> np.ndarray:

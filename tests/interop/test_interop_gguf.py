@@ -178,9 +178,10 @@ def test_a_sentencepiece_gguf_tokenizer_merges_by_score():
 
 
 @pytest.mark.slow
-def test_a_sentencepiece_gguf_tokenizer_encodes_as_sentencepiece_does():
+def test_a_sentencepiece_gguf_tokenizer_encodes_as_sentencepiece_does(tmp_path):
     """A SentencePiece BPE model (byte fallback, the dummy prefix, Llama 2's settings) as convert_hf_to_gguf.py
-    stores it (pieces, scores, types): tformer's tokenizer from that metadata gives sentencepiece's own ids."""
+    stores it (pieces, scores, types): tformer's tokenizer from that metadata gives sentencepiece's own ids, and so
+    does the one tformer writes and reads back."""
     spm = pytest.importorskip("sentencepiece")
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -196,8 +197,15 @@ def test_a_sentencepiece_gguf_tokenizer_encodes_as_sentencepiece_does():
         "tokenizer.ggml.scores": [sp.get_score(i) for i in ids], "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.unknown_token_id": sp.unk_id(), "tokenizer.ggml.bos_token_id": sp.bos_id()})
     assert problem is None
+    model = tiny(dict(LLAMA, vocab_size=sp.get_piece_size(), bos_token_id=sp.bos_id(), eos_token_id=sp.eos_id()))
+    model.tokenizer = tokenizer
+    save_gguf(model, tmp_path / "spm.gguf")  # written back as GGUF's llama tokenizer: scores from merge ranks
+    fields = {name: field.contents() for name, field in gguf.GGUFReader(tmp_path / "spm.gguf").fields.items()}
+    assert fields["tokenizer.ggml.model"] == "llama" and fields["tokenizer.ggml.add_space_prefix"] is True
+    assert fields["tokenizer.ggml.token_type"] == types
+    written = load_gguf(tmp_path / "spm.gguf").tokenizer
     for text in [*TEXTS, "  spaces   and\ttabs\nnew lines", "unseen ✨ emoji 🎉 and Ω", " leading space"]:
-        assert tokenizer.encode(text) == sp.encode(text), text
+        assert tokenizer.encode(text) == written.encode(text) == sp.encode(text), text
         assert tokenizer.decode(sp.encode(text)) == sp.decode(sp.encode(text)) == text
 
 

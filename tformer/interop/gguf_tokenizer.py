@@ -10,6 +10,7 @@ know by name) is reported as a reason, never guessed: the model loads without a 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ PRE_TOKENIZERS: Mapping[str, tuple[str, bool, bool]] = {
 # GGUF token types (gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"  # SentencePiece's word boundary
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")  # SentencePiece's byte-fallback pieces
 
 
 def tokenizer_from_gguf(fields: Mapping[str, Any]) -> tuple[Tokenizer | None, str | None]:
@@ -140,31 +142,87 @@ def _sentencepiece_document(fields: Mapping[str, Any], tokens: Sequence[str], ty
 
 def tokenizer_to_gguf(tokenizer: Tokenizer) -> tuple[dict[str, Any] | None, str | None]:
     """``tokenizer.ggml.*`` metadata (key -> value) for a byte-level BPE tokenizer whose pre-tokenizer llama.cpp
-    knows by name, or (None, why not): other tokenizers are not written (the model is, without one)."""
+    knows by name (``gpt2``) or a SentencePiece BPE one in Llama's layout (``llama``), or (None, why not): other
+    tokenizers are not written (the model is, without one)."""
     document = tokenizer.to_dict()
     model = document.get("model") or {}
-    if model.get("type") != "BPE" or (document.get("decoder") or {}).get("type") != "ByteLevel":
-        return None, (f"{type(tokenizer).__name__} is not a byte-level BPE tokenizer (tformer writes GGUF's 'gpt2' "
-                      "tokenizer only)")
-    pattern = _byte_level_pattern(document.get("pre_tokenizer"))
-    pre = next((name for name, (known, _, _) in PRE_TOKENIZERS.items() if known == pattern), None)
-    if pre is None:
-        return None, "its pre-tokenizer regex is none of those llama.cpp names (gpt-2, llama-bpe, qwen2)"
-    vocab: Mapping[str, int] = model["vocab"]
+    if model.get("type") == "BPE" and (document.get("decoder") or {}).get("type") == "ByteLevel":
+        return _byte_level_fields(document)
+    if model.get("type") == "BPE" and model.get("byte_fallback"):
+        return _sentencepiece_fields(document)
+    return None, (f"{type(tokenizer).__name__} is neither byte-level BPE nor SentencePiece BPE with byte fallback "
+                  "(the tokenizers GGUF's 'gpt2' and 'llama' models hold)")
+
+
+def _token_table(document: Mapping[str, Any], unk: str | None = None) -> tuple[list[str], list[int]]:
+    """Every id's token and GGUF type: special added tokens CONTROL, other added ones USER_DEFINED, SentencePiece's
+    byte pieces (``<0x0A>``) BYTE, the unknown token UNKNOWN, ids nothing names UNUSED."""
+    vocab: Mapping[str, int] = document["model"]["vocab"]
     added = {entry["id"]: entry for entry in document.get("added_tokens") or []}
     size = max([*vocab.values(), *added]) + 1
-    tokens = [""] * size
-    types = [UNUSED] * size
+    tokens, types = [""] * size, [UNUSED] * size
     for token, i in vocab.items():
         tokens[i], types[i] = token, NORMAL
     for i, entry in added.items():
         tokens[i], types[i] = entry["content"], CONTROL if entry.get("special") else USER_DEFINED
-    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model.get("merges", [])]
-    single = ((document.get("post_processor") or {}).get("single") or [{}]) if (
-        (document.get("post_processor") or {}).get("type") == "TemplateProcessing") else [{}]
+    for i, token in enumerate(tokens):
+        if unk is not None and token == unk:
+            types[i] = UNKNOWN
+        elif unk is not None and types[i] == NORMAL and _BYTE_PIECE.fullmatch(token):
+            types[i] = BYTE
+    return tokens, types
+
+
+def _adds_bos(document: Mapping[str, Any]) -> bool:
+    """Whether the tokenizer's template puts a special token before the sequence."""
+    post = document.get("post_processor") or {}
+    single = (post.get("single") or [{}]) if post.get("type") == "TemplateProcessing" else [{}]
+    return "SpecialToken" in single[0]
+
+
+def _byte_level_fields(document: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    pattern = _byte_level_pattern(document.get("pre_tokenizer"))
+    pre = next((name for name, (known, _, _) in PRE_TOKENIZERS.items() if known == pattern), None)
+    if pre is None:
+        return None, "its pre-tokenizer regex is none of those llama.cpp names (gpt-2, llama-bpe, qwen2)"
+    tokens, types = _token_table(document)
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in document["model"].get("merges", [])]
     return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
-            "tokenizer.ggml.add_bos_token": "SpecialToken" in single[0]}, None
+            "tokenizer.ggml.add_bos_token": _adds_bos(document)}, None
+
+
+def _sentencepiece_fields(document: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """A SentencePiece BPE tokenizer as GGUF's ``llama`` model: pieces, types and scores, each merged piece scored
+    by its merge's rank (highest first, as llama.cpp and ``merges_from_scores`` merge), the others below them."""
+    layout = next((prefix for prefix in (True, False) if (document.get("normalizer"), document.get("pre_tokenizer"),
+                   document.get("decoder")) == _sentencepiece_layout(prefix)), None)
+    if layout is None:
+        return None, ("its normalizer, pre-tokenizer or decoder is not Llama's SentencePiece layout (Prepend + "
+                      "Replace of spaces by '\u2581', no pre-tokenizer), the one GGUF's 'llama' model holds")
+    model = document["model"]
+    tokens, types = _token_table(document, unk=model.get("unk_token") or "<unk>")
+    merges = [tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in model["merges"]]
+    rank: dict[str, int] = {}
+    for k, (left, right) in enumerate(merges):
+        rank.setdefault(left + right, k)
+    scores = [-float(rank[token]) if token in rank else (-float(len(merges)) if kind == NORMAL else 0.0)
+              for token, kind in zip(tokens, types, strict=True)]
+    fields: dict[str, Any] = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+                              "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
+                              "tokenizer.ggml.add_space_prefix": layout,
+                              "tokenizer.ggml.add_bos_token": _adds_bos(document)}
+    if UNKNOWN in types:
+        fields["tokenizer.ggml.unknown_token_id"] = types.index(UNKNOWN)
+    return fields, None
+
+
+def _sentencepiece_layout(prefix: bool) -> tuple[dict[str, Any], None, dict[str, Any]]:
+    """(normalizer, pre-tokenizer, decoder) of Llama's SentencePiece BPE tokenizer.json, with or without the
+    dummy prefix, as ``_sentencepiece_document`` writes them."""
+    document = _sentencepiece_document({"tokenizer.ggml.scores": [], "tokenizer.ggml.add_space_prefix": prefix},
+                                       [], [])
+    return document["normalizer"], None, document["decoder"]
 
 
 def _byte_level_pattern(pre_tokenizer: Mapping[str, Any] | None) -> str | None:

@@ -26,7 +26,7 @@ from tformer.checkpoint import CheckpointError  # noqa: E402
 from tformer.cli import main as cli_main  # noqa: E402
 from tformer.interop.gguf import load_gguf_weights, read_gguf, save_gguf  # noqa: E402
 from tformer.interop.gguf_layout import permute_qk, unpermute_qk  # noqa: E402
-from tformer.interop.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from tformer.interop.gguf_tokenizer import PRE_TOKENIZERS, tokenizer_from_gguf  # noqa: E402
 from tformer.quantization import quantize  # noqa: E402
 from tformer.tokenizers import train  # noqa: E402
 
@@ -161,6 +161,36 @@ def test_a_tokenizer_round_trips_and_llama_cpp_metadata_is_written(tmp_path):
     for text in TEXTS:
         assert back.tokenizer.encode(text) == tokenizer.encode(text)
         assert back.tokenizer.decode(tokenizer.encode(text)) == text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2"])
+def test_byte_level_gguf_tokenizers_encode_as_hugging_face_tokenizers_does(tmp_path, pre):
+    """A gpt2 GGUF tokenizer of each pre-tokenizer llama.cpp names (its regex, Llama 3's ignore_merges, Qwen2's NFC)
+    gives the ids Hugging Face ``tokenizers`` gives on the tokenizer.json it stands for; written back, the same."""
+    hf_tokenizers = pytest.importorskip("tokenizers")
+
+    trained = train("bpe", TEXTS * 3, vocab_size=300, special_tokens=["<|endoftext|>"],
+                    pattern=PRE_TOKENIZERS[pre][0]).to_dict()
+    tokens = [""] * 300
+    for token, i in trained["model"]["vocab"].items():
+        tokens[i] = token
+    for entry in trained["added_tokens"]:
+        tokens[entry["id"]] = entry["content"]
+    types = [3 if any(entry["id"] == i for entry in trained["added_tokens"]) else 1 for i in range(300)]
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+              "tokenizer.ggml.token_type": types,
+              "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m) for m in trained["model"]["merges"]]}
+    tokenizer, problem = tokenizer_from_gguf(fields)
+    assert problem is None
+    tokenizer.save(tmp_path / "tokenizer.json")
+    reference = hf_tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    model = tiny(dict(LLAMA, vocab_size=300))
+    model.tokenizer = tokenizer
+    save_gguf(model, tmp_path / "m.gguf")
+    written = load_gguf(tmp_path / "m.gguf").tokenizer
+    for text in [*TEXTS, "ＡＢＣ ﬁ 1234567 e\u0301 <|endoftext|>"]:
+        assert tokenizer.encode(text) == written.encode(text) == reference.encode(text).ids, text
 
 
 def test_a_sentencepiece_gguf_tokenizer_merges_by_score():

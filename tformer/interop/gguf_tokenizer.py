@@ -185,6 +185,11 @@ def _byte_level_fields(document: Mapping[str, Any]) -> tuple[dict[str, Any] | No
     pre = next((name for name, (known, _, _) in PRE_TOKENIZERS.items() if known == pattern), None)
     if pre is None:
         return None, "its pre-tokenizer regex is none of those llama.cpp names (gpt-2, llama-bpe, qwen2)"
+    _, ignore_merges, nfc = PRE_TOKENIZERS[pre]
+    found = (bool(document["model"].get("ignore_merges")), document.get("normalizer"))
+    if found != (ignore_merges, {"type": "NFC"} if nfc else None):
+        return None, (f"its regex is {pre}'s, but not with {pre}'s ignore_merges={ignore_merges} and "
+                      f"{'NFC' if nfc else 'no'} normalizer (llama.cpp would tokenize it as {pre})")
     tokens, types = _token_table(document)
     merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in document["model"].get("merges", [])]
     return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from tformer.config import ModelConfig
 from tformer.data.image_processing import PREPROCESSOR_NAME, ImageProcessing, ImageProcessingError
-from tformer.errors import TformerError
+from tformer.errors import TformerError, warn_user
 from tformer.files import clear_dead_writers, dead_writer_pid, remove_entry
 from tformer.quantization import SCALE_LIMIT, implausible_scales, scheme_disagreement
 from tformer.tokenizers import TokenizerError
@@ -303,8 +302,8 @@ def _warn_if_not_finite(state: dict[str, torch.Tensor], source: str) -> None:
            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
     if bad:
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        warnings.warn(f"{source}: {bad[0]}{more} hold NaN or infinite values; the model's outputs will not be "
-                      "finite (was it saved after training diverged?)", NonFiniteWeightsWarning, stacklevel=5)
+        warn_user(f"{source}: {bad[0]}{more} hold NaN or infinite values; the model's outputs will not be "
+                      "finite (was it saved after training diverged?)", NonFiniteWeightsWarning)
 
 
 def _warn_if_implausible_scales(state: dict[str, torch.Tensor], source: str) -> None:
@@ -313,9 +312,9 @@ def _warn_if_implausible_scales(state: dict[str, torch.Tensor], source: str) -> 
     if found:
         first, largest = next(iter(found.items()))
         more = f" and {len(found) - 1} more" if len(found) > 1 else ""
-        warnings.warn(f"{source}: {first}{more} hold values up to {largest:.3g}, where quantization scales stay "
+        warn_user(f"{source}: {first}{more} hold values up to {largest:.3g}, where quantization scales stay "
                       f"below {SCALE_LIMIT:g} (a trained layer's are far below 1); the model's outputs will be "
-                      "infinite or meaningless (is the file corrupt?)", NonFiniteWeightsWarning, stacklevel=5)
+                      "infinite or meaningless (is the file corrupt?)", NonFiniteWeightsWarning)
 
 
 def check_weights(expected: Mapping[str, Sequence[int]], found: Mapping[str, Sequence[int]], source: str) -> None:
@@ -365,7 +364,7 @@ def read_attached_tokenizer(source: Path, folder: Path):
     try:
         return load_tokenizer(source)
     except TokenizerError as error:
-        warnings.warn(f"{folder}: tokenizer not attached: {error}", TokenizerNotAttachedWarning, stacklevel=4)
+        warn_user(f"{folder}: tokenizer not attached: {error}", TokenizerNotAttachedWarning)
         return None
 
 
@@ -379,8 +378,7 @@ def load_attached_image_processor(folder: Path, config: ModelConfig) -> ImagePro
     try:
         return ImageProcessing.read(folder, num_channels=config.num_channels)
     except ImageProcessingError as error:
-        warnings.warn(f"{folder}: image processor not attached: {error}", ImageProcessorNotAttachedWarning,
-                      stacklevel=3)
+        warn_user(f"{folder}: image processor not attached: {error}", ImageProcessorNotAttachedWarning)
         return None
 
 

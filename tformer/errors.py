@@ -1,5 +1,12 @@
 """The base of every error a user can cause (bad config, file, argument): the command line
-prints its one-line message and exits with status 2, without a traceback."""
+prints its one-line message and exits with status 2, without a traceback; and the warnings that point at the
+user's own call."""
+
+import sys
+import warnings
+from pathlib import Path
+
+PACKAGE = str(Path(__file__).resolve().parent)
 
 
 class TformerError(ValueError):
@@ -30,3 +37,12 @@ def listed(names, limit: int = LIST_LIMIT, width: int = 4 * QUOTE_LIMIT) -> str:
         shown.append(name if len(name) <= QUOTE_LIMIT else quoted(name))
     more = f", ... ({len(names):,} in all)" if len(shown) < len(names) else ""
     return ", ".join(shown) + more
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointed at the first frame outside tformer (the user's ``tformer.load(...)`` line),
+    however deep inside tformer the problem is found: a fixed ``stacklevel`` breaks whenever a function is split."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

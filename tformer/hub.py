@@ -3,7 +3,6 @@ that sits above model classes, interop and checkpoint files (none of them import
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tformer.checkpoint import (
     read_config,
 )
 from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig
+from tformer.errors import warn_user
 from tformer.families import families_reading
 from tformer.generation.defaults import attach_generation_defaults
 from tformer.hub_cache import resolve_model
@@ -91,7 +91,7 @@ def load(
     relabelled = _reset_relabelled_classifier(model, saved_labels)
     if changes or relabelled:
         described = "; ".join(part for part in (relabelled, changes.describe()) if part)
-        warnings.warn(f"{folder}: loaded with head={model.config.head!r}: {described}", stacklevel=2)
+        warn_user(f"{folder}: loaded with head={model.config.head!r}: {described}")
     if wanted is not None and saved_scheme is None:
         quantize_model(model, wanted)
     return model.to(device).eval()

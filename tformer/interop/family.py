@@ -14,7 +14,6 @@ writing folders) is shared and lives beside this module.
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig, field_default, non_default_fields
+from tformer.errors import warn_user
 from tformer.interop.weight_map import ModuleMap
 from tformer.nn.attention.registry import EXACT_ATTENTION_KERNELS
 from tformer.nn.heads import HEADS
@@ -312,10 +312,8 @@ def special_token_ids(model_type: str, raw: Mapping[str, Any], defaults: Mapping
             dropped.append(f"{key}={value!r}")
             ids[key] = None
     if dropped:
-        warnings.warn(
-            f"{model_type} config.json: {', '.join(dropped)} are outside the vocabulary [0, {vocab_size}): "
-            "ignored (no such token)", stacklevel=5,  # the caller of tformer.load
-        )
+        warn_user(f"{model_type} config.json: {', '.join(dropped)} are outside the vocabulary [0, {vocab_size}): "
+                  "ignored (no such token)")
     return ids
 
 

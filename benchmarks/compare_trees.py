@@ -73,23 +73,31 @@ def gpt2_folder(work: Path, shape: str) -> Path:
     return folder
 
 
-def translation_folder(work: Path) -> Path:
+def translation_folder(work: Path, writer: Path) -> Path:
     """A random transformer-multi30k model with a joint BPE of 8,000 tokens learned from Multi30k's training
-    pairs, saved as a tformer checkpoint (config.json, model.safetensors, tokenizer.json)."""
+    pairs, saved as a tformer checkpoint (config.json, model.safetensors, tokenizer.json) by the tree ``writer``
+    (the older one: a newer tformer reads an older one's config.json, which lacks the fields added since, but
+    an older one refuses the newer's)."""
     folder = work / "multi30k-random"
     if not (folder / "model.safetensors").is_file():
-        import torch
-
-        import tformer
-        from tformer.data.parallel import read_parallel
-        from tformer.training.tasks.translation import learn_joint_bpe
-
-        tokenizer = learn_joint_bpe(read_parallel(DATA / "train", "de", "en"), 8000)
-        torch.manual_seed(0)
-        model = tformer.build_model("transformer-multi30k", vocab_size=tokenizer.vocab_size)
-        model.tokenizer = tokenizer
-        model.save(folder)
+        run_worker(writer, "write-translation", folder, 0, None)
     return folder
+
+
+def write_translation(folder: Path, repeats: int) -> dict:
+    """The worker that writes ``translation_folder`` with its tree's tformer."""
+    import torch
+
+    import tformer
+    from tformer.data.parallel import read_parallel
+    from tformer.training.tasks.translation import learn_joint_bpe
+
+    tokenizer = learn_joint_bpe(read_parallel(DATA / "train", "de", "en"), 8000)
+    torch.manual_seed(0)
+    model = tformer.build_model("transformer-multi30k", vocab_size=tokenizer.vocab_size)
+    model.tokenizer = tokenizer
+    model.save(folder)
+    return {}
 
 
 # ---- the workers (run with PYTHONPATH set to one tree) ---------------------------------------------
@@ -203,6 +211,7 @@ def work_kernels(folder: Path, repeats: int) -> dict:
 
 
 WORKERS = {"generate": work_generate, "hf-generate": work_hf_generate, "translate": work_translate,
+           "write-translation": write_translation,
            "kernels": work_kernels}
 
 
@@ -290,7 +299,7 @@ def compare(args) -> dict:
             sides = {"before": ("generate", before), "after": ("generate", ROOT), "hf": ("hf-generate", None)}
             key = "tokens_per_s"
         else:
-            folder = translation_folder(work)
+            folder = translation_folder(work, before)
             sides = {"before": ("translate", before), "after": ("translate", ROOT)}
             key = "sentences_per_s"
         per_side: dict[str, list[dict]] = {side: [] for side in sides}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tformer"
-EDGES = sorted([*(PACKAGE / "generation").glob("*.py"), *(PACKAGE / "serving").glob("*.py")])
+EDGES = sorted([*(PACKAGE / "generation").rglob("*.py"), *(PACKAGE / "serving").rglob("*.py")])
 
 
 def model_probes(path: Path) -> list[str]:

@@ -105,7 +105,7 @@ def quantize(model: nn.Module, method: str | QuantizationScheme, group_size: int
                                 "its float checkpoint instead")
     kept = []
     for name, parent, child_name, linear in _linear_layers(model):
-        if not scheme.head and _is_head(model, name):
+        if not scheme.head and is_head_layer(model, name):
             continue
         if scheme.method == "int4" and int4_problem(linear.in_features, linear.out_features, scheme.group_size):
             kept.append(name)
@@ -123,7 +123,7 @@ def prepare_quantized(model: nn.Module, scheme: QuantizationScheme) -> nn.Module
     loading a quantized checkpoint)."""
     _check_model(model)
     for name, parent, child_name, linear in _linear_layers(model):
-        if (not scheme.head and _is_head(model, name)) or name in scheme.float_layers:
+        if (not scheme.head and is_head_layer(model, name)) or name in scheme.float_layers:
             continue
         if scheme.method == "int4" and int4_problem(linear.in_features, linear.out_features, scheme.group_size):
             continue  # a scheme edited by hand: ``scheme_disagreement`` names it against the weights file
@@ -151,7 +151,7 @@ def scheme_disagreement(model: nn.Module, scheme: QuantizationScheme, tensors: M
     for name, module in model.named_modules():
         if not isinstance(module, (nn.Linear, QuantizedLinear)):
             continue
-        field_name = "head" if not scheme.head and _is_head(model, name) else "float_layers"
+        field_name = "head" if not scheme.head and is_head_layer(model, name) else "float_layers"
         in_float = field_name == "head" or name in scheme.float_layers
         if in_float and f"{name}.qweight" in shapes:
             contrary.setdefault((field_name, "quantized"), []).append(name)
@@ -292,7 +292,7 @@ def _linear_layers(model: nn.Module):
                 yield (f"{parent_name}.{child_name}" if parent_name else child_name), parent, child_name, child
 
 
-def _is_head(model: nn.Module, name: str) -> bool:
+def is_head_layer(model: nn.Module, name: str) -> bool:
     """Whether the linear layer ``name`` belongs to the model's output head (the LM head, a task head)."""
     top = name.split(".", 1)[0]
     return top == "lm_head" or top in getattr(model, "head_modules", ())

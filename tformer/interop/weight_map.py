@@ -79,17 +79,32 @@ def weight_rules(modules: Mapping[str, ModuleMap], model) -> list[WeightRule]:
         if name in tied:
             continue
         module, _, parameter = name.rpartition(".")
-        match = _BLOCK.search(module)
-        layer = match.group(1) if match else None
-        key = _BLOCK.sub("blocks.{i}.", module, count=1)
-        if key not in modules:
-            raise KeyError(f"the key map has no entry for tformer module {key!r} (tensor {name})")
-        entry = modules[key]
-        theirs = tuple(f"{template.format(i=layer)}.{parameter}" for template in entry.theirs)
-        rows = _fused_rows(entry.fused, config, tensor.shape[0]) if entry.fused else (tensor.shape[0],)
-        transposed = entry.transposed and tensor.dim() == 2
-        rules.append(WeightRule(name, theirs, rows, transposed))
+        parts = module_parts(modules, config, module, tensor.shape[0])
+        if parts is None:
+            raise KeyError(f"the key map has no entry for tformer module {_module_key(module)!r} (tensor {name})")
+        theirs, rows, transposed = parts
+        rules.append(WeightRule(name, tuple(f"{their}.{parameter}" for their in theirs), rows,
+                                transposed and tensor.dim() == 2))
     return rules
+
+
+def module_parts(modules: Mapping[str, ModuleMap], config: ModelConfig, module: str,
+                 rows: int) -> tuple[tuple[str, ...], tuple[int, ...], bool] | None:
+    """The Hugging Face module(s) behind tformer's ``module`` (a path such as ``stack.blocks.3.attention.qkv_proj``)
+    whose tensors have ``rows`` rows: their names, the rows of each (a fused matrix's parts in order) and whether
+    HF stores the weights transposed; None when the family's map has no entry for it."""
+    entry = modules.get(_module_key(module))
+    if entry is None:
+        return None
+    match = _BLOCK.search(module)
+    layer = match.group(1) if match else None
+    rows_of_parts = _fused_rows(entry.fused, config, rows) if entry.fused else (rows,)
+    return tuple(template.format(i=layer) for template in entry.theirs), rows_of_parts, entry.transposed
+
+
+def _module_key(module: str) -> str:
+    """The module map's key of a tformer module path: its (first) layer index as ``{i}``."""
+    return _BLOCK.sub("blocks.{i}.", module, count=1)
 
 
 def _fused_rows(fused: str, config: ModelConfig, rows: int) -> tuple[int, ...]:

@@ -148,19 +148,24 @@ class QuantizedLinear(LinearBackend):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
-        if x.device.type != "cpu":  # the CPU kernels only: the same integers as a float weight elsewhere
-            out = self._plus_bias(self._product(rows))
+        if torch.is_grad_enabled() and rows.requires_grad:  # gradients flow to the input (QLoRA), none to the base
+            out = _ThroughQuantized.apply(rows, self)
         else:
-            plan = self._plan
-            if plan is None:
-                plan = self._plan = plan_for(type(self))
-                if plan.kernel_dtype is not None:
-                    self._prepare(plan.kernel_dtype)
-            if rows.shape[0] >= MANY_ROWS:
-                out = self._multiply(plan.many_way, plan.many, rows)
-            else:
-                out = self._multiply(plan.few_way, plan.few, rows)
+            out = self._rows(rows)
         return out.view(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: Tensor) -> Tensor:
+        """rows (N, in) -> (N, out), bias added, as this host's plan says (no gradient)."""
+        if rows.device.type != "cpu":  # the CPU kernels only: the same integers as a float weight elsewhere
+            return self._plus_bias(self._product(rows))
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = plan_for(type(self))
+            if plan.kernel_dtype is not None:
+                self._prepare(plan.kernel_dtype)
+        if rows.shape[0] >= MANY_ROWS:
+            return self._multiply(plan.many_way, plan.many, rows)
+        return self._multiply(plan.few_way, plan.few, rows)
 
     def _apply(self, fn, recurse=True):
         self._plan = None  # a move or cast: prepare the kernel's inputs again on the next call
@@ -169,6 +174,23 @@ class QuantizedLinear(LinearBackend):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"{self.name}")
+
+
+class _ThroughQuantized(torch.autograd.Function):
+    """A quantized layer's product with a gradient for its input: the fused kernels have none (int4's raises,
+    int8's compiled way returns a tensor cut from the graph). The weight is frozen integers, so the input's
+    gradient is grad (N, out) @ W (out, in), W dequantized for this product only (a layer at a time, never
+    kept: the model's weights stay integers), as QLoRA trains adapters over a 4-bit base."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, layer: QuantizedLinear) -> Tensor:
+        ctx.layer = layer
+        return layer._rows(rows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        weight = ctx.layer.dequantized_weight()  # (out, in) float32, for this product only
+        return grad.mm(weight.to(grad.dtype)), None
 
 
 def _forget_prepared(module: QuantizedLinear, incompatible_keys) -> None:

@@ -1,0 +1,288 @@
+"""LoRA adapters in Hugging Face PEFT's format, both ways: a folder of ``adapter_config.json`` (peft_type LORA,
+r, lora_alpha, lora_dropout, use_rslora, target_modules, ...) and ``adapter_model.safetensors`` holding
+``base_model.model.<HF module>.lora_A.weight`` (rank, in) and ``.lora_B.weight`` (out, rank) per adapted module,
+named as the family's Hugging Face class names its modules.
+
+The module names go through the family's module map (``interop/weight_map.py``), the same one the weights do.
+Where tformer fuses matrices that Hugging Face keeps apart (Llama's and BERT's q/k/v in ``qkv_proj``, a gated
+feed-forward's gate/up in ``in_proj``), each HF module's adapter adapts its own rows of the fused layer: an
+adapter on ``q_proj`` alone is a LoRA block over the query rows. An adapter tformer made over a whole fused
+layer is written as one adapter per HF part, B split by rows and A repeated (the same function). GPT-2 fuses
+c_attn itself, as tformer does: one adapter both sides. GPT-2's Conv1D layers store their weights transposed,
+but PEFT's lora_A and lora_B are ordinary (rank, in) and (out, rank) matrices there too (fan_in_fan_out
+transposes only the merged update): they are read and written as they are.
+
+A model with no Hugging Face family is written under tformer's own module paths (auto_mapping names tformer
+as the base class): tformer reads it back, PEFT does not. What PEFT can hold and tformer does not compute
+(DoRA, rank or alpha patterns, trained biases, modules saved whole) is refused in one line, as is an adapter
+for another base: another model class, module names the model lacks, or shapes that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from tformer.adapters import LinearTarget, hf_family, install_lora, linear_targets, lora_layers
+from tformer.checkpoint import read_safetensors, write_checkpoint_folder
+from tformer.errors import listed
+from tformer.nn.weights.lora import AdapterError, LoraLinear
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+TFORMER_CLASS = "tformer"  # auto_mapping's base_model_class of an adapter under tformer's own module paths
+SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+TASK_TYPES = {"decoder": "CAUSAL_LM", "encoder_decoder": "SEQ_2_SEQ_LM", "speech": "SEQ_2_SEQ_LM"}
+# Families whose weights are not a plain rename of tformer's, so an adapter of theirs is not one of tformer's.
+UNMAPPED_FAMILIES = {"t5": "tformer folds T5's attention scaling into the query weights, so query adapters "
+                           "would differ; T5 adapters are not translated"}
+# adapter_config.json settings tformer does not compute, each with the values that mean "not used".
+NOT_COMPUTED: dict[str, tuple[Any, ...]] = {
+    "use_dora": (False, None), "modules_to_save": (None, []), "rank_pattern": ({}, None),
+    "alpha_pattern": ({}, None), "bias": ("none",), "lora_bias": (False, None), "layers_pattern": (None, [], ""),
+    "trainable_token_indices": (None, [], {}), "target_parameters": (None, []), "layer_replication": (None, []),
+    "use_qalora": (False, None), "alora_invocation_tokens": (None, []), "use_bdlora": (None, False),
+}
+
+
+# ---- writing -----------------------------------------------------------------------------------------
+
+
+def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_path: str | None = None) -> Path:
+    """Write ``model``'s LoRA adapter into folder ``path`` in PEFT's format (adapter tensors only)."""
+    layers = lora_layers(model)
+    if not layers:
+        raise AdapterError("this model has no LoRA adapter to save (add_lora or load_adapter puts one on)")
+    settings = {(layer.rank, layer.alpha, layer.rslora, _dropout(layer)) for layer in layers.values()}
+    if len(settings) > 1:
+        raise AdapterError(f"the model's adapters differ in rank, alpha, rsLoRA or dropout ({sorted(settings)}): "
+                           "PEFT's adapter_config.json holds one setting for all")
+    (rank, alpha, rslora, dropout), = settings
+    family = _family_or_refuse(model)
+    targets = {target.path: target for target in linear_targets(model)}
+    tensors: dict[str, Tensor] = {}
+    for layer_path, layer in layers.items():
+        for name, a, b in _peft_modules(layer_path, layer, targets[layer_path], family is not None):
+            module = _their_name(family, model, name)
+            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.detach().cpu().clone()
+            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.detach().cpu().contiguous().clone()
+    adapted = [name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight") for name in tensors if
+               name.endswith(".lora_A.weight")]
+    every = [_their_name(family, model, name) for target in targets.values()
+             for name in (target.hf_names if family is not None else (target.path,))]
+    config = {
+        "peft_type": "LORA", "r": rank, "lora_alpha": int(alpha) if alpha.is_integer() else alpha,
+        "lora_dropout": dropout, "use_rslora": rslora,
+        "target_modules": _target_modules(adapted, every), "base_model_name_or_path": base_model_name_or_path,
+        "bias": "none", "task_type": TASK_TYPES.get(model.config.architecture) if family is not None else None,
+        "fan_in_fan_out": bool(family is not None and family.model_type == "gpt2"), "inference_mode": True,
+        "init_lora_weights": True, "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
+        "use_dora": False, "auto_mapping": _auto_mapping(family, model),
+    }
+
+    def write(folder: Path) -> None:
+        save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    return write_checkpoint_folder(path, write)
+
+
+def _peft_modules(path: str, layer: LoraLinear, target: LinearTarget, by_hf_names: bool):
+    """(module name, lora_A, lora_B) of each module PEFT holds for ``layer``: per HF part of each block."""
+    for (start, stop), a, b in zip(layer.blocks, layer.lora_A, layer.lora_B, strict=True):
+        if not by_hf_names:
+            if (start, stop) != (0, layer.out_features):
+                raise AdapterError(f"{path}: an adapter on rows {start}..{stop} of a model without a Hugging Face "
+                                   "family has no module name to be saved under")
+            yield path, a, b
+            continue
+        parts = [(name, rows) for name, rows in zip(target.hf_names, target.hf_rows, strict=True)
+                 if start <= rows[0] and rows[1] <= stop]
+        if not target.hf_names or sum(end - begin for _, (begin, end) in parts) != stop - start:
+            raise AdapterError(f"{path}: its adapted rows {start}..{stop} are no Hugging Face module's "
+                               f"({', '.join(target.hf_names) or 'the family maps no module to it'})")
+        for name, (begin, end) in parts:
+            yield name, a, b[begin - start:end - start]
+
+
+def _target_modules(adapted: list[str], every: list[str]) -> list[str]:
+    """PEFT's target_modules for the adapted modules: a module's last name where every module of that name is
+    adapted (``q_proj``), else the adapted modules' full names."""
+    chosen = set(adapted)
+    names: list[str] = []
+    for leaf in dict.fromkeys(name.rpartition(".")[2] for name in adapted):
+        same = [name for name in every if name.rpartition(".")[2] == leaf]
+        names += [leaf] if set(same) <= chosen else [name for name in adapted if name.rpartition(".")[2] == leaf]
+    return sorted(names)
+
+
+def _auto_mapping(family, model: nn.Module) -> dict[str, str]:
+    if family is None:
+        return {"base_model_class": TFORMER_CLASS, "parent_library": f"tformer.{model.config.architecture}"}
+    return {"base_model_class": _model_class(family, model),
+            "parent_library": f"transformers.models.{family.model_type}.modeling_{family.model_type}"}
+
+
+def _model_class(family, model: nn.Module) -> str:
+    return family.class_for_head(model.config.head) if family.heads else family.architecture_class
+
+
+def _dropout(layer: LoraLinear) -> float:
+    return float(getattr(layer.dropout, "p", 0.0))
+
+
+# ---- reading -----------------------------------------------------------------------------------------
+
+
+def read_peft_adapter(model: nn.Module, folder: Path) -> None:
+    """Put the LoRA adapter in ``folder`` over ``model`` (frozen); everything is checked before the model is
+    touched."""
+    config = _read_config(folder)
+    family = _family_or_refuse(model)
+    _check_base_class(config, family, model, folder)
+    tensors = _read_tensors(folder)
+    by_module = _adapted_modules(tensors, folder)
+    targets = {(_their_name(family, model, name) if family is not None else name): (target, rows)
+               for target in linear_targets(model)
+               for name, rows in (zip(target.hf_names, target.hf_rows, strict=True) if family is not None
+                                  else [(target.path, (0, target.layer.out_features))])}
+    unknown = [name for name in by_module if _lookup(targets, family, name) is None]
+    if unknown:
+        kind = f"this {family.model_type} model" if family is not None else "this model"
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS} adapts {listed(unknown, 3)}, which {kind} has no linear layer "
+                           f"of (it has {listed(list(targets), 3)}): an adapter for another base")
+    rank = config["r"]
+    plans: dict[str, list[tuple[tuple[int, int], Tensor, Tensor]]] = {}
+    for name, (a, b) in by_module.items():
+        target, (start, stop) = _lookup(targets, family, name)
+        _check_shapes(folder, name, a, b, rank, target.layer.in_features, stop - start)
+        plans.setdefault(target.path, []).append(((start, stop), a, b))
+    model.requires_grad_(False)
+    for path, blocks in plans.items():
+        blocks.sort(key=lambda block: block[0])
+        layer = install_lora(model, path, rank, config["lora_alpha"], [rows for rows, _, _ in blocks],
+                             config["lora_dropout"], config["use_rslora"])
+        with torch.no_grad():
+            for index, (_, a, b) in enumerate(blocks):
+                layer.lora_A[index].copy_(a)
+                layer.lora_B[index].copy_(b)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / ADAPTER_CONFIG
+    if not path.is_file():
+        raise AdapterError(f"{folder}: no {ADAPTER_CONFIG} (a PEFT adapter folder holds it and {ADAPTER_WEIGHTS})")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AdapterError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        found = config.get("peft_type") if isinstance(config, dict) else config
+        raise AdapterError(f"{path}: peft_type={found!r}; tformer reads LoRA adapters (peft_type LORA)")
+    for key, unused in NOT_COMPUTED.items():
+        if key in config and config[key] not in unused:
+            raise AdapterError(f"{path}: {key}={config[key]!r} is a PEFT setting tformer does not compute "
+                               f"(it reads adapters with {key}={unused[0]!r})")
+    rank, alpha = config.get("r"), config.get("lora_alpha", 8)
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise AdapterError(f"{path}: r={rank!r} must be a positive whole number")
+    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
+        raise AdapterError(f"{path}: lora_alpha={alpha!r} must be a number")
+    dropout = config.get("lora_dropout", 0.0)
+    if not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise AdapterError(f"{path}: lora_dropout={dropout!r} must be a number in [0, 1)")
+    if not isinstance(config.get("use_rslora", False), bool):
+        raise AdapterError(f"{path}: use_rslora={config['use_rslora']!r} must be true or false")
+    return {**config, "lora_alpha": float(alpha), "lora_dropout": float(dropout),
+            "use_rslora": config.get("use_rslora", False)}
+
+
+def _check_base_class(config: dict[str, Any], family, model: nn.Module, folder: Path) -> None:
+    """An adapter_config.json that names its base class (PEFT writes auto_mapping) must name one of this
+    model's family (or tformer, for tformer's own names)."""
+    mapping = config.get("auto_mapping")
+    named = mapping.get("base_model_class") if isinstance(mapping, dict) else None
+    if named is None:
+        return
+    if family is None:
+        allowed = (TFORMER_CLASS,)
+    else:
+        allowed = (family.architecture_class, *family.heads)
+    if named not in allowed:
+        this = _model_class(family, model) if family is not None else f"tformer's {model.config.architecture}"
+        raise AdapterError(f"{folder / ADAPTER_CONFIG}: an adapter for {named}; this model is {this}")
+
+
+def _read_tensors(folder: Path) -> dict[str, Tensor]:
+    path = folder / ADAPTER_WEIGHTS
+    if not path.is_file():
+        pickled = " (adapter_model.bin is a pickle, which tformer does not read: resave it with safetensors)" if (
+            folder / "adapter_model.bin").is_file() else ""
+        raise AdapterError(f"{folder}: no {ADAPTER_WEIGHTS}{pickled}")
+    try:
+        return read_safetensors(path)
+    except Exception as error:  # a damaged or foreign file: one line naming it
+        raise AdapterError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def _adapted_modules(tensors: dict[str, Tensor], folder: Path) -> dict[str, tuple[Tensor, Tensor]]:
+    """Module name (without PEFT's prefix) -> (lora_A, lora_B); anything else in the file is refused."""
+    other = [name for name in tensors if not (name.startswith(PEFT_PREFIX) and name.endswith(SUFFIXES))]
+    if other:
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {listed(other, 3)}: tformer reads LoRA's lora_A and "
+                           "lora_B weights only (no DoRA magnitudes, embedding adapters or modules saved whole)")
+    modules = dict.fromkeys(name.removeprefix(PEFT_PREFIX).rsplit(".", 2)[0] for name in tensors)
+    found = {}
+    for module in modules:
+        pair = [tensors.get(f"{PEFT_PREFIX}{module}{suffix}") for suffix in SUFFIXES]
+        if any(tensor is None for tensor in pair):
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {module} has lora_A or lora_B but not both")
+        found[module] = (pair[0], pair[1])
+    if not found:
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds no adapter tensors")
+    return found
+
+
+def _check_shapes(folder: Path, name: str, a: Tensor, b: Tensor, rank: int, inputs: int, outputs: int) -> None:
+    for kind, tensor, expected in (("lora_A", a, (rank, inputs)), ("lora_B", b, (outputs, rank))):
+        if tuple(tensor.shape) != expected or not tensor.is_floating_point():
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {name}.{kind}.weight is {tuple(tensor.shape)} "
+                               f"{str(tensor.dtype).removeprefix('torch.')}, this model needs {expected} float "
+                               f"(r={rank}): an adapter for another base")
+
+
+# ---- names -------------------------------------------------------------------------------------------
+
+
+def _family_or_refuse(model: nn.Module):
+    """The model's Hugging Face family (None: tformer's own names); a family whose weights are not a plain
+    rename of tformer's is refused."""
+    family = hf_family(model)
+    if family is not None and family.model_type in UNMAPPED_FAMILIES:
+        raise AdapterError(f"{family.model_type} adapters: {UNMAPPED_FAMILIES[family.model_type]}")
+    return family
+
+
+def _their_name(family, model: nn.Module, name: str) -> str:
+    """An HF module name (the LM class's, as the module map holds it) as the model's HF class names it: a bare
+    model's class (a family with heads, no head) without the base prefix, as ``Family.saved_state`` writes."""
+    if family is not None and family.heads and model.config.head is None:
+        return name.removeprefix(family.base_prefix)
+    return name
+
+
+def _lookup(targets: dict, family, name: str):
+    """The (target, rows) of a module name from a file: as this model's class names it, or as the family's
+    other classes do (with or without the base prefix)."""
+    found = targets.get(name)
+    if found is None and family is not None:
+        prefix = family.base_prefix
+        found = targets.get(name.removeprefix(prefix)) or targets.get(prefix + name)
+    return found

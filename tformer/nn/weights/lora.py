@@ -1,0 +1,163 @@
+"""The ``lora`` weight backend: a frozen linear layer on any backend (plain, prepacked, int8, int4: the last
+is QLoRA) plus trainable low-rank updates of its rows (Hu et al. 2021), swapped in as a module like every
+backend, so the model's code does not change.
+
+``y = base(x) + scale * (dropout(x) @ A_j.T) @ B_j.T`` on each adapted block of output rows j: a layer can be
+adapted whole, or only some row blocks of a fused matrix (tformer's ``qkv_proj`` holds the query, key and
+value rows: an adapter on Hugging Face's ``q_proj`` alone adapts the query rows). ``A_j`` (rank, in) starts
+as PEFT's does (Kaiming-uniform, a = sqrt(5)), ``B_j`` (rows, rank) at zero, so an adapted model starts equal
+to its base; ``scale`` is alpha / rank, or alpha / sqrt(rank) with rsLoRA. The blocks share one dropout mask
+and one product by their stacked ``A`` (Hugging Face PEFT draws a mask per module: the same function in
+evaluation, another random draw in training).
+
+The base stays what it was (a quantized base keeps its integers; only its input gets gradients, see
+``quantized.py``); its parameters are frozen. ``merge`` adds ``scale * B_j @ A_j`` into a float base's
+weight rows, keeping the rows it overwrote, so ``unmerge`` restores the base bit for bit; a quantized base
+has no float weight to merge into and refuses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer.errors import TformerError
+from tformer.nn.weights.backend import LinearBackend
+
+
+class AdapterError(TformerError):
+    """An adapter that cannot be made, loaded or merged as asked: the message names why."""
+
+
+def lora_scale(rank: int, alpha: float, rslora: bool) -> float:
+    """The factor of the low-rank update: alpha / rank (LoRA), alpha / sqrt(rank) (rsLoRA)."""
+    return alpha / math.sqrt(rank) if rslora else alpha / rank
+
+
+class LoraLinear(nn.Module):
+    """``base`` (a linear layer on any weight backend, frozen) plus ``scale * B_j @ A_j`` on the output rows
+    ``blocks[j]`` = (start, stop); (..., in) -> (..., out) like the base."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, blocks: Sequence[tuple[int, int]] | None = None,
+                 dropout: float = 0.0, rslora: bool = False) -> None:
+        super().__init__()
+        if isinstance(base, LoraLinear) or not isinstance(base, nn.Linear):
+            raise AdapterError(f"a LoRA adapter goes over a linear layer, not {type(base).__name__}")
+        self.base = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.blocks = tuple((int(start), int(stop)) for start, stop in (blocks or [(0, base.out_features)]))
+        _check_blocks(self.blocks, base.out_features)
+        smallest = min([self.in_features] + [stop - start for start, stop in self.blocks])
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 < rank <= smallest:
+            raise AdapterError(f"rank={rank!r} must be a whole number from 1 to {smallest} for a layer of "
+                               f"{self.in_features} inputs and blocks of {_sizes(self.blocks)} outputs")
+        if not 0.0 <= dropout < 1.0:
+            raise AdapterError(f"lora dropout={dropout!r} must be in [0, 1)")
+        self.rank, self.alpha, self.rslora = rank, float(alpha), bool(rslora)
+        self.scale = lora_scale(rank, alpha, rslora)
+        dtype, device = adapter_dtype(base), base_device(base)
+        self.lora_A = nn.ParameterList(
+            [nn.Parameter(torch.empty(rank, self.in_features, dtype=dtype, device=device)) for _ in self.blocks])
+        self.lora_B = nn.ParameterList(
+            [nn.Parameter(torch.zeros(stop - start, rank, dtype=dtype, device=device)) for start, stop in self.blocks])
+        for a in self.lora_A:
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))  # PEFT's (nn.Linear's) initialisation of lora_A
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        base.requires_grad_(False)
+        self._replaced_rows: list[Tensor] | None = None  # the weight rows a merge overwrote (None: not merged)
+
+    @property
+    def merged(self) -> bool:
+        return self._replaced_rows is not None
+
+    @property
+    def whole(self) -> bool:
+        """Whether one block covers every output row (no zero rows to place between blocks)."""
+        return self.blocks == ((0, self.out_features),)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.base(x)
+        if self._replaced_rows is not None:  # merged: the base's weight holds the update
+            return out
+        a = self.lora_A[0] if len(self.lora_A) == 1 else torch.cat(list(self.lora_A))  # (blocks * rank, in)
+        low = F.linear(self.dropout(x).to(a.dtype), a)  # (..., blocks * rank)
+        if self.whole:
+            return out + (F.linear(low, self.lora_B[0]) * self.scale).to(out.dtype)
+        pieces, position = [], 0
+        for index, (start, stop) in enumerate(self.blocks):
+            if start > position:
+                pieces.append(low.new_zeros(*low.shape[:-1], start - position))
+            pieces.append(F.linear(low[..., index * self.rank:(index + 1) * self.rank], self.lora_B[index]))
+            position = stop
+        if position < self.out_features:
+            pieces.append(low.new_zeros(*low.shape[:-1], self.out_features - position))
+        return out + (torch.cat(pieces, dim=-1) * self.scale).to(out.dtype)
+
+    def block_updates(self) -> list[Tensor]:
+        """``scale * B_j @ A_j`` (rows_j, in) of each block, in float32."""
+        return [(b.float() @ a.float()) * self.scale for a, b in zip(self.lora_A, self.lora_B, strict=True)]
+
+    def merge(self) -> None:
+        """Add the update into the base's float weight (the overwritten rows kept for ``unmerge``)."""
+        if self.merged:
+            return
+        weight = self.float_weight()
+        replaced = []
+        with torch.no_grad():
+            for (start, stop), update in zip(self.blocks, self.block_updates(), strict=True):
+                replaced.append(weight[start:stop].clone())
+                weight[start:stop] = (weight[start:stop].float() + update).to(weight.dtype)
+        self._replaced_rows = replaced
+
+    def unmerge(self) -> None:
+        """The base's weight as it was before ``merge``, bit for bit."""
+        if not self.merged:
+            return
+        weight = self.float_weight()
+        with torch.no_grad():
+            for (start, stop), rows in zip(self.blocks, self._replaced_rows, strict=True):
+                weight[start:stop] = rows
+        self._replaced_rows = None
+
+    def float_weight(self) -> Tensor:
+        """The base's float weight (out, in), which a merge changes; a quantized base has none and refuses."""
+        if isinstance(self.base, LinearBackend) and not self.base.lossless:
+            raise AdapterError(f"a {getattr(self.base, 'name', 'quantized')} base holds integers, not a float weight "
+                               "to merge into: dequantize the model first (tformer.quantization.dequantized), "
+                               "then merge (the merged weights are float)")
+        return self.base.weight
+
+    def extra_repr(self) -> str:
+        blocks = "" if self.whole else f", rows={list(self.blocks)}"
+        return (f"rank={self.rank}, alpha={self.alpha:g}, scale={self.scale:g}{', rslora' if self.rslora else ''}"
+                f"{blocks}{', merged' if self.merged else ''}")
+
+
+def adapter_dtype(base: nn.Linear) -> torch.dtype:
+    """The dtype an adapter over ``base`` is held in: a float base's, float32 over a quantized one."""
+    weight = getattr(base, "weight", None)
+    return weight.dtype if isinstance(weight, Tensor) and weight.is_floating_point() else torch.float32
+
+
+def base_device(base: nn.Linear) -> torch.device:
+    """The device of ``base``'s tensors (a quantized layer's are buffers)."""
+    tensor = next(iter(base.parameters()), None)
+    if tensor is None:
+        tensor = next(iter(base.buffers()), None)
+    return torch.device("cpu") if tensor is None else tensor.device
+
+
+def _check_blocks(blocks: tuple[tuple[int, int], ...], rows: int) -> None:
+    position = 0
+    for start, stop in blocks:
+        if not position <= start < stop <= rows:
+            raise AdapterError(f"adapter row blocks {list(blocks)} must be in order, apart, within 0..{rows}")
+        position = stop
+
+
+def _sizes(blocks: tuple[tuple[int, int], ...]) -> str:
+    return "/".join(str(stop - start) for start, stop in blocks)

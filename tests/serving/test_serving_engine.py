@@ -288,13 +288,13 @@ def test_the_pool_hands_out_only_what_it_promised():
     assert pool.blocks_in_use == 0 and pool.available == 4
 
 
-def test_sixteen_requests_with_every_option_equal_generate_alone():
-    """Whatever GenerationConfig offers that the engine honours (GENERATION_FIELDS), sixteen requests at once,
+def test_requests_with_every_option_equal_generate_alone():
+    """Whatever GenerationConfig offers that the engine honours (GENERATION_FIELDS), eighteen requests at once,
     each with its own options, decode the ids generate decodes for each alone, and stop for the same reason."""
     tokenizer = CharTokenizer.train("abcdefghij ")
     model = small_model(vocab_size=tokenizer.vocab_size, forced_eos_token_id=4)  # the model config's forced end
     prompts = [tokenizer.encode(text) for text in ("ab", "c", "j h", "dd", "e", "fgh ", "a b", "i", "bb", "c d",
-                                                    "jj", "g", "h i", "aa", "e f", "d")]
+                                                    "jj", "g", "h i", "aa", "e f", "d", "abab", "jiji")]
     free = [alone(model, prompt, GenerationConfig(max_new_tokens=12, eos_token_id=())) for prompt in prompts]
     options = [
         dict(), dict(eos_token_id=()), dict(forced_eos_token_id=False), dict(forced_eos_token_id=7),
@@ -304,10 +304,10 @@ def test_sixteen_requests_with_every_option_equal_generate_alone():
         dict(temperature=0.0, suppress_tokens=tuple(free[11][:2])),
         dict(max_new_tokens=3, begin_suppress_tokens=(free[12][0],)), dict(min_new_tokens=12, eos_token_id=free[13][0]),
         dict(do_sample=True, temperature=1.3, top_k=5, top_p=0.9, min_p=0.1, seed=9, min_new_tokens=2),
-        dict(max_new_tokens=1),
+        dict(max_new_tokens=1), dict(repetition_penalty=1.5), dict(repetition_penalty=0.7, temperature=0.8, seed=2),
     ]
     configs = [GenerationConfig(**{"max_new_tokens": 12, **option}) for option in options]
-    engine = Engine(model, tokenizer, cache_tokens=2048, block_size=4, max_running=16)
+    engine = Engine(model, tokenizer, cache_tokens=2048, block_size=4, max_running=18)
     requests = [engine.submit(prompt, config) for prompt, config in zip(prompts, configs, strict=True)]
     engine.run_until_idle()
     for prompt, config, request in zip(prompts, configs, requests, strict=True):
@@ -319,6 +319,7 @@ def test_sixteen_requests_with_every_option_equal_generate_alone():
             expected = expected[: next(i for i, t in enumerate(expected) if t in ended) + 1]
         assert request.outputs()[0] == expected, config
     assert engine.stats.steps == 12 and engine.pool.blocks_in_use == 0
+    assert requests[16].outputs()[0] != free[16][:len(requests[16].outputs()[0])]  # the penalty bites
     # The forced end: the model config's (4) unless a request sets its own (7) or none (False).
     assert [requests[index].outputs()[0][-1] for index in (0, 1, 2, 3)] == [4, 4, 2, 7]
 
@@ -331,7 +332,7 @@ def test_every_option_the_engine_does_not_honour_is_refused_by_name():
     engine = Engine(small_model(), cache_tokens=64, block_size=8)
     unusual = {"pad_token_id": 3, "num_beams": 2, "length_penalty": 0.5, "early_stopping": True,
                "num_return_sequences": 2, "num_draft_tokens": 2, "output_scores": True, "return_dict": True,
-               "use_cache": False, "decoder_prompt_ids": (1,), "repetition_penalty": 1.2}
+               "use_cache": False, "decoder_prompt_ids": (1,)}
     refused = {name for name, reason in GENERATION_FIELDS.items() if reason is not None}
     assert refused == set(unusual) and set(GENERATION_FIELDS) == {f.name for f in fields(GenerationConfig)}
     for name, value in unusual.items():

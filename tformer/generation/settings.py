@@ -97,8 +97,7 @@ class GenerationConfig:
         1.0, flag=Flag("--repetition-penalty", float, "penalise tokens already in the text: their logits divided "
                                                       "by this (multiplied if negative); 1 = none"),
         api="repetition_penalty", api_as_is=True, from_file=True,
-        refused={SERVER: "the server's chooser does not read a sequence's tokens so far",
-                 BEAM_SEARCH: "it scores without each beam's tokens so far; pass repetition_penalty=1.0",
+        refused={BEAM_SEARCH: "it scores without each beam's tokens so far; pass repetition_penalty=1.0",
                  SPECULATIVE: "the drafted positions are scored without their tokens so far; pass "
                               "repetition_penalty=1.0"})
     seed: int | None = option(None, flag=Flag("--seed", int, "seed for reproducible sampling"), api="seed")

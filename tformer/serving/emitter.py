@@ -66,7 +66,9 @@ class Emitter:
             row = rows[id(sequence)]
             if index not in tokens:
                 chooser = request.chooser
-                scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids))
+                history = (torch.tensor([request.prompt_ids + sequence.output_ids], device=logits.device)
+                           if chooser.reads_history else None)  # a repetition penalty reads the tokens so far
+                scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids), history=history)
                 tokens[index] = int(chooser.choose(scores, sequence.generator))
             self._accept(request, sequence, tokens[index], logits[row] if request.logprobs is not None else None)
 

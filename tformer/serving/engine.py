@@ -82,6 +82,7 @@ class Engine:
         reason = serving_problem(model)
         if reason is not None:
             raise GenerationError(f"the server cannot decode this model: {reason}")
+        file_defaults(model)  # a default of the folder's the engine cannot honour: refused before the pool is made
         try:
             self.in_place, self.paged_attention_note = resolve(paged_attention, model)
         except PagedKernelError as error:
@@ -279,6 +280,21 @@ def serving_defaults(model: nn.Module, config: GenerationConfig | None) -> Gener
     """A request's config with the ids it leaves to the model (end ids, forced end, suppressions) taken from the
     model's folder's generation_config.json when it has one; sampling is the request's."""
     return with_model_defaults(model, config or GenerationConfig(), SERVED_MODEL_FIELDS)
+
+
+def file_defaults(model: nn.Module) -> GenerationConfig | None:
+    """The model's folder's generation_config.json (None without one), the defaults of what a request leaves out
+    (``openai_api``); a default the engine cannot honour (beam search, ...) is a GenerationError naming it, so the
+    server refuses to start rather than drop it."""
+    defaults = model.generation_config
+    if not isinstance(defaults, GenerationConfig):
+        return None
+    base = GenerationConfig()
+    for name, reason in GENERATION_FIELDS.items():
+        if reason is not None and name not in MODEL_FIELDS and getattr(defaults, name) != getattr(base, name):
+            raise GenerationError(f"generation_config.json: {name}={getattr(defaults, name)!r} is not supported by "
+                                  f"the server: {reason}")
+    return defaults
 
 
 def refuse_unhonoured(config: GenerationConfig) -> None:

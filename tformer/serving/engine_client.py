@@ -55,6 +55,8 @@ class EngineFacts:
     queue_timeout: float | None
     end_token_ids: tuple[int, ...]
     paged_attention: str  # Engine.paged_attention_note
+    # the folder's generation_config.json (model.generation_config): what a request leaves out defaults to
+    generation_defaults: GenerationConfig | None = None
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
@@ -63,7 +65,8 @@ class EngineFacts:
         serving_defaults = importlib.import_module(ENGINE_MODULE).serving_defaults
         end_ids = serving_defaults(engine.model, None).end_ids(engine.model.config)
         return cls(engine.pool.num_blocks, engine.pool.block_size, engine.model.position_limit, engine.queue_timeout,
-                   tuple(end_ids), engine.paged_attention_note)
+                   tuple(end_ids), engine.paged_attention_note,
+                   importlib.import_module(ENGINE_MODULE).file_defaults(engine.model))
 
 
 @dataclass(frozen=True)

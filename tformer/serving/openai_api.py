@@ -6,8 +6,8 @@ Failing closed: a known field the server cannot honour (``suffix``, a penalty, `
 is refused with 400 naming it, and so is an unknown field; a field of the wrong type is 422, nothing
 coerced (``"10"`` is not a number, ``true`` not 1, ``"yes"`` not a boolean; an integer is a float). The
 extensions vLLM made common are accepted: ``top_k``, ``ignore_eos``, ``min_tokens``, and the options whose
-``GenerationConfig`` field declares a request field taken as it is (``min_p``; ``repetition_penalty``, which the
-engine refuses away from 1 by name, as every option it cannot apply).
+``GenerationConfig`` field declares a request field taken as it is (``min_p``, ``repetition_penalty``). A field a
+request leaves out takes the value the model folder's generation_config.json gives it, else OpenAI's default.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tformer.generation.settings import GenerationConfig, GenerationError, decla
 # sent; and the options a request field sets as it is (``api_as_is``: vLLM's min_p, repetition_penalty).
 FIELD_OF_OPTION = {name: option.api for name, option in declared().items() if option.api is not None}
 AS_IS = {name: option.api for name, option in declared().items() if option.api is not None and option.api_as_is}
+SAMPLING_FIELDS = frozenset(option.api for option in declared().values() if option.api is not None and option.sampling)
 
 
 class APIError(TformerError):
@@ -50,7 +51,7 @@ class APIError(TformerError):
                           "param": self.param, "code": self.code}}
 
 
-DEFAULT_COMPLETION_TOKENS = 16  # a completion's max_tokens when the request omits it or sends null (OpenAI's)
+DEFAULT_COMPLETION_TOKENS = 16  # a completion's max_tokens when neither the request nor the folder sets one (OpenAI's)
 
 
 class _Strict(BaseModel):
@@ -91,19 +92,34 @@ class _OpenAISampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options needs stream=true", "stream_options")
 
-    def generation_config(self, max_new_tokens: int) -> GenerationConfig:
-        """The engine's options for these fields; a GenerationError re-worded as the field's 400."""
+    def generation_config(self, max_new_tokens: int, defaults: GenerationConfig | None = None) -> GenerationConfig:
+        """The engine's options for these fields, each field the request leaves out taken from ``defaults`` (the
+        folder's generation_config.json) where that sets it; a GenerationError re-worded as the field's 400."""
         top_k = None if self.top_k in (None, 0, -1) else self.top_k
         try:
-            return GenerationConfig(
+            config = GenerationConfig(
                 max_new_tokens=max_new_tokens, min_new_tokens=self.min_tokens, do_sample=self.temperature > 0,
                 temperature=self.temperature, top_k=top_k, top_p=None if self.top_p == 1 else self.top_p,
                 seed=self.seed, stop_strings=() if self.stop is None else self.stop,
                 eos_token_id=() if self.ignore_eos else None,
                 **{name: getattr(self, field) for name, field in AS_IS.items()},
             )
+            return config.replace(**self._left_to(defaults)) if defaults is not None else config
         except GenerationError as error:
             raise as_api_error(error) from None
+
+    def _left_to(self, defaults: GenerationConfig) -> dict[str, Any]:
+        """The options of the fields this request left out that ``defaults`` sets (away from tformer's default), as
+        Hugging Face's generate and vLLM take a folder's sampling settings. Its ``do_sample`` decides whether a
+        request that sends no sampling field samples, as in Hugging Face (false: greedy; true: at the file's
+        temperature, which is read only then; a sampling field sent samples, as ``tformer generate``'s flags do);
+        the length is the route's (``ServedModel.token_limit``)."""
+        sent, base = self.model_fields_set, GenerationConfig()
+        taken = {name: getattr(defaults, name) for name, field in FIELD_OF_OPTION.items()
+                 if field not in sent and name != "max_new_tokens" and getattr(defaults, name) != getattr(base, name)}
+        if not sent & SAMPLING_FIELDS and defaults.do_sample is not None:
+            taken["do_sample"] = defaults.do_sample
+        return taken
 
 
 def _as_is_fields() -> dict[str, Any]:
@@ -118,7 +134,7 @@ _Sampling = create_model("_Sampling", __base__=_OpenAISampling, __doc__=_OpenAIS
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(None, ge=0)  # None (omitted or null): DEFAULT_COMPLETION_TOKENS; 0: score only
+    max_tokens: int | None = Field(None, ge=0)  # None (omitted or null): the default (see token_limit); 0: score only
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False  # the prompt before the answer, in the text and (with logprobs) in the logprobs
     best_of: int | None = None
@@ -143,8 +159,9 @@ class CompletionRequest(_Sampling):
         return list(prompt)
 
     @property
-    def token_limit(self) -> int:
-        return self.max_tokens if self.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+    def token_limit(self) -> int | None:
+        """``max_tokens``; None: the default (``ServedModel.token_limit``)."""
+        return self.max_tokens
 
     @property
     def prompt_logprobs(self) -> int | None:

@@ -99,10 +99,28 @@ class ServedModel:
                                 f"{self.max_request_tokens:,} per request (the server's --max-request-tokens)",
                            "max_tokens" if new_tokens else "prompt", "request_too_large")
 
-    def default_tokens(self, prompt_length: int) -> int:
-        """Room left in the context after the prompt (a request that set no limit)."""
+    def token_limit(self, requested: int | None, prompts: list[list[int]], route_default: int | None) -> int:
+        """A request's new tokens at most: ``requested`` (its max_tokens), else the folder's generation_config.json
+        length (``max_new_tokens``, or what its ``max_length`` leaves after the longest prompt, as Hugging Face
+        counts it) within the room the context leaves, else ``route_default`` (None: that room)."""
+        if requested is not None:
+            return requested
+        longest = max(len(prompt) for prompt in prompts)
         limit = self.engine.facts.position_limit
-        return DEFAULT_CHAT_TOKENS if limit is None else max(1, limit - prompt_length)
+        room = None if limit is None else max(1, limit - longest)
+        defaults, length = self.engine.facts.generation_defaults, None
+        if defaults is not None and defaults.max_length is not None:
+            if defaults.max_length <= longest:
+                raise APIError(400, f"the model's generation_config.json max_length={defaults.max_length} leaves no "
+                                    f"new token after a {longest}-token prompt; send max_tokens", "max_tokens")
+            length = defaults.max_length - longest
+        elif defaults is not None and defaults.max_new_tokens != GenerationConfig().max_new_tokens:
+            length = defaults.max_new_tokens
+        if length is not None:
+            return length if room is None else min(length, room)
+        if route_default is not None:
+            return route_default
+        return DEFAULT_CHAT_TOKENS if room is None else room
 
     # ---- text ---------------------------------------------------------------------------------------
 

@@ -35,10 +35,10 @@ async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Re
     prompt = served.tokenizer.encode(text, add_special_tokens=False)
     if not prompt:
         raise APIError(400, "the messages render to no tokens", "messages")
-    tokens = body.token_limit if body.token_limit is not None else served.default_tokens(len(prompt))
+    tokens = served.token_limit(body.token_limit, [prompt], None)
     served.check_request_tokens([prompt], body.n, tokens)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    config = body.generation_config(tokens)
+    config = body.generation_config(tokens, served.engine.facts.generation_defaults)
     if not body.ignore_eos:  # the end of the assistant's turn as well as the model's end ids
         config = config.replace(eos_token_id=served.chat_end_ids)
     submission = await served.submit(http_request, [prompt], config, body.n, top)

@@ -10,6 +10,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
 from tformer.serving.openai_api import (
+    DEFAULT_COMPLETION_TOKENS,
     APIError,
     CompletionLogprobs,
     CompletionRequest,
@@ -33,11 +34,11 @@ async def completions(served: ServedModel, http_request: HTTPRequest) -> Respons
     served.check_admitting()
     texts = body.prompts()
     prompts = served.prompt_ids(texts, body.n)
-    tokens = body.token_limit
+    tokens = served.token_limit(body.token_limit, prompts, DEFAULT_COMPLETION_TOKENS)
     served.check_request_tokens(prompts, body.n, tokens)
     echoes = _echoes(served, texts, prompts) if body.echo else None
-    submission = await served.submit(http_request, prompts, body.generation_config(tokens), body.n, body.logprobs,
-                                     body.prompt_logprobs)
+    config = body.generation_config(tokens, served.engine.facts.generation_defaults)
+    submission = await served.submit(http_request, prompts, config, body.n, body.logprobs, body.prompt_logprobs)
     answer = _Completion(served, submission, new_id("cmpl"), echoes, body.logprobs is not None)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -185,6 +185,8 @@ def resolve_targets(model: nn.Module, targets: Sequence[str] | str) -> dict[str,
     if not layers:
         raise AdapterError("this model has no linear layers to adapt")
     prefix = getattr(hf_family(model), "base_prefix", "")
+    if isinstance(targets, str) and targets in GROUPS:  # PEFT's target_modules="all-linear", and the other groups
+        targets = [targets]
     if isinstance(targets, str):
         try:
             pattern = re.compile(targets)

@@ -1,0 +1,111 @@
+"""LoRA adapters in Hugging Face PEFT's format, both ways, against ``peft`` itself: an adapter ``peft`` makes on a
+tiny random GPT-2, Llama or BERT (built by transformers, weights perturbed, lora_B drawn at random so that a
+mis-mapped adapter shows) loads onto tformer's model of the same folder with PEFT's logits, and ``peft`` loads the
+adapter tformer saves with tformer's logits (1e-5). GPT-2's Conv1D layers and fused c_attn, Llama's and BERT's
+q/k/v in tformer's fused qkv_proj (an adapter per part, or one over the fused matrix written as one per part),
+Llama's gate/up in in_proj, BERT's bare and masked-LM class names and its head's dense layer are all crossed."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+
+import tformer  # noqa: E402
+from tformer.adapters import add_lora, load_adapter, lora_layers, save_adapter  # noqa: E402
+
+pytestmark = pytest.mark.slow  # compares with transformers and peft
+
+transformers.logging.set_verbosity_error()
+
+TOLERANCE = 1e-5
+VOCAB = 97
+CONFIGS = {
+    "gpt2": ("GPT2LMHeadModel", transformers.GPT2Config(vocab_size=VOCAB, n_positions=40, n_embd=32, n_layer=2,
+                                                        n_head=4, bos_token_id=0, eos_token_id=0)),
+    "llama": ("LlamaForCausalLM", transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=56,
+                                                           num_hidden_layers=2, num_attention_heads=4,
+                                                           num_key_value_heads=2, max_position_embeddings=64)),
+    "bert": ("BertForMaskedLM", transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                        num_attention_heads=4, intermediate_size=48,
+                                                        max_position_embeddings=40)),
+    "bert-bare": ("BertModel", transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=4, intermediate_size=48,
+                                                       max_position_embeddings=40)),
+}
+# PEFT's targets per case: fused and Conv1D (GPT-2), some parts of fused matrices (Llama), a head's layer (BERT).
+PEFT_TARGETS = {
+    "gpt2": dict(target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True),
+    "llama": dict(target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"], use_rslora=True),
+    "bert": dict(target_modules=["query", "value", "dense"]),
+    "bert-bare": dict(target_modules=r".*layer\.1\.attention\.self\.(key|value)"),
+}
+# tformer's targets: whole fused layers (written as one PEFT adapter per Hugging Face part), its own names.
+TFORMER_TARGETS = {"gpt2": ["attention", "feedforward"], "llama": ["qkv_proj", "feedforward.in_proj", "o_proj"],
+                   "bert": ["attention", "feedforward"], "bert-bare": ["qkv_proj", "intermediate.dense"]}
+
+
+def hf_model(case: str, folder) -> torch.nn.Module:
+    """A seeded tiny HF model of ``case``, every parameter moved off its initial value, saved to ``folder``."""
+    class_name, config = CONFIGS[case]
+    torch.manual_seed(0)
+    model = getattr(transformers, class_name)(config.__class__(**config.to_dict(), attn_implementation="eager"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(folder)
+    return model.eval()
+
+
+def randomise_lora_b(model: torch.nn.Module) -> None:
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
+
+
+def inputs() -> torch.Tensor:
+    return torch.randint(1, VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
+
+
+@torch.no_grad()
+def outputs(model, ids: torch.Tensor) -> torch.Tensor:
+    output = model(ids)
+    logits = getattr(output, "logits", None)
+    return output.last_hidden_state if logits is None else logits
+
+
+def assert_equal_and_adapted(ours, theirs, base, label: str) -> None:
+    ids = inputs()
+    got, want, plain = outputs(ours, ids), outputs(theirs, ids), outputs(base, ids)
+    difference, change = (got - want).abs().max().item(), (want - plain).abs().max().item()
+    print(f"{label}: max |difference| {difference:.2e}; the adapter moves the outputs by {change:.2e}")
+    assert got.shape == want.shape and difference < TOLERANCE
+    assert change > 100 * TOLERANCE  # the adapter changes the outputs: a dropped adapter would fail
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_an_adapter_peft_made_loads_onto_tformer_with_peft_logits(tmp_path, case):
+    base = hf_model(case, tmp_path / "base")
+    reference = hf_model(case, tmp_path / "base")
+    peft_model = get_peft_model(reference, LoraConfig(r=4, lora_alpha=8, **PEFT_TARGETS[case]))
+    randomise_lora_b(peft_model)
+    peft_model.eval().save_pretrained(tmp_path / "adapter")
+    ours = load_adapter(tformer.load(tmp_path / "base"), tmp_path / "adapter").eval()
+    assert lora_layers(ours) and all(not p.requires_grad for n, p in ours.named_parameters() if "lora_" not in n)
+    assert_equal_and_adapted(ours, peft_model, base, f"peft -> tformer, {case}")
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_peft_loads_the_adapter_tformer_saved_with_tformer_logits(tmp_path, case):
+    base = hf_model(case, tmp_path / "base")
+    ours = add_lora(tformer.load(tmp_path / "base"), rank=4, alpha=16, targets=TFORMER_TARGETS[case])
+    randomise_lora_b(ours)
+    save_adapter(ours.eval(), tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "base"))
+    theirs = PeftModel.from_pretrained(hf_model(case, tmp_path / "base"), tmp_path / "adapter").eval()
+    assert_equal_and_adapted(ours, theirs, base, f"tformer -> peft, {case}")
+    merged = theirs.merge_and_unload()  # PEFT's merge of tformer's adapter: the same function again
+    assert (outputs(merged, inputs()) - outputs(ours, inputs())).abs().max() < TOLERANCE

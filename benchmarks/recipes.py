@@ -108,11 +108,20 @@ def run_folder(runs: Path, name: str, seed: int) -> Path:
     return runs / name / f"seed-{seed}"
 
 
+def config_bytes(path: Path) -> bytes:
+    """A config file's bytes as the ledger keys them: with its datasets by name spelled as the shared-data paths
+    they replaced (``dataset:NAME/`` as ``../../shared/data/NAME/``, without the ``root`` line), so that naming
+    the same, checksum-verified files another way (issue 61) keeps the records measured on them."""
+    text = path.read_text(encoding="utf-8")
+    text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("root = "))
+    return text.replace('"dataset:', '"../../shared/data/').encode("utf-8")
+
+
 def recipe_key(name: str, max_steps: int | None) -> str:
     """What a ledger record was measured on: the config file's bytes, the step cut and, for a
     fine-tuning recipe, the key of the recipe it starts from."""
     recipe = RECIPES[name]
-    digest = hashlib.sha256((ROOT / "configs" / recipe.config).read_bytes())
+    digest = hashlib.sha256(config_bytes(ROOT / "configs" / recipe.config))
     if recipe.reads_corpus:  # the script that builds the corpus and its vocabulary
         digest.update((ROOT / "benchmarks" / "pretraining_helps.py").read_bytes())
     start = recipe.init_from or recipe.scratch_of

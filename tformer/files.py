@@ -22,12 +22,21 @@ from tformer.errors import TformerError
 def write_text_atomically(path: str | Path, text: str, tag: str | None = None) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; the folder must exist. The temporary name is
     ``.NAME.tmp-TAG``: a run passes its token (debris it can prove is its own), the default is the pid."""
+    return _write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"), tag)
+
+
+def write_bytes_atomically(path: str | Path, data: bytes, tag: str | None = None) -> Path:
+    """Write ``data`` to ``path`` atomically, as ``write_text_atomically`` writes text."""
+    return _write_atomically(path, lambda temporary: temporary.write_bytes(data), tag)
+
+
+def _write_atomically(path: str | Path, write, tag: str | None) -> Path:
     path = Path(path)
     if tag is None:
         clear_dead_writers(path)
     temporary = path.with_name(f".{path.name}.tmp-{tag or os.getpid()}")
     try:
-        temporary.write_text(text, encoding="utf-8")
+        write(temporary)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

@@ -5,7 +5,9 @@ to one onto ModelConfig (plus an optional ``preset``), DataConfig, TrainingConfi
 Everything is checked here, before any work starts: an unknown section or key, a value of the
 wrong type, or an invalid one is an error naming the section, the key and what is allowed.
 ``--set section.key=value`` overrides are applied first. Relative paths in ``[data]`` are
-resolved against the recipe's folder (against the working folder for ``--set`` values).
+resolved against the recipe's folder (against the working folder for ``--set`` values);
+``dataset:NAME/FILE`` names a file of a dataset by name (``tformer data fetch NAME``), looked for in
+``TFORMER_DATA``, then ``[data] root`` when that folder exists, then the cache (``tformer.data.cache``).
 A resolved recipe (every field, paths absolute) is written back with ``to_toml``.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 
 from tformer.checkpoint import CheckpointError
 from tformer.config import REGULARISATION_FIELDS, ConfigError, ModelConfig, resolve_config
+from tformer.data.cache import DataFetchError, is_dataset_path, resolve
 from tformer.data.sources import LEARNED_TOKENIZERS, DataConfig, DataError
 from tformer.errors import TformerError
 from tformer.hub import read_model_config
@@ -37,6 +40,7 @@ from tformer.training.tasks.registry import TASKS, TaskConfig, check_data_option
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
                              "task": TaskConfig}
 PATH_KEYS = ("train", "eval", "tokenizer")  # [data] keys that name files
+EXTRA_KEYS = {"model": ("preset",), "data": ("root",)}  # keys read here, beside the config's fields
 HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type", "pooling")
 INIT_FROM_KEYS = HEAD_KEYS + REGULARISATION_FIELDS  # what [model] may set beside init_from
 
@@ -154,11 +158,12 @@ def recipe_from_dict(
     values = {section: dict(raw.get(section, {})) for section in SECTIONS}
     model_values, data_values = values["model"], values["data"]
     start = _model_start(origin, model_values, base_dir)
+    data_root = _data_root(origin, data_values, base_dir)
     for section, section_values in values.items():
-        _check_keys(origin, section, section_values, extra_allowed=("preset",) if section == "model" else ())
+        _check_keys(origin, section, section_values, extra_allowed=EXTRA_KEYS.get(section, ()))
     for section, section_values in values.items():
         _check_types(origin, section, section_values)
-    _resolve_data_paths(origin, data_values, base_dir)
+    _resolve_data_paths(origin, data_values, base_dir, data_root)
 
     model = _build(origin, "model", lambda: start.model_config(origin, model_values))
     data = _build(origin, "data", lambda: DataConfig(**data_values))
@@ -252,11 +257,31 @@ def _model_start(origin: _Origin, model_values: dict[str, Any], base_dir: Path) 
     return _ModelStart(preset, init_from, init_revision)
 
 
-def _resolve_data_paths(origin: _Origin, data_values: dict[str, Any], base_dir: Path) -> None:
-    """Make the ``[data]`` file paths absolute (in place); a learned tokenizer's name stays a name."""
+def _data_root(origin: _Origin, data_values: dict[str, Any], base_dir: Path) -> Path | None:
+    """Take ``root`` out of ``data_values`` (in place): a folder of datasets by name (as ../shared/data beside
+    the project) where ``dataset:NAME/FILE`` paths are looked for when it exists, relative to the recipe."""
+    root = data_values.pop("root", None)
+    if root is None:
+        return None
+    if not isinstance(root, str) or not root.strip():
+        raise RecipeError(f"{origin('data', 'root')}: [data] root={root!r} must be a folder of datasets (a string)")
+    return (origin.root("data", "root", base_dir) / Path(root).expanduser()).resolve()
+
+
+def _resolve_data_paths(origin: _Origin, data_values: dict[str, Any], base_dir: Path, data_root: Path | None
+                        ) -> None:
+    """Make the ``[data]`` file paths absolute (in place): ``dataset:NAME/FILE`` in the data roots, others against
+    the recipe's folder; a learned tokenizer's name stays a name."""
     for key in PATH_KEYS:
         value = data_values.get(key)
-        if isinstance(value, str) and not (key == "tokenizer" and value in LEARNED_TOKENIZERS):
+        if not isinstance(value, str) or (key == "tokenizer" and value in LEARNED_TOKENIZERS):
+            continue
+        if is_dataset_path(value):
+            try:
+                data_values[key] = str(resolve(value, data_root))
+            except DataFetchError as error:
+                raise RecipeError(f"{origin('data', key)}: [data] {key}: {error}") from None
+        else:
             data_values[key] = str((origin.root("data", key, base_dir) / Path(value).expanduser()).resolve())
 
 

@@ -30,7 +30,7 @@ from tformer.memory import require_memory
 from tformer.models import Model, model_class
 from tformer.models.registry import model_bytes
 from tformer.nn.heads import replace_head
-from tformer.quantization import QuantizationError, QuantizationScheme, prepare_quantized, scheme_for
+from tformer.quantization import QuantizationError, QuantizationScheme, cast_model, prepare_quantized, scheme_for
 from tformer.quantization import quantize as quantize_model
 
 _KEEP: Any = object()  # "the checkpoint's own head"
@@ -50,6 +50,7 @@ def load(
     quantize: str | QuantizationScheme | None = None,
     revision: str | None = None,
     local_only: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
     ``model_type``) into a model in eval mode, with its tokenizer attached when it has one (a vision
@@ -69,6 +70,10 @@ def load(
 
     ``dropout`` and ``attention_dropout`` replace the folder's rates (any family: they shape no weight),
     e.g. to fine-tune with dropout a model pretrained without it.
+
+    ``dtype`` (``torch.bfloat16``, ``torch.float16``, ...) casts the floating-point parameters and buffers once the
+    model has loaded (float32 otherwise, whatever the stored dtype); a quantized model whose layers cannot run in it
+    on this host is refused (CheckpointError).
 
     A folder written from a quantized model loads quantized (its config.json records the scheme).
     ``quantize`` ("int8", "w8a8", "int4" or a ``QuantizationScheme``) quantizes a float checkpoint as it loads
@@ -94,7 +99,15 @@ def load(
         warn_user(f"{folder}: loaded with head={model.config.head!r}: {described}")
     if wanted is not None and saved_scheme is None:
         quantize_model(model, wanted)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise CheckpointError(f"dtype={dtype!r} must be a floating-point torch.dtype (torch.bfloat16, ...)")
+        try:
+            cast_model(model, dtype)
+        except QuantizationError as error:
+            raise CheckpointError(f"{folder}: dtype={dtype} refused: the model is {error}") from None
+    return model
 
 
 def _check_requantize(folder: Path, saved: QuantizationScheme | None, wanted: QuantizationScheme | None,

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from tformer.errors import TformerError
@@ -296,3 +297,43 @@ def is_head_layer(model: nn.Module, name: str) -> bool:
     """Whether the linear layer ``name`` belongs to the model's output head (the LM head, a task head)."""
     top = name.split(".", 1)[0]
     return top == "lm_head" or top in getattr(model, "head_modules", ())
+
+
+def cast_model(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``model``'s floating-point parameters and buffers to ``dtype`` in place; a QuantizationError ("quantized
+    (int8) and its Int8Linear layers cannot take ...") when its quantized layers cannot run in it on this host."""
+    model.to(dtype)
+    problem = quantized_dtype_problem(model, dtype)
+    if problem is not None:
+        raise QuantizationError(f"quantized ({model.quantization.describe()}) and {problem}")
+
+
+def quantized_dtype_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
+    """Why the quantized layers of ``model`` (cast to ``dtype``) cannot run in it, or None: one layer of each kind
+    and shape is run, as decoding runs it (one row) and as a prompt does (many), and must answer in ``dtype``.
+    Checked rather than assumed: which kernel a quantized layer uses is measured per host."""
+    from tformer.nn.weights.quantized import MANY_ROWS
+
+    probes, seen = [], set()
+    for module in model.modules():
+        if isinstance(module, tuple(QUANTIZED_BACKENDS.values())):
+            key = (type(module), module.in_features, module.out_features)
+            probes += [] if key in seen else [(module, torch.zeros(rows, module.in_features, dtype=dtype,
+                                                                   device=model.device)) for rows in (1, MANY_ROWS)]
+        elif isinstance(module, QuantizedTable):
+            key = QuantizedTable
+            probes += [] if key in seen else [(module, torch.zeros(1, 1, dtype=torch.long, device=model.device))]
+        else:
+            continue
+        seen.add(key)
+    for module, inputs in probes:
+        try:
+            with torch.inference_mode():
+                answer = module(inputs)
+        except RuntimeError as error:
+            why = str(error).splitlines()[0] if str(error) else type(error).__name__
+            return (f"its {type(module).__name__} layers cannot take {str(dtype).removeprefix('torch.')} inputs "
+                    f"on this host ({why})")
+        if answer.dtype != dtype:
+            return f"its {type(module).__name__} layers answer in {answer.dtype}, not {dtype}"
+    return None

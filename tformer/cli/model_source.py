@@ -317,47 +317,15 @@ def load_model(source: ModelSource) -> LoadedModel:
 def cast_model(model, dtype, label: str) -> None:
     """Cast ``model``'s floating-point parameters and buffers to ``dtype`` (``--dtype``), in place; a one-line
     UsageError when its quantized layers cannot take activations of that type on this host."""
-    model.to(dtype)
-    problem = quantized_dtype_problem(model, dtype)
-    if problem is not None:
+    from tformer.quantization import QuantizationError
+    from tformer.quantization import cast_model as cast
+
+    try:
+        cast(model, dtype)
+    except QuantizationError as error:
         name = next(name for name, torch_name in DTYPES.items() if torch_name == str(dtype).removeprefix("torch."))
-        raise UsageError(f"--dtype {name}: {label} is quantized ({model.quantization.describe()}) and {problem}; "
-                         "leave out --dtype (its float parts stay float32), or use another --quantize")
-
-
-def quantized_dtype_problem(model, dtype) -> str | None:
-    """Why the quantized layers of ``model`` (cast to ``dtype``) cannot run in it, or None: one layer of each kind
-    and shape is run, as decoding runs it (one row) and as a prompt does (many), and must answer in ``dtype``.
-    Checked rather than assumed: which kernel a quantized layer uses is measured per host."""
-    import torch
-
-    from tformer.nn.weights import QUANTIZED_BACKENDS
-    from tformer.nn.weights.quantized import MANY_ROWS
-    from tformer.nn.weights.table import QuantizedTable
-
-    probes, seen = [], set()
-    for module in model.modules():
-        if isinstance(module, tuple(QUANTIZED_BACKENDS.values())):
-            key = (type(module), module.in_features, module.out_features)
-            probes += [] if key in seen else [(module, torch.zeros(rows, module.in_features, dtype=dtype,
-                                                                   device=model.device)) for rows in (1, MANY_ROWS)]
-        elif isinstance(module, QuantizedTable):
-            key = QuantizedTable
-            probes += [] if key in seen else [(module, torch.zeros(1, 1, dtype=torch.long, device=model.device))]
-        else:
-            continue
-        seen.add(key)
-    for module, inputs in probes:
-        try:
-            with torch.inference_mode():
-                answer = module(inputs)
-        except RuntimeError as error:
-            why = str(error).splitlines()[0] if str(error) else type(error).__name__
-            return (f"its {type(module).__name__} layers cannot take {str(dtype).removeprefix('torch.')} inputs "
-                    f"on this host ({why})")
-        if answer.dtype != dtype:
-            return f"its {type(module).__name__} layers answer in {answer.dtype}, not {dtype}"
-    return None
+        raise UsageError(f"--dtype {name}: {label} is {error}; leave out --dtype (its float parts stay float32), or "
+                         "use another --quantize") from None
 
 
 def load_tokenizer(source: ModelSource):

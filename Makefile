@@ -7,6 +7,9 @@ VENV   ?= .venv
 PYTHON ?= python3
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
+# One pytest worker per core, at most 4 (each worker holds torch and the reference libraries); PARALLEL= runs
+# the suite in one process.
+PARALLEL ?= -n auto --maxprocesses 4
 
 .PHONY: demo test test-fast lint install install-test clean
 
@@ -29,11 +32,11 @@ demo: install
 
 test: install-test
 	$(BIN)/ruff check tformer tests benchmarks tools examples
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL) --durations=25
 
 test-fast: install-test
 	$(BIN)/ruff check tformer tests benchmarks tools examples
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PARALLEL)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

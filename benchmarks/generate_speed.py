@@ -5,6 +5,7 @@ decoding on a trained target/draft pair.
     python benchmarks/generate_speed.py --part hf       # greedy vs Hugging Face only
     python benchmarks/generate_speed.py --part speculative --pair runs/speculative-pair
     python benchmarks/generate_speed.py --part quantized --shapes a   # int8 / w8a8 / int4 beside fp32, HF, peers
+    python benchmarks/generate_speed.py --part open --shapes qlm      # today's open families beside HF
 
 Part 1 (greedy, batch 1, a 32-token prompt, 128 new tokens, fp32, CPU) runs, in this one
 process, a randomly initialised Hugging Face ``GPT2LMHeadModel`` of each shape and the same
@@ -24,6 +25,12 @@ tokens/s and its ratios to Hugging Face and to tformer fp32, the plan each tform
 (measured at load), and how many of the 128 tokens each shares with tformer fp32 before the first
 difference (random weights: greedy paths part at the first near-tie; ``tests/nn/test_quantization.py`` checks
 the logits).
+
+Part 4 (``--part open``) runs random models of today's open families built by ``transformers`` (their
+own classes, so Hugging Face runs its Qwen2 / Llama / Mixtral code) and the same weights in tformer: (q) Qwen2.5-0.5B's
+shape, (l) Llama-3.2-1B's shape (with its llama3 RoPE scaling), each in fp32 and with tformer's int8 weights, and
+(m) a tiny Mixtral (8 experts, top 2). Greedy, batch 1, ``--open-tokens`` new tokens after a 32-token prompt;
+it prints each engine's tokens/s, its ratio to Hugging Face fp32 ``generate`` and whether fp32 tokens are equal.
 
 Part 2 decodes tinyshakespeare prompts greedily with a 6-layer character-level target, alone
 and with a 1-layer draft (both trained by ``speculative_pair.py`` on first use and saved in
@@ -229,6 +236,59 @@ def _llama_engines(folder: Path, prompt: torch.Tensor,
     return engines
 
 
+# ---- part 4: today's open families -----------------------------------------------------------------
+
+OPEN_SHAPES = {
+    "q": ("(q) Qwen2.5-0.5B shape: 24 x 896, 14/2 heads, V=151936", "Qwen2Config", True, dict(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+        vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "l": ("(l) Llama-3.2-1B shape: 16 x 2048, 32/8 heads, V=128256", "LlamaConfig", True, dict(
+        hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, intermediate_size=8192,
+        vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=131072, head_dim=64,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    "m": ("(m) tiny Mixtral: 4 x 256, 8/2 heads, 8 experts top-2, V=32000", "MixtralConfig", False, dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=512,
+        vocab_size=32000, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=4096)),
+}
+
+
+def compare_open_family(shape: str, repeats: int, new_tokens: int) -> dict:
+    """Tokens/s of Hugging Face fp32 ``generate``, tformer fp32 and (dense shapes) tformer int8 on one random model of
+    an open family, and whether tformer fp32 gave Hugging Face's tokens."""
+    import transformers
+
+    from tformer.quantization import quantize
+
+    title, config_class, with_int8, sizes = OPEN_SHAPES[shape]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(bos_token_id=1, eos_token_id=2, pad_token_id=0, **sizes)
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # exactly new_tokens new tokens for every engine
+    prompt = torch.randint(3, config.vocab_size, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompt)
+    models = {}
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        models["tformer fp32"] = tformer.load(folder).eval()  # the same weights, through tformer.interop
+        if with_int8:
+            models["tformer int8"] = quantize(tformer.load(folder).eval(), "int8")
+
+    def run_hf(new=new_tokens):
+        with torch.inference_mode():
+            return hf.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+
+    engines = {"HF fp32": run_hf, **{name: (lambda new=new_tokens, model=model: tformer.generate(
+        model, prompt, new, eos_token_id=[])) for name, model in models.items()}}
+    for run in engines.values():
+        run(new=4)  # warm up (lazy initialisation, packed layouts, the kernels' plans)
+    wall, _, tokens = alternated(engines, repeats)
+    speed = {name: new_tokens / statistics.median(values) for name, values in wall.items()}
+    return dict(title=title, parameters=models["tformer fp32"].num_parameters(), speed=speed,
+                identical=torch.equal(tokens["HF fp32"], tokens["tformer fp32"]))
+
+
 # ---- part 2: speculative decoding ----------------------------------------------------------------
 
 
@@ -273,11 +333,27 @@ def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_cou
     print(f"sample (prompt + greedy continuation): {sample!r}")
 
 
+def open_families(shapes: str, repeats: int, new_tokens: int) -> None:
+    import transformers
+
+    print(f"\n== open families: greedy, batch 1, prompt {PROMPT_LENGTH}, {new_tokens} new tokens, CPU; transformers "
+          f"{transformers.__version__}; medians of {repeats} rounds, each running every engine once, in rotating "
+          "order ==")
+    for shape in shapes:
+        row = compare_open_family(shape, repeats, new_tokens)
+        print(f"{row['title']} ({row['parameters'] / 1e6:.0f}M parameters); fp32 tokens equal to HF's: "
+              f"{'yes' if row['identical'] else 'NO'}")
+        for name, speed in row["speed"].items():
+            print(f"  {name:<14} {speed:>8.2f} tok/s {speed / row['speed']['HF fp32']:>6.2f}x HF fp32", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "hf", "speculative", "quantized"], default="all",
-                        help="all: hf and speculative; quantized: int8 / w8a8 / int4 beside fp32, HF and peers")
-    parser.add_argument("--shapes", default="ab", help="which of the shapes a, b to compare (default: ab)")
+    parser.add_argument("--part", choices=["all", "hf", "speculative", "quantized", "open"], default="all",
+                        help="all: hf and speculative; quantized: int8 / w8a8 / int4 beside fp32, HF and peers; "
+                             "open: Qwen2.5 / Llama 3.2 / Mixtral shapes beside HF")
+    parser.add_argument("--shapes", help="which shapes to compare (default: ab; --part open: q, l, m, default qlm)")
+    parser.add_argument("--open-tokens", type=int, default=32, help="--part open: new tokens per run (default: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the median counts")
     parser.add_argument("--no-cache", action=argparse.BooleanOptionalAction, default=True,
                         help="also time tformer without its KV cache (default: yes)")
@@ -293,6 +369,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    shapes = args.shapes or ("qlm" if args.part == "open" else "ab")
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
           f"load average at start {os.getloadavg()[0]:.1f}")
@@ -304,7 +381,7 @@ def main() -> None:
               f"once, in rotating order ==")
         print(f"{'shape':<36} {'params':>8} {'HF tok/s':>9} {'tformer tok/s':>14} {'ratio':>6} {'CPU-time ratio':>15} "
               f"{'tformer no-cache tok/s':>23} {'same tokens':>12} {'matvec-only tok/s':>18}")
-        for shape in args.shapes:
+        for shape in shapes:
             row = compare_with_hugging_face(shape, args.repeats, args.no_cache)
             uncached = "-" if row["uncached"] is None else f"{row['uncached']:.1f}"
             print(f"{row['title']:<36} {row['parameters'] / 1e6:>7.1f}M {row['hf']:>9.1f} {row['ours']:>14.1f} "
@@ -317,7 +394,7 @@ def main() -> None:
     if args.part == "quantized":
         print(f"\n== quantized weights: greedy, batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, CPU; "
               f"medians of {args.repeats} rounds, each running every engine once, in rotating order ==")
-        for shape in args.shapes:
+        for shape in shapes:
             result = compare_quantized(shape, args.repeats, args.llama_converter)
             rows = result["rows"]
             print(f"{result['title']}")
@@ -329,6 +406,8 @@ def main() -> None:
                 print(f"  tformer {name} on this host: {plan}")
         print("tok/s: new tokens per wall-clock second (the prompt's processing included); same tokens: new tokens "
               "equal to tformer fp32's before the first difference")
+    if args.part == "open":
+        open_families(shapes, args.repeats, args.open_tokens)
     if args.part in ("all", "speculative"):
         speculative(args.pair, args.data, args.repeats, args.speculative_tokens,
                     [int(k) for k in args.draft_tokens.split(",")])

@@ -151,10 +151,11 @@ def test_the_enumeration_covers_every_value_of_every_axis():
     assert len(accepted) + len(refused) == len(list(itertools.product(*AXES.values())))
 
 
-@pytest.mark.slow  # minutes
-def test_every_decoder_configuration_decodes_as_its_full_forward():
+@pytest.mark.slow  # minutes in all: one test per positional scheme, so parallel workers share them
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_every_decoder_configuration_decodes_as_its_full_forward(positional):
     problems = []
-    configs = accepted_configs(DECODER)[0]
+    configs = [config for config in accepted_configs(DECODER)[0] if config.positional == positional]
     for config in configs:
         model = model_for(config)
         session, _ = open_session(model, torch.zeros(1, 1, dtype=torch.long), None, 1)
@@ -163,12 +164,13 @@ def test_every_decoder_configuration_decodes_as_its_full_forward():
     assert not problems, f"{len(problems)} of {len(configs)} configurations:\n" + "\n".join(problems[:20])
 
 
-@pytest.mark.slow  # minutes
-def test_every_encoder_decoder_configuration_decodes_as_its_full_forward():
+@pytest.mark.slow  # minutes in all: one test per positional scheme, so parallel workers share them
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_every_encoder_decoder_configuration_decodes_as_its_full_forward(positional):
     source = torch.randint(2, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
     source_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
     problems = []
-    configs = accepted_configs(ENCODER_DECODER)[0]
+    configs = [config for config in accepted_configs(ENCODER_DECODER)[0] if config.positional == positional]
     for config in configs:
         model = model_for(config)
         with torch.inference_mode():

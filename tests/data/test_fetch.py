@@ -102,15 +102,16 @@ def test_a_good_download_is_verified_and_named_only_then(server, monkeypatch, tm
     """A plain file kept as served, a plain source stored gzip'd under its .gz name, a gzip source kept as it is;
     a second fetch verifies and downloads nothing."""
     packed = gzip.compress(TEXT[:5000])
-    server.routes.update({"/example.org/toy/a.txt": Route(TEXT), "/example.org/toy/b.txt": Route(TEXT[:999]),
+    large = TEXT * 10  # over BAR_BYTES: a progress bar of its own
+    server.routes.update({"/example.org/toy/a.txt": Route(large), "/example.org/toy/b.txt": Route(TEXT[:999]),
                           "/example.org/toy/c.txt.gz": Route(packed)})
-    register(monkeypatch, "toy", DataFile("a.txt", ("https://example.org/toy/a.txt",), sha256(TEXT)),
+    register(monkeypatch, "toy", DataFile("a.txt", ("https://example.org/toy/a.txt",), sha256(large)),
              DataFile("sub/b.txt.gz", ("https://example.org/toy/b.txt",), sha256(TEXT[:999])),
              DataFile("c.txt.gz", ("https://example.org/toy/c.txt.gz",), sha256(TEXT[:5000])))
-    report = fetch_dataset("toy")
+    report = fetch_dataset("toy", progress=True)  # bars drawn (on stderr) for the files and the 1 MiB one
     folder = tmp_path / "cache" / "tformer" / "data" / "toy"
     assert report.folder == folder and (report.verified, report.fetched) == (3, 3)
-    assert (folder / "a.txt").read_bytes() == TEXT
+    assert (folder / "a.txt").read_bytes() == large
     assert gzip.decompress((folder / "sub" / "b.txt.gz").read_bytes()) == TEXT[:999]
     assert (folder / "c.txt.gz").read_bytes() == packed and not parts(folder)
     served = len(server.requests)

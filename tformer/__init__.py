@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         VisionOutput,
         build_model,
     )
+    from tformer.models.embeddings import embed
 
 __version__ = "0.1.0"
 
@@ -42,7 +43,7 @@ EXPORTS = {
     "ImageProcessing": "tformer.data.image_processing",
     "GenerationConfig": "tformer.generation", "generate": "tformer.generation",
     "stream_generate": "tformer.generation", "translate": "tformer.generation.translation",
-    "load": "tformer.hub", "save": "tformer.hub", "download": "tformer.hub_cache",
+    "load": "tformer.hub", "save": "tformer.hub", "download": "tformer.hub_cache", "embed": "tformer.models.embeddings",
     **dict.fromkeys(["DecoderLM", "EncoderDecoderLM", "EncoderModel", "EncoderOutput", "Model", "ModelOutput",
                      "RNNSeq2Seq", "SpeechModel", "VisionModel", "VisionOutput", "build_model"], "tformer.models"),
 }
@@ -50,7 +51,7 @@ EXPORTS = {
 __all__ = [
     "PRESETS", "ConfigError", "DecoderLM", "EncoderDecoderLM", "EncoderModel", "EncoderOutput", "GenerationConfig",
     "ImageProcessing", "Model", "ModelConfig", "ModelOutput", "RNNSeq2Seq", "SpeechModel", "VisionModel",
-    "VisionOutput", "build_model", "download", "generate", "load", "save", "stream_generate", "tokenizers",
+    "VisionOutput", "build_model", "download", "embed", "generate", "load", "save", "stream_generate", "tokenizers",
     "translate", "__version__",
 ]
 

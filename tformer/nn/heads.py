@@ -68,11 +68,18 @@ POOLINGS = ("cls", "mean")  # the vector a pooled head reads: the first token's,
 
 
 def pool(hidden: Tensor, pooling: str, attention_mask: Tensor | None = None, class_tokens: int = 0) -> Tensor:
-    """(B, T, D) -> (B, D): the first token's vector (``"cls"``: BERT's [CLS], ViT's class token), or the mean
+    """(B, T, D) -> (B, D): the first token's vector (``"cls"``: BERT's [CLS], ViT's class token), the mean
     of the tokens after the first ``class_tokens`` (``"mean"``; ViT's patches: 1) that are not padding
-    (``attention_mask`` (B, T), 1 = token)."""
+    (``attention_mask`` (B, T), 1 = token), or the last token that is not padding (``"last"``: a decoder's, the
+    only one that has read the whole text; padding on either side)."""
     if pooling == "cls":
         return hidden[:, 0]
+    if pooling == "last":
+        if attention_mask is None:
+            return hidden[:, -1]
+        positions = torch.arange(hidden.shape[1], device=hidden.device)  # (T,)
+        last = (attention_mask.bool() * positions).argmax(dim=1)  # (B,) the last attended position
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     tokens = hidden[:, class_tokens:]
     if attention_mask is None:
         return tokens.mean(dim=1)

@@ -26,6 +26,7 @@ from tformer.families import families_reading
 from tformer.generation.defaults import attach_generation_defaults
 from tformer.hub_cache import resolve_model
 from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
+from tformer.interop.gguf_layout import is_gguf
 from tformer.memory import require_memory
 from tformer.models import Model, model_class
 from tformer.models.registry import model_bytes
@@ -54,7 +55,8 @@ def load(
 ) -> Model:
     """Load a checkpoint folder (tformer's format, or Hugging Face's when config.json has a
     ``model_type``) into a model in eval mode, with its tokenizer attached when it has one (a vision
-    model: its image processor, from preprocessor_config.json).
+    model: its image processor, from preprocessor_config.json). ``path`` may also be a GGUF file (llama.cpp's; the
+    gguf package reads it): a float model of its weights, dequantized, with its tokenizer.
 
     ``path`` may also be a Hugging Face Hub name ("openai-community/gpt2") when no such local path
     exists: its snapshot at ``revision`` (a branch, tag or commit) comes from the Hub cache, fetched
@@ -82,13 +84,14 @@ def load(
     regularisation = {name: value for name, value in zip(REGULARISATION_FIELDS, (dropout, attention_dropout),
                                                          strict=True) if value is not None}
     folder = resolve_model(path, revision, local_only)
-    raw = read_config(folder)
+    gguf_file = is_gguf(folder)
+    raw = {} if gguf_file else read_config(folder)
     head_options = (head, num_labels, label_names, problem_type, pooling)
     new_head = head is not _KEEP or any(value is not None for value in head_options[1:])
-    saved_scheme = _saved_scheme(folder, raw)
+    saved_scheme = None if gguf_file else _saved_scheme(folder, raw)
     wanted = scheme_for(quantize) if isinstance(quantize, str) else quantize
     _check_requantize(folder, saved_scheme, wanted, new_head)
-    read_folder = _read_hf_folder if is_hf_config(raw) else _read_tformer_folder
+    read_folder = _read_gguf_file if gguf_file else _read_hf_folder if is_hf_config(raw) else _read_tformer_folder
     model, saved_labels, changes = read_folder(folder, raw, head_options if new_head else None, regularisation,
                                                saved_scheme)
     if "image_processor" in model_class(model.config).attachments:
@@ -156,6 +159,29 @@ def _read_tformer_folder(folder: Path, raw: dict, head_options: tuple | None, re
     return model, saved_labels, changes
 
 
+def _read_gguf_file(path: Path, raw: dict, head_options: tuple | None, regularisation: dict,
+                    saved_scheme: None) -> tuple[Model, Sequence[str], Any]:
+    """The float model of a GGUF file, every weight dequantized, with its tokenizer (no labels, nothing changed)."""
+    if head_options is not None:
+        raise CheckpointError(f"{path}: a GGUF file holds a decoder; head, num_labels, label_names, problem_type and "
+                              "pooling choose an encoder's or a vision model's head")
+    checkpoint = _gguf_checkpoint(path)
+    from tformer.interop.gguf import load_gguf_weights
+
+    model = _build(checkpoint.config.replace(**regularisation), path)
+    return load_gguf_weights(model, checkpoint), (), None
+
+
+def _gguf_checkpoint(path: Path):
+    """The GGUF file at ``path`` read (tformer.interop.gguf), or a one-line CheckpointError without the gguf package."""
+    try:
+        from tformer.interop.gguf import read_gguf
+    except ImportError:
+        raise CheckpointError(f"{path}: GGUF files are read through the gguf package: pip install 'tformer[gguf]'") \
+            from None
+    return read_gguf(path)
+
+
 def _saved_scheme(folder: Path, raw: dict) -> QuantizationScheme | None:
     """The quantization scheme config.json records (tformer's format only), or None."""
     if QUANTIZATION_KEY not in raw or is_hf_config(raw):
@@ -183,6 +209,8 @@ def _reset_relabelled_classifier(model: Model, saved_labels: Sequence[str]) -> s
 def read_model_config(path: str | Path, revision: str | None = None, local_only: bool = False) -> ModelConfig:
     """The ModelConfig of a checkpoint folder (tformer's or Hugging Face's) or Hub name, without its weights."""
     folder = resolve_model(path, revision, local_only)
+    if is_gguf(folder):
+        return _gguf_checkpoint(folder).config
     raw = read_config(folder)
     return hf_config(folder, raw)[1] if is_hf_config(raw) else config_from_checkpoint(raw)
 
@@ -190,13 +218,16 @@ def read_model_config(path: str | Path, revision: str | None = None, local_only:
 def load_tokenizer(path: str | Path, revision: str | None = None, local_only: bool = False):
     """The tokenizer a checkpoint folder or Hub name holds (tformer's or Hugging Face's files), or None."""
     folder = resolve_model(path, revision, local_only)
+    if is_gguf(folder):
+        return _gguf_checkpoint(folder).tokenizer
     return attached_tokenizer(folder) if is_hf_config(read_config(folder)) else load_attached_tokenizer(folder)
 
 
-def _build(config: ModelConfig, folder: Path) -> Model:
+def _build(config: ModelConfig, source: Path) -> Model:
     """The model of ``config``, once its memory has been found to fit: loading holds it and the
     weights read from the file, about twice its size."""
-    require_memory(2 * model_bytes(config), "cpu", f"{folder / CONFIG_NAME}: loading its model "
+    label = source if source.is_file() else source / CONFIG_NAME
+    require_memory(2 * model_bytes(config), "cpu", f"{label}: loading its model "
                    f"(vocab_size={config.vocab_size}, d_model={config.d_model}, num_layers={config.num_layers})",
                    CheckpointError)
     return model_class(config)(config)

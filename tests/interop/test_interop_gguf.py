@@ -24,6 +24,7 @@ from gguf import quants as gguf_quants  # noqa: E402
 import tformer  # noqa: E402
 from tformer.checkpoint import CheckpointError  # noqa: E402
 from tformer.cli import main as cli_main  # noqa: E402
+from tformer.hub import read_model_config  # noqa: E402
 from tformer.interop.gguf import load_gguf_weights, read_gguf, save_gguf  # noqa: E402
 from tformer.interop.gguf_layout import permute_qk, unpermute_qk  # noqa: E402
 from tformer.interop.gguf_tokenizer import PRE_TOKENIZERS, tokenizer_from_gguf  # noqa: E402
@@ -432,3 +433,23 @@ def test_convert_writes_and_reads_gguf(tmp_path, capsys):
     assert (tmp_path / "m.gguf.replaced-1").is_file()
     assert cli_main(["convert", str(tmp_path / "int8"), str(tmp_path / "back"), "--to", "gguf"]) == 2
     assert "is a folder; --to gguf writes one file" in capsys.readouterr().err
+
+
+def test_a_gguf_file_loads_by_path_and_every_model_command_runs_it(tmp_path, capsys):
+    """``tformer.load("m.gguf")`` is the file's model (as read_gguf + load_gguf_weights build it) with its tokenizer;
+    ``quantize`` and ``dtype`` apply as to a folder, a new head is refused, and ``tformer generate`` runs the file."""
+    tokenizer = train("bpe", TEXTS * 3, vocab_size=300, special_tokens=["<|endoftext|>"])
+    model = tiny(dict(LLAMA, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.vocab_size - 1))
+    model.tokenizer = tokenizer
+    save_gguf(model, tmp_path / "m.gguf")
+    loaded = tformer.load(tmp_path / "m.gguf")
+    ids = IDS % tokenizer.vocab_size
+    assert torch.equal(logits(loaded, ids), logits(load_gguf(tmp_path / "m.gguf"), ids))
+    assert loaded.tokenizer.encode(TEXTS[1]) == tokenizer.encode(TEXTS[1])
+    assert read_model_config(tmp_path / "m.gguf") == loaded.config
+    assert tformer.load(tmp_path / "m.gguf", dtype=torch.bfloat16).lm_head.weight.dtype == torch.bfloat16
+    assert type(tformer.load(tmp_path / "m.gguf", quantize="int8").lm_head).__name__ != type(loaded.lm_head).__name__
+    with pytest.raises(CheckpointError, match="a GGUF file holds a decoder"):
+        tformer.load(tmp_path / "m.gguf", num_labels=2)
+    assert cli_main(["generate", str(tmp_path / "m.gguf"), "--prompt", "The quick", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("The quick")

@@ -25,7 +25,7 @@ def register(subparsers) -> None:
                     "existing DST is refused unless --overwrite.",
     )
     add_model_source(parser, "source", "a checkpoint folder (tformer or Hugging Face format) or a GGUF file", "SRC",
-                     without=("device", "quantize"))
+                     without=("device", "quantize", "adapter"))
     parser.add_argument("destination", metavar="DST", help="the folder to write")
     parser.add_argument("--to", required=True, choices=FORMATS, help="the format to write")
     parser.add_argument(
@@ -77,28 +77,13 @@ def _gguf():
 
 
 def _load(args: argparse.Namespace):
-    """The model of SRC: a GGUF file (read, built, filled; cast to --dtype), else ``load_model``."""
-    from tformer.cli.model_source import cast_model, load_model
-    from tformer.interop.gguf_layout import GGUF_SUFFIX
+    """The model of SRC (a folder, a Hub name or a GGUF file), as every command loads one."""
+    from tformer.cli.model_source import load_model
+    from tformer.interop.gguf_layout import is_gguf
 
-    source = args.model_source
-    path = Path(source.path)
-    if path.is_file() and (path.suffix == GGUF_SUFFIX or _starts_with(path, b"GGUF")):
-        from tformer.checkpoint import CheckpointError
-        from tformer.memory import require_memory
-        from tformer.models import build_model
-        from tformer.models.registry import model_bytes
-
-        interop = _gguf()
-        checkpoint = interop.read_gguf(path)
-        config = checkpoint.config  # the float model and its dequantized weights are held at once, as hub.load does
-        require_memory(2 * model_bytes(config), "cpu", f"{path}: loading its model (vocab_size={config.vocab_size}, "
-                       f"d_model={config.d_model}, num_layers={config.num_layers})", CheckpointError)
-        model = interop.load_gguf_weights(build_model(config), checkpoint)
-        if source.dtype is not None:
-            cast_model(model, source.dtype, source.path)
-        return model
-    return load_model(source).model
+    if is_gguf(args.model_source.path):
+        _gguf()  # a one-line UsageError naming the extra when the gguf package is missing
+    return load_model(args.model_source).model
 
 
 def _write_gguf(args: argparse.Namespace, destination: Path) -> int:
@@ -135,8 +120,3 @@ def _moved_aside(path: Path) -> Path:
             os.replace(path, target)
             return target
     raise UsageError(f"--overwrite: {path.parent} already holds {path.name}.replaced-1 to -9999")
-
-
-def _starts_with(path: Path, magic: bytes) -> bool:
-    with open(path, "rb") as file:
-        return file.read(len(magic)) == magic

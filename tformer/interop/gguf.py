@@ -14,26 +14,14 @@ Interop builds no model (models/ sits above it): the caller does, as ``tformer.h
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 from torch import nn
 
 from tformer.checkpoint import TokenizerNotAttachedWarning, check_weights, load_state
-from tformer.interop.gguf_layout import GGUF_SUFFIX, gguf_name
+from tformer.interop.gguf_layout import gguf_name, is_gguf
 from tformer.interop.gguf_read import ROPE_FREQS, GGUFCheckpoint, hf_state, read_gguf
 from tformer.interop.gguf_write import GGUFWritten, gguf_family, save_gguf
 from tformer.interop.weight_map import hf_to_tformer, weight_rules
-
-GGUF_MAGIC = b"GGUF"
-
-
-def is_gguf(path: str | Path) -> bool:
-    """Whether ``path`` is a file that begins as a GGUF file does (or is named ``*.gguf``)."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    with open(path, "rb") as file:
-        return file.read(4) == GGUF_MAGIC or path.suffix == GGUF_SUFFIX
 
 
 def load_gguf_weights(model: nn.Module, checkpoint: GGUFCheckpoint) -> nn.Module:

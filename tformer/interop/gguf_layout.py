@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 GGUF_SUFFIX = ".gguf"
+GGUF_MAGIC = b"GGUF"
 
 # GGUF tensor name -> Hugging Face tensor name (LlamaForCausalLM's and Qwen2ForCausalLM's), per layer with {i}.
 _TOP_LEVEL = {
@@ -105,3 +107,12 @@ def qk_heads(hf: str, num_heads: int, num_kv_heads: int) -> int | None:
     if ".self_attn.k_proj." in hf:
         return num_kv_heads
     return None
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` is a file that begins as a GGUF file does (or is named ``*.gguf``); needs no gguf package."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as file:
+        return file.read(len(GGUF_MAGIC)) == GGUF_MAGIC or path.suffix == GGUF_SUFFIX

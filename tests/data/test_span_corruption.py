@@ -6,7 +6,6 @@ layout of the paper's example and of T5's tokenizer, and inputs + targets giving
 
 from __future__ import annotations
 
-import io
 import math
 import random
 
@@ -244,6 +243,8 @@ def test_sentinels_of_t5s_tokenizer(tmp_path):
     tformer: <extra_id_k> is id len(tokenizer) - 1 - k, as run_t5_mlm_flax and T5 number them."""
     transformers = pytest.importorskip("transformers")
     spm = pytest.importorskip("sentencepiece")
+    from t5_folders import t5_tokenizer_folder
+
     from tformer.tokenizers import load
 
     folder = t5_tokenizer_folder(tmp_path, transformers, spm)
@@ -252,20 +253,3 @@ def test_sentinels_of_t5s_tokenizer(tmp_path):
     assert len(ids) == 100
     assert ids == theirs.convert_tokens_to_ids([f"<extra_id_{k}>" for k in range(100)])
     assert ids == [len(theirs) - 1 - k for k in range(100)]
-
-
-def t5_tokenizer_folder(tmp_path, transformers, spm):
-    """A folder holding a T5 tokenizer (pad 0, eos 1, unk 2, 100 extra ids) trained on a small corpus."""
-    words = "the a cat dog sat ran on in park mat sun slept big small red house tree".split()
-    rng = random.Random(0)
-    sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "." for _ in range(2000)]
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, vocab_size=80, model_type="unigram", pad_id=0,
-        eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
-    source = tmp_path / "spm"
-    source.mkdir()
-    (source / "spiece.model").write_bytes(model.getvalue())
-    folder = tmp_path / "t5-tokenizer"
-    transformers.T5Tokenizer.from_pretrained(source, extra_ids=100).save_pretrained(folder)
-    return folder

@@ -16,8 +16,8 @@ from typing import NoReturn
 
 from tformer.errors import TformerError
 
-COMMANDS = ["attention", "average", "classify", "convert", "data", "demo", "download", "evaluate", "generate", "info",
-            "plot", "predict", "quantize", "serve", "tokenize", "tokenizer", "train", "transcribe", "translate"]
+COMMANDS = ["attention", "average", "classify", "convert", "data", "demo", "download", "embed", "evaluate", "generate",
+            "info", "plot", "predict", "quantize", "serve", "tokenize", "tokenizer", "train", "transcribe", "translate"]
 
 
 class UsageError(TformerError):

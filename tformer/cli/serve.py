@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from tformer.cli.model_source import ModelSource, add_model_source
+from tformer.pooling import EMBEDDING_POOLINGS
 from tformer.serving.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPTS,
@@ -30,7 +31,8 @@ def register(subparsers) -> None:
         "serve", help="serve a decoder checkpoint over HTTP with the OpenAI API (continuous batching, streaming)",
         description="Serve a decoder checkpoint folder (tformer or Hugging Face format, with a tokenizer) with the "
                     "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
-                    "template), GET /v1/models, /health and /metrics (Prometheus); POST /tokenize and /detokenize, GET "
+                    "template), POST /v1/embeddings (an encoder's folder serves it alone; --pooling), GET "
+                    "/v1/models, /health and /metrics (Prometheus); POST /tokenize and /detokenize, GET "
                     "/tokenizer_info. Completions with echo and logprobs score prompts (lm-evaluation-harness's "
                     "local-completions). Requests share one continuously batched decode over a paged key/value "
                     "cache, run by an engine in a process of its own. SIGTERM or Ctrl-C stops admitting (new "
@@ -78,6 +80,14 @@ def register(subparsers) -> None:
     parser.add_argument("--max-request-tokens", type=int,
                         help="prompt and answer tokens of all of one request's sequences, n x (prompt + max_tokens) "
                              "summed over its prompts (default: --cache-tokens)")
+    parser.add_argument("--pooling", choices=(*EMBEDDING_POOLINGS, "none"),
+                        help="how POST /v1/embeddings pools the final hidden states: the first token's vector (cls), "
+                             "the mean of the tokens' (mean) or the last token's (last); none: no embeddings (default: "
+                             "a sentence-transformers folder's 1_Pooling/config.json, else an encoder's config, cls "
+                             "unless it says mean, and a decoder's last token)")
+    parser.add_argument("--normalize", action=argparse.BooleanOptionalAction,
+                        help="scale embeddings to unit length (default: as a sentence-transformers folder's "
+                             "modules.json says, else not)")
     parser.add_argument("--engine", choices=("process", "thread"), default="process",
                         help="where the engine runs: a process of its own, beside the HTTP process (default), or "
                              "a thread of the HTTP process, sharing its interpreter lock")
@@ -135,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.chat_template or args.checkpoint}: {error}") from None
     options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
                "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout,
-               "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention}
+               "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention,
+               "pooling": args.pooling, "normalize": args.normalize}
     build = partial(build_engine, args.model_source, options=options)
     if args.engine == "thread":
         engine = ThreadEngineClient(build(), stall_timeout=args.engine_timeout)
@@ -167,7 +178,7 @@ def build_engine(source: ModelSource | str, device="cpu", quantize=None, threads
     import torch
 
     from tformer.cli import UsageError, warning_printer
-    from tformer.cli.model_source import load_model, require_generator
+    from tformer.cli.model_source import load_model
     from tformer.generation import GenerationError
     from tformer.nn import compiled
     from tformer.serving.engine import Engine
@@ -181,14 +192,18 @@ def build_engine(source: ModelSource | str, device="cpu", quantize=None, threads
         torch.set_num_threads(threads)
     loaded = load_model(source)
     model = loaded.model
-    require_generator(model, source.path, "serve")
+    options = dict(options or {})
+    pooling = _served_pooling(model, source.path, options.pop("pooling", None), options.pop("normalize", None))
     tokenizer = loaded.require_tokenizer(source.path, SERVE_NEEDS_TOKENIZER)
     try:
-        engine = Engine(model, tokenizer, **(options or {}))
+        engine = Engine(model, tokenizer, pooling=pooling, **options)
     except GenerationError as error:
         raise UsageError(f"{source.path}: {error}") from None
     compiled.ready(model.device)  # a first run builds the CPU kernels here, before the step is timed
-    if threads is None and model.device.type == "cpu":
+    if pooling is not None:
+        print(f"tformer serve: embeddings pool by {pooling.mode}{' and are normalized' if pooling.normalize else ''} "
+              f"({pooling.source})", file=sys.stderr, flush=True)
+    if threads is None and model.device.type == "cpu" and model.generates:
         chosen, why = engine_threads(model)
         torch.set_num_threads(chosen)
         print(f"tformer serve: the engine runs {why} (--threads to choose)", file=sys.stderr, flush=True)
@@ -196,6 +211,28 @@ def build_engine(source: ModelSource | str, device="cpu", quantize=None, threads
 
 
 SERVE_NEEDS_TOKENIZER = "serve needs one (requests and answers are text)"
+
+
+def _served_pooling(model, folder: str, mode: str | None, normalize: bool | None):
+    """The pooling ``/v1/embeddings`` serves ``model`` with (``--pooling``, ``--normalize``, else the folder's or
+    the family's: ``models.embeddings.choose_pooling``), or None (``--pooling none``, or a model with no text
+    embeddings that generates); a model that neither generates nor embeds is refused in one line."""
+    from tformer.cli import UsageError
+    from tformer.cli.model_source import require_generator
+    from tformer.models.embeddings import choose_pooling, embedding_problem
+    from tformer.pooling import EmbeddingError
+
+    if mode == "none" or (model.generates and embedding_problem(model) is not None):
+        if normalize is not None:
+            raise UsageError("--normalize goes with embeddings; leave out --pooling none")
+        require_generator(model, folder, "serve")  # an encoder with no pooling serves nothing
+        return None
+    if not model.generates and embedding_problem(model) is not None:
+        require_generator(model, folder, "serve")
+    try:
+        return choose_pooling(model, folder, mode, normalize)
+    except EmbeddingError as error:
+        raise UsageError(f"{folder}: {error}") from None
 
 
 def _no_tokenizer(checkpoint: str, problem: str | None):

@@ -30,6 +30,7 @@ token's log-probability and the ``k`` best leave the engine, on the sequence's f
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,13 +41,16 @@ from tformer.generation.defaults import MODEL_FIELDS, with_model_defaults
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import SERVER, GenerationConfig, GenerationError, refusals
 from tformer.memory import available_memory, format_bytes
+from tformer.models.embeddings import embedding_problem
 from tformer.nn.attention.paged import BlockPool, PagedCache, PagedLayout, blocks_for, prefix_keys
 from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
 from tformer.nn.block import LayerCache
+from tformer.pooling import Pooling
+from tformer.serving.embedder import Embedder, EmbeddingRequest
 from tformer.serving.emitter import Emitter
 from tformer.serving.requests import Request
 from tformer.serving.scheduler import Scheduler
-from tformer.serving.wire import EngineStats, TokenEvent
+from tformer.serving.wire import Embeddings, EngineStats, TokenEvent
 
 # Every GenerationConfig field: None where the engine honours it as ``generate`` does, else why it refuses a value
 # other than the default (with a GenerationError naming the field); each field declares it (``refused[SERVER]``).
@@ -57,28 +61,57 @@ SERVED_MODEL_FIELDS = tuple(name for name in MODEL_FIELDS if name != "pad_token_
 
 
 class Engine:
-    """Continuous batching over a paged key/value cache for one decoder model, on its device.
+    """Continuous batching over a paged key/value cache for one decoder model, on its device, and embeddings
+    (``embed``) batched in the same steps when given a ``pooling``; a model that writes no text (an encoder)
+    serves embeddings only.
 
     ``cache_tokens``: the pool's size in tokens (rounded up to whole blocks of ``block_size``);
     ``max_running``: sequences decoding at once; ``max_step_tokens``: new tokens per step (prompts
-    beyond it wait for the next step; a prompt longer than it runs alone); ``queue_timeout``:
+    beyond it wait for the next step; a prompt longer than it runs alone), and an embeddings batch's padded
+    tokens; ``queue_timeout``:
     seconds a request may wait for room before it finishes with reason ``timeout`` (None: forever);
     ``paged_attention``: how decode steps read the pool, "auto", "in-place" or "gather"
     (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why);
     ``prefix_caching``: prompts reuse the cached blocks of a prefix computed before, and a request's ``n``
-    sequences share its prompt's blocks (False: every sequence computes its whole prompt).
+    sequences share its prompt's blocks (False: every sequence computes its whole prompt);
+    ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings).
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
                  max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None,
-                 paged_attention: str = "auto", prefix_caching: bool = True) -> None:
-        check_model(model)
+                 paged_attention: str = "auto", prefix_caching: bool = True, pooling: Pooling | None = None) -> None:
         for name, value in (("cache_tokens", cache_tokens), ("block_size", block_size), ("max_running", max_running),
                             ("max_step_tokens", max_step_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name}={value!r} must be an integer >= 1")
         if not isinstance(prefix_caching, bool):
             raise GenerationError(f"prefix_caching={prefix_caching!r} must be True or False")
+        self.tokenizer = tokenizer
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self.pool = self.scheduler = self.emitter = None
+        if getattr(model, "generates", False) or pooling is None:
+            self._start_decoding(model, cache_tokens, block_size, max_running, max_step_tokens, queue_timeout,
+                                 paged_attention, prefix_caching)
+            self.work = self.scheduler.work
+        else:  # embeddings only
+            self.model, self.device, self.prefix_caching = model, model.device, False
+            self.in_place, self.paged_attention_note = False, "none (the model embeds only)"
+            self.work = threading.Condition(threading.Lock())
+        self.embedder = None
+        if pooling is not None:
+            problem = embedding_problem(model)
+            if problem is not None:
+                raise GenerationError(f"the server cannot embed with this model: {problem}")
+            if model.training:
+                raise GenerationError("the model is in training mode (dropout on): call model.eval() first")
+            self.embedder = Embedder(model, pooling, self.stats, self.work, max_batch_tokens=max_step_tokens)
+
+    def _start_decoding(self, model: nn.Module, cache_tokens: int, block_size: int, max_running: int,
+                        max_step_tokens: int, queue_timeout: float | None, paged_attention: str,
+                        prefix_caching: bool) -> None:
+        """The decoding half: the model's decoding view, the paged pool, the scheduler and the emitter."""
+        check_model(model)
         reason = serving_problem(model)
         if reason is not None:
             raise GenerationError(f"the server cannot decode this model: {reason}")
@@ -89,7 +122,6 @@ class Engine:
             raise GenerationError(str(error)) from None
         # The model as decoding runs it, for the engine's life: the caller's is left as it is.
         self.model = model = model.decoding_view()
-        self.tokenizer = tokenizer
         parameter = next(model.parameters())
         self.device = parameter.device
         config = model.config
@@ -104,11 +136,9 @@ class Engine:
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None
         self.caches = [LayerCache(PagedCache(self.pool, layer)) for layer in range(config.num_layers)]
         self.prefix_caching = prefix_caching
-        self.stats = EngineStats()
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
                                    queue_timeout=queue_timeout)
         self.emitter = Emitter(self.scheduler, self.stats)
-        self._ids = itertools.count()
 
     # ---- from any thread --------------------------------------------------------------------------
 
@@ -119,58 +149,88 @@ class Engine:
         never run (bad ids, past the position table, more cache than the pool holds, beam search...).
         ``logprobs=k``: each new token's log-probability and the k best; ``prompt_logprobs=k``: the same for
         the prompt's tokens (``PromptLogprobs`` on each sequence's first event)."""
+        if self.scheduler is None:
+            raise GenerationError(self.embeds_only)
         config = serving_defaults(self.model, config).for_prompt(len(prompt_ids))
         request = self._make_request(list(prompt_ids), config, n, logprobs, prompt_logprobs, on_event)
         self.scheduler.enqueue(request)
         return request
 
+    def embed(self, sequences: Sequence[Sequence[int]],
+              on_done: Callable[[Embeddings], None] | None = None) -> EmbeddingRequest:
+        """Queue token-id ``sequences`` to embed in the coming steps, batched with other requests; ``on_done`` gets
+        their vectors (``Embeddings``). A GenerationError when the engine has no pooling or an input cannot be
+        embedded (no tokens, past the context, an id outside the vocabulary)."""
+        if self.embedder is None:
+            raise GenerationError("this model serves no embeddings: it has no pooling (give the engine one)")
+        return self.embedder.submit(next(self._ids), sequences, on_done or (lambda answer: None))
+
+    @property
+    def embeds_only(self) -> str:
+        """Why a generation request is refused by an engine that only embeds."""
+        return (f"this model embeds only (architecture={self.model.config.architecture!r} writes no text): it "
+                "answers embeddings requests, not completions")
+
     def cancel(self, request_id: int) -> None:
         """Stop the request of ``request_id`` (a client went away): its sequences finish with reason
-        ``cancelled`` at the next step and their blocks return to the pool."""
+        ``cancelled`` at the next step and their blocks return to the pool (an embeddings request is answered
+        "cancelled")."""
         if not isinstance(request_id, int):  # a Request given for its id would cancel nothing, silently
             raise TypeError(f"cancel takes a request's id (Request.id), not {type(request_id).__name__}")
-        self.scheduler.cancel(request_id)
+        for part in self._parts():
+            part.cancel(request_id)
 
     def stop_admitting(self) -> None:
-        self.scheduler.stop_admitting()
+        for part in self._parts():
+            part.stop_admitting()
 
     def wait_for_work(self, timeout: float | None = None) -> bool:
         """Block until something is waiting, running or cancelled (or ``timeout``); whether there is."""
-        return self.scheduler.wait_for_work(timeout)
+        with self.work:
+            return self.work.wait_for(self.has_work, timeout)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return any(part.has_work() for part in self._parts())
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running request (the server is stopping)."""
-        self.scheduler.cancel_all()
+        for part in self._parts():
+            part.cancel_all()
+
+    def _parts(self) -> list[Scheduler | Embedder]:
+        """What queues requests: the scheduler (decoding), the embedder (embeddings), where the engine has them."""
+        return [part for part in (self.scheduler, self.embedder) if part is not None]
 
     @property
     def admitting(self) -> bool:
-        return self.scheduler.admitting
+        return self._parts()[0].admitting
 
     @property
     def queue_length(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) if self.scheduler is not None else 0
 
     @property
     def tokens_stored(self) -> int:
         """Tokens whose keys and values the running sequences' blocks hold now, a shared block once."""
-        return self.scheduler.tokens_stored
+        return self.scheduler.tokens_stored if self.scheduler is not None else 0
 
     @property
     def running(self) -> int:
-        return len(self.scheduler.running)
+        return len(self.scheduler.running) if self.scheduler is not None else 0
 
     @property
     def queue_timeout(self) -> float | None:
-        return self.scheduler.queue_timeout
+        return self.scheduler.queue_timeout if self.scheduler is not None else None
 
     # ---- the loop ---------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def step(self) -> int:
-        """One scheduling step: cancel, admit, run every sequence one token further. New tokens made."""
+        """One scheduling step: a batch of embeddings; cancel, admit, run every sequence one token further. New
+        tokens made (and inputs embedded)."""
+        made = self.embedder.step() if self.embedder is not None else 0
+        if self.scheduler is None:
+            return made
         scheduler, emitter = self.scheduler, self.emitter
         unstarted, stopped = scheduler.take_cancelled()
         for request in unstarted:
@@ -181,7 +241,7 @@ class Engine:
         for request in scheduler.take_expired():
             emitter.finish_unstarted(request, "timeout")
         if not scheduler.running:
-            return 0
+            return made
         batch = scheduler.batch(admitted)
         layout = PagedLayout.build(batch.tables, batch.counts, self.device,
                                    every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place)
@@ -194,7 +254,7 @@ class Engine:
         scheduler.register_prompts(admitted)
         scheduler.fork(forking, batch.rows)
         emitter.sample(logits, batch.rows)
-        return len(batch.rows)
+        return made + len(batch.rows)
 
     def complete(self, prompts: Sequence[Sequence[int]], config: GenerationConfig | None = None,
                  n: int = 1) -> list[Request]:
@@ -207,8 +267,8 @@ class Engine:
         """Step (on this thread) until nothing waits or runs; a RuntimeError if requests wait with nothing
         running, since no step could ever admit them (blocks leaked or promised to no one)."""
         scheduler = self.scheduler
-        while scheduler.has_work():
-            if self.step() == 0 and not scheduler.running and scheduler.waiting:
+        while self.has_work():
+            if self.step() == 0 and scheduler is not None and not scheduler.running and scheduler.waiting:
                 raise RuntimeError(f"{len(scheduler.waiting)} request(s) wait for cache blocks with nothing running: "
                                    f"{self.pool.blocks_in_use} blocks in use, {self.pool.reserved} reserved")
 

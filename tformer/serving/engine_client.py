@@ -18,6 +18,7 @@ server then answers /health with 503 and fails the requests waiting on the engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import sys
 import threading
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from tformer.generation.settings import GenerationConfig
 from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
-from tformer.serving.wire import EngineStats, TokenEvent
+from tformer.serving.wire import EmbeddingFacts, Embeddings, EngineStats, TokenEvent
 
 if TYPE_CHECKING:
     from tformer.serving.engine import Engine
@@ -57,16 +58,22 @@ class EngineFacts:
     paged_attention: str  # Engine.paged_attention_note
     # the folder's generation_config.json (model.generation_config): what a request leaves out defaults to
     generation_defaults: GenerationConfig | None = None
+    generates: bool = True  # False: the model embeds only (an encoder), with no cache (num_blocks 0)
+    embedding: EmbeddingFacts | None = None  # how it embeds; None: no embeddings
+    embeds_only: str = ""  # Engine.embeds_only: why a generation request is refused when it does not generate
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
         """The facts of a built ``engine``, read on its side (the engine process, or the HTTP process with the
         engine on a thread), where its module is loaded already: the end ids a request starts from are its."""
-        serving_defaults = importlib.import_module(ENGINE_MODULE).serving_defaults
-        end_ids = serving_defaults(engine.model, None).end_ids(engine.model.config)
+        embedding = None if engine.embedder is None else engine.embedder.facts()
+        if engine.pool is None:  # embeddings only
+            return cls(0, 0, engine.model.position_limit, None, (), engine.paged_attention_note, None, False,
+                       embedding, engine.embeds_only)
+        module = importlib.import_module(ENGINE_MODULE)
+        end_ids = module.serving_defaults(engine.model, None).end_ids(engine.model.config)
         return cls(engine.pool.num_blocks, engine.pool.block_size, engine.model.position_limit, engine.queue_timeout,
-                   tuple(end_ids), engine.paged_attention_note,
-                   importlib.import_module(ENGINE_MODULE).file_defaults(engine.model))
+                   tuple(end_ids), engine.paged_attention_note, module.file_defaults(engine.model), True, embedding)
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,9 @@ class EngineSnapshot:
 
     @classmethod
     def of(cls, engine: Engine) -> EngineSnapshot:
-        return cls(replace(engine.stats), engine.queue_length, engine.running, engine.pool.blocks_in_use,
-                   engine.pool.cached_blocks, engine.tokens_stored, engine.has_work())
+        pool = engine.pool
+        return cls(replace(engine.stats), engine.queue_length, engine.running, pool.blocks_in_use if pool else 0,
+                   pool.cached_blocks if pool else 0, engine.tokens_stored, engine.has_work())
 
 
 def detached(event: TokenEvent) -> tuple[int, TokenEvent]:
@@ -162,6 +170,12 @@ class EngineClient(ABC):
         when the engine refuses it, EngineFailure when the engine has stopped. ``sink`` gets each of its events,
         the last of each sequence with its finish reason."""
 
+    @abstractmethod
+    async def embed(self, sequences: list[list[int]]) -> Embeddings:
+        """The vectors of token-id ``sequences`` (``Engine.embed``), once the engine has embedded them; a
+        GenerationError when it refuses them, EngineFailure when it has stopped. Cancelling the wait cancels
+        the request."""
+
     def cancel(self, request_id: int) -> None:
         """Stop a request still running (nothing for one that has finished): its sequences end with finish
         reason ``cancelled`` after at most the step running now."""
@@ -235,6 +249,23 @@ class ThreadEngineClient(EngineClient):
         self._follow(request.id, sink, n)  # before any of its events: they reach the loop after this returns
         return request.id
 
+    async def embed(self, sequences: list[list[int]]) -> Embeddings:
+        if self.error is not None:
+            raise EngineFailure(self.error)
+        event_loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Embeddings] = event_loop.create_future()
+
+        def done(embeddings: Embeddings) -> None:  # on the engine's thread
+            with contextlib.suppress(RuntimeError):  # the event loop is closed: the server is gone
+                event_loop.call_soon_threadsafe(_settle, answer, embeddings)
+
+        request = self.engine.embed(sequences, done)
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            self.engine.cancel(request.id)
+            raise
+
     def _cancel(self, request_id: int) -> None:
         self.engine.cancel(request_id)
 
@@ -298,3 +329,9 @@ class ThreadEngineClient(EngineClient):
             self._event_loop.call_soon_threadsafe(self._route, events)
         except RuntimeError:  # the event loop is closed: the server is gone
             pass
+
+
+def _settle(answer: asyncio.Future, value: object) -> None:
+    """Give a future waited on by a route its value, unless its waiter is gone (cancelled)."""
+    if not answer.done():
+        answer.set_result(value)

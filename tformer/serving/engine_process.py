@@ -6,7 +6,7 @@ The engine process, started with multiprocessing's "spawn", builds the engine it
 model from its checkpoint: a model never crosses the pipe) and loops: read the commands waiting on its
 pipe, step while there is work, and after each step send one ``Update`` holding every event of the step,
 the answers to the submits read before it and a snapshot of the engine's counters. Commands are small
-messages the other way: ``Submit``, ``Cancel``, ``CancelAll``, ``StopAdmitting``, ``Close``. An update goes
+messages the other way: ``Submit``, ``Embed``, ``Cancel``, ``CancelAll``, ``StopAdmitting``, ``Close``. An update goes
 out at least every HEARTBEAT_SECONDS, with nothing new in it if need be: the HTTP process's sign of life
 (``EngineClient.stall``).
 
@@ -49,7 +49,7 @@ from tformer.serving.engine_client import (
     detached,
 )
 from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
-from tformer.serving.wire import TokenEvent
+from tformer.serving.wire import Embeddings, TokenEvent
 
 if TYPE_CHECKING:
     from tformer.serving.engine import Engine  # built in the engine process by ``build``; never imported here
@@ -72,6 +72,12 @@ class Submit:
     n: int
     logprobs: int | None
     prompt_logprobs: int | None
+
+
+@dataclass(frozen=True)
+class Embed:
+    ticket: int  # pairs the engine's answers (the request's id, then its vectors) with this request
+    sequences: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,7 @@ class Update:
     snapshot: EngineSnapshot
     events: StepEvents = field(default_factory=list)
     answers: dict[int, int | str | SubmitFailed] = field(default_factory=dict)  # ticket -> request id, or why not
+    embeddings: dict[int, Embeddings] = field(default_factory=dict)  # ticket -> an embeddings request's answer
     error: str | None = None  # the model failed: the engine process ends after this update
 
 
@@ -189,6 +196,8 @@ class _EngineHost:
             match command:
                 case Submit():
                     self.submit(command)
+                case Embed():
+                    self.embed(command)
                 case Cancel(request_id=request_id):
                     self.engine.cancel(request_id)
                 case CancelAll():
@@ -214,6 +223,20 @@ class _EngineHost:
         else:
             self.update.answers[command.ticket] = request.id
 
+    def embed(self, command: Embed) -> None:
+        def done(embeddings: Embeddings) -> None:
+            self.update.embeddings[command.ticket] = embeddings
+
+        try:
+            request = self.engine.embed(command.sequences, done)
+        except GenerationError as error:
+            self.update.answers[command.ticket] = str(error)
+        except Exception as error:  # a bug: as a submit's
+            traceback.print_exc(file=sys.stderr)
+            self.update.answers[command.ticket] = SubmitFailed(type(error).__name__)
+        else:
+            self.update.answers[command.ticket] = request.id
+
     def collect(self, event: TokenEvent) -> None:
         self.update.events.append(detached(event))
 
@@ -222,7 +245,7 @@ class _EngineHost:
         update = self.update
         update.snapshot = EngineSnapshot.of(self.engine)
         now = time.monotonic()
-        if (update.events or update.answers or update.error or update.snapshot != self.reported
+        if (update.events or update.answers or update.embeddings or update.error or update.snapshot != self.reported
                 or now - self.sent_at >= HEARTBEAT_SECONDS):
             self.connection.send(update)
             self.reported, self.sent_at = update.snapshot, now
@@ -249,6 +272,8 @@ class ProcessEngineClient(EngineClient):
                  stall_timeout: float | None = DEFAULT_STALL_SECONDS) -> None:
         self._tickets = itertools.count()
         self._pending: dict[int, tuple[asyncio.Future, EventSink, int]] = {}  # ticket -> its submitter
+        self._embedding: dict[int, asyncio.Future] = {}  # ticket -> an embeddings request's waiter
+        self._embedding_ids: dict[int, int] = {}  # ticket -> its request's id, once the engine has answered
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_commands, name="tformer-engine-commands", daemon=True)
         self._ended = asyncio.Event()  # the engine process's end of the pipe closed
@@ -297,6 +322,22 @@ class ProcessEngineClient(EngineClient):
         self._pending[ticket] = (future, sink, n)
         self._commands.put(Submit(ticket, list(prompt_ids), config, n, logprobs, prompt_logprobs))
         return await future
+
+    async def embed(self, sequences: list[list[int]]) -> Embeddings:
+        if self.error is not None or self._ended.is_set():
+            raise EngineFailure(self.error or "the engine has stopped")
+        ticket = next(self._tickets)
+        answer = asyncio.get_running_loop().create_future()
+        self._embedding[ticket] = answer
+        self._commands.put(Embed(ticket, [list(ids) for ids in sequences]))
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            self._embedding.pop(ticket, None)
+            request_id = self._embedding_ids.pop(ticket, None)
+            if request_id is not None:
+                self._commands.put(Cancel(request_id))
+            raise
 
     def _cancel(self, request_id: int) -> None:
         self._commands.put(Cancel(request_id))
@@ -352,6 +393,9 @@ class ProcessEngineClient(EngineClient):
 
     def _apply(self, update: Update) -> None:
         for ticket, answer in update.answers.items():
+            if ticket not in self._pending:  # an embeddings request's
+                self._embedding_answered(ticket, answer)
+                continue
             future, sink, n = self._pending.pop(ticket)
             if isinstance(answer, str | SubmitFailed):
                 if not future.cancelled():
@@ -362,10 +406,28 @@ class ProcessEngineClient(EngineClient):
             else:
                 self._follow(answer, sink, n)
                 future.set_result(answer)
+        for ticket, embeddings in update.embeddings.items():
+            self._embedding_ids.pop(ticket, None)
+            waiter = self._embedding.pop(ticket, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(embeddings)
         self._route(update.events)
         self._snapshot = update.snapshot
         if update.error is not None:
             self.error = update.error
+
+    def _embedding_answered(self, ticket: int, answer: int | str | SubmitFailed) -> None:
+        """The engine took an embeddings request (its id, to cancel it by) or refused it."""
+        waiter = self._embedding.get(ticket)
+        if isinstance(answer, int):
+            if waiter is None:  # its waiter is gone: nobody reads its vectors
+                self._commands.put(Cancel(answer))
+            else:
+                self._embedding_ids[ticket] = answer
+            return
+        self._embedding.pop(ticket, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(GenerationError(answer) if isinstance(answer, str) else EngineBug(answer.error_type))
 
     def _end(self) -> None:
         """The engine process ended (a failure, a crash, or ``Close``): fail the submits waiting for answers."""
@@ -377,6 +439,10 @@ class ProcessEngineClient(EngineClient):
             if not future.done():
                 future.set_exception(EngineFailure(self.error or "the engine has stopped"))
         self._pending.clear()
+        for waiter in self._embedding.values():
+            if not waiter.done():
+                waiter.set_exception(EngineFailure(self.error or "the engine has stopped"))
+        self._embedding.clear()
         self._ended.set()
 
     # ---- on the sender thread (so the event loop never blocks on a full pipe) ------------------------

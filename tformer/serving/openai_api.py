@@ -223,6 +223,30 @@ class ChatRequest(_Sampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+class EmbeddingRequest(_Strict):
+    """POST /v1/embeddings, as OpenAI defines it: ``input`` a text, texts, token ids or lists of them."""
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None  # an end-user id for the operator's logs; nothing to honour
+
+    def unsupported(self) -> None:
+        pass  # dimensions: the route knows whether the model can (ServedModel's embedding facts)
+
+    def inputs(self) -> list[str | list[int]]:
+        """The inputs, each a text or a list of ids; a 400 for none, or for an empty one."""
+        given = self.input
+        inputs = [given] if isinstance(given, str) or (given and isinstance(given[0], int)) else list(given)
+        if not inputs:
+            raise APIError(400, "input is empty: give a text, texts, token ids or lists of token ids", "input")
+        empty = next((index for index, item in enumerate(inputs) if len(item) == 0), None)
+        if empty is not None:
+            raise APIError(400, f"input {empty} is empty", "input")
+        return inputs
+
+
 class TokenizeRequest(_Strict):
     """POST /tokenize: a prompt's ids as /v1/completions prefills them, or the ids of ``messages`` rendered by
     the chat template as /v1/chat/completions prefills them."""

@@ -19,7 +19,7 @@ from tformer.generation.settings import GenerationConfig, GenerationError
 from tformer.serving.chat import ChatTemplate, ChatTemplateError
 from tformer.serving.engine_client import EngineClient
 from tformer.serving.inflight import InFlight
-from tformer.serving.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
+from tformer.serving.limits import DEFAULT_CACHE_TOKENS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 from tformer.serving.openai_api import APIError, ChatMessage
 from tformer.serving.submission import Submission
 from tformer.serving.wire import TokenEvent
@@ -47,8 +47,9 @@ class ServedModel:
         turn_ends = () if chat_template is None else chat_template.end_token_ids(self.tokenizer)
         self.chat_end_ids = tuple(dict.fromkeys((*engine.facts.end_token_ids, *turn_ends)))
         self.max_prompts = max_prompts
+        cache = engine.facts.num_blocks * engine.facts.block_size  # none when the model embeds only
         self.max_request_tokens = (max_request_tokens if max_request_tokens is not None
-                                   else engine.facts.num_blocks * engine.facts.block_size)
+                                   else cache or DEFAULT_CACHE_TOKENS)
         self.flight = InFlight(engine, max_body_bytes)
         self.responses: Counter[int] = Counter()  # HTTP status -> count, for /metrics
         self.created = int(time.time())
@@ -74,30 +75,39 @@ class ServedModel:
     def check_admitting(self) -> None:
         self.flight.check_admitting()
 
-    def prompt_ids(self, prompts: list[str | list[int]], n: int) -> list[list[int]]:
-        """Each prompt's ids; a 400 past ``max_prompts`` before any is tokenized, and as soon as the prompts so
-        far pass ``max_request_tokens``."""
+    def check_generates(self) -> None:
+        """A 400 on a generation route when the model embeds only (an encoder)."""
+        if not self.engine.facts.generates:
+            raise APIError(400, f"model {self.model_name!r}: {self.engine.facts.embeds_only} (POST /v1/embeddings)",
+                           "model", "embeddings_only")
+
+    def prompt_ids(self, prompts: list[str | list[int]], n: int, field: str = "prompt") -> list[list[int]]:
+        """Each prompt's ids (``field``: the request field that holds them, for messages); a 400 past
+        ``max_prompts`` before any is tokenized, and as soon as the prompts so far pass ``max_request_tokens``."""
         if len(prompts) > self.max_prompts:
-            raise APIError(400, f"{len(prompts):,} prompts in one request; at most {self.max_prompts} "
-                                "(the server's --max-prompts)", "prompt")
+            raise APIError(400, f"{len(prompts):,} {field}s in one request; at most {self.max_prompts} "
+                                "(the server's --max-prompts)", field)
         every: list[list[int]] = []
         for index, prompt in enumerate(prompts):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             if not ids:
-                raise APIError(400, f"prompt {index} has no tokens", "prompt")
+                raise APIError(400, f"{field} {index} has no tokens", field)
             every.append(ids)
-            self.check_request_tokens(every, n, 0)
+            self.check_request_tokens(every, n, 0, field)
         return every
 
-    def check_request_tokens(self, prompts: list[list[int]], n: int, new_tokens: int) -> None:
+    def check_request_tokens(self, prompts: list[list[int]], n: int, new_tokens: int, field: str = "prompt") -> None:
         """A 400 when ``n`` sequences of each prompt, prompt and ``new_tokens`` together, pass
         ``max_request_tokens``."""
         total = n * sum(len(prompt) + new_tokens for prompt in prompts)
-        if total > self.max_request_tokens:
-            raise APIError(400, f"the request needs {'more than ' if not new_tokens else ''}{total:,} tokens (n={n} x "
-                                f"{len(prompts)} prompt(s) x (prompt + max_tokens)); at most "
-                                f"{self.max_request_tokens:,} per request (the server's --max-request-tokens)",
-                           "max_tokens" if new_tokens else "prompt", "request_too_large")
+        if total <= self.max_request_tokens:
+            return
+        counted = (f"more than {total:,} tokens ({len(prompts)} {field}(s) so far)" if field != "prompt" else
+                   f"{'more than ' if not new_tokens else ''}{total:,} tokens (n={n} x {len(prompts)} prompt(s) x "
+                   "(prompt + max_tokens))")
+        raise APIError(400, f"the request needs {counted}; at most {self.max_request_tokens:,} per request (the "
+                            "server's --max-request-tokens)", "max_tokens" if new_tokens else field,
+                       "request_too_large")
 
     def token_limit(self, requested: int | None, prompts: list[list[int]], route_default: int | None) -> int:
         """A request's new tokens at most: ``requested`` (its max_tokens), else the folder's generation_config.json

@@ -1,6 +1,7 @@
 """What crosses between the engine and the HTTP side: a sequence's token events, the prompt scores they may carry,
-and the engine's counters. Plain dataclasses that import neither torch nor ``tformer.nn``, so the HTTP process (and
-the pickles the engine process sends it) can read them without loading the model's libraries.
+an embeddings request's vectors, and the engine's counters. Plain dataclasses that import neither torch nor
+``tformer.nn``, so the HTTP process (and the pickles the engine process sends it) can read them without loading the
+model's libraries.
 """
 
 from __future__ import annotations
@@ -32,6 +33,28 @@ class TokenEvent:
     prompt_logprobs: PromptLogprobs | None = None  # on the sequence's first event, when the request asked
 
 
+@dataclass(frozen=True)
+class EmbeddingFacts:
+    """How the served model embeds (``tformer.pooling.Pooling``, as the HTTP process reads it): its pooling
+    mode, whether vectors are scaled to unit length, where that choice came from, the vectors' size and the
+    most tokens an input may have (None: unbounded)."""
+
+    pooling: str
+    normalize: bool
+    source: str
+    dimensions: int
+    max_tokens: int | None
+
+
+@dataclass
+class Embeddings:
+    """One embeddings request's answer: each input's vector as little-endian float32 bytes (what OpenAI's base64
+    encoding sends), or why there is none (``error``: it was cancelled)."""
+
+    vectors: list[bytes]
+    error: str | None = None
+
+
 @dataclass
 class EngineStats:
     """Counters for /metrics."""
@@ -45,6 +68,9 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0  # prompt tokens whose keys and values were found in the prefix cache
     generated_tokens: int = 0
     steps: int = 0
+    embedding_requests: int = 0  # embeddings requests answered (vectors, not refusals or cancellations)
+    embedded_inputs: int = 0  # inputs embedded
+    embedded_tokens: int = 0  # their tokens
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -30,6 +30,7 @@ CHAT_COMPLETION = "chat.completion"  # the response object's kind
 async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Response:
     body: ChatRequest = parse_body(await served.read_body(http_request), ChatRequest)
     served.check_model(body.model)
+    served.check_generates()
     served.check_admitting()
     text = await served.chat_text(body.messages)
     prompt = served.tokenizer.encode(text, add_special_tokens=False)

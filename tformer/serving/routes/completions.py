@@ -31,6 +31,7 @@ TEXT_COMPLETION = "text_completion"  # the response object's kind
 async def completions(served: ServedModel, http_request: HTTPRequest) -> Response:
     body: CompletionRequest = parse_body(await served.read_body(http_request), CompletionRequest)
     served.check_model(body.model)
+    served.check_generates()
     served.check_admitting()
     texts = body.prompts()
     prompts = served.prompt_ids(texts, body.n)

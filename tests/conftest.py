@@ -1,6 +1,8 @@
 """Tests run single-threaded: they check behaviour on tiny tensors, where a second OpenMP thread
 buys nothing and, on a busy machine, spin-waiting threads slow small ops down by 10x or more.
-Set before torch is imported so subprocesses (CLI, torchrun) inherit it.
+Set before torch is imported so subprocesses (CLI, torchrun) inherit it. ``make test`` runs the suite in one
+pytest-xdist worker per core instead (each single-threaded), so a test shares no state with another through the
+process: every file it writes goes under its own ``tmp_path``.
 
 The Hugging Face Hub is off (HF_HUB_OFFLINE) before huggingface_hub is imported: no test reaches the
 network, and a missing path that is also a valid Hub name fails at once.

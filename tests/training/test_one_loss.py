@@ -18,6 +18,7 @@ import tformer
 from tformer.data.images import ImageData
 from tformer.data.parallel import read_parallel
 from tformer.data.sources import DataConfig
+from tformer.data.span_corruption import sentinel_ids
 from tformer.nn.losses import (
     IGNORE_INDEX,
     next_token_loss,
@@ -33,6 +34,7 @@ from tformer.training.tasks.examples import EVAL_WEIGHTS
 from tformer.training.tasks.image_classification import ImageClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
+from tformer.training.tasks.span_corruption import SpanCorruption
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
 from tformer.training.tasks.speech_recognition import SpeechRecognition
 from tformer.training.tasks.token_classification import TokenClassification
@@ -144,6 +146,18 @@ def translation_task(tmp_path):
     return prepared(task, model, seq_len=32)
 
 
+def span_corruption_task(tmp_path):
+    tokenizer = WordPieceTokenizer([*SPECIALS, *WORDS])
+    tokenizer.add_special_tokens({"eos": "</s>"})
+    sentinels = sentinel_ids(tokenizer, 10)
+    ids = torch.tensor(tokenizer.encode(" ".join(sentences(80, 8)), add_special_tokens=False))
+    torch.manual_seed(0)
+    model = tformer.build_model("transformer-multi30k", vocab_size=tokenizer.vocab_size, d_model=32, num_layers=1,
+                                num_heads=2, d_ff=64, max_seq_len=64, dropout=0.0, pad_token_id=0,
+                                eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=0)
+    return prepared(SpanCorruption(ids, ids[:200], tokenizer, sentinels), model, seq_len=32)
+
+
 def image_classification_task(tmp_path):
     generator = torch.Generator().manual_seed(7)
     images = torch.randint(0, 256, (24, 1, 8, 8), dtype=torch.uint8, generator=generator)
@@ -172,7 +186,7 @@ def speech_recognition_ctc_task(tmp_path):
 TASKS = {"lm": lm_task, "mlm": mlm_task, "classification": classification_task,
          "token_classification": token_classification_task, "span_qa": span_qa_task, "translation": translation_task,
          "image_classification": image_classification_task, "speech_recognition": speech_recognition_task,
-         "speech_recognition_ctc": speech_recognition_ctc_task}
+         "speech_recognition_ctc": speech_recognition_ctc_task, "span_corruption": span_corruption_task}
 
 
 def model_loss(model, batch) -> torch.Tensor:
@@ -189,7 +203,7 @@ def evaluated_loss(task, sums: dict) -> float:
     if "ctc" in sums:  # the decoder's loss per token, the CTC head's per row: the task mixes them as the model does
         return task.finalise({name: float(value) for name, value in sums.items()})["eval_loss"]
     count = {"lm": "batches", "token_classification": "labelled", "span_qa": "windows", "translation": "tokens",
-             "speech_recognition": "tokens"}
+             "speech_recognition": "tokens", "span_corruption": "tokens"}
     return float(sums["loss"] / sums[count.get(task.name, "rows")])
 
 

@@ -32,7 +32,7 @@ class Pooling:
 
     mode: str
     normalize: bool = False
-    source: str = "given"
+    source: str = "as asked"
 
     def __post_init__(self) -> None:
         if self.mode not in EMBEDDING_POOLINGS:

@@ -68,7 +68,7 @@ def test_texts_token_ids_and_batches_give_the_same_vectors(bert):
 
 def test_the_family_default_and_what_is_given(bert, gpt, tmp_path):
     assert choose_pooling(bert).mode == "cls" and choose_pooling(gpt).mode == "last"
-    assert choose_pooling(bert, None, "mean", True) == Pooling("mean", True, "given")
+    assert choose_pooling(bert, None, "mean", True) == Pooling("mean", True, "as asked")
     assert folder_pooling(tmp_path) is None  # no modules.json: not a sentence-transformers folder
 
 

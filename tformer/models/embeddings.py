@@ -51,7 +51,7 @@ def choose_pooling(model, folder: str | Path | None = None, mode: str | None = N
     if mode is None and normalize is None:
         return base
     return Pooling(base.mode if mode is None else mode, base.normalize if normalize is None else normalize,
-                   "given" if mode is not None else base.source)
+                   "as asked" if mode is not None else base.source)
 
 
 def max_input_tokens(model) -> int | None:

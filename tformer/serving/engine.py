@@ -96,7 +96,7 @@ class Engine:
             self.work = self.scheduler.work
         else:  # embeddings only
             self.model, self.device, self.prefix_caching = model, model.device, False
-            self.in_place, self.paged_attention_note = False, "none (the model embeds only)"
+            self.in_place, self.paged_attention_note = False, "embeddings only: no key/value cache"
             self.work = threading.Condition(threading.Lock())
         self.embedder = None
         if pooling is not None:

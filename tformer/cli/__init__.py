@@ -17,7 +17,8 @@ from typing import NoReturn
 from tformer.errors import TformerError
 
 COMMANDS = ["attention", "average", "classify", "convert", "data", "demo", "download", "embed", "evaluate", "generate",
-            "info", "plot", "predict", "quantize", "serve", "tokenize", "tokenizer", "train", "transcribe", "translate"]
+            "info", "merge", "plot", "predict", "quantize", "serve", "tokenize", "tokenizer", "train", "transcribe",
+            "translate"]
 
 
 class UsageError(TformerError):
@@ -121,6 +122,26 @@ def check_replaceable(path: str | Path, overwrite: bool | None, option: str = "-
     kind = f" and is not {what}" if what else ""
     offer = "" if overwrite is None else ", or pass --overwrite to replace it"
     raise UsageError(f"{path} exists{kind}; choose another {option}{offer}")
+
+
+def check_model_output(out: str | Path, overwrite: bool, option: str = "--out") -> None:
+    """A model folder is written to ``out`` only when it is new or empty, or with ``overwrite`` when it holds a model
+    folder (config.json: one tformer could have written, whose model files are then replaced); anything else is
+    refused in one line, so no folder tformer did not write is written into."""
+    from tformer.checkpoint import CONFIG_NAME
+
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"{option} {out}: exists and is not a folder")
+    if any(out.iterdir()):
+        if not overwrite:
+            raise UsageError(f"{option} {out} is not empty; give --overwrite to replace the model files in it, or an "
+                             "empty or new folder")
+        if not (out / CONFIG_NAME).is_file():
+            raise UsageError(f"{option} {out} holds files but no model folder (no {CONFIG_NAME}); tformer replaces "
+                             "only a model folder it could have written: choose an empty or new folder")
 
 
 def add_progress_option(parser: argparse.ArgumentParser) -> None:

@@ -134,7 +134,7 @@ def load_draft(args: argparse.Namespace):
 
     if not args.draft:
         return None
-    draft = load_model(args.model_source.replace(path=args.draft, hub_name=None, revision=None)).model
+    draft = load_model(args.model_source.replace(path=args.draft, hub_name=None, revision=None, adapter=None)).model
     require_generator(draft, args.draft, "--draft")
     return draft
 

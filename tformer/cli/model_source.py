@@ -4,8 +4,8 @@ image processor. Commands import these (and ``model_inputs``), never each other,
 one entry in ``MODEL_OPTIONS`` and one field of ``ModelSource`` here.
 
 The group: the model (a folder, or a Hugging Face Hub name with ``--revision`` and ``--local-only``), ``--device``,
-``--dtype``, ``--quantize`` / ``--group-size`` (choices read from the quantized weight backends' registry) and
-``--threads``.
+``--dtype``, ``--quantize`` / ``--group-size`` (choices read from the quantized weight backends' registry),
+``--threads`` and ``--adapter`` (a LoRA adapter put over the model as it loads).
 A command leaves out the options it cannot honour (``without=``): the flag then does not exist for it."""
 
 from __future__ import annotations
@@ -68,11 +68,19 @@ def add_threads_option(parser: argparse.ArgumentParser, help: str | None = None)
                                      "leave cores to other work on a shared machine")
 
 
+def add_adapter_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--adapter``: a LoRA adapter folder put over the model once it has loaded (``load_model``)."""
+    parser.add_argument("--adapter", metavar="DIR",
+                        help=help or "a LoRA adapter folder in PEFT's format (adapter_config.json + "
+                                     "adapter_model.safetensors; a tformer train run with an [adapter] section) to "
+                                     "put over the model as it loads; the model is then its base")
+
+
 # The group's options besides the model argument: name -> how it is added (given a help text of the command's own,
 # or None). A command leaves out some by name.
 MODEL_OPTIONS: dict[str, Callable[[argparse.ArgumentParser, str | None], None]] = {
     "device": add_device_option, "dtype": add_dtype_option, "quantize": add_quantize_option,
-    "threads": add_threads_option}
+    "threads": add_threads_option, "adapter": add_adapter_option}
 
 
 def add_model_source(parser: argparse.ArgumentParser, dest: str, help: str, metavar: str | None = None,
@@ -118,6 +126,7 @@ class ModelSource:
     quantize: Any = None  # a QuantizationScheme, or None
     threads: int | None = None
     dtype: Any = None  # the torch.dtype the model's floating-point parameters are cast to, or None (as it loads)
+    adapter: str | None = None  # a LoRA adapter folder put over the model as it loads, or None
 
     def replace(self, **changes: Any) -> ModelSource:
         """This source with ``changes`` (another path: a draft model, loaded the same way)."""
@@ -140,7 +149,8 @@ def read_model_source(args: argparse.Namespace) -> None:
     device = resolve_device(args.device if "device" in given else "cpu")
     args.model_source = ModelSource(path=path, hub_name=args.hub_name, local_only=args.local_only, device=device,
                                     quantize=quantize_option(args) if "quantize" in given else None,
-                                    threads=threads, dtype=dtype_option(args, device) if "dtype" in given else None)
+                                    threads=threads, dtype=dtype_option(args, device) if "dtype" in given else None,
+                                    adapter=adapter_option(args) if "adapter" in given else None)
     if threads is not None and args.sets_threads:
         import torch
 
@@ -189,6 +199,19 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity on macOS and Windows
         return os.cpu_count() or 1
+
+
+def adapter_option(args: argparse.Namespace) -> str | None:
+    """The ``--adapter`` folder, or None; refused in one line when it holds no adapter."""
+    from tformer.interop.peft_adapter import ADAPTER_CONFIG
+
+    if args.adapter is None:
+        return None
+    if not (Path(args.adapter) / ADAPTER_CONFIG).is_file():
+        raise UsageError(f"--adapter {args.adapter}: no {ADAPTER_CONFIG} there (an adapter folder holds it and "
+                         "adapter_model.safetensors: what tformer train writes with an [adapter] section, or PEFT's "
+                         "save_pretrained)")
+    return args.adapter
 
 
 def quantize_option(args: argparse.Namespace):
@@ -309,6 +332,10 @@ def load_model(source: ModelSource) -> LoadedModel:
                                                                  quantize=source.quantize,
                                                                  revision=source.revision,
                                                                  local_only=source.local_only))
+    if source.adapter is not None:
+        from tformer.adapters import load_adapter
+
+        load_adapter(model, source.adapter).eval()  # an AdapterError (one line) when it is another base's
     if source.dtype is not None:
         cast_model(model, source.dtype, source.path)
     return LoadedModel(model, problem)
@@ -425,14 +452,15 @@ def find_recipe(folder: Path) -> Path:
                                "task and the data format from the run's recipe)", str(folder))
 
 
-def run_recipe(folder: Path):
+def run_recipe(folder: Path, model: Path | None = None):
     """The recipe a model folder was trained with (see ``find_recipe``), its model being the folder
-    itself, whatever folder the run started from."""
+    itself (or ``model``: the base of an adapter run's folder), whatever folder the run started from."""
     import tomllib
 
     from tformer.training.recipe import recipe_from_dict
 
     recipe_file = find_recipe(folder)
     raw = tomllib.loads(recipe_file.read_text(encoding="utf-8"))
-    raw["model"] = {"init_from": str(folder.resolve())}
+    raw["model"] = {"init_from": str((model or folder).resolve())}
+    raw.pop("adapter", None)  # the adapter is put on by the loader (--adapter)
     return recipe_from_dict(raw, source=str(recipe_file), base_dir=recipe_file.parent)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tformer.cli import UsageError, refuse_output_over_input
+from tformer.cli import UsageError, check_model_output, refuse_output_over_input
 from tformer.cli.model_source import RECIPE_NAME, add_model_source, find_recipe
 
 
@@ -32,7 +32,8 @@ def register(subparsers) -> None:
                     "and predict read). tformer generate, serve, translate, predict, classify and evaluate load "
                     "it quantized; training it is refused.",
     )
-    add_model_source(parser, "model", "the float model folder to quantize", "RUN", without=("device", "quantize"))
+    add_model_source(parser, "model", "the float model folder to quantize", "RUN",
+                     without=("device", "quantize", "adapter"))
     parser.add_argument("--bits", type=int, required=True, choices=tuple(BITS),
                         help="8: int8, one scale per output channel; 4: int4, a scale and offset per group of inputs")
     parser.add_argument("--group-size", type=int, metavar="N", help="--bits 4: inputs per group, 32, 64 or 128 "
@@ -51,7 +52,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+    from tformer.checkpoint import WEIGHTS_NAME
     from tformer.cli.model_source import load_model
     from tformer.files import write_text_atomically
     from tformer.quantization import QuantizationError, plans, scheme_for
@@ -69,16 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--group-size: {error}") from None
     out = Path(args.out)
     refuse_output_over_input(out, [args.model], option="--out")
-    if out.exists():
-        if not out.is_dir():
-            raise UsageError(f"--out {out}: exists and is not a folder")
-        if any(out.iterdir()):
-            if not args.overwrite:
-                raise UsageError(f"--out {out} is not empty; give --overwrite to replace the model files in it, or "
-                                 "an empty or new folder")
-            if not (out / CONFIG_NAME).is_file():
-                raise UsageError(f"--out {out} holds files but no model folder (no {CONFIG_NAME}); tformer replaces "
-                                 "only a model folder it could have written: choose an empty or new folder")
+    check_model_output(out, args.overwrite)
     recipe = run_recipe_text(Path(args.model))
     if recipe is None and (out / RECIPE_NAME).exists():
         raise UsageError(f"--out {out} holds a {RECIPE_NAME} and {args.model} has none to replace it with (it would "

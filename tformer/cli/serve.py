@@ -40,7 +40,7 @@ def register(subparsers) -> None:
                     "a second signal ends them at once.",
     )
     add_model_source(parser, "checkpoint", "a checkpoint folder with a tokenizer (tformer or Hugging Face format)",
-                     helps={"threads": ENGINE_THREADS_HELP}, sets_threads=False)
+                     helps={"threads": ENGINE_THREADS_HELP}, sets_threads=False, without=("adapter",))
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")

@@ -4,6 +4,7 @@ names both instead of the process being ended by the kernel's out-of-memory kill
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -37,6 +38,21 @@ def require_memory(
         raise error(f"{what} needs about {format_bytes(needed)} of memory; "
                     f"{format_bytes(available)} is available on {torch.device(device).type}")
     return available
+
+
+def peak_memory(device: torch.device | str = "cpu") -> int | None:
+    """The most memory this process has held so far, in bytes: on CUDA the most PyTorch allocated on the device
+    (``max_memory_allocated``), on the CPU the process's peak resident set (``getrusage``'s ru_maxrss). None where
+    neither can be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def format_bytes(count: float) -> str:

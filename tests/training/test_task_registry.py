@@ -138,5 +138,6 @@ def test_settings_belong_to_the_task_that_declares_them(registered, tmp_path):
                                             r"text, jsonl"):
         check_data_options("sortedness", DataConfig(train="x", format="conll"))
     with pytest.raises(TrainingError, match=r"data.skip_bad is not read by the sortedness task \(it is a setting of "
-                                            r"classification, token_classification, span_qa, speech_recognition\)"):
+                                            r"classification, token_classification, span_qa, speech_recognition, "
+                                            r"sft\)"):
         check_data_options("sortedness", DataConfig(train="x", skip_bad=True))

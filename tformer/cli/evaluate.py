@@ -191,7 +191,8 @@ def evaluate_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
     source = args.model_source
     quantize, device = source.quantize, source.device
-    recipe = run_recipe(folder)
+    with_recipe = Path(source.adapter) if source.adapter and not (folder / "recipe.toml").is_file() else folder
+    recipe = run_recipe(with_recipe, model=folder)  # an adapter run's recipe, over its base
     task_config = recipe.task
     if task_config.name == "translation":
         data_file = translation_corpus(data_file, recipe.data)
@@ -218,7 +219,7 @@ def evaluate_run(args: argparse.Namespace) -> int:
                                tokenizer="char")  # "char": none named; the model's own tokenizer reads the data
     label_names = tuple(model.config.label_names) or None
     task, loaded = task_for_recipe(task_config, data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
-                                   label_names=label_names)
+                                   label_names=label_names, model_folder=str(folder))
     training = dataclasses.replace(recipe.training, eval_batches=0, device=str(device), compile=False,
                                    batch_size=args.batch_size or recipe.training.batch_size,
                                    threads=args.threads or recipe.training.threads)  # --threads over the recipe's

@@ -66,5 +66,10 @@ def run(args: argparse.Namespace) -> int:
     best = f" (best {result.best_eval:.4f} at step {result.best_step})" if result.best_eval is not None else ""
     print(f"{result.stopped} at step {result.steps}: train loss {result.final_train_loss:.4f}{evaluated}{best}; "
           f"{result.seconds:.1f} s, {result.throughput:,.0f} {result.unit}/s")
-    print(f"run folder {out}  (tformer.load('{out}'), tformer plot {out})")
+    if recipe.adapter is not None:
+        base = recipe.init_from or "BASE"
+        print(f"run folder {out}: the adapter in PEFT's format  (tformer generate {base} --adapter {out}, "
+              f"tformer merge {base} {out} --out MERGED, tformer plot {out})")
+    else:
+        print(f"run folder {out}  (tformer.load('{out}'), tformer plot {out})")
     return 0

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tformer.config import ModelConfig
 from tformer.nn.attention import AttentionMask, CrossAttentionCache, StepLayout, kernel_class
+from tformer.nn.attention.mask import packed_segments
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.inputs import check_attention_mask, check_positions
 from tformer.nn.norm import build_norm
@@ -67,7 +69,11 @@ class TransformerStack(nn.Module):
     ``cross_attention``: each block also attends to ``encoder_hidden`` (encoder-decoders).
     ``add_positions=False``: the front end has added absolute positions already (a vision model's
     patch grid, which it can resample), so the stack adds none of ``config.positional``'s.
+    ``activation_checkpointing``: while training, each block's activations are recomputed in the backward
+    pass instead of kept (``torch.utils.checkpoint``; the same gradients, less memory, one more forward).
     """
+
+    activation_checkpointing = False
 
     def __init__(self, config: ModelConfig, causal: bool, cross_attention: bool = False,
                  add_positions: bool = True) -> None:
@@ -111,8 +117,10 @@ class TransformerStack(nn.Module):
     ) -> StackOutput:
         """x: embedded inputs (B, T, D). ``attention_mask`` (B, past + T), 1 = attend, covers cached
         positions too; ``position_ids`` (B, T) default to counting attended tokens. ``encoder_hidden``
-        (B, S, D) and ``encoder_mask`` (B, S), 1 = attend, feed cross-attention. Checks its inputs, lays
-        out the pass (``StepLayout``) and runs it (``run``)."""
+        (B, S, D) and ``encoder_mask`` (B, S), 1 = attend, feed cross-attention. Without an attention mask
+        or a cache, ``position_ids`` that restart inside a row mark packed examples (``packed_segments``, Hugging
+        Face's rule): no token attends across a restart. Checks its inputs, lays out the pass (``StepLayout``)
+        and runs it (``run``)."""
         if encoder_hidden is not None and not self.cross_attention:
             raise ValueError("encoder_hidden given, but this stack has no cross-attention (cross_attention=False)")
         batch, length, _ = x.shape
@@ -120,16 +128,34 @@ class TransformerStack(nn.Module):
         if attention_mask is not None:
             check_attention_mask(attention_mask, (batch, past + length))
         key_positions = _key_positions(batch, past + length, attention_mask, x.device)  # (B, past + T)
+        packed = position_ids is not None and attention_mask is None and cache is None and length > 1
         if position_ids is None:
             position_ids = key_positions[:, past:]
         check_positions(position_ids, self.position_limit, self.positional.kind)
+        segments = None
+        if packed:  # the caller's positions: they may restart (packed examples)
+            position_ids = position_ids.expand(batch, length)
+            segments = packed_segments(position_ids)
+            if segments is not None:
+                self._check_packing()
+                key_positions = position_ids  # keys are the new tokens: a position bias reads their own positions
         kernel = self.config.attention_kernel
         if output_attentions and not kernel_class(kernel).weights:
             raise ValueError(f"attention_kernel={kernel!r} has no attention weights (output_attentions=True); "
                              "use an exact kernel (sdpa, reference, chunked) to inspect them")
-        layout = StepLayout(position_ids, key_positions, None if attention_mask is None else attention_mask.bool())
+        layout = StepLayout(position_ids, key_positions, None if attention_mask is None else attention_mask.bool(),
+                            segments=segments)
         return self.run(x, layout, cache, encoder_hidden, None if encoder_mask is None else encoder_mask.bool(),
                         output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+
+    def _check_packing(self) -> None:
+        """Refuse packed rows (positions restarting) where a layer's kernel cannot keep the examples apart."""
+        for block in self.blocks:
+            kernel = block.attention.kernel
+            if not kernel.segments:
+                raise ValueError(f"position_ids restart inside a row (packed examples), which "
+                                 f"attention_kernel={kernel.name!r} cannot keep apart; give one example a row, or "
+                                 "use the sdpa or reference kernel")
 
     def run(
         self,
@@ -168,11 +194,15 @@ class TransformerStack(nn.Module):
         hidden_states: list[Tensor] = []
         attentions: list[Tensor] = []
         cross_attentions: list[Tensor] = []
+        recompute = self.activation_checkpointing and self.training and cache is None and torch.is_grad_enabled()
         for index, block in enumerate(parts["blocks"]):
             if output_hidden_states:
                 hidden_states.append(x.view(batch, length, width))
             layer_cache = None if cache is None else cache[index]
-            x, self_weights, cross_weights = block(x, context, layer_cache)
+            if recompute:  # the block's activations recomputed in the backward pass (dropout's masks the same)
+                x, self_weights, cross_weights = checkpoint(block, x, context, None, use_reentrant=False)
+            else:
+                x, self_weights, cross_weights = block(x, context, layer_cache)
             if output_attentions:
                 attentions.append(self_weights)
                 if cross_weights is not None:
@@ -189,6 +219,14 @@ class TransformerStack(nn.Module):
             cross_attentions=cross_attentions if output_attentions and cross_attentions else None,
             hidden_states=hidden_states if output_hidden_states else None,
         )
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> int:
+    """Turn activation checkpointing on (or off) in every stack of ``model``; how many stacks there are."""
+    stacks = [module for module in model.modules() if isinstance(module, TransformerStack)]
+    for stack in stacks:
+        stack.activation_checkpointing = enabled
+    return len(stacks)
 
 
 def _key_positions(batch: int, total: int, attention_mask: Tensor | None, device: torch.device) -> Tensor:

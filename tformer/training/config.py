@@ -6,6 +6,7 @@ It is the ``[training]`` section of a recipe, field for field; a message names t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ class TrainingConfig:
     deterministic: bool = False
     precision: str = "fp32"
     compile: bool = False
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward pass: less memory
     device: str = "auto"  # auto, cpu, cuda (the process's GPU) or cuda:N (one process on GPU N)
     threads: int = 0  # CPU threads; 0 = measured: PyTorch's default or 1, whichever is faster now
     # processes (under torchrun)
@@ -98,7 +100,7 @@ class TrainingConfig:
         if not isinstance(metric, str) or not metric.startswith("eval_"):
             raise TrainingError(f"training.early_stopping_metric={metric!r} must name an evaluation metric the task "
                                 "reports, e.g. eval_loss or eval_accuracy")
-        for name in ("deterministic", "compile", "save_best", "decay_embeddings"):
+        for name in ("deterministic", "compile", "save_best", "decay_embeddings", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise TrainingError(f"training.{name}={getattr(self, name)!r} must be true or false")
         _require_number("lr", self.lr, low=0.0, low_open=True)
@@ -138,3 +140,53 @@ def _require_number(name: str, value, low: float, high: float | None = None, low
         if high is not None:
             bound = f"in [{low}, {high})"
         raise TrainingError(f"training.{name}={value!r} must be a finite number {bound}")
+
+
+ADAPTER_KINDS = ("lora",)
+ADAPTER_QUANTIZE = ("int4", "int8")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """The ``[adapter]`` section of a recipe: train LoRA adapters over the frozen model instead of every weight
+    (``tformer.adapters.add_lora``). ``targets``: module names, groups or one regular expression, as
+    ``add_lora`` reads them. ``quantize``: quantize the base first (``int4``: QLoRA; ``group_size`` its inputs
+    per group), so that only the adapters are float. The run saves the adapter in PEFT's format."""
+
+    kind: str = "lora"
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list | str = dataclasses.field(default_factory=lambda: ["attention", "feedforward"])
+    rslora: bool = False
+    quantize: str | None = None
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ADAPTER_KINDS:
+            raise TrainingError(f"adapter.kind={self.kind!r} is not one of {', '.join(ADAPTER_KINDS)}")
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise TrainingError(f"adapter.rank={self.rank!r} must be a positive integer")
+        ok = isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and math.isfinite(self.alpha)
+        if not ok or self.alpha <= 0:
+            raise TrainingError(f"adapter.alpha={self.alpha!r} must be a finite number > 0")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise TrainingError(f"adapter.dropout={self.dropout!r} must be a number in [0, 1)")
+        targets = self.targets
+        if not (isinstance(targets, str) and targets) and not (
+                isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets)):
+            raise TrainingError(f"adapter.targets={targets!r} must be a list of module names or groups, or one "
+                                "regular expression")
+        if not isinstance(self.rslora, bool):
+            raise TrainingError(f"adapter.rslora={self.rslora!r} must be true or false")
+        if self.quantize is not None and self.quantize not in ADAPTER_QUANTIZE:
+            raise TrainingError(f"adapter.quantize={self.quantize!r} is not one of {', '.join(ADAPTER_QUANTIZE)}")
+        if self.group_size is not None and self.quantize != "int4":
+            raise TrainingError(f"adapter.group_size={self.group_size!r} goes with adapter.quantize = \"int4\"")
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        quantized = f" over an {self.quantize} base (QLoRA)" if self.quantize == "int4" else \
+            f" over an {self.quantize} base" if self.quantize else ""
+        scaling = "rsLoRA" if self.rslora else "LoRA"
+        return f"{scaling} rank {self.rank}, alpha {self.alpha:g}, dropout {self.dropout:g}{quantized}"

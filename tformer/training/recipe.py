@@ -1,6 +1,7 @@
-"""Recipes: a TOML file whose ``[model]``, ``[data]``, ``[training]`` and ``[task]`` sections map one
-to one onto ModelConfig (plus an optional ``preset``), DataConfig, TrainingConfig and TaskConfig
-(``[task]`` may be left out: ``name = "lm"``, next-token language modelling).
+"""Recipes: a TOML file whose ``[model]``, ``[data]``, ``[training]``, ``[task]`` and ``[adapter]`` sections map
+one to one onto ModelConfig (plus an optional ``preset``), DataConfig, TrainingConfig, TaskConfig and
+AdapterConfig (``[task]`` may be left out: ``name = "lm"``, next-token language modelling; ``[adapter]`` too: every
+weight trains).
 
 Everything is checked here, before any work starts: an unknown section or key, a value of the
 wrong type, or an invalid one is an error naming the section, the key and what is allowed.
@@ -34,11 +35,11 @@ from tformer.hub import read_model_config
 from tformer.hub_cache import is_hub_name
 from tformer.models import model_class
 from tformer.nn.positions import POSITIONAL_SCHEMES
-from tformer.training.config import TrainingConfig, TrainingError
+from tformer.training.config import AdapterConfig, TrainingConfig, TrainingError
 from tformer.training.tasks.registry import TASKS, TaskConfig, check_data_options, task_settings
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
-                             "task": TaskConfig}
+                             "task": TaskConfig, "adapter": AdapterConfig}
 PATH_KEYS = ("train", "eval", "tokenizer")  # [data] keys that name files
 EXTRA_KEYS = {"model": ("preset",), "data": ("root",)}  # keys read here, beside the config's fields
 HEAD_KEYS = ("head", "num_labels", "label_names", "problem_type", "pooling")
@@ -58,7 +59,7 @@ class Recipe:
     ``init_revision`` for a name; ``model`` is then that model's config, and ``init_settings`` what the
     recipe changes in it (``INIT_FROM_KEYS``: the head settings, the dropout rates), arguments of
     ``tformer.load``. ``num_labels_given``: the recipe set ``num_labels`` itself (else it follows the
-    data's labels)."""
+    data's labels). ``adapter``: the ``[adapter]`` section (LoRA adapters train, the model stays frozen), or None."""
 
     model: ModelConfig
     data: DataConfig
@@ -70,6 +71,7 @@ class Recipe:
     init_revision: str | None = None
     init_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     num_labels_given: bool = False
+    adapter: AdapterConfig | None = None
 
     @property
     def declared_label_names(self) -> tuple[str, ...] | None:
@@ -118,6 +120,8 @@ class Recipe:
         """Every field of every section, in TOML, loadable by ``load_recipe``."""
         lines = ["# The resolved recipe of this run: every setting, data paths absolute.", ""]
         for section in SECTIONS:
+            if section == "adapter" and self.adapter is None:
+                continue
             lines.append(f"[{section}]")
             values = self.task.settings() if section == "task" else dataclasses.asdict(getattr(self, section))
             if section == "model" and self.init_from:
@@ -169,6 +173,7 @@ def recipe_from_dict(
     data = _build(origin, "data", lambda: DataConfig(**data_values))
     training = _build(origin, "training", lambda: TrainingConfig(**values["training"]))
     task = _build(origin, "task", lambda: TaskConfig(**values["task"]))
+    adapter = _build(origin, "adapter", lambda: AdapterConfig(**values["adapter"])) if "adapter" in raw else None
     _build(origin, "data", lambda: check_data_options(task.name, data))
     _build(origin, "data", data.check_files)
     training = _settle_seq_len(origin, model, training, task)
@@ -176,7 +181,7 @@ def recipe_from_dict(
                   vocab_size_given="vocab_size" in model_values or start.init_from is not None,
                   init_from=start.init_from, init_revision=start.init_revision,
                   init_settings=dict(model_values) if start.init_from is not None else {},
-                  num_labels_given="num_labels" in model_values)
+                  num_labels_given="num_labels" in model_values, adapter=adapter)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What a run reports as it goes: a tqdm bar (step, loss, lr, tokens/s or examples/s, ETA), metrics.jsonl
+"""What a run reports as it goes: a tqdm bar (step, loss, lr, tokens/s or examples/s, peak memory, ETA), metrics.jsonl
 (one JSON object per line: ``step`` and metrics by name) and TensorBoard when it is installed.
 
 Only the main process reports; the others get a silent reporter. The bar's text is refreshed
@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from tformer.files import write_text_atomically
+from tformer.memory import format_bytes
 
 METRICS_NAME = "metrics.jsonl"
 REFRESH_SECONDS = 0.5
@@ -57,14 +58,17 @@ class Reporter:
                 if name != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     self.tensorboard.add_scalar(name, value, record["step"])
 
-    def advance(self, steps: int, loss: float, lr: float, rate: float) -> None:
-        """Move the bar; redraw its loss / lr / throughput (units per second) text a few times a second."""
+    def advance(self, steps: int, loss: float, lr: float, rate: float, memory: int | None = None) -> None:
+        """Move the bar; redraw its loss / lr / throughput (units per second) / peak memory (bytes) text a few times
+        a second."""
         if self.bar is None:
             return
         now = time.perf_counter()
         if now - self._last_refresh >= REFRESH_SECONDS:
             self._last_refresh = now
-            self.bar.set_postfix_str(f"loss={loss:.4f}, lr={lr:.2e}, {self.rate_label}={rate:,.0f}", refresh=False)
+            held = "" if memory is None else f", mem={format_bytes(memory).replace(' ', '')}"
+            self.bar.set_postfix_str(f"loss={loss:.4f}, lr={lr:.2e}, {self.rate_label}={rate:,.0f}{held}",
+                                     refresh=False)
         self.bar.update(steps)
 
     def message(self, text: str) -> None:

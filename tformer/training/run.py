@@ -46,7 +46,8 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         pretrained_tokenizer = (None if recipe.init_from is None
                                 else load_tokenizer(recipe.init_from, recipe.init_revision))
         task, data = task_for_recipe(recipe.task, recipe.data, seq_len=config.seq_len, tokenizer=pretrained_tokenizer,
-                                     label_names=recipe.declared_label_names, num_labels=recipe.declared_num_labels)
+                                     label_names=recipe.declared_label_names, num_labels=recipe.declared_num_labels,
+                                     model_folder=model_folder(recipe))
         recipe = recipe.with_vocab_size(data.vocab_size).with_label_names(data.label_names)
         torch.manual_seed(config.seed)  # every process builds the same initial weights (and new heads)
         model = build_model(recipe.model) if recipe.init_from is None else pretrained_model(recipe, say)
@@ -58,7 +59,10 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         say(f"model      {recipe.model.architecture}: {model.num_parameters():,} parameters, "
             f"{layers} layer{'s' if layers != 1 else ''}, width {recipe.model.d_model}, "
             f"{type(model).describe_inputs(recipe.model)}")
+        if recipe.adapter is not None:
+            with_adapter(model, recipe, say)
         trainer = Trainer(model, config, task, out_dir=out, progress=progress, overwrite=overwrite)
+        trainer.state.adapter_base = recipe.init_from if recipe.adapter is not None else None
         say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
             f"({task.describe_batch()} x {config.grad_accum_steps} accumulated x "
             f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
@@ -94,13 +98,48 @@ def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
         warnings.simplefilter("always")
         model = load(recipe.init_from, revision=recipe.init_revision, **recipe.init_settings)
     scheme = getattr(model, "quantization", None)
-    if scheme is not None:
+    if scheme is not None and recipe.adapter is None:
         raise TrainingError(f"[model] init_from {recipe.init_from}: a quantized model ({scheme.describe()}) cannot be "
                             "trained (its weights are integers for inference); fine-tune its float checkpoint, then "
-                            "quantize it")
+                            "quantize it, or train LoRA adapters over it (an [adapter] section)")
     for warning in caught:
         say(f"init_from  {warning.message}")
     return model.train()
+
+
+def with_adapter(model, recipe: Recipe, say: Callable[[str], None]) -> None:
+    """Put the recipe's LoRA adapters over ``model`` (in place), its base quantized first when ``[adapter]
+    quantize`` asks (QLoRA); a setting that cannot apply is refused in one line."""
+    from tformer.adapters import adapter_parameters, add_lora
+    from tformer.nn.weights.lora import AdapterError
+    from tformer.quantization import QuantizationError, quantize, represented_parameters
+
+    adapter = recipe.adapter
+    if recipe.training.distributed == "fsdp":
+        raise TrainingError("[adapter] with training.distributed = \"fsdp\": not supported (the adapter is saved from "
+                            "whole weights); use ddp")
+    try:
+        if adapter.quantize is not None:
+            if getattr(model, "quantization", None) is not None:
+                raise TrainingError(f"[adapter] quantize = {adapter.quantize!r}: the model is quantized already "
+                                    f"({model.quantization.describe()}); leave quantize out")
+            quantize(model, adapter.quantize, adapter.group_size)
+        targets = adapter.targets if isinstance(adapter.targets, str) else list(adapter.targets)
+        add_lora(model, adapter.rank, adapter.alpha, targets, adapter.dropout, adapter.rslora)
+    except (AdapterError, QuantizationError) as error:
+        raise TrainingError(f"[adapter] {error}") from None
+    total = represented_parameters(model)  # a quantized base's integers count as the weights they stand for
+    trained = adapter_parameters(model)
+    say(f"adapter    {adapter.describe()}: {trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)")
+
+
+def model_folder(recipe: Recipe) -> str | None:
+    """The folder of the pretrained model a recipe starts from (a Hub name's snapshot), or None."""
+    if recipe.init_from is None:
+        return None
+    from tformer.hub_cache import resolve_model
+
+    return str(resolve_model(recipe.init_from, recipe.init_revision))
 
 
 def write_recipe(out: Path, recipe: Recipe, tag: str | None = None) -> Path:

@@ -44,6 +44,9 @@ class RunState:
         self.claimed = False  # the same on every process (the main one holds the lock)
         self.created_out_dir = False
         self.run_token: str | None = None  # set by prepare_out_dir (main process): its temporary names carry it
+        # A model with LoRA adapters saves its best and final model as the adapter alone (PEFT's format), for the
+        # base this names (its base_model_name_or_path); step checkpoints hold every weight, to resume from.
+        self.adapter_base: str | None = None
 
     def on_main(self, action):
         """Run ``action()`` (a write) on the main process; the others wait and fail with it."""
@@ -187,14 +190,19 @@ class RunState:
         return folder
 
     def save_best(self, step: int, value: float) -> None:
-        """checkpoints/best: the model at the best evaluation so far (a loadable model folder)."""
-        model_state, _, _ = self.gather(with_optimizer=False)
+        """checkpoints/best: the model at the best evaluation so far (a loadable model folder; a model with
+        adapters: the adapter folder)."""
+        adapted = self.adapted
+        model_state, _, _ = (None, None, None) if adapted else self.gather(with_optimizer=False)
 
         def write() -> None:
             folder = self.out_dir / checkpoints.CHECKPOINTS_DIR / checkpoints.BEST_NAME
             with self.writing(folder), atomic_directory(folder, self.run_token) as temporary:
-                write_model_files(temporary, self.model.config, model_state, self.model.tokenizer,
-                                  self.image_processor)
+                if adapted:
+                    self.save_adapter(temporary)
+                else:
+                    write_model_files(temporary, self.model.config, model_state, self.model.tokenizer,
+                                      self.image_processor)
                 (temporary / "best.json").write_text(json.dumps(
                     {"step": step, self.config.early_stopping_metric: value}) + "\n")
 
@@ -205,8 +213,29 @@ class RunState:
         """The model's image processing (a vision model's, saved beside its weights), or None."""
         return getattr(self.model, "image_processor", None)
 
+    @property
+    def adapted(self) -> bool:
+        """Whether the model carries LoRA adapters (then its best and final models are the adapter alone)."""
+        from tformer.adapters import lora_layers
+
+        return bool(lora_layers(self.model))
+
+    def save_adapter(self, folder: Path) -> None:
+        """The model's adapter, in PEFT's format, into ``folder`` (main process)."""
+        from tformer.adapters import save_adapter
+
+        save_adapter(self.model, folder, base_model_name_or_path=self.adapter_base)
+
     def save_final_model(self) -> None:
-        """The run folder itself becomes a model folder: config.json, model.safetensors, tokenizer."""
+        """The run folder itself becomes a model folder: config.json, model.safetensors, tokenizer; a model with
+        adapters: adapter_config.json and adapter_model.safetensors (PEFT's format)."""
+        if self.adapted:
+            def write_adapter() -> None:
+                with self.writing(self.out_dir / "adapter_model.safetensors"):
+                    write_files_into(self.out_dir, self.save_adapter, tag=self.run_token)
+
+            self.on_main(write_adapter)
+            return
         model_state, _, _ = self.gather(with_optimizer=False)
 
         def write() -> None:

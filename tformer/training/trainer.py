@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from tformer.memory import peak_memory
 from tformer.nn.experts import auxiliary_loss, mixtures
+from tformer.nn.stack import set_activation_checkpointing
 from tformer.training import checkpoints, distributed, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.optim import build_optimizer
@@ -117,6 +119,8 @@ class Trainer:
 
         seed_random_generators(config.seed + self.context.rank)
         self.model = model.to(self.context.device)
+        if config.activation_checkpointing:
+            set_activation_checkpointing(self.model)
         self.wrapped = distributed.wrap_model(self.model, self.context, config.distributed)
         self.sharded = self.context.is_distributed and config.distributed == "fsdp"
         self.forward_module = torch.compile(self.wrapped) if config.compile else self.wrapped
@@ -230,12 +234,21 @@ class Trainer:
         return self.wrapped.no_sync()
 
     def _refuse_quantized(self) -> None:
-        """A quantized model evaluates but does not train: its weights are integers."""
+        """A quantized model evaluates but does not train: its weights are integers. Only its LoRA adapters may
+        train (QLoRA), when they are all that does."""
+        from tformer.adapters import lora_layers
+
         scheme = getattr(self.model, "quantization", None)
-        if scheme is not None:
-            raise TrainingError(f"this model is quantized ({scheme.describe()}): its weights are integers for "
-                                "inference and cannot be trained; train or fine-tune the float checkpoint, then "
-                                "quantize it")
+        if scheme is None:
+            return
+        adapters = {id(p) for layer in lora_layers(self.model).values() for p in (*layer.lora_A, *layer.lora_B)}
+        trained = [name for name, p in self.model.named_parameters() if p.requires_grad and id(p) not in adapters]
+        if adapters and not trained:
+            return
+        why = f"its parameter {trained[0]} would train too; freeze it" if adapters else \
+            "train or fine-tune the float checkpoint, then quantize it, or train LoRA adapters over it (QLoRA)"
+        raise TrainingError(f"this model is quantized ({scheme.describe()}): its weights are integers for inference "
+                            f"and cannot be trained; {why}")
 
     def _clip_gradients(self) -> float:
         """The total gradient norm before clipping (clipping to ``grad_clip`` when it is > 0)."""
@@ -316,7 +329,7 @@ class Trainer:
         self.last_good_step = self.step
         reporter = Reporter(self.out_dir, config.max_steps, self.step, enabled=context.is_main,
                             progress=self.progress, unit=self.task.unit)
-        window = _Window(self.units_per_step, self.task.unit)
+        window = _Window(self.units_per_step, self.task.unit, context.device)
         history: list[dict] = []
         started = time.perf_counter()
         start_step = self.step
@@ -341,7 +354,7 @@ class Trainer:
                         reporter.log(record)
                         if evaluate and "eval_loss" in record and self._track_best(record, reporter):
                             stopped = "early_stopping"
-                    reporter.advance(1, loss, outcome.lr, window.smoothed_rate)
+                    reporter.advance(1, loss, outcome.lr, window.smoothed_rate, peak_memory(context.device))
                     if outcome.stop_requested:
                         stopped, signal_name = "interrupted", stop.requested
                     elif out_of_time and stopped == "completed":
@@ -526,8 +539,8 @@ class Trainer:
 class _Window:
     """Steps since the last metrics record: mean loss and training-only throughput."""
 
-    def __init__(self, units_per_step: int, unit: str) -> None:
-        self.units_per_step = units_per_step
+    def __init__(self, units_per_step: int, unit: str, device: torch.device) -> None:
+        self.units_per_step, self.device = units_per_step, device
         self.rate_name = f"{unit}_per_s"
         self.steps, self.seconds, self.loss_sum = 0, 0.0, 0.0
         self.train_seconds = 0.0  # the whole run's time in training steps
@@ -547,5 +560,8 @@ class _Window:
         """The metrics record of this window, which then starts anew."""
         record = {"step": step, "train_loss": self.loss_sum / self.steps, "lr": outcome.lr,
                   self.rate_name: self.rate, "grad_norm": outcome.grad_norm}
+        peak = peak_memory(self.device)
+        if peak is not None:
+            record["peak_memory_mib"] = round(peak / 2**20, 1)  # the process's so far (CPU: RSS; CUDA: allocated)
         self.steps, self.seconds, self.loss_sum = 0, 0.0, 0.0
         return record

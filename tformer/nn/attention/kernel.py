@@ -8,7 +8,8 @@ It declares what it honours, so configs and callers ask it instead of comparing 
 - ``exact``: it computes softmax attention itself (the same function as ``sdpa``); Hugging Face
   export and the parity tests take only these.
 - ``dropout``: attention dropout (training); ``weights``: it can return the weights;
-  ``position_bias``: additive position biases (ALiBi, relative buckets).
+  ``position_bias``: additive position biases (ALiBi, relative buckets); ``segments``: it keeps the
+  examples packed into a row apart (the mask's ``segments``: it reads the mask's dense form).
 - ``reads_pages``: one query at the end of its context attends with plain softmax at the default scale
   over every key it is given, so the serving engine may compute its decode steps with the in-place
   paged kernel (``paged_kernel.py``) instead of calling it on gathered contexts.
@@ -37,6 +38,7 @@ class AttentionKernel:
     dropout: ClassVar[bool] = False
     weights: ClassVar[bool] = True
     position_bias: ClassVar[bool] = True
+    segments: ClassVar[bool] = False
     reads_pages: ClassVar[bool] = False
     fields: ClassVar[tuple[str, ...]] = ()
 

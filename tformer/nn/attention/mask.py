@@ -2,7 +2,8 @@
 
 ``AttentionMask`` says which keys each query may see and what is added to its scores: causality
 (the queries are the last Tq of the Tk key positions, each seeing keys up to its own), padding of
-the keys ``(B, Tk)`` (True = a real token), and a position bias (ALiBi, relative buckets) as a
+the keys ``(B, Tk)`` (True = a real token), packed sequences (``segments`` (B, Tk): a query sees only the keys
+of its own segment, several examples sharing a row), and a position bias (ALiBi, relative buckets) as a
 function of query and key positions. Kernels that form the (Tq, Tk) scores read it as one additive
 tensor (``dense``: 0 where a query may look, the dtype's most negative finite number where it may
 not, plus the bias), built once per pass and shared by every layer; the others read its parts. A
@@ -75,7 +76,9 @@ class AttentionMask:
     """Which keys each query may see, and the position bias of its scores: one pass's mask.
 
     ``causal``: the queries are the last Tq of the Tk positions and see keys up to their own.
-    ``key_padding`` (B, Tk) bool, True = a real key (None: none padded). ``position_bias`` with
+    ``key_padding`` (B, Tk) bool, True = a real key (None: none padded). ``segments`` (B, Tk) integers: the
+    example each key belongs to when several are packed into a row; a query (one of the last Tq) sees only keys
+    of its own segment (None: one example a row). ``position_bias`` with
     ``query_positions`` (B, Tq) and ``key_positions`` (B, Tk): an additive bias by position (None:
     none). ``real_queries``: the caller knows every query is a real token (none is padding), so each sees at
     least itself and no row needs zeroing. One object serves every layer of a pass: what it derives (the
@@ -88,6 +91,7 @@ class AttentionMask:
     key_positions: Tensor | None = None
     position_bias: PositionBias | None = None
     real_queries: bool = False
+    segments: Tensor | None = None
     _derived: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -113,7 +117,7 @@ class AttentionMask:
 
     def _dense(self, q_len: int, k_len: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor | None, bool]:
         causal = self.causal and q_len > 1  # one query, the last position, sees every key
-        if self.key_padding is None and self.position_bias is None:
+        if self.key_padding is None and self.position_bias is None and self.segments is None:
             if not causal:
                 return None, False
             if q_len == k_len:
@@ -122,6 +126,9 @@ class AttentionMask:
         if self.key_padding is not None:
             padding = self.key_padding[:, None, None, :]  # (B, 1, 1, Tk)
             allowed = padding if allowed is None else allowed & padding
+        if self.segments is not None:  # packed examples: a query sees the keys of its own segment only
+            same = self.segments[:, None, -q_len:, None] == self.segments[:, None, None, :]  # (B, 1, Tq, Tk)
+            allowed = same if allowed is None else allowed & same
         mask = None if allowed is None else additive_mask(allowed, dtype)
         if self.position_bias is not None:
             bias = self.position_bias(self.query_positions, self.key_positions).to(dtype)  # (B, H, Tq, Tk)
@@ -161,6 +168,7 @@ class AttentionMask:
             None if self.key_positions is None else self.key_positions[:, start:],
             self.position_bias,
             self.real_queries,
+            None if self.segments is None else self.segments[:, start:],
         )
 
 
@@ -178,6 +186,15 @@ def zero_empty_rows(out: Tensor, weights: Tensor | None, mask: AttentionMask,
 NO_MASK = AttentionMask()  # every query sees every key
 
 
+def packed_segments(positions: Tensor) -> Tensor | None:
+    """The segment of each token (B, T) when ``positions`` (B, T) restart inside a row (several examples packed
+    into it, each counting from its own start), or None when every row counts on by one: Hugging Face's rule
+    (``find_packed_sequence_indices``): a new segment wherever a position is not its predecessor's plus one."""
+    step = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1)
+    segments = (step != 1).cumsum(-1)
+    return None if not bool(segments[:, -1].any()) else segments
+
+
 @dataclass(eq=False)
 class StepLayout:
     """Where the new tokens of one pass sit and which keys they see, as the pass's caller knows it.
@@ -186,8 +203,9 @@ class StepLayout:
     new), for position biases; None: the new tokens are all the keys. ``key_padding`` (B, Tk) bool,
     True = a real token; None: nothing padded. ``real_queries``: every new token is real, none is padding (a
     decoding step after the prompt). ``keep``: the rows (of T) carried past the last block (a step that wants only
-    the last token's logits); None: all. A stack turns it into the mask its layers share
-    (``attention_mask``); a paged layout (``nn.attention.paged``) gives the mask its pool reads.
+    the last token's logits); None: all. ``segments`` (B, Tk): packed examples (see ``AttentionMask``). A stack
+    turns it into the mask its layers share (``attention_mask``); a paged layout (``nn.attention.paged``) gives
+    the mask its pool reads.
     """
 
     positions: Tensor
@@ -195,7 +213,9 @@ class StepLayout:
     key_padding: Tensor | None = None
     real_queries: bool = False
     keep: slice | Tensor | None = None
+    segments: Tensor | None = None
 
     def attention_mask(self, causal: bool, position_bias: PositionBias | None) -> AttentionMask:
         keys = self.positions if self.key_positions is None else self.key_positions
-        return AttentionMask(causal, self.key_padding, self.positions, keys, position_bias, self.real_queries)
+        return AttentionMask(causal, self.key_padding, self.positions, keys, position_bias, self.real_queries,
+                             self.segments)

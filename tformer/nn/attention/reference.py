@@ -63,6 +63,7 @@ class ReferenceKernel(AttentionKernel):
     """Exact softmax attention, written out: O(T^2) time and memory; attention dropout; its weights."""
 
     name = "reference"
+    segments = True
     dropout = True
     reads_pages = True
 

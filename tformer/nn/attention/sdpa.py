@@ -60,6 +60,7 @@ class SdpaKernel(AttentionKernel):
     reference path when asked for)."""
 
     name = "sdpa"
+    segments = True
     dropout = True
     reads_pages = True
 

@@ -66,6 +66,7 @@ class Task:
     data_settings: frozenset[str] = frozenset()  # the [data] settings it reads besides train, eval, eval_fraction
     learned_tokenizers: tuple[str, ...] = ()  # data.tokenizer values it learns from its data (not files)
     reads_seq_len: bool = True  # it reads training.seq_len (a recipe giving one to a task that does not is refused)
+    reads_model_folder: bool = False  # its from_recipe takes model_folder: the pretrained model's (its chat template)
 
     @classmethod
     def check_data(cls, data) -> None:

@@ -20,6 +20,8 @@ from tformer.training.tasks.classification import SequenceClassification
 from tformer.training.tasks.image_classification import ImageClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
+from tformer.training.tasks.sft import SupervisedFineTuning
+from tformer.training.tasks.span_corruption import SpanCorruption
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
 from tformer.training.tasks.speech_recognition import SpeechRecognition
 from tformer.training.tasks.token_classification import TokenClassification
@@ -28,7 +30,8 @@ from tformer.training.tasks.translation import Translation
 TASKS: dict[str, type[Task]] = {
     task.name: task
     for task in (LanguageModelling, MaskedLanguageModelling, SequenceClassification, TokenClassification,
-                 SpanQuestionAnswering, ImageClassification, Translation, SpeechRecognition)
+                 SpanQuestionAnswering, ImageClassification, Translation, SpeechRecognition, SupervisedFineTuning,
+                 SpanCorruption)
 }
 # The [data] settings a task may read besides train, eval, eval_fraction and format.
 DATA_SETTINGS = ("tokenizer", "columns", "skip_bad", "source_language", "target_language", *COLUMN_OPTIONS)
@@ -53,7 +56,9 @@ class TaskConfig:
     modelling, the default; ``mlm``: masked LM, + next-sentence pairs with the ``pretraining`` head;
     ``classification``, ``token_classification``, ``span_qa``: an encoder's fine-tuning tasks;
     ``image_classification``: a vision model's; ``translation``: an encoder-decoder's, on sentence pairs;
-    ``speech_recognition``: a speech model's, on (audio, transcript) pairs) and
+    ``speech_recognition``: a speech model's, on (audio, transcript) pairs; ``sft``: a decoder's supervised
+    fine-tuning on instruction and chat data; ``span_corruption``: T5's denoising pretraining of an
+    encoder-decoder) and
     its settings, ``options`` (the task's ``Options``; read them as attributes: ``config.doc_stride``).
 
     Another task's setting is refused unless it holds that task's default (a resolved recipe written by an
@@ -129,10 +134,11 @@ def check_data_options(task: str, data: DataConfig) -> None:
 
 
 def task_for_recipe(config: TaskConfig, data: DataConfig, *, seq_len: int | None = None, tokenizer=None,
-                    label_names: tuple[str, ...] | None = None,
-                    num_labels: int | None = None) -> tuple[Task, TaskData]:
+                    label_names: tuple[str, ...] | None = None, num_labels: int | None = None,
+                    model_folder: str | None = None) -> tuple[Task, TaskData]:
     """The task a recipe names, on the data its ``[data]`` section loads. ``tokenizer``: the one a
-    pretrained model folder brings (else the data's); ``label_names``: those the recipe declares;
+    pretrained model folder brings (else the data's), ``model_folder`` that folder (for a task that
+    reads more of it: ``reads_model_folder``); ``label_names``: those the recipe declares;
     ``num_labels``: the count it declares, which the data's labels must match (an image set's integer
     labels are then checked to be ids below it), never silently replaced by the data's."""
     check_data_options(config.name, data)
@@ -142,8 +148,9 @@ def task_for_recipe(config: TaskConfig, data: DataConfig, *, seq_len: int | None
     task_class = TASKS[config.name]
     if num_labels is not None and label_names is None:
         label_names = task_class.label_names_for(num_labels)
+    folder = {"model_folder": model_folder} if task_class.reads_model_folder else {}
     task, loaded = task_class.from_recipe(data, seq_len=seq_len, tokenizer=tokenizer, label_names=label_names,
-                                          **dataclasses.asdict(config.options))
+                                          **folder, **dataclasses.asdict(config.options))
     found = loaded.label_names
     if num_labels is not None and found and len(found) != num_labels:
         raise TrainingError(f"model.num_labels={num_labels} but the data has {len(found)} labels ({listed(found)}); "

@@ -17,8 +17,8 @@ from tformer.tokenizers import CharTokenizer
 CLI_FOLDER = Path(tformer.cli.__file__).parent
 # The loaders of model_source; a command calling one loads a model.
 LOADERS = {"load_model", "load_translator", "load_image_classifier", "load_speech_model", "load_tokenizer"}
-MODEL_COMMANDS = ("attention", "classify", "convert", "evaluate", "generate", "info", "merge", "predict", "quantize",
-                  "serve", "transcribe", "translate")
+MODEL_COMMANDS = ("attention", "classify", "convert", "embed", "evaluate", "generate", "info", "merge", "predict",
+                  "quantize", "serve", "transcribe", "translate")
 # The flag each option of the group adds (the first one where it adds two).
 FLAGS = {"device": "--device", "quantize": "--quantize", "threads": "--threads"}
 

@@ -397,6 +397,15 @@ def test_a_demo_sample_cut_by_the_context_warns(work, capsys):
     assert "sample (59 characters" in out
 
 
+def test_a_demo_sample_by_default_fills_the_context_without_a_warning(work, capsys):
+    (work / "corpus.txt").write_text(TEXT * 20)
+    assert main(["demo", "--steps", "1", "--out", "run", "--data", "corpus.txt", "--model", "gpt-nano",
+                 "--prompt", "to be"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err
+    assert "sample (59 characters" in out
+
+
 def test_a_loss_with_every_label_ignored_warns_once():
     model = tformer.build_model("gpt-nano")
     ids = torch.randint(0, 64, (2, 1))  # one token per row: nothing to predict

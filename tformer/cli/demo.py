@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     parser.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     parser.add_argument("--data", help="train on this UTF-8 text file instead of the built-in corpus")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text the sample continues")
-    parser.add_argument("--sample-tokens", type=int, default=300, help="characters to sample (default: 300)")
+    parser.add_argument("--sample-tokens", type=int,
+                        help="characters to sample (default: what the model's context leaves after the prompt)")
     parser.add_argument("--model", default="gpt-mini", help="a decoder preset (default: gpt-mini)")
     parser.add_argument("--positional", default="rope", choices=POSITIONALS,
                         help="position encoding (default: rope; on the built-in text it learns much faster than "
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps <= 0:
         raise UsageError(f"--steps={args.steps} must be a positive integer")
-    if args.sample_tokens < 0:
+    if args.sample_tokens is not None and args.sample_tokens < 0:
         raise UsageError(f"--sample-tokens={args.sample_tokens} must be >= 0")
     out = Path(args.out)
     _check_writable(out)
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if train_tokens.numel() < seq_len + 2 or eval_tokens.numel() < seq_len + 2:
         raise UsageError(f"{source}: too little text; the demo needs at least {10 * (seq_len + 2)} characters")
     budget = seq_len - prompt_ids.shape[1]  # the sample stays inside the trained context
-    if budget < args.sample_tokens:
+    sample_tokens = budget if args.sample_tokens is None else args.sample_tokens
+    if budget < sample_tokens:
         warnings.warn(f"--sample-tokens {args.sample_tokens}: the sample has {max(budget, 0)} characters, what the "
                       f"model's context of {seq_len} leaves after the {prompt_ids.shape[1]}-character prompt",
                       stacklevel=1)
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     compiled.ready(model.device)  # a first run builds the CPU kernels here, outside the timed sample
     started = time.perf_counter()
-    output = tformer.generate(model, prompt_ids, max_new_tokens=max(min(args.sample_tokens, budget), 0),
+    output = tformer.generate(model, prompt_ids, max_new_tokens=max(min(sample_tokens, budget), 0),
                               temperature=0.8, top_k=40, seed=args.seed)
     seconds = time.perf_counter() - started
     print(f"\nsample ({output.shape[1] - prompt_ids.shape[1]} characters in {seconds:.1f} s, temperature 0.8):")

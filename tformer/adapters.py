@@ -10,18 +10,22 @@ tformer's (``qkv_proj``, ``attention.out_proj``, ``lm_head``), Hugging Face's fo
 its rows only), or a group: ``attention``, ``feedforward``, ``head`` (the output head and task heads) and
 ``all-linear`` (every linear layer but the head, as PEFT's). A name that matches nothing is refused, listing
 what exists.
+
+``load_adapters`` puts several adapters over one model at once, for serving: each is chosen row by row
+(``nn/weights/multi_lora.py``), the base held once.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
-from tformer.nn.weights.lora import AdapterError, LoraLinear
+from tformer.nn.weights.lora import AdapterError, LoraLinear, LoraUpdate
+from tformer.nn.weights.multi_lora import MultiLoraLinear
 from tformer.quantization import is_head_layer
 
 GROUPS = ("attention", "feedforward", "head", "all-linear")
@@ -91,6 +95,43 @@ def load_adapter(model: nn.Module, path: str | Path) -> nn.Module:
         raise AdapterError(f"{path}: this model has a LoRA adapter already; load an adapter onto the base model")
     read_peft_adapter(model, Path(path))
     return model
+
+
+def load_adapters(model: nn.Module, folders: Mapping[str, str | Path]) -> nn.Module:
+    """Put the PEFT LoRA adapters of ``folders`` (name -> folder) over ``model`` together, each row of a batch to
+    take one of them or none (``adapter_rows``, ``nn/weights/multi_lora.py``): every linear layer one of them
+    adapts becomes a ``MultiLoraLinear`` holding each one's update, adapter ``i`` the ``i``-th name (in place;
+    returned). An adapter for another base is refused naming it, the model left as it was."""
+    if not folders:
+        raise AdapterError("no adapters to load")
+    if lora_layers(model) or served_adapters(model):
+        raise AdapterError("this model has LoRA adapters already; load adapters onto the base model")
+    names = list(folders)
+    updates: list[dict[str, LoraUpdate]] = []
+    for name, folder in folders.items():
+        try:
+            load_adapter(model, folder)
+        except AdapterError as error:
+            raise AdapterError(f"adapter {name!r}: {error}") from None
+        layers = lora_layers(model)
+        unload_adapter(model, merge=False)  # the base as it was: the next adapter goes over it alone
+        experts = [path for path in layers if ".experts." in f".{path}"]
+        if experts:  # an expert's layer reads the rows routed to it, not the step's: no adapter per row there
+            raise AdapterError(f"adapter {name!r} ({folder}) adapts mixture-of-experts projections ({experts[0]}); "
+                               "served adapters may adapt attention, dense feed-forward and head layers only")
+        updates.append({path: LoraUpdate.of(layer) for path, layer in layers.items()})
+    for path in dict.fromkeys(path for adapter in updates for path in adapter):
+        parent_name, _, child_name = path.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child_name, MultiLoraLinear(getattr(parent, child_name),
+                                                    [adapter.get(path) for adapter in updates], names))
+    return model
+
+
+def served_adapters(model: nn.Module) -> tuple[str, ...]:
+    """The names of the adapters ``load_adapters`` put over ``model``, in index order (() when none)."""
+    layer = next((module for module in model.modules() if isinstance(module, MultiLoraLinear)), None)
+    return () if layer is None else layer.names
 
 
 def merge_adapter(model: nn.Module) -> nn.Module:

@@ -14,6 +14,9 @@ The base stays what it was (a quantized base keeps its integers; only its input 
 ``quantized.py``); its parameters are frozen. ``merge`` adds ``scale * B_j @ A_j`` into a float base's
 weight rows, keeping the rows it overwrote, so ``unmerge`` restores the base bit for bit; a quantized base
 has no float weight to merge into and refuses.
+
+The update alone is a ``LoraUpdate`` (the one LoRA product); ``LoraLinear`` is one over its base, and
+``multi_lora.MultiLoraLinear`` holds several over one base, each row taking one (serving many adapters).
 """
 
 from __future__ import annotations
@@ -38,55 +41,63 @@ def lora_scale(rank: int, alpha: float, rslora: bool) -> float:
     return alpha / math.sqrt(rank) if rslora else alpha / rank
 
 
-class LoraLinear(nn.Module):
-    """``base`` (a linear layer on any weight backend, frozen) plus ``scale * B_j @ A_j`` on the output rows
-    ``blocks[j]`` = (start, stop); (..., in) -> (..., out) like the base."""
+class LoraUpdate(nn.Module):
+    """The low-rank update alone: ``scale * B_j @ A_j`` on the output rows ``blocks[j]`` = (start, stop) of a layer
+    of ``in_features`` inputs and ``out_features`` outputs; ``update`` (..., in) -> (..., out). The one LoRA
+    product: ``LoraLinear`` adds it to its base's output, ``MultiLoraLinear`` (``multi_lora.py``) to the rows of
+    each adapter's requests."""
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, blocks: Sequence[tuple[int, int]] | None = None,
-                 dropout: float = 0.0, rslora: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, rank: int, alpha: float,
+                 blocks: Sequence[tuple[int, int]] | None = None, dropout: float = 0.0, rslora: bool = False,
+                 dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
         super().__init__()
-        if isinstance(base, LoraLinear) or not isinstance(base, nn.Linear):
-            raise AdapterError(f"a LoRA adapter goes over a linear layer, not {type(base).__name__}")
-        self.base = base
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.blocks = tuple((int(start), int(stop)) for start, stop in (blocks or [(0, base.out_features)]))
-        _check_blocks(self.blocks, base.out_features)
-        smallest = min([self.in_features] + [stop - start for start, stop in self.blocks])
+        self._make_update(in_features, out_features, rank, alpha, blocks, dropout, rslora, dtype, device)
+
+    def _make_update(self, in_features: int, out_features: int, rank: int, alpha: float,
+                     blocks: Sequence[tuple[int, int]] | None, dropout: float, rslora: bool, dtype: torch.dtype,
+                     device: torch.device | None) -> None:
+        """Check the settings and make ``lora_A`` (PEFT's initialisation) and ``lora_B`` (zero) of each block."""
+        self.in_features, self.out_features = in_features, out_features
+        self.blocks = tuple((int(start), int(stop)) for start, stop in (blocks or [(0, out_features)]))
+        _check_blocks(self.blocks, out_features)
+        smallest = min([in_features] + [stop - start for start, stop in self.blocks])
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 < rank <= smallest:
             raise AdapterError(f"rank={rank!r} must be a whole number from 1 to {smallest} for a layer of "
-                               f"{self.in_features} inputs and blocks of {_sizes(self.blocks)} outputs")
+                               f"{in_features} inputs and blocks of {_sizes(self.blocks)} outputs")
         if not 0.0 <= dropout < 1.0:
             raise AdapterError(f"lora dropout={dropout!r} must be in [0, 1)")
         self.rank, self.alpha, self.rslora = rank, float(alpha), bool(rslora)
         self.scale = lora_scale(rank, alpha, rslora)
-        dtype, device = adapter_dtype(base), base_device(base)
         self.lora_A = nn.ParameterList(
-            [nn.Parameter(torch.empty(rank, self.in_features, dtype=dtype, device=device)) for _ in self.blocks])
+            [nn.Parameter(torch.empty(rank, in_features, dtype=dtype, device=device)) for _ in self.blocks])
         self.lora_B = nn.ParameterList(
             [nn.Parameter(torch.zeros(stop - start, rank, dtype=dtype, device=device)) for start, stop in self.blocks])
         for a in self.lora_A:
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))  # PEFT's (nn.Linear's) initialisation of lora_A
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        base.requires_grad_(False)
-        self._replaced_rows: list[Tensor] | None = None  # the weight rows a merge overwrote (None: not merged)
 
-    @property
-    def merged(self) -> bool:
-        return self._replaced_rows is not None
+    @classmethod
+    def of(cls, layer: LoraUpdate) -> LoraUpdate:
+        """The update of ``layer`` (a ``LoraLinear``) without its base: the very same parameters."""
+        update = cls.__new__(cls)
+        nn.Module.__init__(update)
+        update.in_features, update.out_features, update.blocks = layer.in_features, layer.out_features, layer.blocks
+        update.rank, update.alpha, update.rslora, update.scale = layer.rank, layer.alpha, layer.rslora, layer.scale
+        update.lora_A, update.lora_B, update.dropout = layer.lora_A, layer.lora_B, layer.dropout
+        return update
 
     @property
     def whole(self) -> bool:
         """Whether one block covers every output row (no zero rows to place between blocks)."""
         return self.blocks == ((0, self.out_features),)
 
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.base(x)
-        if self._replaced_rows is not None:  # merged: the base's weight holds the update
-            return out
+    def update(self, x: Tensor) -> Tensor:
+        """``scale * dropout(x) @ A_j.T @ B_j.T`` on each block's rows, zero elsewhere: (..., in) -> (..., out),
+        in the adapter's dtype."""
         a = self.lora_A[0] if len(self.lora_A) == 1 else torch.cat(list(self.lora_A))  # (blocks * rank, in)
         low = F.linear(self.dropout(x).to(a.dtype), a)  # (..., blocks * rank)
         if self.whole:
-            return out + (F.linear(low, self.lora_B[0]) * self.scale).to(out.dtype)
+            return F.linear(low, self.lora_B[0]) * self.scale
         pieces, position = [], 0
         for index, (start, stop) in enumerate(self.blocks):
             if start > position:
@@ -95,11 +106,44 @@ class LoraLinear(nn.Module):
             position = stop
         if position < self.out_features:
             pieces.append(low.new_zeros(*low.shape[:-1], self.out_features - position))
-        return out + (torch.cat(pieces, dim=-1) * self.scale).to(out.dtype)
+        return torch.cat(pieces, dim=-1) * self.scale
+
+    forward = update
 
     def block_updates(self) -> list[Tensor]:
         """``scale * B_j @ A_j`` (rows_j, in) of each block, in float32."""
         return [(b.float() @ a.float()) * self.scale for a, b in zip(self.lora_A, self.lora_B, strict=True)]
+
+    def extra_repr(self) -> str:
+        blocks = "" if self.whole else f", rows={list(self.blocks)}"
+        rslora = ", rslora" if self.rslora else ""
+        return f"rank={self.rank}, alpha={self.alpha:g}, scale={self.scale:g}{rslora}{blocks}"
+
+
+class LoraLinear(LoraUpdate):
+    """``base`` (a linear layer on any weight backend, frozen) plus ``scale * B_j @ A_j`` on the output rows
+    ``blocks[j]`` = (start, stop); (..., in) -> (..., out) like the base."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, blocks: Sequence[tuple[int, int]] | None = None,
+                 dropout: float = 0.0, rslora: bool = False) -> None:
+        nn.Module.__init__(self)
+        if isinstance(base, LoraLinear) or not isinstance(base, nn.Linear):
+            raise AdapterError(f"a LoRA adapter goes over a linear layer, not {type(base).__name__}")
+        self.base = base
+        self._make_update(base.in_features, base.out_features, rank, alpha, blocks, dropout, rslora,
+                          adapter_dtype(base), base_device(base))
+        base.requires_grad_(False)
+        self._replaced_rows: list[Tensor] | None = None  # the weight rows a merge overwrote (None: not merged)
+
+    @property
+    def merged(self) -> bool:
+        return self._replaced_rows is not None
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.base(x)
+        if self._replaced_rows is not None:  # merged: the base's weight holds the update
+            return out
+        return out + self.update(x).to(out.dtype)
 
     def merge(self) -> None:
         """Add the update into the base's float weight (the overwritten rows kept for ``unmerge``)."""
@@ -132,9 +176,7 @@ class LoraLinear(nn.Module):
         return self.base.weight
 
     def extra_repr(self) -> str:
-        blocks = "" if self.whole else f", rows={list(self.blocks)}"
-        return (f"rank={self.rank}, alpha={self.alpha:g}, scale={self.scale:g}{', rslora' if self.rslora else ''}"
-                f"{blocks}{', merged' if self.merged else ''}")
+        return super().extra_repr() + (", merged" if self.merged else "")
 
 
 def adapter_dtype(base: nn.Linear) -> torch.dtype:

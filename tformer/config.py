@@ -15,7 +15,11 @@ from tformer.errors import TformerError
 from tformer.families import FAMILIES, declared_fields, ensure_declared, families_reading, preset_fields
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")  # rmsnorm_plus_one: scaled by 1 + weight (Gemma)
-NORM_POSITIONS = ("pre", "post")
+# pre: x + f(norm(x)); post: norm(x + f(x)); sandwich: x + norm'(f(norm(x))), a norm on each side of every
+# sublayer (Gemma 2's input/post-attention and pre/post-feed-forward norms)
+NORM_POSITIONS = ("pre", "post", "sandwich")
+# The kernel of a layer that ``layer_attention_windows`` gives a window (the other layers run ``attention_kernel``)
+WINDOW_KERNEL = "sliding_window"
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # sine and cosine alternating (the paper), or every sine first
 # Fields a fine-tuning load may change in a pretrained model's config: they shape no weight (dropout off
 # for a short pretraining, BERT's 0.1 for fine-tuning).
@@ -96,6 +100,12 @@ class ModelConfig:
     performer_features: int = 256
     performer_redraw_interval: int = 0
     attention_window: int = 0
+    # Per layer (decoders): the sliding window of keys before each query that layer sees (attention_window's
+    # meaning) on the sliding_window kernel, 0 for none (attention_kernel); (): every layer as attention_kernel
+    layer_attention_windows: tuple[int, ...] = ()
+    attention_softcap: float | None = None  # scores capped to cap * tanh(scores / cap) before mask and softmax
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -0.5 power, not head_dim's (Gemma 2)
+    final_logit_softcap: float | None = None  # decoders: logits capped to cap * tanh(logits / cap)
     bias: bool = True
     attention_bias: bool | None = None
     feedforward_bias: bool | None = None
@@ -148,7 +158,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         ensure_declared()
-        for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
+        for name in ("label_names", "suppress_tokens", "begin_suppress_tokens", "layer_attention_windows"):
             if isinstance(getattr(self, name), list):  # from JSON
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         if isinstance(self.rope_scaling, Mapping):  # from JSON or TOML: a plain dict, as config.json holds it
@@ -295,16 +305,50 @@ class ModelConfig:
         return chosen
 
     def _check_attention_kernel(self) -> None:
-        """The kernel's own fields, no other kernel's, and only what it honours."""
-        kernel = self._check_chosen("attention_kernel", ATTENTION_KERNELS)
-        if POSITIONAL_SCHEMES[self.positional].adds_bias and not kernel.position_bias:
-            allowed = ", ".join(name for name, scheme in POSITIONAL_SCHEMES.items() if not scheme.adds_bias)
-            raise ConfigError(f"attention_kernel={kernel.name!r} cannot express positional={self.positional!r} (an "
-                              f"additive bias on scores it never forms); allowed positional: {allowed}")
-        if self.attention_dropout and not kernel.dropout:
-            with_dropout = " and ".join(repr(name) for name, other in ATTENTION_KERNELS.items() if other.dropout)
-            raise ConfigError(f"attention_dropout={self.attention_dropout!r} is not supported by "
-                              f"attention_kernel={kernel.name!r} (needs 0.0; {with_dropout} have it)")
+        """The kernel's own fields, no other kernel's, and only what it honours; so for the sliding window
+        of the layers ``layer_attention_windows`` gives one."""
+        kernels = [self._check_chosen("attention_kernel", ATTENTION_KERNELS)]
+        if self._check_layer_windows():
+            kernels.append(ATTENTION_KERNELS[WINDOW_KERNEL])
+        for name in ("attention_softcap", "query_pre_attn_scalar", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not (math.isfinite(value) and value > 0)):
+                raise ConfigError(f"{name}={value!r} must be a finite number > 0, or null (none)")
+        for kernel in kernels:
+            if POSITIONAL_SCHEMES[self.positional].adds_bias and not kernel.position_bias:
+                allowed = ", ".join(name for name, scheme in POSITIONAL_SCHEMES.items() if not scheme.adds_bias)
+                raise ConfigError(f"attention_kernel={kernel.name!r} cannot express positional={self.positional!r} "
+                                  f"(an additive bias on scores it never forms); allowed positional: {allowed}")
+            for name, value, needed, able in (
+                    ("attention_dropout", self.attention_dropout, 0.0, "dropout"),
+                    ("attention_softcap", self.attention_softcap, None, "softcap"),
+                    ("query_pre_attn_scalar", self.query_pre_attn_scalar, None, "custom_scale")):
+                if value and not getattr(kernel, able):
+                    others = " and ".join(repr(other.name) for other in ATTENTION_KERNELS.values()
+                                          if getattr(other, able))
+                    raise ConfigError(f"{name}={value!r} is not supported by attention_kernel={kernel.name!r} "
+                                      f"(needs {needed!r}; {others} have it)")
+
+    def _check_layer_windows(self) -> bool:
+        """``layer_attention_windows``: empty, or a window (>= 0) per layer, some > 0 and each within the longest
+        sequence, beside an ``attention_kernel`` for the other layers; whether some layer has a window."""
+        windows = self.layer_attention_windows
+        if not windows:
+            return False
+        limit = FAMILIES[self.architecture].sequence_limit(self)
+        if not isinstance(windows, tuple) or len(windows) != self.num_layers or not all(
+                isinstance(window, int) and not isinstance(window, bool) and 0 <= window <= limit
+                for window in windows):
+            raise ConfigError(f"layer_attention_windows={windows!r} must hold one window per layer "
+                              f"(num_layers={self.num_layers}), each an integer in [0, {limit}]: the keys before each "
+                              "query that layer's sliding window sees, 0 for none")
+        if not any(windows):
+            raise ConfigError(f"layer_attention_windows={windows!r} gives no layer a window: leave it empty")
+        if self.attention_kernel == WINDOW_KERNEL:
+            raise ConfigError("layer_attention_windows gives its layers the sliding_window kernel; attention_kernel "
+                              "names the other layers' kernel and cannot be 'sliding_window' (set a window per layer)")
+        return True
 
     def _check_token_lists(self) -> None:
         """``suppress_tokens`` and ``begin_suppress_tokens``: token ids of the vocabulary."""
@@ -314,6 +358,20 @@ class ModelConfig:
                     isinstance(token, int) and not isinstance(token, bool) and 0 <= token < self.vocab_size
                     for token in value):
                 raise ConfigError(f"{name}={value!r} must be a list of token ids in [0, {self.vocab_size})")
+
+    def layer_attention(self, layer: int) -> tuple[str, dict[str, Any]]:
+        """The attention kernel block ``layer`` runs and its settings (the config fields it reads): the sliding
+        window where ``layer_attention_windows`` gives the layer one, else ``attention_kernel``."""
+        windows = self.layer_attention_windows
+        if windows and windows[layer]:
+            return WINDOW_KERNEL, {"attention_window": windows[layer]}
+        kernel = ATTENTION_KERNELS[self.attention_kernel]
+        return kernel.name, {name: getattr(self, name) for name in kernel.fields}
+
+    @property
+    def attention_kernels(self) -> tuple[str, ...]:
+        """Every attention kernel the layers run, each once, in layer order."""
+        return tuple(dict.fromkeys(self.layer_attention(layer)[0] for layer in range(self.num_layers)))
 
     @property
     def input_frames(self) -> int:
@@ -355,7 +413,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON holds them (``label_names`` a list), so a dict read back compares equal."""
         data = dataclasses.asdict(self)
-        for name in ("label_names", "suppress_tokens", "begin_suppress_tokens"):
+        for name in ("label_names", "suppress_tokens", "begin_suppress_tokens", "layer_attention_windows"):
             data[name] = list(getattr(self, name))
         return data
 

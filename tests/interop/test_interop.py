@@ -23,6 +23,8 @@ from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GemmaConfig,
     GemmaForCausalLM,
     GPT2Config,
@@ -87,6 +89,9 @@ LLAMA_ROPE_CASES = {
 }
 LLAMA_CASES.update(LLAMA_ROPE_CASES)
 PHI3_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # Phi3Config's 32000 is past VOCAB
+GEMMA2_TINY = {"hidden_size": 36, "intermediate_size": 45, "num_hidden_layers": 3, "head_dim": 12,
+               "query_pre_attn_scalar": 13, "attn_logit_softcapping": 0.3, "final_logit_softcapping": 2.5,
+               "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
 # Today's Llama-shaped families: Qwen2 (biases on q, k and v only; a large RoPE base; often tied) and Mistral (a
 # sliding window, here shorter than the 12-token batches and the prompts of the generation tests).
 OPEN_CASES = {
@@ -114,6 +119,15 @@ OPEN_CASES = {
                         "pad_token_id": 0}),
     "gemma-mqa-untied-legacy-gelu": ("gemma", {"num_key_value_heads": 1, "tie_word_embeddings": False,
                                                "hidden_act": "gelu", "pad_token_id": 0}),
+    # Gemma 2: four norms a block, query_pre_attn_scalar, attention and final logits soft-capped (caps low enough
+    # to bend these tiny models' scores and logits), a window of 5 < the 12-token batches on the layers
+    # layer_types names (by default 0, 2, ...), odd sizes
+    "gemma2-window-5-softcaps": ("gemma2", {**GEMMA2_TINY, "sliding_window": 5}),
+    "gemma2-layer-types-mqa-untied": ("gemma2", {
+        **GEMMA2_TINY, "num_key_value_heads": 1, "tie_word_embeddings": False, "sliding_window": 7,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention"], "final_logit_softcapping": 4.0,
+        "query_pre_attn_scalar": 16}),
+    "gemma2-no-attention-cap": ("gemma2", {**GEMMA2_TINY, "sliding_window": 4, "attn_logit_softcapping": None}),
 }
 
 
@@ -140,7 +154,7 @@ def hf_gpt2(folder=None, **overrides) -> GPT2LMHeadModel:
 # The Llama-shaped families: config and LM classes by model_type, each made at LLAMA_TINY's sizes.
 LLAMA_SHAPED = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                 "mistral": (MistralConfig, MistralForCausalLM), "phi3": (Phi3Config, Phi3ForCausalLM),
-                "gemma": (GemmaConfig, GemmaForCausalLM)}
+                "gemma": (GemmaConfig, GemmaForCausalLM), "gemma2": (Gemma2Config, Gemma2ForCausalLM)}
 
 
 def hf_decoder(model_type: str, folder=None, **overrides) -> torch.nn.Module:
@@ -272,7 +286,11 @@ def test_open_families_give_hf_logits_and_decode_as_hf_generate(tmp_path, case):
     model_type, overrides = OPEN_CASES[case]
     reference = hf_decoder(model_type, tmp_path, **overrides)
     model = tformer.load(tmp_path)
-    if overrides.get("sliding_window"):
+    if model_type == "gemma2":  # the window on its layers only
+        assert model.config.layer_attention_windows == tuple(
+            overrides["sliding_window"] - 1 if kind == "sliding_attention" else 0
+            for kind in reference.config.layer_types)
+    elif overrides.get("sliding_window"):
         assert (model.config.attention_kernel, model.config.attention_window) == (
             "sliding_window", overrides["sliding_window"] - 1)
     assert_same_logits(model, reference, case)
@@ -307,8 +325,12 @@ def test_open_families_round_trip_to_hf(tmp_path, case):
     model.save(tmp_path / "written", format="hf")
     written_config = json.loads((tmp_path / "written" / "config.json").read_text())
     assert written_config["model_type"] == model_type  # the family it came from, though a Llama may hold it
-    if model_type in ("mistral", "phi3"):
+    if model_type in ("mistral", "phi3", "gemma2"):
         assert written_config["sliding_window"] == overrides["sliding_window"]
+    if model_type == "gemma2":
+        original_config = json.loads((tmp_path / "original" / "config.json").read_text())
+        for key in ("layer_types", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+            assert written_config[key] == original_config[key], key
     original = load_file(str(tmp_path / "original" / "model.safetensors"))
     written = load_file(str(tmp_path / "written" / "model.safetensors"))
     assert sorted(written) == sorted(original)
@@ -595,6 +617,18 @@ def test_llama_features_tformer_lacks_are_refused(tmp_path, changes, message):
      r"mistral layer_types=\['sliding_attention', 'full_attention'\] is not supported"),
     ("mistral", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}},
      r"mistral rope_scaling of rope_type='dynamic' needs factor"),
+    ("gemma2", {"layer_types": ["sliding_attention", "chunked_attention"]},
+     r"gemma2 layer_types=\['sliding_attention', 'chunked_attention'\] must name each of the 2 layers "
+     r"'sliding_attention' or 'full_attention'"),
+    ("gemma2", {"layer_types": ["sliding_attention"]}, r"gemma2 layer_types=\['sliding_attention'\] must name each"),
+    ("gemma2", {"sliding_window": 1}, r"gemma2 sliding_window=1 must be an integer >= 2"),
+    ("gemma2", {"sliding_window": None}, r"gemma2 sliding_window=None must be an integer >= 2"),
+    ("gemma2", {"use_bidirectional_attention": True},
+     r"gemma2 use_bidirectional_attention=True is not supported by tformer \(supported: False\)"),
+    ("gemma2", {"hidden_activation": "relu"}, r"gemma2 hidden_activation='relu' is not supported by tformer"),
+    ("gemma2", {"attn_logit_softcapping": -1.0}, r"attention_softcap=-1\.0 must be a finite number > 0"),
+    ("gemma2", {"attention_dropout": 0.1},
+     r"attention_dropout=0\.1 is not supported by attention_kernel='chunked'"),
 ])
 def test_open_family_features_tformer_lacks_are_refused(tmp_path, model_type, changes, message):
     hf_decoder(model_type, tmp_path)

@@ -48,13 +48,14 @@ def right_padding(lengths, total):
     return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]
 
 
-def reference(q, k, v, allowed, bias=None):
-    """attention_reference with the boolean mask ``allowed`` (broadcastable to (B, H, Tq, Tk)) and a bias.
+def reference(q, k, v, allowed, bias=None, softcap=None):
+    """attention_reference with the boolean mask ``allowed`` (broadcastable to (B, H, Tq, Tk)), a bias and a
+    soft cap on the scores.
 
     The additive mask is float32's: attention_reference takes its softmax in float32, where float64's
     most negative number would become -inf."""
     mask = additive_mask(allowed, torch.float32)
-    return attention_reference(q, k, v, mask if bias is None else mask + bias)[0]
+    return attention_reference(q, k, v, mask if bias is None else mask + bias, softcap=softcap)[0]
 
 
 def alibi_bias():
@@ -86,20 +87,21 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("softcap", [None, 0.7], ids=["", "softcap"])  # 0.7: most scores well into the tanh's bend
 @pytest.mark.parametrize("name", list(CASES))
-def test_chunked_equals_reference_outputs_and_gradients(name):
+def test_chunked_equals_reference_outputs_and_gradients(name, softcap):
     tq, tk, kv_heads, causal, lengths, make_bias, query_block, key_block = CASES[name]
     q, k, v = inputs(tq, tk, kv_heads)
     padding = None if lengths is None else right_padding(lengths, tk)
     bias, weight = make_bias() if make_bias else (None, None)
     out = chunked_attention(q, k, v, causal=causal, key_padding_mask=padding, bias=bias,
-                            query_block=query_block, key_block=key_block)
+                            query_block=query_block, key_block=key_block, softcap=softcap)
     allowed = torch.ones(tq, tk, dtype=torch.bool)
     if causal:
         allowed = torch.arange(tk)[None, :] <= torch.arange(tq)[:, None] + (tk - tq)
     allowed = allowed[None, None] if padding is None else allowed & padding[:, None, None, :]
     dense_bias = None if bias is None else bias(torch.arange(tq), torch.arange(tk))
-    expected = reference(q, k, v, allowed, dense_bias)
+    expected = reference(q, k, v, allowed, dense_bias, softcap)
     assert relative_error(out, expected) <= 1e-5
     upstream = torch.randn_like(out)
     leaves = (q, k, v) if weight is None else (q, k, v, weight)
@@ -188,13 +190,14 @@ def band_by_definition(tq, tk, window, causal):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("tq, tk, window", [(17, 17, 3), (17, 17, 1), (16, 16, 0), (5, 14, 4), (9, 9, 20)])
-def test_sliding_window_equals_reference_with_the_band_mask(causal, tq, tk, window):
+@pytest.mark.parametrize("tq, tk, window, softcap", [(17, 17, 3, None), (17, 17, 1, None), (16, 16, 0, None),
+                                                     (5, 14, 4, None), (9, 9, 20, None), (17, 17, 3, 0.7)])
+def test_sliding_window_equals_reference_with_the_band_mask(causal, tq, tk, window, softcap):
     q, k, v = inputs(tq, tk, kv_heads=2)
     band = band_by_definition(tq, tk, window, causal)
     assert torch.equal(band_mask(tq, tk, window, causal=causal), band)
-    out = chunked_attention(q, k, v, causal=causal, window=window, query_block=4, key_block=3)
-    expected = reference(q, k, v, band[None, None])
+    out = chunked_attention(q, k, v, causal=causal, window=window, query_block=4, key_block=3, softcap=softcap)
+    expected = reference(q, k, v, band[None, None], softcap=softcap)
     assert relative_error(out, expected) <= 1e-5
     upstream = torch.randn_like(out)
     for got, want in zip(torch.autograd.grad(out, (q, k, v), upstream),
@@ -404,6 +407,10 @@ def test_module_refuses_dropout_and_a_window_it_cannot_use():
         MultiHeadAttention(16, 2, kernel="chunked", kernel_settings={"attention_window": 3})
     with pytest.raises(ValueError, match="attention kernel 'flash' is not one of sdpa, reference"):
         MultiHeadAttention(16, 2, kernel="flash")
+    with pytest.raises(ValueError, match=r"^attention_kernel='sdpa' does not support attention_softcap=50\.0$"):
+        MultiHeadAttention(16, 2, softcap=50.0)
+    with pytest.raises(ValueError, match=r"attention_kernel='performer' does not support a scale of 0\.25"):
+        MultiHeadAttention(16, 2, kernel="performer", scale=0.25)
 
 
 # ---- Performer wiring (tformer.nn.favor comes from the Performer branch) ----------------------

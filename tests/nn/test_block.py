@@ -1,4 +1,4 @@
-"""TransformerBlock: causality, permutation equivariance, pre/post-norm."""
+"""TransformerBlock: causality, permutation equivariance, pre/post/sandwich norms."""
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ CONFIG = ModelConfig(vocab_size=50, max_seq_len=32, d_model=32, num_layers=2, nu
 
 
 @pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "alibi", "relative", "none"])
-@pytest.mark.parametrize("norm_position", ["pre", "post"])
+@pytest.mark.parametrize("norm_position", ["pre", "post", "sandwich"])
 def test_decoder_is_causal(positional, norm_position):
     model = build_model(CONFIG, positional=positional, norm_position=norm_position).eval()
     ids = torch.randint(0, 50, (2, 12))
@@ -23,7 +23,7 @@ def test_decoder_is_causal(positional, norm_position):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-@pytest.mark.parametrize("norm_position", ["pre", "post"])
+@pytest.mark.parametrize("norm_position", ["pre", "post", "sandwich"])
 def test_block_without_positions_is_permutation_equivariant(norm_position):
     block = TransformerBlock(CONFIG.replace(norm_position=norm_position)).eval()
     x = torch.randn(2, 9, 32)
@@ -62,6 +62,24 @@ def test_post_norm_follows_the_2017_order():
     expected = block.feedforward_norm(h + block.feedforward(h))
     out, _, _ = block(x, AttentionContext())
     torch.testing.assert_close(out, expected)
+
+
+def test_sandwich_norms_each_sublayer_on_both_sides():
+    """Gemma 2's block: x + norm'(attn(norm(x))), then the same around the feed-forward; four norms, and the
+    stack's final norm as after pre-norm blocks."""
+    model = build_model(CONFIG, norm_position="sandwich", norm="rmsnorm").eval()
+    block = model.stack.blocks[0]
+    with torch.no_grad():
+        for norm in (block.attention_output_norm, block.feedforward_output_norm):
+            norm.weight.normal_()  # not the identity's ones: a norm left out would show
+    x = torch.randn(1, 4, 32)
+    attention_out, _ = block.attention(block.attention_norm(x))
+    h = x + block.attention_output_norm(attention_out)
+    expected = h + block.feedforward_output_norm(block.feedforward(block.feedforward_norm(h)))
+    out, _, _ = block(x, AttentionContext())
+    torch.testing.assert_close(out, expected)
+    assert not isinstance(model.stack.final_norm, torch.nn.Identity)
+    assert not hasattr(build_model(CONFIG).stack.blocks[0], "attention_output_norm")  # pre-norm: two norms
 
 
 def test_cross_attention_block_uses_the_context():

@@ -7,6 +7,7 @@ from tformer.config import ModelConfig
 from tformer.interop.bert import BertFamily
 from tformer.interop.family import ORIGIN_KEY, Family
 from tformer.interop.gemma import GemmaFamily
+from tformer.interop.gemma2 import Gemma2Family
 from tformer.interop.gpt2 import GPT2Family
 from tformer.interop.llama import LlamaFamily
 from tformer.interop.marian import MarianFamily
@@ -24,7 +25,7 @@ HF_FAMILIES: dict[str, Family] = {
     family.model_type: family
     for family in (GPT2Family(), LlamaFamily(), Qwen2Family(), MistralFamily(), Phi3Family(), GemmaFamily(),
                    BertFamily(), RobertaFamily(), ViTFamily(), MarianFamily(), T5Family(), WhisperFamily(),
-                   MixtralFamily(), Qwen2MoeFamily())
+                   MixtralFamily(), Qwen2MoeFamily(), Gemma2Family())
 }
 SUPPORTED_MODEL_TYPES = tuple(HF_FAMILIES)
 

@@ -206,12 +206,12 @@ class Family:
         exact kernel (sdpa, reference, chunked) is the same function there; Performer is not, and a sliding
         window only where the family has one (Mistral)."""
         found = self.required_values(config)
-        kernel = config.attention_kernel
-        if kernel not in self.attention_kernels:
-            allowed = " or ".join(map(repr, self.attention_kernels))
-            window = " or its sliding window" if "sliding_window" in self.attention_kernels else ""
-            found.append(f"attention_kernel={kernel!r} (needs {allowed}: {self.model_type} computes exact softmax "
-                         f"attention{window})")
+        for kernel in config.attention_kernels:  # every layer's (a window on some layers: the sliding window's)
+            if kernel not in self.attention_kernels:
+                allowed = " or ".join(map(repr, self.attention_kernels))
+                window = " or its sliding window" if "sliding_window" in self.attention_kernels else ""
+                found.append(f"attention_kernel={kernel!r} (needs {allowed}: {self.model_type} computes exact "
+                             f"softmax attention{window})")
         for name in non_default_fields(config):
             if name not in self.handled_fields and name != "attention_kernel":
                 default = field_default(type(config), name)

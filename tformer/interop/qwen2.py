@@ -2,7 +2,8 @@
 only (none on the output projection or the feed-forward), RoPE with a large base and often tied embeddings.
 
 A sliding window (``use_sliding_window``) is refused: Qwen2 applies it to the layers past ``max_window_layers``
-only, a mix of windowed and full layers tformer's one kernel per model cannot express.
+only, a mix of windowed and full layers the core holds (``layer_attention_windows``) but this family does not read
+yet.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from tformer.models.base import Model
 from tformer.models.output import GenerationState, ModelOutput
 from tformer.models.registry import register
 from tformer.nn.attention import StepLayout
+from tformer.nn.attention.reference import soft_cap
 from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
@@ -43,10 +44,16 @@ DECODER_PRESETS = {
 }
 
 
-@register("decoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_DEFAULT_FIELDS),
+# A sliding window on some layers only (layer_attention_windows) and the logits' soft cap (final_logit_softcap):
+# the decoder's alone (an encoder-decoder's encoder has other depths)
+DECODER_FIELDS = ("layer_attention_windows", "final_logit_softcap")
+
+
+@register("decoder", fields=(*TOKEN_FIELDS, *TOKEN_POSITION_FIELDS, *GENERATION_DEFAULT_FIELDS, *DECODER_FIELDS),
           presets=DECODER_PRESETS)
 class DecoderLM(Model):
-    """Token embedding -> causal TransformerStack (positions, blocks, final norm) -> LM head."""
+    """Token embedding -> causal TransformerStack (positions, blocks, final norm) -> LM head (its logits capped
+    by ``final_logit_softcap`` when set, Gemma 2)."""
 
     generates = True
 
@@ -86,7 +93,7 @@ class DecoderLM(Model):
             self.embedding(input_ids), attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
-        logits = self.lm_head(stack.hidden)  # (B, T, V)
+        logits = soft_cap(self.lm_head(stack.hidden), self.config.final_logit_softcap)  # (B, T, V)
         loss = None if labels is None else next_token_loss(logits, labels)
         return ModelOutput(
             logits=logits, loss=loss, attentions=stack.attentions, hidden_states=stack.hidden_states, cache=cache,
@@ -100,7 +107,7 @@ class DecoderLM(Model):
         padding, the rows it wants), unchecked: a session checks its prompt once. Logits (B, kept rows, V)."""
         parts = self._modules
         hidden = parts["stack"].run(parts["embedding"](input_ids), layout, cache).hidden
-        return parts["lm_head"](hidden)
+        return soft_cap(parts["lm_head"](hidden), self.config.final_logit_softcap)
 
     def prepare_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> GenerationState:
         """The prompt as it is: a decoder has nothing to encode, and its steps need nothing but tokens."""

@@ -28,6 +28,9 @@ LAYOUT_FIELDS = frozenset({
     "d_ff", "activation", "norm", "norm_position", "norm_eps", "norm_bias", "bias", "attention_bias",
     "feedforward_bias", "attention_kernel", "performer_features", "performer_redraw_interval", "attention_window",
     "key_bias", "output_bias",  # MultiHeadAttention's own: every pass through it honours them
+    # per-layer windows (each layer's kernel and cache backend), the scores' scale and cap (the kernels'), the
+    # logits' cap (DecoderLM.step applies it as forward does)
+    "layer_attention_windows", "query_pre_attn_scalar", "attention_softcap", "final_logit_softcap",
     # the feed-forward as a mixture of experts (nn/experts.py): it reads rows, as every pass hands them
     "num_experts", "num_experts_per_token", "moe_d_ff", "norm_topk_prob", "shared_expert_d_ff", "shared_expert_gate",
     # positions (the layout's own business: counted over real tokens, as forward counts them)
@@ -88,9 +91,10 @@ class TransformerStack(nn.Module):
 
         self.embedding_norm = norm() if config.embedding_norm else None  # BERT: after embeddings + positions
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
-        self.blocks = nn.ModuleList(TransformerBlock(config, cross_attention) for _ in range(config.num_layers))
-        # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
-        self.final_norm = norm() if config.norm_position == "pre" else nn.Identity()
+        self.blocks = nn.ModuleList(TransformerBlock(config, cross_attention, layer)
+                                    for layer in range(config.num_layers))
+        # Post-norm blocks end in a norm already; pre-norm (and sandwich) stacks need one before the head.
+        self.final_norm = norm() if config.norm_position in ("pre", "sandwich") else nn.Identity()
 
     @property
     def position_limit(self) -> int | None:
@@ -139,10 +143,10 @@ class TransformerStack(nn.Module):
             if segments is not None:
                 self._check_packing()
                 key_positions = position_ids  # keys are the new tokens: a position bias reads their own positions
-        kernel = self.config.attention_kernel
-        if output_attentions and not kernel_class(kernel).weights:
-            raise ValueError(f"attention_kernel={kernel!r} has no attention weights (output_attentions=True); "
-                             "use an exact kernel (sdpa, reference, chunked) to inspect them")
+        for kernel in self.config.attention_kernels:
+            if output_attentions and not kernel_class(kernel).weights:
+                raise ValueError(f"attention_kernel={kernel!r} has no attention weights (output_attentions=True); "
+                                 "use an exact kernel (sdpa, reference, chunked) to inspect them")
         layout = StepLayout(position_ids, key_positions, None if attention_mask is None else attention_mask.bool(),
                             segments=segments)
         return self.run(x, layout, cache, encoder_hidden, None if encoder_mask is None else encoder_mask.bool(),

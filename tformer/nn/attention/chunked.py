@@ -13,7 +13,7 @@ from torch import Tensor
 
 from tformer.nn.attention.kernel import AttentionKernel
 from tformer.nn.attention.mask import AttentionMask, BlockBias, additive_mask, band, band_mask
-from tformer.nn.attention.reference import reference_with_mask
+from tformer.nn.attention.reference import attention_reference, reference_with_mask
 
 QUERY_BLOCK = KEY_BLOCK = 128  # the block sizes of the kernel (and of chunked_attention's defaults)
 
@@ -30,6 +30,7 @@ def chunked_attention(
     query_block: int = QUERY_BLOCK,
     key_block: int = KEY_BLOCK,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Exact softmax attention over blocks of queries and keys with a running (online) softmax:
     no (Tq, Tk) matrix is formed, so memory grows linearly in length (FlashAttention's recipe).
@@ -42,7 +43,8 @@ def chunked_attention(
     ``bias``: an additive tensor broadcastable to (B, H, Tq, Tk), or a callable ``bias(query_index,
     key_index)`` of a block's query rows (tq,) and key columns (tk,) returning (1|B, H, tq, tk): ALiBi
     and relative biases built block by block; gradients reach the parameters it reads. A query that
-    may see no key gets 0. The backward pass recomputes each block's scores from the saved output
+    may see no key gets 0. ``softcap`` (c): the scaled scores become c * tanh(scores / c) before the bias
+    and mask (Gemma 2). The backward pass recomputes each block's scores from the saved output
     and per-query log-sum-exp. No dropout (the model refuses attention_dropout with this kernel).
     """
     batch, heads, q_len, head_dim = q.shape
@@ -54,10 +56,12 @@ def chunked_attention(
             raise ValueError(f"{name}={size!r} must be a positive integer")
     if window is not None and (not isinstance(window, int) or window < 0):
         raise ValueError(f"window={window!r} must be None or an integer >= 0")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap={softcap!r} must be None or a number > 0")
     if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, k_len):
         raise ValueError(f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected ({batch}, {k_len})")
     spec = _ChunkSpec(causal, 1.0 / math.sqrt(head_dim) if scale is None else scale, query_block, key_block,
-                      window, bias if callable(bias) else None)
+                      window, bias if callable(bias) else None, softcap)
     bias_tensor = None
     if isinstance(bias, Tensor):
         bias_tensor = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))  # (B|1, H|1, Tq|1, Tk|1)
@@ -73,6 +77,7 @@ class _ChunkSpec:
     key_block: int
     window: int | None
     bias: BlockBias | None
+    softcap: float | None = None
 
 
 class _ChunkedAttention(torch.autograd.Function):
@@ -123,14 +128,15 @@ class _ChunkedAttention(torch.autograd.Function):
         for qs, qe, key_blocks in _block_plan(spec, q.shape[2], k.shape[2]):
             q_rows, grad_rows = q5[..., qs:qe, :], grad5[..., qs:qe, :]
             for ks, ke in key_blocks:
-                scores, bias_block = _block_scores(q5, k5, qs, qe, ks, ke, key_padding_mask, bias, spec,
-                                                   keep_graph=bool(leaves))
+                scores, bias_block, cap_slope = _block_scores(q5, k5, qs, qe, ks, ke, key_padding_mask, bias, spec,
+                                                              keep_graph=bool(leaves))
                 probabilities = torch.exp(scores - lse[..., qs:qe, None])  # (B, Hkv, G, tq, tk)
                 grad_v[:, :, ks:ke] += torch.matmul(probabilities.transpose(-2, -1), grad_rows).sum(2)
                 grad_p = torch.matmul(grad_rows, v5[..., ks:ke, :].transpose(-2, -1).to(compute))
                 grad_scores = probabilities * (grad_p - delta[..., qs:qe, :])  # (B, Hkv, G, tq, tk)
-                grad_q[..., qs:qe, :] += torch.matmul(grad_scores, k5[..., ks:ke, :].to(compute)) * spec.scale
-                grad_k[:, :, ks:ke] += (torch.matmul(grad_scores.transpose(-2, -1), q_rows.to(compute)).sum(2)
+                grad_raw = grad_scores if cap_slope is None else grad_scores * cap_slope  # through the cap
+                grad_q[..., qs:qe, :] += torch.matmul(grad_raw, k5[..., ks:ke, :].to(compute)) * spec.scale
+                grad_k[:, :, ks:ke] += (torch.matmul(grad_raw.transpose(-2, -1), q_rows.to(compute)).sum(2)
                                         * spec.scale)
                 grad_heads = grad_scores.flatten(1, 2)  # (B, H, tq, tk)
                 if grad_bias is not None:
@@ -172,10 +178,16 @@ def _block_plan(spec: _ChunkSpec, q_len: int, k_len: int):
 
 
 def _block_scores(q5, k5, qs, qe, ks, ke, key_padding_mask, bias, spec, keep_graph=False):
-    """Scaled scores of one block (B, Hkv, G, tq, tk) plus bias, -inf where a query may not look; and
-    the callable bias's block (1|B, H, tq, tk) with its graph when ``keep_graph`` (else None)."""
+    """Scaled (and capped) scores of one block (B, Hkv, G, tq, tk) plus bias, -inf where a query may not look;
+    the callable bias's block (1|B, H, tq, tk) with its graph when ``keep_graph`` (else None); and the cap's
+    slope d capped / d scores = 1 - tanh^2 when ``spec.softcap`` (else None)."""
     compute = _compute_dtype(q5.dtype)
     scores = torch.matmul(q5[..., qs:qe, :], k5[..., ks:ke, :].transpose(-2, -1)).to(compute) * spec.scale
+    cap_slope = None
+    if spec.softcap is not None:
+        capped = torch.tanh(scores / spec.softcap)
+        cap_slope = 1 - capped * capped
+        scores = capped * spec.softcap
     kv_heads, groups = q5.shape[1], q5.shape[2]
     bias_block = None
     if bias is not None:
@@ -196,7 +208,7 @@ def _block_scores(q5, k5, qs, qe, ks, ke, key_padding_mask, bias, spec, keep_gra
         allowed = padding if allowed is None else allowed & padding
     if allowed is not None:
         scores = scores.masked_fill(~allowed, -math.inf)
-    return scores, bias_block if keep_graph else None
+    return scores, bias_block if keep_graph else None, cap_slope
 
 
 def _block_allowed(qs, qe, ks, ke, offset, causal, window, device) -> Tensor | None:
@@ -241,6 +253,7 @@ class ChunkedKernel(AttentionKernel):
     """
 
     name = "chunked"
+    softcap = True
     reads_pages = True
     window: int | None = None  # a sliding window (W keys each side, or back when causal); None: none
 
@@ -254,22 +267,26 @@ class ChunkedKernel(AttentionKernel):
             if window is not None:
                 band_part = additive_mask(band_mask(q_len, k_len, window, causal=mask.causal, device=q.device),
                                           q.dtype)
-            return reference_with_mask(q, k, v, mask, extra=band_part)
+            return reference_with_mask(q, k, v, mask, extra=band_part, scale=self.scale, softcap=self.cap)
         if not torch.is_grad_enabled() and q_len * k_len <= QUERY_BLOCK * KEY_BLOCK:
             return self._one_block(q, k, v, mask, window), None
         return chunked_attention(q, k, v, causal=mask.causal, key_padding_mask=mask.key_padding, bias=mask.bias,
-                                 window=window), None
+                                 scale=self.scale, window=window, softcap=self.cap), None
 
-    @staticmethod
-    def _one_block(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, window: int | None) -> Tensor:
-        """The whole pass as one block, through the fused kernel: its mask (causality, the window, padding,
-        the position bias) built once per pass and shared by every layer; rows that see no key get 0."""
+    def _one_block(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, window: int | None) -> Tensor:
+        """The whole pass as one block, through the fused kernel (written out when the scores are capped): its
+        mask (causality, the window, padding, the position bias) built once per pass and shared by every layer;
+        rows that see no key get 0."""
         q_len, k_len = q.shape[2], k.shape[2]
         key = ("one block", q_len, k_len, q.dtype, window)
         if key not in mask._derived:
             mask._derived[key] = _block_mask(mask, q_len, k_len, window, q.dtype, q.device)
         additive, empty = mask._derived[key]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, enable_gqa=k.shape[1] != q.shape[1])
+        if self.cap is not None:
+            out = attention_reference(q, k, v, additive, scale=self.scale, softcap=self.cap)[0]
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=self.scale,
+                                                 enable_gqa=k.shape[1] != q.shape[1])
         return out if empty is None else out.masked_fill(empty, 0.0)
 
 

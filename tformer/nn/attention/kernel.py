@@ -10,9 +10,13 @@ It declares what it honours, so configs and callers ask it instead of comparing 
 - ``dropout``: attention dropout (training); ``weights``: it can return the weights;
   ``position_bias``: additive position biases (ALiBi, relative buckets); ``segments``: it keeps the
   examples packed into a row apart (the mask's ``segments``: it reads the mask's dense form).
+- ``softcap``: it forms the scores and can cap them, ``cap * tanh(scores / cap)`` before the mask and
+  softmax (``attention_softcap``, Gemma 2); ``custom_scale``: it scales the scores by another factor than
+  head_dim**-0.5 (``query_pre_attn_scalar``). A kernel made with either that lacks it refuses, naming both.
 - ``reads_pages``: one query at the end of its context attends with plain softmax at the default scale
   over every key it is given, so the serving engine may compute its decode steps with the in-place
-  paged kernel (``paged_kernel.py``) instead of calling it on gathered contexts.
+  paged kernel (``paged_kernel.py``) instead of calling it on gathered contexts (an instance with a cap or
+  another scale does not).
 - ``fields``: the ModelConfig fields it reads (any other kernel refuses them away from their
   defaults), checked by ``config_problem``.
 - ``new_cache``: the cache backend a layer decodes with (``cache.py``); the backend says whether it can
@@ -39,16 +43,27 @@ class AttentionKernel:
     weights: ClassVar[bool] = True
     position_bias: ClassVar[bool] = True
     segments: ClassVar[bool] = False
-    reads_pages: ClassVar[bool] = False
+    softcap: ClassVar[bool] = False
+    custom_scale: ClassVar[bool] = True
+    reads_pages: bool = False  # a class's default; an instance with a cap or another scale reads no pages
     fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, head_dim: int, cross: bool = False, **settings: Any) -> None:
+    def __init__(self, head_dim: int, cross: bool = False, *, scale: float | None = None,
+                 softcap: float | None = None, **settings: Any) -> None:
         unknown = sorted(set(settings) - set(self.fields))
         if unknown:
             raise ValueError(f"attention kernel {self.name!r} reads {', '.join(self.fields) or 'no settings'}; "
                              f"got {', '.join(unknown)}")
+        for asked, able in ((f"attention_softcap={softcap!r}", softcap is None or self.softcap),
+                            (f"a scale of {scale!r} (query_pre_attn_scalar)", scale is None or self.custom_scale)):
+            if not able:
+                raise ValueError(f"attention_kernel={self.name!r} does not support {asked}")
         self.head_dim = head_dim
         self.cross = cross
+        self.scale = scale  # the scores' factor; None: head_dim**-0.5, as each path computes it by default
+        self.cap = softcap  # scores capped to cap * tanh(scores / cap); None: not capped
+        if scale is not None or softcap is not None:
+            self.reads_pages = False
 
     @classmethod
     def config_problem(cls, config: Any) -> str | None:

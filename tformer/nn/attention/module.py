@@ -24,7 +24,8 @@ class MultiHeadAttention(nn.Module):
     (``q_proj``) and keys/values from the context (``kv_proj``). ``kernel`` names how attention is
     computed (``nn.attention.registry.KERNELS``), with ``kernel_settings`` the config fields it reads
     (the sliding window's ``attention_window``, Performer's ``performer_features``, ...); a kernel
-    without attention dropout refuses ``dropout`` > 0.
+    without attention dropout refuses ``dropout`` > 0. ``scale`` multiplies the scores (None: head_dim**-0.5)
+    and ``softcap`` caps them (``cap * tanh(scores / cap)``, Gemma 2); a kernel that cannot refuses them.
 
     ``key_bias=False`` (with ``bias``): the keys get no bias, the queries, values and output keep theirs
     (Whisper). The projection that makes keys (``qkv_proj``, cross-attention's ``kv_proj``) then has no bias of
@@ -46,6 +47,8 @@ class MultiHeadAttention(nn.Module):
         kernel_settings: dict[str, Any] | None = None,
         key_bias: bool = True,
         output_bias: bool = True,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         kernel_type = kernel_class(kernel)
@@ -57,7 +60,7 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = d_model // num_heads if head_dim is None else head_dim
         self.dropout = dropout
         self.cross = cross
-        self.kernel = kernel_type(self.head_dim, cross, **(kernel_settings or {}))
+        self.kernel = kernel_type(self.head_dim, cross, scale=scale, softcap=softcap, **(kernel_settings or {}))
         for name, module in self.kernel.modules().items():
             self.add_module(name, module)
         q_size = self.num_heads * self.head_dim

@@ -36,11 +36,13 @@ def model_problem(model: nn.Module) -> str | None:
         return f"it is built for the CPU, and the model is on {parameter.device.type}"
     if parameter.dtype not in DTYPES:
         return f"it computes float32, bfloat16, float16 and float64, not {parameter.dtype}"
-    kernels = {type(module.kernel) for module in model.modules() if hasattr(module, "kernel")
-               and hasattr(module, "num_kv_heads")}
-    other = sorted(kernel.name for kernel in kernels if not kernel.reads_pages)
+    kernels = [module.kernel for module in model.modules() if hasattr(module, "kernel")
+               and hasattr(module, "num_kv_heads")]
+    other = sorted({kernel.name for kernel in kernels if not type(kernel).reads_pages})
     if other:
         return f"attention_kernel={other[0]!r} is not plain softmax attention over the whole context"
+    if any(not kernel.reads_pages for kernel in kernels):  # a cap on the scores, or another scale
+        return "its attention caps the scores (attention_softcap) or scales them otherwise (query_pre_attn_scalar)"
     positional = getattr(getattr(model, "stack", None), "positional", None)
     if positional is not None and positional.adds_bias:
         return f"positional={positional.kind!r} adds a bias to the scores"

@@ -32,6 +32,7 @@ class PerformerKernel(AttentionKernel):
     exact = False
     weights = False
     position_bias = False
+    custom_scale = False  # its features estimate softmax at head_dim**-0.5
     fields = ("performer_features", "performer_redraw_interval")
 
     def __init__(self, head_dim: int, cross: bool = False, **settings: Any) -> None:

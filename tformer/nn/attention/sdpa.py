@@ -57,7 +57,7 @@ def attention(
 
 class SdpaKernel(AttentionKernel):
     """Exact softmax attention through PyTorch's fused kernel; attention dropout; weights (computed on the
-    reference path when asked for)."""
+    reference path when asked for). It never forms the scores, so it cannot soft-cap them."""
 
     name = "sdpa"
     segments = True
@@ -67,7 +67,7 @@ class SdpaKernel(AttentionKernel):
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if need_weights:
-            return reference_with_mask(q, k, v, mask, dropout_p)
+            return reference_with_mask(q, k, v, mask, dropout_p, scale=self.scale)
         q_len, k_len = q.shape[2], k.shape[2]
         found = mask._derived.get((q_len, k_len, q.dtype))  # the dense form, once built, read directly
         dense, is_causal = mask.dense(q_len, k_len, q.dtype, q.device) if found is None else found
@@ -75,9 +75,9 @@ class SdpaKernel(AttentionKernel):
             kernels = compiled.load_or_none()
             if kernels is not None:  # a query that sees no key gets zeros there too
                 mask_or_none = compiled.NONE if dense is None else dense
-                return kernels.dense_decode(q, k, v, mask_or_none, q.shape[-1] ** -0.5), None
+                return kernels.dense_decode(q, k, v, mask_or_none, self.scale or q.shape[-1] ** -0.5), None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout_p, is_causal=is_causal,
-                                             enable_gqa=k.shape[1] != q.shape[1])
+                                             scale=self.scale, enable_gqa=k.shape[1] != q.shape[1])
         if mask.key_padding is None or mask.real_queries:  # no row can be empty
             return out, None
         return zero_empty_rows(out, None, mask, k_len)

@@ -189,6 +189,8 @@ def test_text_and_image_go_to_their_own_models(tmp_path, capsys):
     assert "a vision model with head 'image_classification' is needed" in capsys.readouterr().err
     assert main(["attention", str(vision), "--image", image, "--layer", "1"]) == 2
     assert "--layer goes with --text, --source or --audio, not --image" in capsys.readouterr().err
+    assert main(["attention", str(text), "--text", TEXT, "--beam", "2"]) == 2
+    assert "--beam goes with --source or --audio, not --text" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_code:
         main(["attention", str(text), "--image", image, "--text", TEXT])
     assert exit_code.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
@@ -264,9 +266,9 @@ def test_audio_alignment_draws_the_transcript_over_the_spectrogram(speech_folder
     monkeypatch.setattr(alignment, "plot_audio_alignment", keep)
     assert main(["transcribe", str(folder), str(short)]) == 0
     transcript = capsys.readouterr().out.split("\t")[0]
-    assert main(["attention", str(folder), "--audio", str(short), "--beam", "1"]) == 0
+    assert main(["attention", str(folder), "--audio", str(short)]) == 0  # greedy by default, as transcribe
     out = capsys.readouterr().out
-    assert f"transcript {transcript}\n" in out
+    assert f"transcript {transcript}\nbeam       1\n" in out
     png = folder / "attention" / "short.png"
     assert written_by_tformer(png) and f"alignment  {png} (" in out
     model = tformer.load(folder)
@@ -308,3 +310,14 @@ def test_text_maps_of_a_model_quantized_as_it_loads(tmp_path, capsys):
     assert main(["attention", str(folder), "--text", TEXT, "--quantize", "int8", "--out", str(tmp_path / "q.png")]) == 0
     assert written_by_tformer(tmp_path / "q.png")
     assert "(3 layers x 4 heads" in capsys.readouterr().out
+
+
+def test_beam_defaults_agree_with_translate_and_transcribe():
+    """``attention --source`` / ``--audio`` decode as ``translate`` / ``transcribe`` do when --beam is left out, so
+    the drawn text is the one those commands print."""
+    from tformer.cli import build_parser
+    from tformer.cli.attention import AUDIO_BEAMS, SOURCE_BEAMS
+
+    parser = build_parser()
+    assert parser.parse_args(["translate", "m", "--input", "x"]).beam == SOURCE_BEAMS
+    assert parser.parse_args(["transcribe", "m", "x.wav"]).beam == AUDIO_BEAMS

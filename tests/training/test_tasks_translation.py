@@ -281,6 +281,7 @@ def test_alignment_plots_draw_the_translations_attention(tmp_path, capsys, famil
     assert main(["attention", str(tmp_path / "model"), "--source", "Ein hund läuft.", "--beam", "2"]) == 0
     printed = capsys.readouterr().out
     assert "alignment" in printed and written_by_tformer(tmp_path / "model" / "attention" / "alignment.png")
+    assert "\nbeam       2\n" in printed
     layers = 2 if family == "encoder_decoder" else 1
     assert main(["attention", str(tmp_path / "model"), "--source", "Ein hund.", "--layer", "3"]) == 2
     assert f"--layer 3: this model has {layers} cross-attention layers" in capsys.readouterr().err

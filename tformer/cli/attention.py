@@ -8,11 +8,13 @@ Figure 7).
 ``--text`` (a decoder or an encoder): the text in the model's tokens and a grid of heatmaps, a row per
 layer and a column per head (``--layer`` / ``--head``, counted from 1, draw one), the tokens on both axes.
 
-``--source`` (an encoder-decoder or the attention RNN): the sentence is translated (``--beam``), and the
+``--source`` (an encoder-decoder or the attention RNN): the sentence is translated (``--beam``, by default
+``tformer translate``'s 5), and the
 translation's attention over the source drawn as an alignment: a row per output token, a column per
 source token; a transformer's cross-attention of one ``--layer`` / ``--head`` or the mean of them.
 
-``--audio`` (a speech model): the recording is transcribed (``--beam``, ``--language`` for a multilingual
+``--audio`` (a speech model): the recording is transcribed (``--beam``, by default greedy as ``tformer
+transcribe``; ``--language`` for a multilingual
 Whisper model) and drawn as its log-mel spectrogram with, on the same time axis, each transcript token's
 cross-attention over the audio (one ``--layer`` / ``--head`` or the mean). One window of audio: a longer
 recording is refused (cut it, or transcribe it with ``tformer transcribe``)."""
@@ -28,6 +30,10 @@ from tformer.viz.rollout import HEAD_FUSIONS
 
 TEXT_ARCHITECTURES = ("decoder", "encoder")
 DEFAULT_MAX_TOKENS = 64
+# --beam's defaults: those of the commands that translate and transcribe, so that a drawn translation or transcript
+# is the one those commands print (tests/cli/test_cli_attention.py checks they agree).
+SOURCE_BEAMS = 5  # tformer translate's
+AUDIO_BEAMS = 1  # tformer transcribe's (greedy)
 
 
 def register(subparsers) -> None:
@@ -59,8 +65,10 @@ def register(subparsers) -> None:
     parser.add_argument("--head", type=int,
                         help="--text, --source, --audio: draw this head only (counted from 1; --source and --audio "
                              "default: the mean)")
-    parser.add_argument("--beam", type=int, default=5,
-                        help="--source, --audio: beams of the translation or transcription (default: 5)")
+    parser.add_argument("--beam", type=int,
+                        help=f"--source, --audio: beams of the translation or transcription (default: "
+                             f"{SOURCE_BEAMS} with --source, as tformer translate; {AUDIO_BEAMS} with --audio, "
+                             f"greedy, as tformer transcribe)")
     parser.add_argument("--language", help="--audio: a multilingual Whisper model's language code (en, de, ...)")
     parser.add_argument("--max-tokens", type=int,
                         help=f"--text: draw at most this many tokens; a longer text is cut, with a warning "
@@ -76,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     options = {"--head-fusion": (args.head_fusion, ("--image",)), "--positions": (args.positions, ("--image",)),
                "--layer": (args.layer, ("--text", "--source", "--audio")),
                "--head": (args.head, ("--text", "--source", "--audio")),
-               "--max-tokens": (args.max_tokens, ("--text",)), "--language": (args.language, ("--audio",))}
+               "--max-tokens": (args.max_tokens, ("--text",)), "--language": (args.language, ("--audio",)),
+               "--beam": (args.beam, ("--source", "--audio"))}
     for option, (value, owners) in options.items():
         if value is not None and own not in owners:
             allowed = " or ".join(owners) if len(owners) < 3 else f"{', '.join(owners[:-1])} or {owners[-1]}"
@@ -198,8 +207,7 @@ def draw_alignment(args: argparse.Namespace) -> int:
     from tformer.viz.heatmaps import token_labels
 
     sentence = check_text_option(args.source, "--source").strip()
-    if args.beam < 1:
-        raise UsageError(f"--beam {args.beam} must be a positive integer")
+    beams = check_beams(args.beam, SOURCE_BEAMS)
     out = output_beside_model(args, args.model, "attention", "alignment.png")
     check_own_png(out)
     model = load_translator(args.model_source)
@@ -219,7 +227,7 @@ def draw_alignment(args: argparse.Namespace) -> int:
     source = torch.tensor([source_ids])
     with torch.inference_mode():
         output = tformer.generate(model, source, max_new_tokens=new_token_budget(model, len(source_ids)),
-                                  num_beams=args.beam)  # (1, T): the start token, the translation
+                                  num_beams=beams)  # (1, T): the start token, the translation
         decoder_inputs = output[:, :-1] if output[0, -1] == tokenizer.eos_token_id else output
         result = model(source, decoder_input_ids=decoder_inputs, output_attentions=True)
     produced = output[0, 1:].tolist()  # the tokens the rows predict (the end token included when written)
@@ -233,6 +241,7 @@ def draw_alignment(args: argparse.Namespace) -> int:
     written = plot_alignment(weights, token_labels(tokenizer, source_ids), token_labels(tokenizer, produced), out,
                              title)
     print(f"translation {translation}")
+    print(f"beam       {beams}")
     print(f"alignment  {written} ({rows} output x {len(source_ids)} source tokens)")
     return 0
 
@@ -249,8 +258,7 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
     from tformer.viz.alignment import alignment_weights, plot_audio_alignment
     from tformer.viz.heatmaps import token_labels
 
-    if args.beam < 1:
-        raise UsageError(f"--beam {args.beam} must be a positive integer")
+    beams = check_beams(args.beam, AUDIO_BEAMS)
     out = output_beside_model(args, args.model, "attention", f"{Path(args.audio).stem}.png")
     check_own_png(out)
     samples = read_recordings([args.audio], LogMelSettings.sample_rate)[0]  # (N,) mono at 16 kHz
@@ -268,7 +276,7 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
     features = recording_features(torch.from_numpy(samples), settings)[None]  # (1, M, F): one window
     with torch.inference_mode():  # features (1, M, F); output (1, T): the prompt, the transcript, the end token
         output = tformer.generate(model, features, max_new_tokens=transcript_budget(model, prompt),
-                                  num_beams=args.beam, decoder_prompt_ids=prompt)
+                                  num_beams=beams, decoder_prompt_ids=prompt)
         ended = int(output[0, -1]) == config.eos_token_id
         result = model(features, decoder_input_ids=output[:, :-1] if ended else output, output_attentions=True)
     start = max(len(prompt), 1)
@@ -281,8 +289,20 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
     written = plot_audio_alignment(features[0], weights, token_labels(model.tokenizer, produced), seconds,
                                    window_seconds, out, title)
     print(f"transcript {transcript}")
+    print(f"beam       {beams}")
     print(f"alignment  {written} ({len(produced)} tokens x {seconds:.2f} s of audio)")
     return 0
+
+
+def check_beams(beams: int | None, default: int) -> int:
+    """``--beam``, or ``default`` when it is not given; refused in one line below 1."""
+    from tformer.cli import UsageError
+
+    if beams is None:
+        return default
+    if beams < 1:
+        raise UsageError(f"--beam {beams} must be a positive integer")
+    return beams
 
 
 def check_layer_and_head(args: argparse.Namespace, layers: int, heads: int, what: str = "") -> None:

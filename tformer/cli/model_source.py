@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tformer.cli import UsageError
+from tformer.cpu_threads import available_cpus
 
 T = TypeVar("T")
 RECIPE_NAME = "recipe.toml"  # a run folder's recipe, beside its model
@@ -62,10 +64,12 @@ def add_quantize_option(parser: argparse.ArgumentParser, help: str | None = None
 
 def add_threads_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     """``--threads``: the CPU threads the command computes with (``read_model_source`` checks them, and sets them
-    before the command runs unless it says it sets them itself)."""
+    before the command runs unless it says it sets them itself); without it ``load_model`` chooses them."""
     parser.add_argument("--threads", type=int, metavar="N",
-                        help=help or "CPU threads PyTorch computes with (default: PyTorch's, one a core); fewer "
-                                     "leave cores to other work on a shared machine")
+                        help=help or "CPU threads PyTorch computes with (default: PyTorch's count, one a core, or 1 "
+                                     "where 1 is faster on this machine: measured once and kept in "
+                                     "$XDG_CACHE_HOME/tformer/threads.json; fewer when the load average leaves fewer "
+                                     "cores free)")
 
 
 def add_adapter_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
@@ -126,6 +130,7 @@ class ModelSource:
     quantize: Any = None  # a QuantizationScheme, or None
     threads: int | None = None
     dtype: Any = None  # the torch.dtype the model's floating-point parameters are cast to, or None (as it loads)
+    choose_threads: str | None = None  # the command whose ``load_model`` chooses the CPU threads (no --threads)
     adapter: str | None = None  # a LoRA adapter folder put over the model as it loads, or None
 
     def replace(self, **changes: Any) -> ModelSource:
@@ -155,6 +160,8 @@ def read_model_source(args: argparse.Namespace) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    elif threads is None and "threads" in given and device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        args.model_source = args.model_source.replace(choose_threads=args.command)
 
 
 def resolve_model_argument(args: argparse.Namespace, dest: str) -> str | None:
@@ -191,14 +198,6 @@ def check_threads(threads: int, option: str = "--threads") -> None:
     if threads > cpus:
         raise UsageError(f"{option} {threads} is more than the {cpus} CPU(s) this process may run on; give 1 to "
                          f"{cpus}")
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity, where the system tells it; else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity on macOS and Windows
-        return os.cpu_count() or 1
 
 
 def adapter_option(args: argparse.Namespace) -> str | None:
@@ -338,7 +337,28 @@ def load_model(source: ModelSource) -> LoadedModel:
         load_adapter(model, source.adapter).eval()  # an AdapterError (one line) when it is another base's
     if source.dtype is not None:
         cast_model(model, source.dtype, source.path)
+    if source.choose_threads is not None:
+        choose_model_threads(model, source.choose_threads)
     return LoadedModel(model, problem)
+
+
+CHOSEN_THREADS: list[int] = []  # the count this process chose: a draft model loaded after its target keeps it
+
+
+def choose_model_threads(model, command: str) -> int:
+    """Compute with the CPU threads ``tformer.cpu_threads.choose_threads`` picks for ``model``'s width (once a
+    process), its note, when it has one, a line on stderr; returns the count."""
+    import torch
+
+    from tformer.cpu_threads import choose_threads
+
+    if not CHOSEN_THREADS:
+        choice = choose_threads(model.config.d_model)
+        if choice.note:
+            print(f"tformer {command}: {choice.note}", file=sys.stderr, flush=True)
+        CHOSEN_THREADS.append(choice.threads)
+    torch.set_num_threads(CHOSEN_THREADS[0])
+    return CHOSEN_THREADS[0]
 
 
 def cast_model(model, dtype, label: str) -> None:

@@ -395,7 +395,8 @@ def test_fine_tuning_a_quantized_folder_is_refused_in_one_line_and_writes_nothin
     assert train(tuning, out, *resume) == 2
     assert error_line(capsys) == (f"tformer train: error: [model] init_from {tmp_path / 'int8'}: a quantized model "
                                   "(int8) cannot be trained (its weights are integers for inference); fine-tune its "
-                                  "float checkpoint, then quantize it")
+                                  "float checkpoint, then quantize it, or train LoRA adapters over it (an [adapter] "
+                                  "section)")
     assert not out.exists()
     assert train(tuning, out, "--set", f"model.init_from={tmp_path / 'float'}") == 0  # the corrected run
 

@@ -1,5 +1,6 @@
 """``tformer serve RUN``: an OpenAI-compatible HTTP server (completions, chat completions, streaming)
-over a decoder checkpoint, with continuous batching over a paged key/value cache."""
+over a decoder checkpoint, with continuous batching over a paged key/value cache; ``--adapter NAME=DIR`` serves
+LoRA adapters over it, a request's ``model`` choosing one."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def register(subparsers) -> None:
                         help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     parser.add_argument("--model-name", help="the model's name in the API (default: the folder's name)")
+    parser.add_argument("--adapter", metavar="NAME=DIR", action="append", default=[],
+                        help="serve the LoRA adapter in DIR (PEFT's format: adapter_config.json + "
+                             "adapter_model.safetensors) over the model as NAME: a request whose model is NAME decodes "
+                             "with it, batched with the others (repeat for more adapters; /v1/models lists them)")
     parser.add_argument("--api-key", default=os.environ.get("TFORMER_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (default: $TFORMER_API_KEY; none: no key)")
     parser.add_argument("--chat-template", metavar="FILE",
@@ -119,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
                          f"gives a sign of life every {HEARTBEAT_SECONDS:g} s), or 0 for no limit")
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("--api-key is empty; give a key, or leave the option out to serve without one")
+    name = args.model_name or args.model_source.hub_name or Path(args.checkpoint).resolve().name
+    adapters = _adapter_options(args.adapter, name)
     _check_address(args.host, args.port)
     try:
         import pydantic  # noqa: F401
@@ -146,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
                "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout,
                "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention,
-               "pooling": args.pooling, "normalize": args.normalize}
+               "pooling": args.pooling, "normalize": args.normalize, "adapters": adapters}
     build = partial(build_engine, args.model_source, options=options)
     if args.engine == "thread":
         engine = ThreadEngineClient(build(), stall_timeout=args.engine_timeout)
@@ -156,7 +163,6 @@ def run(args: argparse.Namespace) -> int:
             raise _no_tokenizer(args.checkpoint, problem)
         torch.set_num_threads(1)  # this process tokenizes and formats; the engine process has --threads
         engine = ProcessEngineClient(build, tokenizer, stall_timeout=args.engine_timeout)
-    name = args.model_name or args.model_source.hub_name or Path(args.checkpoint).resolve().name
     try:
         server = OpenAIServer(engine, name, api_key=args.api_key, chat_template=template,
                               max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts,
@@ -193,6 +199,7 @@ def build_engine(source: ModelSource | str, device="cpu", quantize=None, threads
     loaded = load_model(source)
     model = loaded.model
     options = dict(options or {})
+    _load_adapters(model, options.pop("adapters", None))
     pooling = _served_pooling(model, source.path, options.pop("pooling", None), options.pop("normalize", None))
     tokenizer = loaded.require_tokenizer(source.path, SERVE_NEEDS_TOKENIZER)
     try:
@@ -211,6 +218,41 @@ def build_engine(source: ModelSource | str, device="cpu", quantize=None, threads
 
 
 SERVE_NEEDS_TOKENIZER = "serve needs one (requests and answers are text)"
+
+
+def _adapter_options(given: list[str], model_name: str) -> dict[str, str]:
+    """``--adapter NAME=DIR`` options as name -> folder; refused in one line: no ``=``, an empty, repeated or the
+    base model's name, a folder without adapter_config.json."""
+    from tformer.cli import UsageError
+    from tformer.interop.peft_adapter import ADAPTER_CONFIG
+
+    adapters: dict[str, str] = {}
+    for option in given:
+        name, equals, folder = option.partition("=")
+        if not equals or not name.strip() or not folder:
+            raise UsageError(f"--adapter {option!r} must be NAME=DIR (the name requests give as model, the "
+                             "adapter's folder)")
+        if name == model_name or name in adapters:
+            taken = "the base model's name (--model-name)" if name == model_name else "given twice"
+            raise UsageError(f"--adapter {option}: the name {name!r} is {taken}; each adapter needs a name of its own")
+        if not (Path(folder) / ADAPTER_CONFIG).is_file():
+            raise UsageError(f"--adapter {option}: no {ADAPTER_CONFIG} in {folder} (an adapter folder holds it and "
+                             "adapter_model.safetensors: what tformer train writes with an [adapter] section, or "
+                             "PEFT's save_pretrained)")
+        adapters[name] = folder
+    return adapters
+
+
+def _load_adapters(model, adapters: dict[str, str] | None) -> None:
+    """Put the ``--adapter`` adapters over ``model`` together (``tformer.adapters.load_adapters``); one that is
+    another base's is refused in one line."""
+    if not adapters:
+        return
+    from tformer.adapters import load_adapters
+
+    load_adapters(model, adapters).eval()  # an AdapterError (one line, exit 2) names the adapter and why
+    print(f"tformer serve: LoRA adapters {', '.join(adapters)} over the model, chosen per request by its model name",
+          file=sys.stderr, flush=True)
 
 
 def _served_pooling(model, folder: str, mode: str | None, normalize: bool | None):

@@ -25,10 +25,17 @@ A request may also ask for its prompt's log-probabilities (``prompt_logprobs=k``
 score continuations with): its prefill then keeps the logits of every prompt row, and only each prompt
 token's log-probability and the ``k`` best leave the engine, on the sequence's first event. With
 ``max_new_tokens=0`` it finishes after its prefill (reason "length") without sampling.
+
+LoRA adapters (``tformer.adapters.load_adapters`` over the model before the engine is made): a request names its
+adapter (``submit(..., adapter=NAME)``; None: the base model), and a step mixes adapters row by row. The engine
+sets each token row's adapter around the step (``adapter_rows``, ``nn/weights/multi_lora.py``), and a prompt's
+prefix keys start from its adapter's name, so no cached block is shared across adapters (their keys and values
+differ).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -36,6 +43,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from tformer.adapters import served_adapters
 from tformer.generation.checks import check_call, check_model
 from tformer.generation.defaults import MODEL_FIELDS, with_model_defaults
 from tformer.generation.sampling import TokenChooser
@@ -45,6 +53,7 @@ from tformer.models.embeddings import embedding_problem
 from tformer.nn.attention.paged import BlockPool, PagedCache, PagedLayout, blocks_for, prefix_keys
 from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
 from tformer.nn.block import LayerCache
+from tformer.nn.weights.multi_lora import adapter_index, adapter_rows
 from tformer.pooling import Pooling
 from tformer.serving.embedder import Embedder, EmbeddingRequest
 from tformer.serving.emitter import Emitter
@@ -74,7 +83,8 @@ class Engine:
     (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why);
     ``prefix_caching``: prompts reuse the cached blocks of a prefix computed before, and a request's ``n``
     sequences share its prompt's blocks (False: every sequence computes its whole prompt);
-    ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings).
+    ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings). The LoRA adapters
+    ``load_adapters`` put over ``model`` are served by name (``adapters``).
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
@@ -87,6 +97,7 @@ class Engine:
         if not isinstance(prefix_caching, bool):
             raise GenerationError(f"prefix_caching={prefix_caching!r} must be True or False")
         self.tokenizer = tokenizer
+        self.adapters = served_adapters(model)  # the names a request may choose besides the base
         self.stats = EngineStats()
         self._ids = itertools.count()
         self.pool = self.scheduler = self.emitter = None
@@ -144,15 +155,19 @@ class Engine:
 
     def submit(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *, n: int = 1,
                logprobs: int | None = None, prompt_logprobs: int | None = None,
-               on_event: Callable[[TokenEvent], None] | None = None) -> Request:
+               on_event: Callable[[TokenEvent], None] | None = None, adapter: str | None = None) -> Request:
         """Queue ``prompt_ids`` for ``n`` sequences decoded with ``config``; a GenerationError when it can
         never run (bad ids, past the position table, more cache than the pool holds, beam search...).
         ``logprobs=k``: each new token's log-probability and the k best; ``prompt_logprobs=k``: the same for
-        the prompt's tokens (``PromptLogprobs`` on each sequence's first event)."""
+        the prompt's tokens (``PromptLogprobs`` on each sequence's first event); ``adapter``: the served LoRA
+        adapter it decodes with (None: the base model)."""
         if self.scheduler is None:
             raise GenerationError(self.embeds_only)
+        if adapter is not None and adapter not in self.adapters:
+            served = ", ".join(repr(name) for name in self.adapters) or "none"
+            raise GenerationError(f"adapter {adapter!r} is not served (adapters: {served})")
         config = serving_defaults(self.model, config).for_prompt(len(prompt_ids))
-        request = self._make_request(list(prompt_ids), config, n, logprobs, prompt_logprobs, on_event)
+        request = self._make_request(list(prompt_ids), config, n, logprobs, prompt_logprobs, on_event, adapter)
         self.scheduler.enqueue(request)
         return request
 
@@ -246,7 +261,7 @@ class Engine:
         layout = PagedLayout.build(batch.tables, batch.counts, self.device,
                                    every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place)
         ids = torch.tensor([batch.input_ids], device=self.device)  # (1, N): every sequence's new tokens in turn
-        with self.model.stepping:
+        with self.model.stepping, self._adapter_rows(batch.adapters, batch.counts, layout.keep):
             logits = self.model.step(ids, layout, self.caches)[0]  # (K, V) the rows layout.keep names
         self.stats.steps += 1
         if any(batch.scored):
@@ -255,6 +270,12 @@ class Engine:
         scheduler.fork(forking, batch.rows)
         emitter.sample(logits, batch.rows)
         return made + len(batch.rows)
+
+    def _adapter_rows(self, adapters: list[int], counts: list[int], keep) -> contextlib.AbstractContextManager:
+        """The step's context naming each token row's adapter, where the engine serves adapters."""
+        if not self.adapters:
+            return contextlib.nullcontext()
+        return adapter_rows.use(adapter_index(adapters, counts, self.device), keep)
 
     def complete(self, prompts: Sequence[Sequence[int]], config: GenerationConfig | None = None,
                  n: int = 1) -> list[Request]:
@@ -275,7 +296,7 @@ class Engine:
     # ---- requests ---------------------------------------------------------------------------------
 
     def _make_request(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
-                      prompt_logprobs: int | None, on_event) -> Request:
+                      prompt_logprobs: int | None, on_event, adapter: str | None = None) -> Request:
         model = self.model
         if not prompt_ids:
             raise GenerationError("the prompt has no tokens")
@@ -308,9 +329,11 @@ class Engine:
                 f"{n} x ({len(prompt_ids)} prompt + {config.max_new_tokens} new) tokens need {needed} cache "
                 f"blocks; the pool holds {self.pool.num_blocks} of {size} tokens (raise cache_tokens)")
         chooser = TokenChooser.from_config(config, model.config, self.device)
-        keys = prefix_keys(prompt_ids, size) if self.prefix_caching else None
+        salt = b"" if adapter is None else b"adapter\0" + adapter.encode()  # no block shared across adapters
+        keys = prefix_keys(prompt_ids, size, salt) if self.prefix_caching else None
         return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),
-                       on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs, keys)
+                       on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs, keys,
+                       -1 if adapter is None else self.adapters.index(adapter))
 
 
 def serving_problem(model: nn.Module) -> str | None:

@@ -61,6 +61,7 @@ class EngineFacts:
     generates: bool = True  # False: the model embeds only (an encoder), with no cache (num_blocks 0)
     embedding: EmbeddingFacts | None = None  # how it embeds; None: no embeddings
     embeds_only: str = ""  # Engine.embeds_only: why a generation request is refused when it does not generate
+    adapters: tuple[str, ...] = ()  # the LoRA adapters served besides the base (Engine.adapters)
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
@@ -73,7 +74,8 @@ class EngineFacts:
         module = importlib.import_module(ENGINE_MODULE)
         end_ids = module.serving_defaults(engine.model, None).end_ids(engine.model.config)
         return cls(engine.pool.num_blocks, engine.pool.block_size, engine.model.position_limit, engine.queue_timeout,
-                   tuple(end_ids), engine.paged_attention_note, module.file_defaults(engine.model), True, embedding)
+                   tuple(end_ids), engine.paged_attention_note, module.file_defaults(engine.model), True, embedding,
+                   adapters=engine.adapters)
 
 
 @dataclass(frozen=True)
@@ -165,10 +167,10 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
-                     prompt_logprobs: int | None, sink: EventSink) -> int:
-        """Queue a prompt for ``n`` sequences (``Engine.submit``'s options); the request's id. A GenerationError
-        when the engine refuses it, EngineFailure when the engine has stopped. ``sink`` gets each of its events,
-        the last of each sequence with its finish reason."""
+                     prompt_logprobs: int | None, sink: EventSink, adapter: str | None = None) -> int:
+        """Queue a prompt for ``n`` sequences (``Engine.submit``'s options, ``adapter`` among them); the request's
+        id. A GenerationError when the engine refuses it, EngineFailure when the engine has stopped. ``sink`` gets
+        each of its events, the last of each sequence with its finish reason."""
 
     @abstractmethod
     async def embed(self, sequences: list[list[int]]) -> Embeddings:
@@ -241,11 +243,11 @@ class ThreadEngineClient(EngineClient):
         self._thread.start()
 
     async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
-                     prompt_logprobs: int | None, sink: EventSink) -> int:
+                     prompt_logprobs: int | None, sink: EventSink, adapter: str | None = None) -> int:
         if self.error is not None:
             raise EngineFailure(self.error)
         request = self.engine.submit(prompt_ids, config, n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                     on_event=self._collect)
+                                     on_event=self._collect, adapter=adapter)
         self._follow(request.id, sink, n)  # before any of its events: they reach the loop after this returns
         return request.id
 

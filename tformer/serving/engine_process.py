@@ -72,6 +72,7 @@ class Submit:
     n: int
     logprobs: int | None
     prompt_logprobs: int | None
+    adapter: str | None = None  # the served LoRA adapter (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,8 @@ class _EngineHost:
     def submit(self, command: Submit) -> None:
         try:
             request = self.engine.submit(command.prompt_ids, command.config, n=command.n, logprobs=command.logprobs,
-                                         prompt_logprobs=command.prompt_logprobs, on_event=self.collect)
+                                         prompt_logprobs=command.prompt_logprobs, on_event=self.collect,
+                                         adapter=command.adapter)
         except GenerationError as error:
             self.update.answers[command.ticket] = str(error)
         except Exception as error:  # a bug: its traceback here, a 500 for this request, the engine goes on
@@ -314,13 +316,13 @@ class ProcessEngineClient(EngineClient):
             return False
 
     async def submit(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
-                     prompt_logprobs: int | None, sink: EventSink) -> int:
+                     prompt_logprobs: int | None, sink: EventSink, adapter: str | None = None) -> int:
         if self.error is not None or self._ended.is_set():
             raise EngineFailure(self.error or "the engine has stopped")
         ticket = next(self._tickets)
         future = asyncio.get_running_loop().create_future()
         self._pending[ticket] = (future, sink, n)
-        self._commands.put(Submit(ticket, list(prompt_ids), config, n, logprobs, prompt_logprobs))
+        self._commands.put(Submit(ticket, list(prompt_ids), config, n, logprobs, prompt_logprobs, adapter))
         return await future
 
     async def embed(self, sequences: list[list[int]]) -> Embeddings:

@@ -28,6 +28,7 @@ class StepBatch:
     input_ids: list[int]  # all of them, in order
     scored: list[bool]  # whether its prompt is scored (every prompt row kept)
     rows: dict[int, int]  # id() of a sequence -> its row of the step's logits
+    adapters: list[int]  # each sequence's LoRA adapter (-1: the base model)
 
 
 class Scheduler:
@@ -173,7 +174,7 @@ class Scheduler:
     def batch(self, admitted: set[int]) -> StepBatch:
         """The step's tokens: a sequence admitted now its prompt (past the cached prefix its table starts with),
         every other its last token; each table given the slots they fill."""
-        batch = StepBatch([], [], [], [], {})
+        batch = StepBatch([], [], [], [], {}, [])
         for row, (request, sequence) in enumerate(self.running):
             prefill = id(sequence) in admitted
             tokens = request.prompt_ids[sequence.table.length:] if prefill else [self.pending[id(sequence)]]
@@ -182,6 +183,7 @@ class Scheduler:
             batch.counts.append(len(tokens))
             batch.input_ids.extend(tokens)
             batch.rows[id(sequence)] = row
+            batch.adapters.append(request.adapter)
             # One sequence of a request is enough to score its prompt (the first: it prefills).
             batch.scored.append(prefill and request.prompt_logprobs is not None and sequence.index == 0)
         return batch

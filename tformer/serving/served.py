@@ -1,6 +1,7 @@
-"""What every route of the server reads: the engine client and its tokenizer, the served model's name and chat
-template, the request limits, the requests in flight, and the checks and conversions the routes share, among
-them ``submit``, the one path from a route's prompts to the engine's events (a ``Submission``).
+"""What every route of the server reads: the engine client and its tokenizer, the served model's name (and its LoRA
+adapters', which a request's ``model`` names instead to decode with one) and chat template, the request limits,
+the requests in flight, and the checks and conversions the routes share, among them ``submit``, the one path
+from a route's prompts to the engine's events (a ``Submission``).
 
 Limits: a body past ``max_body_bytes`` is refused (413) before it is read whole, more than ``max_prompts``
 prompts (400) before any is tokenized, and more than ``max_request_tokens`` tokens of prompts and answers
@@ -40,6 +41,8 @@ class ServedModel:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
+        if model_name in engine.facts.adapters:
+            raise GenerationError(f"adapter name {model_name!r} is the base model's name; give the adapter another")
         self.api_key = api_key
         self.chat_template = chat_template
         # A chat answer stops at the model's end ids and at the template's end of turn (tokenizer_config.json's
@@ -58,19 +61,30 @@ class ServedModel:
         return await self.flight.read_body(http_request)
 
     async def submit(self, http_request: HTTPRequest, prompts: list[list[int]], config: GenerationConfig, n: int,
-                     logprobs: int | None, prompt_logprobs: int | None = None) -> Submission:
-        """``prompts`` (``n`` sequences each) submitted to the engine for ``http_request``: their events are read
-        from the submission, which the caller closes when the answer is over."""
+                     logprobs: int | None, prompt_logprobs: int | None = None,
+                     adapter: str | None = None) -> Submission:
+        """``prompts`` (``n`` sequences each) submitted to the engine for ``http_request``, decoded with the LoRA
+        ``adapter`` (None: the base model): their events are read from the submission, which the caller closes when
+        the answer is over."""
         submission = Submission(self.flight, http_request)
-        await submission.submit(prompts, config, n, logprobs, prompt_logprobs)
+        await submission.submit(prompts, config, n, logprobs, prompt_logprobs, adapter)
         return submission
 
     # ---- checks -------------------------------------------------------------------------------------
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
-                           "model", "model_not_found")
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names a request's ``model`` may give: the base model's, then each served adapter's."""
+        return (self.model_name, *self.engine.facts.adapters)
+
+    def check_model(self, name: str) -> str | None:
+        """The LoRA adapter a request's ``model`` names (None: the base model); a 404 naming the models served."""
+        if name == self.model_name:
+            return None
+        if name in self.engine.facts.adapters:
+            return name
+        served = ", ".join(repr(known) for known in self.model_names)
+        raise APIError(404, f"model {name!r} does not exist; this server serves {served}", "model", "model_not_found")
 
     def check_admitting(self) -> None:
         self.flight.check_admitting()

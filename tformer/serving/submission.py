@@ -41,15 +41,16 @@ class Submission:
         self._watch: asyncio.Task | None = None
 
     async def submit(self, prompts: list[list[int]], config: GenerationConfig, n: int, logprobs: int | None,
-                     prompt_logprobs: int | None = None) -> None:
-        """Submit every prompt at once; on any refusal, cancel the others and answer the first (in prompt
-        order) before anything has been sent."""
+                     prompt_logprobs: int | None = None, adapter: str | None = None) -> None:
+        """Submit every prompt at once (decoded with the LoRA ``adapter``; None: the base model); on any refusal,
+        cancel the others and answer the first (in prompt order) before anything has been sent."""
         self.flight.submissions.add(self)
         self.prompts, self.n = prompts, n
         self._watch = asyncio.create_task(self._watch_connection())
         try:
             outcomes = await self.flight.from_engine(asyncio.gather(
-                *(self.engine.submit(prompt, config, n, logprobs, prompt_logprobs, partial(self._receive, index))
+                *(self.engine.submit(prompt, config, n, logprobs, prompt_logprobs, partial(self._receive, index),
+                                     adapter)
                   for index, prompt in enumerate(prompts)), return_exceptions=True))
         except APIError:  # the engine failed or stalled before it answered, or the shutdown gave up
             self.close()

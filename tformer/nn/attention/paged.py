@@ -50,11 +50,13 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def prefix_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+def prefix_keys(token_ids: Sequence[int], block_size: int, salt: bytes = b"") -> list[bytes]:
     """The content key of each full block of ``token_ids``: a SHA-256 digest of the previous block's key
     and this block's ids. A block's keys and values depend on every token before it, so a key names the
-    whole prefix; equal keys mean equal prefixes (a collision is as likely as one of SHA-256's)."""
-    keys, previous = [], b""
+    whole prefix; equal keys mean equal prefixes (a collision is as likely as one of SHA-256's). ``salt`` stands
+    before the first block: what else the keys and values depend on (a served LoRA adapter's name), so equal
+    prefixes computed differently never share blocks."""
+    keys, previous = [], salt
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         digest = hashlib.sha256(previous)
         digest.update(array("q", token_ids[start : start + block_size]).tobytes())

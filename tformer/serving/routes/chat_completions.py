@@ -29,7 +29,7 @@ CHAT_COMPLETION = "chat.completion"  # the response object's kind
 
 async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Response:
     body: ChatRequest = parse_body(await served.read_body(http_request), ChatRequest)
-    served.check_model(body.model)
+    adapter = served.check_model(body.model)
     served.check_generates()
     served.check_admitting()
     text = await served.chat_text(body.messages)
@@ -42,8 +42,8 @@ async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Re
     config = body.generation_config(tokens, served.engine.facts.generation_defaults)
     if not body.ignore_eos:  # the end of the assistant's turn as well as the model's end ids
         config = config.replace(eos_token_id=served.chat_end_ids)
-    submission = await served.submit(http_request, [prompt], config, body.n, top)
-    answer = _ChatAnswer(served, submission, new_id("chatcmpl"))
+    submission = await served.submit(http_request, [prompt], config, body.n, top, adapter=adapter)
+    answer = _ChatAnswer(served, submission, new_id("chatcmpl"), body.model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return await stream_response(submission, answer.chunks(include_usage))
@@ -56,13 +56,14 @@ async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Re
 class _ChatAnswer:
     """One chat completions answer being built from its submission's events."""
 
-    def __init__(self, served: ServedModel, submission: Submission, response_id: str) -> None:
+    def __init__(self, served: ServedModel, submission: Submission, response_id: str, model: str) -> None:
         self.served = served
         self.submission = submission
         self.response_id = response_id
+        self.model = model  # the name the request gave (the base model's or an adapter's)
 
     def _response(self, choices: list[dict[str, Any]], counts: dict | None, chunk: bool = False) -> dict[str, Any]:
-        return response_object(CHAT_COMPLETION, self.response_id, self.served.model_name, choices, counts, chunk=chunk)
+        return response_object(CHAT_COMPLETION, self.response_id, self.model, choices, counts, chunk=chunk)
 
     def _usage(self) -> dict[str, int]:
         return usage(self.submission.prompt_tokens, self.submission.completion_tokens)

@@ -30,7 +30,7 @@ TEXT_COMPLETION = "text_completion"  # the response object's kind
 
 async def completions(served: ServedModel, http_request: HTTPRequest) -> Response:
     body: CompletionRequest = parse_body(await served.read_body(http_request), CompletionRequest)
-    served.check_model(body.model)
+    adapter = served.check_model(body.model)
     served.check_generates()
     served.check_admitting()
     texts = body.prompts()
@@ -39,8 +39,9 @@ async def completions(served: ServedModel, http_request: HTTPRequest) -> Respons
     served.check_request_tokens(prompts, body.n, tokens)
     echoes = _echoes(served, texts, prompts) if body.echo else None
     config = body.generation_config(tokens, served.engine.facts.generation_defaults)
-    submission = await served.submit(http_request, prompts, config, body.n, body.logprobs, body.prompt_logprobs)
-    answer = _Completion(served, submission, new_id("cmpl"), echoes, body.logprobs is not None)
+    submission = await served.submit(http_request, prompts, config, body.n, body.logprobs, body.prompt_logprobs,
+                                     adapter)
+    answer = _Completion(served, submission, new_id("cmpl"), echoes, body.logprobs is not None, body.model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return await stream_response(submission, answer.chunks(include_usage))
@@ -67,16 +68,17 @@ class _Completion:
     ``echoes``: each prompt's text, when the request echoes it."""
 
     def __init__(self, served: ServedModel, submission: Submission, response_id: str, echoes: list[str] | None,
-                 with_logprobs: bool) -> None:
+                 with_logprobs: bool, model: str) -> None:
         self.served = served
         self.submission = submission
         self.response_id = response_id
         self.echoes = echoes
         self.with_logprobs = with_logprobs
+        self.model = model  # the name the request gave (the base model's or an adapter's)
         self.records: dict[int, CompletionLogprobs] = {}  # choice -> its log-probabilities so far
 
     def _response(self, choices: list[dict[str, Any]], counts: dict | None, chunk: bool = False) -> dict[str, Any]:
-        return response_object(TEXT_COMPLETION, self.response_id, self.served.model_name, choices, counts, chunk=chunk)
+        return response_object(TEXT_COMPLETION, self.response_id, self.model, choices, counts, chunk=chunk)
 
     def _usage(self) -> dict[str, int]:
         return usage(self.submission.prompt_tokens, self.submission.completion_tokens)

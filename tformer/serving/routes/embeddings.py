@@ -22,7 +22,9 @@ from tformer.serving.wire import EmbeddingFacts, Embeddings
 
 async def embeddings(served: ServedModel, http_request: HTTPRequest) -> Response:
     body: EmbeddingRequest = parse_body(await served.read_body(http_request), EmbeddingRequest)
-    served.check_model(body.model)
+    if served.check_model(body.model) is not None:
+        raise APIError(400, f"model {body.model!r} is a LoRA adapter, which serves completions; embeddings are the "
+                            f"base model's: model {served.model_name!r}", "model")
     facts = _embedding_facts(served)
     if body.dimensions is not None and body.dimensions != facts.dimensions:
         raise APIError(400, f"dimensions={body.dimensions} is not supported: model {served.model_name!r} gives "

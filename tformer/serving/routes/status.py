@@ -1,5 +1,6 @@
-"""The server's status: GET /health (is the engine running, stalled, failed, stopping), GET /v1/models (the one
-model served) and GET /metrics (Prometheus' text format)."""
+"""The server's status: GET /health (is the engine running, stalled, failed, stopping), GET /v1/models (the model
+served, then each LoRA adapter served over it, its ``parent`` the model) and GET /metrics (Prometheus' text
+format)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ async def health(served: ServedModel, http_request: HTTPRequest) -> Response:
 
 
 async def models(served: ServedModel, http_request: HTTPRequest) -> Response:
-    model = {"id": served.model_name, "object": "model", "created": served.created, "owned_by": "tformer",
-             "max_model_len": served.engine.facts.position_limit}
-    return JSONResponse({"object": "list", "data": [model]})
+    def entry(name: str, parent: str | None) -> dict:
+        return {"id": name, "object": "model", "created": served.created, "owned_by": "tformer",
+                "max_model_len": served.engine.facts.position_limit, "root": served.model_name, "parent": parent}
+
+    return JSONResponse({"object": "list", "data": [entry(served.model_name, None),
+                                                    *(entry(name, served.model_name)
+                                                      for name in served.engine.facts.adapters)]})
 
 
 async def metrics(served: ServedModel, http_request: HTTPRequest) -> Response:

@@ -139,6 +139,13 @@ def test_text_maps_draw_every_layer_and_head(tmp_path, capsys, architecture, hea
     torch.testing.assert_close(one[0, 0], attentions[1][0, heads - 1])
 
 
+def test_maps_of_a_forward_with_gradients_draw():
+    """A forward outside no_grad (docs/attention.md's snippet) gives maps that require grad; drawn, they need not."""
+    maps, _, _ = select_maps([torch.rand(1, 2, 3, 3, requires_grad=True)])
+    assert not maps.requires_grad
+    pyplot().close(attention_heatmap_figure(maps, ["a", "b", "c"], [1], [1, 2])[0])
+
+
 def test_token_labels_show_spaces():
     """A byte-level BPE token is shown as its text, its leading space (GPT-2's 'Ġ') as a visible mark;
     WordPiece continuations keep their '##'."""

@@ -50,7 +50,7 @@ def select_maps(attentions: Sequence[Tensor], layer: int | None = None,
     layers = list(range(1, num_layers + 1)) if layer is None else [layer]
     heads = list(range(1, num_heads + 1)) if head is None else [head]
     maps = torch.stack([attentions[number - 1][0] for number in layers])  # (rows, H, T, T)
-    return maps[:, [number - 1 for number in heads]].float(), layers, heads
+    return maps[:, [number - 1 for number in heads]].detach().float(), layers, heads  # drawn, never differentiated
 
 
 def attention_heatmap_figure(maps: Tensor, tokens: Sequence[str], layers: Sequence[int], heads: Sequence[int],

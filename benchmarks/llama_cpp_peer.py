@@ -173,13 +173,16 @@ class LlamaPeer:
         )
         self.n_vocab = int(self.llm.n_vocab())
 
-    def _argmax_last(self) -> int:
-        """Index of the largest logit of the last evaluated position."""
+    def last_logits(self) -> np.ndarray:
+        """The logits (V,) of the last evaluated position: a view of llama.cpp's buffer (copy it to keep it)."""
         import llama_cpp
 
         pointer = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
-        logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
-        return int(logits.argmax())
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+
+    def _argmax_last(self) -> int:
+        """Index of the largest logit of the last evaluated position."""
+        return int(self.last_logits().argmax())
 
     def generate(self, prompt_ids: list[int], new_tokens: int) -> list[int]:
         """Evaluate the prompt and return exactly ``new_tokens`` greedy ids (no EOS stop)."""

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tformer.data.image_processing import ImageProcessing
     from tformer.generation import GenerationConfig, generate, stream_generate
     from tformer.generation.translation import translate
-    from tformer.hub import load, save
+    from tformer.hub import embed, load, save
     from tformer.hub_cache import download
     from tformer.models import (
         DecoderLM,
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
         VisionOutput,
         build_model,
     )
-    from tformer.models.embeddings import embed
 
 __version__ = "0.1.0"
 
@@ -43,7 +42,7 @@ EXPORTS = {
     "ImageProcessing": "tformer.data.image_processing",
     "GenerationConfig": "tformer.generation", "generate": "tformer.generation",
     "stream_generate": "tformer.generation", "translate": "tformer.generation.translation",
-    "load": "tformer.hub", "save": "tformer.hub", "download": "tformer.hub_cache", "embed": "tformer.models.embeddings",
+    "load": "tformer.hub", "save": "tformer.hub", "download": "tformer.hub_cache", "embed": "tformer.hub",
     **dict.fromkeys(["DecoderLM", "EncoderDecoderLM", "EncoderModel", "EncoderOutput", "Model", "ModelOutput",
                      "RNNSeq2Seq", "SpeechModel", "VisionModel", "VisionOutput", "build_model"], "tformer.models"),
 }

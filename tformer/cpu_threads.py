@@ -29,6 +29,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import torch
+from torch import nn
+
+from tformer.files import write_text_atomically
+from tformer.nn.weights import PrepackedLinear
+from tformer.nn.weights.backend import decoding_step
+
 MARGIN = 0.9  # more threads are kept when a step on them takes at most this share of a step on one
 SMALLEST_CLASS, LARGEST_CLASS = 32, 1024  # width classes: powers of two; wider models are measured at 1024
 WARMUP_STEPS, TIMED_STEPS = 3, 9
@@ -67,12 +74,6 @@ def load_average() -> float | None:
 def step_seconds(threads: int, width: int) -> float:
     """The median time of a decoding-sized step on ``threads`` threads: one row through a ``width`` ->
     4 x ``width`` -> ``width`` pair of prepacked layers (the thread count PyTorch had is restored)."""
-    import torch
-    from torch import nn
-
-    from tformer.nn.weights import PrepackedLinear
-    from tformer.nn.weights.backend import decoding_step
-
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -107,8 +108,6 @@ def choose_threads(width: int, *, default: int | None = None, cpus: int | None =
     (default: the CPUs this process may run on). ``measure`` and ``load`` default to ``step_seconds`` and
     ``load_average``."""
     if default is None:
-        import torch
-
         default = torch.get_num_threads()
     cpus = available_cpus() if cpus is None else cpus
     if default < 2:
@@ -176,8 +175,6 @@ def _read_choices(path: Path) -> dict:
 
 def _write_choices(path: Path, choices: dict) -> bool:
     """Keep ``choices`` in ``path`` (whole or not at all); False when the folder cannot be written."""
-    from tformer.files import write_text_atomically
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomically(path, json.dumps({"version": CACHE_VERSION, "choices": choices}, indent=1) + "\n")

@@ -3,6 +3,7 @@ that sits above model classes, interop and checkpoint files (none of them import
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,16 @@ from tformer.interop import attached_tokenizer, hf_config, load_hf_weights
 from tformer.interop.gguf_layout import is_gguf
 from tformer.memory import require_memory
 from tformer.models import Model, model_class
+from tformer.models.embeddings import embed as embed_with
 from tformer.models.registry import model_bytes
 from tformer.nn.heads import replace_head
 from tformer.quantization import QuantizationError, QuantizationScheme, cast_model, prepare_quantized, scheme_for
 from tformer.quantization import quantize as quantize_model
+
+if importlib.util.find_spec("gguf") is not None:  # the [gguf] extra: GGUF files as model sources
+    from tformer.interop import gguf as gguf_files
+else:
+    gguf_files = None
 
 _KEEP: Any = object()  # "the checkpoint's own head"
 
@@ -166,20 +173,15 @@ def _read_gguf_file(path: Path, raw: dict, head_options: tuple | None, regularis
         raise CheckpointError(f"{path}: a GGUF file holds a decoder; head, num_labels, label_names, problem_type and "
                               "pooling choose an encoder's or a vision model's head")
     checkpoint = _gguf_checkpoint(path)
-    from tformer.interop.gguf import load_gguf_weights
-
     model = _build(checkpoint.config.replace(**regularisation), path)
-    return load_gguf_weights(model, checkpoint), (), None
+    return gguf_files.load_gguf_weights(model, checkpoint), (), None
 
 
 def _gguf_checkpoint(path: Path):
     """The GGUF file at ``path`` read (tformer.interop.gguf), or a one-line CheckpointError without the gguf package."""
-    try:
-        from tformer.interop.gguf import read_gguf
-    except ImportError:
-        raise CheckpointError(f"{path}: GGUF files are read through the gguf package: pip install 'tformer[gguf]'") \
-            from None
-    return read_gguf(path)
+    if gguf_files is None:
+        raise CheckpointError(f"{path}: GGUF files are read through the gguf package: pip install 'tformer[gguf]'")
+    return gguf_files.read_gguf(path)
 
 
 def _saved_scheme(folder: Path, raw: dict) -> QuantizationScheme | None:
@@ -239,6 +241,15 @@ def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type,
                           f"model's head; this checkpoint is architecture={config.architecture!r}")
     head = config.head if head is _KEEP else head
     return replace_head(config, head, num_labels, label_names, problem_type, pooling, **layout(head))
+
+
+def embed(model: Model | str | Path, inputs: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+          **options: Any) -> torch.Tensor:
+    """``tformer.embed``: embeddings (N, D) of ``inputs`` by ``model``, a loaded model or a folder / Hub name / GGUF
+    file (loaded, and its sentence-transformers pooling config read); ``options`` as ``models.embeddings.embed``."""
+    if isinstance(model, str | Path):
+        return embed_with(load(model), inputs, folder=resolve_model(model), **options)
+    return embed_with(model, inputs, **options)
 
 
 def save(model: Model, path: str | Path, format: str = "tformer") -> Path:

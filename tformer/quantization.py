@@ -24,7 +24,7 @@ from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.weights import QUANTIZED_BACKENDS
 from tformer.nn.weights.int4 import GROUP_SIZES, int4_problem
 from tformer.nn.weights.int8 import Int8Linear
-from tformer.nn.weights.quantized import Plan, QuantizedLinear, plan_for
+from tformer.nn.weights.quantized import MANY_ROWS, Plan, QuantizedLinear, plan_for
 from tformer.nn.weights.table import QuantizedTable
 
 METHODS = QUANTIZED_BACKENDS
@@ -312,8 +312,6 @@ def quantized_dtype_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
     """Why the quantized layers of ``model`` (cast to ``dtype``) cannot run in it, or None: one layer of each kind
     and shape is run, as decoding runs it (one row) and as a prompt does (many), and must answer in ``dtype``.
     Checked rather than assumed: which kernel a quantized layer uses is measured per host."""
-    from tformer.nn.weights.quantized import MANY_ROWS
-
     probes, seen = [], set()
     for module in model.modules():
         if isinstance(module, tuple(QUANTIZED_BACKENDS.values())):

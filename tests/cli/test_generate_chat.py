@@ -19,7 +19,7 @@ STEPS = 4  # the end-of-turn token comes as the reply's 4th token
 
 
 def rendered_ids(tokenizer, messages):
-    from tformer.serving.chat import ChatTemplate
+    from tformer.tokenizers.chat_template import ChatTemplate
 
     text = ChatTemplate(TEMPLATE).render(messages)
     return tokenizer.encode(text, add_special_tokens=False)

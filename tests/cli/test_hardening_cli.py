@@ -521,7 +521,7 @@ def test_evaluate_keeps_hand_edited_translations_beside_its_metrics_unless_overw
 
 
 def test_convert_overwrite_leaves_no_stale_file_of_the_old_checkpoint(work, capsys):
-    from tformer.serving.chat import ChatTemplate
+    from tformer.tokenizers.chat_template import ChatTemplate
 
     assert main(["convert", "m", "out", "--to", "tformer"]) == 0
     (work / "out" / "tokenizer_config.json").write_text('{"chat_template": "STALE {{ messages }}"}\n')

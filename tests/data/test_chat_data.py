@@ -11,9 +11,9 @@ import tformer
 from tformer.data.chat import PLAIN_TEMPLATE, ChatEncoder, ChatExample, chat_template, read_chat
 from tformer.data.files import DataFileError
 from tformer.nn.losses import IGNORE_INDEX, next_token_loss, next_token_targets
-from tformer.serving.chat import ChatTemplate
 from tformer.tokenizers import BPETokenizer
 from tformer.tokenizers.byte_level import BYTE_TO_CHAR
+from tformer.tokenizers.chat_template import ChatTemplate
 from tformer.training.tasks.sft import example_labels, example_rows, fit_examples, pack
 
 START, END = "<|im_start|>", "<|im_end|>"  # ids 256 and 257

@@ -36,7 +36,7 @@ import tformer
 from tformer.cli import main
 from tformer.generation import GenerationConfig
 from tformer.hub import load_tokenizer
-from tformer.serving.chat import ChatTemplate
+from tformer.tokenizers.chat_template import ChatTemplate
 
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")

@@ -22,9 +22,9 @@ from test_text_offsets import POOL as MULTILINGUAL
 from test_text_offsets import check_offsets
 
 import tformer
-from tformer.serving.chat import ChatTemplate
 from tformer.tokenizers import BPETokenizer
 from tformer.tokenizers.byte_level import BYTE_TO_CHAR
+from tformer.tokenizers.chat_template import ChatTemplate
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")

@@ -29,12 +29,12 @@ from tformer.cli import main
 from tformer.generation import GenerationConfig
 from tformer.hub import load_tokenizer
 from tformer.serving import Engine
-from tformer.serving.chat import ChatTemplate, ChatTemplateError
 from tformer.serving.engine_client import ThreadEngineClient
 from tformer.serving.engine_process import ProcessEngineClient
 from tformer.serving.limits import DEFAULT_STALL_SECONDS
 from tformer.serving.server import OpenAIServer
 from tformer.tokenizers import CharTokenizer
+from tformer.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")

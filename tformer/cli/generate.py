@@ -196,7 +196,7 @@ def chat_prompt(folder: str, tokenizer, messages: list[dict]) -> tuple[str, tupl
     tokenizer_config.json's eos_token (the end of a turn, a stop beside the model's end ids, as vLLM adds it).
     A folder without a template is a UsageError."""
     from tformer.cli import UsageError
-    from tformer.serving.chat import ChatTemplate, ChatTemplateError
+    from tformer.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
     try:
         template = ChatTemplate.from_folder(folder)

@@ -138,11 +138,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tformer.cli.model_source import load_tokenizer
-    from tformer.serving.chat import ChatTemplate, ChatTemplateError
     from tformer.serving.engine_client import ThreadEngineClient
     from tformer.serving.engine_process import ProcessEngineClient
     from tformer.serving.server import OpenAIServer
     from tformer.serving.server import run as serve
+    from tformer.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
     template = None
     try:

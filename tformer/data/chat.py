@@ -11,9 +11,9 @@ A record is one of three kinds, told apart by its fields (the names Hugging Face
   tokenizer's end-of-sequence token after it.
 
 The chat template is the tokenizer's (``chat_template.jinja`` or ``tokenizer_config.json`` of the model folder)
-rendered in ``serving.chat``'s sandbox, the one renderer tformer has; a model without one gets ``PLAIN_TEMPLATE``
-(``### User:`` / ``### Assistant:`` headings, the end-of-sequence token after each answer). The answer of
-assistant turn i is the text between the rendering of the turns before it with the assistant's turn opened
+rendered in ``tokenizers.chat_template``'s sandbox, the one renderer tformer has; a model without one gets
+``PLAIN_TEMPLATE`` (``### User:`` / ``### Assistant:`` headings, the end-of-sequence token after each answer). The
+answer of assistant turn i is the text between the rendering of the turns before it with the assistant's turn opened
 (``add_generation_prompt``) and the rendering of the turns up to it: both must start the whole conversation's
 rendering, or the template is refused for answers-only loss. The whole text is tokenized once (as
 ``apply_chat_template`` does, no special tokens added) and a token is an answer token when its characters
@@ -29,7 +29,7 @@ from pathlib import Path
 from tformer.data.files import DataFileError, Skipped
 from tformer.data.records import RecordFile, json_cell
 from tformer.errors import quoted
-from tformer.serving.chat import ChatTemplate, ChatTemplateError
+from tformer.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
 KINDS = ("messages", "instruction/output", "prompt/completion")
 LOSS_ON = ("answers", "all")

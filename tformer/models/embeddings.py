@@ -124,16 +124,12 @@ def check_ids(ids: Sequence[int], index: int, limit: int | None, vocab_size: int
 
 def embed(model, inputs: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]], *,
           pooling: str | Pooling | None = None, normalize: bool | None = None,
-          batch_size: int = DEFAULT_BATCH_SIZE) -> Tensor:
-    """Embeddings (N, D), float32, one row per input: ``model`` a loaded encoder or decoder, or a folder (its
-    sentence-transformers pooling config read); ``inputs`` a text, texts, or token ids. ``pooling`` ("cls",
-    "mean", "last", or a ``Pooling`` chosen already) and ``normalize`` replace the checkpoint's choice
-    (``choose_pooling``); ``batch_size`` texts run at once."""
-    folder = None
-    if isinstance(model, str | Path):
-        import tformer
-
-        folder, model = model, tformer.load(model)
+          batch_size: int = DEFAULT_BATCH_SIZE, folder: str | Path | None = None) -> Tensor:
+    """Embeddings (N, D), float32, one row per input: ``model`` a loaded encoder or decoder (``folder``, the one it
+    was loaded from, holds its sentence-transformers pooling config when it has one; ``tformer.embed`` takes the
+    folder itself); ``inputs`` a text, texts, or token ids. ``pooling`` ("cls", "mean", "last", or a ``Pooling``
+    chosen already) and ``normalize`` replace the checkpoint's choice (``choose_pooling``); ``batch_size`` texts run
+    at once."""
     problem = embedding_problem(model)
     if problem is not None:
         raise EmbeddingError(problem)

@@ -17,13 +17,13 @@ from collections import Counter
 from starlette.requests import Request as HTTPRequest
 
 from tformer.generation.settings import GenerationConfig, GenerationError
-from tformer.serving.chat import ChatTemplate, ChatTemplateError
 from tformer.serving.engine_client import EngineClient
 from tformer.serving.inflight import InFlight
 from tformer.serving.limits import DEFAULT_CACHE_TOKENS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 from tformer.serving.openai_api import APIError, ChatMessage
 from tformer.serving.submission import Submission
 from tformer.serving.wire import TokenEvent
+from tformer.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
 DEFAULT_CHAT_TOKENS = 256  # a chat answer's length when the request sets none and the model has no position limit
 

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import torch
 
+from tformer.adapters import adapter_parameters, add_lora
 from tformer.files import write_text_atomically
 from tformer.hub import load, load_tokenizer
+from tformer.hub_cache import resolve_model
 from tformer.models import build_model
+from tformer.nn.weights.lora import AdapterError
+from tformer.quantization import QuantizationError, quantize, represented_parameters
 from tformer.training import checkpoints, distributed
 from tformer.training.config import TrainingError
 from tformer.training.recipe import Recipe
@@ -110,10 +114,6 @@ def pretrained_model(recipe: Recipe, say: Callable[[str], None]):
 def with_adapter(model, recipe: Recipe, say: Callable[[str], None]) -> None:
     """Put the recipe's LoRA adapters over ``model`` (in place), its base quantized first when ``[adapter]
     quantize`` asks (QLoRA); a setting that cannot apply is refused in one line."""
-    from tformer.adapters import adapter_parameters, add_lora
-    from tformer.nn.weights.lora import AdapterError
-    from tformer.quantization import QuantizationError, quantize, represented_parameters
-
     adapter = recipe.adapter
     if recipe.training.distributed == "fsdp":
         raise TrainingError("[adapter] with training.distributed = \"fsdp\": not supported (the adapter is saved from "
@@ -137,8 +137,6 @@ def model_folder(recipe: Recipe) -> str | None:
     """The folder of the pretrained model a recipe starts from (a Hub name's snapshot), or None."""
     if recipe.init_from is None:
         return None
-    from tformer.hub_cache import resolve_model
-
     return str(resolve_model(recipe.init_from, recipe.init_revision))
 
 

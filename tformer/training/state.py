@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tformer.adapters import lora_layers, save_adapter
 from tformer.checkpoint import atomic_directory, write_files_into, write_model_files
 from tformer.training import checkpoints, distributed, preflight, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
@@ -216,14 +217,10 @@ class RunState:
     @property
     def adapted(self) -> bool:
         """Whether the model carries LoRA adapters (then its best and final models are the adapter alone)."""
-        from tformer.adapters import lora_layers
-
         return bool(lora_layers(self.model))
 
     def save_adapter(self, folder: Path) -> None:
         """The model's adapter, in PEFT's format, into ``folder`` (main process)."""
-        from tformer.adapters import save_adapter
-
         save_adapter(self.model, folder, base_model_name_or_path=self.adapter_base)
 
     def save_final_model(self) -> None:

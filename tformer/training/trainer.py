@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from tformer.adapters import lora_layers
 from tformer.memory import peak_memory
 from tformer.nn.experts import auxiliary_loss, mixtures
 from tformer.nn.stack import set_activation_checkpointing
@@ -236,8 +237,6 @@ class Trainer:
     def _refuse_quantized(self) -> None:
         """A quantized model evaluates but does not train: its weights are integers. Only its LoRA adapters may
         train (QLoRA), when they are all that does."""
-        from tformer.adapters import lora_layers
-
         scheme = getattr(self.model, "quantization", None)
         if scheme is None:
             return

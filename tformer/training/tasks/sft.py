@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from tformer.data.chat import LOSS_ON, ChatData, ChatEncoder, chat_template, read_chat
 from tformer.data.files import DataFileError
 from tformer.data.sources import LEARNED_TOKENIZERS, DataConfig
+from tformer.nn.attention import MultiHeadAttention
 from tformer.nn.losses import IGNORE_INDEX, next_token_loss, next_token_targets
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
@@ -209,8 +210,6 @@ class SupervisedFineTuning(ExampleTask):
                                 "were cut and packed to")
         self.check_model_fits(model, self.tokenizer, self.seq_len)
         if self.packing:
-            from tformer.nn.attention import MultiHeadAttention
-
             unable = [module.kernel.name for module in model.modules()
                       if isinstance(module, MultiHeadAttention) and not module.kernel.segments]
             if unable:

@@ -200,14 +200,15 @@ def build_engine(source: ModelSource | str, device="cpu", quantize=None, threads
     model = loaded.model
     options = dict(options or {})
     _load_adapters(model, options.pop("adapters", None))
-    pooling = _served_pooling(model, source.path, options.pop("pooling", None), options.pop("normalize", None))
+    asked = (options.pop("pooling", None), options.pop("normalize", None))
+    pooling = _served_pooling(model, source.path, *asked)
     tokenizer = loaded.require_tokenizer(source.path, SERVE_NEEDS_TOKENIZER)
     try:
         engine = Engine(model, tokenizer, pooling=pooling, **options)
     except GenerationError as error:
         raise UsageError(f"{source.path}: {error}") from None
     compiled.ready(model.device)  # a first run builds the CPU kernels here, before the step is timed
-    if pooling is not None:
+    if pooling is not None and (not model.generates or asked != (None, None)):  # a generator's default goes unsaid
         print(f"tformer serve: embeddings pool by {pooling.mode}{' and are normalized' if pooling.normalize else ''} "
               f"({pooling.source})", file=sys.stderr, flush=True)
     if threads is None and model.device.type == "cpu" and model.generates:

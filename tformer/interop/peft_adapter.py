@@ -29,9 +29,9 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from tformer.adapters import LinearTarget, hf_family, install_lora, linear_targets, lora_layers
 from tformer.checkpoint import read_safetensors, write_checkpoint_folder
 from tformer.errors import listed
+from tformer.interop.lora_targets import LinearTarget, hf_family, install_lora, linear_targets, lora_layers
 from tformer.nn.weights.lora import AdapterError, LoraLinear
 
 ADAPTER_CONFIG = "adapter_config.json"

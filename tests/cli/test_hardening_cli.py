@@ -319,15 +319,20 @@ def test_threads_beyond_the_cpus_this_process_may_use_are_refused(work, capsys, 
     assert torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("architecture, what", [
-    ("encoder", "an encoder, which reads text and answers with its head: tformer predict and tformer evaluate run it"),
-    ("vision", "a vision model, which labels images: tformer classify runs it")])
-@pytest.mark.parametrize("command", [["generate", "RUN", "--prompt", "to be"],
-                                     ["serve", "RUN", "--port", "0", "--engine", "thread"],
-                                     ["generate", "m", "--prompt", "to be", "--draft", "RUN"]],
-                         ids=["generate", "serve", "draft"])
+ENCODER = ("encoder", "an encoder, which reads text and answers with its head: tformer predict and tformer evaluate "
+           "run it")
+VISION = ("vision", "a vision model, which labels images: tformer classify runs it")
+GENERATE = ["generate", "RUN", "--prompt", "to be"]
+SERVE = ["serve", "RUN", "--port", "0", "--engine", "thread"]
+DRAFT = ["generate", "m", "--prompt", "to be", "--draft", "RUN"]
+
+
+@pytest.mark.parametrize("architecture, what, command", [
+    (*ENCODER, GENERATE), (*VISION, GENERATE), (*VISION, SERVE), (*ENCODER, DRAFT), (*VISION, DRAFT)],
+    ids=["generate-encoder", "generate-vision", "serve-vision", "draft-encoder", "draft-vision"])
 def test_a_model_that_writes_no_text_is_refused_in_a_users_words(work, capsys, architecture, what, command):
-    """serve said 'model must be a tformer model with the generation hooks ...; EncoderModel lacks ...'."""
+    """serve said 'model must be a tformer model with the generation hooks ...; EncoderModel lacks ...'. (An encoder
+    is served: its /v1/embeddings, tests/serving/test_serve_embeddings.py.)"""
     options = {"vocab_size": 64} if architecture == "encoder" else {"image_size": 32, "patch_size": 16}
     model = tformer.build_model("bert-tiny" if architecture == "encoder" else "vit-mnist", **options)
     model.tokenizer = CharTokenizer.train(TEXT)

@@ -101,7 +101,7 @@ class Engine:
         self.stats = EngineStats()
         self._ids = itertools.count()
         self.pool = self.scheduler = self.emitter = None
-        if getattr(model, "generates", False) or pooling is None:
+        if model.generates or pooling is None:
             self._start_decoding(model, cache_tokens, block_size, max_running, max_step_tokens, queue_timeout,
                                  paged_attention, prefix_caching)
             self.work = self.scheduler.work

@@ -11,6 +11,7 @@ import tformer
 from tformer import ModelConfig, build_model
 from tformer.generation import ModelSession, StackSession
 from tformer.nn.weights import PrepackedLinear, use_weights, weights_in_use
+from tformer.nn.weights import prepacked as prepacked_backend
 from tformer.nn.weights.backend import decoding_step
 
 BASE = ModelConfig(vocab_size=61, max_seq_len=48, d_model=32, num_layers=2, num_heads=4)
@@ -55,8 +56,9 @@ def test_cached_logits_equal_full_forward_at_every_step(variant, padded, session
 
 
 @pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama", "sinusoidal-post-norm"])
-def test_projections_split_across_threads_stay_exact(variant):
+def test_projections_split_across_threads_stay_exact(variant, monkeypatch):
     threads = torch.get_num_threads()
+    monkeypatch.setattr(prepacked_backend, "splitting_pays", lambda threads: threads > 1)  # as if measured so
     torch.set_num_threads(2)  # the prepacked backend then cuts each projection in two (one slice per thread)
     try:
         model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).decoding_view()  # big
@@ -78,8 +80,9 @@ def test_projections_split_across_threads_stay_exact(variant):
 
 @pytest.mark.parametrize("size_out", [768, 601], ids=["outputs-split", "inputs-split"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_a_large_projection_equals_nn_linear_at_every_row_count(size_out, bias):
+def test_a_large_projection_equals_nn_linear_at_every_row_count(size_out, bias, monkeypatch):
     threads = torch.get_num_threads()
+    monkeypatch.setattr(prepacked_backend, "splitting_pays", lambda threads: threads > 1)  # as if measured so
     torch.set_num_threads(2)  # two blocks: of outputs when they divide (768), of inputs when they do not (601)
     try:
         linear = torch.nn.Linear(256, size_out, bias=bias)  # over 512 KB: split across threads

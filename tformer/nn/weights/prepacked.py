@@ -1,9 +1,10 @@
 """The ``prepacked`` weight backend: nn.Linear's own parameters, and for inference a copy of each
 weight laid out as the CPU's matrix library reads it fastest at decoding sizes.
 
-Why: a decoding step multiplies a few rows by every weight, and on the CPU MKL runs a matrix-vector
-product on one thread whatever the thread count. For one to seven rows, a weight of 512 KB or more is
-therefore cut along its outputs into one block of rows per thread, and the blocks multiply the inputs
+Why: a decoding step multiplies a few rows by every weight, and on some CPUs MKL runs a matrix-vector
+product on one thread whatever the thread count. For one to seven rows, where that holds on this host
+(``splitting_pays`` measures it once per process), a weight of 512 KB or more is therefore cut along its
+outputs into one block of rows per thread, and the blocks multiply the inputs
 as one batched product: every thread reads its share of nn.Linear's own (out, in) weight, no copy
 (decoding steps of a 14M GPT-2 about 1.4x faster on two cores than cutting along the inputs and summing
 the partial products, which is what an output size the thread count does not divide still gets;
@@ -25,6 +26,8 @@ Weights made in inference mode keep no version counter: they are read as they ar
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -38,6 +41,8 @@ SPLIT_MIN_ELEMENTS = 1 << 17
 # transposed copy costs more than the product gains (2.4x slower at 320 rows for an 8,000-token output
 # layer of width 256, measured here: beam search's batches).
 TRANSPOSED_MIN_ROWS, TRANSPOSED_MAX_ROWS = 8, 64
+# Whether cutting a weight per thread pays, by thread count: measured once per process (``splitting_pays``).
+_SPLITTING_PAYS: dict[int, bool] = {}
 
 
 class PrepackedLinear(LinearBackend):
@@ -125,7 +130,7 @@ class PackedWeight:
         self.sample = _sample(weight, bias, self.SAMPLES)
         weight = weight.detach()
         bias = None if bias is None else bias.detach()
-        parts = self.threads if weight.device.type == "cpu" else 1
+        parts = self.threads if weight.device.type == "cpu" and splitting_pays(self.threads) else 1
         size_out, size_in = weight.shape
         self.size_out = size_out
         self.weight, self.bias = weight, bias  # detached: the same storage and version counters as the parameters
@@ -153,6 +158,44 @@ class PackedWeight:
         return self.source == _fingerprint(weight, bias) and all(
             torch.equal(now, then) for now, then in zip(_sample(weight, bias, self.SAMPLES), self.sample, strict=True))
 
+
+
+def splitting_pays(threads: int) -> bool:
+    """Whether on this host one row multiplies faster by a weight cut into one block of outputs per thread (a
+    batched product) than by its (in, out) copy in one product. Measured, not assumed (once per process and thread
+    count, on a 2048 x 512 weight): the cut was 1.4x faster on the AMD EPYC host it was tuned on and 2.4-3.4x
+    slower on an Intel Xeon (AVX-512) with MKL, in cache and out of it (benchmarks/generate_speed.py --part open:
+    tformer float32 at 0.55-0.61x Hugging Face on Qwen2.5-0.5B and Llama-3.2-1B shapes with the cut)."""
+    if threads < 2:
+        return False
+    if threads not in _SPLITTING_PAYS:
+        _SPLITTING_PAYS[threads] = _time_split(threads) < _time_whole()
+    return _SPLITTING_PAYS[threads]
+
+
+def _time_whole() -> float:
+    weight_in_out, row = torch.randn(512, 2048), torch.randn(1, 512)
+    return _best_seconds(lambda: torch.mm(row, weight_in_out))
+
+
+def _time_split(threads: int) -> float:
+    weight, row = torch.randn(2048, 512), torch.randn(1, 512)
+    parts, columns = weight.view(threads, 2048 // threads, 512), row.t().expand(threads, -1, -1)
+    return _best_seconds(lambda: torch.bmm(parts, columns))
+
+
+def _best_seconds(product, calls: int = 20, rounds: int = 5) -> float:
+    """The fastest of ``rounds`` runs of ``calls`` calls (after a warm-up), in seconds per call."""
+    with torch.no_grad():
+        for _ in range(3):
+            product()
+        best = float("inf")
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for _ in range(calls):
+                product()
+            best = min(best, (time.perf_counter() - started) / calls)
+    return best
 
 
 def _sample(weight: Tensor, bias: Tensor | None, count: int) -> tuple[Tensor, ...]:

@@ -174,14 +174,20 @@ def splitting_pays(threads: int) -> bool:
 
 
 def _time_whole() -> float:
-    weight_in_out, row = torch.randn(512, 2048), torch.randn(1, 512)
+    weight_in_out, row = _probe((512, 2048)), _probe((1, 512))
     return _best_seconds(lambda: torch.mm(row, weight_in_out))
 
 
 def _time_split(threads: int) -> float:
-    weight, row = torch.randn(2048, 512), torch.randn(1, 512)
+    weight, row = _probe((2048, 512)), _probe((1, 512))
     parts, columns = weight.view(threads, 2048 // threads, 512), row.t().expand(threads, -1, -1)
     return _best_seconds(lambda: torch.bmm(parts, columns))
+
+
+def _probe(shape: tuple[int, int]) -> Tensor:
+    """Values to time products on, drawn from a generator of their own: a measurement leaves the global random state
+    (a seeded generation's sampling) as it was."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
 
 
 def _best_seconds(product, calls: int = 20, rounds: int = 5) -> float:

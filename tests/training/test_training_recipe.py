@@ -65,7 +65,9 @@ def test_overrides_are_typed_toml_values_or_plain_strings(tmp_path):
         (["training.deterministic=1"], r"\[training\] deterministic=1 must be true or false"),
         (["training.schedule=cosin"], r"\[training\] schedule='cosin' is not one of cosine, linear, constant, "
                                       r"inverse_sqrt"),
-        (["training.max_steps=0"], r"\[training\] max_steps=0 must be a positive integer"),
+        (["training.max_steps=-1"], r"\[training\] max_steps=-1 must be an integer >= 0"),
+        (["training.max_steps=0"], r"\[training\] max_steps=0 sizes the run by the clock and needs "
+                                   r"training.max_minutes > 0"),
         (["model.d_model=50"], r"\[model\] d_model=50 is not divisible by num_heads=4"),
         (["model.activation=tanh"], r"\[model\] activation='tanh' is not one of relu, gelu"),
         (["model.presett=x"], r"\[model\] unknown key 'presett' \(did you mean 'preset'\?\)"),

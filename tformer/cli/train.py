@@ -59,8 +59,13 @@ def run(args: argparse.Namespace) -> int:
     if not main_process:
         return 0  # only the main process reports
     if result.steps == result.start_step:
-        print(f"nothing to train: the run is at step {result.steps} and training.max_steps is "
-              f"{recipe.training.max_steps} (raise it with --set training.max_steps=N)")
+        training = recipe.training
+        if training.max_minutes and (training.sized_by_clock or result.steps < training.max_steps):
+            print(f"nothing to train: the run at step {result.steps} has spent training.max_minutes="
+                  f"{training.max_minutes:g} (raise it with --set training.max_minutes=M)")
+        else:
+            print(f"nothing to train: the run is at step {result.steps} and training.max_steps is "
+                  f"{training.max_steps} (raise it with --set training.max_steps=N)")
         return 0
     evaluated = f", eval loss {result.final_eval_loss:.4f}" if result.final_eval_loss is not None else ""
     best = f" (best {result.best_eval:.4f} at step {result.best_step})" if result.best_eval is not None else ""

@@ -1,4 +1,5 @@
-"""What a run reports as it goes: a tqdm bar (step, loss, lr, tokens/s or examples/s, peak memory, ETA), metrics.jsonl
+"""What a run reports as it goes: a tqdm bar (step, loss, lr, tokens/s or examples/s, peak memory, ETA or, under a
+time budget, the minutes it has left), metrics.jsonl
 (one JSON object per line: ``step`` and metrics by name) and TensorBoard when it is installed.
 
 Only the main process reports; the others get a silent reporter. The bar's text is refreshed
@@ -27,7 +28,7 @@ REFRESH_SECONDS = 0.5
 class Reporter:
     """Progress bar, metrics file and TensorBoard writer of one run."""
 
-    def __init__(self, out_dir: Path | None, total_steps: int, start_step: int, *, enabled: bool = True,
+    def __init__(self, out_dir: Path | None, total_steps: int | None, start_step: int, *, enabled: bool = True,
                  progress: bool = True, tensorboard: bool = True, unit: str = "tokens") -> None:
         self.enabled = enabled
         self.rate_label = "tok/s" if unit == "tokens" else f"{unit}/s"
@@ -58,16 +59,19 @@ class Reporter:
                 if name != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     self.tensorboard.add_scalar(name, value, record["step"])
 
-    def advance(self, steps: int, loss: float, lr: float, rate: float, memory: int | None = None) -> None:
-        """Move the bar; redraw its loss / lr / throughput (units per second) / peak memory (bytes) text a few times
-        a second."""
+    def advance(self, steps: int, loss: float, lr: float, rate: float, memory: int | None = None,
+                minutes_left: float | None = None) -> None:
+        """Move the bar; redraw its loss / lr / throughput (units per second) / peak memory (bytes) / time budget
+        left (minutes) text a few times a second. ``total_steps`` None (a run sized by the clock): the bar counts
+        steps without an end, and the minutes left say when it ends."""
         if self.bar is None:
             return
         now = time.perf_counter()
         if now - self._last_refresh >= REFRESH_SECONDS:
             self._last_refresh = now
             held = "" if memory is None else f", mem={format_bytes(memory).replace(' ', '')}"
-            self.bar.set_postfix_str(f"loss={loss:.4f}, lr={lr:.2e}, {self.rate_label}={rate:,.0f}{held}",
+            left = "" if minutes_left is None else f", left={minutes_left:.1f}min"
+            self.bar.set_postfix_str(f"loss={loss:.4f}, lr={lr:.2e}, {self.rate_label}={rate:,.0f}{held}{left}",
                                      refresh=False)
         self.bar.update(steps)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tformer.adapters import adapter_parameters, add_lora
+from tformer.adapters import adapter_parameters, add_lora, default_trained_modules, trained_modules
 from tformer.files import write_text_atomically
 from tformer.hub import load, load_tokenizer
 from tformer.hub_cache import resolve_model
@@ -67,7 +67,9 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
             with_adapter(model, recipe, say)
         trainer = Trainer(model, config, task, out_dir=out, progress=progress, overwrite=overwrite)
         trainer.state.adapter_base = recipe.init_from if recipe.adapter is not None else None
-        say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
+        length = (f"as many steps as {config.max_minutes:g} minutes hold (sized by the clock),"
+                  if config.sized_by_clock else f"{config.max_steps} steps")
+        say(f"training   {length} of {trainer.units_per_step:,} {task.unit} "
             f"({task.describe_batch()} x {config.grad_accum_steps} accumulated x "
             f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
             f"{_threads(trainer)}, {config.precision}")
@@ -123,14 +125,20 @@ def with_adapter(model, recipe: Recipe, say: Callable[[str], None]) -> None:
             if getattr(model, "quantization", None) is not None:
                 raise TrainingError(f"[adapter] quantize = {adapter.quantize!r}: the model is quantized already "
                                     f"({model.quantization.describe()}); leave quantize out")
-            quantize(model, adapter.quantize, adapter.group_size)
+            # a new task head trained whole (the default) stays float: its weights must train
+            new_head = adapter.train_modules is None and bool(default_trained_modules(model))
+            quantize(model, adapter.quantize, adapter.group_size, head=not new_head)
         targets = adapter.targets if isinstance(adapter.targets, str) else list(adapter.targets)
-        add_lora(model, adapter.rank, adapter.alpha, targets, adapter.dropout, adapter.rslora)
+        train_modules = None if adapter.train_modules is None else list(adapter.train_modules)
+        add_lora(model, adapter.rank, adapter.alpha, targets, adapter.dropout, adapter.rslora, train_modules)
     except (AdapterError, QuantizationError) as error:
         raise TrainingError(f"[adapter] {error}") from None
     total = represented_parameters(model)  # a quantized base's integers count as the weights they stand for
-    trained = adapter_parameters(model)
-    say(f"adapter    {adapter.describe()}: {trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)")
+    trained = adapter_parameters(model)  # the adapters' and those of the modules trained whole
+    whole = trained_modules(model)
+    beside = f", {', '.join(whole)} trained whole" if whole else ""
+    say(f"adapter    {adapter.describe()}{beside}: {trained:,} of {total:,} parameters train "
+        f"({100 * trained / total:.2f}%)")
 
 
 def model_folder(recipe: Recipe) -> str | None:

@@ -1,6 +1,6 @@
-"""Figures that name their log (issue 61, part 2): each measured figure in README.md (and the docs pages in
-``COVERED``) is followed, in its paragraph, by a link to the log that holds it, and this test reads the log and
-finds the figure there, so a figure edited by hand, or a log renamed or dropped, fails here.
+"""Figures that name their log (issue 61, part 2): each measured figure in README.md (and the docs pages, or their
+sections, in ``COVERED``) is followed, in its paragraph, by a link to the log that holds it, and this test reads the
+log and finds the figure there, so a figure edited by hand, or a log renamed or dropped, fails here.
 
 **Citation form.** A Markdown link whose target is a file under ``benchmarks/logs/`` (``[log](benchmarks/logs/
 serve_load-gpt-mini-2026-11-24.log)``; any link text) cites that log for every figure of its paragraph after the
@@ -37,7 +37,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = "benchmarks/logs/"
-COVERED = ["README.md", "docs/recipes.md"]
+# The pages checked, each with the ``##`` sections read (None: the whole page).
+COVERED: dict[str, list[str] | None] = {
+    "README.md": None,
+    "docs/recipes.md": None,
+    "docs/quantization.md": ["Quality and size"],
+}
 
 # Strings of a page whose numbers are not measurements (each must occur in its page).
 NOT_MEASURED: dict[str, list[str]] = {
@@ -74,6 +79,9 @@ UNLOGGED: dict[str, list[str]] = {
         "about 27 minutes",                    # 12,000 steps at the cited 941 examples/s of a 1,500-step run
         "-0.44, +0.05, +1.37 points; mean +0.33",  # differences of the cited log's per-seed test accuracies
     ],
+    "docs/quantization.md": [
+        "about 10 MB",                         # what a load holds beside the weights, estimated from the sizes
+    ],
 }
 
 UNITS = ("%", "x", "tok/s", "tokens/s", "examples/s", "steps/s", "MiB", "GiB", "MB", "KB", "GB", "ms", "s",
@@ -81,8 +89,8 @@ UNITS = ("%", "x", "tok/s", "tokens/s", "examples/s", "steps/s", "MiB", "GiB", "
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./])(?<!\w-)(?P<first>{NUMBER})(?:-(?P<last>{NUMBER}))?(?P<unit>%|x(?!\w))?"
                     r"(?!\w)(?![\-.]\w)")
-UNIT_AFTER = re.compile(r"\s*(" + "|".join(re.escape(unit) for unit in sorted(UNITS, key=len, reverse=True))
-                        + r")(?![\w/])")
+UNIT_AFTER = re.compile(r"\s*(" + "|".join(re.escape(unit) for unit in sorted(UNITS, key=len, reverse=True)
+                                            if unit not in ("%", "x")) + r")(?![\w/])")  # "32 x 128" is no ratio
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`[^`]*`")
@@ -91,6 +99,7 @@ FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 NEW_ITEM = re.compile(r"^\s*([-*+]\s|\d+[.)]\s|\|)")
 JOINS = re.compile(r"^[\s,;]*(and)?[\s,;]*$")
 CAPTION_END = re.compile(r"^[\s).,;:]*$")
+SEPARATOR = re.compile(r"^\s*\|[\s:|-]+\|\s*$")
 SHARES_UNIT = re.compile(r"^\s*(/|and)\s*$")
 LOG_NUMBER = re.compile(rf"(?<![\w.])({NUMBER})(?:[eE][-+]?\d+)?")
 
@@ -112,17 +121,19 @@ class Citation:
     where: str
 
 
-def paragraphs(text: str) -> list[tuple[int, str, bool]]:
-    """The prose of a page as (first line, text, is a table row) paragraphs: fences, headings and comments left
-    out."""
-    found, current, start, fenced = [], [], 0, None
+def paragraphs(text: str) -> list[tuple[int, str, bool, str]]:
+    """The prose of a page as (first line, text, is a table row, its ``##`` section) paragraphs: fences, headings
+    and comments left out."""
+    found, current, start, fenced, section = [], [], 0, None, ""
     text = COMMENT.sub(lambda match: "\n" * match.group(0).count("\n"), text)
 
     def close() -> None:
-        if current:
-            found.append((start, " ".join(current), current[0].startswith("|")))
+        if current and not header:
+            found.append((start, " ".join(current), current[0].startswith("|"), section))
 
-    for number, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    header = False  # a table's header row (the row above |---|): names, not figures
+    for number, line in enumerate(lines, 1):
         fence = FENCE.match(line)
         if fenced:
             if fence and line.strip() == fenced:
@@ -131,10 +142,13 @@ def paragraphs(text: str) -> list[tuple[int, str, bool]]:
         if fence:
             fenced = fence.group(1)
         ends = fence or not line.strip() or line.lstrip().startswith("#")
+        if line.startswith("## "):
+            section = line[3:].strip()
         if ends or NEW_ITEM.match(line):
             close()
             current = [] if ends else [line.strip()]
             start = number
+            header = line.lstrip().startswith("|") and number < len(lines) and bool(SEPARATOR.match(lines[number]))
             continue
         if not current:
             start = number
@@ -164,15 +178,19 @@ def figures_in(prose: str) -> list[tuple[int, str, str]]:
     return [(start, number, unit) for start, end, number, unit in found]
 
 
-def citations(page: str, text: str | None = None, ignore: list[str] = ()) -> tuple[list[Citation], list[Figure]]:
+def citations(page: str, text: str | None = None, ignore: list[str] = (),
+              sections: list[str] | None = None) -> tuple[list[Citation], list[Figure]]:
     """The page's citations with the figures each covers, and the figures no citation follows.
 
-    ``ignore`` holds strings whose numbers are not checked (``NOT_MEASURED`` and ``UNLOGGED``)."""
+    ``ignore`` holds strings whose numbers are not checked (``NOT_MEASURED`` and ``UNLOGGED``); ``sections``, the
+    ``##`` sections read (all when None)."""
     text = (ROOT / page).read_text(encoding="utf-8") if text is None else text
     folder = (ROOT / page).parent
     cited, uncited = [], []
     caption: list[str] | None = None  # the logs cited at the end of the paragraph before a table
-    for line, prose, is_row in paragraphs(text):
+    for line, prose, is_row, section in paragraphs(text):
+        if sections is not None and section not in sections:
+            continue
         for skipped in ignore:
             prose = prose.replace(skipped, " " * len(skipped))
         prose = CODE_SPAN.sub(lambda match: " " * len(match.group(0)), prose)
@@ -234,10 +252,11 @@ def holds(values: list[float], figure: Figure) -> bool:
     return any(abs(value - cited) <= half for value in candidates)
 
 
-def problems(page: str, text: str | None = None, ignore: list[str] = ()) -> list[str]:
+def problems(page: str, text: str | None = None, ignore: list[str] = (),
+             sections: list[str] | None = None) -> list[str]:
     """What is wrong with a page's figures: a cited log that is missing, a figure its log does not hold, a figure
     with no citation after it."""
-    cited, uncited = citations(page, text, ignore)
+    cited, uncited = citations(page, text, ignore, sections)
     found = []
     for citation in cited:
         missing = [log for log in citation.logs if not (ROOT / log).is_file()]
@@ -259,7 +278,7 @@ def test_each_figure_is_in_the_log_it_names(page):
     text = (ROOT / page).read_text(encoding="utf-8")
     stale = [entry for entry in ignore if entry not in " ".join(line.strip() for line in text.splitlines())]
     assert not stale, f"{page}: listed in NOT_MEASURED / UNLOGGED but no longer on the page: {stale}"
-    found = problems(page, ignore=ignore)
+    found = problems(page, ignore=ignore, sections=COVERED[page])
     assert not found, "\n".join(found)
 
 
@@ -284,7 +303,7 @@ def test_a_wrong_figure_fails(tmp_path):
                                                              "or list it in NOT_MEASURED or UNLOGGED)"]
     missing = problems("README.md", f"It made 1.19x ([log]({LOGS}no-such-run.log)).\n")
     assert missing == [f"README.md:1: no such log: {LOGS}no-such-run.log"]
-    table = f"Seeds 1-3 ([log]({LOGS}{log.name})):\n\n| clients | tok/s |\n|---|---:|\n| 16 | 1536.3 |\n"
+    table = f"Seeds 1-3 ([log]({LOGS}{log.name})):\n\n| clients | run 1 tok/s |\n|---|---:|\n| 16 | 1536.3 |\n"
     assert problems("README.md", table) == []
     assert problems("README.md", table.replace("1536.3", "1563.3")) == [
         f"README.md:5: 1563.3 is in none of {LOGS}{log.name}"]
@@ -311,3 +330,4 @@ def test_rounding_percent_and_minutes_rules():
     assert figures_in("80.18 / 79.68%, 56.6 and 60.9 minutes, (-0.44, +1.37)") == [
         (0, "80.18", "%"), (8, "79.68", "%"), (16, "56.6", "minutes"), (25, "60.9", "minutes"), (41, "0.44", ""),
         (48, "1.37", "")]
+    assert figures_in("batch 32 x 128, 2 threads, seeds 1-3, 4k tokens, int8 on GPT-2, 1e-5") == []

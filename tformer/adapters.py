@@ -22,30 +22,57 @@ from pathlib import Path
 
 from torch import nn
 
-from tformer.interop.lora_targets import install_lora, lora_layers, resolve_targets
-from tformer.interop.peft_adapter import read_peft_adapter, write_peft_adapter
+from tformer.interop.lora_targets import (
+    default_trained_modules,
+    install_lora,
+    lora_layers,
+    release_trained_modules,
+    resolve_targets,
+    resolve_trained_modules,
+    train_whole,
+    trained_modules,
+)
+from tformer.interop.peft_adapter import peft_trained_modules, read_peft_adapter, write_peft_adapter
 from tformer.nn.weights.lora import AdapterError, LoraLinear, LoraUpdate
 from tformer.nn.weights.multi_lora import MultiLoraLinear
 
 DEFAULT_TARGETS = ("attention", "feedforward")
+__all__ = ["DEFAULT_TARGETS", "AdapterError", "add_lora", "adapter_parameters", "default_trained_modules",
+           "load_adapter", "load_adapters", "lora_layers", "merge_adapter", "save_adapter", "served_adapters",
+           "trained_modules", "trained_with_adapter", "unload_adapter", "unmerge_adapter"]
+
 
 
 def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16, targets: Sequence[str] | str = DEFAULT_TARGETS,
-             dropout: float = 0.0, rslora: bool = False) -> nn.Module:
+             dropout: float = 0.0, rslora: bool = False, train_modules: Sequence[str] | None = None) -> nn.Module:
     """Freeze ``model`` and put a LoRA adapter of ``rank`` over each linear layer ``targets`` names (in place;
-    returned too); scale alpha / rank (alpha / sqrt(rank) with ``rslora``)."""
+    returned too); scale alpha / rank (alpha / sqrt(rank) with ``rslora``). ``train_modules`` (PEFT's
+    modules_to_save) train whole beside the adapters: module names, () for none; None, the default, trains a
+    fine-tune's new task head (the classifier, and the pooler it reads; nothing on a decoder or a pretraining
+    head), as PEFT does for its classification and question-answering task types."""
     if lora_layers(model):
         raise AdapterError("this model has a LoRA adapter already; add one to the base model (unload_adapter)")
     chosen = resolve_targets(model, targets)
+    whole = resolve_trained_modules(model, train_modules, list(chosen))
     model.requires_grad_(False)
     for path, blocks in chosen.items():
         install_lora(model, path, rank, alpha, blocks, dropout, rslora)
+    train_whole(model, whole)
     return model
 
 
+def trained_with_adapter(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters that train with the model's adapters: the adapters' own, then those of the modules trained
+    whole beside them (``trained_modules``)."""
+    adapters = [p for layer in lora_layers(model).values() for name, p in layer.named_parameters()
+                if not name.startswith("base.")]  # lora_A, lora_B (and a DoRA layer's magnitudes)
+    return adapters + [p for path in trained_modules(model) for p in model.get_submodule(path).parameters()]
+
+
 def adapter_parameters(model: nn.Module) -> int:
-    """How many parameters the model's adapters hold (what trains)."""
-    return sum(p.numel() for layer in lora_layers(model).values() for p in (*layer.lora_A, *layer.lora_B))
+    """How many parameters train with the model's adapters (``trained_with_adapter``)."""
+    return sum(p.numel() for p in trained_with_adapter(model))
+
 
 
 def save_adapter(model: nn.Module, path: str | Path, base_model_name_or_path: str | None = None) -> Path:
@@ -74,6 +101,10 @@ def load_adapters(model: nn.Module, folders: Mapping[str, str | Path]) -> nn.Mod
     names = list(folders)
     updates: list[dict[str, LoraUpdate]] = []
     for name, folder in folders.items():
+        whole = peft_trained_modules(Path(folder))
+        if whole:  # a module trained whole replaces the base's for every row: no adapter per row there
+            raise AdapterError(f"adapter {name!r} ({folder}) trains {', '.join(whole)} whole (modules_to_save); "
+                               "served adapters may hold LoRA updates only")
         try:
             load_adapter(model, folder)
         except AdapterError as error:
@@ -123,12 +154,14 @@ def unmerge_adapter(model: nn.Module) -> nn.Module:
 
 def unload_adapter(model: nn.Module, merge: bool = True) -> nn.Module:
     """The model without LoRA layers (in place, returned): each replaced by its base, the update merged in
-    first unless ``merge=False`` (the base as it was). The base's parameters stay frozen."""
+    first unless ``merge=False`` (the base as it was: modules trained whole get their base weights back too).
+    The base's parameters stay frozen."""
     if merge:
         merge_adapter(model)
     for path, layer in _layers_or_refuse(model).items():
         parent_name, _, child_name = path.rpartition(".")
         setattr(model.get_submodule(parent_name), child_name, layer.base)
+    release_trained_modules(model, restore=not merge)
     return model
 
 

@@ -5,15 +5,26 @@ adapter tformer saves with tformer's logits (1e-5). GPT-2's Conv1D layers and fu
 q/k/v in tformer's fused qkv_proj (an adapter per part, or one over the fused matrix written as one per part),
 Llama's gate/up in in_proj, BERT's bare and masked-LM class names and its head's dense layer are all crossed."""
 
+import json
+
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 import tformer  # noqa: E402
-from tformer.adapters import add_lora, load_adapter, lora_layers, save_adapter  # noqa: E402
+from tformer.adapters import (  # noqa: E402
+    adapter_parameters,
+    add_lora,
+    load_adapter,
+    lora_layers,
+    save_adapter,
+    trained_modules,
+    unload_adapter,
+)
 
 pytestmark = pytest.mark.slow  # compares with transformers and peft
 
@@ -109,3 +120,69 @@ def test_peft_loads_the_adapter_tformer_saved_with_tformer_logits(tmp_path, case
     assert_equal_and_adapted(ours, theirs, base, f"tformer -> peft, {case}")
     merged = theirs.merge_and_unload()  # PEFT's merge of tformer's adapter: the same function again
     assert (outputs(merged, inputs()) - outputs(ours, inputs())).abs().max() < TOLERANCE
+
+
+# ---- modules trained whole beside the adapters (PEFT's modules_to_save) ------------------------------------------
+
+CLASSIFIER = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=48, max_position_embeddings=40, num_labels=3)
+
+
+def bert_classifier(folder) -> torch.nn.Module:
+    """A seeded tiny BertForSequenceClassification, weights moved off their initial values, saved to ``folder``."""
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(
+        CLASSIFIER.__class__(**CLASSIFIER.to_dict(), attn_implementation="eager"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(folder)
+    return model.eval()
+
+
+def move_trained_weights(model: torch.nn.Module, names: tuple[str, ...]) -> None:
+    """Draw lora_B and the weights of the modules trained whole (their trained copies) at random: as training
+    leaves them, so that a head read from the base instead of the file shows."""
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name or (parameter.requires_grad and any(part in name for part in names)):
+                parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
+
+
+@pytest.mark.parametrize("modules_to_save", [None, ["pooler"]])
+def test_a_classifier_peft_trained_whole_loads_onto_tformer_with_peft_logits(tmp_path, modules_to_save):
+    base = bert_classifier(tmp_path / "base")
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value", "dense"], task_type="SEQ_CLS",
+                        modules_to_save=modules_to_save)
+    peft_model = get_peft_model(bert_classifier(tmp_path / "base"), config)  # SEQ_CLS: the classifier trains whole
+    move_trained_weights(peft_model, ("classifier", "pooler"))
+    peft_model.eval().save_pretrained(tmp_path / "adapter")
+    ours = load_adapter(tformer.load(tmp_path / "base"), tmp_path / "adapter").eval()
+    want = {"classifier"} | ({"pooler.dense"} if modules_to_save else set())
+    assert set(trained_modules(ours)) == want
+    assert_equal_and_adapted(ours, peft_model, base, f"peft -> tformer, BERT classifier + {sorted(want)}")
+    unload_adapter(ours, merge=False)  # the base as it was: its own head back
+    assert (outputs(ours, inputs()) - outputs(base, inputs())).abs().max() < TOLERANCE
+
+
+def test_peft_loads_a_tformer_adapter_with_its_head_trained_whole_with_tformer_logits(tmp_path):
+    base = bert_classifier(tmp_path / "base")
+    ours = add_lora(tformer.load(tmp_path / "base"), rank=4, alpha=16, targets=["attention", "feedforward"])
+    assert trained_modules(ours) == ("classifier", "pooler")  # the default for a classifier, as PEFT's SEQ_CLS
+    trained = {name for name, p in ours.named_parameters() if p.requires_grad}
+    assert {"classifier.weight", "classifier.bias", "pooler.dense.weight", "pooler.dense.bias"} <= trained
+    assert all("lora_" in name or name.startswith(("classifier.", "pooler.")) for name in trained)
+    assert adapter_parameters(ours) == sum(ours.get_parameter(name).numel() for name in trained)
+    move_trained_weights(ours, ("classifier", "pooler"))
+    save_adapter(ours.eval(), tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "base"))
+    written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert written["task_type"] == "SEQ_CLS" and sorted(written["modules_to_save"]) == ["bert.pooler.dense",
+                                                                                       "classifier"]
+    tensors = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert {"base_model.model.classifier.weight", "base_model.model.bert.pooler.dense.bias"} <= set(tensors)
+    theirs = PeftModel.from_pretrained(bert_classifier(tmp_path / "base"), tmp_path / "adapter").eval()
+    assert_equal_and_adapted(ours, theirs, base, "tformer -> peft, BERT classifier trained whole")
+    again = load_adapter(tformer.load(tmp_path / "base"), tmp_path / "adapter").eval()  # and back into tformer
+    assert (outputs(again, inputs()) - outputs(ours, inputs())).abs().max() < TOLERANCE

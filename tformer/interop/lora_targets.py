@@ -1,6 +1,11 @@
 """Which linear layers of a model LoRA adapters go over, named as tformer or the model's Hugging Face family names
 them (``tformer.adapters`` explains the rules; ``interop/peft_adapter.py`` reads and writes PEFT's files with
 them): each linear layer with its Hugging Face module(s) and their output rows, and the targets' resolution.
+
+Beside the adapters, some modules may train whole (PEFT's ``modules_to_save``): a task head a fine-tune makes
+afresh (the classifier, and the pooler it reads) must learn in full while the backbone stays frozen. The model
+keeps their paths and their weights as they were (``trained_modules``, ``release_trained_modules``), so the
+adapter's files hold them and taking the adapter off gives the base back.
 """
 
 from __future__ import annotations
@@ -9,15 +14,23 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from tformer.checkpoint import CheckpointError
 from tformer.interop.families import family_for_config
 from tformer.interop.weight_map import module_parts
+from tformer.nn.heads import HEADS
+from tformer.nn.weights.backend import LinearBackend
 from tformer.nn.weights.lora import AdapterError, LoraLinear
 from tformer.quantization import is_head_layer
 
 GROUPS = ("attention", "feedforward", "head", "all-linear")
+# The heads a fine-tune puts on a pretrained model (PEFT's task types SEQ_CLS, TOKEN_CLS, QUESTION_ANS train
+# theirs whole by default); the pretraining heads (masked LM, next sentence) come trained with the base.
+FINE_TUNING_HEADS = ("sequence_classification", "token_classification", "question_answering", "image_classification")
+TRAINED_MODULES = "_adapter_trained_modules"  # the model's attribute: path -> its parameters as they were
+
 
 
 @dataclass(frozen=True)
@@ -153,3 +166,108 @@ def _what_exists(model: nn.Module, layers: list[LinearTarget]) -> str:
     if theirs:
         text += f"; Hugging Face ({family.model_type}) names: {', '.join(theirs)}"
     return text + f"; groups: {', '.join(GROUPS)}"
+
+
+# ---- modules trained whole beside the adapters (PEFT's modules_to_save) ------------------------------------
+
+
+def default_trained_modules(model: nn.Module) -> tuple[str, ...]:
+    """The modules a fine-tune's new task head holds, trained whole by default (as PEFT's SEQ_CLS, TOKEN_CLS and
+    QUESTION_ANS task types train theirs): the head's weighted modules, and the pooler where the head reads it;
+    () for a model without such a head (a decoder, a masked-LM encoder)."""
+    head = getattr(getattr(model, "config", None), "head", None)
+    if head not in FINE_TUNING_HEADS:
+        return ()
+    names = [name for name in HEADS[head].weights if getattr(model, name, None) is not None]
+    if HEADS[head].reads == "pooler" and getattr(model, "pooler", None) is not None:
+        names.append("pooler")
+    return tuple(names)
+
+
+def resolve_trained_modules(model: nn.Module, names: Sequence[str] | None,
+                            adapted: Sequence[str] = ()) -> tuple[str, ...]:
+    """The module paths ``names`` choose to train whole (None: ``default_trained_modules``, less those that
+    ``adapted`` layers fall in). A name matches a module whose tformer path is it or ends with "." + it, or whose
+    Hugging Face module name does; a name that matches nothing, a module an adapter goes over, one holding a
+    quantized layer or a weight tied to the token table is refused in one line."""
+    if names is None:
+        chosen = [path for path in default_trained_modules(model)
+                  if not any(_inside(layer, path) for layer in adapted)]
+        return _outermost(chosen)
+    if isinstance(names, (str, bytes)) or not all(isinstance(name, str) and name for name in names):
+        raise AdapterError(f"modules trained whole={names!r} must be a list of module names")
+    family = hf_family(model)
+    prefix = getattr(family, "base_prefix", "")
+    hf_names = {target.path: target.hf_names for target in linear_targets(model)}
+    chosen = []
+    for name in names:
+        found = [path for path, module in model.named_modules() if path and module is not None and (
+            path == name or path.endswith("." + name) or any(
+                their == name or their.endswith("." + name) or their.removeprefix(prefix) == name
+                for their in hf_names.get(path, ())))]
+        if not found:
+            listed_names = ", ".join(dict.fromkeys(path for path in default_trained_modules(model))) or "none"
+            raise AdapterError(f"module to train whole {name!r} matches no module of this model (its task head's: "
+                               f"{listed_names}; any module path or Hugging Face module name)")
+        chosen += found
+    chosen = _outermost(chosen)
+    tied = {alias.rpartition(".")[0] for alias in getattr(model, "tied_parameters", dict)()}
+    for path in chosen:
+        for layer in adapted:
+            if _inside(layer, path) or _inside(path, layer):
+                raise AdapterError(f"{path} is both adapted (LoRA over {layer}) and trained whole: choose one "
+                                   "(leave it out of the targets, or of the modules trained whole)")
+        module = model.get_submodule(path)
+        if any(isinstance(layer, LinearBackend) and not layer.lossless for layer in module.modules()):
+            raise AdapterError(f"{path} is quantized: its weights are integers and cannot train whole; "
+                               "adapt it with LoRA instead")
+        shared = [alias for alias in tied if _inside(alias, path)]
+        if shared:
+            raise AdapterError(f"{path}'s weight is the token table (tie_embeddings): training it whole would "
+                               "change the embeddings too; adapt it with LoRA instead")
+        if not any(True for _ in module.parameters()):
+            raise AdapterError(f"{path} has no parameters to train")
+    return tuple(chosen)
+
+
+def train_whole(model: nn.Module, paths: Sequence[str]) -> None:
+    """Let the modules at ``paths`` train whole beside the adapters, their weights as they are now kept (so
+    that ``release_trained_modules`` can give the base back)."""
+    kept = getattr(model, TRAINED_MODULES, None) or {}
+    for path in paths:
+        module = model.get_submodule(path)
+        kept[path] = {name: parameter.detach().clone() for name, parameter in module.named_parameters()}
+        module.requires_grad_(True)
+    object.__setattr__(model, TRAINED_MODULES, kept)
+
+
+def trained_modules(model: nn.Module) -> tuple[str, ...]:
+    """The paths of the modules that train whole beside the model's adapters (() when none)."""
+    return tuple(getattr(model, TRAINED_MODULES, None) or ())
+
+
+def release_trained_modules(model: nn.Module, restore: bool) -> None:
+    """Forget which modules train whole (the model back to a plain one): with ``restore`` their weights go
+    back to what they were when they began to train (the base), else they keep what they learned. Either
+    way they are frozen, as the rest of the base."""
+    kept = getattr(model, TRAINED_MODULES, None) or {}
+    for path, weights in kept.items():
+        module = model.get_submodule(path)
+        if restore:
+            with torch.no_grad():
+                for name, parameter in module.named_parameters():
+                    parameter.copy_(weights[name])
+        module.requires_grad_(False)
+    if hasattr(model, TRAINED_MODULES):
+        object.__delattr__(model, TRAINED_MODULES)
+
+
+def _inside(path: str, module: str) -> bool:
+    """Whether ``path`` is ``module`` or within it."""
+    return path == module or path.startswith(module + ".")
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """The paths without those inside another of them, in order, each once."""
+    unique = list(dict.fromkeys(paths))
+    return [path for path in unique if not any(other != path and _inside(path, other) for other in unique)]

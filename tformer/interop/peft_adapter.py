@@ -12,10 +12,16 @@ c_attn itself, as tformer does: one adapter both sides. GPT-2's Conv1D layers st
 but PEFT's lora_A and lora_B are ordinary (rank, in) and (out, rank) matrices there too (fan_in_fan_out
 transposes only the merged update): they are read and written as they are.
 
+Modules trained whole beside the adapters (PEFT's ``modules_to_save``: a new classifier, its pooler) are written
+as PEFT writes them: their tensors under ``base_model.model.<HF parameter name>`` (fused tformer matrices split, as
+the family's weights are) and their Hugging Face module names in ``modules_to_save``; a file's tensors that no
+``modules_to_save`` name covers are refused, and those it holds are copied into the model, their modules then
+trained whole. ``task_type`` is PEFT's for the model's head (SEQ_CLS, TOKEN_CLS, QUESTION_ANS).
+
 A model with no Hugging Face family is written under tformer's own module paths (auto_mapping names tformer
 as the base class): tformer reads it back, PEFT does not. What PEFT can hold and tformer does not compute
-(DoRA, rank or alpha patterns, trained biases, modules saved whole) is refused in one line, as is an adapter
-for another base: another model class, module names the model lacks, or shapes that differ.
+(DoRA, rank or alpha patterns, trained biases) is refused in one line, as is an adapter for another base:
+another model class, module names the model lacks, or shapes that differ.
 """
 
 from __future__ import annotations
@@ -31,7 +37,16 @@ from torch import Tensor, nn
 
 from tformer.checkpoint import read_safetensors, write_checkpoint_folder
 from tformer.errors import listed
-from tformer.interop.lora_targets import LinearTarget, hf_family, install_lora, linear_targets, lora_layers
+from tformer.interop.lora_targets import (
+    LinearTarget,
+    hf_family,
+    install_lora,
+    linear_targets,
+    lora_layers,
+    train_whole,
+    trained_modules,
+)
+from tformer.interop.weight_map import module_parts
 from tformer.nn.weights.lora import AdapterError, LoraLinear
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -40,12 +55,15 @@ PEFT_PREFIX = "base_model.model."
 TFORMER_CLASS = "tformer"  # auto_mapping's base_model_class of an adapter under tformer's own module paths
 SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 TASK_TYPES = {"decoder": "CAUSAL_LM", "encoder_decoder": "SEQ_2_SEQ_LM", "speech": "SEQ_2_SEQ_LM"}
+# PEFT's task type of an encoder's fine-tuning head (each trains its head whole by default, as tformer's does)
+HEAD_TASK_TYPES = {"sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS",
+                   "question_answering": "QUESTION_ANS"}
 # Families whose weights are not a plain rename of tformer's, so an adapter of theirs is not one of tformer's.
 UNMAPPED_FAMILIES = {"t5": "tformer folds T5's attention scaling into the query weights, so query adapters "
                            "would differ; T5 adapters are not translated"}
 # adapter_config.json settings tformer does not compute, each with the values that mean "not used".
 NOT_COMPUTED: dict[str, tuple[Any, ...]] = {
-    "use_dora": (False, None), "modules_to_save": (None, []), "rank_pattern": ({}, None),
+    "use_dora": (False, None), "rank_pattern": ({}, None),
     "alpha_pattern": ({}, None), "bias": ("none",), "lora_bias": (False, None), "layers_pattern": (None, [], ""),
     "trainable_token_indices": (None, [], {}), "target_parameters": (None, []), "layer_replication": (None, []),
     "use_qalora": (False, None), "alora_invocation_tokens": (None, []), "use_bdlora": (None, False),
@@ -77,13 +95,18 @@ def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_pa
                name.endswith(".lora_A.weight")]
     every = [_their_name(family, model, name) for target in targets.values()
              for name in (target.hf_names if family is not None else (target.path,))]
+    saved: list[str] = []
+    for module_path in trained_modules(model):
+        whole = _whole_module_tensors(model, family, module_path)
+        tensors.update({PEFT_PREFIX + name: tensor for name, tensor in whole.items()})
+        saved.append(_common_module(list(whole)))
     config = {
         "peft_type": "LORA", "r": rank, "lora_alpha": int(alpha) if alpha.is_integer() else alpha,
         "lora_dropout": dropout, "use_rslora": rslora,
         "target_modules": _target_modules(adapted, every), "base_model_name_or_path": base_model_name_or_path,
-        "bias": "none", "task_type": TASK_TYPES.get(model.config.architecture) if family is not None else None,
+        "bias": "none", "task_type": _task_type(model) if family is not None else None,
         "fan_in_fan_out": bool(family is not None and family.model_type == "gpt2"), "inference_mode": True,
-        "init_lora_weights": True, "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
+        "init_lora_weights": True, "modules_to_save": saved or None, "rank_pattern": {}, "alpha_pattern": {},
         "use_dora": False, "auto_mapping": _auto_mapping(family, model),
     }
 
@@ -110,6 +133,43 @@ def _peft_modules(path: str, layer: LoraLinear, target: LinearTarget, by_hf_name
                                f"({', '.join(target.hf_names) or 'the family maps no module to it'})")
         for name, (begin, end) in parts:
             yield name, a, b[begin - start:end - start]
+
+
+def _task_type(model: nn.Module) -> str | None:
+    """PEFT's task_type of the model: its head's (an encoder's classifier), else its architecture's."""
+    return HEAD_TASK_TYPES.get(model.config.head) or TASK_TYPES.get(model.config.architecture)
+
+
+def _whole_module_tensors(model: nn.Module, family, path: str) -> dict[str, Tensor]:
+    """The tensors of the module at ``path`` (trained whole) named as the model's Hugging Face class names them
+    (tformer's own names without a family), fused matrices split and transposed weights turned as the family's."""
+    tensors = {}
+    for name, parameter in model.get_submodule(path).named_parameters(prefix=path):
+        value = parameter.detach().cpu()
+        if family is None:
+            tensors[name] = value.clone()
+            continue
+        module, _, kind = name.rpartition(".")
+        parts = module_parts(family.module_map(model.config), model.config, module, value.shape[0])
+        if parts is None:
+            raise AdapterError(f"{path} (trained whole): the {family.model_type} family maps no Hugging Face module "
+                               f"to {module}, so it has no name to be saved under")
+        theirs, rows, transposed = parts
+        for their, piece in zip(theirs, value.split(list(rows), dim=0), strict=True):
+            piece = piece.t() if transposed and piece.dim() == 2 else piece
+            tensors[f"{_their_name(family, model, their)}.{kind}"] = piece.contiguous().clone()
+    return tensors
+
+
+def _common_module(names: list[str]) -> str:
+    """The innermost module holding every tensor of ``names`` (PEFT's modules_to_save entry for them)."""
+    paths = [name.split(".")[:-1] for name in names]
+    common = []
+    for parts in zip(*paths, strict=False):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
 
 
 def _target_modules(adapted: list[str], every: list[str]) -> list[str]:
@@ -148,7 +208,8 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
     family = _family_or_refuse(model)
     _check_base_class(config, family, model, folder)
     tensors = _read_tensors(folder)
-    by_module = _adapted_modules(tensors, folder)
+    whole = _whole_module_state(model, family, config, tensors, folder)
+    by_module = _adapted_modules({name: t for name, t in tensors.items() if name.endswith(SUFFIXES)}, folder)
     targets = {(_their_name(family, model, name) if family is not None else name): (target, rows)
                for target in linear_targets(model)
                for name, rows in (zip(target.hf_names, target.hf_rows, strict=True) if family is not None
@@ -164,6 +225,9 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
         target, (start, stop) = _lookup(targets, family, name)
         _check_shapes(folder, name, a, b, rank, target.layer.in_features, stop - start)
         plans.setdefault(target.path, []).append(((start, stop), a, b))
+    adapted_trained = [name for name in whole if any(name.startswith(path + ".") for path in plans)]
+    if adapted_trained:
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {adapted_trained[0]} is both adapted and trained whole")
     model.requires_grad_(False)
     for path, blocks in plans.items():
         blocks.sort(key=lambda block: block[0])
@@ -173,6 +237,92 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
             for index, (_, a, b) in enumerate(blocks):
                 layer.lora_A[index].copy_(a)
                 layer.lora_B[index].copy_(b)
+    modules = list(dict.fromkeys(name.rpartition(".")[0] for name in whole))
+    train_whole(model, modules)  # the base's weights kept first: unloading the adapter gives them back
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in whole.items():
+            parameters[name].copy_(value)
+
+
+def peft_trained_modules(folder: Path) -> list[str]:
+    """The modules an adapter folder trains whole (its adapter_config.json's modules_to_save that its tensors
+    hold); [] when none."""
+    config = _read_config(folder)
+    names = config.get("modules_to_save") or []
+    if not names:
+        return []
+    held = [name.removeprefix(PEFT_PREFIX) for name in _read_tensors(folder) if not name.endswith(SUFFIXES)]
+    return [entry for entry in names if any(_covers(entry, name) for name in held)]
+
+
+def _whole_module_state(model: nn.Module, family, config: dict[str, Any], tensors: dict[str, Tensor],
+                        folder: Path) -> dict[str, Tensor]:
+    """tformer parameter name -> value of the tensors the file holds for modules trained whole (PEFT's
+    modules_to_save), checked against the model: each covered by a modules_to_save name, each a parameter of the
+    model in its shape, every part of a fused matrix there."""
+    others = {name.removeprefix(PEFT_PREFIX): tensor for name, tensor in tensors.items()
+              if name.startswith(PEFT_PREFIX) and not name.endswith(SUFFIXES)}
+    stray = [name for name in tensors if not name.startswith(PEFT_PREFIX)]
+    names = config.get("modules_to_save") or []
+    stray += [PEFT_PREFIX + name for name in others if not any(_covers(entry, name) for entry in names)]
+    if stray:
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {listed(stray, 3)}: tformer reads LoRA's lora_A and "
+                           "lora_B weights and the tensors of modules_to_save only (no DoRA magnitudes or embedding "
+                           "adapters)")
+    if not others:
+        return {}
+    ours = _our_parameter_names(model, family)
+    missing = [name for name in others if _lookup(ours, family, name) is None]
+    if missing:
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS} trains {listed(missing, 3)} whole (modules_to_save), which "
+                           "this model has no parameter of: an adapter for a model with another head (load the base "
+                           "with that head, e.g. tformer.load(BASE, head=\"sequence_classification\", num_labels=N))")
+    pieces: dict[str, list[tuple[int, Tensor]]] = {}
+    for name, tensor in others.items():
+        our_name, index, transposed = _lookup(ours, family, name)
+        pieces.setdefault(our_name, []).append((index, tensor.t() if transposed and tensor.dim() == 2 else tensor))
+    parameters = dict(model.named_parameters())
+    state = {}
+    for our_name, parts in pieces.items():
+        expected = sum(1 for entry in ours.values() if entry[0] == our_name)
+        if len(parts) != expected:
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {our_name} is fused from {expected} Hugging Face tensors "
+                               f"and the file holds {len(parts)} of them")
+        parts.sort(key=lambda part: part[0])
+        value = torch.cat([part for _, part in parts]) if len(parts) > 1 else parts[0][1]
+        target = parameters[our_name]
+        if tuple(value.shape) != tuple(target.shape) or not value.is_floating_point():
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {our_name} (trained whole) is {tuple(value.shape)}, this "
+                               f"model's is {tuple(target.shape)}: an adapter for another base")
+        state[our_name] = value
+    return state
+
+
+def _our_parameter_names(model: nn.Module, family) -> dict[str, tuple[str, int, bool]]:
+    """HF parameter name (as the model's class names it; tformer's own without a family) -> (tformer parameter,
+    its part's index in a fused matrix, whether HF stores it transposed)."""
+    names = {}
+    for name, parameter in model.named_parameters():
+        if family is None:
+            names[name] = (name, 0, False)
+            continue
+        module, _, kind = name.rpartition(".")
+        parts = module_parts(family.module_map(model.config), model.config, module, parameter.shape[0])
+        if parts is None:
+            continue
+        theirs, _, transposed = parts
+        for index, their in enumerate(theirs):
+            names[f"{_their_name(family, model, their)}.{kind}"] = (name, index, transposed)
+    return names
+
+
+def _covers(entry: str, name: str) -> bool:
+    """Whether modules_to_save's ``entry`` names a module holding the tensor ``name`` (PEFT's match: the
+    module's path is the entry or ends with "." + it)."""
+    parts = name.split(".")[:-1]
+    paths = (".".join(parts[:count]) for count in range(1, len(parts) + 1))
+    return any(path == entry or path.endswith("." + entry) for path in paths)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -233,11 +383,7 @@ def _read_tensors(folder: Path) -> dict[str, Tensor]:
 
 
 def _adapted_modules(tensors: dict[str, Tensor], folder: Path) -> dict[str, tuple[Tensor, Tensor]]:
-    """Module name (without PEFT's prefix) -> (lora_A, lora_B); anything else in the file is refused."""
-    other = [name for name in tensors if not (name.startswith(PEFT_PREFIX) and name.endswith(SUFFIXES))]
-    if other:
-        raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {listed(other, 3)}: tformer reads LoRA's lora_A and "
-                           "lora_B weights only (no DoRA magnitudes, embedding adapters or modules saved whole)")
+    """Module name (without PEFT's prefix) -> (lora_A, lora_B) of the file's LoRA tensors."""
     modules = dict.fromkeys(name.removeprefix(PEFT_PREFIX).rsplit(".", 2)[0] for name in tensors)
     found = {}
     for module in modules:

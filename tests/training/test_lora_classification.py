@@ -1,0 +1,63 @@
+"""A classifier fine-tuned with LoRA through ``tformer train``'s [adapter] section: its new head (the classifier and
+the pooler it reads) trains whole beside the adapters while the backbone stays frozen, the run's count of trained
+parameters includes the head, and the run's adapter folder carries the trained head (PEFT's modules_to_save), so
+that the base with the adapter gives the run's own model back."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+import tformer
+from tformer.adapters import load_adapter, trained_modules
+from tformer.tokenizers import WordPieceTokenizer
+from tformer.training.recipe import recipe_from_dict
+from tformer.training.run import train_recipe
+
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "good", "bad", "fine", "film", "."]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+
+
+def write_rows(path, rows: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    lines = ["sentence\tlabel"]
+    for _ in range(rows):
+        label = ("bad", "fine", "good")[int(torch.randint(3, (1,), generator=generator))]
+        words = [WORDS[index] for index in torch.randint(8, (5,), generator=generator).tolist()]
+        lines.append(" ".join([*words, label, "film"]) + f"\t{label}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
+    torch.manual_seed(0)
+    base = tformer.build_model("bert-tiny", vocab_size=len(VOCAB), head="masked_lm", max_seq_len=32)
+    base.tokenizer = WordPieceTokenizer(VOCAB)
+    base.save(tmp_path / "base")
+    write_rows(tmp_path / "train.tsv", 24, 0)
+    write_rows(tmp_path / "dev.tsv", 9, 1)
+    raw = {"model": {"init_from": "base", "head": "sequence_classification", "pooling": "mean", "dropout": 0.0},
+           "data": {"train": "train.tsv", "eval": "dev.tsv"}, "task": {"name": "classification"},
+           "training": {"max_steps": 3, "batch_size": 4, "seq_len": 32, "eval_every": 3, "threads": 1,
+                        "warmup_steps": 0, "lr": 1e-2},
+           "adapter": {"rank": 2, "alpha": 4, "targets": ["attention", "feedforward"]}}
+    lines: list[str] = []
+    train_recipe(recipe_from_dict(raw, base_dir=tmp_path), tmp_path / "run", progress=False, echo=lines.append)
+
+    width, labels = base.config.d_model, 3
+    layers, d_ff = base.config.num_layers, base.config.d_ff
+    lora = layers * 2 * ((width + 3 * width) + (width + width) + (width + d_ff) + (d_ff + width))  # A and B, rank 2
+    head = width * width + width + width * labels + labels  # the pooler's dense, the classifier
+    line = next(line for line in lines if line.startswith("adapter"))
+    assert "classifier, pooler trained whole" in line and f": {lora + head:,} of " in line, line
+
+    tensors = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    config = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
+    assert sorted(config["modules_to_save"]) == ["classifier", "pooler.dense"]
+    model = tformer.load(tmp_path / "base", head="sequence_classification", num_labels=labels, pooling="mean")
+    fresh = model.classifier.weight.detach().clone()
+    load_adapter(model, tmp_path / "run")
+    assert set(trained_modules(model)) == {"classifier", "pooler.dense"}
+    assert torch.equal(model.classifier.weight, tensors["base_model.model.classifier.weight"])
+    assert not torch.equal(model.classifier.weight, fresh)
+    backbone = tformer.load(tmp_path / "base")
+    assert torch.equal(model.embedding.token.weight, backbone.embedding.token.weight)  # the backbone stayed frozen

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from tformer.errors import TformerError
-from tformer.training.schedules import SCHEDULES
+from tformer.training.schedules import CLOCK_SCHEDULES, SCHEDULES
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DISTRIBUTED_MODES = ("ddp", "fsdp")
@@ -37,7 +37,7 @@ class TrainingConfig:
     """
 
     # steps and batches
-    max_steps: int = 1000
+    max_steps: int = 1000  # 0 = as many as max_minutes holds: the run and its schedule are sized by the clock
     max_minutes: float = 0.0  # wall-clock budget of the run, resumes included; 0 = none (see Trainer)
     batch_size: int = 12
     seq_len: int | None = None  # defaults to the model's max_seq_len
@@ -80,7 +80,8 @@ class TrainingConfig:
     log_every: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "log_every"):
+        _require_int("max_steps", self.max_steps, minimum=0)
+        for name in ("batch_size", "grad_accum_steps", "eval_every", "log_every"):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("eval_batches", "warmup_steps", "checkpoint_every", "keep_last", "early_stopping_patience",
                      "skip_nonfinite", "threads"):
@@ -116,10 +117,30 @@ class TrainingConfig:
         _require_number("max_minutes", self.max_minutes, low=0.0)
         if self.schedule in ("cosine", "linear") and self.min_lr > self.lr:
             raise TrainingError(f"training.min_lr={self.min_lr} must not exceed training.lr={self.lr}")
+        if self.max_steps == 0:
+            self._check_sized_by_clock()
+
+    def _check_sized_by_clock(self) -> None:
+        """The settings a run sized by the clock (max_steps = 0) cannot go with, refused by name."""
+        if not self.max_minutes:
+            raise TrainingError("training.max_steps=0 sizes the run by the clock and needs training.max_minutes > 0 "
+                                "(its budget); give one, or max_steps >= 1")
+        if self.schedule not in CLOCK_SCHEDULES:
+            raise TrainingError(f"training.schedule={self.schedule!r} has no end to fit to training.max_minutes: "
+                                f"a run sized by the clock (max_steps = 0) takes {', '.join(CLOCK_SCHEDULES)}")
+        if self.deterministic:
+            raise TrainingError("training.deterministic=true promises a run that repeats exactly; one sized by the "
+                                "clock (max_steps = 0) takes as many steps, at such rates, as this host's speed "
+                                "allows: give training.max_steps for it")
 
     @property
     def early_stopping(self) -> bool:
         return self.early_stopping_patience > 0
+
+    @property
+    def sized_by_clock(self) -> bool:
+        """max_steps = 0: the run lasts training.max_minutes, and its schedule decays over that time."""
+        return self.max_steps == 0
 
 
 def _require_int(name: str, value, minimum: int, maximum: int | None = None) -> None:

@@ -67,7 +67,9 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
             with_adapter(model, recipe, say)
         trainer = Trainer(model, config, task, out_dir=out, progress=progress, overwrite=overwrite)
         trainer.state.adapter_base = recipe.init_from if recipe.adapter is not None else None
-        say(f"training   {config.max_steps} steps of {trainer.units_per_step:,} {task.unit} "
+        length = (f"as many steps as {config.max_minutes:g} minutes hold (sized by the clock),"
+                  if config.sized_by_clock else f"{config.max_steps} steps")
+        say(f"training   {length} of {trainer.units_per_step:,} {task.unit} "
             f"({task.describe_batch()} x {config.grad_accum_steps} accumulated x "
             f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
             f"{_threads(trainer)}, {config.precision}")

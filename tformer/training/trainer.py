@@ -16,6 +16,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from tformer.training import checkpoints, distributed, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.optim import build_optimizer
 from tformer.training.reporting import Reporter
-from tformer.training.schedules import learning_rate
+from tformer.training.schedules import clock_learning_rate, learning_rate
 from tformer.training.signals import StopRequest, TrainingInterrupted
 from tformer.training.state import FRESH_COUNTERS, NonFiniteState, RunState, changed_settings, seed_random_generators
 from tformer.training.tasks.base import Batch, Task
@@ -47,8 +48,9 @@ def native_bf16_matmul() -> bool:
 
 @dataclass
 class TrainingResult:
-    """What a finished (or stopped) run reports. ``stopped``: completed, interrupted,
-    early_stopping, time_limit. ``throughput``: ``unit`` per second of training (tokens, examples)."""
+    """What a finished (or stopped) run reports. ``stopped``: completed (a run sized by the clock: its
+    budget spent), interrupted, early_stopping, time_limit. ``throughput``: ``unit`` per second of
+    training (tokens, examples)."""
 
     steps: int
     final_train_loss: float
@@ -87,11 +89,17 @@ class Trainer:
     A run stopped by SIGINT/SIGTERM saves a checkpoint and raises ``TrainingInterrupted``.
     With ``max_minutes`` the run stops after the first step that ends past that much wall-clock
     time (counted across resumes, evaluations and checkpoints included), evaluates and saves
-    there, and reports ``stopped="time_limit"``; the schedule still spans ``max_steps``.
+    there, and reports ``stopped="time_limit"``; the schedule still spans ``max_steps``. With
+    ``max_steps = 0`` as well the run is sized by the clock: the schedule's decay measures its
+    progress as the share of the budget spent (``schedules.clock_learning_rate``), so the rate
+    reaches ``min_lr`` as the budget ends, and how many steps that is depends on the host (such a
+    run, unlike a step-sized one, does not repeat exactly). ``clock``: the wall clock, in seconds
+    (``time.perf_counter``; tests pass a fake one).
     """
 
     def __init__(self, model, config: TrainingConfig, task: Task, out_dir: str | Path | None = None,
-                 progress: bool = True, *, overwrite: bool = False) -> None:
+                 progress: bool = True, *, overwrite: bool = False,
+                 clock: Callable[[], float] | None = None) -> None:
         if not isinstance(task, Task):
             raise TypeError(f"Trainer(model, config, task): task must be a tformer Task, not {type(task).__name__}")
         self.config = config
@@ -99,6 +107,7 @@ class Trainer:
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.progress = progress
         self.overwrite = overwrite
+        self.clock = clock if clock is not None else time.perf_counter
         self.context = distributed.join_process_group(config.device, config.dist_timeout_s)
         task.prepare(config, self.context, model)
         if config.early_stopping_metric not in task.metrics:
@@ -164,11 +173,21 @@ class Trainer:
         return torch.autocast(device_type=self.context.device.type, dtype=dtype)
 
     def learning_rate(self, step: int) -> float:
+        """The schedule's rate for ``step``; a run sized by the clock reads the share of its budget spent so far."""
         config = self.config
+        if config.sized_by_clock:
+            return clock_learning_rate(step, self.budget_fraction(), schedule=config.schedule, lr=config.lr,
+                                       warmup_steps=config.warmup_steps, min_lr=config.min_lr)
         return learning_rate(
             step, schedule=config.schedule, lr=config.lr, warmup_steps=config.warmup_steps,
             max_steps=config.max_steps, min_lr=config.min_lr, d_model=self.model.config.d_model,
         )
+
+    def budget_fraction(self) -> float | None:
+        """The share of ``training.max_minutes`` spent (``elapsed_seconds``; past 1 once the last step ends after
+        the budget), or None without a budget."""
+        budget = 60 * self.config.max_minutes
+        return self.elapsed_seconds / budget if budget else None
 
     def on_device(self, batch: Batch) -> Batch:
         """A batch on the training device (the same dict on the CPU: nothing is copied)."""
@@ -326,11 +345,12 @@ class Trainer:
     def _train(self) -> TrainingResult:
         config, context = self.config, self.context
         self.last_good_step = self.step
-        reporter = Reporter(self.out_dir, config.max_steps, self.step, enabled=context.is_main,
-                            progress=self.progress, unit=self.task.unit)
+        reporter = Reporter(self.out_dir, None if config.sized_by_clock else config.max_steps, self.step,
+                            enabled=context.is_main, progress=self.progress, unit=self.task.unit)
         window = _Window(self.units_per_step, self.task.unit, context.device)
         history: list[dict] = []
-        started = time.perf_counter()
+        step_limit = math.inf if config.sized_by_clock else config.max_steps
+        started = self.clock()
         start_step = self.step
         loss, eval_loss, stopped, signal_name = math.nan, None, "completed", None
         last_saved = self.step if self.resumed_from is not None else None  # resumed: that step is on disk
@@ -339,27 +359,33 @@ class Trainer:
             stopped = "time_limit"
         try:
             with StopRequest() as stop:
-                while self.step < config.max_steps and stopped == "completed":
+                while self.step < step_limit and stopped == "completed":
+                    self.elapsed_seconds = seconds_before + self.clock() - started  # the schedule's, at this step
                     outcome = self._timed_step(stop.requested is not None, window, reporter)
                     loss = outcome.loss
-                    self.elapsed_seconds = seconds_before + time.perf_counter() - started
-                    out_of_time = bool(budget) and self.elapsed_seconds >= budget and self.step < config.max_steps
-                    evaluate = self.step % config.eval_every == 0 or self.step == config.max_steps or out_of_time
+                    self.elapsed_seconds = seconds_before + self.clock() - started
+                    out_of_time = bool(budget) and self.elapsed_seconds >= budget and self.step < step_limit
+                    evaluate = self.step % config.eval_every == 0 or self.step == step_limit or out_of_time
                     if window.steps >= config.log_every or evaluate or outcome.stop_requested:
                         record = window.record(self.step, outcome)
+                        if budget:
+                            record["budget_fraction"] = self.budget_fraction()
                         if evaluate:
                             eval_loss = self._evaluate_into(record, reporter) or eval_loss
                         history.append(record)
                         reporter.log(record)
                         if evaluate and "eval_loss" in record and self._track_best(record, reporter):
                             stopped = "early_stopping"
-                    reporter.advance(1, loss, outcome.lr, window.smoothed_rate, peak_memory(context.device))
+                    minutes_left = max(0.0, budget - self.elapsed_seconds) / 60 if budget else None
+                    reporter.advance(1, loss, outcome.lr, window.smoothed_rate, peak_memory(context.device),
+                                     minutes_left)
                     if outcome.stop_requested:
                         stopped, signal_name = "interrupted", stop.requested
                     elif out_of_time and stopped == "completed":
                         stopped = "time_limit"
+                        end = ": the end of the schedule" if config.sized_by_clock else ""
                         reporter.message(f"step {self.step}: stopping: training.max_minutes={config.max_minutes:g} "
-                                         f"spent ({self.elapsed_seconds:.0f} s)")
+                                         f"spent ({self.elapsed_seconds:.0f} s){end}")
                     due = config.checkpoint_every and self.step % config.checkpoint_every == 0
                     if self.out_dir is not None and (due or stopped != "completed"):
                         self.save_checkpoint(reporter)
@@ -375,6 +401,8 @@ class Trainer:
             raise
         finally:
             reporter.close()
+        if stopped == "time_limit" and config.sized_by_clock:
+            stopped = "completed"  # the budget is the run's length
         checkpoint = None
         if self.out_dir is not None:
             if last_saved != self.step:
@@ -383,7 +411,7 @@ class Trainer:
             self.state.save_final_model()
         result = TrainingResult(
             steps=self.step, final_train_loss=loss, final_eval_loss=eval_loss,
-            seconds=time.perf_counter() - started,
+            seconds=self.clock() - started,
             throughput=(self.step - start_step) * self.units_per_step / max(window.train_seconds, 1e-9),
             unit=self.task.unit, history=history, stopped=stopped, best_eval=self.best_value,
             best_step=self.best_step, checkpoint=checkpoint, start_step=start_step,

@@ -22,6 +22,7 @@ from tformer.serving.inflight import InFlight
 from tformer.serving.limits import DEFAULT_CACHE_TOKENS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
 from tformer.serving.openai_api import APIError, ChatMessage
 from tformer.serving.submission import Submission
+from tformer.serving.tool_calls import ToolRequest, template_messages
 from tformer.serving.wire import TokenEvent
 from tformer.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
@@ -158,15 +159,22 @@ class ServedModel:
     def top_texts(self, top: list[tuple[int, float]]) -> list[tuple[str, float]]:
         return [(self.token_text(token), value) for token, value in top]
 
-    async def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
-        """``messages`` rendered by the chat template, on a worker thread (a slow template, bounded by its time
-        limit, holds no other request); a 400 without a template or when it fails."""
+    async def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                        tools: ToolRequest | None = None) -> str:
+        """``messages`` rendered by the chat template, with the functions of ``tools`` offered to the model (through
+        the template's own ``tools`` where it reads them, else ``tool_calls.DEFAULT_TOOL_PROMPT``), on a worker
+        thread (a slow template, bounded by its time limit, holds no other request); a 400 without a template or
+        when it fails."""
         if self.chat_template is None:
             raise APIError(400, f"model {self.model_name!r} has no chat template (the checkpoint's tokenizer ships "
                                 "none; start the server with --chat-template FILE, or use /v1/completions)",
                            "messages", "no_chat_template")
-        rendered = [message.as_template_input() for message in messages]
+        template = self.chat_template
+        rendered = template_messages([message.as_template_input() for message in messages], tools,
+                                     template.reads_tools)
+        offered = [tool.as_template_input() for tool in tools.tools] if tools is not None and template.reads_tools \
+            else None
         try:
-            return await asyncio.to_thread(self.chat_template.render, rendered, add_generation_prompt)
+            return await asyncio.to_thread(template.render, rendered, add_generation_prompt, offered)
         except ChatTemplateError as error:
             raise APIError(400, str(error), "messages") from None

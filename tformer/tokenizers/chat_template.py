@@ -37,6 +37,7 @@ class ChatTemplate:
     def __init__(self, source: str, special_tokens: dict[str, str] | None = None, *,
                  time_limit: float = TIME_LIMIT, size_limit: int = SIZE_LIMIT) -> None:
         import jinja2
+        import jinja2.meta
 
         environment = _bounded_sandbox(size_limit)(trim_blocks=True, lstrip_blocks=True,
                                                    extensions=["jinja2.ext.loopcontrols"])
@@ -51,6 +52,8 @@ class ChatTemplate:
             raise ChatTemplateError(f"the chat template does not compile: {error}") from None
         self.source = source
         self.special_tokens = dict(special_tokens or {})
+        # Whether the template lists functions itself (Qwen2.5, Llama 3.1+, Mistral read ``tools``).
+        self.reads_tools = "tools" in jinja2.meta.find_undeclared_variables(environment.parse(source))
 
     @classmethod
     def from_file(cls, path: str | Path) -> ChatTemplate:
@@ -88,17 +91,20 @@ class ChatTemplate:
                                     "of the tokenizer")
         return (end_id,)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages``, ending with the assistant's turn opened; a ChatTemplateError
-        for whatever the template raises (an error of its own, ``range`` past the sandbox's limit, a type
-        error) and for running past ``time_limit`` or ``size_limit``."""
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for ``messages``, ending with the assistant's turn opened; ``tools`` (OpenAI's function
+        objects) given to a template that ``reads_tools``. A ChatTemplateError for whatever the template raises (an
+        error of its own, ``range`` past the sandbox's limit, a type error) and for running past ``time_limit`` or
+        ``size_limit``."""
+        extra = {"tools": tools} if tools is not None else {}
         pieces, size = [], 0
         deadline = _Deadline(self.time_limit)
         previous = sys.gettrace()
         sys.settrace(deadline)  # this thread only; template code is checked line by line
         try:
             for piece in self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                **self.special_tokens):
+                                                **extra, **self.special_tokens):
                 size += len(piece)
                 if size > self.size_limit:
                     raise ChatTemplateError(f"the chat template's output passed {self.size_limit:,} characters")

@@ -209,7 +209,7 @@ class _Generation:
             sequences=sequences,
             prompt_length=prompt_length,
             max_new_tokens=config.max_new_tokens,
-            chooser=TokenChooser.from_config(config, model.config, device),
+            chooser=TokenChooser.from_config(config, model.config, device, tokenizer),
             stop=StopRule(eos_ids, config.stop_strings, tokenizer, prompt_length),
             pad_id=pad_id,
             generator=generator,

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from tformer.generation.constraints import grammar_tokenizer, matcher
 from tformer.generation.settings import GenerationConfig, GenerationError
 
 NEVER = float("-inf")  # the score of a token that may not be chosen
@@ -32,6 +33,7 @@ class LogitsRule:
 
     sampling_only: ClassVar[bool] = False  # applied only when sampling (Hugging Face's warpers)
     reads_history: ClassVar[bool] = False  # needs each row's tokens so far
+    needs_tokenizer: ClassVar[bool] = False  # made with the model's tokenizer (``from_config``'s ``tokenizer``)
 
     @classmethod
     def from_config(cls, config: GenerationConfig, model_config: Any, device: torch.device | None) -> LogitsRule | None:
@@ -251,6 +253,65 @@ class MinP(LogitsRule):
         return scores.masked_fill(probabilities < threshold, NEVER)
 
 
+class Constrained(LogitsRule):
+    """Only the tokens that keep the new text inside the ``constraint`` (``constraints.py``: a JSON schema, a
+    regex, ...), and once the text is complete only an end id (the grammar engine's mask). Each row's grammar
+    state is found from its new tokens (``history``'s last ``generated`` columns), so the rule follows any batch:
+    ``generate``'s rows, and a serving request's sequences scored one at a time. A row whose grammar state broke
+    (a finished row's padding after its end id, or a token a rule after this one forced) is left as it is from
+    then on, and so is a row where the rules before leave no token the grammar allows (the forced last token at
+    the length limit cuts the text there, as the limit does)."""
+
+    reads_history = True
+    needs_tokenizer = True
+
+    def __init__(self, start) -> None:
+        self.start = start  # the grammar engine's matcher before any token (``constraints.matcher``)
+        self.states: dict[tuple[int, ...], Any] = {}  # a row's new tokens -> its matcher after them
+
+    @classmethod
+    def from_config(cls, config, model_config, device, tokenizer=None):
+        if config.constraint is None:
+            return None
+        vocabulary = grammar_tokenizer(tokenizer, model_config.vocab_size, config.end_ids(model_config))
+        return cls(matcher(config.constraint, vocabulary))
+
+    def __call__(self, scores, generated, consecutive, history):
+        if history is None or consecutive:  # fail closed: the grammar state needs each row's own tokens
+            raise GenerationError("a constraint needs each row's tokens so far, which this decoding path does not "
+                                  "give; decode without a draft model and with num_beams=1")
+        rows, vocab = scores.shape
+        new_tokens = history[:, history.shape[1] - generated:].tolist() if generated else [[] for _ in range(rows)]
+        masks = []
+        for tokens in new_tokens:
+            state = self._state_after(tuple(tokens))
+            masks.append(None if state is None else state.compute_bitmask())
+        if all(mask is None for mask in masks):
+            return scores
+        width = (vocab + 31) // 32 * 4  # the engine's bitmask: one bit a token, in 32-bit words
+        packed = torch.tensor([bytearray(b"\xff" * width if mask is None else mask) for mask in masks],
+                              dtype=torch.uint8).to(scores.device)  # (R, width)
+        bits = torch.arange(8, dtype=torch.uint8, device=scores.device)
+        allowed = ((packed[:, :, None] >> bits) & 1).bool().flatten(1)[:, :vocab]  # (R, V) little-endian bits
+        masked = scores.masked_fill(~allowed, NEVER)
+        keeps_some = (masked > NEVER).any(-1, keepdim=True)  # (R, 1)
+        return torch.where(keeps_some, masked, scores)
+
+    def _state_after(self, tokens: tuple[int, ...]):
+        """The matcher of a row whose new tokens are ``tokens``: the one kept for them, else the one kept for all
+        but the last advanced by it, else a fresh one advanced through all (a row seen for the first time, or one
+        of a request's sequences parting from a sibling); None once it has refused a token."""
+        state = self.states.pop(tokens, None)
+        if state is None:
+            before = self.states.pop(tokens[:-1], None) if tokens else None
+            state, fed = (before, tokens[-1:]) if before is not None else (self.start.deep_copy(), tokens)
+            for token in fed:
+                if not state.consume_token(token):  # an error state, kept
+                    break
+        self.states[tokens] = state
+        return None if state.is_error() else state
+
+
 # The rules in the order they apply (Hugging Face's: processors, then the sampling warpers).
 RULES: tuple[type[LogitsRule], ...] = (RepetitionPenalty, ForcedEnd, Suppress, BeginSuppress, MinNewTokens,
-                                       Temperature, TopK, TopP, MinP)
+                                       Constrained, Temperature, TopK, TopP, MinP)

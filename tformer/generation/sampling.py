@@ -27,13 +27,16 @@ class TokenChooser:
         object.__setattr__(self, "reads_history", any(rule.reads_history for rule in self.rules))
 
     @classmethod
-    def from_config(cls, config: GenerationConfig, model_config, device: torch.device | None = None) -> TokenChooser:
+    def from_config(cls, config: GenerationConfig, model_config, device: torch.device | None = None,
+                    tokenizer=None) -> TokenChooser:
         """The chooser ``config`` asks for with this model: each rule of ``RULES`` its options turn on (the end
         ids, forced end and suppressed tokens the model config's by default), tensors on ``device``; the
-        sampling rules only when sampling. The one way ``generate`` and the serving engine make theirs, so they
-        choose alike."""
+        sampling rules only when sampling; ``tokenizer`` for the rules that read text (a constraint). The one way
+        ``generate`` and the serving engine make theirs, so they choose alike."""
         sampling = config.sampling
-        made = (kind.from_config(config, model_config, device) for kind in RULES if sampling or not kind.sampling_only)
+        made = (kind.from_config(config, model_config, device, **({"tokenizer": tokenizer} if kind.needs_tokenizer
+                                                                 else {}))
+                for kind in RULES if sampling or not kind.sampling_only)
         return cls(sampling, tuple(rule for rule in made if rule is not None))
 
     def alters(self, generated: int) -> bool:

@@ -17,12 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tformer.errors import TformerError
-
-
-class GenerationError(TformerError):
-    """An argument of ``generate`` is invalid; the message names it and what is allowed."""
-
+from tformer.generation.constraints import Constraint
+from tformer.generation.errors import GenerationError  # defined there for constraints.py, read from here
 
 # The decoding paths that may be unable to apply an option (each refuses it by name, failing closed).
 SERVER, BEAM_SEARCH, SPECULATIVE = "the server", "beam search", "speculative decoding"
@@ -131,6 +127,13 @@ class GenerationConfig:
     # Whisper's <|startoftranscript|>, language, task, <|notimestamps|> (tformer.models.speech.whisper_prompt).
     decoder_prompt_ids: tuple[int, ...] = option(
         (), refused={SERVER: "the server decodes decoder-only models, whose prompt is the request's"})
+    # What the new text must be (``constraints.Constraint``: a JSON object, JSON valid under a schema, a regex's
+    # match, one of some strings, a Lark grammar's sentence), masked token by token by the chooser's
+    # ``Constrained`` rule, which ends the text with an end id once it is complete; None: free text.
+    constraint: Constraint | None = option(
+        None, refused={BEAM_SEARCH: "each beam would need its own grammar state; decode with num_beams=1",
+                       SPECULATIVE: "drafted tokens are checked without the grammar's state; decode without a draft "
+                                    "model"})
 
     def __post_init__(self) -> None:
         self._check()
@@ -230,6 +233,13 @@ class GenerationConfig:
                 self._normalise(name, _token_ids(name, list(getattr(self, name)), None))
         self._normalise("decoder_prompt_ids", _token_ids("decoder_prompt_ids", list(self.decoder_prompt_ids or ()),
                                                          None))
+        if self.constraint is not None:
+            if not isinstance(self.constraint, Constraint):
+                raise GenerationError(f"constraint={self.constraint!r} must be a tformer.generation.constraints."
+                                      "Constraint (Constraint.json_schema(...), .regex(...), ...) or None")
+            if self.min_new_tokens:
+                raise GenerationError(f"min_new_tokens={self.min_new_tokens} cannot be combined with a constraint: "
+                                      "the structure may be complete sooner, and only an end id may follow it")
         _require_int("num_beams", self.num_beams, 1)
         _require_int("num_return_sequences", self.num_return_sequences, 1)
         if not _is_number(self.length_penalty):

@@ -328,7 +328,7 @@ class Engine:
             raise GenerationError(
                 f"{n} x ({len(prompt_ids)} prompt + {config.max_new_tokens} new) tokens need {needed} cache "
                 f"blocks; the pool holds {self.pool.num_blocks} of {size} tokens (raise cache_tokens)")
-        chooser = TokenChooser.from_config(config, model.config, self.device)
+        chooser = TokenChooser.from_config(config, model.config, self.device, self.tokenizer)
         salt = b"" if adapter is None else b"adapter\0" + adapter.encode()  # no block shared across adapters
         keys = prefix_keys(prompt_ids, size, salt) if self.prefix_caching else None
         return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),

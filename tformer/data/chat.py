@@ -1,14 +1,16 @@
 """Instruction and chat examples for supervised fine-tuning, from JSONL, CSV/TSV, Parquet or a datasets folder
 (``tformer.data.records``), and their token ids with the tokens to train on.
 
-A record is one of three kinds, told apart by its fields (the names Hugging Face's datasets and TRL use):
+A record is one of four kinds, told apart by its fields (the names Hugging Face's datasets and TRL use):
 
 * ``messages``: a conversation, a list of ``{"role": ..., "content": ...}`` turns with at least one
   ``assistant`` turn, rendered by the chat template;
 * ``instruction`` / ``output`` (and an optional ``input``; Alpaca's): made into a user turn (the instruction,
   then a blank line and the input when there is one) and an assistant turn (the output), rendered the same way;
 * ``prompt`` / ``completion``: plain text, the completion following the prompt directly (no template), the
-  tokenizer's end-of-sequence token after it.
+  tokenizer's end-of-sequence token after it;
+* ``question`` / ``answer`` (GSM8K's, and many question-answering sets'): a user turn (the question) and an
+  assistant turn (the answer), rendered as a conversation.
 
 The chat template is the tokenizer's (``chat_template.jinja`` or ``tokenizer_config.json`` of the model folder)
 rendered in ``tokenizers.chat_template``'s sandbox, the one renderer tformer has; a model without one gets
@@ -31,7 +33,7 @@ from tformer.data.records import RecordFile, json_cell
 from tformer.errors import quoted
 from tformer.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
-KINDS = ("messages", "instruction/output", "prompt/completion")
+KINDS = ("messages", "instruction/output", "prompt/completion", "question/answer")
 LOSS_ON = ("answers", "all")
 # A template for models without one: each turn under a heading, the end-of-sequence token after each answer.
 PLAIN_TEMPLATE = (
@@ -85,7 +87,7 @@ def read_chat(path: str | Path, *, format: str | None = None, skip_bad: bool = F
 
 def chat_example(record: dict, where: str) -> ChatExample:
     """The example a record holds, by its fields (``messages``; ``instruction``/``output``;
-    ``prompt``/``completion``)."""
+    ``prompt``/``completion``; ``question``/``answer``)."""
     if "messages" in record:
         turns = json_cell(record["messages"], where, "messages")
         return ChatExample(where, messages=check_messages(turns, where))
@@ -97,9 +99,13 @@ def chat_example(record: dict, where: str) -> ChatExample:
                                             {"role": "assistant", "content": output}))
     if "prompt" in record and "completion" in record:
         return ChatExample(where, prompt=_text(record, "prompt", where), completion=_text(record, "completion", where))
+    if "question" in record and "answer" in record:
+        question, answer = (_text(record, name, where) for name in ("question", "answer"))
+        return ChatExample(where, messages=({"role": "user", "content": question},
+                                            {"role": "assistant", "content": answer}))
     raise DataFileError(f"{where}: a record of fields {', '.join(map(repr, record)) or '(none)'} is none of the "
                         f"examples the sft task reads: messages, instruction/output (input optional), "
-                        "prompt/completion")
+                        "prompt/completion, question/answer")
 
 
 def check_messages(turns, where: str) -> tuple[dict, ...]:

@@ -170,6 +170,7 @@ FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 NEW_ITEM = re.compile(r"^\s*([-*+]\s|\d+[.)]\s|\|)")
 JOINS = re.compile(r"^[\s,;]*(and)?[\s,;]*$")
 CAPTION_END = re.compile(r"^[\s).,;:]*$")
+BROKEN_LOG_LINK = re.compile(r"\]\((?:\.\./)*benchmarks/[^)\s]*\s[^)]*\)")
 SEPARATOR = re.compile(r"^\s*\|[\s:|-]+\|\s*$")
 SHARES_UNIT = re.compile(r"^\s*(/|and)\s*$")
 LOG_NUMBER = re.compile(rf"(?<![\w.])({NUMBER})(?:[eE][-+]?\d+)?")
@@ -293,6 +294,11 @@ def citations(page: str, text: str | None = None, ignore: list[str] = (),
     return cited, uncited
 
 
+def broken_log_links(text: str) -> list[tuple[int, str]]:
+    """(line, link) for each link into benchmarks/ whose target a line break or space cuts (it renders as text)."""
+    return [(text.count("\n", 0, match.start()) + 1, match.group(0)) for match in BROKEN_LOG_LINK.finditer(text)]
+
+
 _log_numbers: dict[str, list[float]] = {}
 
 
@@ -354,9 +360,12 @@ def test_each_figure_is_in_the_log_it_names(page):
 
 
 def test_every_cited_log_exists():
-    """A link into benchmarks/logs on any page (covered or not) names a file that is there."""
+    """A link into benchmarks/logs on any page (covered or not) names a file that is there, and is one link: a
+    target broken across lines renders as text (a Markdown link's target holds no line break)."""
     pages = ["README.md", *sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md"))]
     for page in pages:
+        broken = broken_log_links((ROOT / page).read_text(encoding="utf-8"))
+        assert not broken, f"{page}: links into {LOGS} broken across lines (line, link): {broken}"
         for citation in citations(page)[0]:
             for log in citation.logs:
                 assert (ROOT / log).is_file(), f"{citation.where}: no such log: {log}"
@@ -380,6 +389,8 @@ def test_a_wrong_figure_fails(tmp_path):
         f"README.md:5: 1563.3 is in none of {LOGS}{log.name}"]
     assert problems("README.md", table.replace(":\n\n", ". Then:\n\n")) == [
         "README.md:5: 1536.3 names no log (cite one after it, or list it in NOT_MEASURED or UNLOGGED)"]
+    assert broken_log_links(f"a\n([log](../{LOGS}x.log)), [log](../benchmarks/\nlogs/x.log)") == [
+        (2, "](../benchmarks/\nlogs/x.log)")]
     in_code = problems("README.md", f"Cite with `[log]({LOGS}no-such-run.log)`, as 1.19x is not.\n")
     assert in_code == ["README.md:1: 1.19x names no log (cite one after it, or list it in NOT_MEASURED or UNLOGGED)"]
     assert problems("README.md", "Needs `1.19x` and GPT-2 on int8, 124M, 4k tokens, seeds 1-3, 2026-11-24.\n") == []

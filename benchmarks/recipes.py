@@ -7,7 +7,9 @@ fine-tuning recipes (sst2, wnut17, squad) start from bert-mini-mlm's run of the 
 the run's last evaluation in metrics.jsonl (the recipe's own evaluation data: MNIST's and Fashion-MNIST's
 test sets, SST-2 dev, WNUT-17 test, SQuAD's held-out articles), or for translation a beam-5 `tformer
 evaluate` of test_2016_flickr (sacreBLEU). Time: the run's training seconds (its newest checkpoint's
-``elapsed_seconds``, resumes included).
+``elapsed_seconds``, resumes included), and its steps: a recipe sized by the clock (mnist-vit,
+fashion-mnist-vit: training.max_steps = 0 with max_minutes) trains as many steps as its budget holds on the
+host, so the table gives each row's minutes, steps, threads and hosts beside its figures.
 
 The encoder chain is the one docs/encoders.md reports (benchmarks/pretraining_helps.py): bert-mini-mlm
 pretrains on that script's corpus of every allowed English text, read through its own WordPiece
@@ -18,9 +20,10 @@ their -scratch twins train the same recipe, architecture and tokenizer from rand
     python benchmarks/recipes.py --seeds 3                       # every recipe, seeds 1, 2, 3 (hours)
     python benchmarks/recipes.py --seeds 3 mnist-vit fashion-mnist-vit
     python benchmarks/recipes.py --seeds 1 --max-steps 20 mnist-vit --runs /tmp/smoke   # the pipeline only
+    python benchmarks/recipes.py --seeds 1 --max-minutes 0.5 mnist-vit --runs /tmp/smoke  # a clock-sized one
 
 A sweep of hours can span sessions and fresh clones through a ledger (`--ledger FILE`, JSON lines, one
-record per finished recipe and seed: its score, minutes, host, date and commit): a seed the ledger holds
+record per finished recipe and seed: its score, minutes, steps, host, threads, date and commit): a seed the ledger holds
 for the same recipe (the config file's bytes, and the recipe it starts from) is read from it, not trained
 again; a seed trained here is added to it. Without `--ledger` every seed is this machine's own.
 
@@ -87,6 +90,7 @@ RECIPES = {
                                decimals=4),
     "sst2": RecipeRun("sst2.toml", "eval_accuracy", 100.0, init_from="bert-mini-mlm"),
     "sst2-scratch": RecipeRun("sst2.toml", "eval_accuracy", 100.0, scratch_of="bert-mini-mlm"),
+    "sst2-lora": RecipeRun("sst2-lora.toml", "eval_accuracy", 100.0, init_from="bert-mini-mlm"),
     "wnut17": RecipeRun("wnut17.toml", "eval_f1", init_from="bert-mini-mlm", decimals=4),
     "wnut17-scratch": RecipeRun("wnut17.toml", "eval_f1", scratch_of="bert-mini-mlm", decimals=4),
     "squad": RecipeRun("squad.toml", "eval_f1", init_from="bert-mini-mlm"),
@@ -117,16 +121,17 @@ def config_bytes(path: Path) -> bytes:
     return text.replace('"dataset:', '"../../shared/data/').encode("utf-8")
 
 
-def recipe_key(name: str, max_steps: int | None) -> str:
-    """What a ledger record was measured on: the config file's bytes, the step cut and, for a
+def recipe_key(name: str, max_steps: int | None, max_minutes: float | None = None) -> str:
+    """What a ledger record was measured on: the config file's bytes, the step or time cut and, for a
     fine-tuning recipe, the key of the recipe it starts from."""
     recipe = RECIPES[name]
     digest = hashlib.sha256(config_bytes(ROOT / "configs" / recipe.config))
     if recipe.reads_corpus:  # the script that builds the corpus and its vocabulary
         digest.update((ROOT / "benchmarks" / "pretraining_helps.py").read_bytes())
     start = recipe.init_from or recipe.scratch_of
-    digest.update(f"|max_steps={max_steps}|settings={recipe.settings}|scratch={recipe.scratch_of is not None}"
-                  f"|start={start and recipe_key(start, max_steps)}".encode())
+    cut = f"|max_steps={max_steps}" + ("" if max_minutes is None else f"|max_minutes={max_minutes}")
+    digest.update(f"{cut}|settings={recipe.settings}|scratch={recipe.scratch_of is not None}"
+                  f"|start={start and recipe_key(start, max_steps, max_minutes)}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -183,13 +188,14 @@ def scratch_recipe(config: Path, pretrained_run: Path, out: Path) -> Path:
     return out
 
 
-def train(name: str, seed: int, runs: Path, threads: int, max_steps: int | None) -> Path:
+def train(name: str, seed: int, runs: Path, threads: int, max_steps: int | None,
+          max_minutes: float | None = None) -> Path:
     """Train (or finish, or only read) one seed of one recipe, and first the run it starts from; its
     output goes to RUN.log."""
     recipe = RECIPES[name]
     start = recipe.init_from or recipe.scratch_of
     if start is not None:
-        train(start, seed, runs, threads, max_steps)
+        train(start, seed, runs, threads, max_steps, max_minutes)
     if recipe.reads_corpus:
         prepare_corpus(runs)
     out = run_folder(runs, name, seed)
@@ -203,6 +209,8 @@ def train(name: str, seed: int, runs: Path, threads: int, max_steps: int | None)
     command += ["--set", f"training.seed={seed}", "--set", f"training.threads={threads}"]
     if max_steps is not None:
         command += ["--set", f"training.max_steps={max_steps}", "--set", f"training.eval_every={max_steps}"]
+    if max_minutes is not None:
+        command += ["--set", f"training.max_minutes={max_minutes}"]
     if recipe.init_from is not None:
         command += ["--set", f"model.init_from={run_folder(runs, recipe.init_from, seed)}"]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -241,12 +249,13 @@ def translation_bleu(run: Path) -> float:
     return float(json.loads(record_file.read_text())["bleu"])
 
 
-def training_minutes(run: Path) -> float:
-    """Training time of a run (resumes included), from its newest checkpoint's trainer state."""
+def training_length(run: Path) -> tuple[float, int | None]:
+    """Training minutes (resumes included) and steps of a run, from its newest checkpoint's trainer state."""
     states = sorted((run / "checkpoints").glob("step-*/trainer_state.json"))
     if not states:
-        return float("nan")
-    return json.loads(states[-1].read_text())["elapsed_seconds"] / 60
+        return float("nan"), None
+    state = json.loads(states[-1].read_text())
+    return state["elapsed_seconds"] / 60, state["step"]
 
 
 def summary(name: str, records: list[dict]) -> dict:
@@ -255,9 +264,13 @@ def summary(name: str, records: list[dict]) -> dict:
     minutes = [record["minutes"] for record in records]
     worst = min(values) if recipe.higher_is_better else max(values)
     holds = None if recipe.threshold is None else all(value >= recipe.threshold for value in values)
+    steps = [record["steps"] for record in records if record.get("steps") is not None]  # older records lack them
     return {"recipe": name, "metric": recipe.metric, "values": values, "mean": statistics.fmean(values),
             "min": min(values), "max": max(values), "worst": worst, "threshold": recipe.threshold,
             "every_seed_holds": holds, "minutes_mean": statistics.fmean(minutes), "minutes_max": max(minutes),
+            "steps_min": min(steps, default=None), "steps_max": max(steps, default=None),
+            "threads": sorted({record["threads"] for record in records}),
+            "hosts": sorted({record["host"] for record in records}),
             "seeds": [record["seed"] for record in records], "records": records}
 
 
@@ -266,9 +279,18 @@ def shown(value: float, name: str, sign: str = "") -> str:
     return f"{value:{sign}.{RECIPES[name].decimals}f}"
 
 
+def step_range(row: dict) -> str:
+    """The steps of a row's seeds (blank where its records predate them)."""
+    low, high = row["steps_min"], row["steps_max"]
+    if low is None:
+        return ""
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
 def table(rows: list[dict]) -> str:
+    """The Markdown table: each recipe's figures with the minutes, steps, threads and hosts they came from."""
     lines = ["| recipe | metric | seeds | mean | range | threshold | every seed holds | training minutes (mean, max) "
-             "| threads |", "|---|---|---|---:|---|---:|---|---|---|"]
+             "| steps | threads | host |", "|---|---|---|---:|---|---:|---|---|---|---|---|"]
     for row in rows:
         threshold = "" if row["threshold"] is None else f"{row['threshold']:g}"
         holds = "" if row["every_seed_holds"] is None else ("yes" if row["every_seed_holds"] else "**no**")
@@ -276,8 +298,8 @@ def table(rows: list[dict]) -> str:
         values = ", ".join(shown(value, name) for value in row["values"])
         lines.append(f"| {name} | {row['metric']} | {values} | {shown(row['mean'], name)} | "
                      f"{shown(row['min'], name)}-{shown(row['max'], name)} | {threshold} | {holds} | "
-                     f"{row['minutes_mean']:.1f}, {row['minutes_max']:.1f} | "
-                     f"{', '.join(sorted({str(record['threads']) for record in row['records']}))} |")
+                     f"{row['minutes_mean']:.1f}, {row['minutes_max']:.1f} | {step_range(row)} | "
+                     f"{', '.join(str(threads) for threads in row['threads'])} | {'; '.join(row['hosts'])} |")
     return "\n".join(lines)
 
 
@@ -327,6 +349,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "recipes", help="where the runs go")
     parser.add_argument("--threads", type=int, default=2, help="training threads (default: 2)")
     parser.add_argument("--max-steps", type=int, help="cut every run to this many steps (a smoke test)")
+    parser.add_argument("--max-minutes", type=float,
+                        help="give every run this time budget (a smoke test of a recipe sized by the clock)")
     args = parser.parse_args()
     unknown = [name for name in args.names if name not in RECIPES]
     if unknown or args.seeds < 1:
@@ -342,7 +366,7 @@ def main() -> None:
     started = time.time()
     rows, lacking = [], []
     for name in names:
-        key = recipe_key(name, args.max_steps)
+        key = recipe_key(name, args.max_steps, args.max_minutes)
         records = []
         for seed in seeds:
             record = ledger.get((name, seed, key))
@@ -350,16 +374,18 @@ def main() -> None:
                 lacking.append(f"{name} seed {seed}")
                 continue
             if record is None:
-                run = train(name, seed, args.runs, args.threads, args.max_steps)
+                run = train(name, seed, args.runs, args.threads, args.max_steps, args.max_minutes)
+                minutes, steps = training_length(run)
                 record = {"recipe": name, "seed": seed, "key": key, "value": score(name, run),
-                          "minutes": training_minutes(run), "host": cpu_name(), "threads": args.threads,
+                          "minutes": minutes, "steps": steps, "host": cpu_name(), "threads": args.threads,
                           "date": time.strftime("%Y-%m-%d"), "commit": git_commit()}
                 if args.ledger is not None:
                     args.ledger.parent.mkdir(parents=True, exist_ok=True)
                     with open(args.ledger, "a", encoding="utf-8") as out:
                         out.write(json.dumps(record) + "\n")
-            print(f"{name} seed {seed}: {RECIPES[name].metric} {record['value']:.4f}, {record['minutes']:.1f} min "
-                  f"({record['host']}, threads {record['threads']}, {record['date']})", flush=True)
+            steps = "" if record.get("steps") is None else f", {record['steps']:,} steps"
+            print(f"{name} seed {seed}: {RECIPES[name].metric} {record['value']:.4f}, {record['minutes']:.1f} min"
+                  f"{steps} ({record['host']}, threads {record['threads']}, {record['date']})", flush=True)
             records.append(record)
         if records:
             rows.append(summary(name, records))
@@ -374,7 +400,8 @@ def main() -> None:
         print(f"\nnot in the ledger (for these configs): {', '.join(lacking)}")
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "recipes.json").write_text(json.dumps({"host": host, "date": time.strftime("%Y-%m-%d"),
-                                                        "max_steps": args.max_steps, "rows": rows,
+                                                        "max_steps": args.max_steps,
+                                                        "max_minutes": args.max_minutes, "rows": rows,
                                                         "pretrained_minus_scratch": compared}, indent=2) + "\n")
 
 

@@ -132,6 +132,14 @@ def test_a_call_is_handed_out_name_first_then_its_arguments_as_they_are_written(
     assert calls_of(parser.message()) == [("get_weather", {"city": "Oslo"})] and parser.message()["content"] == "Sure"
 
 
+def test_a_json_answer_is_content_as_soon_as_it_has_a_key_no_call_has():
+    parser = ToolCallParser(read_tools([WEATHER], "auto", None))
+    assert parser.feed('{"ans') == []  # may still be a call
+    assert parser.feed('wer": 4') == [{"content": '{"answer": 4'}]
+    assert parser.feed("2}") == [{"content": "2}"}] and parser.finish() == []
+    assert parser.message() == {"role": "assistant", "content": '{"answer": 42}'}
+
+
 def test_a_reply_cut_inside_a_call_keeps_the_call_as_far_as_it_went():
     whole, _ = parsed('<tool_call>{"name": "add", "arguments": {"a": 1')
     assert whole["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1'}

@@ -202,16 +202,12 @@ class ChatRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # checked by tool_calls.read_tools (the route's first step)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.tools:
-            raise APIError(400, "tools are not supported", "tools")
-        if self.tool_choice not in (None, "none"):
-            raise APIError(400, "tool_choice is not supported (only 'none')", "tool_choice")
         if self.response_format is not None and self.response_format.type != "text":
             raise APIError(400, f"response_format {self.response_format.type!r} is not supported (only 'text')",
                            "response_format")

@@ -30,6 +30,7 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
 MARKERS = (HERMES_OPEN, MISTRAL_OPEN, PYTHON_TAG)
+CALL_KEYS = frozenset({"name", "arguments", "parameters", "id"})  # what a call object holds (Mistral's "id" too)
 
 # What a template without tool support gets: this text and each function's JSON in the system message.
 DEFAULT_TOOL_PROMPT = (
@@ -509,6 +510,8 @@ def _call_at(text: str, start: int, names: frozenset[str], final: bool) -> tuple
     if key is not None:
         value_start, value_end = fields[key]
         call.arguments = text[value_start: (end if broken else len(text)) if value_end is None else value_end]
+    if call.name is None and not fields.keys() <= CALL_KEYS:
+        return call, start, "not"  # a key no call has: a JSON answer, content from here on
     if broken:  # a call whose name was out stays one, as far as it went; the rest is text
         return call, end, ("call" if call.name is not None else "not")
     if end is None:

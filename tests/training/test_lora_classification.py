@@ -5,12 +5,14 @@ that the base with the adapter gives the run's own model back."""
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 import tformer
 from tformer.adapters import load_adapter, trained_modules
 from tformer.tokenizers import WordPieceTokenizer
+from tformer.training.config import AdapterConfig, TrainingError
 from tformer.training.recipe import recipe_from_dict
 from tformer.training.run import train_recipe
 
@@ -61,3 +63,10 @@ def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
     assert not torch.equal(model.classifier.weight, fresh)
     backbone = tformer.load(tmp_path / "base")
     assert torch.equal(model.embedding.token.weight, backbone.embedding.token.weight)  # the backbone stayed frozen
+
+
+@pytest.mark.parametrize("value", ["classifier", [""], [3]])
+def test_train_modules_must_be_a_list_of_names(value):
+    with pytest.raises(TrainingError, match=r"train_modules=.* must be a list of module names \(\[\] for none\)"):
+        AdapterConfig(train_modules=value)
+    assert AdapterConfig(train_modules=[]).train_modules == [] and AdapterConfig().train_modules is None

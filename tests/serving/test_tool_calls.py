@@ -272,3 +272,92 @@ def test_a_bad_call_in_the_history_is_a_400_naming_it(call, param):
     with pytest.raises(APIError) as raised:
         template_messages([HISTORY[0], {"role": "assistant", "tool_calls": [call]}], None, True)
     assert raised.value.status == 400 and raised.value.param == param
+
+
+# Templates with tool support of their own, in the three families' styles (written for these tests): Qwen2.5's
+# Hermes blocks, Llama 3.1's bare JSON with "parameters" (results in an "ipython" turn), Mistral's [TOOL_CALLS] list.
+HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
+{{ messages[0].content if messages[0].role == 'system' else 'You are a helpful assistant.' }}
+
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call a function as <tool_call>{"name": NAME, "arguments": ARGUMENTS}</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' %}<|im_start|>assistant
+{{ message.content or '' }}
+{%- for tool_call in message.tool_calls or [] %}
+{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+<tool_call>
+{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif not (message.role == 'system' and tools) %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+LLAMA_TEMPLATE = (
+    "{%- for message in messages %}\n"
+    "{%- if message.role == 'user' and loop.first and tools %}<|start_header_id|>user<|end_header_id|>\n\n"
+    'Respond with {"name": function name, "parameters": its arguments} for one of:\n'
+    "{% for tool in tools %}{{ tool | tojson(indent=4) }}\n{% endfor %}{{ message.content }}<|eot_id|>\n"
+    "{%- elif message.tool_calls %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    '{% for call in message.tool_calls %}{"name": "{{ call.function.name }}", '
+    '"parameters": {{ call.function.arguments | tojson }}}{% endfor %}<|eot_id|>\n'
+    "{%- elif message.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n"
+    "{{ message.content | tojson }}<|eot_id|>\n"
+    "{%- else %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n{{ message.content }}<|eot_id|>\n"
+    "{%- endif %}\n{%- endfor %}\n"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+MISTRAL_TEMPLATE = (
+    "{%- for message in messages %}\n"
+    "{%- if message.role == 'user' %}"
+    "{% if loop.first and tools %}[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST] {{ message.content }}[/INST]\n"
+    "{%- elif message.tool_calls %}[TOOL_CALLS] [{% for call in message.tool_calls %}"
+    '{"name": {{ call.function.name | tojson }}, "arguments": {{ call.function.arguments | tojson }}, '
+    '"id": {{ call.id | tojson }}}{% if not loop.last %}, {% endif %}{% endfor %}]</s>\n'
+    "{%- elif message.role == 'tool' %}"
+    '[TOOL_RESULTS] {"content": {{ message.content | tojson }}, "call_id": {{ message.tool_call_id | tojson }}}'
+    "[/TOOL_RESULTS]\n"
+    "{%- else %}{{ message.content }}</s>\n{%- endif %}\n{%- endfor %}")
+FAMILY_TEMPLATES = {"hermes": (HERMES_TEMPLATE, "<|im_end|>\n"), "llama": (LLAMA_TEMPLATE, "<|eot_id|>"),
+                    "mistral": (MISTRAL_TEMPLATE, "</s>")}  # template, what ends the assistant's turn
+
+
+@pytest.mark.parametrize("family", list(FAMILY_TEMPLATES))
+def test_tools_and_a_call_history_render_as_transformers_renders_them_and_the_calls_parse_back(family):
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("tokenizers")
+    source, end_of_turn = FAMILY_TEMPLATES[family]
+    hf_tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=hf.Tokenizer(hf.models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    template = ChatTemplate(source)
+    assert template.reads_tools
+    tools = read_tools([WEATHER, NOW], "auto", None)
+    offered = [tool.as_template_input() for tool in tools.tools]
+    assert offered == [WEATHER, NOW]  # as the request sent them
+    for messages in (HISTORY[:1], HISTORY):
+        ours = template.render(template_messages(messages, tools, True), tools=offered)
+        # transformers' templates read a call's arguments as an object
+        theirs_messages = [{**message, "tool_calls": [{**call, "function": {**call["function"], "arguments": json.loads(
+            call["function"]["arguments"])}} for call in message["tool_calls"]]} if "tool_calls" in message
+            else message for message in messages]
+        assert ours == hf_tokenizer.apply_chat_template(theirs_messages, tools=[WEATHER, NOW], chat_template=source,
+                                                        tokenize=False, add_generation_prompt=True)
+    # the assistant's turn, as the template writes a call, reads back as that call
+    before = template.render(template_messages(HISTORY[:1], tools, True), tools=offered)
+    with_call = template.render(template_messages(HISTORY[:2], tools, True), tools=offered,
+                                add_generation_prompt=False)
+    assert with_call.startswith(before)  # the generation prompt opens the turn the call is written in
+    reply = with_call[len(before):].removesuffix(end_of_turn)
+    assert calls_of(parsed(reply)[0]) == [("get_weather", {"city": "Paris"})], reply

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tformer.serving.openai_api import APIError
@@ -51,14 +51,12 @@ class Tool:
     description: str | None
     parameters: dict[str, Any]  # a JSON schema of an object; EMPTY_PARAMETERS when the request gave none
     strict: bool = False
+    given: dict[str, Any] = field(default_factory=dict, compare=False)  # the request's object, as sent
 
     def as_template_input(self) -> dict[str, Any]:
-        """OpenAI's form, which chat templates read (``tool.function.name``, ...)."""
-        function: dict[str, Any] = {"name": self.name}
-        if self.description is not None:
-            function["description"] = self.description
-        function["parameters"] = self.parameters
-        return {"type": "function", "function": function}
+        """The tool as the request sent it (OpenAI's ``{"type": "function", "function": {...}}``), which is what
+        ``transformers``' ``apply_chat_template(tools=...)`` hands a template (``tool.function.name``, ...)."""
+        return self.given
 
 
 @dataclass(frozen=True)
@@ -189,7 +187,7 @@ def _read_tool(index: int, tool: Any) -> Tool:
         parameters = EMPTY_PARAMETERS
     else:
         check_parameters(parameters, f"{where}.function.parameters")
-    return Tool(name, description, parameters, bool(strict))
+    return Tool(name, description, parameters, bool(strict), given=tool)
 
 
 def check_parameters(parameters: Any, where: str) -> None:

@@ -28,6 +28,7 @@ converted or computed: a ratio needs the ratio in its log, a mean the mean.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from dataclasses import dataclass
@@ -419,30 +420,37 @@ _log_numbers: dict[str, list[float]] = {}
 
 
 def log_numbers(log: str) -> list[float]:
-    """Every number a log's text holds, with and without thousands separators."""
+    """Every number a log's text holds, with and without thousands separators, sorted."""
     if log not in _log_numbers:
         text = (ROOT / log).read_text(encoding="utf-8", errors="replace")
         values = set()
-        for match in LOG_NUMBER.finditer(text):
-            written = match.group(1)
-            values.add(float(written.replace(",", "")))
-            values.update(float(part) for part in written.split(",") if part)
+        for written in set(LOG_NUMBER.findall(text)):
+            if "," in written:
+                values.update(float(part) for part in written.split(",") if part)
+                written = written.replace(",", "")
+            values.add(float(written))
         _log_numbers[log] = sorted(values)
     return _log_numbers[log]
 
 
+def _any_between(values: list[float], low: float, high: float) -> bool:
+    """Whether the sorted ``values`` hold a number in [low, high]."""
+    index = bisect.bisect_left(values, low)
+    return index < len(values) and values[index] <= high
+
+
 def holds(values: list[float], figure: Figure) -> bool:
-    """Whether a log's numbers hold a figure by the module's rules (rounded to its digits; a percentage from a
-    fraction; minutes from seconds)."""
+    """Whether a log's numbers (sorted) hold a figure by the module's rules (rounded to its digits; a percentage
+    from a fraction; minutes from seconds)."""
     written = figure.text.replace(",", "")
     decimals = len(written.partition(".")[2])
     cited, half = float(written), 0.5 * 10 ** -decimals + 1e-9
-    candidates = list(values)
-    if figure.unit == "%":
-        candidates += [value * 100 for value in values if 0 <= value <= 1]
-    if figure.unit in ("min", "minutes"):
-        candidates += [value / 60 for value in values]
-    return any(abs(value - cited) <= half for value in candidates)
+    low, high = cited - half, cited + half
+    if _any_between(values, low, high):
+        return True
+    if figure.unit == "%" and _any_between(values, max(low / 100, 0.0), min(high / 100, 1.0)):
+        return True
+    return figure.unit in ("min", "minutes") and _any_between(values, low * 60, high * 60)
 
 
 def problems(page: str, text: str | None = None, ignore: list[str] = (),

@@ -122,3 +122,29 @@ def test_greedy_with_a_repetition_penalty_equals_hugging_face(models, penalty):
     assert not torch.equal(got.sequences, tformer.generate(ours, ids, 15, attention_mask=mask, eos_token_id=[46],
                                                            pad_token_id=PAD, min_new_tokens=2))  # it bites
     torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=1e-6, atol=1e-5)
+
+
+def test_logit_bias_equals_hugging_faces_sequence_bias_of_single_tokens():
+    from tformer.generation import GenerationConfig
+    from tformer.generation.rules import LogitBias
+
+    scores, ids = rule_inputs()
+    bias = {3: 2.5, 17: -100.0, 49: 0.75}
+    config = tformer.build_model("gpt-nano", vocab_size=50).config
+    rule = LogitBias.from_config(GenerationConfig(logit_bias=bias), config, None)
+    expected = transformers.SequenceBiasLogitsProcessor([[[token], value] for token, value in bias.items()])(
+        ids, scores.clone())
+    assert torch.equal(rule(scores, 0, False, ids), expected)
+
+
+def test_allowed_token_ids_equal_hugging_faces_suppression_of_every_other_id():
+    from tformer.generation import GenerationConfig
+    from tformer.generation.rules import AllowedTokens
+
+    scores, ids = rule_inputs()
+    allowed = [0, 7, 31, 49]
+    rule = AllowedTokens.from_config(GenerationConfig(allowed_token_ids=allowed),
+                                     tformer.build_model("gpt-nano", vocab_size=50).config, None)
+    others = [token for token in range(50) if token not in allowed]
+    expected = transformers.SuppressTokensLogitsProcessor(others)(ids, scores.clone())
+    assert torch.equal(rule(scores, 0, False, ids), expected)

@@ -11,7 +11,18 @@ import torch
 
 import tformer
 from tformer.generation import GenerationConfig, GenerationError
-from tformer.generation.rules import RULES, Constrained, MinP, RepetitionPenalty, Temperature, TopK
+from tformer.generation.rules import (
+    RULES,
+    AllowedTokens,
+    Constrained,
+    LogitBias,
+    MinNewTokens,
+    MinP,
+    PresenceFrequencyPenalty,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+)
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import BEAM_SEARCH, SERVER, SPECULATIVE, declared, refusals
 
@@ -34,7 +45,8 @@ def test_greedy_decoding_composes_no_rule():
 
 
 def test_every_rule_composes_in_hugging_faces_order():
-    config = GenerationConfig(repetition_penalty=1.3, forced_eos_token_id=5, suppress_tokens=(1,),
+    config = GenerationConfig(allowed_token_ids=(1, 2, 3, 4, 5), logit_bias={4: 2.0}, repetition_penalty=1.3,
+                              presence_penalty=0.5, forced_eos_token_id=5, suppress_tokens=(1,),
                               begin_suppress_tokens=(2,), min_new_tokens=2, eos_token_id=3, temperature=0.7, top_k=5,
                               top_p=0.9, min_p=0.1)
     chooser = TokenChooser.from_config(config, CONFIG)
@@ -42,7 +54,8 @@ def test_every_rule_composes_in_hugging_faces_order():
     assert [type(rule) for rule in chooser.rules] == [kind for kind in RULES if kind is not Constrained]
     assert chooser.do_sample and chooser.reads_history
     # Options at their neutral values compose nothing: top_p 1, min_p 0, temperature 1, penalty 1.
-    neutral = GenerationConfig(do_sample=True, top_p=1.0, min_p=0.0, temperature=1.0, repetition_penalty=1.0)
+    neutral = GenerationConfig(do_sample=True, top_p=1.0, min_p=0.0, temperature=1.0, repetition_penalty=1.0,
+                               presence_penalty=0.0, frequency_penalty=0.0, logit_bias={})
     assert TokenChooser.from_config(neutral, CONFIG).rules == ()
     assert [type(r) for r in TokenChooser.from_config(GenerationConfig(temperature=0.5, top_k=4), CONFIG).rules] == \
         [Temperature, TopK]
@@ -145,3 +158,118 @@ def test_the_option_tables_are_derived_from_the_fields():
     # Each decoding path that cannot apply an option says why, in its field's declaration.
     assert refusals(SERVER)["repetition_penalty"] is None and refusals(SERVER)["min_p"] is None  # the engine does both
     assert refusals(SPECULATIVE)["repetition_penalty"] and refusals(BEAM_SEARCH)["repetition_penalty"]
+
+
+def _openai_penalised(scores, history, generated, presence, frequency):
+    """OpenAI's definition, token by token: mu[j] - c[j] * frequency - (c[j] > 0) * presence, c[j] the times token
+    j was chosen among a row's ``generated`` new tokens (the end of ``history``; the prompt does not count)."""
+    expected = scores.clone()
+    for row in range(scores.shape[0]):
+        new = history[row, history.shape[1] - generated:].tolist() if generated else []
+        for token in set(new):
+            expected[row, token] -= new.count(token) * frequency + presence
+    return expected
+
+
+@pytest.mark.parametrize(("presence", "frequency"), [(0.5, 0.0), (0.0, 0.7), (1.5, -0.4), (-2.0, 2.0)])
+def test_presence_and_frequency_penalties_are_openais_over_the_new_tokens_only(presence, frequency):
+    generator = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 20, generator=generator)
+    history = torch.randint(0, 20, (3, 11), generator=generator)
+    history[2, :3] = -1  # a left-padded prompt
+    history[0, -4:] = torch.tensor([7, 7, 7, 2])  # a token chosen three times
+    rule = PresenceFrequencyPenalty(presence, frequency)
+    for generated in (0, 1, 4, 8):
+        got = rule(scores, generated, False, history)
+        assert torch.allclose(got, _openai_penalised(scores, history, generated, presence, frequency), atol=1e-6)
+    assert not rule.alters(0) and rule.alters(1)  # the first new token: nothing chosen yet, the plain argmax
+    with pytest.raises(GenerationError, match="presence_penalty and frequency_penalty need each row's tokens"):
+        rule(scores, 2, False, None)  # fail closed where a path gives no history
+
+
+def test_greedy_decoding_with_penalties_is_openais_step_by_step():
+    """tformer.generate's greedy tokens with both penalties equal a loop over the model's logits applying OpenAI's
+    formula to the tokens chosen so far (the prompt not counted)."""
+    model = nano()
+    prompt = [5, 9, 5, 9, 5]
+    got = tformer.generate(model, torch.tensor([prompt]), 10, eos_token_id=(), presence_penalty=0.8,
+                           frequency_penalty=1.1)[0, len(prompt):].tolist()
+    ids = list(prompt)
+    with torch.no_grad():
+        for step in range(10):
+            logits = model(torch.tensor([ids])).logits[:, -1].float()
+            scores = _openai_penalised(logits, torch.tensor([ids]), step, 0.8, 1.1)
+            ids.append(int(scores.argmax()))
+    assert got == ids[len(prompt):]
+    assert got != tformer.generate(model, torch.tensor([prompt]), 10, eos_token_id=())[0, len(prompt):].tolist()
+
+
+def test_logit_bias_adds_each_bias_and_checks_its_ids_against_the_vocabulary():
+    scores = torch.zeros(2, 64)
+    rule = LogitBias.from_config(GenerationConfig(logit_bias={3: 5.0, 60: -100}), CONFIG, None)
+    got = rule(scores, 0, False, None)
+    expected = scores.clone()
+    expected[:, 3], expected[:, 60] = 5.0, -100.0
+    assert torch.equal(got, expected)
+    model = nano()
+    biased = tformer.generate(model, torch.tensor([[1, 2, 3]]), 6, eos_token_id=(), logit_bias={17: 100})
+    assert biased[0, 3:].tolist() == [17] * 6
+    with pytest.raises(GenerationError, match=r"logit_bias=\[64\]: 64 is not a token id in \[0, 64\)"):
+        tformer.generate(model, torch.tensor([[1, 2, 3]]), 2, logit_bias={64: 1.0})
+
+
+def test_allowed_token_ids_are_the_only_ones_chosen():
+    rule = AllowedTokens.from_config(GenerationConfig(allowed_token_ids=[2, 7]), CONFIG, None)
+    got = rule(torch.randn(2, 64), 0, False, None)
+    assert torch.isfinite(got).nonzero()[:, 1].tolist() == [2, 7, 2, 7]
+    out = tformer.generate(nano(), torch.tensor([[1, 2, 3]]), 12, eos_token_id=(), allowed_token_ids=[2, 7],
+                           do_sample=True, seed=0)
+    assert set(out[0, 3:].tolist()) <= {2, 7}
+
+
+def test_stop_token_ids_end_a_sequence_and_min_new_tokens_forbids_them():
+    model = nano()
+    prompt = torch.tensor([[4, 11, 4, 11]])
+    free = tformer.generate(model, prompt, 12, eos_token_id=(), temperature=1.3, seed=2)[0, 4:].tolist()
+    stop = free[5]
+    first = free.index(stop)
+    stopped = tformer.generate(model, prompt, 12, eos_token_id=(), stop_token_ids=[stop], temperature=1.3, seed=2)
+    assert stopped[0, 4:].tolist() == free[:first + 1]  # ends at the stop id, which it keeps
+    config = GenerationConfig(eos_token_id=(), stop_token_ids=[stop], min_new_tokens=3)
+    assert config.end_ids(CONFIG) == (stop,)
+    assert isinstance(TokenChooser.from_config(config, CONFIG).rules[0], MinNewTokens)
+    assert GenerationConfig(eos_token_id=(3,), stop_token_ids=[9, 3]).end_ids(CONFIG) == (3, 9)
+    with pytest.raises(GenerationError, match=r"stop_token_ids=\(70,\): 70 is not a token id in \[0, 64\)"):
+        GenerationConfig(stop_token_ids=[70]).end_ids(CONFIG)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(presence_penalty=2.5), r"presence_penalty=2.5 must be a number in \[-2, 2\]"),
+    (dict(frequency_penalty=float("inf")), r"frequency_penalty=inf must be a number in \[-2, 2\]"),
+    (dict(logit_bias={5: 100.5}), r"logit_bias: the bias of token id 5 is 100.5; it must be a number in \[-100, 100\]"),
+    (dict(logit_bias=[(5, 1.0), (5, 2.0)]), "logit_bias: token id 5 is given twice"),
+    (dict(logit_bias={-1: 1.0}), "logit_bias: -1 is not a token id >= 0"),
+    (dict(logit_bias="5"), "logit_bias='5' must map token ids to biases"),
+    (dict(allowed_token_ids=[]), r"allowed_token_ids=\(\) allows no token"),
+    (dict(num_beams=2, frequency_penalty=0.5), "frequency_penalty=0.5 is not supported by beam search"),
+])
+def test_bad_openai_options_are_refused_naming_them(options, message):
+    with pytest.raises(GenerationError, match=message):
+        GenerationConfig(**options)
+
+
+def test_speculative_decoding_refuses_the_openai_penalties_and_applies_a_logit_bias():
+    model, draft = nano(), nano()
+    with pytest.raises(GenerationError, match=f"presence_penalty=0.5 is not supported by {SPECULATIVE}: "):
+        tformer.generate(model, torch.tensor([[1, 2]]), 4, draft_model=draft, presence_penalty=0.5)
+    out = tformer.generate(model, torch.tensor([[1, 2]]), 6, draft_model=draft, logit_bias={9: 50}, eos_token_id=())
+    assert torch.equal(out, tformer.generate(model, torch.tensor([[1, 2]]), 6, logit_bias={9: 50}, eos_token_id=()))
+
+
+def test_the_command_line_sets_the_openai_options():
+    from tformer.cli import build_parser
+
+    args = build_parser().parse_args(["generate", "x", "--prompt", "y", "--presence-penalty", "0.5",
+                                      "--frequency-penalty", "-1", "--logit-bias", "5=-100", "--logit-bias", "7=2.5"])
+    assert (args.presence_penalty, args.frequency_penalty, args.logit_bias) == (0.5, -1.0, [(5, -100.0), (7, 2.5)])
+    assert GenerationConfig(logit_bias=tuple(args.logit_bias)).logit_bias == ((5, -100.0), (7, 2.5))

@@ -1,8 +1,9 @@
 """The logits rules: each one small class turning a step's scores into the scores the next token is chosen from,
 made from a ``GenerationConfig`` when its option asks for it (``from_config`` returns None otherwise, so a rule
 that is off costs nothing per step). ``TokenChooser.from_config`` composes the active ones in ``RULES``' order:
-the repetition penalty, the forced last token, suppressed tokens (always, then at the first new token), end ids
-forbidden before ``min_new_tokens``; then, when sampling, temperature, top-k, top-p and min-p. Each masks or
+the allowed tokens, the logit biases, the repetition penalty, OpenAI's presence and frequency penalties, the forced
+last token, suppressed tokens (always, then at the first new token), end ids forbidden before ``min_new_tokens``
+(``stop_token_ids`` among them); then, when sampling, temperature, top-k, top-p and min-p. Each masks or
 rescales what Hugging Face's logits processor or warper of the same name does, on logits (greedy, sampling) or
 log-probabilities (beam search) alike.
 
@@ -53,6 +54,41 @@ def _ids(values: tuple[int, ...], device: torch.device | None) -> Tensor | None:
     return torch.tensor(values, dtype=torch.long, device=device) if values else None
 
 
+class AllowedTokens(LogitsRule):
+    """Only the allowed tokens may be chosen (vLLM's ``allowed_token_ids``; Hugging Face's
+    ``SuppressTokensLogitsProcessor`` over every other id does the same)."""
+
+    def __init__(self, ids: Tensor) -> None:
+        self.ids = ids  # (A,)
+
+    @classmethod
+    def from_config(cls, config, model_config, device):
+        ids = config.allowed_ids(model_config)
+        return None if ids is None else cls(_ids(ids, device))
+
+    def __call__(self, scores, generated, consecutive, history):
+        allowed = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device).index_fill(0, self.ids, True)
+        return scores.masked_fill(~allowed, NEVER)
+
+
+class LogitBias(LogitsRule):
+    """Each biased token's score plus its bias (OpenAI's ``logit_bias``; Hugging Face's
+    ``SequenceBiasLogitsProcessor`` with one-token sequences)."""
+
+    def __init__(self, ids: Tensor, biases: Tensor) -> None:
+        self.ids, self.biases = ids, biases  # (K,) distinct ids, (K,) float
+
+    @classmethod
+    def from_config(cls, config, model_config, device):
+        ids, biases = config.biased_ids(model_config)
+        if not ids:
+            return None
+        return cls(_ids(ids, device), torch.tensor(biases, dtype=torch.float32, device=device))
+
+    def __call__(self, scores, generated, consecutive, history):
+        return scores.index_add(-1, self.ids, self.biases.to(scores.dtype).expand(scores.shape[0], -1))
+
+
 class RepetitionPenalty(LogitsRule):
     """Tokens already in a row's sequence (prompt and new tokens; not the prompt's left padding, -1 in ``history``,
     as Hugging Face's ``generate`` skips it): positive scores divided by the penalty, negative ones multiplied
@@ -78,6 +114,41 @@ class RepetitionPenalty(LogitsRule):
         seen.scatter_(1, ids, True)
         penalised = torch.where(scores < 0, scores * self.penalty, scores / self.penalty)
         return torch.where(seen[:, :vocab], penalised, scores)
+
+
+class PresenceFrequencyPenalty(LogitsRule):
+    """OpenAI's penalties over a row's new tokens (not its prompt): each token's score minus ``frequency`` times
+    the times it was chosen so far and minus ``presence`` once it was (OpenAI's definition; vLLM's
+    ``apply_penalties``). Hugging Face has no such processor."""
+
+    reads_history = True
+
+    def __init__(self, presence: float, frequency: float) -> None:
+        self.presence, self.frequency = presence, frequency
+
+    @classmethod
+    def from_config(cls, config, model_config, device):
+        if config.presence_penalty == 0 and config.frequency_penalty == 0:
+            return None
+        return cls(float(config.presence_penalty), float(config.frequency_penalty))
+
+    def alters(self, generated):
+        return generated > 0  # nothing chosen yet: nothing to penalise
+
+    def __call__(self, scores, generated, consecutive, history):
+        if history is None or consecutive:  # fail closed: a path that cannot give each row's tokens so far
+            raise GenerationError("presence_penalty and frequency_penalty need each row's tokens so far, which this "
+                                  "decoding path does not give; pass 0.0 for both")
+        if generated == 0:
+            return scores
+        rows, vocab = scores.shape
+        new = history[:, history.shape[1] - generated:]  # (R, G) the new tokens, the last G of each row
+        # Ids past the scores (never chosen) land in an extra column, dropped.
+        ids = new.masked_fill(new < 0, vocab).clamp(max=vocab)
+        counts = torch.zeros(rows, vocab + 1, dtype=scores.dtype, device=scores.device)
+        counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=scores.dtype))
+        counts = counts[:, :vocab]  # (R, V) times each token was chosen
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
 
 class ForcedEnd(LogitsRule):
@@ -313,5 +384,8 @@ class Constrained(LogitsRule):
 
 
 # The rules in the order they apply (Hugging Face's: processors, then the sampling warpers).
-RULES: tuple[type[LogitsRule], ...] = (RepetitionPenalty, ForcedEnd, Suppress, BeginSuppress, MinNewTokens,
-                                       Constrained, Temperature, TopK, TopP, MinP)
+# The allowed tokens and the biases come first, as vLLM applies them before its penalties and Hugging Face its
+# sequence bias before its repetition penalty.
+RULES: tuple[type[LogitsRule], ...] = (AllowedTokens, LogitBias, RepetitionPenalty, PresenceFrequencyPenalty,
+                                       ForcedEnd, Suppress, BeginSuppress, MinNewTokens, Constrained,
+                                       Temperature, TopK, TopP, MinP)

@@ -56,6 +56,15 @@ def option(default: Any, **declared: Any) -> Any:
     return dataclasses.field(default=default, metadata={DECLARATION: Option(**declared)})
 
 
+def _id_and_bias(text: str) -> tuple[int, float]:
+    """``--logit-bias ID=BIAS`` as (id, bias); a ValueError (argparse's one-line refusal) otherwise."""
+    token, _, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise ValueError(f"{text!r} is not ID=BIAS") from None
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Every option of one ``generate`` call (Hugging Face's ``GenerationConfig`` names, where one exists).
@@ -97,6 +106,32 @@ class GenerationConfig:
                  SPECULATIVE: "the drafted positions are scored without their tokens so far; pass "
                               "repetition_penalty=1.0"})
     seed: int | None = option(None, flag=Flag("--seed", int, "seed for reproducible sampling"), api="seed")
+    # OpenAI's penalties, on the new tokens only (not the prompt): a token's logit minus frequency_penalty times the
+    # times it was chosen so far, and minus presence_penalty once it was (as vLLM applies them), in [-2, 2].
+    presence_penalty: float = option(
+        0.0, flag=Flag("--presence-penalty", float, "subtract this from the logits of tokens already generated "
+                                                     "(OpenAI's; -2 to 2, 0 = none)"),
+        api="presence_penalty", api_as_is=True,
+        refused={BEAM_SEARCH: "it scores without each beam's tokens so far; pass presence_penalty=0.0",
+                 SPECULATIVE: "the drafted positions are scored without their tokens so far; pass "
+                              "presence_penalty=0.0"})
+    frequency_penalty: float = option(
+        0.0, flag=Flag("--frequency-penalty", float, "subtract this times its count so far from a generated "
+                                                      "token's logit (OpenAI's; -2 to 2, 0 = none)"),
+        api="frequency_penalty", api_as_is=True,
+        refused={BEAM_SEARCH: "it scores without each beam's tokens so far; pass frequency_penalty=0.0",
+                 SPECULATIVE: "the drafted positions are scored without their tokens so far; pass "
+                              "frequency_penalty=0.0"})
+    # Added to the logits of tokens (OpenAI's logit_bias): (token id, bias) pairs, a bias in [-100, 100] (-100 in
+    # effect bans a token, 100 makes it all but certain); a mapping id -> bias is taken too.
+    logit_bias: tuple[tuple[int, float], ...] = option(
+        (), flag=Flag("--logit-bias", _id_and_bias, "add BIAS to token ID's logit, -100 to 100 (repeatable)",
+                      repeat=True, metavar="ID=BIAS"), api="logit_bias")
+    # The only tokens that may be chosen (vLLM's allowed_token_ids); None: every token.
+    allowed_token_ids: tuple[int, ...] | None = option(None, api="allowed_token_ids")
+    # Tokens that end a sequence besides the end ids, which they join (vLLM's stop_token_ids; an ignore_eos request
+    # still ends at them, and min_new_tokens forbids them too).
+    stop_token_ids: tuple[int, ...] = option((), api="stop_token_ids")
     eos_token_id: int | tuple[int, ...] | None = None  # None: the model config's; () never ends early
     # None: the model config's, else the first end id
     pad_token_id: int | None = option(None, refused={SERVER: "a sequence that ends is not padded: the server "
@@ -166,11 +201,25 @@ class GenerationConfig:
         return dataclasses.replace(self, max_new_tokens=self.max_length - prompt_length, max_length=None)
 
     def end_ids(self, model_config) -> tuple[int, ...]:
-        """The end-of-sequence ids, the model config's by default (all of a list), each within its vocabulary."""
+        """The end-of-sequence ids, the model config's by default (all of a list), then ``stop_token_ids``, each
+        within its vocabulary."""
         value = self.eos_token_id
         if value is None:  # a Llama 3 config.json's list is kept whole in extra (eos_token_id holds its first)
             value = getattr(model_config, "extra", {}).get("eos_token_ids", model_config.eos_token_id)
-        return _token_ids("eos_token_id", value, model_config.vocab_size)
+        ends = _token_ids("eos_token_id", value, model_config.vocab_size)
+        stops = _token_ids("stop_token_ids", self.stop_token_ids, model_config.vocab_size)
+        return tuple(dict.fromkeys((*ends, *stops)))
+
+    def biased_ids(self, model_config) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """``logit_bias`` as its ids, each within the vocabulary, and their biases."""
+        ids = _token_ids("logit_bias", [token for token, _ in self.logit_bias], model_config.vocab_size)
+        return ids, tuple(bias for _, bias in self.logit_bias)
+
+    def allowed_ids(self, model_config) -> tuple[int, ...] | None:
+        """``allowed_token_ids`` within the vocabulary; None: every token may be chosen."""
+        if self.allowed_token_ids is None:
+            return None
+        return _token_ids("allowed_token_ids", self.allowed_token_ids, model_config.vocab_size)
 
     def forced_end_id(self, model_config) -> int | None:
         """The token a row that reaches ``max_new_tokens`` must end with (the option, else the model config's
@@ -280,6 +329,17 @@ class GenerationConfig:
             raise GenerationError(f"min_p={self.min_p!r} must be a number in [0, 1]")
         if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise GenerationError(f"repetition_penalty={self.repetition_penalty!r} must be a number > 0 (1 = none)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise GenerationError(f"{name}={value!r} must be a number in [-2, 2] (0 = none)")
+        self._normalise("logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            allowed = _token_ids("allowed_token_ids", self.allowed_token_ids, None)
+            if not allowed:
+                raise GenerationError("allowed_token_ids=() allows no token; give at least one id, or None for all")
+            self._normalise("allowed_token_ids", allowed)
+        self._normalise("stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids, None))
 
     def _normalise(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # frozen: set once, while being made
@@ -343,6 +403,28 @@ def _token_ids(name: str, value: object, vocab_size: int | None) -> tuple[int, .
             allowed = "a token id >= 0" if vocab_size is None else f"a token id in [0, {vocab_size})"
             raise GenerationError(f"{name}={value!r}: {token!r} is not {allowed}")
     return tuple(ids)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """(token id, bias) pairs from pairs or a mapping id -> bias: each id once, each bias a number in [-100, 100]
+    (OpenAI's range)."""
+    if value is None:
+        return ()
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    if not isinstance(pairs, Sequence) or isinstance(pairs, str) or not all(
+            isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2 for pair in pairs):
+        raise GenerationError(f"logit_bias={value!r} must map token ids to biases ((id, bias) pairs or a dict)")
+    seen: set[int] = set()
+    for token, bias in pairs:
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise GenerationError(f"logit_bias: {token!r} is not a token id >= 0")
+        if token in seen:
+            raise GenerationError(f"logit_bias: token id {token} is given twice")
+        seen.add(token)
+        if not _is_number(bias) or not -100 <= bias <= 100:
+            raise GenerationError(f"logit_bias: the bias of token id {token} is {bias!r}; it must be a number in "
+                                  "[-100, 100]")
+    return tuple((token, float(bias)) for token, bias in pairs)
 
 
 def _stop_strings(value: object) -> tuple[str, ...]:

@@ -2,12 +2,14 @@
 and the response, stream-chunk and error objects the ``openai`` client reads; the bodies of the tokenizer
 routes vLLM made common (``/tokenize``, ``/detokenize``).
 
-Failing closed: a known field the server cannot honour (``suffix``, a penalty, ``logit_bias``, tools)
-is refused with 400 naming it, and so is an unknown field; a field of the wrong type is 422, nothing
-coerced (``"10"`` is not a number, ``true`` not 1, ``"yes"`` not a boolean; an integer is a float). The
-extensions vLLM made common are accepted: ``top_k``, ``ignore_eos``, ``min_tokens``, and the options whose
-``GenerationConfig`` field declares a request field taken as it is (``min_p``, ``repetition_penalty``). A field a
-request leaves out takes the value the model folder's generation_config.json gives it, else OpenAI's default.
+Failing closed: a field of OpenAI's API or of vLLM's extensions the server cannot honour (``suffix``, ``best_of``
+other than ``n``, ``use_beam_search``, ...: ``REFUSED_FIELDS`` says why for each) is refused with 400 naming it,
+and so is an unknown field; a field of the wrong type is 422, nothing coerced (``"10"`` is not a number, ``true``
+not 1, ``"yes"`` not a boolean; an integer is a float). OpenAI's ``logit_bias``, ``presence_penalty`` and
+``frequency_penalty`` are honoured, and the extensions vLLM made common: ``top_k``, ``ignore_eos``,
+``min_tokens``, ``stop_token_ids``, ``allowed_token_ids``, and the options whose ``GenerationConfig`` field
+declares a request field taken as it is (``min_p``, ``repetition_penalty``, the penalties). A field a request
+leaves out takes the value the model folder's generation_config.json gives it, else OpenAI's default.
 """
 
 from __future__ import annotations
@@ -30,6 +32,51 @@ from tformer.generation.settings import GenerationConfig, GenerationError, decla
 FIELD_OF_OPTION = {name: option.api for name, option in declared().items() if option.api is not None}
 AS_IS = {name: option.api for name, option in declared().items() if option.api is not None and option.api_as_is}
 SAMPLING_FIELDS = frozenset(option.api for option in declared().values() if option.api is not None and option.sampling)
+
+_NO_BEAMS = "the server decodes one token at a time per sequence (no beam search; tformer generate --num-beams has it)"
+_NOT_STORED = "the server stores no completions"
+# Request fields of OpenAI's completions and chat APIs, and of vLLM's extensions to them, that no request schema
+# here declares, with why the server does not honour them: a request sending one is a 400 naming it and the reason
+# (any other unknown field is a 400 listing the known ones). docs/serving.md's table lists every field.
+REFUSED_FIELDS: dict[str, str] = {
+    # OpenAI's
+    "store": _NOT_STORED,
+    "metadata": f"{_NOT_STORED} (metadata tags stored ones)",
+    "service_tier": "the server has one tier: every request is served alike",
+    "modalities": "the server answers in text only",
+    "audio": "the server answers in text only (no audio output)",
+    "prediction": "predicted outputs are not implemented",
+    "reasoning_effort": "the server passes no reasoning settings to the model",
+    "verbosity": "the server passes no verbosity setting to the model",
+    "web_search_options": "the server has no web search",
+    "prompt_cache_key": "the prefix cache needs no key: prompts sharing a prefix share its cached blocks",
+    # vLLM's
+    "use_beam_search": _NO_BEAMS,
+    "length_penalty": f"it is beam search's, and {_NO_BEAMS}",
+    "prompt_logprobs": "score a prompt with /v1/completions' echo=true and logprobs",
+    "bad_words": "not implemented: ban single tokens with logit_bias (-100), or list the allowed ones in "
+                 "allowed_token_ids",
+    "skip_special_tokens": "the text is the tokenizer's decoding of the ids, special tokens kept (an answer's end "
+                           "token is never in it); not switchable",
+    "spaces_between_special_tokens": "the text is the tokenizer's decoding of the ids; not switchable",
+    "add_special_tokens": "a text prompt is encoded as POST /tokenize shows (completions: with the tokenizer's "
+                          "special tokens; chat: the template's alone); send token ids for other ids",
+    "priority": "requests are admitted first come, first served (no priority scheduling)",
+    "request_id": "the server names each response itself",
+    "logits_processors": "the server runs no code a request names",
+    "return_tokens_as_token_ids": "logprobs give each token's text",
+    "cache_salt": "the prefix cache is not salted per request",
+    "kv_transfer_params": "no disaggregated serving: one engine holds a request's cache",
+    "vllm_xargs": "the server has no custom extensions",
+    "mm_processor_kwargs": "the server takes text (no multimodal processor)",
+    "prompt_embeds": "a prompt is text or token ids, not embeddings",
+    "documents": "the chat template is given the messages only",
+    "chat_template": "the chat template is the server's (the checkpoint's, or tformer serve --chat-template)",
+    "chat_template_kwargs": "the chat template is given the messages only",
+    "continue_final_message": "not implemented: the template renders whole messages (continue a text through "
+                              "/v1/completions)",
+    "echo": "chat completions do not echo (vLLM's chat echo is not implemented); /v1/completions echoes prompts",
+}
 
 
 class APIError(TformerError):
@@ -75,20 +122,22 @@ class _OpenAISampling(_Strict):
     n: int = Field(1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string, as JSON keys are) -> bias in [-100, 100]
     user: str | None = None  # an end-user id for the operator's logs; nothing to honour
+    safety_identifier: str | None = None  # OpenAI's successor to user: an id, nothing to honour
     ignore_eos: bool = False  # extension: never stop at the end token
     min_tokens: int = Field(0, ge=0)  # extension: the end token is forbidden before this many
+    stop_token_ids: list[int] | None = None  # extension: these ids end a sequence too (ignore_eos keeps them)
+    allowed_token_ids: list[int] | None = None  # extension: the only ids that may be chosen
+    truncate_prompt_tokens: int | None = Field(None, ge=1)  # extension: only a prompt's last this many tokens run
+
+    def truncated(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Each prompt's last ``truncate_prompt_tokens`` ids (all of them when it is not set), as vLLM keeps them."""
+        keep = self.truncate_prompt_tokens
+        return prompts if keep is None else [prompt[-keep:] for prompt in prompts]
 
     def unsupported(self) -> None:
         """Refuse the fields a value of which this server cannot honour."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(400, f"{name}={getattr(self, name)} is not supported (only 0)", name)
-        if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options needs stream=true", "stream_options")
 
@@ -101,12 +150,24 @@ class _OpenAISampling(_Strict):
                 max_new_tokens=max_new_tokens, min_new_tokens=self.min_tokens, do_sample=self.temperature > 0,
                 temperature=self.temperature, top_k=top_k, top_p=None if self.top_p == 1 else self.top_p,
                 seed=self.seed, stop_strings=() if self.stop is None else self.stop,
-                eos_token_id=() if self.ignore_eos else None,
+                eos_token_id=() if self.ignore_eos else None, logit_bias=self._logit_bias(),
+                stop_token_ids=self.stop_token_ids or (), allowed_token_ids=self.allowed_token_ids,
                 **{name: getattr(self, field) for name, field in AS_IS.items()},
             )
             return config.replace(**self._left_to(defaults)) if defaults is not None else config
         except GenerationError as error:
             raise as_api_error(error) from None
+
+    def _logit_bias(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias``'s keys (JSON object keys: strings) as token ids; a 400 naming the field for a key that is
+        not a decimal integer (the values and the ids' range are checked as options)."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise APIError(400, f"logit_bias: key {key!r} is not a token id (a decimal integer such as \"50256\")",
+                               "logit_bias")
+            pairs.append((int(key), bias))
+        return tuple(pairs)
 
     def _left_to(self, defaults: GenerationConfig) -> dict[str, Any]:
         """The options of the fields this request left out that ``defaults`` sets (away from tformer's default), as
@@ -205,6 +266,7 @@ class ChatRequest(_Sampling):
     tools: list[dict[str, Any]] | None = None  # checked by tool_calls.read_tools (the route's first step)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True  # extension: the template's opening of the assistant's turn after the messages
 
     def unsupported(self) -> None:
         super().unsupported()
@@ -307,6 +369,8 @@ def _validation_error(error: ValidationError, schema: type[BaseModel]) -> APIErr
         return APIError(422, f"{param}: must be one of {', '.join(types)} (got {_shown(whole)})", param)
     param = ".".join(str(part) for part in location)
     if first["type"] == "extra_forbidden":
+        if len(location) == 1 and param in REFUSED_FIELDS and issubclass(schema, _OpenAISampling):
+            return APIError(400, f"{param} is not supported: {REFUSED_FIELDS[param]}", param)
         known = ", ".join(sorted(schema.model_fields))
         return APIError(400, f"unknown field {param!r}; known fields: {known}", param)
     if first["type"] == "missing":

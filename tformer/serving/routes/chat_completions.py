@@ -38,8 +38,8 @@ async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Re
     adapter = served.check_model(body.model)
     served.check_generates()
     served.check_admitting()
-    text = await served.chat_text(body.messages, tools=tools)
-    prompt = served.tokenizer.encode(text, add_special_tokens=False)
+    text = await served.chat_text(body.messages, body.add_generation_prompt, tools=tools)
+    (prompt,) = body.truncated([served.tokenizer.encode(text, add_special_tokens=False)])
     if not prompt:
         raise APIError(400, "the messages render to no tokens", "messages")
     tokens = served.token_limit(body.token_limit, [prompt], None)

@@ -35,6 +35,9 @@ async def completions(served: ServedModel, http_request: HTTPRequest) -> Respons
     served.check_admitting()
     texts = body.prompts()
     prompts = served.prompt_ids(texts, body.n)
+    if body.truncate_prompt_tokens is not None:  # the text echoed is then that of the ids kept
+        prompts = body.truncated(prompts)
+        texts = list(prompts)
     tokens = served.token_limit(body.token_limit, prompts, DEFAULT_COMPLETION_TOKENS)
     served.check_request_tokens(prompts, body.n, tokens)
     echoes = _echoes(served, texts, prompts) if body.echo else None

@@ -1,7 +1,8 @@
 """A classifier fine-tuned with LoRA through ``tformer train``'s [adapter] section: its new head (the classifier and
 the pooler it reads) trains whole beside the adapters while the backbone stays frozen, the run's count of trained
 parameters includes the head, and the run's adapter folder carries the trained head (PEFT's modules_to_save), so
-that the base with the adapter gives the run's own model back."""
+that the base with the adapter gives the run's own model back, and ``tformer evaluate BASE --adapter RUN`` its
+own scores."""
 
 import json
 
@@ -11,6 +12,7 @@ from safetensors.torch import load_file
 
 import tformer
 from tformer.adapters import load_adapter, trained_modules
+from tformer.cli import main
 from tformer.tokenizers import WordPieceTokenizer
 from tformer.training.config import AdapterConfig, TrainingError
 from tformer.training.recipe import recipe_from_dict
@@ -63,6 +65,14 @@ def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
     assert not torch.equal(model.classifier.weight, fresh)
     backbone = tformer.load(tmp_path / "base")
     assert torch.equal(model.embedding.token.weight, backbone.embedding.token.weight)  # the backbone stayed frozen
+
+    # tformer evaluate BASE --adapter RUN: the base loads with the run's head, the adapter brings its weights
+    assert main(["evaluate", str(tmp_path / "base"), "--adapter", str(tmp_path / "run"), "--data",
+                 str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "evaluation")]) == 0
+    scored = json.loads((tmp_path / "evaluation" / "dev.json").read_text())
+    last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert scored["eval_accuracy"] == pytest.approx(last["eval_accuracy"])
+    assert scored["eval_loss"] == pytest.approx(last["eval_loss"], abs=1e-5)
 
 
 @pytest.mark.parametrize("value", ["classifier", [""], [3]])

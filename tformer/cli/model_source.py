@@ -327,10 +327,16 @@ def load_model(source: ModelSource) -> LoadedModel:
 
     if source.path is None:
         raise UsageError("no model given")
-    model, problem = with_tokenizer_problem(lambda: tformer.load(source.path, device=source.device,
-                                                                 quantize=source.quantize,
-                                                                 revision=source.revision,
-                                                                 local_only=source.local_only))
+    head = adapter_head(source.adapter)
+
+    def load():
+        with warnings.catch_warnings():
+            if head:  # the new head's weights come with the adapter: "newly initialised" would mislead
+                warnings.filterwarnings("ignore", message=r".*loaded with head=")
+            return tformer.load(source.path, device=source.device, quantize=source.quantize,
+                                revision=source.revision, local_only=source.local_only, **head)
+
+    model, problem = with_tokenizer_problem(load)
     if source.adapter is not None:
         from tformer.adapters import load_adapter
 
@@ -340,6 +346,26 @@ def load_model(source: ModelSource) -> LoadedModel:
     if source.choose_threads is not None:
         choose_model_threads(model, source.choose_threads)
     return LoadedModel(model, problem)
+
+
+def adapter_head(folder: str | None) -> dict[str, Any]:
+    """The task head an adapter run trained over its base (its recipe.toml's [model] head settings: head,
+    num_labels, label_names, pooling...), for the base to load with before the adapter goes on: a classifier's
+    LoRA run over a masked-LM backbone saves the new head with its adapter. {} without one (no adapter, PEFT's
+    folders, a decoder's run)."""
+    if folder is None or not (Path(folder) / RECIPE_NAME).is_file():
+        return {}
+    import tomllib
+
+    from tformer.training.recipe import HEAD_KEYS
+
+    try:
+        values = tomllib.loads((Path(folder) / RECIPE_NAME).read_text(encoding="utf-8")).get("model", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise UsageError(f"--adapter {folder}: its {RECIPE_NAME} is not readable ({error})") from None
+    if not isinstance(values, dict) or values.get("head") is None:
+        return {}
+    return {key: values[key] for key in HEAD_KEYS if key in values}
 
 
 CHOSEN_THREADS: list[int] = []  # the count this process chose: a draft model loaded after its target keeps it

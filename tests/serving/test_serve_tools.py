@@ -138,6 +138,14 @@ def test_required_answers_calls_whose_arguments_validate(server, seed):
     valid_calls(response.choices[0])
 
 
+def test_each_of_n_choices_is_parsed_on_its_own(server):
+    response = server.client().chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=400, n=3, seed=7)
+    assert [choice.index for choice in response.choices] == [0, 1, 2]
+    calls = [valid_calls(choice) for choice in response.choices]
+    assert len({json.dumps(call) for call in calls}) > 1  # sampled apart: each choice its own reply
+
+
 @pytest.mark.parametrize("name", ["get_weather", "add"])
 def test_a_named_function_is_the_one_call(server, name):
     choice = {"type": "function", "function": {"name": name}}

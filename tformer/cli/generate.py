@@ -27,8 +27,9 @@ def register(subparsers) -> None:
                     "default; --temperature / --top-k / --top-p sample, --num-beams searches, --draft decodes "
                     "speculatively with a smaller model of the same vocabulary. Options not given take the "
                     "folder's generation_config.json defaults, as Hugging Face's generate does. --chat answers "
-                    "with the folder's chat template. The text goes to standard output, the speed (new tokens/s) "
-                    "to standard error.",
+                    "with the folder's chat template. --json-schema, --json-object, --regex, --choice and --grammar "
+                    "constrain the new text (printed alone). The text goes to standard output, the speed (new "
+                    "tokens/s) to standard error.",
     )
     add_model_source(parser, "checkpoint", "a checkpoint folder with a tokenizer.json (tformer or Hugging Face "
                                            "format)")
@@ -43,6 +44,13 @@ def register(subparsers) -> None:
     for flag in FLAGS.values():  # the GenerationConfig options, as their fields declare them
         parser.add_argument(flag.name, type=flag.type, help=flag.help, metavar=flag.metavar,
                             **({"action": "append", "default": []} if flag.repeat else {}))
+    structure = parser.add_mutually_exclusive_group()  # what the new text must be (structured outputs)
+    structure.add_argument("--json-schema", metavar="FILE", help="write JSON valid under the JSON Schema in FILE")
+    structure.add_argument("--json-object", action="store_true", help="write a JSON object")
+    structure.add_argument("--regex", metavar="PATTERN", help="write text matching PATTERN whole (Rust regex syntax)")
+    structure.add_argument("--choice", metavar="TEXT", action="append",
+                           help="write exactly one of the --choice texts (repeatable)")
+    structure.add_argument("--grammar", metavar="FILE", help="write a sentence of the Lark (or GBNF) grammar in FILE")
     parser.add_argument("--stream", action="store_true", help="print the text as it is produced")
     parser.set_defaults(run=run)
 
@@ -70,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     given = {name: getattr(args, option[2:].replace("-", "_")) for name, option in OPTIONS.items()}
     given = {name: value for name, value in given.items() if value is not None and value != []}
     given = {name: tuple(value) if FLAGS[name].repeat else value for name, value in given.items()}
+    constraint = read_constraint(args)
+    if constraint is not None:
+        given["constraint"] = constraint
     try:
         GenerationConfig(**given)
     except GenerationError as error:
@@ -79,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids, shown, config = prepare_prompt(args, model, tokenizer, call_config(model, given), messages)
     draft = load_draft(args)
 
-    reply = {"skip_special_tokens": True} if is_chat(args) else {}  # a chat's reply without its end-of-turn token
+    # a chat's reply without its end-of-turn token; a structure alone (no prompt before it: JSON to pipe on), without
+    # the end id that closes it
+    reply = {"skip_special_tokens": True} if is_chat(args) or config.constraint is not None else {}
+    shown = "" if config.constraint is not None else shown
     input_ids = torch.tensor([prompt_ids], device=model.device)
     compiled.ready(model.device)  # a first run builds the CPU kernels here, outside the timed part
     started = time.perf_counter()
@@ -111,6 +125,46 @@ def run(args: argparse.Namespace) -> int:
                   f"({output.accepted_draft_tokens}/{output.draft_tokens} drafted tokens)")
     print(speed, file=sys.stderr)
     return 0
+
+
+def read_constraint(args: argparse.Namespace):
+    """The Constraint --json-schema, --json-object, --regex, --choice or --grammar asks for (None: free text); a
+    one-line UsageError naming the option for an unreadable file or a schema, regex or grammar that does not
+    compile."""
+    import json
+
+    from tformer.cli import UsageError
+    from tformer.generation.constraints import Constraint
+    from tformer.generation.settings import GenerationError
+
+    for option, path in (("--json-schema", args.json_schema), ("--grammar", args.grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"{option} {path}: not a readable text file ({error})") from None
+        try:
+            if option == "--grammar":
+                return Constraint.grammar(text)
+            try:
+                schema = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise UsageError(f"--json-schema {path}: not JSON ({error})") from None
+            return Constraint.json_schema(schema)
+        except GenerationError as error:
+            raise UsageError(f"{option} {path}: {error}") from None
+    try:
+        if args.json_object:
+            return Constraint.json_object()
+        if args.regex is not None:
+            return Constraint.regex(args.regex)
+        if args.choice:
+            return Constraint.choice(args.choice)
+    except GenerationError as error:
+        option = "--regex" if args.regex is not None else "--choice"
+        raise UsageError(f"{option}: {error}") from None
+    return None
 
 
 def is_chat(args: argparse.Namespace) -> bool:

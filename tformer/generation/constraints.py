@@ -31,9 +31,10 @@ INSTALL = ("structured outputs need the llguidance package: pip install 'tformer
 
 
 def grammar_engine() -> Any:
-    """The llguidance module; a GenerationError saying what to install without it."""
+    """The llguidance module (with its GBNF converter); a GenerationError saying what to install without it."""
     try:
         import llguidance
+        import llguidance.gbnf_to_lark  # noqa: F401  (the module, read as llguidance.gbnf_to_lark)
     except ImportError:
         raise GenerationError(INSTALL) from None
     return llguidance
@@ -93,8 +94,9 @@ class Constraint:
 
     @classmethod
     def grammar(cls, text: str) -> Constraint:
-        """A sentence of the Lark grammar ``text`` (llguidance's Lark dialect: rules from ``start``, string and
-        ``/regex/`` terminals, ``%json {schema}`` inside)."""
+        """A sentence of the grammar ``text``: Lark (llguidance's dialect: rules from ``start``, string and
+        ``/regex/`` terminals, ``%json {schema}`` inside), or GBNF (llama.cpp's, rules from ``root`` written with
+        ``::=``; llguidance converts it to Lark)."""
         if not isinstance(text, str) or not text.strip():
             raise GenerationError(f"grammar must be a non-empty Lark grammar, not {text!r}")
         return cls("grammar", text)
@@ -116,7 +118,17 @@ class Constraint:
         if self.kind == "choice":
             options = json.loads(self.value)
             return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(option) for option in options))
-        return matcher.grammar_from_lark(self.value)
+        try:
+            lark = grammar_engine().gbnf_to_lark.any_to_lark(self.value)  # GBNF converted; Lark as it is
+        except Exception as error:  # the converter's own parse errors (ValueError, AssertionError, ...)
+            raise GenerationError(f"{self.describe()} cannot be read as Lark or GBNF: {_first_line(str(error))}") \
+                from None
+        return matcher.grammar_from_lark(lark)
+
+    def __repr__(self) -> str:
+        value = "" if self.kind == "json_object" else self.value if self.kind in ("json_schema", "choice") \
+            else repr(self.value)
+        return f"Constraint.{self.kind}({value if len(value) <= 80 else value[:77] + '...'})"
 
     def describe(self) -> str:
         """A short name for messages: "json_schema", "regex '...'", ..."""

@@ -10,6 +10,12 @@ not 1, ``"yes"`` not a boolean; an integer is a float). OpenAI's ``logit_bias``,
 ``min_tokens``, ``stop_token_ids``, ``allowed_token_ids``, and the options whose ``GenerationConfig`` field
 declares a request field taken as it is (``min_p``, ``repetition_penalty``, the penalties). A field a request
 leaves out takes the value the model folder's generation_config.json gives it, else OpenAI's default.
+
+Structured outputs: OpenAI's ``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs``
+object (``json``, ``regex``, ``choice``, ``grammar``, ``json_object``) and its older ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar``, on completions and chat alike, become the request's
+``GenerationConfig.constraint``; a schema, regex or grammar the grammar engine cannot compile is a 400 naming the
+field.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from tformer.errors import TformerError
+from tformer.generation.constraints import Constraint
 from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.settings import GenerationConfig, GenerationError, declared
 
@@ -109,6 +116,34 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(_Strict):
+    """``response_format``'s ``json_schema`` object, as OpenAI defines it: the schema is enforced whether or not
+    ``strict`` is set (the grammar engine never writes text outside it)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format``: free text, any JSON object, or JSON valid under a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs`` object: one of ``json`` (a schema, or its JSON text), ``regex``, ``choice``,
+    ``grammar`` (Lark, or GBNF) or ``json_object`` (true)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _OpenAISampling(_Strict):
     """The fields completions and chat completions share, as OpenAI defines them (``_Sampling`` adds the options
     a request sets as they are)."""
@@ -122,6 +157,14 @@ class _OpenAISampling(_Strict):
     n: int = Field(1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured outputs (one at most): OpenAI's response_format, vLLM's structured_outputs object and its older
+    # guided_* fields; each becomes the GenerationConfig's constraint (``constraint``).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     logit_bias: dict[str, float] | None = None  # token id (a decimal string, as JSON keys are) -> bias in [-100, 100]
     user: str | None = None  # an end-user id for the operator's logs; nothing to honour
     safety_identifier: str | None = None  # OpenAI's successor to user: an id, nothing to honour
@@ -152,6 +195,7 @@ class _OpenAISampling(_Strict):
                 seed=self.seed, stop_strings=() if self.stop is None else self.stop,
                 eos_token_id=() if self.ignore_eos else None, logit_bias=self._logit_bias(),
                 stop_token_ids=self.stop_token_ids or (), allowed_token_ids=self.allowed_token_ids,
+                constraint=self.constraint(),
                 **{name: getattr(self, field) for name, field in AS_IS.items()},
             )
             return config.replace(**self._left_to(defaults)) if defaults is not None else config
@@ -169,6 +213,43 @@ class _OpenAISampling(_Strict):
             pairs.append((int(key), bias))
         return tuple(pairs)
 
+    def constraint(self) -> Constraint | None:
+        """The constraint the structured-output fields ask for (None: free text); a 400 naming the field for two of
+        them, or for a schema, regex or grammar that does not compile."""
+        asked = []  # (request field, make the Constraint)
+        response_format = self.response_format
+        if response_format is not None and response_format.type == "json_object":
+            asked.append(("response_format", Constraint.json_object))
+        elif response_format is not None and response_format.type == "json_schema":
+            given = response_format.json_schema
+            if given is None or given.schema_ is None:
+                raise APIError(400, "response_format of type 'json_schema' needs json_schema.schema (the JSON Schema)",
+                               "response_format")
+            asked.append(("response_format", lambda: Constraint.json_schema(given.schema_)))
+        outputs = self.structured_outputs
+        if outputs is not None:
+            kinds = [name for name in ("json", "regex", "choice", "grammar", "json_object")
+                     if getattr(outputs, "json_" if name == "json" else name) not in (None, False)]
+            if len(kinds) != 1:
+                raise APIError(400, "structured_outputs must give exactly one of json, regex, choice, grammar, "
+                                    f"json_object (got {', '.join(kinds) or 'none'})", "structured_outputs")
+            asked.append(("structured_outputs", _maker(kinds[0], getattr(outputs, "json_" if kinds[0] == "json"
+                                                                         else kinds[0]))))
+        for kind in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{kind}")
+            if value is not None:
+                asked.append((f"guided_{kind}", _maker(kind, value)))
+        if len(asked) > 1:
+            raise APIError(400, f"{' and '.join(field for field, _ in asked)} each constrain the output: give one of "
+                                "them", asked[1][0])
+        if not asked:
+            return None
+        field, make = asked[0]
+        try:
+            return make()
+        except GenerationError as error:
+            raise APIError(400, f"{field}: {error}", field) from None
+
     def _left_to(self, defaults: GenerationConfig) -> dict[str, Any]:
         """The options of the fields this request left out that ``defaults`` sets (away from tformer's default), as
         Hugging Face's generate and vLLM take a folder's sampling settings. Its ``do_sample`` decides whether a
@@ -181,6 +262,24 @@ class _OpenAISampling(_Strict):
         if not sent & SAMPLING_FIELDS and defaults.do_sample is not None:
             taken["do_sample"] = defaults.do_sample
         return taken
+
+
+def _maker(kind: str, value: Any):
+    """What makes the constraint of vLLM's ``kind`` ("json", "regex", "choice", "grammar", "json_object") from a
+    request's ``value`` (a json schema may come as its JSON text)."""
+    if kind == "json":
+        def json_schema() -> Constraint:
+            schema = value
+            if isinstance(value, str):
+                try:
+                    schema = json.loads(value)
+                except json.JSONDecodeError as error:
+                    raise GenerationError(f"json_schema is not JSON: {error}") from None
+            return Constraint.json_schema(schema)
+        return json_schema
+    if kind == "json_object":
+        return Constraint.json_object
+    return lambda: getattr(Constraint, kind)(value)
 
 
 def _as_is_fields() -> dict[str, Any]:
@@ -251,18 +350,12 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)  # None (omitted or null): the rest of the context
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None  # checked by tool_calls.read_tools (the route's first step)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -270,9 +363,6 @@ class ChatRequest(_Sampling):
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise APIError(400, f"response_format {self.response_format.type!r} is not supported (only 'text')",
-                           "response_format")
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
 

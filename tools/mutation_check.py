@@ -297,6 +297,20 @@ MUTATIONS = (
         "a resumed run gets training.max_minutes afresh instead of what the budget has left",
     ),
     Mutation(
+        "clock-schedule-never-decays", "tformer/training/schedules.py",
+        "    return min(ramp, _decayed(min(1.0, max(0.0, budget_fraction)), schedule, lr, min_lr))",
+        "    return ramp",
+        ("tests/training/test_training_clock.py",),
+        "a run sized by the clock keeps its peak learning rate to the end, as a step-sized run cut by the budget did",
+    ),
+    Mutation(
+        "clock-schedule-misses-evaluation-time", "tformer/training/trainer.py",
+        "self.elapsed_seconds = seconds_before + self.clock() - started  # the schedule's, at this step",
+        "pass",
+        ("tests/training/test_training_clock.py", "-k", "evaluations_spend"),
+        "the rate of the step after an evaluation is read before the evaluation's time is counted",
+    ),
+    Mutation(
         "bf16-autocast-off", "tformer/training/trainer.py",
         "return torch.autocast(device_type=self.context.device.type, dtype=dtype)",
         "return torch.autocast(device_type=self.context.device.type, dtype=dtype, enabled=False)",

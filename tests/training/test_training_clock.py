@@ -34,16 +34,23 @@ class FakeClock:
 
 
 class ClockedTrainer(Trainer):
-    """A Trainer on a fake clock whose every step takes ``step_seconds``; ``stop_at``: the step (1-based) after
-    which it stops as Ctrl-C stops a run (a checkpoint, then TrainingInterrupted)."""
+    """A Trainer on a fake clock whose every step takes ``step_seconds`` and every evaluation ``eval_seconds``;
+    ``stop_at``: the step (1-based) after which it stops as Ctrl-C stops a run (a checkpoint, then
+    TrainingInterrupted)."""
 
-    def __init__(self, *args, step_seconds: float, stop_at: int | None = None, start: float = 0.0, **options):
-        self.fake_clock, self.step_seconds, self.stop_at = FakeClock(start), step_seconds, stop_at
+    def __init__(self, *args, step_seconds: float, eval_seconds: float = 0.0, stop_at: int | None = None,
+                 start: float = 0.0, **options):
+        self.fake_clock, self.stop_at = FakeClock(start), stop_at
+        self.step_seconds, self.eval_seconds = step_seconds, eval_seconds
         super().__init__(*args, clock=self.fake_clock, **options)
 
     def train_step(self, stop_requested: bool = False):
         self.fake_clock.now += self.step_seconds
         return super().train_step(stop_requested=stop_requested or self.step + 1 == self.stop_at)
+
+    def evaluate_metrics(self, progress: bool = False):
+        self.fake_clock.now += self.eval_seconds
+        return super().evaluate_metrics(progress)
 
 
 def config(**overrides) -> TrainingConfig:
@@ -56,7 +63,7 @@ def config(**overrides) -> TrainingConfig:
 def trainer(out_dir=None, step_seconds=1.0, **overrides) -> ClockedTrainer:
     torch.manual_seed(0)
     model = tformer.build_model("gpt-nano", vocab_size=16, max_seq_len=16)
-    options = {name: overrides.pop(name) for name in ("stop_at", "start") if name in overrides}
+    options = {name: overrides.pop(name) for name in ("stop_at", "start", "eval_seconds") if name in overrides}
     return ClockedTrainer(model, config(**overrides), LanguageModelling(TOKENS, TOKENS[:500]), out_dir=out_dir,
                           progress=False, step_seconds=step_seconds, **options)
 
@@ -85,6 +92,17 @@ def test_the_rate_decays_over_the_budget_to_min_lr_and_the_run_ends_with_an_eval
     assert [record["step"] for record in records if "eval_loss" in record] == [25, 50, 60]
     assert (tmp_path / "checkpoints" / "step-00000060" / "trainer_state.json").is_file()
     assert tformer.load(tmp_path).config.num_layers == 2
+
+
+def test_evaluations_spend_the_budget_too():
+    result = trainer(eval_seconds=2.0).train()  # the evaluations after steps 25 and 50 take 2 s each
+    # Step k starts with k - 1 seconds of steps spent, and 2 s more for each evaluation before it; step 56 ends
+    # at 60 s.
+    spent = [k - 1 + 2 * (k > 25) + 2 * (k > 50) for k in range(1, 57)]
+    assert result.steps == 56 and [r["step"] for r in result.history if "eval_loss" in r] == [25, 50, 56]
+    lrs = [record["lr"] for record in result.history]
+    expected = [min(LR * k / 3, cosine(seconds / 60)) for k, seconds in enumerate(spent, 1)]
+    assert lrs == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_slower_host_fits_fewer_steps_into_the_same_schedule():

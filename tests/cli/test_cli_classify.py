@@ -161,6 +161,8 @@ def test_the_mnist_recipes_are_valid_and_name_the_shared_data(name, dataset, lab
     assert Path(loaded.data.eval) == (SHARED_DATA / dataset / "t10k-images-idx3-ubyte.gz").resolve()
     assert loaded.model.label_names in ((), label_names) and loaded.declared_label_names in (None, label_names)
     assert (loaded.model.image_size, loaded.model.num_channels, loaded.model.num_labels) == (28, 1, 10)
+    # sized by the clock inside the 30-minute budget, with room for start-up and the final evaluation
+    assert loaded.training.sized_by_clock and 0 < loaded.training.max_minutes <= 28
 
 
 def test_bad_images_stop_a_run_before_anything_is_written(tmp_path, capsys):

@@ -273,3 +273,13 @@ def test_the_command_line_sets_the_openai_options():
                                       "--frequency-penalty", "-1", "--logit-bias", "5=-100", "--logit-bias", "7=2.5"])
     assert (args.presence_penalty, args.frequency_penalty, args.logit_bias) == (0.5, -1.0, [(5, -100.0), (7, 2.5)])
     assert GenerationConfig(logit_bias=tuple(args.logit_bias)).logit_bias == ((5, -100.0), (7, 2.5))
+
+
+@pytest.mark.parametrize("value", ["5", "five=1", "5=much"])
+def test_a_malformed_logit_bias_option_is_refused_in_one_line(value, capsys):
+    from tformer.cli import build_parser
+
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["generate", "x", "--prompt", "y", "--logit-bias", value])
+    assert caught.value.code == 2
+    assert f"argument --logit-bias: {value!r} is not ID=BIAS" in capsys.readouterr().err

@@ -104,6 +104,20 @@ def test_stop_token_ids_end_the_answer_before_that_token(thread_server):
     assert late.usage.completion_tokens >= first + 3 or late.choices[0].finish_reason == "length"
 
 
+def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(thread_server):
+    client, model = thread_server.client(), thread_server.model
+    free = generated(model, model.tokenizer.encode(PROMPT), max_new_tokens=30)
+    stop = free[8:10]
+    common = dict(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop])
+    cut = client.completions.create(**common).choices[0]
+    kept = client.completions.create(**common, extra_body={"include_stop_str_in_output": True}).choices[0]
+    first = free.index(stop)
+    assert (cut.text, cut.finish_reason) == (free[:first], "stop")
+    assert (kept.text, kept.finish_reason) == (free[:first + 2], "stop")
+    streamed = client.completions.create(**common, stream=True, extra_body={"include_stop_str_in_output": True})
+    assert "".join(chunk.choices[0].text for chunk in streamed) == kept.text
+
+
 def test_allowed_token_ids_are_the_only_tokens_chosen(thread_server):
     client = thread_server.client()
     allowed = [_id(thread_server, character) for character in "ab "]

@@ -20,12 +20,13 @@ class IncrementalDetokenizer:
     """One sequence's new tokens -> its text, piece by piece (``add``, then ``finish`` at its end).
 
     ``text``: everything handed out so far; ``stopped``: a stop string was reached (the text ends
-    before it, and nothing more is handed out).
+    before it, or with it when ``include_stop``, and nothing more is handed out).
     """
 
-    def __init__(self, tokenizer, stop_strings: Iterable[str] = ()) -> None:
+    def __init__(self, tokenizer, stop_strings: Iterable[str] = (), include_stop: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
+        self.include_stop = include_stop
         self.ids: list[int] = []
         self.text = ""  # handed out
         self.decoded = ""  # the text of the tokens decoded so far (handed out, or held back)
@@ -49,10 +50,11 @@ class IncrementalDetokenizer:
         self.decoded += self._decode_new(final)
         decoded, stops = self.decoded, self.stop_strings
         search_from = max(0, len(self.text) - max((len(s) for s in stops), default=0))
-        cut = min((index for index in (decoded.find(s, search_from) for s in stops) if index >= 0), default=-1)
-        if cut >= 0:
+        found = [(index, len(stop)) for index, stop in ((decoded.find(s, search_from), s) for s in stops) if index >= 0]
+        if found:  # the earliest stop string (the longest of those starting there, when included)
+            cut, length = min(found, key=lambda hit: (hit[0], -hit[1]))
             self.stopped = True
-            decoded = decoded[:cut]
+            decoded = decoded[:cut + length] if self.include_stop else decoded[:cut]
         elif not final:
             decoded = decoded[: len(decoded) - _stop_prefix_length(decoded, stops)]
         new = decoded[len(self.text):]

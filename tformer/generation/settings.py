@@ -10,6 +10,7 @@ OpenAI request field, generation_config.json key and the decoding paths that can
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import math
@@ -57,12 +58,12 @@ def option(default: Any, **declared: Any) -> Any:
 
 
 def _id_and_bias(text: str) -> tuple[int, float]:
-    """``--logit-bias ID=BIAS`` as (id, bias); a ValueError (argparse's one-line refusal) otherwise."""
+    """``--logit-bias ID=BIAS`` as (id, bias); argparse's one-line refusal, naming the option, otherwise."""
     token, _, bias = text.partition("=")
     try:
         return int(token), float(bias)
     except ValueError:
-        raise ValueError(f"{text!r} is not ID=BIAS") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not ID=BIAS (a token id, =, a number)") from None
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,9 @@ class GenerationConfig:
     stop_strings: str | tuple[str, ...] = option(
         (), flag=Flag("--stop", str, "stop once the new text contains TEXT (repeatable)", repeat=True,
                       metavar="TEXT"), api="stop", from_file=True)
+    # The text a stop string ends holds it (vLLM's include_stop_str_in_output); else it ends before it. Text only:
+    # generate's ids always hold the stop string's tokens.
+    include_stop_strings: bool = option(False, api="include_stop_str_in_output", api_as_is=True)
     num_beams: int = option(1, flag=Flag("--num-beams", int, "beam search with this many beams (default: 1)"),
                             from_file=True,
                             refused={SERVER: "the server decodes one token at a time per sequence (no beam search)"})
@@ -277,6 +281,8 @@ class GenerationConfig:
                                               or isinstance(self.pad_token_id, bool)):
             raise GenerationError(f"pad_token_id={self.pad_token_id!r} must be one token id")
         self._normalise("stop_strings", _stop_strings(self.stop_strings))
+        if not isinstance(self.include_stop_strings, bool):
+            raise GenerationError(f"include_stop_strings={self.include_stop_strings!r} must be True or False")
         for name in ("suppress_tokens", "begin_suppress_tokens"):
             if getattr(self, name) is not None:
                 self._normalise(name, _token_ids(name, list(getattr(self, name)), None))

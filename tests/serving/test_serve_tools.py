@@ -203,6 +203,25 @@ def test_auto_reads_a_call_the_model_writes_whole_and_streamed(forcing_server, k
     assert calls == whole and streamed_content == (content or "") and finish == "tool_calls"
 
 
+def test_auto_reads_a_bare_call_that_response_format_holds_the_reply_to(server):
+    """Through the engine process, no hook: ``response_format`` makes the reply a call object (Llama 3.1's bare
+    form), which ``auto`` reads as a call; beside ``required`` or a named function, which constrain the reply
+    themselves, ``response_format`` is a 400."""
+    client = server.client()
+    call = {"type": "object", "properties": {"name": {"type": "string", "enum": ["add"]},
+                                             "parameters": ADD["function"]["parameters"]},
+            "required": ["name", "parameters"], "additionalProperties": False}
+    response_format = {"type": "json_schema", "json_schema": {"name": "call", "schema": call}}
+    choice = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, max_tokens=200, seed=3,
+                                            response_format=response_format).choices[0]
+    assert valid_calls(choice, allowed=("add",))
+    for tool_choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        with pytest.raises(openai.BadRequestError, match="response_format constrains it too") as raised:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice,
+                                           response_format={"type": "json_object"})
+        assert raised.value.body["param"] == "tool_choice"
+
+
 def test_a_history_of_calls_and_results_renders(server):
     history = [*MESSAGES,
                {"role": "assistant", "content": None, "tool_calls": [

@@ -43,8 +43,9 @@ def grammar_engine() -> Any:
 @dataclass(frozen=True)
 class Constraint:
     """What the new text must be: ``kind`` (one of ``KINDS``) and its ``value`` as canonical text (a JSON schema or
-    a choice list as compact JSON with sorted keys, a regex or Lark grammar as given; "" for ``json_object``), so
-    two equal constraints compare and hash equal. Made through the constructors, which check and compile it."""
+    a choice list as compact JSON, keys in their given order: an object's properties are written in its schema's
+    order; a regex or grammar as given; "" for ``json_object``), so equal constraints compare and hash equal. Made
+    through the constructors, which check and compile it."""
 
     kind: str
     value: str = ""
@@ -71,7 +72,7 @@ class Constraint:
         if isinstance(schema, bool) or not isinstance(schema, dict):
             raise GenerationError(f"json_schema must be a JSON Schema object (a dict), not {type(schema).__name__}")
         try:
-            text = json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
+            text = json.dumps(schema, separators=(",", ":"), allow_nan=False)  # key order kept: properties come in it
         except (TypeError, ValueError) as error:
             raise GenerationError(f"json_schema is not JSON: {error}") from None
         return cls("json_schema", text)

@@ -52,7 +52,7 @@ def new_text(model, prompts, config):
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                       "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"]},
+     "required": ["name", "age"], "additionalProperties": False},  # else any other property, any number long
     {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
                                       "sizes": {"type": "array", "items": {"type": "integer", "minimum": 1,
                                                                            "maximum": 9},
@@ -220,3 +220,12 @@ def test_the_grammar_tokenizer_is_built_once_per_tokenizer_and_ends():
     first = grammar_tokenizer(model.tokenizer, 98, (END,))
     assert grammar_tokenizer(model.tokenizer, 98, (END,)) is first
     assert grammar_tokenizer(model.tokenizer, 98, (0, END)) is not first
+
+
+def test_an_objects_properties_come_in_its_schemas_order():
+    schema = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"enum": [1, 2]},
+                                               "mid": {"type": "boolean"}},
+              "required": ["zeta", "alpha", "mid"], "additionalProperties": False}
+    (text,), (end,) = new_text(char_model(), ["o"], GenerationConfig(max_new_tokens=60,
+                                                                     constraint=Constraint.json_schema(schema)))
+    assert list(json.loads(text)) == ["zeta", "alpha", "mid"] and end

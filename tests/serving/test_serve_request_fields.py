@@ -118,6 +118,17 @@ def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(thread_se
     assert "".join(chunk.choices[0].text for chunk in streamed) == kept.text
 
 
+def test_skip_special_tokens_leaves_them_out_of_the_text(thread_server):
+    client, model = thread_server.client(), thread_server.model
+    unknown = model.tokenizer.encode("§")[0]  # a character outside the vocabulary: <unk>, a special token
+    assert model.tokenizer.decode([unknown], skip_special_tokens=True) == ""
+    common = dict(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logit_bias={str(unknown): 100})
+    kept = client.completions.create(**common, extra_body={"ignore_eos": True}).choices[0].text
+    skipped = client.completions.create(**common, extra_body={"ignore_eos": True, "skip_special_tokens": True})
+    assert kept == model.tokenizer.decode([unknown]) * 6 and skipped.choices[0].text == ""
+    assert skipped.usage.completion_tokens == 6
+
+
 def test_allowed_token_ids_are_the_only_tokens_chosen(thread_server):
     client = thread_server.client()
     allowed = [_id(thread_server, character) for character in "ab "]

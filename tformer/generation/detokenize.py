@@ -20,13 +20,16 @@ class IncrementalDetokenizer:
     """One sequence's new tokens -> its text, piece by piece (``add``, then ``finish`` at its end).
 
     ``text``: everything handed out so far; ``stopped``: a stop string was reached (the text ends
-    before it, or with it when ``include_stop``, and nothing more is handed out).
+    before it, or with it when ``include_stop``, and nothing more is handed out). ``skip_special_tokens``: the
+    tokenizer's special tokens add no text.
     """
 
-    def __init__(self, tokenizer, stop_strings: Iterable[str] = (), include_stop: bool = False) -> None:
+    def __init__(self, tokenizer, stop_strings: Iterable[str] = (), include_stop: bool = False,
+                 skip_special_tokens: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
         self.include_stop = include_stop
+        self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
         self.text = ""  # handed out
         self.decoded = ""  # the text of the tokens decoded so far (handed out, or held back)
@@ -67,8 +70,9 @@ class IncrementalDetokenizer:
         prefix, read = self.prefix_offset, self.read_offset
         if len(self.ids) <= read:
             return ""
-        before = self.tokenizer.decode(self.ids[prefix:read])
-        after = self.tokenizer.decode(self.ids[prefix:])
+        skip = self.skip_special_tokens
+        before = self.tokenizer.decode(self.ids[prefix:read], skip_special_tokens=skip)
+        after = self.tokenizer.decode(self.ids[prefix:], skip_special_tokens=skip)
         if not final and after.endswith(REPLACEMENT):
             return ""
         self.prefix_offset, self.read_offset = read, len(self.ids)

@@ -143,6 +143,9 @@ class GenerationConfig:
     # The text a stop string ends holds it (vLLM's include_stop_str_in_output); else it ends before it. Text only:
     # generate's ids always hold the stop string's tokens.
     include_stop_strings: bool = option(False, api="include_stop_str_in_output", api_as_is=True)
+    # The text leaves out the tokenizer's special tokens (vLLM's skip_special_tokens, true there by default; the
+    # server keeps them unless asked, as tformer generate prints them). Text only, as include_stop_strings.
+    skip_special_tokens: bool = option(False, api="skip_special_tokens", api_as_is=True)
     num_beams: int = option(1, flag=Flag("--num-beams", int, "beam search with this many beams (default: 1)"),
                             from_file=True,
                             refused={SERVER: "the server decodes one token at a time per sequence (no beam search)"})
@@ -281,8 +284,9 @@ class GenerationConfig:
                                               or isinstance(self.pad_token_id, bool)):
             raise GenerationError(f"pad_token_id={self.pad_token_id!r} must be one token id")
         self._normalise("stop_strings", _stop_strings(self.stop_strings))
-        if not isinstance(self.include_stop_strings, bool):
-            raise GenerationError(f"include_stop_strings={self.include_stop_strings!r} must be True or False")
+        for name in ("include_stop_strings", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise GenerationError(f"{name}={getattr(self, name)!r} must be True or False")
         for name in ("suppress_tokens", "begin_suppress_tokens"):
             if getattr(self, name) is not None:
                 self._normalise(name, _token_ids(name, list(getattr(self, name)), None))

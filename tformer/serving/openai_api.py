@@ -63,8 +63,6 @@ REFUSED_FIELDS: dict[str, str] = {
     "prompt_logprobs": "score a prompt with /v1/completions' echo=true and logprobs",
     "bad_words": "not implemented: ban single tokens with logit_bias (-100), or list the allowed ones in "
                  "allowed_token_ids",
-    "skip_special_tokens": "the text is the tokenizer's decoding of the ids, special tokens kept (an answer's end "
-                           "token is never in it); not switchable",
     "spaces_between_special_tokens": "the text is the tokenizer's decoding of the ids; not switchable",
     "add_special_tokens": "a text prompt is encoded as POST /tokenize shows (completions: with the tokenizer's "
                           "special tokens; chat: the template's alone); send token ids for other ids",

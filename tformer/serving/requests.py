@@ -65,8 +65,8 @@ class Request:
         self.first_token_at: float | None = None
         self.sequences = [
             RunningSequence(index, _generator(config.seed, index, device),
-                      None if tokenizer is None else IncrementalDetokenizer(tokenizer, config.stop_strings,
-                                                                     config.include_stop_strings))
+                      None if tokenizer is None else IncrementalDetokenizer(
+                          tokenizer, config.stop_strings, config.include_stop_strings, config.skip_special_tokens))
             for index in range(n)
         ]
         self.done = threading.Event()

@@ -57,6 +57,7 @@ COVERED: dict[str, list[str] | None] = {
     "docs/tokenizers.md": None,
     "docs/core.md": None,
     "docs/cli.md": None,
+    "docs/training.md": None,
 }
 
 # Strings of a page whose numbers are not measurements (each must occur in its page).
@@ -183,6 +184,10 @@ NOT_MEASURED: dict[str, list[str]] = {
     "docs/tokenizers.md": ["(Unicode 14.0 on Python 3.11)"],
     "docs/core.md": ["(Llama 3.1-3.3)", "(default 0.01; 0: none)", "by its -0.5 power", "over 2 s of CPU time"],
     "docs/cli.md": ["with PyTorch 2.13"],
+    "docs/training.md": [
+        "| 0.1, false |", "| 0.9, 0.99, 1e-8 |", "| 1.0 |", "| 0.0 |", "| 0, 0.0 |", "| 0.1 |", "| 0.15 |", "| 3.0 |",
+        "| 8, 16, 0.0, false |",
+    ],
 }
 
 # Measured figures that no log in benchmarks/logs holds (each must occur in its page): re-measure or drop them.
@@ -244,6 +249,16 @@ UNLOGGED: dict[str, list[str]] = {
         "**37.05** for the last 4",
         # two other translation_speed runs of the day (the cited log holds the first)
         "at 1.033 s vs 1.037 s (1.00x) and 0.859 s vs 0.875 s (1.02x",
+    ],
+    "docs/training.md": [
+        "~40 s for a tiny model", "drifts by 10-20% over minutes",
+        # the first three rows of the peer table kept no log
+        "| 39.5 ms/step | plain GPT 44.4 ms/step | 0.89 |", "(load 0.6-1.9) | 89.2, 89.9, 97.4 s |",
+        "| 100.4, 92.5, 108.7 s | 92.8, 102.3, 102.6 s | 1.08, 0.90, 1.06 |",
+        "Every full-length run ends at eval loss 1.8765 (1.8973 on the whole validation split; nanoGPT: 1.886)",
+        "The wall time is 0.86-1.05x of the 104 s measured for nanoGPT on this machine: about 95% of a step is "
+        "PyTorch's own kernels (matrix products at about 75%",
+        "104.9 s of training", "1.8 s against 63 ms",
     ],
     "docs/images.md": [
         "about 27 minutes",                    # 12,000 steps at the cited 941 examples/s

@@ -42,21 +42,22 @@ __all__ = ["DEFAULT_TARGETS", "AdapterError", "add_lora", "adapter_parameters", 
            "trained_modules", "trained_with_adapter", "unload_adapter", "unmerge_adapter"]
 
 
-
 def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16, targets: Sequence[str] | str = DEFAULT_TARGETS,
-             dropout: float = 0.0, rslora: bool = False, train_modules: Sequence[str] | None = None) -> nn.Module:
+             dropout: float = 0.0, rslora: bool = False, train_modules: Sequence[str] | None = None,
+             dora: bool = False) -> nn.Module:
     """Freeze ``model`` and put a LoRA adapter of ``rank`` over each linear layer ``targets`` names (in place;
     returned too); scale alpha / rank (alpha / sqrt(rank) with ``rslora``). ``train_modules`` (PEFT's
     modules_to_save) train whole beside the adapters: module names, () for none; None, the default, trains a
     fine-tune's new task head (the classifier, and the pooler it reads; nothing on a decoder or a pretraining
-    head), as PEFT does for its classification and question-answering task types."""
+    head), as PEFT does for its classification and question-answering task types. ``dora``: DoRA adapters
+    (``nn/weights/dora.py``: a magnitude per adapted row trains too; float bases only)."""
     if lora_layers(model):
         raise AdapterError("this model has a LoRA adapter already; add one to the base model (unload_adapter)")
     chosen = resolve_targets(model, targets)
     whole = resolve_trained_modules(model, train_modules, list(chosen))
     model.requires_grad_(False)
     for path, blocks in chosen.items():
-        install_lora(model, path, rank, alpha, blocks, dropout, rslora)
+        install_lora(model, path, rank, alpha, blocks, dropout, rslora, dora)
     train_whole(model, whole)
     return model
 
@@ -72,7 +73,6 @@ def trained_with_adapter(model: nn.Module) -> list[nn.Parameter]:
 def adapter_parameters(model: nn.Module) -> int:
     """How many parameters train with the model's adapters (``trained_with_adapter``)."""
     return sum(p.numel() for p in trained_with_adapter(model))
-
 
 
 def save_adapter(model: nn.Module, path: str | Path, base_model_name_or_path: str | None = None) -> Path:
@@ -115,6 +115,10 @@ def load_adapters(model: nn.Module, folders: Mapping[str, str | Path]) -> nn.Mod
         if experts:  # an expert's layer reads the rows routed to it, not the step's: no adapter per row there
             raise AdapterError(f"adapter {name!r} ({folder}) adapts mixture-of-experts projections ({experts[0]}); "
                                "served adapters may adapt attention, dense feed-forward and head layers only")
+        dora = [path for path, layer in layers.items() if layer.kind != "lora"]
+        if dora:  # a DoRA row rescales the base's output too: not an update added to the rows that take it
+            raise AdapterError(f"adapter {name!r} ({folder}) is a DoRA adapter (use_dora); served adapters are LoRA "
+                               "only: merge it into its base (tformer merge) and serve that model")
         updates.append({path: LoraUpdate.of(layer) for path, layer in layers.items()})
     for path in dict.fromkeys(path for adapter in updates for path in adapter):
         parent_name, _, child_name = path.rpartition(".")

@@ -22,6 +22,7 @@ from tformer.interop.families import family_for_config
 from tformer.interop.weight_map import module_parts
 from tformer.nn.heads import HEADS
 from tformer.nn.weights.backend import LinearBackend
+from tformer.nn.weights.dora import DoraLinear
 from tformer.nn.weights.lora import AdapterError, LoraLinear
 from tformer.quantization import is_head_layer
 
@@ -30,7 +31,6 @@ GROUPS = ("attention", "feedforward", "head", "all-linear")
 # theirs whole by default); the pretraining heads (masked LM, next sentence) come trained with the base.
 FINE_TUNING_HEADS = ("sequence_classification", "token_classification", "question_answering", "image_classification")
 TRAINED_MODULES = "_adapter_trained_modules"  # the model's attribute: path -> its parameters as they were
-
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,13 @@ class LinearTarget:
 
 
 def install_lora(model: nn.Module, path: str, rank: int, alpha: float, blocks: Sequence[tuple[int, int]] | None,
-                 dropout: float, rslora: bool) -> LoraLinear:
-    """Put a ``LoraLinear`` over the linear layer at ``path`` (rows ``blocks``, None: all); errors name it."""
+                 dropout: float, rslora: bool, dora: bool = False) -> LoraLinear:
+    """Put a ``LoraLinear`` (a ``DoraLinear`` with ``dora``) over the linear layer at ``path`` (rows ``blocks``,
+    None: all); errors name it."""
     parent_name, _, child_name = path.rpartition(".")
     parent = model.get_submodule(parent_name)
     try:
-        layer = LoraLinear(getattr(parent, child_name), rank, alpha, blocks, dropout, rslora)
+        layer = (DoraLinear if dora else LoraLinear)(getattr(parent, child_name), rank, alpha, blocks, dropout, rslora)
     except AdapterError as error:
         raise AdapterError(f"{path}: {error}") from None
     setattr(parent, child_name, layer)

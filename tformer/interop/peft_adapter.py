@@ -18,9 +18,12 @@ the family's weights are) and their Hugging Face module names in ``modules_to_sa
 ``modules_to_save`` name covers are refused, and those it holds are copied into the model, their modules then
 trained whole. ``task_type`` is PEFT's for the model's head (SEQ_CLS, TOKEN_CLS, QUESTION_ANS).
 
+DoRA adapters (``use_dora: true``) hold one more tensor per module, ``<HF module>.lora_magnitude_vector`` (its
+rows,): split by rows as lora_B is where a fused tformer layer holds several HF modules.
+
 A model with no Hugging Face family is written under tformer's own module paths (auto_mapping names tformer
 as the base class): tformer reads it back, PEFT does not. What PEFT can hold and tformer does not compute
-(DoRA, rank or alpha patterns, trained biases) is refused in one line, as is an adapter for another base:
+(rank or alpha patterns, trained biases) is refused in one line, as is an adapter for another base:
 another model class, module names the model lacks, or shapes that differ.
 """
 
@@ -54,6 +57,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 TFORMER_CLASS = "tformer"  # auto_mapping's base_model_class of an adapter under tformer's own module paths
 SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+MAGNITUDE = ".lora_magnitude_vector"  # a DoRA module's magnitude (rows,), as PEFT's state dict names it
 TASK_TYPES = {"decoder": "CAUSAL_LM", "encoder_decoder": "SEQ_2_SEQ_LM", "speech": "SEQ_2_SEQ_LM"}
 # PEFT's task type of an encoder's fine-tuning head (each trains its head whole by default, as tformer's does)
 HEAD_TASK_TYPES = {"sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS",
@@ -63,7 +67,7 @@ UNMAPPED_FAMILIES = {"t5": "tformer folds T5's attention scaling into the query 
                            "would differ; T5 adapters are not translated"}
 # adapter_config.json settings tformer does not compute, each with the values that mean "not used".
 NOT_COMPUTED: dict[str, tuple[Any, ...]] = {
-    "use_dora": (False, None), "rank_pattern": ({}, None),
+    "rank_pattern": ({}, None),
     "alpha_pattern": ({}, None), "bias": ("none",), "lora_bias": (False, None), "layers_pattern": (None, [], ""),
     "trainable_token_indices": (None, [], {}), "target_parameters": (None, []), "layer_replication": (None, []),
     "use_qalora": (False, None), "alora_invocation_tokens": (None, []), "use_bdlora": (None, False),
@@ -78,19 +82,23 @@ def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_pa
     layers = lora_layers(model)
     if not layers:
         raise AdapterError("this model has no LoRA adapter to save (add_lora or load_adapter puts one on)")
-    settings = {(layer.rank, layer.alpha, layer.rslora, _dropout(layer)) for layer in layers.values()}
+    settings = {(layer.rank, layer.alpha, layer.rslora, _dropout(layer), layer.kind) for layer in layers.values()}
     if len(settings) > 1:
-        raise AdapterError(f"the model's adapters differ in rank, alpha, rsLoRA or dropout ({sorted(settings)}): "
-                           "PEFT's adapter_config.json holds one setting for all")
-    (rank, alpha, rslora, dropout), = settings
+        raise AdapterError(f"the model's adapters differ in rank, alpha, rsLoRA, dropout or kind "
+                           f"({sorted(settings)}): PEFT's adapter_config.json holds one setting for all")
+    (rank, alpha, rslora, dropout, kind), = settings
     family = _family_or_refuse(model)
     targets = {target.path: target for target in linear_targets(model)}
     tensors: dict[str, Tensor] = {}
     for layer_path, layer in layers.items():
-        for name, a, b in _peft_modules(layer_path, layer, targets[layer_path], family is not None):
+        for name, index, (low, high) in _peft_modules(layer_path, layer, targets[layer_path], family is not None):
             module = _their_name(family, model, name)
-            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.detach().cpu().clone()
-            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.detach().cpu().contiguous().clone()
+            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = layer.lora_A[index].detach().cpu().clone()
+            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = \
+                layer.lora_B[index][low:high].detach().cpu().contiguous().clone()
+            if kind == "dora":  # PEFT's DoRA magnitude of the module's rows, (rows,)
+                tensors[f"{PEFT_PREFIX}{module}{MAGNITUDE}"] = \
+                    layer.lora_magnitude[index][low:high].detach().cpu().contiguous().clone()
     adapted = [name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight") for name in tensors if
                name.endswith(".lora_A.weight")]
     every = [_their_name(family, model, name) for target in targets.values()
@@ -107,7 +115,7 @@ def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_pa
         "bias": "none", "task_type": _task_type(model) if family is not None else None,
         "fan_in_fan_out": bool(family is not None and family.model_type == "gpt2"), "inference_mode": True,
         "init_lora_weights": True, "modules_to_save": saved or None, "rank_pattern": {}, "alpha_pattern": {},
-        "use_dora": False, "auto_mapping": _auto_mapping(family, model),
+        "use_dora": kind == "dora", "auto_mapping": _auto_mapping(family, model),
     }
 
     def write(folder: Path) -> None:
@@ -118,13 +126,14 @@ def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_pa
 
 
 def _peft_modules(path: str, layer: LoraLinear, target: LinearTarget, by_hf_names: bool):
-    """(module name, lora_A, lora_B) of each module PEFT holds for ``layer``: per HF part of each block."""
-    for (start, stop), a, b in zip(layer.blocks, layer.lora_A, layer.lora_B, strict=True):
+    """(module name, block index, its rows within the block (low, high)) of each module PEFT holds for ``layer``:
+    per HF part of each block (its lora_A is the block's, its lora_B and magnitude the block's rows low:high)."""
+    for index, (start, stop) in enumerate(layer.blocks):
         if not by_hf_names:
             if (start, stop) != (0, layer.out_features):
                 raise AdapterError(f"{path}: an adapter on rows {start}..{stop} of a model without a Hugging Face "
                                    "family has no module name to be saved under")
-            yield path, a, b
+            yield path, index, (0, stop - start)
             continue
         parts = [(name, rows) for name, rows in zip(target.hf_names, target.hf_rows, strict=True)
                  if start <= rows[0] and rows[1] <= stop]
@@ -132,7 +141,7 @@ def _peft_modules(path: str, layer: LoraLinear, target: LinearTarget, by_hf_name
             raise AdapterError(f"{path}: its adapted rows {start}..{stop} are no Hugging Face module's "
                                f"({', '.join(target.hf_names) or 'the family maps no module to it'})")
         for name, (begin, end) in parts:
-            yield name, a, b[begin - start:end - start]
+            yield name, index, (begin - start, end - start)
 
 
 def _task_type(model: nn.Module) -> str | None:
@@ -208,6 +217,7 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
     family = _family_or_refuse(model)
     _check_base_class(config, family, model, folder)
     tensors = _read_tensors(folder)
+    magnitudes = _dora_magnitudes(tensors, config["use_dora"], folder)  # taken out of ``tensors``
     whole = _whole_module_state(model, family, config, tensors, folder)
     by_module = _adapted_modules({name: t for name, t in tensors.items() if name.endswith(SUFFIXES)}, folder)
     targets = {(_their_name(family, model, name) if family is not None else name): (target, rows)
@@ -220,23 +230,32 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
         raise AdapterError(f"{folder / ADAPTER_WEIGHTS} adapts {listed(unknown, 3)}, which {kind} has no linear layer "
                            f"of (it has {listed(list(targets), 3)}): an adapter for another base")
     rank = config["r"]
-    plans: dict[str, list[tuple[tuple[int, int], Tensor, Tensor]]] = {}
+    plans: dict[str, list[tuple[tuple[int, int], Tensor, Tensor, Tensor | None]]] = {}
     for name, (a, b) in by_module.items():
         target, (start, stop) = _lookup(targets, family, name)
-        _check_shapes(folder, name, a, b, rank, target.layer.in_features, stop - start)
-        plans.setdefault(target.path, []).append(((start, stop), a, b))
+        magnitude = magnitudes.pop(name, None)
+        if config["use_dora"] and magnitude is None:
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {name} has no {MAGNITUDE.lstrip('.')} (use_dora is "
+                               "true: every adapted module holds one)")
+        _check_shapes(folder, name, a, b, rank, target.layer.in_features, stop - start, magnitude)
+        plans.setdefault(target.path, []).append(((start, stop), a, b, magnitude))
+    if magnitudes:
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {listed(list(magnitudes), 3)} hold DoRA magnitudes "
+                           "without lora_A and lora_B")
     adapted_trained = [name for name in whole if any(name.startswith(path + ".") for path in plans)]
     if adapted_trained:
         raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {adapted_trained[0]} is both adapted and trained whole")
     model.requires_grad_(False)
     for path, blocks in plans.items():
         blocks.sort(key=lambda block: block[0])
-        layer = install_lora(model, path, rank, config["lora_alpha"], [rows for rows, _, _ in blocks],
-                             config["lora_dropout"], config["use_rslora"])
+        layer = install_lora(model, path, rank, config["lora_alpha"], [rows for rows, _, _, _ in blocks],
+                             config["lora_dropout"], config["use_rslora"], config["use_dora"])
         with torch.no_grad():
-            for index, (_, a, b) in enumerate(blocks):
+            for index, (_, a, b, magnitude) in enumerate(blocks):
                 layer.lora_A[index].copy_(a)
                 layer.lora_B[index].copy_(b)
+                if magnitude is not None:
+                    layer.lora_magnitude[index].copy_(magnitude)
     modules = list(dict.fromkeys(name.rpartition(".")[0] for name in whole))
     train_whole(model, modules)  # the base's weights kept first: unloading the adapter gives them back
     parameters = dict(model.named_parameters())
@@ -252,7 +271,8 @@ def peft_trained_modules(folder: Path) -> list[str]:
     names = config.get("modules_to_save") or []
     if not names:
         return []
-    held = [name.removeprefix(PEFT_PREFIX) for name in _read_tensors(folder) if not name.endswith(SUFFIXES)]
+    held = [name.removeprefix(PEFT_PREFIX) for name in _read_tensors(folder)
+            if not name.endswith((*SUFFIXES, MAGNITUDE))]
     return [entry for entry in names if any(_covers(entry, name) for name in held)]
 
 
@@ -348,10 +368,11 @@ def _read_config(folder: Path) -> dict[str, Any]:
     dropout = config.get("lora_dropout", 0.0)
     if not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
         raise AdapterError(f"{path}: lora_dropout={dropout!r} must be a number in [0, 1)")
-    if not isinstance(config.get("use_rslora", False), bool):
-        raise AdapterError(f"{path}: use_rslora={config['use_rslora']!r} must be true or false")
+    for key in ("use_rslora", "use_dora"):
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            raise AdapterError(f"{path}: {key}={config[key]!r} must be true or false")
     return {**config, "lora_alpha": float(alpha), "lora_dropout": float(dropout),
-            "use_rslora": config.get("use_rslora", False)}
+            "use_rslora": config.get("use_rslora") or False, "use_dora": config.get("use_dora") or False}
 
 
 def _check_base_class(config: dict[str, Any], family, model: nn.Module, folder: Path) -> None:
@@ -396,10 +417,25 @@ def _adapted_modules(tensors: dict[str, Tensor], folder: Path) -> dict[str, tupl
     return found
 
 
-def _check_shapes(folder: Path, name: str, a: Tensor, b: Tensor, rank: int, inputs: int, outputs: int) -> None:
-    for kind, tensor, expected in (("lora_A", a, (rank, inputs)), ("lora_B", b, (outputs, rank))):
+def _dora_magnitudes(tensors: dict[str, Tensor], use_dora: bool, folder: Path) -> dict[str, Tensor]:
+    """Module name -> DoRA magnitude (rows,) of the file, taken out of ``tensors``; magnitudes in a file whose
+    config says use_dora false are refused."""
+    found = {name.removeprefix(PEFT_PREFIX).removesuffix(MAGNITUDE): tensors.pop(name)
+             for name in [name for name in tensors if name.startswith(PEFT_PREFIX) and name.endswith(MAGNITUDE)]}
+    if found and not use_dora:
+        raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds DoRA magnitudes ({listed(list(found), 3)}) but "
+                           f"{ADAPTER_CONFIG} says use_dora=false")
+    return found
+
+
+def _check_shapes(folder: Path, name: str, a: Tensor, b: Tensor, rank: int, inputs: int, outputs: int,
+                  magnitude: Tensor | None = None) -> None:
+    expected_shapes = [("lora_A.weight", a, (rank, inputs)), ("lora_B.weight", b, (outputs, rank))]
+    if magnitude is not None:
+        expected_shapes.append((MAGNITUDE.lstrip("."), magnitude, (outputs,)))
+    for kind, tensor, expected in expected_shapes:
         if tuple(tensor.shape) != expected or not tensor.is_floating_point():
-            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {name}.{kind}.weight is {tuple(tensor.shape)} "
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {name}.{kind} is {tuple(tensor.shape)} "
                                f"{str(tensor.dtype).removeprefix('torch.')}, this model needs {expected} float "
                                f"(r={rank}): an adapter for another base")
 

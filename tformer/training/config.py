@@ -163,7 +163,7 @@ def _require_number(name: str, value, low: float, high: float | None = None, low
         raise TrainingError(f"training.{name}={value!r} must be a finite number {bound}")
 
 
-ADAPTER_KINDS = ("lora",)
+ADAPTER_KINDS = ("lora", "dora")  # dora: tformer.adapters.add_lora(..., dora=True)
 ADAPTER_QUANTIZE = ("int4", "int8")
 
 
@@ -205,6 +205,10 @@ class AdapterConfig:
             raise TrainingError(f"adapter.rslora={self.rslora!r} must be true or false")
         if self.quantize is not None and self.quantize not in ADAPTER_QUANTIZE:
             raise TrainingError(f"adapter.quantize={self.quantize!r} is not one of {', '.join(ADAPTER_QUANTIZE)}")
+        if self.kind == "dora" and self.quantize is not None:
+            raise TrainingError(f"adapter.kind = \"dora\" with adapter.quantize = {self.quantize!r}: DoRA's row norms "
+                                "need the float weight a quantized base does not hold; use kind = \"lora\" over a "
+                                "quantized base (QLoRA), or DoRA over a float one")
         if self.group_size is not None and self.quantize != "int4":
             raise TrainingError(f"adapter.group_size={self.group_size!r} goes with adapter.quantize = \"int4\"")
         modules = self.train_modules
@@ -216,5 +220,5 @@ class AdapterConfig:
         """One line for the run's log."""
         quantized = f" over an {self.quantize} base (QLoRA)" if self.quantize == "int4" else \
             f" over an {self.quantize} base" if self.quantize else ""
-        scaling = "rsLoRA" if self.rslora else "LoRA"
+        scaling = ("rs" if self.rslora else "") + ("DoRA" if self.kind == "dora" else "LoRA")
         return f"{scaling} rank {self.rank}, alpha {self.alpha:g}, dropout {self.dropout:g}{quantized}"

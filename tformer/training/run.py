@@ -130,7 +130,8 @@ def with_adapter(model, recipe: Recipe, say: Callable[[str], None]) -> None:
             quantize(model, adapter.quantize, adapter.group_size, head=not new_head)
         targets = adapter.targets if isinstance(adapter.targets, str) else list(adapter.targets)
         train_modules = None if adapter.train_modules is None else list(adapter.train_modules)
-        add_lora(model, adapter.rank, adapter.alpha, targets, adapter.dropout, adapter.rslora, train_modules)
+        add_lora(model, adapter.rank, adapter.alpha, targets, adapter.dropout, adapter.rslora, train_modules,
+                 dora=adapter.kind == "dora")
     except (AdapterError, QuantizationError) as error:
         raise TrainingError(f"[adapter] {error}") from None
     total = represented_parameters(model)  # a quantized base's integers count as the weights they stand for

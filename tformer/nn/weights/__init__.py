@@ -8,7 +8,8 @@
 - ``int8``, ``int4``: quantized weights (``quantized.py``), put in place by ``tformer.quantization``; they
   hold no float weight, so no other backend replaces them. ``w8a8``: int8's weights, and activations
   rounded to int8 per row where that multiplies faster (``int8.py``).
-- ``lora`` (``lora.py``): a frozen layer on any of these plus a low-rank update (LoRA, QLoRA);
+- ``lora`` (``lora.py``): a frozen layer on any of these plus a low-rank update (LoRA, QLoRA); ``dora``
+  (``dora.py``): a float layer whose adapted rows are renormalised with a trained length (DoRA);
   ``multi_lora`` (``multi_lora.py``): several adapters' updates over one base, each row of a step taking one
   (serving several adapters on one model).
 """

@@ -47,6 +47,8 @@ class LoraUpdate(nn.Module):
     product: ``LoraLinear`` adds it to its base's output, ``MultiLoraLinear`` (``multi_lora.py``) to the rows of
     each adapter's requests."""
 
+    kind = "lora"  # the adapter kind (``dora.DoraLinear``: "dora")
+
     def __init__(self, in_features: int, out_features: int, rank: int, alpha: float,
                  blocks: Sequence[tuple[int, int]] | None = None, dropout: float = 0.0, rslora: bool = False,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
@@ -78,7 +80,12 @@ class LoraUpdate(nn.Module):
 
     @classmethod
     def of(cls, layer: LoraUpdate) -> LoraUpdate:
-        """The update of ``layer`` (a ``LoraLinear``) without its base: the very same parameters."""
+        """The update of ``layer`` (a ``LoraLinear``) without its base: the very same parameters. A DoRA layer's
+        output is not its base's plus an update of its own (it rescales the base's rows too) and is refused."""
+        if layer.kind != "lora":
+            raise AdapterError(f"a {layer.kind} adapter is not a LoRA update to add to its base's output (DoRA "
+                               "rescales each adapted row of the base by its magnitude): only LoRA adapters go "
+                               "without their base")
         update = cls.__new__(cls)
         nn.Module.__init__(update)
         update.in_features, update.out_features, update.blocks = layer.in_features, layer.out_features, layer.blocks
@@ -94,8 +101,12 @@ class LoraUpdate(nn.Module):
     def update(self, x: Tensor) -> Tensor:
         """``scale * dropout(x) @ A_j.T @ B_j.T`` on each block's rows, zero elsewhere: (..., in) -> (..., out),
         in the adapter's dtype."""
+        return self.product(self.dropout(x))
+
+    def product(self, x: Tensor) -> Tensor:
+        """``scale * x @ A_j.T @ B_j.T`` on each block's rows, zero elsewhere (``update`` without its dropout)."""
         a = self.lora_A[0] if len(self.lora_A) == 1 else torch.cat(list(self.lora_A))  # (blocks * rank, in)
-        low = F.linear(self.dropout(x).to(a.dtype), a)  # (..., blocks * rank)
+        low = F.linear(x.to(a.dtype), a)  # (..., blocks * rank)
         if self.whole:
             return F.linear(low, self.lora_B[0]) * self.scale
         pieces, position = [], 0

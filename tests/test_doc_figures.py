@@ -24,6 +24,11 @@ at d decimals (within half a unit of its last digit, either way of rounding a ha
 100 (99.20% by 0.992), and a figure in minutes by seconds that round to it once divided by 60 (28.5 minutes by
 1709.1). Numbers in a log are read with or without thousands separators (1,536 or 1536). Nothing else is
 converted or computed: a ratio needs the ratio in its log, a mean the mean.
+
+**Reading the lists.** An entry of ``NOT_MEASURED`` or ``UNLOGGED`` is a piece of a paragraph as the page writes it,
+its lines joined by single spaces (code spans included); the numbers inside it are not read. A table's header row
+holds names, not figures; a table whose rows come from several runs takes a ``log`` column of links. Numbers in
+scientific notation (``3.4e-3``) are not read as figures (the pages write test tolerances that way).
 """
 
 from __future__ import annotations
@@ -429,7 +434,7 @@ CAPTION_END = re.compile(r"^[\s).,;:]*$")
 BROKEN_LOG_LINK = re.compile(r"\]\((?:\.\./)*benchmarks/[^)\s]*\s[^)]*\)")
 SEPARATOR = re.compile(r"^\s*\|[\s:|-]+\|\s*$")
 SHARES_UNIT = re.compile(r"^\s*(/|and)\s*$")
-LOG_NUMBER = re.compile(rf"(?<![\w.])({NUMBER})(?:[eE][-+]?\d+)?")
+LOG_NUMBER = re.compile(rf"(?<![\w.])({NUMBER})([eE][-+]?\d+)?")
 
 
 @dataclass
@@ -558,17 +563,24 @@ def broken_log_links(text: str) -> list[tuple[int, str]]:
 _log_numbers: dict[str, list[float]] = {}
 
 
+def numbers_in(text: str) -> list[float]:
+    """Every number a text holds, sorted: with and without thousands separators, exponents applied."""
+    values = set()
+    for written, exponent in set(LOG_NUMBER.findall(text)):
+        if exponent:  # 1.2e-05 is 0.000012, not 1.2
+            values.add(float(written.replace(",", "") + exponent))
+            continue
+        if "," in written:
+            values.update(float(part) for part in written.split(",") if part)
+            written = written.replace(",", "")
+        values.add(float(written))
+    return sorted(values)
+
+
 def log_numbers(log: str) -> list[float]:
-    """Every number a log's text holds, with and without thousands separators, sorted."""
+    """The numbers of a log (``numbers_in``), read once."""
     if log not in _log_numbers:
-        text = (ROOT / log).read_text(encoding="utf-8", errors="replace")
-        values = set()
-        for written in set(LOG_NUMBER.findall(text)):
-            if "," in written:
-                values.update(float(part) for part in written.split(",") if part)
-                written = written.replace(",", "")
-            values.add(float(written))
-        _log_numbers[log] = sorted(values)
+        _log_numbers[log] = numbers_in((ROOT / log).read_text(encoding="utf-8", errors="replace"))
     return _log_numbers[log]
 
 
@@ -670,6 +682,7 @@ def test_rounding_percent_and_minutes_rules():
     assert holds([1709.1], figure("28.5", "minutes")) and not holds([1709.1], figure("28.6", "minutes"))
     assert not holds([1709.1], figure("28.5", "x"))
     assert holds([1536.0], figure("1,536")) and not holds([1537.0], figure("1,536"))
+    assert numbers_in("loss 1.2e-05 at 1,536 tok/s, x3") == [1.2e-05, 1.0, 536.0, 1536.0]
     assert figures_in("a 2.1-2.4x gain, 98.99% twice, 764 MiB, 16 clients, Qwen2.5 0.5B") == [
         (2, "2.1", "x"), (2, "2.4", "x"), (17, "98.99", "%"), (31, "764", "MiB")]
     assert figures_in("80.18 / 79.68%, 56.6 and 60.9 minutes, (-0.44, +1.37)") == [

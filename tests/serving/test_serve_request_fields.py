@@ -185,6 +185,41 @@ def test_add_generation_prompt_false_leaves_the_assistants_turn_unopened(thread_
     assert chat.choices[0].message.content == generated(model, ids, max_new_tokens=5)
 
 
+TRIMMING = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.mark.parametrize("template", [TEMPLATE, TRIMMING])
+@pytest.mark.parametrize("final", ["or not ", " or not", "or not"])
+def test_continue_final_message_cuts_the_chat_where_transformers_does(template, final):
+    transformers_chat = pytest.importorskip("transformers.utils.chat_template_utils")
+    from tformer.serving.openai_api import ChatRequest
+
+    messages = [{"role": "user", "content": "to be?"}, {"role": "assistant", "content": final}]
+    body = ChatRequest(model="tiny", messages=messages, continue_final_message=True)
+    ours = body.continued(ChatTemplate(template).render(messages, add_generation_prompt=body.opens_turn))
+    (theirs,), _ = transformers_chat.render_jinja_template([messages], chat_template=template,
+                                                           continue_final_message=True)
+    assert ours == theirs
+
+
+def test_continue_final_message_answers_after_the_last_message(thread_server):
+    client, model = thread_server.client(), thread_server.model
+    messages = [{"role": "user", "content": "to be?"}, {"role": "assistant", "content": "or not"}]
+    ids = model.tokenizer.encode("user: to be?\nassistant: or not", add_special_tokens=False)
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0,
+                                          extra_body={"ignore_eos": True, "continue_final_message": True})
+    assert chat.usage.prompt_tokens == len(ids)
+    assert chat.choices[0].message.content == generated(model, ids, max_new_tokens=5)
+    for extra, message in (({"continue_final_message": True, "add_generation_prompt": True}, "send one of them"),
+                           ({"continue_final_message": True}, "does not appear in the rendered chat")):
+        gone = [{"role": "user", "content": "to be?"}, {"role": "assistant", "content": "   "}]
+        with pytest.raises(openai.BadRequestError, match=message) as refused:
+            client.chat.completions.create(model="tiny", messages=messages if "add_generation_prompt" in extra
+                                           else gone, max_tokens=2, extra_body=extra)
+        assert refused.value.body["param"] == "continue_final_message"
+
+
 @pytest.mark.parametrize("field", sorted(REFUSED_FIELDS))
 def test_every_field_not_honoured_is_a_400_naming_it_and_why(thread_server, field):
     client = thread_server.client()

@@ -78,8 +78,6 @@ REFUSED_FIELDS: dict[str, str] = {
     "documents": "the chat template is given the messages only",
     "chat_template": "the chat template is the server's (the checkpoint's, or tformer serve --chat-template)",
     "chat_template_kwargs": "the chat template is given the messages only",
-    "continue_final_message": "not implemented: the template renders whole messages (continue a text through "
-                              "/v1/completions)",
     "echo": "chat completions do not echo (vLLM's chat echo is not implemented); /v1/completions echoes prompts",
 }
 
@@ -358,15 +356,41 @@ class ChatRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True  # extension: the template's opening of the assistant's turn after the messages
+    continue_final_message: bool = False  # extension: the answer continues the last message (its end left open)
 
     def unsupported(self) -> None:
         super().unsupported()
+        if self.continue_final_message and self.add_generation_prompt and "add_generation_prompt" in \
+                self.model_fields_set:
+            raise APIError(400, "continue_final_message continues the last message, add_generation_prompt=true opens a "
+                                "new turn: send one of them", "continue_final_message")
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def opens_turn(self) -> bool:
+        """Whether the template opens the assistant's turn after the messages (not when continuing the last one)."""
+        return self.add_generation_prompt and not self.continue_final_message
+
+    def continued(self, text: str) -> str:
+        """``text`` (the rendered messages) cut after the final message's content when ``continue_final_message``,
+        what the template closes the message with left out, so the answer continues it (transformers'
+        apply_chat_template(continue_final_message=True) cuts the same place: after the content's last occurrence,
+        its trailing spaces kept where the template kept them); a 400 when the content is not in the text."""
+        if not self.continue_final_message:
+            return text
+        content = self.messages[-1].as_template_input().get("content") or ""
+        if not content.strip() or content.strip() not in text:
+            raise APIError(400, "continue_final_message: the final message's content does not appear in the "
+                                "rendered chat (the template drops or changes it), so it cannot be continued",
+                           "continue_final_message")
+        start = text.rindex(content.strip())
+        kept = content.lstrip() if text[start:].startswith(content.lstrip()) else content.strip()
+        return text[: start + len(kept)]
 
 
 class EmbeddingRequest(_Strict):

@@ -38,7 +38,7 @@ async def chat_completions(served: ServedModel, http_request: HTTPRequest) -> Re
     adapter = served.check_model(body.model)
     served.check_generates()
     served.check_admitting()
-    text = await served.chat_text(body.messages, body.add_generation_prompt, tools=tools)
+    text = body.continued(await served.chat_text(body.messages, body.opens_turn, tools=tools))
     (prompt,) = body.truncated([served.tokenizer.encode(text, add_special_tokens=False)])
     if not prompt:
         raise APIError(400, "the messages render to no tokens", "messages")

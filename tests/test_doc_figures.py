@@ -642,6 +642,14 @@ def test_each_figure_is_in_the_log_it_names(page):
     assert not found, "\n".join(found)
 
 
+def test_every_page_is_covered():
+    """A page added to docs/ states its figures' logs too: it is listed in COVERED (None: the whole page)."""
+    pages = ["README.md", *sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md"))]
+    missing = [page for page in pages if page not in COVERED]
+    assert not missing, (f"not in COVERED: {missing}; add each (None for the whole page), cite its figures' logs "
+                         "and list its settings in NOT_MEASURED")
+
+
 def test_every_cited_log_exists():
     """A link into benchmarks/logs on any page (covered or not) names a file that is there, and is one link: a
     target broken across lines renders as text (a Markdown link's target holds no line break)."""

@@ -161,3 +161,24 @@ def test_served_adapters_refuse_a_dora_adapter_by_name(tmp_path):
     with pytest.raises(AdapterError, match=r"adapter 'shiny' .* is a DoRA adapter .*served adapters are LoRA only"):
         load_adapters(model, {"plain": tmp_path / "lora", "shiny": tmp_path / "dora"})
     assert not lora_layers(model) and all(torch.equal(p, before[n]) for n, p in model.state_dict().items())
+
+
+def test_decoding_with_a_dora_adapter_equals_decoding_its_merged_model():
+    """Generation's decoding view puts the bases on the prepacked backend under the adapters: DoRA still reads the
+    same float weight for its norms, so greedy tokens equal the merged model's."""
+    from tformer.adapters import unload_adapter
+    from tformer.generation import GenerationConfig
+
+    model = randomised_model(add_lora(gpt(), rank=4, alpha=8, dora=True))
+    config = GenerationConfig(max_new_tokens=16, eos_token_id=())
+    prompt = torch.tensor([[1, 2, 3, 4, 5]])
+    adapted = tformer.generate(model, prompt, generation_config=config)
+    merged = tformer.generate(unload_adapter(model), prompt, generation_config=config)
+    assert torch.equal(adapted, merged)
+    assert not torch.equal(adapted, tformer.generate(gpt(), prompt, generation_config=config))
+
+
+def randomised_model(model):
+    for layer in lora_layers(model).values():
+        randomised(layer)
+    return model.eval()

@@ -57,6 +57,8 @@ REFUSED_FIELDS: dict[str, str] = {
     "verbosity": "the server passes no verbosity setting to the model",
     "web_search_options": "the server has no web search",
     "prompt_cache_key": "the prefix cache needs no key: prompts sharing a prefix share its cached blocks",
+    "functions": "OpenAI's deprecated form of tools: send tools",
+    "function_call": "OpenAI's deprecated form of tool_choice: send tool_choice",
     # vLLM's
     "use_beam_search": _NO_BEAMS,
     "length_penalty": f"it is beam search's, and {_NO_BEAMS}",

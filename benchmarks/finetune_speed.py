@@ -22,12 +22,27 @@ hits them alike), each after one warm-up step; the medians of the rounds are rep
 hf-peft's (above 1: faster than hf-peft).
 
 Memory: each step runs in a process of its own (so one model's memory does not hide another's), reading the
-process's peak resident set as tformer's training reports it (``tformer.memory.peak_memory``: getrusage's
-ru_maxrss). After the model and optimizer are built, and before the first step, the peak is reset to the memory then
-resident (Linux: /proc/self/clear_refs), so it covers the step loop alone (--memory-steps steps, the optimizer's
-state made in the first), not a float model that quantization replaced; where the reset is not available the peak is
-the process's whole life, said so. The peak includes what the process holds besides the model (the Python
-interpreter and the libraries: the "resident before" column shows it at the reset). Ratios are to full's peak.
+process's peak resident set, the figure tformer's training reports (``tformer.memory.peak_memory``: getrusage's
+ru_maxrss, the kernel's high-water mark of the process's resident pages). After the model and optimizer are built,
+and before the first step, the mark is reset to the memory then resident (Linux: /proc/self/clear_refs), so it
+covers the step loop alone (--memory-steps steps, the optimizer's state made in the first), not a float model that
+quantization replaced. The mark is read as /proc/self/status's VmHWM: ru_maxrss is the same mark but also carries the
+peak of the process that started this one across exec (this script's, holding a model), which would hide smaller
+peaks. The peak includes what the process holds besides the model (the interpreter and the libraries: "resident
+before" shows it at the reset). Ratios are to full's peak.
+
+glibc's malloc (the CPU allocator PyTorch calls) serves tensors of up to 32 MiB from its heap once larger blocks
+have been freed (its mmap threshold moves up), and keeps freed heap memory resident: a step's activations then stay
+resident after the step and the next step's are placed beside them, so the resident peak grows over the first steps
+by up to the activations' size again (--glibc-default prints each step's peak: the second's is above the first's).
+Each memory process therefore runs with MALLOC_MMAP_THRESHOLD_=65536 (blocks above 64 KiB mapped and unmapped one by
+one), so its peak is what the step holds at once, the same in every step; --glibc-default measures with glibc's
+defaults instead.
+
+Two more memory rows run the same steps with tformer's activation checkpointing on (each block's activations
+recomputed in the backward pass: ``training.activation_checkpointing``, ``nn.stack.set_activation_checkpointing``):
+full-ckpt and qlora-ckpt (QLoRA as it is usually run: PEFT's prepare_model_for_kbit_training turns gradient
+checkpointing on by default). They are not timed.
 
 Acceptance (issue 56): qlora's peak <= 0.5x full's; lora's step >= 1.2x hf-peft's speed.
 """
@@ -50,7 +65,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import interleaved  # noqa: E402
 
-KINDS = ("full", "lora", "qlora", "hf-peft")
+KINDS = ("full", "lora", "qlora", "hf-peft")  # timed, and measured for memory
+MEMORY_KINDS = (*KINDS, "full-ckpt", "qlora-ckpt")  # "-ckpt": with activation checkpointing
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # glibc: blocks above 64 KiB mapped, and unmapped when freed
 TARGETS = ["c_attn", "c_proj", "c_fc"]  # GPT-2's attention and feed-forward projections, by their HF names
 RANK, ALPHA, LR = 8, 16, 1e-4
 QUICK_SHAPE = {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512, "n_positions": 128, "bos_token_id": 511,
@@ -74,6 +91,7 @@ def batch(folder: Path, rows: int, length: int) -> torch.Tensor:
 
 def build(kind: str, folder: Path, group_size: int):
     """The model of ``kind`` in training mode, and a function running one training step on a batch."""
+    kind, checkpointing = kind.removesuffix("-ckpt"), kind.endswith("-ckpt")
     if kind == "hf-peft":
         from peft import LoraConfig, get_peft_model
         from transformers import GPT2LMHeadModel
@@ -92,6 +110,10 @@ def build(kind: str, folder: Path, group_size: int):
         model = tformer.load(folder, quantize=scheme_for("int4", group_size) if kind == "qlora" else None)
         if kind != "full":
             add_lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS)
+        if checkpointing:
+            from tformer.nn.stack import set_activation_checkpointing
+
+            set_activation_checkpointing(model)
 
         def loss(ids: torch.Tensor) -> torch.Tensor:
             return model(ids, labels=ids).loss
@@ -109,41 +131,50 @@ def build(kind: str, folder: Path, group_size: int):
     return model, step, sum(parameter.numel() for parameter in trained)
 
 
-def reset_peak() -> bool:
-    """Reset this process's peak resident set to what is resident now (Linux); False where it cannot."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
+def reset_peak() -> None:
+    """Reset this process's peak resident set to what is resident now (Linux's /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_resident() -> int:
+    """This process's peak resident set in bytes since the last reset (VmHWM: ru_maxrss's mark, without what it
+    carries over from the process that started this one)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("/proc/self/status has no VmHWM: the memory figures need Linux")
 
 
 def measure_memory(kind: str, folder: Path, rows: int, length: int, steps: int, group_size: int) -> dict:
-    """Peak resident memory over ``steps`` training steps of ``kind`` (run in a process of its own)."""
-    from tformer.memory import peak_memory
-
+    """Peak resident memory over ``steps`` training steps of ``kind`` (run in a process of its own), and the peak of
+    each step."""
     _, step, trained = build(kind, folder, group_size)
     ids = batch(folder, rows, length)
-    reset = reset_peak()
-    resident_before = peak_memory("cpu")
-    losses = [step(ids) for _ in range(steps)]
-    return {"kind": kind, "peak_bytes": peak_memory("cpu"), "resident_before_bytes": resident_before,
-            "peak_covers": "step loop" if reset else "whole process", "trained_parameters": trained,
-            "losses": losses}
+    reset_peak()
+    resident_before = peak_resident()
+    losses, step_peaks = [], []
+    for _ in range(steps):
+        losses.append(step(ids))
+        step_peaks.append(peak_resident())
+    return {"kind": kind, "peak_bytes": peak_resident(), "resident_before_bytes": resident_before,
+            "peak_after_each_step": step_peaks, "trained_parameters": trained, "losses": losses}
 
 
 def memory_in_processes(folder: Path, args) -> dict[str, dict]:
     """Each kind's ``measure_memory`` in a fresh Python process, one after another."""
     found = {}
-    for kind in KINDS:
+    environment = {**os.environ, **({} if args.glibc_default else FIXED_MMAP)}
+    for kind in MEMORY_KINDS:
         command = [sys.executable, __file__, "--memory-child", kind, "--folder", str(folder),
                    "--rows", str(args.rows), "--length", str(args.length), "--memory-steps", str(args.memory_steps),
                    "--group-size", str(args.group_size), "--threads", str(args.threads)]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
         if done.returncode != 0:
             raise SystemExit(f"the {kind} memory run failed:\n{done.stderr[-3000:]}")
         found[kind] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"memory {kind}: peak {found[kind]['peak_bytes'] / 2**20:,.0f} MiB", flush=True)
+        steps = ", ".join(f"{peak / 2**20:,.0f}" for peak in found[kind]["peak_after_each_step"])
+        print(f"memory {kind}: peak {found[kind]['peak_bytes'] / 2**20:,.0f} MiB (after each step: {steps})",
+              flush=True)
     return found
 
 
@@ -157,29 +188,31 @@ def time_steps(folder: Path, args) -> dict[str, float]:
 
 
 def print_table(seconds: dict[str, float] | None, memory: dict[str, dict] | None) -> None:
-    header = f"{'step':<9} {'trained':>11}"
+    header = f"{'step':<10} {'trained':>11}"
     if seconds:
         header += f" {'s/step':>9} {'speed vs hf-peft':>17}"
     if memory:
         header += f" {'peak MiB':>9} {'vs full':>8} {'resident before':>16}"
     print(header)
-    for kind in KINDS:
-        line = f"{kind:<9} {memory[kind]['trained_parameters']:>11,}" if memory else f"{kind:<9} {'':>11}"
+    for kind in MEMORY_KINDS if memory else KINDS:
+        line = f"{kind:<10} {memory[kind]['trained_parameters']:>11,}" if memory else f"{kind:<10} {'':>11}"
         if seconds:
-            line += f" {seconds[kind]:>9.3f} {seconds['hf-peft'] / seconds[kind]:>16.2f}x"
+            line += (f" {seconds[kind]:>9.3f} {seconds['hf-peft'] / seconds[kind]:>16.2f}x" if kind in seconds
+                     else f" {'':>9} {'':>17}")
         if memory:
             peak = memory[kind]["peak_bytes"]
             line += (f" {peak / 2**20:>9,.0f} {peak / memory['full']['peak_bytes']:>7.2f}x"
                      f" {memory[kind]['resident_before_bytes'] / 2**20:>12,.0f} MiB")
         print(line)
     if memory:
-        covers = {entry["peak_covers"] for entry in memory.values()}
-        print(f"peak: the process's resident set over the {', '.join(sorted(covers))}")
+        print("peak: each process's resident set over its step loop"
+              + ("" if memory.get("glibc_default") else " (MALLOC_MMAP_THRESHOLD_=65536)"))
     if seconds:
         print(f"acceptance: lora {seconds['hf-peft'] / seconds['lora']:.2f}x hf-peft's speed (>= 1.2x)")
     if memory:
-        print(f"acceptance: qlora {memory['qlora']['peak_bytes'] / memory['full']['peak_bytes']:.2f}x full's peak "
-              "memory (<= 0.5x)")
+        full = memory["full"]["peak_bytes"]
+        print(f"acceptance: qlora {memory['qlora']['peak_bytes'] / full:.2f}x full's peak memory (<= 0.5x); "
+              f"qlora-ckpt {memory['qlora-ckpt']['peak_bytes'] / full:.2f}x")
 
 
 def main() -> None:
@@ -196,7 +229,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (every process)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--memory-child", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--glibc-default", action="store_true",
+                        help="measure memory with glibc's malloc defaults (not MALLOC_MMAP_THRESHOLD_=65536)")
+    parser.add_argument("--memory-child", choices=MEMORY_KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.rows = args.rows or (2 if args.quick else 4)
     args.length = args.length or (32 if args.quick else 256)
@@ -214,6 +249,8 @@ def main() -> None:
               f"{args.threads} threads; torch {torch.__version__}",
               flush=True)
         memory = None if args.time_only else memory_in_processes(folder, args)
+        if memory is not None:
+            memory["glibc_default"] = args.glibc_default
         seconds = None if args.memory_only else time_steps(folder, args)
     print_table(seconds, memory)
     if args.out:

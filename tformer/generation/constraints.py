@@ -152,7 +152,9 @@ def _first_line(message: str) -> str:
 # ---- the vocabulary as the grammar engine reads it ----------------------------------------------------
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte-fallback token
-_TOKENIZERS: dict[tuple[str, int, tuple[int, ...]], Any] = {}  # (fingerprint, vocab, end ids) -> LLTokenizer
+# (id of a tokenizer, vocabulary size, end ids) -> (that tokenizer, kept so that its id stays its own; its
+# llguidance tokenizer). By identity: a fingerprint would serialise a whole vocabulary on every request.
+_TOKENIZERS: dict[tuple[int, int, tuple[int, ...]], tuple[Any, Any]] = {}
 
 
 def token_bytes_table(tokenizer, vocab_size: int) -> list[bytes]:
@@ -203,20 +205,22 @@ class _Vocabulary:
 
 
 def grammar_tokenizer(tokenizer, vocab_size: int, end_ids: tuple[int, ...]) -> Any:
-    """The llguidance tokenizer of ``tokenizer`` for a model of ``vocab_size`` ids ending at ``end_ids`` (built
-    once per tokenizer and ends: reading a large vocabulary takes about a second)."""
+    """The llguidance tokenizer of ``tokenizer`` for a model of ``vocab_size`` ids ending at ``end_ids``, built once
+    per tokenizer object and ends (reading a large vocabulary takes about a second: a serving engine's requests
+    share one)."""
     if tokenizer is None:
         raise GenerationError("a constraint needs the model's tokenizer (the grammar is over text), and there is none")
     if not end_ids:
         raise GenerationError("a constraint needs an end-of-sequence id to end the text once it is complete; the "
                               "model has none and eos_token_id gives none")
-    key = (tokenizer.fingerprint(), vocab_size, tuple(end_ids))
-    made = _TOKENIZERS.get(key)
-    if made is None:
+    key = (id(tokenizer), vocab_size, tuple(end_ids))
+    held = _TOKENIZERS.get(key)
+    if held is None:
         llguidance = grammar_engine()
         wrapper = llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size, tuple(end_ids)))
-        made = _TOKENIZERS[key] = llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=list(end_ids))
-    return made
+        held = _TOKENIZERS[key] = (tokenizer, llguidance.LLTokenizer(wrapper, n_vocab=vocab_size,
+                                                                     eos_token=list(end_ids)))
+    return held[1]
 
 
 def matcher(constraint: Constraint, tokenizer: Any) -> Any:

@@ -2,7 +2,7 @@
 the pooler it reads) trains whole beside the adapters while the backbone stays frozen, the run's count of trained
 parameters includes the head, and the run's adapter folder carries the trained head (PEFT's modules_to_save), so
 that the base with the adapter gives the run's own model back, and ``tformer evaluate BASE --adapter RUN`` its
-own scores."""
+own scores (and ``tformer merge`` a plain classifier with the same logits)."""
 
 import json
 
@@ -73,6 +73,13 @@ def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
     last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert scored["eval_accuracy"] == pytest.approx(last["eval_accuracy"])
     assert scored["eval_loss"] == pytest.approx(last["eval_loss"], abs=1e-5)
+
+    # tformer merge BASE RUN: a plain classifier folder, the head and the merged updates in it
+    assert main(["merge", str(tmp_path / "base"), str(tmp_path / "run"), "--out", str(tmp_path / "merged")]) == 0
+    merged = tformer.load(tmp_path / "merged").eval()
+    ids = torch.randint(5, len(VOCAB), (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, model.eval()(ids).logits, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("value", ["classifier", [""], [3]])

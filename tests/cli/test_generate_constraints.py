@@ -48,6 +48,10 @@ def test_generate_json_schema_prints_the_json_alone_as_generate_writes_it(folder
         out = capsys.readouterr().out
         assert out == expected(folder, "data:", Constraint.json_schema(SCHEMA), **options) + "\n"
         jsonschema.validate(json.loads(out), SCHEMA)
+    assert main(["generate", str(folder), "--prompt", "data:", "--max-new-tokens", "200", "--json-schema",
+                 str(folder.parent / "schema.json"), "--stream"]) == 0
+    streamed = capsys.readouterr().out  # greedy, as the first run: alike, without the end token's text
+    assert streamed == expected(folder, "data:", Constraint.json_schema(SCHEMA)) + "\n"
 
 
 def test_generate_regex_choice_grammar_and_json_object(folder, capsys):

@@ -106,9 +106,11 @@ def run(args: argparse.Namespace) -> int:
                                          tokenizer=tokenizer)
         sys.stdout.write(shown)
         streamer = TextStreamer(tokenizer) if args.stream else None
+        # a structure streams without the end id that closes it, as it prints whole
+        closing = torch.tensor(config.end_ids(model.config)) if config.constraint is not None else None
         for chunk in stream:
             if streamer is not None:
-                streamer(chunk)
+                streamer(chunk if closing is None else chunk[:, ~torch.isin(chunk[0], closing)])
         output = stream.output
         if streamer is not None:
             streamer.end()

@@ -13,7 +13,7 @@ Figures: the median and 90th percentile of the mask time per token, the time of 
 set-up (the vocabulary read, the schema compiled) once. Each document's tokens must be allowed by the mask before
 them: a library that refuses one is reported, not timed. A library that is not installed is a row saying so.
 
-(b) Serving: gpt-mini and GPT-2's 124M shape, random weights (seed 0), saved with their tokenizers (gpt-mini's 256
+(b) Serving: gpt-mini (1,024 positions) and GPT-2's 124M shape, random weights (seed 0), saved with their tokenizers (gpt-mini's 256
 byte tokens, end id 0, the NUL byte, which JSON text never holds; GPT-2's, end id 50256), served by ``tformer
 serve`` (its own process), --clients concurrent clients (16) each sending streaming /v1/completions requests, as
 benchmarks/serve_load.py does: unconstrained (``ignore_eos``, exactly --new-tokens each) and constrained
@@ -252,7 +252,8 @@ def save_model(name: str, work: Path, args) -> Path:
     folder = work / f"{name}-structured"
     if not (folder / "config.json").exists():
         torch.manual_seed(0)
-        overrides = {"num_layers": 2, "max_seq_len": 512} if args.quick else {}
+        # 1,024 positions: gpt-mini's 256 hold no prompt beside --constrained-tokens (512) of byte tokens
+        overrides = {"num_layers": 2, "max_seq_len": 512} if args.quick else {"max_seq_len": 1024}
         model = tformer.build_model(name, eos_token_id=END_IDS[name], **overrides).eval()
         model.tokenizer = tokenizer_for(name, GPT2_FILES / "encoder.json")
         model.save(folder)

@@ -1,6 +1,7 @@
 """Several LoRA adapters over one base, chosen row by row (nn/weights/multi_lora.py, tformer.adapters.load_adapters):
 a mixed batch's rows equal each row's adapter alone (LoraLinear over the same base, 1e-6), on every base backend,
-for the step's token rows and its kept rows; rows of no adapter, and every row outside a step, are the base's;
+with the adapters' products stacked (inference) or run adapter by adapter (training mode), for the step's token
+rows and its kept rows; rows of no adapter, and every row outside a step, are the base's;
 a model with adapters loaded together decodes each row as that adapter's model alone."""
 
 import pytest
@@ -22,10 +23,12 @@ def adapted(backend):
     return base, [first, second], MultiLoraLinear(base, [LoraUpdate.of(first), LoraUpdate.of(second)], ["a", "b"])
 
 
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked-in-inference", "grouped-in-training-mode"])
 @pytest.mark.parametrize("backend", ["plain", "prepacked", "int8", "int4"])
 @torch.no_grad()
-def test_a_mixed_batch_equals_each_rows_adapter_alone(backend):
+def test_a_mixed_batch_equals_each_rows_adapter_alone(backend, stacked):
     base, alone, multi = adapted(backend)
+    multi.train(not stacked)  # a server's model is in eval mode: every adapter's product in one stacked pair
     per_token = torch.tensor([-1, 0, 1, 1, 0, -1, 1, 0, 0, -1])
     x = torch.randn(1, len(per_token), 64)
     with adapter_rows.use(per_token):
@@ -55,6 +58,21 @@ def test_an_adapter_that_leaves_a_layer_alone_adds_nothing_there_and_odd_row_cou
         with pytest.raises(AdapterError, match="got 3 rows, which are neither the step's tokens nor its kept rows"):
             multi(x[:3])
     assert adapter_index([1, -1, 0], [2, 1, 3], torch.device("cpu")).tolist() == [1, 1, -1, 0, 0, 0]
+
+
+@torch.no_grad()
+def test_the_stacked_products_follow_a_changed_adapter_weight():
+    base, alone, multi = adapted("plain")
+    multi.eval()
+    per_token, x = torch.tensor([0, 1, -1]), torch.randn(3, 64)
+    with adapter_rows.use(per_token):
+        multi(x)  # builds the stacked matrices
+        for update in multi.updates.values():
+            update.lora_B[0].mul_(2.0)  # in place, as an optimizer or a load_state_dict would
+        out = multi(x)
+    for row, adapter in enumerate(per_token.tolist()):
+        want = base(x[row:row + 1]) + (0 if adapter < 0 else multi.updates[str(adapter)].update(x[row:row + 1]))
+        torch.testing.assert_close(out[row:row + 1], want, rtol=0, atol=1e-6)
 
 
 def llama():

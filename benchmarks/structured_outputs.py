@@ -13,14 +13,17 @@ Figures: the median and 90th percentile of the mask time per token, the time of 
 set-up (the vocabulary read, the schema compiled) once. Each document's tokens must be allowed by the mask before
 them: a library that refuses one is reported, not timed. A library that is not installed is a row saying so.
 
-(b) Serving: gpt-mini (1,024 positions) and GPT-2's 124M shape, random weights (seed 0), saved with their tokenizers (gpt-mini's 256
-byte tokens, end id 0, the NUL byte, which JSON text never holds; GPT-2's, end id 50256), served by ``tformer
-serve`` (its own process), --clients concurrent clients (16) each sending streaming /v1/completions requests, as
-benchmarks/serve_load.py does: unconstrained (``ignore_eos``, exactly --new-tokens each) and constrained
-(``response_format`` json_schema ``serve_schema``: an array of --items records, ending when the JSON is complete,
---constrained-tokens at most). Figures: tokens/s = tokens received / wall time, each run's tokens per request, the
-constrained/unconstrained ratio, and whether every constrained answer parsed and validated (jsonschema).
-"""
+(b) Serving: gpt-mini (1,024 positions) and GPT-2's 124M shape, random weights (seed 0), saved with their tokenizers
+(gpt-mini's 256 byte tokens, end id 0, the NUL byte, which JSON text never holds; GPT-2's, end id 50256), served by
+``tformer serve`` (its own process), --clients concurrent clients (16) each sending streaming /v1/completions
+requests, as benchmarks/serve_load.py does: unconstrained (``ignore_eos``, exactly --new-tokens each) and
+constrained (``response_format`` json_schema ``serve_schema``: an array of --items records, ending when the JSON is
+complete, --constrained-tokens at most). Figures: tokens/s = tokens received / wall time, each run's tokens per
+request, the constrained/unconstrained ratio, and whether every constrained answer parsed and validated
+(jsonschema). A third run, free with the same lengths, sends the unconstrained requests again with ``ignore_eos``
+and the constrained run's answer lengths as max_tokens: the same workload without the masks (constrained answers are
+longer or shorter than --new-tokens, and a longer sequence's steps cost more attention), so constrained over it is
+the masks' cost. """
 
 from __future__ import annotations
 
@@ -280,11 +283,16 @@ def serve_run(name: str, args, schema: dict) -> dict:
                                      quantize=None)
     cache_tokens = args.clients * (PROMPT_LENGTHS[name][1] + max(args.new_tokens, args.constrained_tokens) + 32)
     server = server_for("tformer", folder, name, free_port(), server_args, cache_tokens)
-    rows = {}
+    rows, rows_results = {}, {}
     try:
         server.start(args.start_timeout)
-        for kind in ("unconstrained", "constrained"):
+        for kind in ("unconstrained", "constrained", "free, same lengths"):
+            if kind == "free, same lengths":  # the constrained run's answer lengths, free: the workload without masks
+                lengths = [result.tokens for result in rows_results["constrained"]]
+                bodies[kind] = [({**body, "max_tokens": max(1, lengths[i % len(lengths)]), "ignore_eos": True}, n)
+                                for i, (body, n) in enumerate(bodies["unconstrained"])]
             run = asyncio.run(run_load(server, bodies[kind], args.clients, None))
+            rows_results[kind] = run["results"]
             tokens = sum(result.tokens for result in run["results"])
             row = {"tokens_per_s": tokens / run["wall"], "tokens_per_request": tokens / len(run["results"]),
                    "wall_s": run["wall"], "requests": len(run["results"])}
@@ -307,7 +315,7 @@ def serve_run(name: str, args, schema: dict) -> dict:
 
 def print_serve_table(results: dict, clients: int) -> None:
     print(f"\n(b) tformer serve at {clients} concurrent clients: tokens/s, constrained against unconstrained")
-    print(f"{'model':<10} {'run':<14} {'tokens/s':>10} {'tok/request':>12} {'valid JSON':>11} {'ratio':>7}")
+    print(f"{'model':<10} {'run':<18} {'tokens/s':>10} {'tok/request':>12} {'valid JSON':>11} {'ratio':>7}")
     for name, rows in results.items():
         if "error" in rows:
             print(f"{name:<10} {rows['error']}")
@@ -315,8 +323,10 @@ def print_serve_table(results: dict, clients: int) -> None:
         base = rows["unconstrained"]["tokens_per_s"]
         for kind, row in rows.items():
             valid = f"{row['valid']}/{row['requests']}" if "valid" in row else "-"
-            print(f"{name:<10} {kind:<14} {row['tokens_per_s']:>10.1f} {row['tokens_per_request']:>12.1f} "
+            print(f"{name:<10} {kind:<18} {row['tokens_per_s']:>10.1f} {row['tokens_per_request']:>12.1f} "
                   f"{valid:>11} {row['tokens_per_s'] / base:>7.2f}")
+        same = rows["free, same lengths"]["tokens_per_s"]
+        print(f"{name:<10} constrained / free with the same lengths: {rows['constrained']['tokens_per_s'] / same:.2f}")
 
 
 def main() -> None:

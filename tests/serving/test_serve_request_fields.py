@@ -15,7 +15,7 @@ import torch
 from test_serving_server import TEMPLATE, TEXT, ServerThread, generated
 
 import tformer
-from tformer.serving.openai_api import REFUSED_FIELDS
+from tformer.serving.refused_fields import REFUSED_FIELDS
 from tformer.tokenizers import CharTokenizer
 from tformer.tokenizers.chat_template import ChatTemplate
 

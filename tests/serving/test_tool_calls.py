@@ -11,12 +11,8 @@ import jsonschema
 import pytest
 
 from tformer.serving.openai_api import APIError
-from tformer.serving.tool_calls import (
-    DEFAULT_TOOL_PROMPT,
-    ToolCallParser,
-    read_tools,
-    template_messages,
-)
+from tformer.serving.tool_call_parser import ToolCallParser
+from tformer.serving.tool_calls import DEFAULT_TOOL_PROMPT, read_tools, template_messages
 from tformer.tokenizers.chat_template import ChatTemplate
 
 WEATHER = {"type": "function", "function": {

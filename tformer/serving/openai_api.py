@@ -33,55 +33,13 @@ from tformer.errors import TformerError
 from tformer.generation.constraints import Constraint
 from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.settings import GenerationConfig, GenerationError, declared
+from tformer.serving.refused_fields import REFUSED_FIELDS
 
 # GenerationConfig's names -> the request fields that set them (each field's ``api``), so an error names the field
 # sent; and the options a request field sets as it is (``api_as_is``: vLLM's min_p, repetition_penalty).
 FIELD_OF_OPTION = {name: option.api for name, option in declared().items() if option.api is not None}
 AS_IS = {name: option.api for name, option in declared().items() if option.api is not None and option.api_as_is}
 SAMPLING_FIELDS = frozenset(option.api for option in declared().values() if option.api is not None and option.sampling)
-
-_NO_BEAMS = "the server decodes one token at a time per sequence (no beam search; tformer generate --num-beams has it)"
-_NOT_STORED = "the server stores no completions"
-# Request fields of OpenAI's completions and chat APIs, and of vLLM's extensions to them, that no request schema
-# here declares, with why the server does not honour them: a request sending one is a 400 naming it and the reason
-# (any other unknown field is a 400 listing the known ones). docs/serving.md's table lists every field.
-REFUSED_FIELDS: dict[str, str] = {
-    # OpenAI's
-    "store": _NOT_STORED,
-    "metadata": f"{_NOT_STORED} (metadata tags stored ones)",
-    "service_tier": "the server has one tier: every request is served alike",
-    "modalities": "the server answers in text only",
-    "audio": "the server answers in text only (no audio output)",
-    "prediction": "predicted outputs are not implemented",
-    "reasoning_effort": "the server passes no reasoning settings to the model",
-    "verbosity": "the server passes no verbosity setting to the model",
-    "web_search_options": "the server has no web search",
-    "prompt_cache_key": "the prefix cache needs no key: prompts sharing a prefix share its cached blocks",
-    "functions": "OpenAI's deprecated form of tools: send tools",
-    "function_call": "OpenAI's deprecated form of tool_choice: send tool_choice",
-    # vLLM's
-    "use_beam_search": _NO_BEAMS,
-    "length_penalty": f"it is beam search's, and {_NO_BEAMS}",
-    "prompt_logprobs": "score a prompt with /v1/completions' echo=true and logprobs",
-    "bad_words": "not implemented: ban single tokens with logit_bias (-100), or list the allowed ones in "
-                 "allowed_token_ids",
-    "spaces_between_special_tokens": "the text is the tokenizer's decoding of the ids; not switchable",
-    "add_special_tokens": "a text prompt is encoded as POST /tokenize shows (completions: with the tokenizer's "
-                          "special tokens; chat: the template's alone); send token ids for other ids",
-    "priority": "requests are admitted first come, first served (no priority scheduling)",
-    "request_id": "the server names each response itself",
-    "logits_processors": "the server runs no code a request names",
-    "return_tokens_as_token_ids": "logprobs give each token's text",
-    "cache_salt": "the prefix cache is not salted per request",
-    "kv_transfer_params": "no disaggregated serving: one engine holds a request's cache",
-    "vllm_xargs": "the server has no custom extensions",
-    "mm_processor_kwargs": "the server takes text (no multimodal processor)",
-    "prompt_embeds": "a prompt is text or token ids, not embeddings",
-    "documents": "the chat template is given the messages only",
-    "chat_template": "the chat template is the server's (the checkpoint's, or tformer serve --chat-template)",
-    "chat_template_kwargs": "the chat template is given the messages only",
-    "echo": "chat completions do not echo (vLLM's chat echo is not implemented); /v1/completions echoes prompts",
-}
 
 
 class APIError(TformerError):

@@ -26,7 +26,8 @@ from tformer.serving.openai_api import (
 )
 from tformer.serving.served import ServedModel
 from tformer.serving.submission import Submission, stream_response
-from tformer.serving.tool_calls import ToolCallParser, ToolRequest, read_tools
+from tformer.serving.tool_call_parser import ToolCallParser
+from tformer.serving.tool_calls import ToolRequest, read_tools
 from tformer.serving.wire import TokenEvent
 
 CHAT_COMPLETION = "chat.completion"  # the response object's kind

@@ -297,6 +297,20 @@ MUTATIONS = (
         "a resumed run gets training.max_minutes afresh instead of what the budget has left",
     ),
     Mutation(
+        "stacked-adapters-mix-rows", "tformer/nn/weights/multi_lora.py",
+        "            low = low * torch.where(per_row[:, None] == owner, scale, 0.0)",
+        "            low = low * scale",
+        ("tests/nn/test_multi_lora.py",),
+        "a served step's rows each get every adapter's update, not only their own (the stacked products' mask lost)",
+    ),
+    Mutation(
+        "constraint-mask-ignored", "tformer/generation/rules.py",
+        "        masked = scores.masked_fill(~allowed, NEVER)",
+        "        masked = scores",
+        ("tests/generation/test_constraints.py",),
+        "a constrained request decodes freely: the grammar's mask is computed and never applied",
+    ),
+    Mutation(
         "clock-schedule-never-decays", "tformer/training/schedules.py",
         "    return min(ramp, _decayed(min(1.0, max(0.0, budget_fraction)), schedule, lr, min_lr))",
         "    return ramp",

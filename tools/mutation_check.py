@@ -619,9 +619,9 @@ MUTATIONS = (
     ),
     Mutation(
         "engine-drops-the-forced-end", "tformer/serving/engine.py",
-        "        chooser = TokenChooser.from_config(config, model.config, self.device)\n",
+        "        chooser = TokenChooser.from_config(config, model.config, self.device, self.tokenizer)\n",
         "        chooser = TokenChooser.from_config(config.replace(forced_eos_token_id=False), model.config, "
-        "self.device)\n",
+        "self.device, self.tokenizer)\n",
         ("tests/serving/test_serving_engine.py", "-k", "every_option_equal_generate"),
         "the server drifts from generate: it drops the forced end token (Marian's forced_eos_token_id)",
     ),

@@ -28,7 +28,9 @@ def register(subparsers) -> None:
     )
     add_model_source(parser, "folder", "a run folder (with recipe.toml), or a checkpoint folder inside one "
                        "(with --data); any model folder (with --source)", "RUN", nargs="?")
-    parser.add_argument("--data", help="the file (or image folder) to evaluate on, in the format of the run's data")
+    parser.add_argument("--data", action="append",
+                        help="the file (or image folder) to evaluate on, in the format of the run's data; for a "
+                             "text_to_text run NAME=FILE, once per source to score (FILE read as that source's)")
     parser.add_argument("--hypotheses", metavar="FILE",
                         help="translations to score against --reference, one line each (no RUN): BLEU and chrF")
     parser.add_argument("--source", metavar="FILE",
@@ -186,7 +188,6 @@ def evaluate_run(args: argparse.Namespace) -> int:
     from tformer.training.trainer import Trainer
 
     folder = Path(args.folder)
-    data_file = Path(args.data)
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be a positive integer")
     source = args.model_source
@@ -194,11 +195,16 @@ def evaluate_run(args: argparse.Namespace) -> int:
     with_recipe = Path(source.adapter) if source.adapter and not (folder / "recipe.toml").is_file() else folder
     recipe = run_recipe(with_recipe, model=folder)  # an adapter run's recipe, over its base
     task_config = recipe.task
-    if task_config.name == "translation":
+    data_file = Path(args.data[0])
+    if task_config.name == "text_to_text":
+        data_file = Path(text_to_text_sources(args.data, recipe))
+    elif len(args.data) > 1:
+        raise UsageError(f"--data is given {len(args.data)} times; a {task_config.name} run is evaluated on one file")
+    elif task_config.name == "translation":
         data_file = translation_corpus(data_file, recipe.data)
         # the model folder's tokenizer reads the data: the settings of learning one do not apply
         task_config = task_config.replace(bpe_vocab_size=TranslationOptions.bpe_vocab_size)
-    elif not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder, speech pairs
+    elif task_config.name != "text_to_text" and not (data_file.is_file() or data_file.is_dir()):  # folders too
         raise UsageError(f"--data {data_file}: no such file or folder")
     if task_config.name == "speech_recognition":  # scored by its transcripts, whatever the run evaluated
         task_config = task_config.replace(eval_wer=True)
@@ -215,8 +221,11 @@ def evaluate_run(args: argparse.Namespace) -> int:
                              "weights were trained with)")
     elif model.tokenizer is None:
         raise UsageError(f"{folder}: the model folder has no tokenizer to read --data with")
-    data = dataclasses.replace(recipe.data, train=str(data_file), eval=str(data_file), eval_fraction=0.0,
-                               tokenizer="char")  # "char": none named; the model's own tokenizer reads the data
+    if task_config.name == "text_to_text":
+        data = dataclasses.replace(recipe.data, sources=evaluated_sources(args.data, recipe), tokenizer="char")
+    else:
+        data = dataclasses.replace(recipe.data, train=str(data_file), eval=str(data_file), eval_fraction=0.0,
+                                   tokenizer="char")  # "char": none named; the model's own tokenizer reads the data
     label_names = tuple(model.config.label_names) or None
     task, loaded = task_for_recipe(task_config, data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
                                    label_names=label_names, model_folder=str(folder))
@@ -253,6 +262,31 @@ def evaluate_run(args: argparse.Namespace) -> int:
                                     title=f"{folder.name} on {data_file.name}")
         print(f"plot       {png}")
     return 0
+
+
+def evaluated_sources(entries: list[str], recipe) -> list[dict]:
+    """The recipe's text-to-text sources that ``--data NAME=FILE`` entries name, each read from its FILE alone
+    (as training and evaluation data: the task reads both)."""
+    from tformer.cli import UsageError
+
+    tables = {table["name"]: table for table in recipe.data.sources}
+    chosen = {}
+    for entry in entries:
+        name, equals, path = entry.partition("=")
+        if not equals or name not in tables or not path:
+            raise UsageError(f"--data {entry}: a text_to_text run takes --data NAME=FILE, NAME one of its sources: "
+                             f"{', '.join(tables)}")
+        if name in chosen:
+            raise UsageError(f"--data names the source {name} twice")
+        chosen[name] = {**tables[name], "train": str(Path(path).resolve()), "eval": str(Path(path).resolve()),
+                        "eval_fraction": 0.0}
+    return list(chosen.values())
+
+
+def text_to_text_sources(entries: list[str], recipe) -> str:
+    """The name the evaluation's outputs are written under: the sources scored, with their files' names."""
+    sources = evaluated_sources(entries, recipe)
+    return "+".join(f"{table['name']}-{Path(table['eval']).name.split('.')[0]}" for table in sources)
 
 
 def translation_corpus(data_file: Path, data) -> Path:

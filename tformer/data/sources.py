@@ -8,6 +8,7 @@ and read only where a batch falls: those ``tformer tokenize`` writes (``data.bin
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,9 +79,14 @@ class DataConfig:
     target_column: str | None = None
     image_column: str | None = None
     audio_column: str | None = None
+    sources: list[dict] | None = None  # text-to-text sources, each with its own files (tformer.data.text_to_text)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.train, str) or not self.train:
+        if self.sources is not None:
+            if self.train or self.eval:
+                raise DataError("data.train and data.eval are not read beside data.sources: each source names its "
+                                "own train (and eval) files")
+        elif not isinstance(self.train, str) or not self.train:
             raise DataError("data.train is required: a text file (.txt, .txt.gz) or a token file "
                             "(tformer tokenize's .bin, or .npy)")
         if self.format not in DATA_FORMATS:
@@ -95,6 +101,16 @@ class DataConfig:
 
     def check_files(self) -> None:
         """Fail now, before any work, if a named file is missing."""
+        if self.sources is not None:
+            from tformer.data.text_to_text import parse_sources  # it reads DataConfig itself
+
+            for number, source in enumerate(parse_sources(self.sources)):
+                try:
+                    dataclasses.replace(source.data, tokenizer=self.tokenizer).check_files()
+                except DataError as error:
+                    raise DataError(f"data.sources[{number}] ({source.name}): {str(error).removeprefix('data.')}"
+                                    ) from None
+            return
         for key in ("train", "eval"):
             path = getattr(self, key)
             if path is None:

@@ -277,17 +277,25 @@ def _resolve_data_paths(origin: _Origin, data_values: dict[str, Any], base_dir: 
                         ) -> None:
     """Make the ``[data]`` file paths absolute (in place): ``dataset:NAME/FILE`` in the data roots, others against
     the recipe's folder; a learned tokenizer's name stays a name."""
-    for key in PATH_KEYS:
-        value = data_values.get(key)
-        if not isinstance(value, str) or (key == "tokenizer" and value in LEARNED_TOKENIZERS):
-            continue
-        if is_dataset_path(value):
-            try:
-                data_values[key] = str(resolve(value, data_root))
-            except DataFetchError as error:
-                raise RecipeError(f"{origin('data', key)}: [data] {key}: {error}") from None
-        else:
-            data_values[key] = str((origin.root("data", key, base_dir) / Path(value).expanduser()).resolve())
+    tables = [(data_values, "", "")]  # (settings, what names them, the key whose origin says where they came from)
+    sources = data_values.get("sources")
+    if isinstance(sources, list):  # text-to-text sources name their own files
+        data_values["sources"] = [dict(source) if isinstance(source, dict) else source for source in sources]
+        tables += [(source, f"sources[{number}].", "sources") for number, source in enumerate(data_values["sources"])
+                   if isinstance(source, dict)]
+    for values, prefix, origin_key in tables:
+        for key in PATH_KEYS:
+            value = values.get(key)
+            if not isinstance(value, str) or not value or (key == "tokenizer" and value in LEARNED_TOKENIZERS):
+                continue
+            named = origin_key or key
+            if is_dataset_path(value):
+                try:
+                    values[key] = str(resolve(value, data_root))
+                except DataFetchError as error:
+                    raise RecipeError(f"{origin('data', named)}: [data] {prefix}{key}: {error}") from None
+            else:
+                values[key] = str((origin.root("data", named, base_dir) / Path(value).expanduser()).resolve())
 
 
 def _settle_seq_len(origin: _Origin, model: ModelConfig, training: TrainingConfig, task: TaskConfig

@@ -88,6 +88,26 @@ class LabelEvaluation:
                 "eval_f1": scores.macro_f1}
 
 
+
+def read_labelled(data: DataConfig, label_names: tuple[str, ...] | None = None
+                  ) -> tuple[ClassificationData, ClassificationData | None]:
+    """The labelled examples a [data] section names: ``train``, and ``eval`` or else the last ``eval_fraction``
+    of ``train`` (None: no evaluation); label names as declared, else the training file's."""
+    options = {"format": None if data.format == "auto" else data.format, "columns": data.columns,
+               "skip_bad": data.skip_bad, "text_column": data.text_column,
+               "text_pair_column": data.text_pair_column, "label_column": data.label_column or LABEL_COLUMN}
+    try:
+        train = read_classification(data.train, labels=label_names, **options)
+        if data.eval:
+            source = "the declared labels" if label_names else f"the labels of the training file {data.train}"
+            return train, read_classification(data.eval, labels=train.label_names, labels_from=source, **options)
+        if data.eval_fraction > 0:
+            return _split(train, training_count(len(train), data.eval_fraction, "examples", data.train))
+        return train, None
+    except DataFileError as error:
+        raise TrainingError(str(error)) from None
+
+
 class SequenceClassification(LabelEvaluation, ExampleTask):
     """Single-label classification of ``train`` (and ``evaluation``) examples, tokenized by
     ``tokenizer`` to at most ``seq_len`` tokens; the model's head is ``sequence_classification``
@@ -114,20 +134,7 @@ class SequenceClassification(LabelEvaluation, ExampleTask):
         """The task on the files a recipe's [data] names (``eval``, else the last ``eval_fraction`` of
         ``train``); label names from the recipe, else from the training file."""
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
-        options = {"format": None if data.format == "auto" else data.format, "columns": data.columns,
-                   "skip_bad": data.skip_bad, "text_column": data.text_column,
-                   "text_pair_column": data.text_pair_column, "label_column": data.label_column or LABEL_COLUMN}
-        try:
-            train = read_classification(data.train, labels=label_names, **options)
-            evaluation = None
-            if data.eval:
-                source = "the declared labels" if label_names else f"the labels of the training file {data.train}"
-                evaluation = read_classification(data.eval, labels=train.label_names, labels_from=source, **options)
-            elif data.eval_fraction > 0:
-                train, evaluation = _split(train, training_count(len(train), data.eval_fraction, "examples",
-                                                                 data.train))
-        except DataFileError as error:
-            raise TrainingError(str(error)) from None
+        train, evaluation = read_labelled(data, label_names)
         task = cls(train, evaluation, tokenizer, seq_len=seq_len or 128)
         return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe(train, evaluation), task.label_names)
 

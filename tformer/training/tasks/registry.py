@@ -24,6 +24,7 @@ from tformer.training.tasks.sft import SupervisedFineTuning
 from tformer.training.tasks.span_corruption import SpanCorruption
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
 from tformer.training.tasks.speech_recognition import SpeechRecognition
+from tformer.training.tasks.text_to_text import TextToText
 from tformer.training.tasks.token_classification import TokenClassification
 from tformer.training.tasks.translation import Translation
 
@@ -31,10 +32,10 @@ TASKS: dict[str, type[Task]] = {
     task.name: task
     for task in (LanguageModelling, MaskedLanguageModelling, SequenceClassification, TokenClassification,
                  SpanQuestionAnswering, ImageClassification, Translation, SpeechRecognition, SupervisedFineTuning,
-                 SpanCorruption)
+                 SpanCorruption, TextToText)
 }
 # The [data] settings a task may read besides train, eval, eval_fraction and format.
-DATA_SETTINGS = ("tokenizer", "columns", "skip_bad", "source_language", "target_language", *COLUMN_OPTIONS)
+DATA_SETTINGS = ("tokenizer", "columns", "skip_bad", "source_language", "target_language", *COLUMN_OPTIONS, "sources")
 
 
 def task_settings() -> dict[str, tuple[Any, Any, tuple[str, ...]]]:
@@ -58,7 +59,7 @@ class TaskConfig:
     ``image_classification``: a vision model's; ``translation``: an encoder-decoder's, on sentence pairs;
     ``speech_recognition``: a speech model's, on (audio, transcript) pairs; ``sft``: a decoder's supervised
     fine-tuning on instruction and chat data; ``span_corruption``: T5's denoising pretraining of an
-    encoder-decoder) and
+    encoder-decoder; ``text_to_text``: its multi-task fine-tuning on a mixture of text-to-text sources) and
     its settings, ``options`` (the task's ``Options``; read them as attributes: ``config.doc_stride``).
 
     Another task's setting is refused unless it holds that task's default (a resolved recipe written by an

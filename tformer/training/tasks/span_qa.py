@@ -248,13 +248,7 @@ class SpanQuestionAnswering(ExampleTask):
             raise TrainingError("training.seq_len is needed by the span_qa task: the length of a window "
                                 "(question + context piece), e.g. 384 as BERT, at most the model's max_seq_len")
         tokenizer = data_tokenizer(data, cls.name, tokenizer)
-        train = _read(data, "train")
-        evaluation = None
-        if data.eval:
-            evaluation = _read(data, "eval")
-        elif data.eval_fraction > 0:
-            train, evaluation = train.split_articles(training_count(len(train.titles), data.eval_fraction,
-                                                                    "articles", data.train))
+        train, evaluation = read_questions(data)
         task = cls(train, evaluation, tokenizer, seq_len=seq_len, doc_stride=doc_stride,
                    max_answer_length=max_answer_length, n_best=n_best)
         return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe(Path(data.train).name))
@@ -358,6 +352,17 @@ class SpanQuestionAnswering(ExampleTask):
         questions = max(totals["questions"], 1)
         return {"eval_loss": totals["loss"] / max(totals["windows"], 1), "eval_exact_match": 100 * totals["exact_match"]
                 / questions, "eval_f1": 100 * totals["f1"] / questions}
+
+
+def read_questions(data: DataConfig) -> tuple[SquadData, SquadData | None]:
+    """The questions a [data] section names: ``train``, and ``eval`` or else the last
+    ``round(articles * eval_fraction)`` articles of ``train`` (None: no evaluation)."""
+    train = _read(data, "train")
+    if data.eval:
+        return train, _read(data, "eval")
+    if data.eval_fraction > 0:
+        return train.split_articles(training_count(len(train.titles), data.eval_fraction, "articles", data.train))
+    return train, None
 
 
 def _read(data: DataConfig, key: str) -> SquadData:

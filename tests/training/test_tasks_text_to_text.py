@@ -124,6 +124,19 @@ def test_rows_are_drawn_at_the_rates_and_each_source_read_epoch_by_epoch(tmp_pat
         assert torch.equal(mine[size : 2 * size].sort().values, torch.arange(start, start + size))  # then again
 
 
+def test_a_source_per_batch_keeps_the_rates_over_batches(tmp_path):
+    write_sources(tmp_path, pairs=200)
+    task, _ = prepared(tmp_path, {"source_per_batch": True}, batch_size=4)
+    draws = [task.source_draws(position) for position in range(20_000)]
+    assert all(bool((batch == batch[0]).all()) for batch in draws[:100])  # one source a batch
+    shares = torch.bincount(torch.stack([batch[0] for batch in draws]), minlength=3).double() / len(draws)
+    assert torch.allclose(shares, task.rates, atol=0.01), (shares, task.rates)
+    for position in range(20):  # every row of a batch is an example of the batch's source
+        source, rows = int(task.source_draws(position)[0]), task.global_rows(position)
+        start = int(task.train_starts[source])
+        assert bool(((rows >= start) & (rows < start + task.train_sizes[source])).all())
+
+
 def test_batches_are_a_pure_function_of_seed_and_position_shared_by_processes(tmp_path):
     write_sources(tmp_path)
     one, _ = prepared(tmp_path, batch_size=8)

@@ -3,7 +3,9 @@
 scoring each source with its own metric: accuracy, corpus sacreBLEU, or SQuAD exact match and F1.
 
 Training rows are drawn from the sources at ``mixture_rates``: for each position the source of every row
-of the global batch is drawn from a generator seeded by (seed, position), and a source's rows are read in
+of the global batch (or, with ``task.source_per_batch``, of the whole batch: rows of like lengths, where a
+long source would pad every batch it shares to its length) is drawn from a generator seeded by (seed,
+position), and a source's rows are read in
 its own seeded order, epoch after epoch, counting the draws of the positions before (a batch stays a pure
 function of (seed, position), so a resume and N processes see what one process sees). Inputs and targets
 end with the end token and are cut to ``training.seq_len`` tokens (counted). A data tokenizer gets
@@ -64,6 +66,7 @@ class TextToTextOptions:
     mixing: str = "proportional"  # proportional (to each source's examples), temperature, or equal
     mixing_temperature: float = 1.0  # with mixing = "temperature": T of T5's temperature-scaled mixing
     rate_limit: int = 0  # a source counts as at most this many examples in the rates (T5's K; 0: no limit)
+    source_per_batch: bool = False  # draw a source per global batch, not per row: rows of one source pad alike
     eval_generate: bool = True  # decode the evaluation inputs and score each source (else loss only)
     eval_beams: int = 1  # beams of those answers (1: greedy)
     sentinels: int = T5_SENTINELS  # <extra_id_k> tokens added to a data tokenizer that has none (0: none)
@@ -109,14 +112,15 @@ class TextToText(ExampleTask):
     data_settings = frozenset({"tokenizer", "sources"})
 
     def __init__(self, sources: list[TextSource], train: list[TextPairs], evaluation: list[TextPairs | None],
-                 tokenizer, rates: list[float], *, seq_len: int = 512, eval_generate: bool = True,
-                 eval_beams: int = 1) -> None:
+                 tokenizer, rates: list[float], *, seq_len: int = 512, source_per_batch: bool = False,
+                 eval_generate: bool = True, eval_beams: int = 1) -> None:
         super().__init__()
         for role in ("pad", "eos"):
             if getattr(tokenizer, f"{role}_token_id") is None:
                 raise TrainingError(f"the text_to_text task needs a {role} token; {type(tokenizer).__name__} has none")
         self.sources, self.tokenizer, self.seq_len = sources, tokenizer, seq_len
         self.rates = torch.tensor(rates, dtype=torch.double)
+        self.source_per_batch = source_per_batch
         self.eval_generate, self.eval_beams = eval_generate, eval_beams
         self.train_sizes = [len(pairs) for pairs in train]
         self.train_starts = torch.tensor([0, *torch.tensor(self.train_sizes).cumsum(0).tolist()[:-1]])
@@ -150,7 +154,8 @@ class TextToText(ExampleTask):
     @classmethod
     def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None,
                     mixing: str = "proportional", mixing_temperature: float = 1.0, rate_limit: int = 0,
-                    eval_generate: bool = True, eval_beams: int = 1, sentinels: int = T5_SENTINELS):
+                    source_per_batch: bool = False, eval_generate: bool = True, eval_beams: int = 1,
+                    sentinels: int = T5_SENTINELS):
         """The task on the sources a recipe's [data] lists; a data tokenizer gets an end token and
         ``sentinels`` sentinels added where it has none."""
         if label_names:
@@ -169,7 +174,7 @@ class TextToText(ExampleTask):
         rates = mixture_rates([len(pairs) for pairs in train], mixing, temperature=mixing_temperature,
                               rate_limit=rate_limit)
         task = cls(sources, train, [split[1] for split in splits], tokenizer, rates, seq_len=seq_len or 512,
-                   eval_generate=eval_generate, eval_beams=eval_beams)
+                   source_per_batch=source_per_batch, eval_generate=eval_generate, eval_beams=eval_beams)
         return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe())
 
     def describe(self) -> str:
@@ -223,8 +228,10 @@ class TextToText(ExampleTask):
     def source_draws(self, position: int) -> Tensor:
         """The source (index) of each row of the global batch at ``position`` (world_size * batch_size,)."""
         rows = self.config.batch_size * self.context.world_size
-        return torch.multinomial(self.rates, rows, replacement=True,
-                                 generator=seeded_generator(self.config.seed, MIX_STREAM, position))
+        generator = seeded_generator(self.config.seed, MIX_STREAM, position)
+        if self.source_per_batch:
+            return torch.multinomial(self.rates, 1, generator=generator).expand(rows).clone()
+        return torch.multinomial(self.rates, rows, replacement=True, generator=generator)
 
     def _draws_before(self, position: int) -> Tensor:
         """How many rows each source gave the positions before ``position`` (S,)."""

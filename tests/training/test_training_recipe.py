@@ -11,6 +11,7 @@ from shared_data import SHARED_DATA
 
 from tformer.checkpoint import write_model_files
 from tformer.data.parallel import corpus_file
+from tformer.data.text_to_text import parse_sources
 from tformer.training.recipe import RecipeError, load_recipe, parse_override, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,9 +131,10 @@ def test_the_shipped_recipes_are_valid(tmp_path):
 
     def without_shared_data(raw: dict) -> dict:
         if not SHARED_DATA.is_dir():  # this file stands in for the data, a tiny vocabulary for the tokenizer
-            translation = "source_language" in raw["data"]
-            raw["data"]["train"] = str(tmp_path / "pairs") if translation else __file__
-            raw["data"].pop("eval", None)
+            for data in raw["data"].get("sources", [raw["data"]]):  # a text-to-text recipe's sources: each one's
+                translation = "source_language" in data
+                data["train"] = str(tmp_path / "pairs") if translation else __file__
+                data.pop("eval", None)
             if raw["data"].get("tokenizer", "char") not in ("char", "bpe"):
                 raw["data"]["tokenizer"] = str(tmp_path / "vocab.txt")
         return raw
@@ -163,10 +165,11 @@ def test_the_shipped_recipes_are_valid(tmp_path):
             write_model_files(stand_in, model, {})
             raw["model"]["init_from"] = str(stand_in)
         recipe = recipe_from_dict(raw, source=str(path), base_dir=path.parent)
-        data = recipe.data
-        files = [corpus_file(data.train, language) for language in (data.source_language, data.target_language)] \
-            if data.source_language else [Path(data.train)]
-        assert all(file.is_file() for file in files), f"{path.name}: data.train={data.train} does not exist"
+        for data in [source.data for source in parse_sources(recipe.data.sources)] if recipe.data.sources else \
+                [recipe.data]:
+            files = [corpus_file(data.train, language) for language in (data.source_language, data.target_language)] \
+                if data.source_language else [Path(data.train)]
+            assert all(file.is_file() for file in files), f"{path.name}: data.train={data.train} does not exist"
 
 
 @pytest.mark.slow  # runs the command line in a subprocess

@@ -70,6 +70,8 @@ class RecipeRun:
     scratch_of: str | None = None  # the recipe whose same-seed run's architecture it trains from random weights
     settings: tuple[str, ...] = ()  # --set overrides; "{corpus}" is RUNS/CORPUS
     decimals: int = 2  # as the docs quote it: 2 for percentages, BLEU and SQuAD's F1; 4 for losses and 0-1 F1
+    run_of: str | None = None  # another figure of that recipe's run (a multi-task run's other sources)
+    data_script: str | None = None  # a script of benchmarks/ that builds the recipe's data into data/ first
 
     @property
     def reads_corpus(self) -> bool:
@@ -79,6 +81,8 @@ class RecipeRun:
 # the pretraining of docs/encoders.md: its script's settings for 2,400 steps, without the half-hour limit
 PRETRAINING = tuple(setting for setting in PRETRAIN_SETTINGS if not setting.startswith("training.max_minutes")) + (
     "data.train={corpus}/corpus.txt", "data.tokenizer={corpus}/tokenizer.json")
+
+T5_TEST_BLEU = "multi30k_test_bleu"  # a beam-4 `tformer evaluate --data multi30k=test_2016_flickr` (lowercased)
 
 RECIPES = {
     "shakespeare-char": RecipeRun("shakespeare-char.toml", "eval_loss", higher_is_better=False, decimals=4),
@@ -95,6 +99,17 @@ RECIPES = {
     "wnut17-scratch": RecipeRun("wnut17.toml", "eval_f1", scratch_of="bert-mini-mlm", decimals=4),
     "squad": RecipeRun("squad.toml", "eval_f1", init_from="bert-mini-mlm"),
     "squad-scratch": RecipeRun("squad.toml", "eval_f1", scratch_of="bert-mini-mlm"),
+    # T5's chain (docs/t5.md): span corruption on data/t5-corpus, then the text-to-text mixture, whose one run per
+    # seed gives three figures: SST-2 dev accuracy, Multi30k test_2016 BLEU (beam 4, lowercased), SQuAD F1
+    "t5-span-pretrain": RecipeRun("t5-span-pretrain.toml", "eval_loss", higher_is_better=False, decimals=4,
+                                  data_script="t5_corpus.py"),
+    "t5-multitask-sst2": RecipeRun("t5-multitask.toml", "eval_sst2_accuracy", 100.0, init_from="t5-span-pretrain"),
+    "t5-multitask-multi30k": RecipeRun("t5-multitask.toml", T5_TEST_BLEU, run_of="t5-multitask-sst2"),
+    "t5-multitask-squad": RecipeRun("t5-multitask.toml", "eval_squad_f1", run_of="t5-multitask-sst2"),
+    "t5-multitask-sst2-scratch": RecipeRun("t5-multitask.toml", "eval_sst2_accuracy", 100.0,
+                                           scratch_of="t5-span-pretrain"),
+    "t5-multitask-multi30k-scratch": RecipeRun("t5-multitask.toml", T5_TEST_BLEU, run_of="t5-multitask-sst2-scratch"),
+    "t5-multitask-squad-scratch": RecipeRun("t5-multitask.toml", "eval_squad_f1", run_of="t5-multitask-sst2-scratch"),
 }
 
 
@@ -126,8 +141,12 @@ def recipe_key(name: str, max_steps: int | None, max_minutes: float | None = Non
     fine-tuning recipe, the key of the recipe it starts from."""
     recipe = RECIPES[name]
     digest = hashlib.sha256(config_bytes(ROOT / "configs" / recipe.config))
-    if recipe.reads_corpus:  # the script that builds the corpus and its vocabulary
+    if recipe.reads_corpus or recipe.data_script:  # the scripts that build the corpus and its vocabulary
         digest.update((ROOT / "benchmarks" / "pretraining_helps.py").read_bytes())
+    if recipe.data_script:
+        digest.update((ROOT / "benchmarks" / recipe.data_script).read_bytes())
+    if recipe.run_of:
+        digest.update(f"|run_of={recipe_key(recipe.run_of, max_steps, max_minutes)}".encode())
     start = recipe.init_from or recipe.scratch_of
     cut = f"|max_steps={max_steps}" + ("" if max_minutes is None else f"|max_minutes={max_minutes}")
     digest.update(f"{cut}|settings={recipe.settings}|scratch={recipe.scratch_of is not None}"
@@ -170,6 +189,20 @@ def prepare_corpus(runs: Path) -> None:
         raise SystemExit(f"building {folder} failed; see {folder.parent / f'{CORPUS}.log'}")
 
 
+def build_data(script: str) -> None:
+    """Run a data-building script of benchmarks/ once (it writes into data/; its log beside what it builds)."""
+    folder = ROOT / "data"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"{Path(script).stem}.log", "a", encoding="utf-8") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)  # another process's sweep may be building it
+        if (folder / Path(script).stem.replace("_", "-") / "tokenizer.json").is_file():
+            return
+        result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script)], stdout=log,
+                                stderr=subprocess.STDOUT, cwd=ROOT)
+    if result.returncode != 0:
+        raise SystemExit(f"benchmarks/{script} failed; see {folder / f'{Path(script).stem}.log'}")
+
+
 def scratch_recipe(config: Path, pretrained_run: Path, out: Path) -> Path:
     """Write the from-scratch twin of a fine-tuning recipe to OUT, its data paths made absolute. Only the
     settings the twin names are written: a resolved recipe would also fix what the training data decides
@@ -177,7 +210,7 @@ def scratch_recipe(config: Path, pretrained_run: Path, out: Path) -> Path:
     raw = tomllib.loads(config.read_text(encoding="utf-8"))
     from_scratch(raw, pretrained_run)
     resolved = recipe_from_dict(raw, source=str(config), base_dir=config.parent)  # checked, paths resolved
-    for key in ("train", "eval", "tokenizer"):
+    for key in ("train", "eval", "tokenizer", "sources"):
         if raw["data"].get(key):
             raw["data"][key] = getattr(resolved.data, key)
     lines = []
@@ -193,11 +226,15 @@ def train(name: str, seed: int, runs: Path, threads: int, max_steps: int | None,
     """Train (or finish, or only read) one seed of one recipe, and first the run it starts from; its
     output goes to RUN.log."""
     recipe = RECIPES[name]
+    if recipe.run_of is not None:
+        return train(recipe.run_of, seed, runs, threads, max_steps, max_minutes)
     start = recipe.init_from or recipe.scratch_of
     if start is not None:
         train(start, seed, runs, threads, max_steps, max_minutes)
     if recipe.reads_corpus:
         prepare_corpus(runs)
+    if recipe.data_script:
+        build_data(recipe.data_script)
     out = run_folder(runs, name, seed)
     config = ROOT / "configs" / recipe.config
     if recipe.scratch_of is not None:
@@ -229,6 +266,8 @@ def score(name: str, run: Path) -> float:
     recipe = RECIPES[name]
     if recipe.metric == "bleu":
         return translation_bleu(run)
+    if recipe.metric == T5_TEST_BLEU:
+        return text_to_text_bleu(run)
     values = [record[recipe.metric] for record in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
               if recipe.metric in record]
     if not values:
@@ -247,6 +286,18 @@ def translation_bleu(run: Path) -> float:
                         "--beam", "5", "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         record_file = next(path for path in out.glob("*.json") if "bleu" in json.loads(path.read_text()))
     return float(json.loads(record_file.read_text())["bleu"])
+
+
+def text_to_text_bleu(run: Path) -> float:
+    """sacreBLEU (lowercased, as the recipe scores it) of a beam-4 test_2016_flickr translation by a text-to-text
+    run's final model, through its multi30k source (evaluated once)."""
+    out = run / "evaluation-recipes"
+    record_file = out / "multi30k-test_2016_flickr.beam4.json"
+    if not record_file.is_file():
+        subprocess.run([sys.executable, "-m", "tformer", "evaluate", str(run), "--data",
+                        f"multi30k={DATA / 'multi30k' / 'test_2016_flickr'}", "--beam", "4", "--out", str(out)],
+                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return float(json.loads(record_file.read_text())["eval_multi30k_bleu"])
 
 
 def training_length(run: Path) -> tuple[float, int | None]:

@@ -140,16 +140,16 @@ def test_the_shipped_recipes_are_valid(tmp_path):
         return raw
 
     def built_data_stand_ins(raw: dict, folder: Path) -> dict:
-        """Data a script builds into the repository's data/ (benchmarks/speech_fsdd.py): a header-only
-        manifest stands in where it has not been built."""
-        for key in ("train", "eval"):
+        """Data a script builds into the repository's data/ (benchmarks/speech_fsdd.py, t5_corpus.py): a
+        header-only manifest (a tiny vocabulary for a tokenizer) stands in where it has not been built."""
+        for key in ("train", "eval", "tokenizer"):
             value = raw["data"].get(key)
             built = (folder / value).resolve() if value else None
             if built is not None and built.is_relative_to(REPO / "data") and not built.exists():
                 stand_in = tmp_path / "built" / built.name
                 stand_in.parent.mkdir(exist_ok=True)
                 stand_in.write_text("audio\ttext\n", encoding="utf-8")
-                raw["data"][key] = str(stand_in)
+                raw["data"][key] = str(tmp_path / "vocab.txt") if key == "tokenizer" else str(stand_in)
         return raw
 
     for path in sorted((REPO / "configs").glob("*.toml")):
@@ -160,7 +160,7 @@ def test_the_shipped_recipes_are_valid(tmp_path):
             assert source.is_file(), f"{path.name}: init_from={init_from} is no run of a shipped recipe"
             stand_in = tmp_path / Path(init_from).name
             stand_in.mkdir(exist_ok=True)
-            source_raw = without_shared_data(tomllib.loads(source.read_text()))
+            source_raw = built_data_stand_ins(without_shared_data(tomllib.loads(source.read_text())), path.parent)
             model = recipe_from_dict(source_raw, source=str(source), base_dir=path.parent).model
             write_model_files(stand_in, model, {})
             raw["model"]["init_from"] = str(stand_in)

@@ -304,6 +304,27 @@ MUTATIONS = (
         "a served step's rows each get every adapter's update, not only their own (the stacked products' mask lost)",
     ),
     Mutation(
+        "mixing-temperature-ignored", "tformer/data/text_to_text.py",
+        "    exponent = 1.0 / temperature if mixing == \"temperature\" else 1.0",
+        "    exponent = 1.0",
+        ("tests/training/test_tasks_text_to_text.py",),
+        "temperature-scaled mixing draws at the proportional rates: a large source crowds out the small ones",
+    ),
+    Mutation(
+        "mixture-source-reread-from-its-start", "tformer/training/tasks/text_to_text.py",
+        "            rows[chosen] = self._source_examples(source, before[source] + torch.arange(len(chosen)))",
+        "            rows[chosen] = self._source_examples(source, torch.arange(len(chosen)))",
+        ("tests/training/test_tasks_text_to_text.py",),
+        "every batch reads a source's first examples again: most of each source is never trained on",
+    ),
+    Mutation(
+        "squad-source-scored-on-first-answer", "tformer/training/tasks/text_to_text.py",
+        "                    sums[f\"{source.name}/{score}\"] = sum(max(measure(answer, gold) for gold in golds)",
+        "                    sums[f\"{source.name}/{score}\"] = sum(max(measure(answer, gold) for gold in golds[:1])",
+        ("tests/training/test_tasks_text_to_text.py",),
+        "a SQuAD source's answers are scored against the first gold answer only, not the best of all of them",
+    ),
+    Mutation(
         "constraint-mask-ignored", "tformer/generation/rules.py",
         "        masked = scores.masked_fill(~allowed, NEVER)",
         "        masked = scores",

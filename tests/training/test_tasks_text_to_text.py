@@ -210,6 +210,29 @@ def test_each_source_is_scored_as_its_own_scorer_scores_the_answers(tmp_path):
     assert metrics["eval_sst_accuracy"] == pytest.approx(correct / len(hypotheses), abs=1e-12)
 
 
+def test_an_answer_scores_against_the_best_of_every_gold_answer(tmp_path, monkeypatch):
+    write_sources(tmp_path)
+    task, model = prepared(tmp_path)
+
+    def last_gold(model, input_ids, attention_mask, tokenizer, **options):  # every row answers its last reference
+        rows = [int(row) for row in current_rows]
+        return [task.eval_references[row][-1] for row in rows]
+
+    import tformer.training.tasks.text_to_text as text_to_text
+
+    monkeypatch.setattr(text_to_text, "translate_ids", last_gold)
+    totals: dict[str, float] = {}
+    for batch in task.eval_batches():
+        current_rows = batch["row_index"][batch["weights"] > 0]
+        with torch.no_grad():
+            for key, value in task.eval_sums(model, batch).items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+    metrics = task.finalise(totals)
+    # SQuAD's "where" questions have two golds ("paris", "in paris"): the second is as right as the first
+    assert metrics["eval_qa_em"] == metrics["eval_qa_f1"] == 100.0
+    assert metrics["eval_sst_accuracy"] == 1.0 and metrics["eval_de_en_bleu"] == pytest.approx(100.0)
+
+
 def test_a_run_learns_the_mixture_and_reports_every_source(tmp_path, capsys):
     write_sources(tmp_path, pairs=80)
     config = recipe(tmp_path, max_steps=200, eval_every=100)

@@ -311,3 +311,13 @@ def test_the_command_line_refuses_a_bad_source_with_exit_2_and_no_traceback(tmp_
     assert "Traceback" not in error and len(error.strip().splitlines()) == 1
     assert "[data] sources[1] (de_en): metric='meteor' is not one of accuracy, bleu, squad" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bleu_source_without_sacrebleu_is_refused_before_training(tmp_path, monkeypatch):
+    import tformer.training.tasks.text_to_text as text_to_text
+
+    write_sources(tmp_path)
+    monkeypatch.setattr(text_to_text, "sacrebleu_installed", lambda: False)
+    with pytest.raises(TrainingError, match=r"a bleu source needs sacrebleu: pip install 'tformer\[translation\]'"):
+        prepared(tmp_path)
+    prepared(tmp_path, {"eval_generate": False})  # the loss alone needs no scorer

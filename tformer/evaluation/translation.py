@@ -5,6 +5,7 @@ for line, naming both counts when they do not."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,11 @@ def translation_scores(hypotheses: list[str], references: list[str], *, tokenize
 
 BLEU_ORDER = 4
 BLEU_STATISTICS = 2 + 2 * BLEU_ORDER  # hypothesis length, reference length, matches and totals per n-gram order
+
+
+def sacrebleu_installed() -> bool:
+    """Whether sacreBLEU, which BLEU is computed with, can be imported (the ``translation`` extra)."""
+    return importlib.util.find_spec("sacrebleu") is not None
 
 
 def _bleu_metric(tokenize: str = "13a", lowercase: bool = False):

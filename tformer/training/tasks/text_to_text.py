@@ -35,7 +35,12 @@ from tformer.data.text_to_text import (
 )
 from tformer.errors import TformerError
 from tformer.evaluation.squad import exact_match, token_f1
-from tformer.evaluation.translation import BLEU_STATISTICS, bleu_from_statistics, bleu_statistics
+from tformer.evaluation.translation import (
+    BLEU_STATISTICS,
+    bleu_from_statistics,
+    bleu_statistics,
+    sacrebleu_installed,
+)
 from tformer.generation.translation import translate_ids
 from tformer.models.base import Seq2SeqModel
 from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
@@ -201,12 +206,9 @@ class TextToText(ExampleTask):
                                 f"architecture={model.config.architecture!r}")
         self.check_model_fits(model, self.tokenizer, self.seq_len)
         check_special_tokens_agree(self.tokenizer, model.config, ("pad", "eos"))
-        if self.eval_generate and any(source.metric == "bleu" for source in self.sources):
-            try:
-                import sacrebleu  # noqa: F401
-            except ImportError:
-                raise TrainingError("a bleu source needs sacrebleu: pip install 'tformer[translation]' (or set "
-                                    "task.eval_generate = false)") from None
+        if self.eval_generate and any(source.metric == "bleu" for source in self.sources) and not sacrebleu_installed():
+            raise TrainingError("a bleu source needs sacrebleu: pip install 'tformer[translation]' (or set "
+                                "task.eval_generate = false)")
         self.model = model  # the plain module decodes the evaluation inputs (not a DDP wrapper)
 
     @property

@@ -26,7 +26,12 @@ from torch import Tensor, nn
 
 from tformer.data.parallel import TRANSLATION_COLUMN, ParallelText, read_parallel, read_parallel_records
 from tformer.data.sources import DataConfig
-from tformer.evaluation.translation import BLEU_STATISTICS, bleu_from_statistics, bleu_statistics
+from tformer.evaluation.translation import (
+    BLEU_STATISTICS,
+    bleu_from_statistics,
+    bleu_statistics,
+    sacrebleu_installed,
+)
 from tformer.generation.translation import new_token_budget, translate_ids
 from tformer.models.base import Seq2SeqModel, shift_right
 from tformer.nn.losses import IGNORE_INDEX, token_cross_entropy
@@ -195,12 +200,9 @@ class Translation(ExampleTask):
         if self.batch_tokens and self.batch_tokens < self.seq_len:
             raise TrainingError(f"task.batch_tokens={self.batch_tokens} is less than training.seq_len={self.seq_len}: "
                                 "a batch must hold the longest pair")
-        if self.eval_bleu:
-            try:
-                import sacrebleu  # noqa: F401
-            except ImportError:
-                raise TrainingError("task.eval_bleu needs sacrebleu: pip install 'tformer[translation]' (or set "
-                                    "task.eval_bleu = false)") from None
+        if self.eval_bleu and not sacrebleu_installed():
+            raise TrainingError("task.eval_bleu needs sacrebleu: pip install 'tformer[translation]' (or set "
+                                "task.eval_bleu = false)")
         self.model = model  # the plain module translates the evaluation sources (not a DDP wrapper)
 
     @property

@@ -321,3 +321,18 @@ def test_a_bleu_source_without_sacrebleu_is_refused_before_training(tmp_path, mo
     with pytest.raises(TrainingError, match=r"a bleu source needs sacrebleu: pip install 'tformer\[translation\]'"):
         prepared(tmp_path)
     prepared(tmp_path, {"eval_generate": False})  # the loss alone needs no scorer
+
+
+def test_a_cut_evaluation_takes_each_sources_first_rows_in_proportion(tmp_path):
+    write_sources(tmp_path, pairs=100)
+    loaded = recipe_from_dict(recipe(tmp_path))
+    task, _ = task_for_recipe(loaded.task, loaded.data, seq_len=48)
+    import tformer
+
+    task.prepare(TrainingConfig(batch_size=10, seq_len=48, eval_batches=1), ProcessContext(), tformer.build_model(
+        loaded.model))
+    rows = next(iter(task.eval_batches()))["row_index"]
+    counts = torch.bincount(task.eval_source[rows], minlength=3).tolist()
+    sizes = [len(pairs) for pairs in task.eval_pairs]  # 20, 20 and 16 held out
+    assert sum(counts) == 10 and sizes == [20, 20, 16]
+    assert all(abs(count - 10 * size / sum(sizes)) < 1 for count, size in zip(counts, sizes, strict=True))

@@ -137,7 +137,8 @@ class TextToText(ExampleTask):
             self.eval_rows, self.eval_targets, self.eval_cut = self._encode(self.eval_pairs)
             self.eval_source = torch.cat([torch.full((len(pairs),), number) for number, pairs in held])
             self.eval_references = [references for pairs in self.eval_pairs for references in pairs.references]
-            self.eval_order = torch.sort(self.eval_rows.lengths, stable=True).indices  # like lengths together
+            # the whole evaluation: like lengths together (prepare spreads the sources when eval_batches cuts it)
+            self.eval_order = torch.sort(self.eval_rows.lengths, stable=True).indices
         self.higher_is_better = frozenset(self.metrics[2:])
         self._cumulative: list[Tensor] = [torch.zeros(len(sources), dtype=torch.long)]  # draws before each position
         self._orders: dict[tuple[int, int], Tensor] = {}
@@ -210,6 +211,9 @@ class TextToText(ExampleTask):
             raise TrainingError("a bleu source needs sacrebleu: pip install 'tformer[translation]' (or set "
                                 "task.eval_generate = false)")
         self.model = model  # the plain module decodes the evaluation inputs (not a DDP wrapper)
+        if config.eval_batches and self.eval_pairs:  # a cut evaluation: each source's first rows, in proportion
+            shares = [(torch.arange(len(pairs)) + 0.5) / len(pairs) for pairs in self.eval_pairs]
+            self.eval_order = torch.sort(torch.cat(shares), stable=True).indices
 
     @property
     def can_evaluate(self) -> bool:

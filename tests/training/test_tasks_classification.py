@@ -155,7 +155,7 @@ def test_evaluate_and_predict_read_a_trained_run(tmp_path, capsys):
     assert "no recipe.toml in it" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "run"), "--data", str(tmp_path / "dev.tsv"), "--beam", "4"]) == 2
     assert ("--beam: a classification run does not decode its evaluation data; --beam goes with --source, or "
-            "with --data for a translation or speech recognition run") in capsys.readouterr().err
+            "with --data for a translation, speech recognition or text-to-text run") in capsys.readouterr().err
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "dev.json").write_text('{"my": "notes"}')
     assert main(["evaluate", str(tmp_path / "run"), "--data", str(tmp_path / "dev.tsv"), "--out",

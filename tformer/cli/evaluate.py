@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     parser.add_argument("--reference", metavar="FILE", help="the reference translations, one line each")
     parser.add_argument("--beam", type=int,
                         help="beams (1 = greedy): with --source (default: 5), or with --data for a run whose task "
-                             "decodes (translation, speech recognition; default: the recipe's eval_beams)")
+                             "decodes (translation, speech recognition, text to text; default: its eval_beams)")
     parser.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU (default: cased)")
     parser.add_argument("--per-sentence", action="store_true", help="also print each line's sentence BLEU")
     parser.add_argument("--out", help="folder for the metrics JSON and plots (default: RUN/evaluation)")
@@ -184,7 +184,6 @@ def evaluate_run(args: argparse.Namespace) -> int:
     from tformer.cli.model_source import load_model
     from tformer.files import write_text_atomically
     from tformer.training.tasks import task_for_recipe
-    from tformer.training.tasks.translation import TranslationOptions
     from tformer.training.trainer import Trainer
 
     folder = Path(args.folder)
@@ -194,26 +193,8 @@ def evaluate_run(args: argparse.Namespace) -> int:
     quantize, device = source.quantize, source.device
     with_recipe = Path(source.adapter) if source.adapter and not (folder / "recipe.toml").is_file() else folder
     recipe = run_recipe(with_recipe, model=folder)  # an adapter run's recipe, over its base
-    task_config = recipe.task
-    data_file = Path(args.data[0])
-    if task_config.name == "text_to_text":
-        data_file = Path(text_to_text_sources(args.data, recipe))
-    elif len(args.data) > 1:
-        raise UsageError(f"--data is given {len(args.data)} times; a {task_config.name} run is evaluated on one file")
-    elif task_config.name == "translation":
-        data_file = translation_corpus(data_file, recipe.data)
-        # the model folder's tokenizer reads the data: the settings of learning one do not apply
-        task_config = task_config.replace(bpe_vocab_size=TranslationOptions.bpe_vocab_size)
-    elif task_config.name != "text_to_text" and not (data_file.is_file() or data_file.is_dir()):  # folders too
-        raise UsageError(f"--data {data_file}: no such file or folder")
-    if task_config.name == "speech_recognition":  # scored by its transcripts, whatever the run evaluated
-        task_config = task_config.replace(eval_wer=True)
-    decodes = hasattr(task_config.options, "eval_beams")  # translation, speech recognition
-    if args.beam is not None:
-        if not decodes:
-            raise UsageError(f"--beam: a {task_config.name} run does not decode its evaluation data; --beam goes "
-                             "with --source, or with --data for a translation or speech recognition run")
-        task_config = task_config.replace(eval_beams=args.beam)
+    task_config, data_file = evaluation_task(args, recipe)
+    decodes = hasattr(task_config.options, "eval_beams")  # translation, speech recognition, text to text
     model = load_model(source.replace(device=torch.device("cpu"))).model  # the Trainer moves it to --device
     if "image_processor" in type(model).attachments:
         if getattr(model, "image_processor", None) is None:
@@ -262,6 +243,35 @@ def evaluate_run(args: argparse.Namespace) -> int:
                                     title=f"{folder.name} on {data_file.name}")
         print(f"plot       {png}")
     return 0
+
+
+def evaluation_task(args: argparse.Namespace, recipe):
+    """The run's task settings as evaluate reads --data with them (--beam, a translation's tokenizer, speech's
+    word error rate), and the data file (a text-to-text run: the name its outputs are written under)."""
+    from tformer.cli import UsageError
+    from tformer.training.tasks.translation import TranslationOptions
+
+    task_config = recipe.task
+    data_file = Path(args.data[0])
+    if task_config.name == "text_to_text":
+        data_file = Path(text_to_text_sources(args.data, recipe))
+    elif len(args.data) > 1:
+        raise UsageError(f"--data is given {len(args.data)} times; a {task_config.name} run is evaluated on one file")
+    elif task_config.name == "translation":
+        data_file = translation_corpus(data_file, recipe.data)
+        # the model folder's tokenizer reads the data: the settings of learning one do not apply
+        task_config = task_config.replace(bpe_vocab_size=TranslationOptions.bpe_vocab_size)
+    elif not (data_file.is_file() or data_file.is_dir()):  # a folder: an image folder, speech pairs
+        raise UsageError(f"--data {data_file}: no such file or folder")
+    if task_config.name == "speech_recognition":  # scored by its transcripts, whatever the run evaluated
+        task_config = task_config.replace(eval_wer=True)
+    if args.beam is not None:
+        if not hasattr(task_config.options, "eval_beams"):
+            raise UsageError(f"--beam: a {task_config.name} run does not decode its evaluation data; --beam goes "
+                             "with --source, or with --data for a translation, speech recognition or text-to-text "
+                             "run")
+        task_config = task_config.replace(eval_beams=args.beam)
+    return task_config, data_file
 
 
 def evaluated_sources(entries: list[str], recipe) -> list[dict]:

@@ -252,6 +252,7 @@ def train(name: str, seed: int, runs: Path, threads: int, max_steps: int | None,
         command += ["--set", f"model.init_from={run_folder(runs, recipe.init_from, seed)}"]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f"seed-{seed}.log", "a", encoding="utf-8") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)  # two sweeps starting from one run: the second waits, then finds it done
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
         result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

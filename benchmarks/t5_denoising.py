@@ -3,7 +3,9 @@ sentences (Multi30k's validation English captions: not in data/t5-corpus) each l
 (fixed seeds), the pretrained model writes the sentinels and what it believes each replaced (greedy), and
 a span counts as restored when its tokens are exactly the dropped ones. Two unigram baselines that know
 each span's length: the corpus's most frequent token in every position (the best a unigram model can guess),
-and the expected share when sampling each token from the corpus's unigram frequencies.
+and the expected share when sampling each token from the corpus's unigram frequencies. Beside them, the
+cross-entropy of the dropped tokens when the model reads the true targets, against the unigram frequencies'
+on the same tokens: how far the model has left the word-frequency plateau.
 
     python benchmarks/t5_denoising.py runs/recipes/t5-span-pretrain/seed-1
     python benchmarks/t5_denoising.py RUN --sentences 20 --show 5
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import subprocess
 import sys
 from collections import Counter
@@ -78,6 +81,22 @@ def unigram_frequencies(run: Path, tokenizer) -> Counter:
     return counts
 
 
+@torch.no_grad()
+def span_token_nats(model, inputs: list[int], dropped: list[list[int]], sentinels: list[int],
+                    log_unigram: dict[int, float]) -> tuple[float, float]:
+    """Cross-entropy summed over the dropped tokens (sentinels and the end token left out: they are free) when
+    the model reads the true targets, and what the unigram frequencies give the same tokens (unseen: one count)."""
+    targets = [token for number, span in enumerate(dropped) for token in (sentinels[number], *span)]
+    labels = torch.tensor([[*targets, model.config.eos_token_id]])
+    decoder_inputs = torch.tensor([[model.start_token_id, *targets]])
+    logits = model(input_ids=torch.tensor([inputs]), decoder_input_ids=decoder_inputs).logits[0]
+    log_probs = torch.log_softmax(logits.float(), dim=-1).gather(1, labels[0, :, None])[:, 0]
+    keep = [position for position, token in enumerate(targets) if token not in sentinels]
+    floor = min(log_unigram.values())
+    return (-float(log_probs[keep].sum()),
+            -sum(log_unigram.get(targets[position], floor) for position in keep))
+
+
 def command_line_output(run: Path, prompt: str, max_new_tokens: int) -> str:
     result = subprocess.run([sys.executable, "-m", "tformer", "generate", str(run), "--prompt", prompt,
                              "--max-new-tokens", str(max_new_tokens), "--temperature", "0"],
@@ -99,10 +118,14 @@ def main() -> int:
     frequencies = unigram_frequencies(args.run, tokenizer)
     total = sum(frequencies.values())
     most_frequent, _ = frequencies.most_common(1)[0]
-    restored = spans = mode_restored = cli_agrees = 0
-    expected_sampled = 0.0
+    log_unigram = {token: math.log(count / total) for token, count in frequencies.items()}
+    restored = spans = mode_restored = cli_agrees = span_tokens = 0
+    expected_sampled = model_nats = unigram_nats = 0.0
     for index, sentence in enumerate(held_out_sentences(args.sentences)):
         inputs, dropped = corrupted(tokenizer, sentence, index, sentinels)
+        model_span_nats, unigram_span_nats = span_token_nats(model, inputs, dropped, sentinels, log_unigram)
+        model_nats, unigram_nats = model_nats + model_span_nats, unigram_nats + unigram_span_nats
+        span_tokens += sum(map(len, dropped))
         budget = sum(len(span) + 1 for span in dropped) + 5
         output = generate(model, torch.tensor([inputs]), max_new_tokens=budget)[0, 1:].tolist()
         predicted = spans_of(output, sentinels, tokenizer.eos_token_id)
@@ -126,6 +149,7 @@ def main() -> int:
                "restored_share": restored / spans, "unigram_mode_share": mode_restored / spans,
                "unigram_sampled_expected_share": expected_sampled / spans,
                "most_frequent_token": tokenizer.decode([most_frequent]),
+               "span_token_nats_model": model_nats / span_tokens, "span_token_nats_unigram": unigram_nats / span_tokens,
                "command_line_agrees": f"{cli_agrees} of {min(args.show, args.sentences)}"}
     print(json.dumps(figures, indent=2))
     return 0

@@ -260,6 +260,7 @@ def test_a_run_learns_the_mixture_and_reports_every_source(tmp_path, capsys):
                                  r"\{field\}, fields: text, text_pair"),
     ({"kind": "tagging"}, r"sources\[0\] \(sst\): kind='tagging' is not one of classification, "),
     ({"colour": "red"}, r"sources\[0\] \(sst\): 'colour' is not a source setting"),
+    ({"train": "/nonexistent/sst.tsv"}, r"sources\[0\] \(sst\): train: /nonexistent/sst.tsv: no such file"),
     ({"label_names": ["bad", "good", "meh"]}, r"\(sst\): label_names lists 3 words but the data has 2 labels"),
 ])
 def test_a_source_it_cannot_read_is_refused_in_one_line_naming_it(tmp_path, change, message):

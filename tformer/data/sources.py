@@ -8,7 +8,6 @@ and read only where a batch falls: those ``tformer tokenize`` writes (``data.bin
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,18 +99,9 @@ class DataConfig:
                 raise DataError(f"data.{key}={value!r} must be a column name")
 
     def check_files(self) -> None:
-        """Fail now, before any work, if a named file is missing."""
-        if self.sources is not None:
-            from tformer.data.text_to_text import parse_sources  # it reads DataConfig itself
-
-            for number, source in enumerate(parse_sources(self.sources)):
-                try:
-                    dataclasses.replace(source.data, tokenizer=self.tokenizer).check_files()
-                except DataError as error:
-                    raise DataError(f"data.sources[{number}] ({source.name}): {str(error).removeprefix('data.')}"
-                                    ) from None
-            return
-        for key in ("train", "eval"):
+        """Fail now, before any work, if a named file is missing (text-to-text sources: the task checks each
+        source's files, ``tformer.data.text_to_text.check_source_files``)."""
+        for key in ("train", "eval") if self.sources is None else ():
             path = getattr(self, key)
             if path is None:
                 continue

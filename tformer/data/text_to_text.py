@@ -80,6 +80,15 @@ def parse_sources(tables: Sequence[dict]) -> list[TextSource]:
     return sources
 
 
+def check_source_files(sources: Sequence[TextSource], tokenizer: str) -> None:
+    """Fail now, before any work, if a source's file is missing (a DataError naming the source)."""
+    for number, source in enumerate(sources):
+        try:
+            dataclasses.replace(source.data, tokenizer=tokenizer).check_files()
+        except DataError as error:
+            raise DataError(f"data.sources[{number}] ({source.name}): {str(error).removeprefix('data.')}") from None
+
+
 def _parse_source(table: dict, number: int) -> TextSource:
     where = f"data.sources[{number}]"
     if not isinstance(table, dict):

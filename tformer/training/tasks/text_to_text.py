@@ -27,6 +27,7 @@ from tformer.data.text_to_text import (
     MIXING,
     TextPairs,
     TextSource,
+    check_source_files,
     classification_pairs,
     mixture_rates,
     parse_sources,
@@ -155,7 +156,7 @@ class TextToText(ExampleTask):
         if data.sources is None:
             raise TrainingError("the text_to_text task reads data.sources: a list of tables, one a source (name, "
                                 "kind, train, template, ...; see docs/t5.md)")
-        parse_sources(data.sources)
+        check_source_files(parse_sources(data.sources), data.tokenizer)
 
     @classmethod
     def from_recipe(cls, data: DataConfig, *, seq_len: int | None, tokenizer=None, label_names=None,

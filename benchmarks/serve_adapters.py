@@ -54,7 +54,7 @@ from benchmarks.serve_load import (  # noqa: E402
 )
 from tformer.adapters import add_lora, load_adapter, lora_layers, save_adapter  # noqa: E402
 from tformer.generation import GenerationConfig  # noqa: E402
-from tformer.nn.attention.paged import blocks_for  # noqa: E402
+from tformer.serving.block_pool import blocks_for  # noqa: E402
 
 ADAPTERS = ("a0", "a1", "a2")
 QUICK = {"preset": "gpt-nano", "overrides": {"d_model": 64, "num_heads": 4, "vocab_size": 256, "max_seq_len": 128},

@@ -67,7 +67,7 @@ from benchmarks.timing import timed  # noqa: E402
 from tformer.config import resolve_config  # noqa: E402
 from tformer.hub import load_tokenizer  # noqa: E402
 from tformer.models import build_model  # noqa: E402
-from tformer.nn.attention.paged import blocks_for  # noqa: E402
+from tformer.serving.block_pool import blocks_for  # noqa: E402
 from tformer.tokenizers import BPETokenizer  # noqa: E402
 from tformer.tokenizers.byte_level import BYTE_TO_CHAR  # noqa: E402
 

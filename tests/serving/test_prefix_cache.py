@@ -12,8 +12,8 @@ from serving_models import small_model as engine_model
 
 import tformer
 from tformer.generation import GenerationConfig
-from tformer.nn.attention.paged import BlockPool, BlockTable, prefix_keys
 from tformer.serving import Engine
+from tformer.serving.block_pool import BlockPool, BlockTable, prefix_keys
 
 
 def small_model(**overrides):

@@ -8,8 +8,9 @@ from serving_models import VOCAB, alone, small_model
 
 import tformer
 from tformer.generation import GenerationConfig, GenerationError
-from tformer.nn.attention.paged import BlockPool, BlockTable, PagedLayout
+from tformer.nn.attention.paged import PagedLayout
 from tformer.serving import Engine
+from tformer.serving.block_pool import BlockPool, BlockTable
 from tformer.tokenizers import CharTokenizer
 
 

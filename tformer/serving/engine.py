@@ -50,11 +50,12 @@ from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import SERVER, GenerationConfig, GenerationError, refusals
 from tformer.memory import available_memory, format_bytes
 from tformer.models.embeddings import embedding_problem
-from tformer.nn.attention.paged import BlockPool, PagedCache, PagedLayout, blocks_for, prefix_keys
+from tformer.nn.attention.paged import PagedCache, PagedLayout
 from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
 from tformer.nn.block import LayerCache
 from tformer.nn.weights.multi_lora import adapter_index, adapter_rows
 from tformer.pooling import Pooling
+from tformer.serving.block_pool import BlockPool, blocks_for, prefix_keys
 from tformer.serving.embedder import Embedder, EmbeddingRequest
 from tformer.serving.emitter import Emitter
 from tformer.serving.requests import Request
@@ -145,7 +146,8 @@ class Engine:
         except (RuntimeError, MemoryError) as error:  # the estimate passed, the allocation did not
             raise GenerationError(f"cache_tokens={cache_tokens}: the key/value cache could not be allocated on "
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None
-        self.caches = [LayerCache(PagedCache(self.pool, layer)) for layer in range(config.num_layers)]
+        self.caches = [LayerCache(PagedCache(self.pool.keys[layer], self.pool.values[layer]))
+                       for layer in range(config.num_layers)]
         self.prefix_caching = prefix_caching
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
                                    queue_timeout=queue_timeout)

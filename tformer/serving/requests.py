@@ -14,7 +14,7 @@ import torch
 from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import GenerationConfig
-from tformer.nn.attention.paged import BlockTable
+from tformer.serving.block_pool import BlockTable
 from tformer.serving.wire import PromptLogprobs, TokenEvent
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout")

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tformer.generation.settings import GenerationError
-from tformer.nn.attention.paged import BlockPool, BlockTable
+from tformer.serving.block_pool import BlockPool, BlockTable
 from tformer.serving.requests import Request, RunningSequence
 from tformer.serving.wire import EngineStats
 

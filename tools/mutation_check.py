@@ -311,6 +311,13 @@ MUTATIONS = (
         "temperature-scaled mixing draws at the proportional rates: a large source crowds out the small ones",
     ),
     Mutation(
+        "source-rate-ignored", "tformer/data/text_to_text.py",
+        "        return [rate / sum(given) for rate in given]",
+        "        return [1.0 / len(given)] * len(given)",
+        ("tests/training/test_tasks_text_to_text.py",),
+        "a mixture at hand-set rates draws every source equally: the rates a recipe sets are silently ignored",
+    ),
+    Mutation(
         "mixture-source-reread-from-its-start", "tformer/training/tasks/text_to_text.py",
         "            rows[chosen] = self._source_examples(source, before[source] + torch.arange(len(chosen)))",
         "            rows[chosen] = self._source_examples(source, torch.arange(len(chosen)))",

@@ -105,8 +105,45 @@ def test_mixing_rates_are_t5s():
     assert mixture_rates([100, 900], "temperature", temperature=2.0) == pytest.approx([0.25, 0.75])
     assert mixture_rates([100, 900], "temperature", temperature=1.0) == pytest.approx([0.1, 0.9])
     assert mixture_rates([5, 7, 1000], "equal") == pytest.approx([1 / 3] * 3)
-    with pytest.raises(DataError, match="mixing='mean' is not one of proportional, temperature, equal"):
+    assert mixture_rates([5, 7, 1000], "rates", given=[2, 1, 1]) == pytest.approx([0.5, 0.25, 0.25])
+    with pytest.raises(DataError, match="mixing='mean' is not one of proportional, temperature, equal, rates"):
         mixture_rates([1, 2], "mean")
+    with pytest.raises(DataError, match="needs a positive rate for each of the 2 sources"):
+        mixture_rates([1, 2], "rates", given=[1.0])
+
+
+def test_rows_are_drawn_at_each_sources_own_rate(tmp_path):
+    write_sources(tmp_path, pairs=200)
+    config = recipe(tmp_path, {"mixing": "rates"})
+    for table, rate in zip(config["data"]["sources"], (5, 3, 2), strict=True):
+        table["rate"] = rate
+    task, _ = prepared_from(config)
+    assert task.rates.tolist() == pytest.approx([0.5, 0.3, 0.2])
+    task.prepare(TrainingConfig(batch_size=32, seq_len=48, seed=1, eval_batches=0), ProcessContext(0, 1),
+                 prepared(tmp_path)[1])
+    sources = torch.cat([task.source_draws(position) for position in range(400)])
+    shares = torch.bincount(sources, minlength=3).double() / len(sources)
+    assert torch.allclose(shares, task.rates, atol=0.01), shares
+
+
+@pytest.mark.parametrize(("task", "rates", "message"), [
+    ({"mixing": "rates"}, (2, 1, None), r"data.sources \(qa\) has no rate; with task.mixing = \"rates\" every"),
+    ({}, (2, None, None), r"data.sources \(sst\): rate is read only with task.mixing = \"rates\" \(here "
+                          r"'proportional'\)"),
+    ({"mixing": "rates"}, (0, 1, 1), r"sources\[0\] \(sst\): rate=0 must be a positive number"),
+    ({"mixing": "rates"}, ("high", 1, 1), r"sources\[0\] \(sst\): rate='high' must be a positive number"),
+    ({"mixing": "equal", "rate_limit": 100}, (None, None, None), "rate_limit limits a source's count in "
+                                                                  'proportional or temperature mixing; mixing = '
+                                                                  '"equal" counts no examples'),
+])
+def test_a_rate_the_mixing_cannot_honour_is_refused(tmp_path, task, rates, message):
+    write_sources(tmp_path)
+    config = recipe(tmp_path, task)
+    for table, rate in zip(config["data"]["sources"], rates, strict=True):
+        if rate is not None:
+            table["rate"] = rate
+    with pytest.raises((RecipeError, TrainingError, DataError), match=message):
+        prepared_from(config)
 
 
 def test_rows_are_drawn_at_the_rates_and_each_source_read_epoch_by_epoch(tmp_path):

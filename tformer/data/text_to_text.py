@@ -8,7 +8,8 @@ how its files are read (``classification``: a text and a label, the label's name
 answer the target and every gold answer scored), a ``template`` the input is written from, the ``metric``
 its evaluation reports, and the ``[data]`` settings that read its files (``train``, ``eval``,
 ``eval_fraction``, ``columns``, ``source_language``, ...). The mixture draws training rows from the sources
-at rates set by ``mixture_rates`` (T5's examples-proportional mixing with a limit, or temperature-scaled).
+at rates set by ``mixture_rates`` (T5's examples-proportional mixing with a limit, or temperature-scaled,
+or each source's own ``rate``, as seqio's mixtures take them).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ SOURCE_KINDS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "squad": (("question", "context"), "question: {question} context: {context}", "squad"),
 }
 METRICS = ("accuracy", "bleu", "squad")  # exact text match, corpus sacreBLEU, SQuAD exact match and F1
-MIXING = ("proportional", "temperature", "equal")
-SOURCE_KEYS = ("name", "kind", "template", "metric", "lowercase", "label_names")  # the rest are [data] settings
+MIXING = ("proportional", "temperature", "equal", "rates")
+SOURCE_KEYS = ("name", "kind", "template", "metric", "lowercase", "label_names", "rate")  # the rest are [data] settings
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class TextSource:
     """One source of a mixture: its ``name`` (the metrics' prefix), how its files are read (``kind``, with
     ``data``: the [data] settings of its files), the ``template`` its inputs are written from, the ``metric``
     it is scored by, whether texts are compared lowercased (``lowercase``: an uncased tokenizer's outputs),
-    and for a classification source the words its labels are written as (``label_names``, by label id)."""
+    for a classification source the words its labels are written as (``label_names``, by label id), and its
+    share of the training rows when the mixing is ``rates`` (``rate``, relative to the others')."""
 
     name: str
     kind: str
@@ -50,6 +52,7 @@ class TextSource:
     data: DataConfig
     lowercase: bool = False
     label_names: tuple[str, ...] | None = None
+    rate: float | None = None
 
 
 @dataclass
@@ -118,6 +121,10 @@ def _parse_source(table: dict, number: int) -> TextSource:
         if not isinstance(label_names, list) or not all(isinstance(word, str) and word.strip() for word in label_names):
             raise DataError(f"{where}: label_names={label_names!r} must be a list of words, one a label id")
         label_names = tuple(label_names)
+    rate = table.get("rate")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
+        raise DataError(f"{where}: rate={rate!r} must be a positive number (its share of the rows, relative to the "
+                        "other sources' rates)")
     settings = {key: value for key, value in table.items() if key not in SOURCE_KEYS}
     allowed = {field.name for field in dataclasses.fields(DataConfig)} - {"sources", "tokenizer"}
     unknown = sorted(set(settings) - allowed)
@@ -128,7 +135,8 @@ def _parse_source(table: dict, number: int) -> TextSource:
         data = DataConfig(**settings)
     except DataError as error:
         raise DataError(f"{where}: {str(error).removeprefix('data.')}") from None
-    return TextSource(name, kind, template, metric, data, lowercase, label_names)
+    return TextSource(name, kind, template, metric, data, lowercase, label_names,
+                      None if rate is None else float(rate))
 
 
 def _check_template(template: object, fields: tuple[str, ...], where: str) -> None:
@@ -182,14 +190,36 @@ def squad_pairs(source: TextSource, data: SquadData) -> TextPairs:
     return TextPairs(inputs, targets, references)
 
 
+def source_rates(sources: Sequence[TextSource], sizes: Sequence[int], mixing: str = "proportional", *,
+                 temperature: float = 1.0, rate_limit: int = 0) -> list[float]:
+    """The sources' shares of the training rows: their own ``rate`` settings with ``mixing = "rates"`` (every
+    source needs one), else ``mixture_rates`` of their sizes (a source's ``rate`` is then refused, not ignored)."""
+    if mixing == "rates":
+        unrated = [source.name for source in sources if source.rate is None]
+        if unrated:
+            raise DataError(f"data.sources ({unrated[0]}) has no rate; with task.mixing = \"rates\" every source "
+                            "sets its rate")
+        return mixture_rates(sizes, mixing, given=[source.rate for source in sources])
+    rated = [source.name for source in sources if source.rate is not None]
+    if rated:
+        raise DataError(f"data.sources ({rated[0]}): rate is read only with task.mixing = \"rates\" (here "
+                        f"{mixing!r})")
+    return mixture_rates(sizes, mixing, temperature=temperature, rate_limit=rate_limit)
+
+
 def mixture_rates(sizes: Sequence[int], mixing: str = "proportional", *, temperature: float = 1.0,
-                  rate_limit: int = 0) -> list[float]:
+                  rate_limit: int = 0, given: Sequence[float] = ()) -> list[float]:
     """Each source's share of the training rows (summing to 1), from its number of examples: ``proportional``
     to them, each counted as at most ``rate_limit`` (0: no limit; T5's K); ``temperature``: those
     proportions to the power 1 / ``temperature``, renormalised (T5's temperature-scaled mixing, T = 1 being
-    proportional); ``equal``: the same share each."""
+    proportional); ``equal``: the same share each; ``rates``: the ``given`` rates (one a source), renormalised."""
     if mixing not in MIXING:
         raise DataError(f"mixing={mixing!r} is not one of {', '.join(MIXING)}")
+    if mixing == "rates":
+        if len(given) != len(sizes) or not all(rate > 0 for rate in given):
+            raise DataError(f"mixing = \"rates\" needs a positive rate for each of the {len(sizes)} sources, got "
+                            f"{list(given)}")
+        return [rate / sum(given) for rate in given]
     if mixing == "equal":
         return [1.0 / len(sizes)] * len(sizes)
     counted = [min(size, rate_limit) if rate_limit else size for size in sizes]

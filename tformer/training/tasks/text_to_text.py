@@ -2,7 +2,7 @@
 (``tformer.data.text_to_text``) as (input text, target text), and is scored by decoding its answers and
 scoring each source with its own metric: accuracy, corpus sacreBLEU, or SQuAD exact match and F1.
 
-Training rows are drawn from the sources at ``mixture_rates``: for each position the source of every row
+Training rows are drawn from the sources at ``source_rates``: for each position the source of every row
 of the global batch (or, with ``task.source_per_batch``, of the whole batch: rows of like lengths, where a
 long source would pad every batch it shares to its length) is drawn from a generator seeded by (seed,
 position), and a source's rows are read in
@@ -29,8 +29,8 @@ from tformer.data.text_to_text import (
     TextSource,
     check_source_files,
     classification_pairs,
-    mixture_rates,
     parse_sources,
+    source_rates,
     squad_pairs,
     translation_pairs,
 )
@@ -69,7 +69,7 @@ ORDER_STREAM = 6  # ... and for each source's order of examples, epoch by epoch 
 class TextToTextOptions:
     """The text_to_text task's [task] settings."""
 
-    mixing: str = "proportional"  # proportional (to each source's examples), temperature, or equal
+    mixing: str = "proportional"  # proportional (to each source's examples), temperature, equal, or rates
     mixing_temperature: float = 1.0  # with mixing = "temperature": T of T5's temperature-scaled mixing
     rate_limit: int = 0  # a source counts as at most this many examples in the rates (T5's K; 0: no limit)
     source_per_batch: bool = False  # draw a source per global batch, not per row: rows of one source pad alike
@@ -87,6 +87,9 @@ class TextToTextOptions:
             raise TrainingError("task.mixing_temperature is read only with mixing = \"temperature\"")
         if self.rate_limit < 0:
             raise TrainingError(f"task.rate_limit={self.rate_limit} must be 0 (no limit) or a number of examples")
+        if self.rate_limit and self.mixing in ("equal", "rates"):
+            raise TrainingError(f"task.rate_limit limits a source's count in proportional or temperature mixing; "
+                                f"mixing = \"{self.mixing}\" counts no examples")
         if self.eval_beams < 1:
             raise TrainingError(f"task.eval_beams={self.eval_beams} must be a positive integer")
         if self.sentinels < 0:
@@ -178,8 +181,8 @@ class TextToText(ExampleTask):
         sources = parse_sources(data.sources)
         splits = [read_source(source) for source in sources]
         train = [split[0] for split in splits]
-        rates = mixture_rates([len(pairs) for pairs in train], mixing, temperature=mixing_temperature,
-                              rate_limit=rate_limit)
+        rates = source_rates(sources, [len(pairs) for pairs in train], mixing, temperature=mixing_temperature,
+                             rate_limit=rate_limit)
         task = cls(sources, train, [split[1] for split in splits], tokenizer, rates, seq_len=seq_len or 512,
                    source_per_batch=source_per_batch, eval_generate=eval_generate, eval_beams=eval_beams)
         return task, TaskData(tokenizer, tokenizer.vocab_size, task.describe())

@@ -207,6 +207,7 @@ def test_text_and_image_go_to_their_own_models(tmp_path, capsys):
     assert not (vision / "attention").exists() and not (text / "attention").exists()
 
 
+@pytest.mark.slow  # draws every map three times
 def test_text_maps_replace_only_figures_tformer_wrote(tmp_path, capsys):
     folder = text_folder(tmp_path / "decoder", "decoder")
     users = write_image(tmp_path / "mine.png")

@@ -42,6 +42,7 @@ def greedy_by_full_forward(model, source, mask, steps):
     return decoded[0]
 
 
+@pytest.mark.slow  # builds the full-size presets
 def test_depths_presets_and_parameter_count():
     model = model_of()
     assert (len(model.encoder.blocks), len(model.decoder.blocks)) == (2, 3)

@@ -3,6 +3,7 @@ the command line, no module imports tformer inside a function (a hidden dependen
 cycle worked around); and the module-level import graph has no cycle."""
 
 import ast
+import functools
 import subprocess
 import sys
 import textwrap
@@ -73,12 +74,18 @@ def _tformer_imports(tree: ast.AST) -> list[tuple[ast.AST, list[str]]]:
     return found
 
 
+@functools.cache
+def _trees() -> dict[str, ast.AST]:
+    """Every module's syntax tree, parsed once for the tests that read them."""
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
 def test_no_module_outside_the_cli_imports_tformer_inside_a_function():
     offenders = []
-    for name, path in MODULES.items():
+    for name, tree in _trees().items():
         if name.startswith("tformer.cli"):
             continue
-        tree = ast.parse(path.read_text(), str(path))
+        path = MODULES[name]
         for function in ast.walk(tree):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 for node, _ in _tformer_imports(function):
@@ -87,10 +94,7 @@ def test_no_module_outside_the_cli_imports_tformer_inside_a_function():
 
 
 def test_module_import_graph_has_no_cycle():
-    graph = {}
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
-        graph[name] = {target for _, names in _tformer_imports(tree) for target in names if target != name}
+    graph = _module_graph()
     state: dict[str, str] = {}  # "open" while on the current path, "done" after
 
     def visit(name: str, path: list[str]) -> list[str] | None:
@@ -109,12 +113,11 @@ def test_module_import_graph_has_no_cycle():
             assert cycle is None, "import cycle: " + " -> ".join(cycle[cycle.index(cycle[-1]):])
 
 
+@functools.cache
 def _module_graph() -> dict[str, set[str]]:
-    graph = {}
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
-        graph[name] = {target for _, names in _tformer_imports(tree) for target in names if target != name}
-    return graph
+    """Each module -> the tformer modules it imports (at any depth of its code)."""
+    return {name: {target for _, names in _tformer_imports(tree) for target in names if target != name}
+            for name, tree in _trees().items()}
 
 
 # The package's parts from the ground floor up: a module imports only from its own part or from parts below it.

@@ -120,6 +120,7 @@ def test_an_unknown_mode_is_refused():
         Engine(small_model(), cache_tokens=256, paged_attention="fast")
 
 
+@pytest.mark.slow  # a fresh interpreter without the compiled kernels
 def test_without_the_compiled_kernels_the_engine_gathers_and_performer_uses_tensor_operations():
     """TFORMER_COMPILED_KERNELS=0 (as on a machine without a C++ compiler): "auto" gathers and says why,
     "in-place" is refused, and decoding still equals generate."""

@@ -128,6 +128,7 @@ def process_server(model, tmp_path_factory):
     running.stop()
 
 
+@pytest.mark.slow  # 200 requests through the server: about 7 s on an idle 2-core host
 def test_200_json_schema_requests_over_30_schemas_all_parse_and_validate(server):
     client = server.client()
 

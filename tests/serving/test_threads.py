@@ -50,6 +50,7 @@ def test_the_step_is_timed_on_a_real_model_within_its_context(max_seq_len):
     assert 0 < seconds < math.inf  # a time, not a failure (how long depends on the machine and its load)
 
 
+@pytest.mark.slow  # a server process
 def test_serve_without_threads_says_what_its_engine_took(tmp_path):
     tokenizer = CharTokenizer.train("to be or not to be\n")
     model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size)

@@ -1,7 +1,9 @@
 """One forward: every decoding path runs the model's own blocks, so it must agree with the full forward
-for every configuration the core accepts. The configurations are enumerated from the registries (every
-positional scheme x norm position x activation x key/value head count x attention kernel), not listed
-by hand, so a new value of any of them is covered the day it is added. For each, in the decoder and the
+for every configuration the core accepts. The configurations are enumerated from the registries, not
+listed by hand, so a new value of any axis is covered the day it is added: every combination of the axes a
+cache reads (positional scheme x norm position x key/value head count x attention kernel), each with one
+activation (a position-wise function no cache sees), chosen in turn so that every activation meets every
+value of every other axis. For each, in the decoder and the
 encoder–decoder families: a cached session's logits equal the full forward's at every step of a left-
 padded batch, and generation (greedy, beam search, speculative decoding) and the serving engine give
 what the uncached reference gives. Kernels agree on a left-padded batch's loss and gradients, and a
@@ -36,11 +38,25 @@ ENCODER_DECODER = DECODER.replace(architecture="encoder_decoder", num_layers=1, 
                                   bos_token_id=1, decoder_start_token_id=1)
 
 
+CACHED_AXES = [name for name in AXES if name != "activation"]
+
+
+def enumerated_fields() -> list[dict]:
+    """Every combination of the cached axes, each with the activation its value indices sum to (modulo their
+    number): across any other axis's value, the sums take every residue, so every activation meets it."""
+    combinations = []
+    for indices in itertools.product(*(range(len(AXES[name])) for name in CACHED_AXES)):
+        fields = {name: AXES[name][index] for name, index in zip(CACHED_AXES, indices, strict=True)}
+        fields["activation"] = AXES["activation"][sum(indices) % len(AXES["activation"])]
+        combinations.append(fields)
+    return combinations
+
+
 def accepted_configs(base: ModelConfig) -> tuple[list[ModelConfig], list[dict]]:
-    """Every combination of the axes that the config accepts, and the ones it refuses."""
+    """The enumerated configurations that the config accepts, and the ones it refuses."""
     accepted, refused = [], []
-    for values in itertools.product(*AXES.values()):
-        fields = dict(zip(AXES, values, strict=True))
+    for fields in enumerated_fields():
+        fields = dict(fields)
         fields.update(KERNEL_FIELDS.get(fields["attention_kernel"], {}))
         try:
             accepted.append(base.replace(**fields))
@@ -148,7 +164,10 @@ def test_the_enumeration_covers_every_value_of_every_axis():
     # Refused: only what a kernel declares it cannot do (Performer forms no scores to add a bias to).
     assert refused and all(not KERNELS[fields["attention_kernel"]].position_bias
                            and fields["positional"] in ("alibi", "relative") for fields in refused)
-    assert len(accepted) + len(refused) == len(list(itertools.product(*AXES.values())))
+    assert len(accepted) + len(refused) == len(list(itertools.product(*(AXES[name] for name in CACHED_AXES))))
+    for name in CACHED_AXES:  # every activation with every value of every other axis
+        pairs = {(config.activation, getattr(config, name)) for config in accepted}
+        assert pairs == set(itertools.product(AXES["activation"], AXES[name])), name
 
 
 @pytest.mark.slow  # minutes in all: one test per positional scheme, so parallel workers share them

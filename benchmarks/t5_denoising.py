@@ -5,7 +5,9 @@ a span counts as restored when its tokens are exactly the dropped ones. Two unig
 each span's length: the corpus's most frequent token in every position (the best a unigram model can guess),
 and the expected share when sampling each token from the corpus's unigram frequencies. Beside them, the
 cross-entropy of the dropped tokens when the model reads the true targets, against the unigram frequencies'
-on the same tokens: how far the model has left the word-frequency plateau.
+on the same tokens: how far the model has left the word-frequency plateau. And where the decoder looks: after
+it writes sentinel k it must find sentinel k in the input to know what follows it; per layer, the attention
+(the most of any head) that its cross-attention puts on the input's sentinel k, against a uniform spread.
 
     python benchmarks/t5_denoising.py runs/recipes/t5-span-pretrain/seed-1
     python benchmarks/t5_denoising.py RUN --sentences 20 --show 5
@@ -97,6 +99,29 @@ def span_token_nats(model, inputs: list[int], dropped: list[list[int]], sentinel
             -sum(log_unigram.get(targets[position], floor) for position in keep))
 
 
+@torch.no_grad()
+def sentinel_attention(model, tokenizer, sentences: list[str], sentinels: list[int]) -> dict[str, float]:
+    """Per decoder layer, the mean over sentinels of the most attention any head of its cross-attention puts on
+    the input's matching sentinel when the decoder reads sentinel k (rows of four sentences, several spans
+    each), beside the uniform share 1 / input length."""
+    found: dict[int, list[float]] = {}
+    uniform = []
+    for index in range(0, len(sentences) - 3, 4):
+        inputs, dropped = corrupted(tokenizer, " ".join(sentences[index : index + 4]), index, sentinels)
+        targets = [token for number, span in enumerate(dropped) for token in (sentinels[number], *span)]
+        decoder_inputs = [model.start_token_id, *targets]
+        attentions = model(input_ids=torch.tensor([inputs]), decoder_input_ids=torch.tensor([decoder_inputs]),
+                           output_attentions=True).cross_attentions  # per layer (1, H, T, S)
+        uniform.append(1 / len(inputs))
+        for position, token in enumerate(decoder_inputs):
+            if token in sentinels:
+                column = inputs.index(token)
+                for layer, weights in enumerate(attentions):
+                    found.setdefault(layer, []).append(float(weights[0, :, position, column].max()))
+    shares = {f"layer_{layer + 1}": round(sum(values) / len(values), 3) for layer, values in found.items()}
+    return {**shares, "uniform": round(sum(uniform) / len(uniform), 3), "sentinels": len(found.get(0, []))}
+
+
 def command_line_output(run: Path, prompt: str, max_new_tokens: int) -> str:
     result = subprocess.run([sys.executable, "-m", "tformer", "generate", str(run), "--prompt", prompt,
                              "--max-new-tokens", str(max_new_tokens), "--temperature", "0"],
@@ -150,7 +175,9 @@ def main() -> int:
                "unigram_sampled_expected_share": expected_sampled / spans,
                "most_frequent_token": tokenizer.decode([most_frequent]),
                "span_token_nats_model": model_nats / span_tokens, "span_token_nats_unigram": unigram_nats / span_tokens,
-               "command_line_agrees": f"{cli_agrees} of {min(args.show, args.sentences)}"}
+               "command_line_agrees": f"{cli_agrees} of {min(args.show, args.sentences)}",
+               "sentinel_attention": sentinel_attention(model, tokenizer, held_out_sentences(args.sentences),
+                                                        sentinels)}
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -192,6 +192,13 @@ MUTATIONS = (
         "the n sequences of one request are merged into one choice",
     ),
     Mutation(
+        "pool-frees-a-shared-block", "tformer/serving/block_pool.py",
+        "            self._references[block] -= 1\n            if self._references[block] == 0:",
+        "            self._references[block] -= 1\n            if self._references[block] <= 1:",
+        ("tests/serving/test_prefix_cache.py",),
+        "a block another table still holds is given back: a new sequence overwrites a running one's keys",
+    ),
+    Mutation(
         "serving-leaks-finished-blocks", "tformer/serving/scheduler.py",
         "            sequence.table.release()",
         "            pass",

@@ -130,8 +130,9 @@ def test_rows_are_drawn_at_each_sources_own_rate(tmp_path):
     ({"mixing": "rates"}, (2, 1, None), r"data.sources \(qa\) has no rate; with task.mixing = \"rates\" every"),
     ({}, (2, None, None), r"data.sources \(sst\): rate is read only with task.mixing = \"rates\" \(here "
                           r"'proportional'\)"),
-    ({"mixing": "rates"}, (0, 1, 1), r"sources\[0\] \(sst\): rate=0 must be a positive number"),
-    ({"mixing": "rates"}, ("high", 1, 1), r"sources\[0\] \(sst\): rate='high' must be a positive number"),
+    ({"mixing": "rates"}, (0, 1, 1), r"sources\[0\] \(sst\): rate=0 must be a positive finite number"),
+    ({"mixing": "rates"}, ("high", 1, 1), r"sources\[0\] \(sst\): rate='high' must be a positive finite number"),
+    ({"mixing": "rates"}, (float("inf"), 1, 1), r"sources\[0\] \(sst\): rate=inf must be a positive finite"),
     ({"mixing": "equal", "rate_limit": 100}, (None, None, None), "rate_limit limits a source's count in "
                                                                   'proportional or temperature mixing; mixing = '
                                                                   '"equal" counts no examples'),

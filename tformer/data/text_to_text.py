@@ -15,6 +15,7 @@ or each source's own ``rate``, as seqio's mixtures take them).
 from __future__ import annotations
 
 import dataclasses
+import math
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,9 +123,9 @@ def _parse_source(table: dict, number: int) -> TextSource:
             raise DataError(f"{where}: label_names={label_names!r} must be a list of words, one a label id")
         label_names = tuple(label_names)
     rate = table.get("rate")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
-        raise DataError(f"{where}: rate={rate!r} must be a positive number (its share of the rows, relative to the "
-                        "other sources' rates)")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf):
+        raise DataError(f"{where}: rate={rate!r} must be a positive finite number (its share of the rows, relative to "
+                        "the other sources' rates)")
     settings = {key: value for key, value in table.items() if key not in SOURCE_KEYS}
     allowed = {field.name for field in dataclasses.fields(DataConfig)} - {"sources", "tokenizer"}
     unknown = sorted(set(settings) - allowed)

@@ -217,8 +217,6 @@ NOT_MEASURED: dict[str, list[str]] = {
 # Measured figures that no log in benchmarks/logs holds (each must occur in its page): re-measure or drop them.
 UNLOGGED: dict[str, list[str]] = {
     "README.md": [
-        "8 min 28 s and 10 min 50 s of pytest (10 min 31 s and 13 min 53 s with the install",  # clean-clone CI runs
-        "100 s with 2 workers",                # make test-fast, the same CI host
         "98.93% on an Intel Xeon",             # the 5,500-step MNIST recipe on another host
         "test split the two are within noise (80.23% against 79.90%)",
         "**14.05%** WER",                      # the mean of the three seeds' logged 14.20 / 14.13 / 13.83

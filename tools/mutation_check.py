@@ -199,6 +199,27 @@ MUTATIONS = (
         "a block another table still holds is given back: a new sequence overwrites a running one's keys",
     ),
     Mutation(
+        "running-state-not-written-back", "tformer/nn/attention/performer.py",
+        "            out[rows] = step.squeeze(2)\n            self.write(slots, state)",
+        "            out[rows] = step.squeeze(2)",
+        ("tests/serving/test_cache_specs.py",),
+        "a decoding step's Performer sums are dropped: the next step reads the state before it",
+    ),
+    Mutation(
+        "state-row-given-twice", "tformer/serving/scheduler.py",
+        "            self.free_states.append(sequence.state_slot)\n            sequence.state_slot = -1",
+        "            self.free_states.append(sequence.state_slot)\n            self.free_states.append(0)",
+        ("tests/serving/test_cache_specs.py",),
+        "a finished sequence's running-state row is handed out twice: two sequences overwrite each other's sums",
+    ),
+    Mutation(
+        "pool-holds-every-layer", "tformer/serving/engine.py",
+        "    pool = BlockPool(num_blocks, block_size, len(paged), heads, head_dim, dtype, device)",
+        "    pool = BlockPool(num_blocks, block_size, len(specs), heads, head_dim, dtype, device)",
+        ("tests/serving/test_cache_specs.py",),
+        "the pool keeps keys for layers that store none per token (Performer's): memory the specs do not ask for",
+    ),
+    Mutation(
         "serving-leaks-finished-blocks", "tformer/serving/scheduler.py",
         "            sequence.table.release()",
         "            pass",

@@ -152,8 +152,7 @@ def test_greedy_answers_are_the_same_with_and_without_prefix_caching(overrides):
 @pytest.mark.parametrize("overrides", [
     dict(positional="rope", num_kv_heads=2), dict(positional="alibi"), dict(positional="relative", num_kv_heads=1),
     dict(attention_kernel="chunked"), dict(attention_kernel="sliding_window", attention_window=4),
-    dict(attention_kernel="performer", performer_features=16),
-], ids=["rope-gqa", "alibi", "relative-mqa", "chunked", "sliding-window", "performer"])
+], ids=["rope-gqa", "alibi", "relative-mqa", "chunked", "sliding-window"])  # Performer: no prefix (test_cache_specs)
 def test_a_request_that_hit_the_cache_has_generates_logits(overrides):
     """Every step's distribution of a request whose prefill started after a cached prefix (its new tokens a
     part of its context, then decoding over shared blocks) is generate's, over the whole vocabulary."""

@@ -61,11 +61,12 @@ def test_requests_joining_a_running_batch_equal_each_alone():
     assert engine.pool.blocks_in_use == 0
 
 
-def paged_step(model, engine, tables, new):
-    """One step of the engine's model over ``tables``, whose sequences add the tokens ``new``."""
+def paged_step(model, engine, tables, new, state_slots):
+    """One step of the engine's model over ``tables``, whose sequences add the tokens ``new`` (their rows of a
+    running-state layer: ``state_slots``)."""
     for table, tokens in zip(tables, new, strict=True):
         table.append_slots(len(tokens))
-    layout = PagedLayout.build(tables, [len(tokens) for tokens in new], engine.device)
+    layout = PagedLayout.build(tables, [len(tokens) for tokens in new], engine.device, state_slots=state_slots)
     ids = torch.tensor([[token for tokens in new for token in tokens]])
     return model.step(ids, layout, engine.caches)[0]  # (sequences, V)
 
@@ -82,10 +83,10 @@ def test_a_step_mixing_prefills_and_decodes_gives_the_models_logits(overrides):
     tables = [BlockTable(engine.pool, 8) for _ in sequences]
     assert engine.pool.reserve(24)
     with torch.inference_mode():
-        for table, tokens in zip(tables[:2], sequences[:2], strict=True):  # the first two are already cached
-            paged_step(model, engine, [table], [tokens[:-1]])
+        for slot, (table, tokens) in enumerate(zip(tables[:2], sequences[:2], strict=True)):  # two already cached
+            paged_step(model, engine, [table], [tokens[:-1]], [slot])
         new = [[sequences[0][-1]], [sequences[1][-1]], sequences[2]]  # two decode one token, one prefills
-        logits = paged_step(model, engine, tables, new)
+        logits = paged_step(model, engine, tables, new, [0, 1, 2])
         for row, tokens in enumerate(sequences):
             expected = model(torch.tensor([tokens])).logits[0, -1]
             torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=1e-5)

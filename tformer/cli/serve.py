@@ -60,9 +60,10 @@ def register(subparsers) -> None:
     parser.add_argument("--max-running", type=int, default=64, help="sequences decoding at once (default: 64)")
     parser.add_argument("--max-step-tokens", type=int, default=4096,
                         help="prompt and decode tokens per step; longer prompts wait a step (default: 4096)")
-    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False, default=None,
                         help="compute every prompt whole: no reuse of a prefix's cached blocks, and the n sequences "
-                             "of a request each prefill the prompt (default: prefix caching on)")
+                             "of a request each prefill the prompt (default: prefix caching on, unless a layer keeps "
+                             "a running state, as Performer's, of which no prefix can be shared)")
     parser.add_argument("--paged-attention", choices=("auto", "in-place", "gather"), default="auto",
                         help="how decode steps read the cache: in place with the compiled CPU kernel, or by gathering "
                              "each sequence's blocks; auto (default) reads in place where the model and machine allow "

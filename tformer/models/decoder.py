@@ -10,6 +10,7 @@ from tformer.models.base import Model
 from tformer.models.output import GenerationState, ModelOutput
 from tformer.models.registry import register
 from tformer.nn.attention import StepLayout
+from tformer.nn.attention.cache_spec import LayerCacheSpec
 from tformer.nn.attention.reference import soft_cap
 from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
@@ -74,6 +75,9 @@ class DecoderLM(Model):
     ) -> list[LayerCache]:
         """Empty preallocated key/value caches for decoding up to ``max_len`` positions."""
         return self.stack.new_cache(batch_size, max_len, dtype or self.dtype, device or self.device)
+
+    def cache_specs(self) -> list[LayerCacheSpec]:
+        return self.stack.cache_specs()
 
     def forward(
         self,

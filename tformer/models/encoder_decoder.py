@@ -24,6 +24,7 @@ from tformer.models.base import Seq2SeqModel
 from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
 from tformer.nn.attention import StepLayout
+from tformer.nn.attention.cache_spec import LayerCacheSpec
 from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
@@ -155,6 +156,10 @@ class EncoderDecoderLM(Seq2SeqModel):
         """Self-attention caches for ``max_len`` decoder positions; the cross-attention ones are filled by the
         first step (the encoder's keys and values, projected once)."""
         return self.decoder.new_cache(batch_size, max_len, dtype or self.dtype, device or self.device)
+
+    def cache_specs(self) -> list[LayerCacheSpec]:
+        """The decoder's blocks: self-attention's cache, and the encoder's keys and values for cross-attention."""
+        return self.decoder.cache_specs()
 
     def step(self, input_ids: Tensor, layout: StepLayout, cache: list[LayerCache], *, encoder_output: Tensor,
              encoder_attention_mask: Tensor | None = None) -> Tensor:

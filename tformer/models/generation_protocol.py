@@ -16,7 +16,8 @@ What a session needs, in the order it needs it:
   what every step reads (an encoder's output), once per call.
 - ``new_cache(batch_size, max_len)``, ``position_limit``, ``cache_bytes_per_token(dtype)``,
   ``layout_bytes_per_token()``: the cache, the longest sequence a position table allows, and the memory a
-  session takes.
+  session takes; ``cache_specs()``: what each layer's cache keeps, declared (``nn.attention.cache_spec``), which
+  the serving engine allocates from.
 - ``forward(input_ids, attention_mask=..., cache=..., **step_inputs)``: a step through the model's checked
   forward (``ModelSession``), or ``step(input_ids, layout, cache, **step_inputs)`` over its own blocks with a
   layout the session cuts from its tables (``StackSession``: ``step_problem()`` is None,
@@ -35,6 +36,7 @@ from torch import Tensor
 
 from tformer.models.output import GenerationState
 from tformer.nn.attention import StepLayout
+from tformer.nn.attention.cache_spec import FullAttention, LayerCacheSpec
 from tformer.nn.positions import POSITIONAL_SCHEMES, positions_from_mask
 
 TOKEN_DTYPES = (torch.long, torch.int32, torch.int16, torch.uint8)
@@ -116,6 +118,12 @@ class GenerationProtocol:
         config = self.config
         element = torch.empty((), dtype=dtype or next(self.parameters()).dtype).element_size()
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element
+
+    def cache_specs(self) -> list[LayerCacheSpec]:
+        """What each layer keeps between decoding steps; by default every layer's keys and values, of the config's
+        key/value heads (what ``cache_bytes_per_token`` counts)."""
+        config = self.config
+        return [LayerCacheSpec(FullAttention(config.num_kv_heads, config.head_dim))] * config.num_layers
 
     def layout_bytes_per_token(self) -> int:
         """Bytes a session's row layout adds per token beside each row's: the rotary table (cos, sin, angles)."""

@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tformer.config import ModelConfig
 from tformer.nn.attention import AttentionMask, CrossAttentionCache, StepLayout, kernel_class
+from tformer.nn.attention.cache_spec import LayerCacheSpec
 from tformer.nn.attention.mask import packed_segments
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
 from tformer.nn.inputs import check_attention_mask, check_positions
@@ -107,6 +108,12 @@ class TransformerStack(nn.Module):
         state), and with cross-attention a slot the first step fills with the encoder's keys and values."""
         return [LayerCache(block.attention.new_cache(batch_size, max_len, dtype, device),
                            CrossAttentionCache() if self.cross_attention else None) for block in self.blocks]
+
+    def cache_specs(self) -> list[LayerCacheSpec]:
+        """What each block keeps between decoding steps, declared (``new_cache``'s backends, as specs)."""
+        return [LayerCacheSpec(block.attention.cache_spec(),
+                               None if block.cross_attention is None else block.cross_attention.cache_spec())
+                for block in self.blocks]
 
     def forward(
         self,

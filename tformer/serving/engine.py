@@ -50,8 +50,10 @@ from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import SERVER, GenerationConfig, GenerationError, refusals
 from tformer.memory import available_memory, format_bytes
 from tformer.models.embeddings import embedding_problem
+from tformer.nn.attention.cache_spec import CacheSpec, RunningSums
 from tformer.nn.attention.paged import PagedCache, PagedLayout
 from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
+from tformer.nn.attention.performer import RunningSumSlots
 from tformer.nn.block import LayerCache
 from tformer.nn.weights.multi_lora import adapter_index, adapter_rows
 from tformer.pooling import Pooling
@@ -83,20 +85,23 @@ class Engine:
     ``paged_attention``: how decode steps read the pool, "auto", "in-place" or "gather"
     (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why);
     ``prefix_caching``: prompts reuse the cached blocks of a prefix computed before, and a request's ``n``
-    sequences share its prompt's blocks (False: every sequence computes its whole prompt);
+    sequences share its prompt's blocks (False: every sequence computes its whole prompt; None, the default: on
+    unless a layer keeps a running state, Performer's, of which no prefix can be shared);
     ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings). The LoRA adapters
     ``load_adapters`` put over ``model`` are served by name (``adapters``).
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
                  max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None,
-                 paged_attention: str = "auto", prefix_caching: bool = True, pooling: Pooling | None = None) -> None:
+                 paged_attention: str = "auto", prefix_caching: bool | None = None,
+                 pooling: Pooling | None = None) -> None:
         for name, value in (("cache_tokens", cache_tokens), ("block_size", block_size), ("max_running", max_running),
                             ("max_step_tokens", max_step_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name}={value!r} must be an integer >= 1")
-        if not isinstance(prefix_caching, bool):
-            raise GenerationError(f"prefix_caching={prefix_caching!r} must be True or False")
+        if prefix_caching is not None and not isinstance(prefix_caching, bool):
+            raise GenerationError(f"prefix_caching={prefix_caching!r} must be True, False or None (on where the "
+                                  "model's caches allow it)")
         self.tokenizer = tokenizer
         self.adapters = served_adapters(model)  # the names a request may choose besides the base
         self.stats = EngineStats()
@@ -121,7 +126,7 @@ class Engine:
 
     def _start_decoding(self, model: nn.Module, cache_tokens: int, block_size: int, max_running: int,
                         max_step_tokens: int, queue_timeout: float | None, paged_attention: str,
-                        prefix_caching: bool) -> None:
+                        prefix_caching: bool | None) -> None:
         """The decoding half: the model's decoding view, the paged pool, the scheduler and the emitter."""
         check_model(model)
         reason = serving_problem(model)
@@ -134,23 +139,18 @@ class Engine:
             raise GenerationError(str(error)) from None
         # The model as decoding runs it, for the engine's life: the caller's is left as it is.
         self.model = model = model.decoding_view()
-        parameter = next(model.parameters())
-        self.device = parameter.device
-        config = model.config
-        num_blocks = blocks_for(cache_tokens, block_size)
-        _check_pool_fits(cache_tokens, num_blocks * block_size, model.cache_bytes_per_token(parameter.dtype),
-                         self.device)
+        self.device = next(model.parameters()).device
+        specs = [layer.self_attention for layer in model.cache_specs()]
+        keeps_states = any(not spec.paged for spec in specs)
+        self.prefix_caching = _prefix_caching(prefix_caching, specs)
         try:
-            self.pool = BlockPool(num_blocks, block_size, config.num_layers, config.num_kv_heads, config.head_dim,
-                                  parameter.dtype, self.device)
+            self.pool, self.caches = _allocate(specs, cache_tokens, block_size, max_running,
+                                               next(model.parameters()).dtype, self.device)
         except (RuntimeError, MemoryError) as error:  # the estimate passed, the allocation did not
             raise GenerationError(f"cache_tokens={cache_tokens}: the key/value cache could not be allocated on "
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None
-        self.caches = [LayerCache(PagedCache(self.pool.keys[layer], self.pool.values[layer]))
-                       for layer in range(config.num_layers)]
-        self.prefix_caching = prefix_caching
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
-                                   queue_timeout=queue_timeout)
+                                   queue_timeout=queue_timeout, keeps_states=keeps_states)
         self.emitter = Emitter(self.scheduler, self.stats)
 
     # ---- from any thread --------------------------------------------------------------------------
@@ -261,7 +261,8 @@ class Engine:
             return made
         batch = scheduler.batch(admitted)
         layout = PagedLayout.build(batch.tables, batch.counts, self.device,
-                                   every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place)
+                                   every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place,
+                                   state_slots=batch.state_slots if scheduler.free_states is not None else None)
         ids = torch.tensor([batch.input_ids], device=self.device)  # (1, N): every sequence's new tokens in turn
         with self.model.stepping, self._adapter_rows(batch.adapters, batch.counts, layout.keep):
             logits = self.model.step(ids, layout, self.caches)[0]  # (K, V) the rows layout.keep names
@@ -351,14 +352,54 @@ def serving_problem(model: nn.Module) -> str | None:
     return problem
 
 
-def _check_pool_fits(cache_tokens: int, slots: int, per_token: int, device: torch.device) -> None:
-    """A GenerationError naming the memory ``cache_tokens`` would take and the most that fits, before the pool
-    is allocated (an allocation that large fails with a traceback, or the kernel ends the process)."""
+def _prefix_caching(asked: bool | None, specs: list[CacheSpec]) -> bool:
+    """Whether prompts share cached prefixes: as ``asked``, None where every layer's cache is per token; a
+    running-state layer (its sums cover the whole prefix, no block of it stands alone) refuses True."""
+    states = [spec for spec in specs if not spec.paged]
+    if asked and states:
+        raise GenerationError(f"prefix_caching=True cannot be honoured: a layer keeps {type(states[0]).__name__} per "
+                              "sequence, not keys per token, so no prefix of it can be shared (False or None)")
+    return not states if asked is None else asked
+
+
+def _allocate(specs: list[CacheSpec], cache_tokens: int, block_size: int, max_running: int, dtype: torch.dtype,
+              device: torch.device) -> tuple[BlockPool, list[LayerCache]]:
+    """The engine's caches from each layer's spec: a block pool holding the per-token layers (full attention, a
+    sliding window), a row per running sequence of each running-state layer; checked against memory first."""
+    paged = [spec for spec in specs if spec.paged]
+    other = [spec for spec in specs if not spec.paged and not isinstance(spec, RunningSums)]
+    if other:
+        raise GenerationError(f"the server cannot keep a layer's {type(other[0]).__name__} cache")
+    shapes = sorted({(spec.num_kv_heads, spec.head_dim) for spec in paged})
+    if len(shapes) > 1:
+        raise GenerationError(f"the layers' key/value heads and head sizes differ ({shapes}): one block pool holds "
+                              "one shape")
+    heads, head_dim = shapes[0] if shapes else (1, 1)
+    num_blocks = blocks_for(cache_tokens, block_size)
+    _check_pool_fits(cache_tokens, num_blocks * block_size, sum(spec.bytes_per_token(dtype) for spec in specs),
+                     max_running * sum(spec.bytes_per_sequence(dtype) for spec in specs), device)
+    pool = BlockPool(num_blocks, block_size, len(paged), heads, head_dim, dtype, device)
+    caches, layer = [], 0
+    for spec in specs:
+        if spec.paged:
+            caches.append(LayerCache(PagedCache(pool.keys[layer], pool.values[layer])))
+            layer += 1
+        else:
+            caches.append(LayerCache(RunningSumSlots(spec, max_running, dtype, device)))
+    return pool, caches
+
+
+def _check_pool_fits(cache_tokens: int, slots: int, per_token: int, states: int, device: torch.device) -> None:
+    """A GenerationError naming the memory ``cache_tokens`` would take (``slots`` tokens of ``per_token`` bytes, and
+    ``states`` bytes of running states) and the most tokens that fit, before it is allocated (an allocation that
+    large fails with a traceback, or the kernel ends the process)."""
     available = available_memory(device)
-    if available is not None and slots * per_token > available:
-        raise GenerationError(f"cache_tokens={cache_tokens} needs {format_bytes(slots * per_token)} of key/value "
-                              f"cache ({per_token} bytes a token); {format_bytes(available)} is available on "
-                              f"{device.type}: cache_tokens must be in [1, {available // per_token}]")
+    if available is not None and slots * per_token + states > available:
+        room = max(0, available - states) // max(per_token, 1)
+        raise GenerationError(f"cache_tokens={cache_tokens} needs {format_bytes(slots * per_token + states)} of cache "
+                              f"({per_token} bytes a token, {format_bytes(states)} of running states); "
+                              f"{format_bytes(available)} is available on {device.type}: cache_tokens must be in "
+                              f"[1, {room}]")
 
 
 def serving_defaults(model: nn.Module, config: GenerationConfig | None) -> GenerationConfig:

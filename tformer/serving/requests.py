@@ -28,6 +28,7 @@ class RunningSequence:
     generator: torch.Generator | None
     detokenizer: IncrementalDetokenizer | None  # its text (None: the engine has no tokenizer)
     table: BlockTable | None = None
+    state_slot: int = -1  # its row of the running-state layers' storage (-1: none)
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     prompt_logprobs: PromptLogprobs | None = None  # scored, not yet handed out on an event

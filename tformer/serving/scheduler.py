@@ -29,14 +29,17 @@ class StepBatch:
     scored: list[bool]  # whether its prompt is scored (every prompt row kept)
     rows: dict[int, int]  # id() of a sequence -> its row of the step's logits
     adapters: list[int]  # each sequence's LoRA adapter (-1: the base model)
+    state_slots: list[int]  # each sequence's row of the running-state layers (-1: the model has none)
 
 
 class Scheduler:
     """The engine's queue, running batch and cache blocks (see the module's docstring)."""
 
     def __init__(self, pool: BlockPool, stats: EngineStats, *, max_running: int, max_step_tokens: int,
-                 queue_timeout: float | None) -> None:
+                 queue_timeout: float | None, keeps_states: bool = False) -> None:
         self.pool = pool
+        # A row of every running-state layer (Performer's sums) per running sequence; None: the model keeps none.
+        self.free_states = list(range(max_running - 1, -1, -1)) if keeps_states else None
         self.stats = stats
         self.max_running = max_running
         self.max_step_tokens = max_step_tokens
@@ -142,6 +145,8 @@ class Scheduler:
                 else:
                     joining = request.sequences
                 for sequence in joining:
+                    if self.free_states is not None:  # running sequences never outnumber max_running rows
+                        sequence.state_slot = self.free_states.pop()
                     self.running.append((request, sequence))
                     admitted.add(id(sequence))
         return admitted, forking
@@ -174,7 +179,7 @@ class Scheduler:
     def batch(self, admitted: set[int]) -> StepBatch:
         """The step's tokens: a sequence admitted now its prompt (past the cached prefix its table starts with),
         every other its last token; each table given the slots they fill."""
-        batch = StepBatch([], [], [], [], {}, [])
+        batch = StepBatch([], [], [], [], {}, [], [])
         for row, (request, sequence) in enumerate(self.running):
             prefill = id(sequence) in admitted
             tokens = request.prompt_ids[sequence.table.length:] if prefill else [self.pending[id(sequence)]]
@@ -184,6 +189,7 @@ class Scheduler:
             batch.input_ids.extend(tokens)
             batch.rows[id(sequence)] = row
             batch.adapters.append(request.adapter)
+            batch.state_slots.append(sequence.state_slot)
             # One sequence of a request is enough to score its prompt (the first: it prefills).
             batch.scored.append(prefill and request.prompt_logprobs is not None and sequence.index == 0)
         return batch
@@ -201,6 +207,8 @@ class Scheduler:
         just prefilled: its full blocks shared, its last block copied, its logits row theirs too."""
         if not forking:
             return
+        if self.free_states is not None:
+            raise RuntimeError("sequences keeping a running state are never forked: each prefills its prompt")
         forked = {request.id for request in forking}
         running = []
         for request, sequence in self.running:
@@ -217,5 +225,8 @@ class Scheduler:
         """``sequence`` has finished: its blocks back to the pool, out of the running batch."""
         if sequence.table is not None:
             sequence.table.release()
+        if self.free_states is not None and sequence.state_slot >= 0:
+            self.free_states.append(sequence.state_slot)
+            sequence.state_slot = -1
         self.running = [(request, other) for request, other in self.running if other is not sequence]
         self.pending.pop(id(sequence), None)

@@ -20,7 +20,8 @@ It declares what it honours, so configs and callers ask it instead of comparing 
 - ``fields``: the ModelConfig fields it reads (any other kernel refuses them away from their
   defaults), checked by ``config_problem``.
 - ``new_cache``: the cache backend a layer decodes with (``cache.py``); the backend says whether it can
-  forget its last tokens (``rewindable``: speculative decoding needs it).
+  forget its last tokens (``rewindable``: speculative decoding needs it). ``cache_spec``: what that cache keeps,
+  declared (``cache_spec.py``), which the serving engine allocates from.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.nn.attention.cache import KVCache
+from tformer.nn.attention.cache_spec import CacheSpec, CrossAttention, FullAttention
 from tformer.nn.attention.mask import AttentionMask
 
 
@@ -83,6 +85,11 @@ class AttentionKernel:
                   device: torch.device) -> Any:
         """The self-attention cache a layer with this kernel decodes over, for up to ``max_len`` positions."""
         return KVCache(batch_size, num_kv_heads, max_len, head_dim, dtype, device)
+
+    def cache_spec(self, num_kv_heads: int, head_dim: int) -> CacheSpec:
+        """What this layer keeps between decoding steps: every position's keys and values (the encoder's, once, for
+        cross-attention)."""
+        return (CrossAttention if self.cross else FullAttention)(num_kv_heads, head_dim)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tformer.nn.attention.cache_spec import CacheSpec
 from tformer.nn.attention.mask import NO_MASK, AttentionMask
 from tformer.nn.attention.registry import KERNELS, kernel_class
 from tformer.nn.positions import apply_rotary
@@ -78,6 +79,10 @@ class MultiHeadAttention(nn.Module):
     def new_cache(self, batch_size: int, max_len: int, dtype, device) -> Any:
         """This layer's self-attention cache for decoding up to ``max_len`` positions (its kernel's backend)."""
         return self.kernel.new_cache(batch_size, self.num_kv_heads, max_len, self.head_dim, dtype, device)
+
+    def cache_spec(self) -> CacheSpec:
+        """What this layer keeps between decoding steps (its kernel's declaration)."""
+        return self.kernel.cache_spec(self.num_kv_heads, self.head_dim)
 
     def forward(
         self,

@@ -9,7 +9,8 @@ feed-forward layers are single matrix products over all of them; only attention 
 left-padded batch, and each prefill attends alone, causal over its context. The kernel is the
 model's own, whichever it is, under an ``AttentionMask`` per group. A layout built ``in_place`` instead
 lists the one-token sequences' slots back to back (no padding) for the in-place kernel
-(``paged_kernel.py``), which reads them where they are.
+(``paged_kernel.py``), which reads them where they are. A layer that keeps a running state per sequence
+instead of keys (Performer's ``RunningSums``) reads each sequence's ``state_slot`` of the step.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class PagedPrefill:
     rows: slice  # its new tokens' rows in the step
     context: Tensor  # (L,) slots of all its tokens, in order
     positions: Tensor  # (1, L) their positions
+    state_slot: int = -1  # its row of a running-state layer's storage (-1: the engine keeps no states)
 
     @property
     def query_positions(self) -> Tensor:
@@ -61,33 +63,41 @@ class PagedLayout(StepLayout):
     decode_padding: Tensor | None = None  # (Bd, Lmax) True = a real key; None when every context is Lmax long
     decode_positions: Tensor | None = None  # (Bd, Lmax) key positions (negative on the padding)
     decode_offsets: Tensor | None = None  # in place: (Bd + 1,) where each sequence's slots start in decode_context (N,)
+    decode_state_slots: Tensor | None = None  # (Bd,) their rows of a running-state layer's storage
     prefills: list[PagedPrefill] = field(default_factory=list)
 
     @classmethod
     def build(cls, tables: Sequence[SlotTable], new_tokens: list[int], device: torch.device,
-              every_row: list[bool] | None = None, in_place: bool = False) -> PagedLayout:
+              every_row: list[bool] | None = None, in_place: bool = False,
+              state_slots: Sequence[int] | None = None) -> PagedLayout:
         """The layout for sequences whose ``tables`` already hold room for their ``new_tokens`` (a count each);
         ``every_row``: the sequences whose every new row the step keeps (a prompt whose log-probabilities are
         asked for), not only the last (None: none); ``in_place``: the one-token sequences' slots for the
-        in-place kernel, not a padded batch."""
+        in-place kernel, not a padded batch; ``state_slots``: each sequence's row of a running-state layer's
+        storage (None: the model has no such layer). A sequence's first step is a prefill, even of one token."""
         positions, slots, kept_rows, decode_rows, decode_contexts, prefills = [], [], [], [], [], []
         every_row = every_row or [False] * len(tables)
+        state_slots = [-1] * len(tables) if state_slots is None else state_slots
+        decode_states = []
         row = 0
-        for table, count, whole in zip(tables, new_tokens, every_row, strict=True):
+        for table, count, whole, state in zip(tables, new_tokens, every_row, state_slots, strict=True):
             context = table.slots(0, table.length)  # (L,)
             positions.extend(range(table.length - count, table.length))
             slots.append(context[-count:])
-            if count == 1:
+            if count == 1 and table.length > 1:
                 decode_rows.append(row)
                 decode_contexts.append(context)
+                decode_states.append(state)
             else:
                 prefills.append(PagedPrefill(slice(row, row + count), context.to(device),
-                                             torch.arange(table.length, device=device)[None]))
+                                             torch.arange(table.length, device=device)[None], state))
             kept_rows.extend(range(row, row + count) if whole else [row + count - 1])
             row += count
         layout = cls(torch.tensor([positions], device=device), real_queries=True,
                      keep=torch.tensor(kept_rows, device=device), slots=torch.cat(slots).to(device),
                      prefills=prefills)
+        if decode_contexts:
+            layout.decode_state_slots = torch.tensor(decode_states, device=device)
         if decode_contexts and in_place:
             layout.decode_rows = torch.tensor(decode_rows, device=device)
             layout.decode_context = torch.cat(decode_contexts).to(device)

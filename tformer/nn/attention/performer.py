@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tformer.nn.attention.cache_spec import CacheSpec, CrossAttention, RunningSums
 from tformer.nn.attention.kernel import AttentionKernel
 from tformer.nn.attention.mask import AttentionMask
 from tformer.nn.favor import (
@@ -85,6 +86,11 @@ class PerformerKernel(AttentionKernel):
                   device: torch.device) -> PerformerCache:
         return PerformerCache()
 
+    def cache_spec(self, num_kv_heads: int, head_dim: int) -> CacheSpec:
+        if self.cross:
+            return CrossAttention(num_kv_heads, head_dim)
+        return RunningSums(num_kv_heads, head_dim, self.projection.projection.shape[0])
+
 
 class PerformerCache:
     """A causal Performer layer's decoding cache: the ``PerformerState`` of every key seen, not the keys."""
@@ -125,3 +131,50 @@ class PerformerCache:
         if self.state is None:
             return 0
         return sum(t.nbytes for t in (self.state.sums, self.state.level, self.state.raw_max))
+
+
+class RunningSumSlots:
+    """One Performer layer's states in the serving engine, as a cache backend of a paged step: one row of storage
+    per running sequence (its ``state_slot``), not per token. A step's one-token sequences read their rows as one
+    batch, decode, and write them back; each prefill starts a row from its prompt."""
+
+    rewindable = False
+
+    def __init__(self, spec: RunningSums, slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        state = torch.promote_types(dtype, torch.float32)
+        heads, features, head_dim = spec.num_kv_heads, spec.features, spec.head_dim
+        self.sums = torch.zeros(slots, heads, features, head_dim + 1, dtype=state, device=device)  # (S, Hkv, M, Dh + 1)
+        self.level = torch.zeros(slots, heads, dtype=state, device=device)  # (S, Hkv)
+        self.raw_max = torch.zeros(slots, heads, dtype=state, device=device)  # (S, Hkv)
+
+    def read(self, slots: Tensor) -> PerformerState:
+        """The states of ``slots`` (B,) as one batch (copies)."""
+        return PerformerState(self.sums.index_select(0, slots), self.level.index_select(0, slots),
+                              self.raw_max.index_select(0, slots))
+
+    def write(self, slots: Tensor, state: PerformerState) -> None:
+        for storage, tensor in ((self.sums, state.sums), (self.level, state.level), (self.raw_max, state.raw_max)):
+            storage.index_copy_(0, slots, tensor.to(storage.dtype))
+
+    def attend(self, kernel: PerformerKernel, q: Tensor, k: Tensor, v: Tensor, mask: Any,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """q (1, H, N, Dh), k and v (1, Hkv, N, Dh): the step's rows (``mask``: its ``PagedMask``) -> (1, H, N, Dh)."""
+        if need_weights:
+            raise ValueError("attention_kernel='performer' has no attention weights to return")
+        layout = mask.layout
+        queries, keys, values = (tensor[0].transpose(0, 1) for tensor in (q, k, v))  # (N, heads, Dh)
+        out = torch.empty_like(queries)
+        if layout.decode_rows is not None:
+            rows, slots = layout.decode_rows, layout.decode_state_slots
+            step, state = kernel.decode(queries[rows].unsqueeze(2), keys[rows].unsqueeze(2), values[rows].unsqueeze(2),
+                                        None, self.read(slots))  # (Bd, H, 1, Dh)
+            out[rows] = step.squeeze(2)
+            self.write(slots, state)
+        for prefill in layout.prefills:
+            if prefill.positions.shape[1] != prefill.rows.stop - prefill.rows.start:
+                raise ValueError("a running-state layer's prefill starts its sequence: no cached prefix precedes it")
+            step, state = kernel.decode(*(tensor[prefill.rows].transpose(0, 1).unsqueeze(0)
+                                          for tensor in (queries, keys, values)), None, None)  # (1, H, T, Dh)
+            out[prefill.rows] = step[0].transpose(0, 1)
+            self.write(torch.tensor([prefill.state_slot], device=out.device), state)
+        return out.transpose(0, 1).unsqueeze(0), None

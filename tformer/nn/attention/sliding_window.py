@@ -11,6 +11,7 @@ import torch
 
 from tformer.families import FAMILIES
 from tformer.nn.attention.cache import RollingKVCache
+from tformer.nn.attention.cache_spec import CacheSpec, CrossAttention, SlidingWindow
 from tformer.nn.attention.chunked import ChunkedKernel
 
 # Positions a decoding cache keeps beyond the window, so that speculative decoding can take back up to this
@@ -48,6 +49,10 @@ class SlidingWindowKernel(ChunkedKernel):
                   device: torch.device) -> RollingKVCache:
         return RollingKVCache(batch_size, num_kv_heads, self.window + REWIND_SLACK, head_dim, dtype, device,
                               window=self.window, max_len=max_len)
+
+    def cache_spec(self, num_kv_heads: int, head_dim: int) -> CacheSpec:
+        return CrossAttention(num_kv_heads, head_dim) if self.cross else SlidingWindow(num_kv_heads, head_dim,
+                                                                                      self.window)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(window={self.window})"

@@ -220,6 +220,20 @@ MUTATIONS = (
         "the pool keeps keys for layers that store none per token (Performer's): memory the specs do not ask for",
     ),
     Mutation(
+        "cross-attention-reads-another-source", "tformer/nn/attention/paged.py",
+        "            slots = layout.decode_state_slots.tolist()",
+        "            slots = layout.decode_state_slots.flip(0).tolist()",
+        ("tests/serving/test_serve_encoder_decoder.py",),
+        "a decoding sequence of an encoder-decoder attends over another sequence's source",
+    ),
+    Mutation(
+        "source-padding-kept-as-keys", "tformer/nn/attention/paged.py",
+        "            length = k.shape[2] if mask.new_padding is None else int(mask.new_padding[index].sum())",
+        "            length = k.shape[2]",
+        ("tests/serving/test_serve_encoder_decoder.py",),
+        "a short source's padding, started beside a longer one, is kept among its cross-attention keys",
+    ),
+    Mutation(
         "serving-leaks-finished-blocks", "tformer/serving/scheduler.py",
         "            sequence.table.release()",
         "            pass",

@@ -4,7 +4,7 @@ layers that store keys per token, a row per running sequence for Performer's run
 
 import pytest
 import torch
-from serving_models import VOCAB, alone, small_model
+from serving_models import VOCAB, alone, assert_two_waves_decode_as_generate, small_model
 
 import tformer
 from tformer.generation import GenerationConfig, GenerationError
@@ -18,17 +18,6 @@ PERFORMER = dict(attention_kernel="performer", performer_features=16)
 def prompts(lengths, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (length,), generator=generator).tolist() for length in lengths]
-
-
-def assert_distributions_are_generates(model, prompt, config, events):
-    """Every step's log-probabilities over the whole vocabulary, as served, are ``generate``'s."""
-    expected = tformer.generate(model, torch.tensor([prompt]), generation_config=config, output_scores=True)
-    assert len(events) == len(expected.scores)
-    for event, scores in zip(events, expected.scores, strict=True):
-        served = torch.empty(VOCAB)
-        for token, logprob in event.top_logprobs:
-            served[token] = logprob
-        torch.testing.assert_close(served, torch.log_softmax(scores[0].float(), -1), atol=2e-5, rtol=1e-5)
 
 
 def test_each_layer_declares_the_cache_its_kernel_keeps():
@@ -65,18 +54,8 @@ def test_sixteen_concurrent_requests_over_declared_caches_equal_each_alone(overr
     engine = Engine(model, cache_tokens=1024, block_size=8, max_running=16)
     specs = [layer.self_attention for layer in model.cache_specs()]
     assert engine.pool.keys.shape[0] == sum(spec.paged for spec in specs)  # the pool holds per-token layers only
-    first, later = prompts(LENGTHS[:9]), prompts(LENGTHS[9:], seed=1)
-    events = [[] for _ in LENGTHS]
-    requests = [engine.submit(prompt, config, logprobs=VOCAB, on_event=events[index].append)
-                for index, prompt in enumerate(first)]
-    for _ in range(5):  # the later ones join a batch already decoding
-        engine.step()
-    requests += [engine.submit(prompt, config, logprobs=VOCAB, on_event=events[len(first) + index].append)
-                 for index, prompt in enumerate(later)]
-    engine.run_until_idle()
-    for prompt, request, received in zip(first + later, requests, events, strict=True):
-        assert request.outputs()[0] == alone(model, prompt, config)
-        assert_distributions_are_generates(model, prompt, config, received)
+    assert_two_waves_decode_as_generate(model, engine, prompts(LENGTHS[:9]), prompts(LENGTHS[9:], seed=1), config,
+                                        steps_between=5)
     assert engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0
     keeps_states = any(not spec.paged for spec in specs)
     assert engine.scheduler.free_states is None if not keeps_states else \

@@ -32,7 +32,8 @@ def register(subparsers) -> None:
         "serve", help="serve a decoder checkpoint over HTTP with the OpenAI API (continuous batching, streaming)",
         description="Serve a decoder checkpoint folder (tformer or Hugging Face format, with a tokenizer) with the "
                     "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
-                    "template), POST /v1/embeddings (an encoder's folder serves it alone; --pooling), GET "
+                    "template; an encoder-decoder's completions translate the prompt), POST /v1/embeddings (an "
+                    "encoder's folder serves it alone; --pooling), GET "
                     "/v1/models, /health and /metrics (Prometheus); POST /tokenize and /detokenize, GET "
                     "/tokenizer_info. Completions with echo and logprobs score prompts (lm-evaluation-harness's "
                     "local-completions). Requests share one continuously batched decode over a paged key/value "

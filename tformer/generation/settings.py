@@ -168,7 +168,8 @@ class GenerationConfig:
     # An encoder-decoder's (a speech model's) first decoder tokens for every row, in place of its start token:
     # Whisper's <|startoftranscript|>, language, task, <|notimestamps|> (tformer.models.speech.whisper_prompt).
     decoder_prompt_ids: tuple[int, ...] = option(
-        (), refused={SERVER: "the server decodes decoder-only models, whose prompt is the request's"})
+        (), refused={SERVER: "the server starts a decoder from its prompt and an encoder-decoder from its start "
+                             "token"})
     # What the new text must be (``constraints.Constraint``: a JSON object, JSON valid under a schema, a regex's
     # match, one of some strings, a Lark grammar's sentence), masked token by token by the chooser's
     # ``Constrained`` rule, which ends the text with an end id once it is complete; None: free text.

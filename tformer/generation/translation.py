@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from tformer.generation.checks import check_model
 from tformer.generation.generate import generate
 from tformer.generation.settings import GenerationError
+from tformer.generation.sources import encode_sources, source_end_id, translation_budget
 
 
 @dataclass
@@ -32,9 +33,7 @@ def new_token_budget(model: nn.Module, longest_source: int) -> int:
     """New tokens a translation may have: 1.5 x the longest source of the whole input + 10 (not of a
     batch: a sentence's translation does not depend on the sentences beside it), within what the
     decoder's positions allow."""
-    budget = longest_source * 3 // 2 + 10
-    limit = model.position_limit
-    return budget if limit is None else max(1, min(budget, limit - 1))
+    return translation_budget(longest_source, model.position_limit)
 
 
 @torch.no_grad()
@@ -65,17 +64,14 @@ def translate(model: nn.Module, sentences: Sequence[str], tokenizer=None, *, num
         raise GenerationError("translate needs a tokenizer: the model has none attached; pass tokenizer=")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise GenerationError(f"batch_size={batch_size!r} must be a positive integer")
-    end_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     texts = [sentence.strip() for sentence in sentences]
     wanted = [row for row, text in enumerate(texts) if text]
-    encoded = tokenizer.encode_batch([texts[row] for row in wanted], add_special_tokens=False)["input_ids"] \
-        if wanted else []
+    encoded = encode_sources(tokenizer, [texts[row] for row in wanted], source_end_id(tokenizer, model.config))
     limit = model.position_limit  # the longest source the model reads
     cut = 0
     sources = []
     for ids in encoded:
-        ids = [*ids, end_id] if end_id is not None else list(ids)
         if limit is not None and len(ids) > limit:
             ids = [*ids[: limit - 1], ids[-1]]
             cut += 1

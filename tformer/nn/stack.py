@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tformer.config import ModelConfig
-from tformer.nn.attention import AttentionMask, CrossAttentionCache, StepLayout, kernel_class
+from tformer.nn.attention import CrossAttentionCache, StepLayout, kernel_class
 from tformer.nn.attention.cache_spec import LayerCacheSpec
 from tformer.nn.attention.mask import packed_segments
 from tformer.nn.block import AttentionContext, LayerCache, TransformerBlock
@@ -197,7 +197,7 @@ class TransformerStack(nn.Module):
             mask=layout.attention_mask(self.causal, positional.bias if positional.adds_bias else None),
             rotary=positional.rotary_angles(layout.positions, x.dtype),
             encoder_output=encoder_hidden,
-            encoder_mask=None if encoder_padding is None else AttentionMask(key_padding=encoder_padding),
+            encoder_mask=layout.encoder_mask(encoder_padding),
             need_weights=output_attentions,
             shape=(batch, length),
         )

@@ -50,11 +50,12 @@ from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import SERVER, GenerationConfig, GenerationError, refusals
 from tformer.memory import available_memory, format_bytes
 from tformer.models.embeddings import embedding_problem
-from tformer.nn.attention.cache_spec import CacheSpec, RunningSums
-from tformer.nn.attention.paged import PagedCache, PagedLayout
+from tformer.nn.attention.cache_spec import CacheSpec, CrossAttention, LayerCacheSpec, RunningSums
+from tformer.nn.attention.paged import PagedCache, PagedCrossCache, PagedLayout
 from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
 from tformer.nn.attention.performer import RunningSumSlots
 from tformer.nn.block import LayerCache
+from tformer.nn.positions.rope_scaling import ROPE_SCALINGS
 from tformer.nn.weights.multi_lora import adapter_index, adapter_rows
 from tformer.pooling import Pooling
 from tformer.serving.block_pool import BlockPool, blocks_for, prefix_keys
@@ -73,7 +74,9 @@ SERVED_MODEL_FIELDS = tuple(name for name in MODEL_FIELDS if name != "pad_token_
 
 
 class Engine:
-    """Continuous batching over a paged key/value cache for one decoder model, on its device, and embeddings
+    """Continuous batching over a paged key/value cache for one decoder or encoder-decoder model (whose prompt is
+    the source: each sequence's encoder output is computed by the step that starts it, its cross-attention keys
+    kept in its row), on its device, and embeddings
     (``embed``) batched in the same steps when given a ``pooling``; a model that writes no text (an encoder)
     serves embeddings only.
 
@@ -140,9 +143,10 @@ class Engine:
         # The model as decoding runs it, for the engine's life: the caller's is left as it is.
         self.model = model = model.decoding_view()
         self.device = next(model.parameters()).device
-        specs = [layer.self_attention for layer in model.cache_specs()]
-        keeps_states = any(not spec.paged for spec in specs)
+        specs = model.cache_specs()
+        keeps_states = any(not spec.paged for spec in _each_spec(specs))
         self.prefix_caching = _prefix_caching(prefix_caching, specs)
+        self._no_sources: dict | None = None  # an encoder-decoder's step inputs when no sequence starts (no rows)
         try:
             self.pool, self.caches = _allocate(specs, cache_tokens, block_size, max_running,
                                                next(model.parameters()).dtype, self.device)
@@ -168,7 +172,7 @@ class Engine:
         if adapter is not None and adapter not in self.adapters:
             served = ", ".join(repr(name) for name in self.adapters) or "none"
             raise GenerationError(f"adapter {adapter!r} is not served (adapters: {served})")
-        config = serving_defaults(self.model, config).for_prompt(len(prompt_ids))
+        config = serving_defaults(self.model, config).for_prompt(1 if self.model.encodes_prompt else len(prompt_ids))
         request = self._make_request(list(prompt_ids), config, n, logprobs, prompt_logprobs, on_event, adapter)
         self.scheduler.enqueue(request)
         return request
@@ -263,9 +267,10 @@ class Engine:
         layout = PagedLayout.build(batch.tables, batch.counts, self.device,
                                    every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place,
                                    state_slots=batch.state_slots if scheduler.free_states is not None else None)
+        step_inputs = self._encode_sources(admitted, layout) if self.model.encodes_prompt else {}
         ids = torch.tensor([batch.input_ids], device=self.device)  # (1, N): every sequence's new tokens in turn
         with self.model.stepping, self._adapter_rows(batch.adapters, batch.counts, layout.keep):
-            logits = self.model.step(ids, layout, self.caches)[0]  # (K, V) the rows layout.keep names
+            logits = self.model.step(ids, layout, self.caches, **step_inputs)[0]  # (K, V) the rows layout.keep names
         self.stats.steps += 1
         if any(batch.scored):
             logits = emitter.score_prompts(logits, batch.counts, batch.scored)
@@ -273,6 +278,25 @@ class Engine:
         scheduler.fork(forking, batch.rows)
         emitter.sample(logits, batch.rows)
         return made + len(batch.rows)
+
+    def _encode_sources(self, admitted: set[int], layout: PagedLayout) -> dict:
+        """An encoder-decoder's step inputs: the encoder's output for the sequences starting in this step (right-
+        padded, one row each, in running order), whose rows of the cross-attention caches ``layout.source_slots``
+        names; without such sequences, the same inputs with no rows."""
+        starting = [(request, sequence) for request, sequence in self.scheduler.running if id(sequence) in admitted]
+        if not starting:
+            return self._no_sources
+        longest = max(len(request.source_ids) for request, _ in starting)
+        sources = torch.zeros(len(starting), longest, dtype=torch.long)
+        mask = torch.zeros(len(starting), longest, dtype=torch.long)
+        for row, (request, _) in enumerate(starting):
+            sources[row, : len(request.source_ids)] = torch.tensor(request.source_ids)
+            mask[row, : len(request.source_ids)] = 1
+        step_inputs = self.model.prepare_generation(sources.to(self.device), mask.to(self.device)).step_inputs
+        layout.source_slots = [sequence.state_slot for _, sequence in starting]
+        if self._no_sources is None:
+            self._no_sources = {name: tensor[:0] for name, tensor in step_inputs.items()}
+        return step_inputs
 
     def _adapter_rows(self, adapters: list[int], counts: list[int], keep) -> contextlib.AbstractContextManager:
         """The step's context naming each token row's adapter, where the engine serves adapters."""
@@ -313,6 +337,7 @@ class Engine:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= vocab):
                 raise GenerationError(f"{name}={value!r} must be an integer in [0, {vocab}]")
         refuse_unhonoured(config)
+        source_ids, prompt_ids = self._decoder_prompt(prompt_ids, prompt_logprobs)
         if config.max_new_tokens < 1 and prompt_logprobs is None:
             raise GenerationError(f"max_new_tokens={config.max_new_tokens} must be >= 1 on the server (0 only scores "
                                   "a prompt: with prompt_logprobs)")
@@ -336,40 +361,65 @@ class Engine:
         keys = prefix_keys(prompt_ids, size, salt) if self.prefix_caching else None
         return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),
                        on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs, keys,
-                       -1 if adapter is None else self.adapters.index(adapter))
+                       -1 if adapter is None else self.adapters.index(adapter), source_ids)
+
+    def _decoder_prompt(self, prompt_ids: list[int], prompt_logprobs: int | None) -> tuple[list[int] | None, list[int]]:
+        """The source and the decoder's prompt of a request: for a decoder, none and the prompt; for an
+        encoder-decoder, the prompt (checked against the encoder's positions) and the decoder's start token."""
+        model = self.model
+        if not model.encodes_prompt:
+            return None, prompt_ids
+        if prompt_logprobs is not None:
+            raise GenerationError("prompt_logprobs score a decoder's prompt; an encoder-decoder's prompt is the source "
+                                  "it reads, which it does not predict")
+        limit = model.position_limit
+        if limit is not None and len(prompt_ids) > limit:
+            raise GenerationError(f"the source ({len(prompt_ids)} tokens) exceeds the model's {limit} positions")
+        return prompt_ids, model.decoder_start(1, self.device)[0].tolist()
 
 
 def serving_problem(model: nn.Module) -> str | None:
-    """Why the engine cannot decode ``model``, or None: it steps a decoder-only model's own blocks (the
-    ``step`` hook) over a paged layout, which must know every switch of its config (fail closed)."""
-    if model.encodes_prompt:
-        return "it encodes a source (an encoder-decoder); the server continues prompts with a decoder"
+    """Why the engine cannot decode ``model``, or None: it steps the model's own decoder blocks (the ``step``
+    hook) over a paged layout, which must know every switch of its config (fail closed), from token prompts."""
+    if model.encodes_prompt and not model.prompt_is_tokens:
+        return "its prompt is not token ids (a speech model's features): the server reads text and token ids"
     problem = model.step_problem()
-    if problem is None and model.stack.positional.length_dependent:  # a batch's longest request sets its angles
-        kind = model.config.rope_scaling["rope_type"]
+    scaling = model.config.rope_scaling
+    if problem is None and scaling is not None and ROPE_SCALINGS[scaling["rope_type"]].length_dependent:
+        kind = scaling["rope_type"]  # a batch's longest request would set every request's angles
         problem = (f"rope_scaling rope_type={kind!r} turns each position by the longest position of its batch, so "
                    "requests batched together would change each other's output")
     return problem
 
 
-def _prefix_caching(asked: bool | None, specs: list[CacheSpec]) -> bool:
+def _each_spec(specs: list[LayerCacheSpec]) -> list[CacheSpec]:
+    """Every cache the layers declare: each block's self-attention's, then its cross-attention's."""
+    return [spec for layer in specs for spec in (layer.self_attention, layer.cross_attention) if spec is not None]
+
+
+def _prefix_caching(asked: bool | None, specs: list[LayerCacheSpec]) -> bool:
     """Whether prompts share cached prefixes: as ``asked``, None where every layer's cache is per token; a
-    running-state layer (its sums cover the whole prefix, no block of it stands alone) refuses True."""
-    states = [spec for spec in specs if not spec.paged]
+    running state (its sums cover the whole prefix, no block of it stands alone) or an encoder's keys (the
+    decoder's prefix means nothing without its source) refuse True."""
+    states = [spec for spec in _each_spec(specs) if not spec.paged]
     if asked and states:
         raise GenerationError(f"prefix_caching=True cannot be honoured: a layer keeps {type(states[0]).__name__} per "
                               "sequence, not keys per token, so no prefix of it can be shared (False or None)")
     return not states if asked is None else asked
 
 
-def _allocate(specs: list[CacheSpec], cache_tokens: int, block_size: int, max_running: int, dtype: torch.dtype,
-              device: torch.device) -> tuple[BlockPool, list[LayerCache]]:
+def _allocate(layers: list[LayerCacheSpec], cache_tokens: int, block_size: int, max_running: int,
+              dtype: torch.dtype, device: torch.device) -> tuple[BlockPool, list[LayerCache]]:
     """The engine's caches from each layer's spec: a block pool holding the per-token layers (full attention, a
-    sliding window), a row per running sequence of each running-state layer; checked against memory first."""
+    sliding window), a row per running sequence of each running-state layer and of each cross-attention (the
+    encoder's keys, as long as its source); checked against memory first (the sources' keys aside)."""
+    specs = [layer.self_attention for layer in layers]
     paged = [spec for spec in specs if spec.paged]
-    other = [spec for spec in specs if not spec.paged and not isinstance(spec, RunningSums)]
-    if other:
-        raise GenerationError(f"the server cannot keep a layer's {type(other[0]).__name__} cache")
+    unknown = [spec for spec in specs if not spec.paged and not isinstance(spec, RunningSums)]
+    unknown += [layer.cross_attention for layer in layers
+                if layer.cross_attention is not None and not isinstance(layer.cross_attention, CrossAttention)]
+    if unknown:
+        raise GenerationError(f"the server cannot keep a layer's {type(unknown[0]).__name__} cache")
     shapes = sorted({(spec.num_kv_heads, spec.head_dim) for spec in paged})
     if len(shapes) > 1:
         raise GenerationError(f"the layers' key/value heads and head sizes differ ({shapes}): one block pool holds "
@@ -380,12 +430,13 @@ def _allocate(specs: list[CacheSpec], cache_tokens: int, block_size: int, max_ru
                      max_running * sum(spec.bytes_per_sequence(dtype) for spec in specs), device)
     pool = BlockPool(num_blocks, block_size, len(paged), heads, head_dim, dtype, device)
     caches, layer = [], 0
-    for spec in specs:
+    for spec, declared in zip(specs, layers, strict=True):
         if spec.paged:
-            caches.append(LayerCache(PagedCache(pool.keys[layer], pool.values[layer])))
+            own = PagedCache(pool.keys[layer], pool.values[layer])
             layer += 1
         else:
-            caches.append(LayerCache(RunningSumSlots(spec, max_running, dtype, device)))
+            own = RunningSumSlots(spec, max_running, dtype, device)
+        caches.append(LayerCache(own, None if declared.cross_attention is None else PagedCrossCache(max_running)))
     return pool, caches
 
 

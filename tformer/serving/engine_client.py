@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tformer.generation.settings import GenerationConfig
+from tformer.generation.sources import source_end_id
 from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
 from tformer.serving.wire import EmbeddingFacts, Embeddings, EngineStats, TokenEvent
 
@@ -62,6 +63,8 @@ class EngineFacts:
     embedding: EmbeddingFacts | None = None  # how it embeds; None: no embeddings
     embeds_only: str = ""  # Engine.embeds_only: why a generation request is refused when it does not generate
     adapters: tuple[str, ...] = ()  # the LoRA adapters served besides the base (Engine.adapters)
+    encodes_prompt: bool = False  # an encoder-decoder: a prompt is the source it translates
+    source_end_id: int | None = None  # the token ending an encoder-decoder's source (``translation.source_end_id``)
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
@@ -73,9 +76,11 @@ class EngineFacts:
                        embedding, engine.embeds_only)
         module = importlib.import_module(ENGINE_MODULE)
         end_ids = module.serving_defaults(engine.model, None).end_ids(engine.model.config)
-        return cls(engine.pool.num_blocks, engine.pool.block_size, engine.model.position_limit, engine.queue_timeout,
-                   tuple(end_ids), engine.paged_attention_note, module.file_defaults(engine.model), True, embedding,
-                   adapters=engine.adapters)
+        model, tokenizer = engine.model, engine.tokenizer
+        end_id = source_end_id(tokenizer, model.config) if model.encodes_prompt and tokenizer is not None else None
+        return cls(engine.pool.num_blocks, engine.pool.block_size, model.position_limit, engine.queue_timeout,
+                   tuple(end_ids), engine.paged_attention_note, module.file_defaults(model), True, embedding,
+                   adapters=engine.adapters, encodes_prompt=model.encodes_prompt, source_end_id=end_id)
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,9 @@ class Request:
     def __init__(self, request_id: int, prompt_ids: list[int], config: GenerationConfig, n: int, chooser: TokenChooser,
                  end_ids: frozenset[int], on_event: Callable[[TokenEvent], None] | None, logprobs: int | None,
                  blocks_needed: int, device: torch.device, tokenizer=None, prompt_logprobs: int | None = None,
-                 block_keys: list[bytes] | None = None, adapter: int = -1) -> None:
+                 block_keys: list[bytes] | None = None, adapter: int = -1, source_ids: list[int] | None = None) -> None:
         self.id = request_id
+        self.source_ids = source_ids  # an encoder-decoder's source (its prompt_ids: the decoder's start tokens)
         self.adapter = adapter  # the served LoRA adapter's index (-1: the base model)
         self.prompt_ids = prompt_ids
         self.config = config

@@ -17,6 +17,7 @@ from collections import Counter
 from starlette.requests import Request as HTTPRequest
 
 from tformer.generation.settings import GenerationConfig, GenerationError
+from tformer.generation.sources import encode_sources, translation_budget
 from tformer.serving.engine_client import EngineClient
 from tformer.serving.inflight import InFlight
 from tformer.serving.limits import DEFAULT_CACHE_TOKENS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS
@@ -103,8 +104,14 @@ class ServedModel:
             raise APIError(400, f"{len(prompts):,} {field}s in one request; at most {self.max_prompts} "
                                 "(the server's --max-prompts)", field)
         every: list[list[int]] = []
+        facts = self.engine.facts
         for index, prompt in enumerate(prompts):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if not isinstance(prompt, str):
+                ids = list(prompt)
+            elif facts.encodes_prompt:  # a source, as ``tformer translate`` reads it
+                (ids,) = encode_sources(self.tokenizer, [prompt], facts.source_end_id)
+            else:
+                ids = self.tokenizer.encode(prompt)
             if not ids:
                 raise APIError(400, f"{field} {index} has no tokens", field)
             every.append(ids)
@@ -127,13 +134,17 @@ class ServedModel:
     def token_limit(self, requested: int | None, prompts: list[list[int]], route_default: int | None) -> int:
         """A request's new tokens at most: ``requested`` (its max_tokens), else the folder's generation_config.json
         length (``max_new_tokens``, or what its ``max_length`` leaves after the longest prompt, as Hugging Face
-        counts it) within the room the context leaves, else ``route_default`` (None: that room)."""
+        counts it) within the room the context leaves, else ``route_default`` (None: that room); an encoder-decoder's
+        decoder prompt is its start token, and its default is ``tformer translate``'s budget for the longest source."""
         if requested is not None:
             return requested
+        facts = self.engine.facts
         longest = max(len(prompt) for prompt in prompts)
-        limit = self.engine.facts.position_limit
+        limit = facts.position_limit
+        if facts.encodes_prompt:  # the decoder starts from one token, and a translation's room follows its source
+            longest, route_default = 1, translation_budget(longest, limit)
         room = None if limit is None else max(1, limit - longest)
-        defaults, length = self.engine.facts.generation_defaults, None
+        defaults, length = facts.generation_defaults, None
         if defaults is not None and defaults.max_length is not None:
             if defaults.max_length <= longest:
                 raise APIError(400, f"the model's generation_config.json max_length={defaults.max_length} leaves no "
@@ -165,6 +176,10 @@ class ServedModel:
         the template's own ``tools`` where it reads them, else ``tool_calls.DEFAULT_TOOL_PROMPT``), on a worker
         thread (a slow template, bounded by its time limit, holds no other request); a 400 without a template or
         when it fails."""
+        if self.engine.facts.encodes_prompt:
+            raise APIError(400, f"model {self.model_name!r} is an encoder-decoder: it writes what its source says, in "
+                                "another language or task, not a chat's next turn; send the source to "
+                                "POST /v1/completions as the prompt", "messages", "not_a_chat_model")
         if self.chat_template is None:
             raise APIError(400, f"model {self.model_name!r} has no chat template (the checkpoint's tokenizer ships "
                                 "none; start the server with --chat-template FILE, or use /v1/completions)",

@@ -219,3 +219,8 @@ class StepLayout:
         keys = self.positions if self.key_positions is None else self.key_positions
         return AttentionMask(causal, self.key_padding, self.positions, keys, position_bias, self.real_queries,
                              self.segments)
+
+    def encoder_mask(self, encoder_padding: Tensor | None) -> AttentionMask | None:
+        """Cross-attention's mask over the encoder's output, ``encoder_padding`` (B, S) True = a real source token
+        (None: every key is)."""
+        return None if encoder_padding is None else AttentionMask(key_padding=encoder_padding)

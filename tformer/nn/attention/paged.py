@@ -10,7 +10,8 @@ left-padded batch, and each prefill attends alone, causal over its context. The 
 model's own, whichever it is, under an ``AttentionMask`` per group. A layout built ``in_place`` instead
 lists the one-token sequences' slots back to back (no padding) for the in-place kernel
 (``paged_kernel.py``), which reads them where they are. A layer that keeps a running state per sequence
-instead of keys (Performer's ``RunningSums``) reads each sequence's ``state_slot`` of the step.
+instead of keys (Performer's ``RunningSums``) reads each sequence's ``state_slot`` of the step, and so does
+cross-attention (``PagedCrossCache``): each sequence's encoder keys, stored by its first step.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class PagedLayout(StepLayout):
     decode_positions: Tensor | None = None  # (Bd, Lmax) key positions (negative on the padding)
     decode_offsets: Tensor | None = None  # in place: (Bd + 1,) where each sequence's slots start in decode_context (N,)
     decode_state_slots: Tensor | None = None  # (Bd,) their rows of a running-state layer's storage
+    source_slots: list[int] = field(default_factory=list)  # the rows whose sources the step's encoder output brings
     prefills: list[PagedPrefill] = field(default_factory=list)
 
     @classmethod
@@ -125,6 +127,18 @@ class PagedLayout(StepLayout):
         if not causal:
             raise ValueError("a paged step decodes: its attention is causal")
         return PagedMask(self, position_bias)
+
+    def encoder_mask(self, encoder_padding: Tensor | None) -> PagedCrossMask:
+        return PagedCrossMask(self, encoder_padding)
+
+
+@dataclass
+class PagedCrossMask:
+    """Cross-attention's mask in a paged step: the layout (whose rows read which sequence's source) and the padding
+    (B, S) of the new sources the step's encoder output brings, True = a real token (None: none padded)."""
+
+    layout: PagedLayout
+    new_padding: Tensor | None
 
 
 class PagedMask:
@@ -191,3 +205,55 @@ class PagedCache:
             context_values = values.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)
             out[prefill.rows] = kernel(queries, context_keys, context_values, prefill_mask)[0][0].transpose(0, 1)
         return out.transpose(0, 1).unsqueeze(0), None
+
+
+class PagedCrossCache:
+    """One cross-attention layer's keys and values of the encoder's output, one row per running sequence (its
+    ``state_slot``), as a cache backend of a paged step: the step's new sources are projected by the layer and
+    stored by their rows (``PagedLayout.source_slots``); the one-token sequences then attend together over their
+    sources padded to the longest, each prefill alone over its own."""
+
+    rewindable = False
+    filled = False  # every step brings the sources of the sequences it starts (maybe none): the layer projects them
+
+    def __init__(self, rows: int) -> None:
+        self.keys: list[Tensor | None] = [None] * rows  # (Hkv, S, Dh) each
+        self.values: list[Tensor | None] = [None] * rows
+
+    def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: PagedCrossMask,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """q (1, H, N, Dh): the step's rows; k and v (B, Hkv, S, Dh): the new sources' -> (1, H, N, Dh)."""
+        if need_weights:
+            raise ValueError("a paged step returns no attention weights")
+        layout = mask.layout
+        for index, slot in enumerate(layout.source_slots):
+            length = k.shape[2] if mask.new_padding is None else int(mask.new_padding[index].sum())
+            self.keys[slot], self.values[slot] = k[index, :, :length], v[index, :, :length]
+        rows = q[0].transpose(0, 1)  # (N, H, Dh)
+        out = torch.empty_like(rows)
+        if layout.decode_rows is not None:
+            slots = layout.decode_state_slots.tolist()
+            keys, padding = self._padded(self.keys, slots)  # (Bd, Hkv, S, Dh), (Bd, S)
+            values, _ = self._padded(self.values, slots)
+            queries = rows[layout.decode_rows].unsqueeze(2)  # (Bd, H, 1, Dh)
+            out[layout.decode_rows] = kernel(queries, keys, values, AttentionMask(key_padding=padding))[0].squeeze(2)
+        for prefill in layout.prefills:
+            queries = rows[prefill.rows].transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
+            keys, values = self.keys[prefill.state_slot][None], self.values[prefill.state_slot][None]
+            out[prefill.rows] = kernel(queries, keys, values, AttentionMask())[0][0].transpose(0, 1)
+        return out.transpose(0, 1).unsqueeze(0), None
+
+    @staticmethod
+    def _padded(stored: list[Tensor | None], slots: list[int]) -> tuple[Tensor, Tensor | None]:
+        """The tensors of ``slots`` (Hkv, S_i, Dh) right-padded to the longest: (B, Hkv, S, Dh), and (B, S) True on
+        real keys (None when none is padded)."""
+        lengths = [stored[slot].shape[1] for slot in slots]
+        longest = max(lengths)
+        if min(lengths) == longest:
+            return torch.stack([stored[slot] for slot in slots]), None
+        first = stored[slots[0]]
+        batch = first.new_zeros(len(slots), first.shape[0], longest, first.shape[2])
+        for index, slot in enumerate(slots):
+            batch[index, :, : lengths[index]] = stored[slot]
+        real = torch.tensor(lengths, device=first.device)
+        return batch, torch.arange(longest, device=first.device)[None, :] < real[:, None]

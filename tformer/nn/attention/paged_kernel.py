@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from tformer.errors import TformerError
 from tformer.nn.compiled import CompiledKernelError, load
+from tformer.nn.positions import POSITIONAL_SCHEMES
 
 MODES = ("auto", "in-place", "gather")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -43,9 +44,9 @@ def model_problem(model: nn.Module) -> str | None:
         return f"attention_kernel={other[0]!r} is not plain softmax attention over the whole context"
     if any(not kernel.reads_pages for kernel in kernels):  # a cap on the scores, or another scale
         return "its attention caps the scores (attention_softcap) or scales them otherwise (query_pre_attn_scalar)"
-    positional = getattr(getattr(model, "stack", None), "positional", None)
-    if positional is not None and positional.adds_bias:
-        return f"positional={positional.kind!r} adds a bias to the scores"
+    positional = model.config.positional
+    if POSITIONAL_SCHEMES[positional].adds_bias:
+        return f"positional={positional!r} adds a bias to the scores"
     return None
 
 

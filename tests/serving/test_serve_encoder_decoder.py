@@ -1,0 +1,62 @@
+"""Encoder-decoders in the engine: a request's prompt is the source; the engine encodes the sources of the
+sequences a step starts, keeps each one's cross-attention keys in its row, and decodes every sequence in one
+batch: each output equals ``generate`` on its source alone."""
+
+import pytest
+import torch
+from serving_models import alone, assert_two_waves_decode_as_generate
+
+import tformer
+from tformer.generation import GenerationConfig, GenerationError
+from tformer.serving import Engine
+
+VOCAB = 53
+SOURCE_LENGTHS = [7, 1, 12, 3, 9, 15, 4, 6, 11, 2]
+
+
+def translator(**overrides):
+    settings = dict(vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_seq_len=48, dropout=0.0)
+    settings.update(overrides)
+    torch.manual_seed(0)
+    model = tformer.build_model("transformer-multi30k", **settings).eval()
+    return model
+
+
+def sources(lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (length,), generator=generator).tolist() for length in lengths]
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(),
+    dict(positional="relative", norm="rmsnorm", norm_position="pre", bias=False, scale_embeddings=False,
+         num_kv_heads=2),
+], ids=["2017-model", "t5-like-gqa"])
+def test_concurrent_sources_decode_as_each_alone(overrides):
+    model = translator(**overrides)
+    config = GenerationConfig(max_new_tokens=10, eos_token_id=())
+    engine = Engine(model, cache_tokens=512, block_size=4, max_running=8)
+    assert not engine.prefix_caching  # a decoder's prefix means nothing without its source
+    assert_two_waves_decode_as_generate(model, engine, sources(SOURCE_LENGTHS[:6]),
+                                        sources(SOURCE_LENGTHS[6:], seed=1), config, steps_between=3)
+    assert engine.pool.blocks_in_use == 0 and sorted(engine.scheduler.free_states) == list(range(8))
+
+
+def test_sampled_sequences_of_one_source_each_draw_as_generate_would():
+    model = translator()
+    config = GenerationConfig(max_new_tokens=8, eos_token_id=(), do_sample=True, temperature=1.5, seed=4)
+    engine = Engine(model, cache_tokens=512, block_size=4)
+    (request,) = engine.complete([sources([6])[0]], config, n=3)
+    assert request.outputs()[0] == alone(model, sources([6])[0], config)
+    assert len({tuple(output) for output in request.outputs()}) == 3
+
+
+def test_what_an_encoder_decoder_cannot_do_is_refused_by_name():
+    model = translator()
+    engine = Engine(model, cache_tokens=256)
+    with pytest.raises(GenerationError, match=r"prompt_logprobs score a decoder's prompt"):
+        engine.submit([5, 6, 7], GenerationConfig(max_new_tokens=2), prompt_logprobs=1)
+    with pytest.raises(GenerationError, match=r"the source \(49 tokens\) exceeds the model's 48 positions"):
+        engine.submit([5] * 49, GenerationConfig(max_new_tokens=2))
+    with pytest.raises(GenerationError, match=r"prefix_caching=True cannot be honoured: a layer keeps CrossAttention"):
+        Engine(model, cache_tokens=256, prefix_caching=True)

@@ -234,6 +234,20 @@ MUTATIONS = (
         "a short source's padding, started beside a longer one, is kept among its cross-attention keys",
     ),
     Mutation(
+        "beams-keep-their-own-keys", "tformer/serving/emitter.py",
+        "        self.scheduler.reorder_beams(beams, step.parents.tolist())",
+        "        pass",
+        ("tests/serving/test_serve_beam_search.py", "tests/serving/test_serve_encoder_decoder.py"),
+        "a beam that takes over another's hypothesis keeps its own cached keys: its next tokens read the wrong past",
+    ),
+    Mutation(
+        "beam-copy-writes-shared-slots", "tformer/serving/scheduler.py",
+        "        if bool(moved.any()):\n            self.pool.copy_slots(sources[moved], targets[moved])",
+        "        self.pool.copy_slots(sources, targets[torch.randperm(len(targets))])",
+        ("tests/serving/test_serve_beam_search.py",),
+        "a beam's copy lands in slots it does not own (the shared prompt's, another beam's)",
+    ),
+    Mutation(
         "serving-leaks-finished-blocks", "tformer/serving/scheduler.py",
         "            sequence.table.release()",
         "            pass",

@@ -11,6 +11,7 @@ from tformer.generation import GenerationConfig, GenerationError
 from tformer.serving import Engine
 
 VOCAB = 53
+END = 2  # the presets' end token
 SOURCE_LENGTHS = [7, 1, 12, 3, 9, 15, 4, 6, 11, 2]
 
 
@@ -60,3 +61,46 @@ def test_what_an_encoder_decoder_cannot_do_is_refused_by_name():
         engine.submit([5] * 49, GenerationConfig(max_new_tokens=2))
     with pytest.raises(GenerationError, match=r"prefix_caching=True cannot be honoured: a layer keeps CrossAttention"):
         Engine(model, cache_tokens=256, prefix_caching=True)
+
+
+@pytest.fixture(scope="module")
+def reverser():
+    """A translator trained for 60 steps to write its source backwards: unsure enough that beam search and greedy
+    decoding part ways, and its answers depend on the source and end with the end token."""
+    torch.manual_seed(0)
+    model = translator()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(60):
+        lengths = torch.randint(2, 9, (32,), generator=generator).tolist()
+        source = torch.zeros(32, max(lengths) + 1, dtype=torch.long)
+        target = torch.full_like(source, -100)
+        for row, length in enumerate(lengths):
+            tokens = torch.randint(3, VOCAB, (length,), generator=generator)
+            source[row, : length + 1] = torch.cat([tokens, torch.tensor([END])])
+            target[row, : length + 1] = torch.cat([tokens.flip(0), torch.tensor([END])])
+        loss = model(source, attention_mask=(source > 0).long(), labels=target).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("beams", [2, 4])
+def test_beam_searches_beside_greedy_requests_equal_generates(reverser, beams):
+    engine = Engine(reverser, cache_tokens=1024, block_size=4, max_running=16)
+    beam = GenerationConfig(max_new_tokens=12, num_beams=beams, length_penalty=0.8)
+    endless = GenerationConfig(max_new_tokens=12, num_beams=beams, eos_token_id=())  # beams change places to the end
+    greedy = GenerationConfig(max_new_tokens=12)
+    texts = [source + [END] for source in sources([5, 9, 2, 12, 7, 4, 6], seed=3)]
+    configs = [beam, greedy, endless, beam, greedy, endless, beam]
+    requests = [engine.submit(source, config) for source, config in zip(texts, configs, strict=True)]
+    engine.run_until_idle()
+    for source, config, request in zip(texts, configs, requests, strict=True):
+        assert request.outputs()[0] == alone(reverser, source, config)
+        ends = "stop" if config.eos_token_id is None else "length"  # the model's end token, or none to end at
+        assert request.finish_reasons() == [ends] * config.num_beams
+    differ = [request.outputs()[0] != alone(reverser, source, greedy)
+              for source, config, request in zip(texts, configs, requests, strict=True) if config.num_beams > 1]
+    assert sum(differ) >= 2  # the beams matter
+    assert engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0

@@ -20,6 +20,7 @@ from test_serving_server import ServerThread
 import tformer
 from tformer.generation import GenerationConfig, GenerationError
 from tformer.serving import Engine
+from tformer.serving.openai_api import CompletionRequest
 
 transformers = pytest.importorskip("transformers")
 
@@ -116,6 +117,16 @@ def test_greedy_repetition_penalty_and_length_from_the_file(llama3, tmp_path):
 
 
 def test_a_default_the_server_cannot_honour_is_refused_at_startup(llama3, tmp_path):
-    folder = _with_generation_config(llama3[0], tmp_path / "beams", do_sample=False, num_beams=4)
-    with pytest.raises(GenerationError, match=r"^generation_config.json: num_beams=4 is not supported by the server"):
+    folder = _with_generation_config(llama3[0], tmp_path / "beams", do_sample=False, num_beams=4,
+                                     num_return_sequences=2)
+    with pytest.raises(GenerationError, match=r"^generation_config.json: num_return_sequences=2 is not supported by "
+                                              r"the server"):
         Engine(tformer.load(folder), cache_tokens=64, block_size=8)
+
+
+def test_a_folders_beam_search_is_what_a_request_leaving_it_out_gets():
+    defaults = GenerationConfig(do_sample=False, num_beams=4, length_penalty=0.6, early_stopping=True)
+    left_out = CompletionRequest(model="tiny", prompt="x").generation_config(8, defaults)
+    assert (left_out.num_beams, left_out.length_penalty, left_out.early_stopping) == (4, 0.6, True)
+    sent = CompletionRequest(model="tiny", prompt="x", num_beams=1).generation_config(8, defaults)
+    assert sent.num_beams == 1

@@ -253,8 +253,8 @@ def test_blocks_held_follow_the_tokens_stored():
 
 
 def test_requests_the_engine_cannot_serve_are_refused_by_name():
-    with pytest.raises(GenerationError, match="encodes a source"):
-        Engine(tformer.build_model("transformer-multi30k", vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=4))
+    with pytest.raises(GenerationError, match="its prompt is not token ids"):
+        Engine(tformer.build_model("whisper-digits", num_layers=1, d_model=32, num_heads=4))
     with pytest.raises(GenerationError, match="rope_type='dynamic' turns each position by the longest position of "
                                               "its batch"):
         Engine(small_model(positional="rope", rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
@@ -264,7 +264,6 @@ def test_requests_the_engine_cannot_serve_are_refused_by_name():
         (dict(prompt_ids=[VOCAB]), "outside the vocabulary"),
         (dict(prompt_ids=[1] * 90, config=GenerationConfig(max_new_tokens=10)), "context of 96"),
         (dict(prompt_ids=[1] * 60, config=GenerationConfig(max_new_tokens=10)), "the pool holds 8"),
-        (dict(prompt_ids=[1], config=GenerationConfig(num_beams=2)), "num_beams"),
         (dict(prompt_ids=[1], config=GenerationConfig(stop_strings="x")), "need a tokenizer"),
         (dict(prompt_ids=[1], n=0), "n=0"),
         (dict(prompt_ids=[1], config=GenerationConfig(max_new_tokens=0)), "max_new_tokens=0 .* with prompt_logprobs"),
@@ -332,16 +331,11 @@ def test_every_option_the_engine_does_not_honour_is_refused_by_name():
     from tformer.serving.engine import GENERATION_FIELDS
 
     engine = Engine(small_model(), cache_tokens=64, block_size=8)
-    unusual = {"pad_token_id": 3, "num_beams": 2, "length_penalty": 0.5, "early_stopping": True,
-               "num_return_sequences": 2, "num_draft_tokens": 2, "output_scores": True, "return_dict": True,
-               "use_cache": False, "decoder_prompt_ids": (1,)}
+    unusual = {"pad_token_id": 3, "num_return_sequences": 2, "num_draft_tokens": 2, "output_scores": True,
+               "return_dict": True, "use_cache": False, "decoder_prompt_ids": (1,)}
     refused = {name for name, reason in GENERATION_FIELDS.items() if reason is not None}
     assert refused == set(unusual) and set(GENERATION_FIELDS) == {f.name for f in fields(GenerationConfig)}
     for name, value in unusual.items():
-        config = GenerationConfig(**({"num_beams": 2} if name in ("num_return_sequences", "length_penalty",
-                                                                   "early_stopping") else {}), **{name: value})
-        with pytest.raises(GenerationError, match="is not supported by the server"):
-            engine.submit([1], config)
-        with pytest.raises(GenerationError, match=name if name not in ("length_penalty", "early_stopping",
-                                                                       "num_return_sequences") else "num_beams"):
+        config = GenerationConfig(**({"num_beams": 2} if name == "num_return_sequences" else {}), **{name: value})
+        with pytest.raises(GenerationError, match=f"{name}=.* is not supported by the server"):
             engine.submit([1], config)

@@ -38,55 +38,90 @@ def beam_search(
     first, and their scores (B * R,).
     """
     batch = logits.shape[0]
-    prompt_length, max_length = run.prompt_length, run.prompt_length + run.max_new_tokens
-    device = logits.device
-    eos_count = 0 if run.stop.eos_ids is None else run.stop.eos_ids.numel()
-    keep = max(2, 1 + eos_count) * num_beams  # candidates considered per prompt
-    in_top_beams = torch.arange(keep, device=device) < num_beams  # (K,)
     # A prompt whose search is over leaves the batch, so later steps compute only the others (not when
     # every step's scores are returned for every row).
-    retire = run.scores is None
-    results = _Results(batch, num_beams, max_length, run.pad_id, device)
-    beams = _Beams.start(run.sequences[:, :prompt_length], num_beams, max_length, run.pad_id, device)
-
-    session.reorder(torch.arange(batch, device=device).repeat_interleave(num_beams))
+    search = BeamSearch(run, batch, num_beams, length_penalty, early_stopping, retire=run.scores is None)
+    session.reorder(torch.arange(batch, device=logits.device).repeat_interleave(num_beams))
     logits = logits.repeat_interleave(num_beams, dim=0)  # (A * nb, V)
-    for length in range(prompt_length, max_length):
-        generated = length + 1 - prompt_length  # tokens each candidate holds after this step
-        log_probs = run.chooser.scores(torch.log_softmax(logits.float(), dim=-1), length - prompt_length)
+    while (step := search.advance(logits)) is not None:
+        session.reorder(step.parents, step.same_source)
+        logits = session.extend(step.tokens.reshape(-1, 1), last_only=True)[:, -1]
+    return search.result(num_return_sequences)
+
+
+@dataclass
+class BeamStep:
+    """What one step of a search asks of the caller: row i of the next step continues row ``parents[i]`` of this
+    one with ``tokens[i]``; ``same_source``: every row continues a row of its own prompt (no prompt retired)."""
+
+    parents: Tensor  # (A' * nb,)
+    tokens: Tensor  # (A' * nb,)
+    same_source: bool
+
+
+class BeamSearch:
+    """The search over ``batch`` prompts of ``run`` (num_beams rows each, a prompt's rows together), one step at a
+    time for whoever runs the model: ``advance`` takes the rows' logits and says which rows continue which with what
+    token, until the search is over; ``result`` gives the best finished sequences. ``retire``: a prompt whose search
+    is over leaves the rows (its finished hypotheses stored)."""
+
+    def __init__(self, run: DecodingRun, batch: int, num_beams: int, length_penalty: float = 1.0,
+                 early_stopping: bool | str = False, retire: bool = True) -> None:
+        self.run, self.num_beams = run, num_beams
+        self.length_penalty, self.early_stopping, self.retire = float(length_penalty), early_stopping, retire
+        self.max_length = run.prompt_length + run.max_new_tokens
+        device = run.sequences.device
+        eos_count = 0 if run.stop.eos_ids is None else run.stop.eos_ids.numel()
+        self.keep = max(2, 1 + eos_count) * num_beams  # candidates considered per prompt
+        self.in_top_beams = torch.arange(self.keep, device=device) < num_beams  # (K,)
+        self.results = _Results(batch, num_beams, self.max_length, run.pad_id, device)
+        self.beams = _Beams.start(run.sequences[:, : run.prompt_length], num_beams, self.max_length, run.pad_id,
+                                  device)
+        self.length = run.prompt_length
+
+    def advance(self, logits: Tensor) -> BeamStep | None:
+        """One step from the rows' logits (A * nb, V): the rows of the next step, or None when the search is over."""
+        run, beams, length = self.run, self.beams, self.length
+        generated = length + 1 - run.prompt_length  # tokens each candidate holds after this step
+        log_probs = run.chooser.scores(torch.log_softmax(logits.float(), dim=-1), length - run.prompt_length)
         if run.scores is not None:
             run.scores.append(log_probs)
-        candidates = _Candidates.expand(beams, log_probs, keep, length, run)
+        candidates = _Candidates.expand(beams, log_probs, self.keep, length, run)
         beam_parents = beams.run_on(candidates)
-        beams.finish(candidates, in_top_beams, generated, length_penalty, early_stopping)
+        beams.finish(candidates, self.in_top_beams, generated, self.length_penalty, self.early_stopping)
         beams.can_improve = beams.can_improve & _may_improve(
             beams.running_scores, beams.finished_scores, beams.is_finished, generated, run.max_new_tokens,
-            length_penalty, early_stopping,
+            self.length_penalty, self.early_stopping,
         )
         # A prompt is over when no running beam can beat its finished ones (or, with early_stopping=True,
         # when it has num_beams finished): nothing it holds changes after that.
         over = ~beams.can_improve[:, 0]
-        if early_stopping is True:
+        if self.early_stopping is True:
             over = over | beams.is_finished.all(-1)
         if bool(over.all()) or bool(candidates.ends.all()):
-            break
-        active = beams.prompts.shape[0]
-        rows = (beam_parents + torch.arange(active, device=device)[:, None] * num_beams).flatten()
+            return None
+        active, device = beams.prompts.shape[0], logits.device
+        rows = (beam_parents + torch.arange(active, device=device)[:, None] * self.num_beams).flatten()
         same_source = True  # each beam continues a beam of its own prompt
-        if retire and bool(over.any()):
+        if self.retire and bool(over.any()):
             same_source = False
-            results.store(beams.prompts[over], beams.finished[over], beams.finished_scores[over],
-                          beams.finished_lengths[over])
+            self.results.store(beams.prompts[over], beams.finished[over], beams.finished_scores[over],
+                               beams.finished_lengths[over])
             staying = (~over).nonzero().squeeze(1)
-            rows = rows.view(active, num_beams)[staying].flatten()
-            beams = beams.select(staying)
-        session.reorder(rows, same_source)
-        logits = session.extend(beams.running[:, :, length].reshape(-1, 1), last_only=True)[:, -1]
+            rows = rows.view(active, self.num_beams)[staying].flatten()
+            self.beams = beams.select(staying)
+        self.length = length + 1
+        return BeamStep(rows, self.beams.running[:, :, length].reshape(-1), same_source)
 
-    results.store(beams.prompts, beams.finished, beams.finished_scores, beams.finished_lengths)
-    sequences = results.sequences[:, :num_return_sequences].reshape(batch * num_return_sequences, max_length)
-    generated = int(results.lengths[:, :num_return_sequences].max())
-    return sequences[:, : prompt_length + generated], results.scores[:, :num_return_sequences].flatten()
+    def result(self, num_return_sequences: int = 1) -> tuple[Tensor, Tensor]:
+        """The best ``num_return_sequences`` finished sequences per prompt (B * R, T + new), best first, and their
+        scores (B * R,)."""
+        beams, results = self.beams, self.results
+        results.store(beams.prompts, beams.finished, beams.finished_scores, beams.finished_lengths)
+        batch = results.sequences.shape[0]
+        sequences = results.sequences[:, :num_return_sequences].reshape(batch * num_return_sequences, self.max_length)
+        generated = int(results.lengths[:, :num_return_sequences].max())
+        return sequences[:, : self.run.prompt_length + generated], results.scores[:, :num_return_sequences].flatten()
 
 
 @dataclass

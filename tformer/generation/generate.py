@@ -24,7 +24,6 @@ from tformer.generation.sampling import TokenChooser
 from tformer.generation.session import GROWTH_CHUNK, ModelSession, open_session, session_bytes
 from tformer.generation.settings import SPECULATIVE, GenerationConfig, GenerationError, refuse_unsupported
 from tformer.generation.speculative import speculative_decode
-from tformer.generation.stopping import StopRule
 from tformer.memory import format_bytes, require_memory
 
 
@@ -197,25 +196,9 @@ class _Generation:
         self.prompt = state.input_ids  # (B, T0) the decoder's prompt
         batch, prompt_length = self.prompt.shape
 
-        pad_id = config.pad_id(model.config)
-        sequences = torch.full((batch, prompt_length + config.max_new_tokens), pad_id,
-                               dtype=torch.long, device=device)
-        sequences[:, :prompt_length] = self.prompt
-        eos_ids = torch.tensor(end_ids, dtype=torch.long, device=device) if end_ids else None
-        generator = None
-        if config.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(config.seed)
-        self.run = DecodingRun(
-            sequences=sequences,
-            prompt_length=prompt_length,
-            max_new_tokens=config.max_new_tokens,
-            chooser=TokenChooser.from_config(config, model.config, device, tokenizer),
-            stop=StopRule(eos_ids, config.stop_strings, tokenizer, prompt_length),
-            pad_id=pad_id,
-            generator=generator,
-            scores=[] if config.output_scores else None,
-            prompt_padding=None if state.attention_mask is None else ~state.attention_mask.bool(),
-        )
+        self.run = DecodingRun.start(self.prompt, config, model.config,
+                                     TokenChooser.from_config(config, model.config, device, tokenizer), tokenizer,
+                                     None if state.attention_mask is None else ~state.attention_mask.bool())
         self.beam_result: tuple[Tensor, Tensor] | None = None
 
     def _check_memory(self, input_ids: Tensor, device: torch.device, may_end_early: bool) -> bool:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from tformer.generation.sampling import TokenChooser
+from tformer.generation.settings import GenerationConfig
 from tformer.generation.stopping import StopRule
 
 
@@ -31,6 +32,23 @@ class DecodingRun:
     length: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+
+    @classmethod
+    def start(cls, prompt: Tensor, config: GenerationConfig, model_config, chooser: TokenChooser, tokenizer=None,
+              prompt_padding: Tensor | None = None) -> DecodingRun:
+        """A run of ``config`` from the decoders' prompts (B, T), their buffer filled with the pad id after them."""
+        batch, prompt_length = prompt.shape
+        device = prompt.device
+        pad_id = config.pad_id(model_config)
+        sequences = torch.full((batch, prompt_length + config.max_new_tokens), pad_id, dtype=torch.long, device=device)
+        sequences[:, :prompt_length] = prompt
+        end_ids = config.end_ids(model_config)
+        eos_ids = torch.tensor(end_ids, dtype=torch.long, device=device) if end_ids else None
+        generator = None if config.seed is None else torch.Generator(device=device).manual_seed(config.seed)
+        return cls(sequences=sequences, prompt_length=prompt_length, max_new_tokens=config.max_new_tokens,
+                   chooser=chooser, stop=StopRule(eos_ids, config.stop_strings, tokenizer, prompt_length),
+                   pad_id=pad_id, generator=generator, scores=[] if config.output_scores else None,
+                   prompt_padding=prompt_padding)
 
     def __post_init__(self) -> None:
         self.length = self.prompt_length

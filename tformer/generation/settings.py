@@ -147,13 +147,10 @@ class GenerationConfig:
     # server keeps them unless asked, as tformer generate prints them). Text only, as include_stop_strings.
     skip_special_tokens: bool = option(False, api="skip_special_tokens", api_as_is=True)
     num_beams: int = option(1, flag=Flag("--num-beams", int, "beam search with this many beams (default: 1)"),
-                            from_file=True,
-                            refused={SERVER: "the server decodes one token at a time per sequence (no beam search)"})
-    length_penalty: float = option(1.0, from_file=True,
-                                   refused={SERVER: "it is beam search's, and the server does no beam search"})
+                            from_file=True, api="num_beams", api_as_is=True)
+    length_penalty: float = option(1.0, from_file=True, api="length_penalty", api_as_is=True)
     # True, False or "never"
-    early_stopping: bool | str = option(False, from_file=True,
-                                        refused={SERVER: "it is beam search's, and the server does no beam search"})
+    early_stopping: bool | str = option(False, from_file=True, api="early_stopping", api_as_is=True)
     num_return_sequences: int = option(1, from_file=True, refused={SERVER: "ask for n sequences instead"})
     # Speculative decoding: the tokens the draft model proposes per round.
     num_draft_tokens: int = option(4, flag=Flag("--num-draft-tokens", int, "tokens drafted per round (default: 4)"),

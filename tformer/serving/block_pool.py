@@ -164,6 +164,12 @@ class BlockPool:
         for storage in (self.keys, self.values):  # (L, slots, Hkv, Dh)
             storage[:, target * size : target * size + count] = storage[:, source * size : source * size + count]
 
+    def copy_slots(self, sources: Tensor, targets: Tensor) -> None:
+        """Copy the keys and values of token slots ``sources`` (S,) into slots ``targets`` (S,), every layer (a beam
+        taking over another's tokens); the sources are read whole before any target is written."""
+        for storage in (self.keys, self.values):  # (L, slots, Hkv, Dh)
+            storage[:, targets] = storage[:, sources]
+
     def release(self, blocks: list[int], unused_reservation: int) -> None:
         """Drop a sequence's references to its ``blocks`` and what it was promised but never allocated. A block
         nobody holds any more is cached when named (its last block first, evicted first: a prefix is found

@@ -53,15 +53,24 @@ class Emitter:
         finishes without a token."""
         running = list(self.scheduler.running)
         scoring_only = {index for index, (request, _) in enumerate(running) if request.config.max_new_tokens == 0}
+        searches: dict[int, tuple[Request, list[RunningSequence]]] = {}  # a beam search's request -> its beams
+        for request, sequence in running:
+            if request.search is not None:
+                searches.setdefault(request.id, (request, []))[1].append(sequence)
         plain = [index for index, (request, sequence) in enumerate(running)
-                 if index not in scoring_only and not request.chooser.alters(len(sequence.output_ids))]
+                 if index not in scoring_only and request.search is None
+                 and not request.chooser.alters(len(sequence.output_ids))]
         tokens: dict[int, int] = {}
         if plain:
             plain_rows = torch.tensor([rows[id(running[index][1])] for index in plain], device=logits.device)
             tokens = dict(zip(plain, logits.index_select(0, plain_rows).argmax(-1).tolist(), strict=True))
+        for request, beams in searches.values():
+            self._advance(request, sorted(beams, key=lambda beam: beam.index), logits, rows)
         for index, (request, sequence) in enumerate(running):
             if index in scoring_only:
                 self.finish(request, sequence, "length")
+                continue
+            if request.search is not None:
                 continue
             row = rows[id(sequence)]
             if index not in tokens:
@@ -71,6 +80,34 @@ class Emitter:
                 scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids), history=history)
                 tokens[index] = int(chooser.choose(scores, sequence.generator))
             self._accept(request, sequence, tokens[index], logits[row] if request.logprobs is not None else None)
+
+    def _advance(self, request: Request, beams: list[RunningSequence], logits: Tensor, rows: dict[int, int]) -> None:
+        """One step of ``request``'s beam search from its beams' rows of ``logits``: each beam takes over its parent's
+        tokens and adds its own, or, the search over, the best hypothesis is handed out as the first sequence's."""
+        search = request.search
+        step = search.advance(logits.index_select(0, torch.tensor([rows[id(beam)] for beam in beams],
+                                                                   device=logits.device)))
+        if step is None:
+            self._hand_out_best(request, beams)
+            return
+        self.scheduler.reorder_beams(beams, step.parents.tolist())
+        for beam, token in zip(beams, step.tokens.tolist(), strict=True):
+            self.scheduler.pending[id(beam)] = token
+
+    def _hand_out_best(self, request: Request, beams: list[RunningSequence]) -> None:
+        """The search is over: its best hypothesis's tokens become the first beam's, with their events; the other
+        beams end without any."""
+        best, _ = request.search.result(1)  # (1, prompt + generated)
+        first = beams[0]
+        for token in best[0, request.search.run.prompt_length:].tolist():
+            self._accept(request, first, token, None)
+            if first.finish_reason is not None:
+                break
+        if first.finish_reason is None:  # a hypothesis ended by a stop string its text had not shown yet
+            self.finish(request, first, "stop")
+        for beam in beams[1:]:
+            self.finish(request, beam, first.finish_reason, emit=False)
+        self.close(request)
 
     def _accept(self, request: Request, sequence: RunningSequence, token: int, logits: Tensor | None) -> None:
         """Record ``token`` for ``sequence``: its text, its end (end id, stop string, length), its event."""

@@ -19,7 +19,9 @@ loop, ``engine_process``; the server's engine thread with ``--engine thread``; t
 options of ``tformer.generate``), chosen from by the same ``TokenChooser`` and read as text by the same
 ``IncrementalDetokenizer``, so a request alone decodes what ``generate`` would: greedy tokens
 identically, and seeded sampling with the same draws. Every field of ``GenerationConfig`` is either
-honoured or refused away from its default (``GENERATION_FIELDS``).
+honoured or refused away from its default (``GENERATION_FIELDS``). With ``num_beams`` > 1 a request's sequences
+are its beams, searched by ``generate``'s own ``BeamSearch`` one step at a time (the emitter asks it which beam
+continues which; a beam taking over another copies its cached keys), the best hypothesis handed out at the end.
 
 A request may also ask for its prompt's log-probabilities (``prompt_logprobs=k``, what evaluation clients
 score continuations with): its prefill then keeps the logits of every prompt row, and only each prompt
@@ -44,8 +46,10 @@ import torch
 from torch import nn
 
 from tformer.adapters import served_adapters
+from tformer.generation.beam import BeamSearch
 from tformer.generation.checks import check_call, check_model
 from tformer.generation.defaults import MODEL_FIELDS, with_model_defaults
+from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import SERVER, GenerationConfig, GenerationError, refusals
 from tformer.memory import available_memory, format_bytes
@@ -154,7 +158,8 @@ class Engine:
             raise GenerationError(f"cache_tokens={cache_tokens}: the key/value cache could not be allocated on "
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
-                                   queue_timeout=queue_timeout, keeps_states=keeps_states)
+                                   queue_timeout=queue_timeout, keeps_states=keeps_states,
+                                   keeps_sums=any(isinstance(spec, RunningSums) for spec in _each_spec(specs)))
         self.emitter = Emitter(self.scheduler, self.stats)
 
     # ---- from any thread --------------------------------------------------------------------------
@@ -342,6 +347,9 @@ class Engine:
             raise GenerationError(f"max_new_tokens={config.max_new_tokens} must be >= 1 on the server (0 only scores "
                                   "a prompt: with prompt_logprobs)")
         check_call(config, model, torch.tensor([prompt_ids]), None, self.tokenizer, streaming=False)
+        if config.num_beams > 1:
+            self._check_beam_search(n, logprobs)
+            n = config.num_beams  # the request's sequences are its beams
         length = len(prompt_ids) + config.max_new_tokens
         limit = model.position_limit
         if limit is not None and length > limit:
@@ -359,9 +367,25 @@ class Engine:
         chooser = TokenChooser.from_config(config, model.config, self.device, self.tokenizer)
         salt = b"" if adapter is None else b"adapter\0" + adapter.encode()  # no block shared across adapters
         keys = prefix_keys(prompt_ids, size, salt) if self.prefix_caching else None
+        search = None
+        if config.num_beams > 1:
+            run = DecodingRun.start(torch.tensor([prompt_ids], device=self.device), config, model.config, chooser,
+                                    self.tokenizer)
+            search = BeamSearch(run, 1, config.num_beams, config.length_penalty, config.early_stopping, retire=False)
         return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),
                        on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs, keys,
-                       -1 if adapter is None else self.adapters.index(adapter), source_ids)
+                       -1 if adapter is None else self.adapters.index(adapter), source_ids, search)
+
+    def _check_beam_search(self, n: int, logprobs: int | None) -> None:
+        """A GenerationError naming what a beam search request cannot have."""
+        if n != 1:
+            raise GenerationError(f"n={n} with num_beams > 1: a beam search hands out its best sequence only (n=1)")
+        if logprobs is not None:
+            raise GenerationError("logprobs with num_beams > 1: the tokens of a beam search's answer are known at its "
+                                  "end, chosen by the beams' summed scores")
+        if self.scheduler.keeps_sums:
+            raise GenerationError("num_beams > 1: a beam taking over another's tokens would need its running sums "
+                                  "(attention_kernel='performer'), which the engine does not copy")
 
     def _decoder_prompt(self, prompt_ids: list[int], prompt_logprobs: int | None) -> tuple[list[int] | None, list[int]]:
         """The source and the decoder's prompt of a request: for a decoder, none and the prompt; for an

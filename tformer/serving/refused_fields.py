@@ -3,7 +3,6 @@ not honour, each with why: ``openai_api`` answers a request sending one with a 4
 
 from __future__ import annotations
 
-_NO_BEAMS = "the server decodes one token at a time per sequence (no beam search; tformer generate --num-beams has it)"
 _NOT_STORED = "the server stores no completions"
 # Request fields of OpenAI's completions and chat APIs, and of vLLM's extensions to them, that no request schema
 # here declares, with why the server does not honour them: a request sending one is a 400 naming it and the reason
@@ -23,8 +22,7 @@ REFUSED_FIELDS: dict[str, str] = {
     "functions": "OpenAI's deprecated form of tools: send tools",
     "function_call": "OpenAI's deprecated form of tool_choice: send tool_choice",
     # vLLM's
-    "use_beam_search": _NO_BEAMS,
-    "length_penalty": f"it is beam search's, and {_NO_BEAMS}",
+    "use_beam_search": "vLLM's older switch: send num_beams (the beams' count) for beam search",
     "prompt_logprobs": "score a prompt with /v1/completions' echo=true and logprobs",
     "bad_words": "not implemented: ban single tokens with logit_bias (-100), or list the allowed ones in "
                  "allowed_token_ids",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tformer.generation.beam import BeamSearch
 from tformer.generation.detokenize import IncrementalDetokenizer
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import GenerationConfig
@@ -50,8 +51,10 @@ class Request:
     def __init__(self, request_id: int, prompt_ids: list[int], config: GenerationConfig, n: int, chooser: TokenChooser,
                  end_ids: frozenset[int], on_event: Callable[[TokenEvent], None] | None, logprobs: int | None,
                  blocks_needed: int, device: torch.device, tokenizer=None, prompt_logprobs: int | None = None,
-                 block_keys: list[bytes] | None = None, adapter: int = -1, source_ids: list[int] | None = None) -> None:
+                 block_keys: list[bytes] | None = None, adapter: int = -1, source_ids: list[int] | None = None,
+                 search: BeamSearch | None = None) -> None:
         self.id = request_id
+        self.search = search  # beam search: its sequences are the beams, and only the best is handed out, at the end
         self.source_ids = source_ids  # an encoder-decoder's source (its prompt_ids: the decoder's start tokens)
         self.adapter = adapter  # the served LoRA adapter's index (-1: the base model)
         self.prompt_ids = prompt_ids

@@ -13,6 +13,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import torch
+
 from tformer.generation.settings import GenerationError
 from tformer.serving.block_pool import BlockPool, BlockTable
 from tformer.serving.requests import Request, RunningSequence
@@ -36,8 +38,9 @@ class Scheduler:
     """The engine's queue, running batch and cache blocks (see the module's docstring)."""
 
     def __init__(self, pool: BlockPool, stats: EngineStats, *, max_running: int, max_step_tokens: int,
-                 queue_timeout: float | None, keeps_states: bool = False) -> None:
+                 queue_timeout: float | None, keeps_states: bool = False, keeps_sums: bool = False) -> None:
         self.pool = pool
+        self.keeps_sums = keeps_sums  # a layer keeps running sums (Performer's): a row no beam can take over
         # A row of every running-state layer (Performer's sums) per running sequence; None: the model keeps none.
         self.free_states = list(range(max_running - 1, -1, -1)) if keeps_states else None
         self.stats = stats
@@ -220,6 +223,16 @@ class Scheduler:
                     running.append((request, sibling))
                     rows[id(sibling)] = rows[id(sequence)]
         self.running = running
+
+    def reorder_beams(self, beams: list[RunningSequence], parents: list[int]) -> None:
+        """Beam ``i`` continues beam ``parents[i]``: it takes that beam's keys and values (all beams hold as many
+        tokens; the prompt blocks they share are the same slots, and the others are each beam's own)."""
+        length = beams[0].table.length
+        sources = torch.cat([beams[parent].table.slots(0, length) for parent in parents])
+        targets = torch.cat([beam.table.slots(0, length) for beam in beams])
+        moved = sources != targets
+        if bool(moved.any()):
+            self.pool.copy_slots(sources[moved], targets[moved])
 
     def remove(self, sequence: RunningSequence) -> None:
         """``sequence`` has finished: its blocks back to the pool, out of the running batch."""

@@ -248,6 +248,14 @@ MUTATIONS = (
         "a beam's copy lands in slots it does not own (the shared prompt's, another beam's)",
     ),
     Mutation(
+        "stale-padded-sources", "tformer/nn/attention/paged.py",
+        "            self.keys[slot], self.values[slot] = k[index, :, :length], v[index, :, :length]\n"
+        "            self._decoding = None",
+        "            self.keys[slot], self.values[slot] = k[index, :, :length], v[index, :, :length]",
+        ("tests/serving/test_serve_encoder_decoder.py",),
+        "the decoding rows' padded sources are reused after a row took a new sequence's source",
+    ),
+    Mutation(
         "serving-leaks-finished-blocks", "tformer/serving/scheduler.py",
         "            sequence.table.release()",
         "            pass",

@@ -43,6 +43,13 @@ def test_concurrent_sources_decode_as_each_alone(overrides):
     assert engine.pool.blocks_in_use == 0 and sorted(engine.scheduler.free_states) == list(range(8))
 
 
+def test_a_row_taken_over_by_a_later_source_reads_that_source():
+    model = translator()
+    engine = Engine(model, cache_tokens=512, block_size=4, max_running=1)  # one row, each source in turn
+    config = GenerationConfig(max_new_tokens=5, eos_token_id=())
+    assert_two_waves_decode_as_generate(model, engine, sources([6, 3, 9], seed=5), [], config, steps_between=0)
+
+
 def test_sampled_sequences_of_one_source_each_draw_as_generate_would():
     model = translator()
     config = GenerationConfig(max_new_tokens=8, eos_token_id=(), do_sample=True, temperature=1.5, seed=4)

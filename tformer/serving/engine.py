@@ -291,13 +291,17 @@ class Engine:
         starting = [(request, sequence) for request, sequence in self.scheduler.running if id(sequence) in admitted]
         if not starting:
             return self._no_sources
-        longest = max(len(request.source_ids) for request, _ in starting)
-        sources = torch.zeros(len(starting), longest, dtype=torch.long)
-        mask = torch.zeros(len(starting), longest, dtype=torch.long)
-        for row, (request, _) in enumerate(starting):
+        requests = list({request.id: request for request, _ in starting}.values())  # a request's beams: one source
+        longest = max(len(request.source_ids) for request in requests)
+        sources = torch.zeros(len(requests), longest, dtype=torch.long)
+        mask = torch.zeros(len(requests), longest, dtype=torch.long)
+        for row, request in enumerate(requests):
             sources[row, : len(request.source_ids)] = torch.tensor(request.source_ids)
             mask[row, : len(request.source_ids)] = 1
         step_inputs = self.model.prepare_generation(sources.to(self.device), mask.to(self.device)).step_inputs
+        row_of = {request.id: row for row, request in enumerate(requests)}
+        rows = torch.tensor([row_of[request.id] for request, _ in starting], device=self.device)
+        step_inputs = {name: tensor.index_select(0, rows) for name, tensor in step_inputs.items()}
         layout.source_slots = [sequence.state_slot for _, sequence in starting]
         if self._no_sources is None:
             self._no_sources = {name: tensor[:0] for name, tensor in step_inputs.items()}

@@ -219,6 +219,9 @@ class PagedCrossCache:
     def __init__(self, rows: int) -> None:
         self.keys: list[Tensor | None] = [None] * rows  # (Hkv, S, Dh) each
         self.values: list[Tensor | None] = [None] * rows
+        # The one-token sequences' padded sources of the last step, kept while the same rows decode and no source
+        # is stored: (their rows, keys, values, padding).
+        self._decoding: tuple[tuple[int, ...], Tensor, Tensor, Tensor | None] | None = None
 
     def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: PagedCrossMask,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -229,12 +232,11 @@ class PagedCrossCache:
         for index, slot in enumerate(layout.source_slots):
             length = k.shape[2] if mask.new_padding is None else int(mask.new_padding[index].sum())
             self.keys[slot], self.values[slot] = k[index, :, :length], v[index, :, :length]
+            self._decoding = None
         rows = q[0].transpose(0, 1)  # (N, H, Dh)
         out = torch.empty_like(rows)
         if layout.decode_rows is not None:
-            slots = layout.decode_state_slots.tolist()
-            keys, padding = self._padded(self.keys, slots)  # (Bd, Hkv, S, Dh), (Bd, S)
-            values, _ = self._padded(self.values, slots)
+            keys, values, padding = self._decoding_sources(tuple(layout.decode_state_slots.tolist()))
             queries = rows[layout.decode_rows].unsqueeze(2)  # (Bd, H, 1, Dh)
             out[layout.decode_rows] = kernel(queries, keys, values, AttentionMask(key_padding=padding))[0].squeeze(2)
         for prefill in layout.prefills:
@@ -243,8 +245,17 @@ class PagedCrossCache:
             out[prefill.rows] = kernel(queries, keys, values, AttentionMask())[0][0].transpose(0, 1)
         return out.transpose(0, 1).unsqueeze(0), None
 
+    def _decoding_sources(self, slots: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The sources of the rows ``slots`` as one padded batch: keys and values (Bd, Hkv, S, Dh), padding (Bd, S);
+        the last step's when the same rows decode again."""
+        if self._decoding is None or self._decoding[0] != slots:
+            keys, padding = self._padded(self.keys, slots)
+            values, _ = self._padded(self.values, slots)
+            self._decoding = slots, keys, values, padding
+        return self._decoding[1:]
+
     @staticmethod
-    def _padded(stored: list[Tensor | None], slots: list[int]) -> tuple[Tensor, Tensor | None]:
+    def _padded(stored: list[Tensor | None], slots: tuple[int, ...]) -> tuple[Tensor, Tensor | None]:
         """The tensors of ``slots`` (Hkv, S_i, Dh) right-padded to the longest: (B, Hkv, S, Dh), and (B, S) True on
         real keys (None when none is padded)."""
         lengths = [stored[slot].shape[1] for slot in slots]

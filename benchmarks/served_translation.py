@@ -1,0 +1,144 @@
+"""Served translation beside translation one sentence at a time: ``tformer serve`` answering N concurrent clients
+(``/v1/completions``, each prompt a source sentence) against ``translate`` called on one sentence after another in
+this process (``tformer translate`` with a batch of one), on Multi30k's test sentences, greedy and with 4 beams.
+
+Model: a trained run when given (``--run runs/multi30k-de-en-transformer``), else the Multi30k recipe's shape
+(3 + 3 layers, width 256) with random weights (seed 0) and a joint BPE of 8,000 tokens learned on the first 5,000
+training pairs: its translations then seldom meet the end token and run to ``--max-new-tokens``, the same work on
+both sides. Both sides use ``--threads`` threads; the server's text is checked against the one-at-a-time text
+(``skip_special_tokens``, as ``translate`` prints). Figures: sentences per second over the whole list (wall time),
+and served / one-at-a-time.
+
+    python benchmarks/served_translation.py --sentences 64 --clients 16 --max-new-tokens 24 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import gzip
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx2
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tformer  # noqa: E402
+from tformer.data.parallel import ParallelText  # noqa: E402
+from tformer.generation.translation import translate  # noqa: E402
+from tformer.training.tasks.translation import learn_joint_bpe  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def lines(name: str, count: int | None = None) -> list[str]:
+    with gzip.open(DATA / name, "rt", encoding="utf-8") as source:
+        read = [line.strip() for line in source]
+    return read[:count] if count is not None else read
+
+
+def untrained_folder(work: Path) -> Path:
+    """The recipe's shape with random weights and a BPE learned on the first 5,000 training pairs, saved."""
+    folder = work / "multi30k-untrained"
+    pairs = ParallelText(lines("train.de.gz", 5000), lines("train.en.gz", 5000), "train.de.gz", "train.en.gz")
+    torch.manual_seed(0)
+    model = tformer.build_model("transformer-multi30k").eval()
+    model.tokenizer = learn_joint_bpe(pairs, 8000)
+    model.save(folder)
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def one_at_a_time(model, sentences: list[str], beams: int, new_tokens: int) -> tuple[float, list[str]]:
+    started = time.perf_counter()
+    texts = [translate(model, [sentence], num_beams=beams, max_new_tokens=new_tokens).texts[0]
+             for sentence in sentences]
+    return time.perf_counter() - started, texts
+
+
+def served(url: str, sentences: list[str], beams: int, new_tokens: int, clients: int) -> tuple[float, list[str]]:
+    """The sentences sent by ``clients`` threads over one pooled HTTP client (as an ``openai`` client keeps its
+    connections), each thread a request at a time; the wall time and the texts in order."""
+    connections = httpx2.Limits(max_connections=clients, max_keepalive_connections=clients)
+    with httpx2.Client(base_url=url, timeout=600, limits=connections) as client:
+        def ask(sentence: str) -> str:
+            body = {"model": "m", "prompt": sentence, "max_tokens": new_tokens, "temperature": 0, "num_beams": beams,
+                    "skip_special_tokens": True}
+            answer = client.post("/v1/completions", json=body)
+            answer.raise_for_status()
+            return answer.json()["choices"][0]["text"].strip()
+
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            texts = list(pool.map(ask, sentences))
+        return time.perf_counter() - started, texts
+
+
+def start_server(folder: Path, port: int, threads: int, running: int, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tformer", "serve", str(folder), "--port", str(port), "--model-name", "m",
+               "--threads", str(threads), "--max-running", str(running), "--cache-tokens", "65536"]
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"tformer serve exited {process.returncode}; see {log}")
+        try:
+            if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return process
+        except httpx2.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"tformer serve was not ready after 300 s; see {log}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, help="a trained translation run (default: random weights)")
+    parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    sentences = lines("test_2016_flickr.de.gz", args.sentences)
+    beams = [int(width) for width in args.beams.split(",")]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = args.run or untrained_folder(Path(scratch))
+        model = tformer.load(folder).eval()
+        print(f"model {folder if args.run else 'transformer-multi30k, random weights (seed 0)'}; "
+              f"{len(sentences)} sentences of test_2016_flickr.de; {args.clients} clients; "
+              f"at most {args.max_new_tokens} new tokens; {args.threads} threads", flush=True)
+        port = free_port()
+        server = start_server(folder, port, args.threads, args.clients * max(beams), Path(scratch) / "serve.log")
+        try:
+            served(f"http://127.0.0.1:{port}", sentences[:4], 1, 4, 4)  # warm-up: compiled kernels, first steps
+            one_at_a_time(model, sentences[:2], 1, 4)
+            print("beams  one at a time (sent/s)  served (sent/s)  served / one at a time  texts equal")
+            for width in beams:
+                alone_seconds, alone_texts = one_at_a_time(model, sentences, width, args.max_new_tokens)
+                served_seconds, served_texts = served(f"http://127.0.0.1:{port}", sentences, width,
+                                                      args.max_new_tokens, args.clients)
+                equal = sum(a == b for a, b in zip(alone_texts, served_texts, strict=True))
+                print(f"{width:>5}  {len(sentences) / alone_seconds:>23.2f}  {len(sentences) / served_seconds:>15.2f}  "
+                      f"{alone_seconds / served_seconds:>21.2f}x  {equal}/{len(sentences)}", flush=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()

@@ -221,8 +221,8 @@ MUTATIONS = (
     ),
     Mutation(
         "cross-attention-reads-another-source", "tformer/nn/attention/paged.py",
-        "            slots = layout.decode_state_slots.tolist()",
-        "            slots = layout.decode_state_slots.flip(0).tolist()",
+        "            keys, values, padding = self._decoding_sources(tuple(layout.decode_state_slots.tolist()))",
+        "            keys, values, padding = self._decoding_sources(tuple(layout.decode_state_slots.flip(0).tolist()))",
         ("tests/serving/test_serve_encoder_decoder.py",),
         "a decoding sequence of an encoder-decoder attends over another sequence's source",
     ),

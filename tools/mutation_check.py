@@ -256,6 +256,13 @@ MUTATIONS = (
         "the decoding rows' padded sources are reused after a row took a new sequence's source",
     ),
     Mutation(
+        "every-beam-reports-its-end", "tformer/serving/emitter.py",
+        "            if sequence.index < request.answers:  # a beam search's other beams have no events",
+        "            if True:",
+        ("tests/serving/test_serve_beam_search.py",),
+        "a cancelled beam search sends an end event for every beam: the route counts choices it never asked for",
+    ),
+    Mutation(
         "serving-leaks-finished-blocks", "tformer/serving/scheduler.py",
         "            sequence.table.release()",
         "            pass",

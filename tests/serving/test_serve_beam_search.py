@@ -70,3 +70,16 @@ def test_what_a_beam_search_request_cannot_have_is_refused_by_name(counter):
     with pytest.raises(GenerationError, match=r"num_beams > 1: a beam taking over another's tokens would need its "
                                               r"running sums"):
         performer.submit([1, 2, 3], beam)
+
+
+def test_a_cancelled_beam_search_ends_with_one_event_and_frees_its_beams(counter):
+    engine = Engine(counter, cache_tokens=512, block_size=4)
+    events = []
+    request = engine.submit(prompts(1, seed=4)[0], GenerationConfig(max_new_tokens=10, num_beams=3, eos_token_id=()),
+                            on_event=events.append)
+    engine.step()
+    engine.step()
+    engine.cancel(request.id)
+    engine.run_until_idle()
+    assert [(event.index, event.token_id, event.finish_reason) for event in events] == [(0, -1, "cancelled")]
+    assert request.done.is_set() and engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0

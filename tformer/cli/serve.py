@@ -63,8 +63,8 @@ def register(subparsers) -> None:
                         help="prompt and decode tokens per step; longer prompts wait a step (default: 4096)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False, default=None,
                         help="compute every prompt whole: no reuse of a prefix's cached blocks, and the n sequences "
-                             "of a request each prefill the prompt (default: prefix caching on, unless a layer keeps "
-                             "a running state, as Performer's, of which no prefix can be shared)")
+                             "of a request each prefill the prompt (default: prefix caching on, but for an "
+                             "encoder-decoder and a model with a Performer layer, whose caches share no prefix)")
     parser.add_argument("--paged-attention", choices=("auto", "in-place", "gather"), default="auto",
                         help="how decode steps read the cache: in place with the compiled CPU kernel, or by gathering "
                              "each sequence's blocks; auto (default) reads in place where the model and machine allow "

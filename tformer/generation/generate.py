@@ -194,8 +194,6 @@ class _Generation:
                             f"speculative decoding forgets rejected drafts, and the {role}'s cache cannot forget "
                             "tokens (a recurrent state, or running sums such as attention_kernel='performer''s)")
         self.prompt = state.input_ids  # (B, T0) the decoder's prompt
-        batch, prompt_length = self.prompt.shape
-
         self.run = DecodingRun.start(self.prompt, config, model.config,
                                      TokenChooser.from_config(config, model.config, device, tokenizer), tokenizer,
                                      None if state.attention_mask is None else ~state.attention_mask.bool())

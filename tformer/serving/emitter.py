@@ -142,8 +142,9 @@ class Emitter:
         sequence.finish_reason = reason
         self.scheduler.remove(sequence)
         if emit:
-            send(TokenEvent(request, sequence.index, -1, "", finish_reason=reason,
-                            prompt_logprobs=sequence.take_prompt_logprobs()))
+            if sequence.index < request.answers:  # a beam search's other beams have no events
+                send(TokenEvent(request, sequence.index, -1, "", finish_reason=reason,
+                                prompt_logprobs=sequence.take_prompt_logprobs()))
             if request.finished:
                 self.close(request)
 
@@ -151,7 +152,8 @@ class Emitter:
         """End a request that never ran (cancelled or timed out while waiting): one last event a sequence."""
         for sequence in request.sequences:
             sequence.finish_reason = reason
-            send(TokenEvent(request, sequence.index, -1, "", finish_reason=reason))
+            if sequence.index < request.answers:
+                send(TokenEvent(request, sequence.index, -1, "", finish_reason=reason))
         self.close(request)
 
     def close(self, request: Request) -> None:

@@ -93,7 +93,7 @@ class Engine:
     (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why);
     ``prefix_caching``: prompts reuse the cached blocks of a prefix computed before, and a request's ``n``
     sequences share its prompt's blocks (False: every sequence computes its whole prompt; None, the default: on
-    unless a layer keeps a running state, Performer's, of which no prefix can be shared);
+    unless a layer keeps a running state, Performer's, or an encoder's keys: no prefix of those can be shared);
     ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings). The LoRA adapters
     ``load_adapters`` put over ``model`` are served by name (``adapters``).
     """

@@ -64,7 +64,7 @@ class EngineFacts:
     embeds_only: str = ""  # Engine.embeds_only: why a generation request is refused when it does not generate
     adapters: tuple[str, ...] = ()  # the LoRA adapters served besides the base (Engine.adapters)
     encodes_prompt: bool = False  # an encoder-decoder: a prompt is the source it translates
-    source_end_id: int | None = None  # the token ending an encoder-decoder's source (``translation.source_end_id``)
+    source_end_id: int | None = None  # the token ending an encoder-decoder's source (``sources.source_end_id``)
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:

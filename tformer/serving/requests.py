@@ -55,6 +55,7 @@ class Request:
                  search: BeamSearch | None = None) -> None:
         self.id = request_id
         self.search = search  # beam search: its sequences are the beams, and only the best is handed out, at the end
+        self.answers = 1 if search is not None else n  # the sequences whose events leave the engine (the first ones)
         self.source_ids = source_ids  # an encoder-decoder's source (its prompt_ids: the decoder's start tokens)
         self.adapter = adapter  # the served LoRA adapter's index (-1: the base model)
         self.prompt_ids = prompt_ids

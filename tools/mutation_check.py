@@ -228,7 +228,7 @@ MUTATIONS = (
     ),
     Mutation(
         "source-padding-kept-as-keys", "tformer/nn/attention/paged.py",
-        "            length = k.shape[2] if mask.new_padding is None else int(mask.new_padding[index].sum())",
+        "            length = k.shape[2] if mask.new_lengths is None else mask.new_lengths[index]",
         "            length = k.shape[2]",
         ("tests/serving/test_serve_encoder_decoder.py",),
         "a short source's padding, started beside a longer one, is kept among its cross-attention keys",

@@ -79,7 +79,8 @@ class PagedLayout(StepLayout):
         storage (None: the model has no such layer). A sequence's first step is a prefill, even of one token."""
         positions, slots, kept_rows, decode_rows, decode_contexts, prefills = [], [], [], [], [], []
         every_row = every_row or [False] * len(tables)
-        state_slots = [-1] * len(tables) if state_slots is None else state_slots
+        keeps_states = state_slots is not None
+        state_slots = state_slots if keeps_states else [-1] * len(tables)
         decode_states = []
         row = 0
         for table, count, whole, state in zip(tables, new_tokens, every_row, state_slots, strict=True):
@@ -98,7 +99,7 @@ class PagedLayout(StepLayout):
         layout = cls(torch.tensor([positions], device=device), real_queries=True,
                      keep=torch.tensor(kept_rows, device=device), slots=torch.cat(slots).to(device),
                      prefills=prefills)
-        if decode_contexts:
+        if decode_contexts and keeps_states:
             layout.decode_state_slots = torch.tensor(decode_states, device=device)
         if decode_contexts and in_place:
             layout.decode_rows = torch.tensor(decode_rows, device=device)
@@ -129,16 +130,18 @@ class PagedLayout(StepLayout):
         return PagedMask(self, position_bias)
 
     def encoder_mask(self, encoder_padding: Tensor | None) -> PagedCrossMask:
-        return PagedCrossMask(self, encoder_padding)
+        lengths = None if encoder_padding is None else encoder_padding.sum(-1).tolist()
+        return PagedCrossMask(self, lengths)
 
 
 @dataclass
 class PagedCrossMask:
-    """Cross-attention's mask in a paged step: the layout (whose rows read which sequence's source) and the padding
-    (B, S) of the new sources the step's encoder output brings, True = a real token (None: none padded)."""
+    """Cross-attention's mask in a paged step, built once for every layer: the layout (whose rows read which
+    sequence's source) and the real length of each new source the step's encoder output brings, right-padded (None:
+    none padded)."""
 
     layout: PagedLayout
-    new_padding: Tensor | None
+    new_lengths: list[int] | None
 
 
 class PagedMask:
@@ -230,7 +233,7 @@ class PagedCrossCache:
             raise ValueError("a paged step returns no attention weights")
         layout = mask.layout
         for index, slot in enumerate(layout.source_slots):
-            length = k.shape[2] if mask.new_padding is None else int(mask.new_padding[index].sum())
+            length = k.shape[2] if mask.new_lengths is None else mask.new_lengths[index]
             self.keys[slot], self.values[slot] = k[index, :, :length], v[index, :, :length]
             self._decoding = None
         rows = q[0].transpose(0, 1)  # (N, H, Dh)

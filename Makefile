@@ -10,6 +10,11 @@ BIN    := $(VENV)/bin
 # One pytest worker per core, at most 4 (each worker holds torch and the reference libraries); PARALLEL= runs
 # the suite in one process.
 PARALLEL ?= -n auto --maxprocesses 4
+# The tests write bytecode caches (__pycache__, ignored by git) even where the environment turns them off
+# (PYTHONDONTWRITEBYTECODE, as some sandboxes and containers set): without them every pytest worker rewrites
+# and compiles all ~230 test modules again (10 s of CPU each on 2 cores) and every process a test starts
+# compiles tformer's modules again.
+TEST_ENV := PYTHONDONTWRITEBYTECODE=
 
 .PHONY: demo test test-fast lint install install-test clean
 
@@ -32,11 +37,11 @@ demo: install
 
 test: install-test
 	$(BIN)/ruff check tformer tests benchmarks tools examples
-	$(BIN)/python -m pytest -q $(PARALLEL) --durations=25
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(PARALLEL) --durations=25
 
 test-fast: install-test
 	$(BIN)/ruff check tformer tests benchmarks tools examples
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PARALLEL)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PARALLEL)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -8,9 +8,11 @@ The Hugging Face Hub is off (HF_HUB_OFFLINE) before huggingface_hub is imported:
 network, and a missing path that is also a valid Hub name fails at once.
 
 ``slow`` marks every test that starts a process, imports a reference library (transformers, seqeval,
-openai, ...) or runs over 2 s; ``make test-fast`` (``-m "not slow"``) runs the rest. A module marked slow
-as a whole (``pytestmark = pytest.mark.slow`` on a line of its own) is then not even imported: its
-module-level imports (transformers, seqeval: seconds each) would load for tests that are all deselected."""
+openai, ...) or runs over 2 s; so does every test in ``slow_by_cpu.txt``, those measured over a quarter of a
+second of CPU time (tools/cpu_times.py makes the list). ``make test-fast`` (``-m "not slow"``) runs the rest.
+A module marked slow as a whole (``pytestmark = pytest.mark.slow`` on a line of its own) is then not even
+imported: its module-level imports (transformers, seqeval: seconds each) would load for tests that are all
+deselected."""
 
 import os
 import re
@@ -25,6 +27,22 @@ import torch  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 WHOLE_MODULE_SLOW = re.compile(r"^pytestmark = pytest\.mark\.slow\b", re.MULTILINE)
+SLOW_BY_CPU = Path(__file__).with_name("slow_by_cpu.txt")
+
+
+def _slow_by_cpu() -> set[str]:
+    """The tests slow_by_cpu.txt lists (lines of CPU seconds and a test's id; # starts a comment)."""
+    lines = SLOW_BY_CPU.read_text(encoding="utf-8").splitlines()
+    return {line.split(maxsplit=1)[1] for line in lines if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark slow the tests measured slow."""
+    measured_slow = _slow_by_cpu()
+    for item in items:
+        if item.nodeid in measured_slow:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

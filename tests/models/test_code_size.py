@@ -2,17 +2,15 @@
 over 80, so each module stays one idea a reader can hold and each function one step."""
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "tformer"
+from package_sources import ROOT, SOURCES, syntax_tree
+
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80
-SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
-def _function_lengths(source: str, filename: str = "<source>") -> list[tuple[str, int, int]]:
-    """(qualified name, first line, number of lines) of every function and method in ``source``,
+def _function_lengths(tree: ast.AST) -> list[tuple[str, int, int]]:
+    """(qualified name, first line, number of lines) of every function and method in a module's syntax tree,
     counted from its ``def`` line (decorators left out) to its last line."""
     found = []
 
@@ -26,13 +24,13 @@ def _function_lengths(source: str, filename: str = "<source>") -> list[tuple[str
             else:
                 visit(child, prefix)
 
-    visit(ast.parse(source, filename), "")
+    visit(tree, "")
     return found
 
 
 def test_function_lengths_count_methods_and_nested_functions_from_def_to_last_line():
     source = "class A:\n    @property\n    def b(self):\n        def c():\n            pass\n        return 1\n"
-    assert _function_lengths(source) == [("A.b", 3, 4), ("A.b.c", 4, 2)]
+    assert _function_lengths(ast.parse(source)) == [("A.b", 3, 4), ("A.b.c", 4, 2)]
     assert len(SOURCES) > 50  # the package is found
 
 
@@ -44,6 +42,6 @@ def test_no_file_is_over_600_lines():
 
 def test_no_function_is_over_80_lines():
     too_long = [f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)" for path in SOURCES
-                for name, line, length in _function_lengths(path.read_text(encoding="utf-8"), str(path))
+                for name, line, length in _function_lengths(syntax_tree(path))
                 if length > MAX_FUNCTION_LINES]
     assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: " + ", ".join(too_long)

@@ -10,10 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from package_sources import PACKAGE, ROOT, SOURCES, syntax_tree
 from python_path import child_python_path
-
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "tformer"
 
 
 def module_name(path: Path) -> str:
@@ -21,7 +19,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py")) if path.name != "__main__.py"}
+MODULES = {module_name(path): path for path in SOURCES if path.name != "__main__.py"}
 
 
 @pytest.mark.slow  # a subprocess per module
@@ -59,26 +57,47 @@ def test_every_module_imports_on_its_own():
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
 
 
+def _imported_tformer_modules(node: ast.AST) -> list[str]:
+    """The tformer modules an import statement loads (none for any other node)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.split(".")[0] == "tformer"]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "tformer":
+        # ``from tformer.x import y`` loads tformer.x.y when y is a module, else tformer.x
+        return [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                for alias in node.names]
+    return []
+
+
 def _tformer_imports(tree: ast.AST) -> list[tuple[ast.AST, list[str]]]:
     """(node, imported tformer module names) for each import statement naming tformer."""
+    return [(node, names) for node in ast.walk(tree) if (names := _imported_tformer_modules(node))]
+
+
+def _imports_inside_functions(tree: ast.AST) -> list[ast.AST]:
+    """The import statements naming tformer that sit in a function or lambda, each once (one walk)."""
     found = []
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names if alias.name.split(".")[0] == "tformer"]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "tformer":
-            # ``from tformer.x import y`` loads tformer.x.y when y is a module, else tformer.x
-            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
-                     for alias in node.names]
-        if names:
-            found.append((node, names))
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            child_inside = inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if child_inside and _imported_tformer_modules(child):
+                found.append(child)
+            visit(child, child_inside)
+
+    visit(tree, False)
     return found
 
 
-@functools.cache
 def _trees() -> dict[str, ast.AST]:
-    """Every module's syntax tree, parsed once for the tests that read them."""
-    return {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+    """Every module's syntax tree (parsed once per process: package_sources)."""
+    return {name: syntax_tree(path) for name, path in MODULES.items()}
+
+
+def test_imports_inside_functions_are_found_at_any_depth_and_module_level_ones_are_not():
+    source = ("import tformer.config\n"
+              "class A:\n    def f(self):\n        def g():\n            from tformer import errors\n"
+              "        h = lambda: __import__('os')\n        import tformer.files\n")
+    assert [node.lineno for node in _imports_inside_functions(ast.parse(source))] == [5, 7]
 
 
 def test_no_module_outside_the_cli_imports_tformer_inside_a_function():
@@ -86,12 +105,8 @@ def test_no_module_outside_the_cli_imports_tformer_inside_a_function():
     for name, tree in _trees().items():
         if name.startswith("tformer.cli"):
             continue
-        path = MODULES[name]
-        for function in ast.walk(tree):
-            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                for node, _ in _tformer_imports(function):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not offenders, "imports of tformer inside functions: " + ", ".join(sorted(set(offenders)))
+        offenders += [f"{MODULES[name].relative_to(ROOT)}:{node.lineno}" for node in _imports_inside_functions(tree)]
+    assert not offenders, "imports of tformer inside functions: " + ", ".join(offenders)
 
 
 def test_module_import_graph_has_no_cycle():

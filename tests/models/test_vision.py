@@ -30,7 +30,8 @@ def pixels(batch=2, size=16, channels=3) -> torch.Tensor:
 
 def test_vit_base_preset_counts_hugging_faces_parameters():
     # Hugging Face's ViTForImageClassification google/vit-base-patch16-224 (1,000 labels).
-    assert tformer.build_model("vit-base-patch16-224").num_parameters() == 86_567_656
+    with torch.device("meta"):  # shapes only: counting needs no weights
+        assert tformer.build_model("vit-base-patch16-224").num_parameters() == 86_567_656
 
 
 @pytest.mark.slow  # imports transformers

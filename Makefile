@@ -26,11 +26,19 @@ $(VENV)/.torch: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	touch $@
 
-install: $(VENV)/.torch
-	$(BIN)/pip install -q -e ".[plot]"
+# The package is installed editable, so code changes need no reinstall: pip runs again (about 10 s) only when
+# pyproject.toml (dependencies, entry points) is newer than the last install.
+install: $(VENV)/.installed
 
-install-test: $(VENV)/.torch
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+	$(BIN)/pip install -q -e ".[plot]"
+	touch $@
+
+install-test: $(VENV)/.installed-test
+
+$(VENV)/.installed-test: $(VENV)/.torch pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
+	touch $@
 
 demo: install
 	$(BIN)/tformer demo

@@ -8,7 +8,7 @@ The Hugging Face Hub is off (HF_HUB_OFFLINE) before huggingface_hub is imported:
 network, and a missing path that is also a valid Hub name fails at once.
 
 ``slow`` marks every test that starts a process, imports a reference library (transformers, seqeval,
-openai, ...) or runs over 2 s; so does every test in ``slow_by_cpu.txt``, those measured over a quarter of a
+openai, ...) or runs over 2 s; so does every test in ``slow_by_cpu.txt``, those measured over a tenth of a
 second of CPU time (tools/cpu_times.py makes the list). ``make test-fast`` (``-m "not slow"``) runs the rest.
 A module marked slow as a whole (``pytestmark = pytest.mark.slow`` on a line of its own) is then not even
 imported: its module-level imports (transformers, seqeval: seconds each) would load for tests that are all

@@ -2,6 +2,8 @@
 layers that store keys per token, a row per running sequence for Performer's running sums; outputs equal
 ``generate``'s whatever the mix."""
 
+import random
+
 import pytest
 import torch
 from serving_models import VOCAB, alone, assert_two_waves_decode_as_generate, small_model
@@ -88,3 +90,47 @@ def test_a_running_state_shares_no_prefix():
 def test_running_states_too_large_for_memory_are_refused_before_allocation():
     with pytest.raises(GenerationError, match=r"of running states\); .* is available on cpu"):
         Engine(small_model(**PERFORMER), cache_tokens=64, max_running=10**12)
+
+
+def _engine_for(family: str) -> tuple[torch.nn.Module, Engine, tuple[int, ...]]:
+    """A model of ``family``, an engine that must queue and evict, and the beam counts its requests may ask for."""
+    if family == "encoder-decoder":  # a row of cross-attention keys per sequence
+        torch.manual_seed(0)
+        model = tformer.build_model("transformer-multi30k", vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2,
+                                    d_ff=64, max_seq_len=48, dropout=0.0).eval()
+        return model, Engine(model, cache_tokens=160, block_size=4, max_running=8), (2, 3)
+    model = small_model(num_layers=3, layer_attention_windows=[4, 0, 0], **PERFORMER)  # running sums beside blocks
+    return model, Engine(model, cache_tokens=160, block_size=4, max_running=8), ()
+
+
+@pytest.mark.slow  # 500 requests, over 2 s
+@pytest.mark.parametrize("family", ["performer-and-sliding-window", "encoder-decoder"])
+def test_five_hundred_mixed_requests_with_cancellations_give_back_every_row_and_block(family):
+    model, engine, beam_counts = _engine_for(family)
+    rng = random.Random(0)
+    requests = []
+    for index in range(500):
+        prompt = prompts([rng.randint(1, 12)], seed=index)[0]
+        options = dict(max_new_tokens=rng.randint(1, 6), eos_token_id=())
+        draw, n = rng.random(), rng.choice((1, 1, 2, 3))
+        if draw < 0.3:
+            options.update(do_sample=True, seed=index)
+        elif draw < 0.5 and beam_counts:
+            options.update(num_beams=rng.choice(beam_counts))
+            n = 1
+        requests.append(engine.submit(prompt, GenerationConfig(**options), n=n))
+        if rng.random() < 0.2:  # one of the latest: waiting, starting or decoding
+            engine.cancel(rng.choice(requests[-12:]).id)
+        if rng.random() < 0.5:
+            engine.step()
+    engine.run_until_idle()
+    assert all(request.done.is_set() for request in requests) and engine.stats.requests_cancelled > 40
+    assert sorted(engine.scheduler.free_states) == list(range(8))  # every state or source row back
+    assert engine.pool.blocks_in_use == 0 and engine.pool.reserved == 0
+    assert engine.pool.available == engine.pool.num_blocks
+    finished = [request for request in requests if request.finish_reasons()[0] == "length"
+                and not request.config.do_sample]
+    assert sum(request.config.num_beams > 1 for request in finished) >= 20 or not beam_counts
+    for request in finished[::10]:  # a sample of the greedy and beam ones, checked against generate
+        assert request.outputs()[0] == alone(model, request.prompt_ids if not model.encodes_prompt
+                                             else request.source_ids, request.config)

@@ -157,9 +157,10 @@ class Engine:
         except (RuntimeError, MemoryError) as error:  # the estimate passed, the allocation did not
             raise GenerationError(f"cache_tokens={cache_tokens}: the key/value cache could not be allocated on "
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None
+        # A layer keeps running sums (Performer's): a row no beam can take over, which beam search needs.
+        self._keeps_sums = any(isinstance(spec, RunningSums) for spec in _each_spec(specs))
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
-                                   queue_timeout=queue_timeout, keeps_states=keeps_states,
-                                   keeps_sums=any(isinstance(spec, RunningSums) for spec in _each_spec(specs)))
+                                   queue_timeout=queue_timeout, keeps_states=keeps_states)
         self.emitter = Emitter(self.scheduler, self.stats)
 
     # ---- from any thread --------------------------------------------------------------------------
@@ -387,7 +388,7 @@ class Engine:
         if logprobs is not None:
             raise GenerationError("logprobs with num_beams > 1: the tokens of a beam search's answer are known at its "
                                   "end, chosen by the beams' summed scores")
-        if self.scheduler.keeps_sums:
+        if self._keeps_sums:
             raise GenerationError("num_beams > 1: a beam taking over another's tokens would need its running sums "
                                   "(attention_kernel='performer'), which the engine does not copy")
 

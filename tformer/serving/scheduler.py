@@ -38,9 +38,8 @@ class Scheduler:
     """The engine's queue, running batch and cache blocks (see the module's docstring)."""
 
     def __init__(self, pool: BlockPool, stats: EngineStats, *, max_running: int, max_step_tokens: int,
-                 queue_timeout: float | None, keeps_states: bool = False, keeps_sums: bool = False) -> None:
+                 queue_timeout: float | None, keeps_states: bool = False) -> None:
         self.pool = pool
-        self.keeps_sums = keeps_sums  # a layer keeps running sums (Performer's): a row no beam can take over
         # A row of every running-state layer (Performer's sums) per running sequence; None: the model keeps none.
         self.free_states = list(range(max_running - 1, -1, -1)) if keeps_states else None
         self.stats = stats

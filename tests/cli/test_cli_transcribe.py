@@ -126,9 +126,9 @@ def test_a_whisper_tokenizer_gets_whispers_prompt_with_the_language():
     assert decoder_prompt(model(51865), "de") == tuple(ids[token] for token in (
         "<|startoftranscript|>", "<|de|>", "<|transcribe|>", "<|notimestamps|>"))
     assert decoder_prompt(model(51864), None) == (ids["<|startoftranscript|>"], ids["<|notimestamps|>"])
-    for vocab_size, language, message in ((51865, None, "a multilingual Whisper model needs --language"),
+    for vocab_size, language, message in ((51865, None, "--language: a multilingual Whisper model needs a language"),
                                           (51865, "fr", "--language fr: the tokenizer has no <|fr|> token"),
-                                          (51864, "en", "an English-only Whisper model takes no language")):
+                                          (51864, "en", "--language en: an English-only Whisper model takes no")):
         with pytest.raises(UsageError, match=message):
             decoder_prompt(model(vocab_size), language)
 
@@ -168,7 +168,7 @@ def test_train_then_evaluate_prints_and_records_wer_and_cer(tmp_path, capsys):
 
 def test_transcribe_takes_the_option_groups_quantize(saved, capsys):
     """--quantize came to transcribe with the shared option group: the transcript is the quantized model's."""
-    from tformer.cli.model_inputs import transcript_budget
+    from tformer.generation.transcription import transcript_budget
     from tformer.data.log_mel import recording_features
     from tformer.generation.transcription import transcribe_ids
 
@@ -185,7 +185,7 @@ def test_transcribe_takes_the_option_groups_quantize(saved, capsys):
 
 def test_transcribe_runs_the_speech_model_in_the_dtype_asked_for(saved, capsys):
     """--dtype bf16: the features (float32 log-mels) go through the bfloat16 model; the transcript is its own."""
-    from tformer.cli.model_inputs import transcript_budget
+    from tformer.generation.transcription import transcript_budget
     from tformer.data.log_mel import recording_features
     from tformer.generation.transcription import transcribe_ids
 

@@ -133,4 +133,4 @@ def test_five_hundred_mixed_requests_with_cancellations_give_back_every_row_and_
     assert sum(request.config.num_beams > 1 for request in finished) >= 20 or not beam_counts
     for request in finished[::10]:  # a sample of the greedy and beam ones, checked against generate
         assert request.outputs()[0] == alone(model, request.prompt_ids if not model.encodes_prompt
-                                             else request.source_ids, request.config)
+                                             else request.source, request.config)

@@ -1,7 +1,7 @@
 """The HTTP process imports no torch: the server, the engine-process client and what the engine process sends it
 (token events, prompt scores, counters: ``serving.wire``) load without it, in a fresh interpreter. The lazy
 packages that make this possible (``tformer``, ``tformer.generation``, ``tformer.serving``) still give every name
-they export."""
+they export (and ``tformer.data``, whose ``audio`` reads the server's WAV uploads)."""
 
 import pickle
 import subprocess
@@ -11,6 +11,7 @@ import pytest
 from python_path import child_python_path
 
 import tformer
+import tformer.data
 import tformer.generation
 import tformer.serving
 from tformer.generation import GenerationConfig
@@ -58,7 +59,7 @@ def test_what_the_engine_process_sends_unpickles_without_torch():
 
 
 def test_the_lazy_packages_give_every_name_they_export():
-    for package in (tformer, tformer.generation, tformer.serving):
+    for package in (tformer, tformer.data, tformer.generation, tformer.serving):
         for name in package.__all__:
             assert getattr(package, name) is not None, f"{package.__name__}.{name}"
             assert name in dir(package)

@@ -252,9 +252,10 @@ def draw_audio_alignment(args: argparse.Namespace) -> int:
 
     import tformer
     from tformer.cli import UsageError
-    from tformer.cli.model_inputs import decoder_prompt, read_recordings, transcript_budget
+    from tformer.cli.model_inputs import decoder_prompt, read_recordings
     from tformer.cli.model_source import load_speech_model
     from tformer.data.log_mel import LogMelSettings, recording_features
+    from tformer.generation.transcription import transcript_budget
     from tformer.viz.alignment import alignment_weights, plot_audio_alignment
     from tformer.viz.heatmaps import token_labels
 

@@ -9,9 +9,6 @@ from pathlib import Path
 
 from tformer.cli import UsageError
 
-WHISPER_START = "<|startoftranscript|>"
-MULTILINGUAL_VOCAB = 51865  # Whisper's multilingual vocabulary; the English-only models have 51,864 tokens
-
 
 def read_model_images(paths: list[str], processor):
     """uint8 (N, C, H, W): every image decoded (all before any is used: a bad one stops the command
@@ -56,30 +53,11 @@ def read_recordings(paths: list[str], sample_rate: int) -> list:
 
 def decoder_prompt(model, language: str | None) -> tuple[int, ...]:
     """The decoder's first tokens: Whisper's prompt for a Whisper tokenizer (with ``language``), else none (the
-    model's start token)."""
-    from tformer.models.speech import whisper_prompt
+    model's start token); a one-line UsageError naming ``--language`` when the model cannot take it or needs it."""
+    from tformer.generation.settings import GenerationError
+    from tformer.generation.transcription import transcription_prompt
 
-    tokenizer = model.tokenizer
-    if tokenizer.token_to_id(WHISPER_START) is None:
-        if language is not None:
-            raise UsageError(f"--language {language}: this model's tokenizer has no language tokens (it is not a "
-                             "Whisper model); leave --language out")
-        return ()
-    multilingual = model.config.vocab_size >= MULTILINGUAL_VOCAB
-    if multilingual and language is None:
-        raise UsageError("a multilingual Whisper model needs --language (en, de, fr, ...): tformer does no language "
-                         "detection")
     try:
-        if not multilingual:
-            if language is not None:
-                raise UsageError(f"--language {language}: an English-only Whisper model takes no language")
-            return whisper_prompt(tokenizer, None, None)
-        return whisper_prompt(tokenizer, language, "transcribe")
-    except ValueError as error:
-        raise UsageError(f"--language {language}: {error}") from None
-
-
-def transcript_budget(model, prompt: tuple[int, ...]) -> int:
-    """The new tokens a window's transcript may have: what the decoder's positions hold after ``prompt``."""
-    limit = model.position_limit or model.config.max_seq_len
-    return max(1, limit - max(len(prompt), 1))
+        return transcription_prompt(model.tokenizer, model.config.vocab_size, language)
+    except GenerationError as error:
+        raise UsageError(f"--language{'' if language is None else ' ' + language}: {error}") from None

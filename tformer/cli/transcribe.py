@@ -41,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tformer.cli import UsageError
-    from tformer.cli.model_inputs import decoder_prompt, read_recordings, transcript_budget
+    from tformer.cli.model_inputs import decoder_prompt, read_recordings
     from tformer.cli.model_source import load_speech_model
     from tformer.data.log_mel import LogMelSettings, recording_features
-    from tformer.generation.transcription import transcribe_ids
+    from tformer.generation.transcription import transcribe_ids, transcript_budget
     from tformer.nn import compiled
 
     if args.beam < 1:

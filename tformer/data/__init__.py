@@ -6,26 +6,61 @@ datasets save_to_disk folders, the one format layer under the readers), labelled
 (``images``: idx files, image folders, .npz arrays, records), a vision model's pixel normalisation
 (``image_processing``), audio (``audio``: WAV files, resampling; ``log_mel``: Whisper's features), speech
 recognition pairs (``speech``: manifests and folders of WAV + transcript), the FSDD connected-digit corpus
-(``fsdd``), and the datasets recipes name, fetched by name and verified (``registry``, ``cache``: ``fetch``)."""
+(``fsdd``), and the datasets recipes name, fetched by name and verified (``registry``, ``cache``: ``fetch``).
 
-from tformer.data.cache import DataFetchError, fetch
-from tformer.data.classification import ClassificationData, ClassificationExample, read_classification
-from tformer.data.conll import ConllData, TaggedSentence, read_conll
-from tformer.data.files import DataFileError
-from tformer.data.images import FASHION_MNIST_LABELS, ImageData, read_images
-from tformer.data.speech import SpeechData, read_speech, read_speech_folder, read_speech_manifest
-from tformer.data.squad import SquadAnswer, SquadData, SquadExample, read_squad
-from tformer.data.token_file import (
-    TokenFileError,
-    TokenFileWriter,
-    read_token_file,
-    read_token_header,
-    token_dtype,
-    tokenize_files,
-)
+The names load on first use (PEP 562): a module that needs one reader (the HTTP server reading a WAV upload with
+``audio``) imports without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> the module that defines it
+EXPORTS = {
+    "ClassificationData": "tformer.data.classification",
+    "ClassificationExample": "tformer.data.classification",
+    "ConllData": "tformer.data.conll",
+    "DataFetchError": "tformer.data.cache",
+    "DataFileError": "tformer.data.files",
+    "FASHION_MNIST_LABELS": "tformer.data.images",
+    "ImageData": "tformer.data.images",
+    "SpeechData": "tformer.data.speech",
+    "SquadAnswer": "tformer.data.squad",
+    "SquadData": "tformer.data.squad",
+    "SquadExample": "tformer.data.squad",
+    "TaggedSentence": "tformer.data.conll",
+    "TokenFileError": "tformer.data.token_file",
+    "TokenFileWriter": "tformer.data.token_file",
+    "fetch": "tformer.data.cache",
+    "read_classification": "tformer.data.classification",
+    "read_conll": "tformer.data.conll",
+    "read_images": "tformer.data.images",
+    "read_speech": "tformer.data.speech",
+    "read_speech_folder": "tformer.data.speech",
+    "read_speech_manifest": "tformer.data.speech",
+    "read_squad": "tformer.data.squad",
+    "read_token_file": "tformer.data.token_file",
+    "read_token_header": "tformer.data.token_file",
+    "token_dtype": "tformer.data.token_file",
+    "tokenize_files": "tformer.data.token_file",
+}
 
 __all__ = ["FASHION_MNIST_LABELS", "ClassificationData", "ClassificationExample", "ConllData", "DataFetchError",
            "DataFileError", "ImageData", "SpeechData", "SquadAnswer", "SquadData", "SquadExample", "TaggedSentence",
            "TokenFileError", "TokenFileWriter", "fetch", "read_classification", "read_conll", "read_images",
            "read_speech", "read_speech_folder", "read_speech_manifest", "read_squad", "read_token_file",
            "read_token_header", "token_dtype", "tokenize_files"]
+
+
+def __getattr__(name: str) -> object:
+    """Import the module of an exported name the first time it is asked for."""
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -19,6 +19,7 @@ above the error and removed a tone above the new Nyquist by 144 dB, where scipy'
 
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,16 +77,25 @@ def read_wav(path: str | Path, max_seconds: float | None = DEFAULT_MAX_SECONDS) 
         kind = _special_kind(file)
         raise AudioError(f"{file}: not a regular file ({kind}); give a WAV file" if kind else f"{file}: no such file")
     with open(file, "rb") as handle:
-        wav_format, data_offset, data_size = _parse_riff(handle, file.stat().st_size, file)
-        frame_bytes = wav_format.channels * wav_format.sample_width
-        frames = data_size // frame_bytes
-        if frames == 0:
-            raise AudioError(f"{file}: no samples (a WAV file with an empty data chunk)")
-        if max_seconds is not None and frames / wav_format.sample_rate > max_seconds:
-            raise AudioError(f"{file}: {frames / wav_format.sample_rate:,.1f} s of audio, past the limit of "
-                             f"{max_seconds:,.0f} s (max_seconds)")
-        handle.seek(data_offset)
-        payload = handle.read(frames * frame_bytes)
+        return _read_wav(handle, file.stat().st_size, file, max_seconds)
+
+
+def wav_from_bytes(data: bytes, name: str, max_seconds: float | None = DEFAULT_MAX_SECONDS) -> Audio:
+    """``read_wav`` of a WAV file held in memory (an upload), named ``name`` in its errors."""
+    return _read_wav(io.BytesIO(data), len(data), Path(name), max_seconds)
+
+
+def _read_wav(handle: BinaryIO, file_size: int, file: Path, max_seconds: float | None) -> Audio:
+    wav_format, data_offset, data_size = _parse_riff(handle, file_size, file)
+    frame_bytes = wav_format.channels * wav_format.sample_width
+    frames = data_size // frame_bytes
+    if frames == 0:
+        raise AudioError(f"{file}: no samples (a WAV file with an empty data chunk)")
+    if max_seconds is not None and frames / wav_format.sample_rate > max_seconds:
+        raise AudioError(f"{file}: {frames / wav_format.sample_rate:,.1f} s of audio, past the limit of "
+                         f"{max_seconds:,.0f} s (max_seconds)")
+    handle.seek(data_offset)
+    payload = handle.read(frames * frame_bytes)
     samples = _decode(payload, wav_format, file).reshape(frames, wav_format.channels)
     return Audio(samples.mean(axis=1, dtype=np.float64).astype(np.float32), wav_format.sample_rate)
 

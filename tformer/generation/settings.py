@@ -164,9 +164,7 @@ class GenerationConfig:
     begin_suppress_tokens: tuple[int, ...] | None = None
     # An encoder-decoder's (a speech model's) first decoder tokens for every row, in place of its start token:
     # Whisper's <|startoftranscript|>, language, task, <|notimestamps|> (tformer.models.speech.whisper_prompt).
-    decoder_prompt_ids: tuple[int, ...] = option(
-        (), refused={SERVER: "the server starts a decoder from its prompt and an encoder-decoder from its start "
-                             "token"})
+    decoder_prompt_ids: tuple[int, ...] = ()
     # What the new text must be (``constraints.Constraint``: a JSON object, JSON valid under a schema, a regex's
     # match, one of some strings, a Lark grammar's sentence), masked token by token by the chooser's
     # ``Constrained`` rule, which ends the text with an end id once it is complete; None: free text.

@@ -10,6 +10,10 @@ from tformer.generation.checks import check_model
 from tformer.generation.defaults import with_model_defaults
 from tformer.generation.generate import generate
 from tformer.generation.settings import GenerationConfig, GenerationError
+from tformer.models.speech import whisper_prompt
+
+WHISPER_START = "<|startoftranscript|>"
+MULTILINGUAL_VOCAB = 51865  # Whisper's multilingual vocabulary; the English-only models have 51,864 tokens
 
 
 def audio_windows(features: Tensor, window: int, pad_value: float | None = None) -> list[Tensor]:
@@ -44,3 +48,33 @@ def transcribe_ids(model: nn.Module, features: Tensor, max_new_tokens: int = 100
             end = next((index for index, token in enumerate(tokens) if token in ends), len(tokens))
             row.extend(tokens[:end])
     return rows
+
+
+def transcription_prompt(tokenizer, vocab_size: int, language: str | None) -> tuple[int, ...]:
+    """A speech model's decoder prompt for a transcript: Whisper's (<|startoftranscript|>, the ``language`` a
+    multilingual model, of ``vocab_size`` tokens, needs, <|transcribe|>, <|notimestamps|>) for a Whisper
+    ``tokenizer``, else none (the model's start token). A GenerationError names a language the model cannot take or
+    needs."""
+    if tokenizer is None or tokenizer.token_to_id(WHISPER_START) is None:
+        if language is not None:
+            raise GenerationError("this model's tokenizer has no language tokens (it is not a Whisper model); give no "
+                                  "language")
+        return ()
+    multilingual = vocab_size >= MULTILINGUAL_VOCAB
+    if multilingual and language is None:
+        raise GenerationError("a multilingual Whisper model needs a language (en, de, fr, ...): tformer does no "
+                              "language detection")
+    if not multilingual and language is not None:
+        raise GenerationError("an English-only Whisper model takes no language")
+    try:
+        if multilingual:
+            return whisper_prompt(tokenizer, language, "transcribe")
+        return whisper_prompt(tokenizer, None, None)
+    except ValueError as error:
+        raise GenerationError(str(error)) from None
+
+
+def transcript_budget(model: nn.Module, prompt: tuple[int, ...]) -> int:
+    """The new tokens a window's transcript may have: what the decoder's positions hold after ``prompt``."""
+    limit = model.position_limit or model.config.max_seq_len
+    return max(1, limit - max(len(prompt), 1))

@@ -46,12 +46,14 @@ import torch
 from torch import nn
 
 from tformer.adapters import served_adapters
+from tformer.data.log_mel import recording_features
 from tformer.generation.beam import BeamSearch
 from tformer.generation.checks import check_call, check_model
 from tformer.generation.defaults import MODEL_FIELDS, with_model_defaults
 from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import SERVER, GenerationConfig, GenerationError, refusals
+from tformer.generation.transcription import audio_windows, transcript_budget, transcription_prompt
 from tformer.memory import available_memory, format_bytes
 from tformer.models.embeddings import embedding_problem
 from tformer.nn.attention.cache_spec import CacheSpec, CrossAttention, LayerCacheSpec, RunningSums
@@ -165,11 +167,14 @@ class Engine:
 
     # ---- from any thread --------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *, n: int = 1,
+    def submit(self, prompt_ids: Sequence[int] | torch.Tensor, config: GenerationConfig | None = None, *, n: int = 1,
                logprobs: int | None = None, prompt_logprobs: int | None = None,
                on_event: Callable[[TokenEvent], None] | None = None, adapter: str | None = None) -> Request:
         """Queue ``prompt_ids`` for ``n`` sequences decoded with ``config``; a GenerationError when it can
-        never run (bad ids, past the position table, more cache than the pool holds, beam search...).
+        never run (bad ids, past the position table, more cache than the pool holds, beam search...). An
+        encoder-decoder's prompt is its source: token ids, or a speech model's log-mel features (M, F) of one window
+        (``transcribe`` cuts a recording into them); its decoder starts from ``config.decoder_prompt_ids``, else its
+        start token.
         ``logprobs=k``: each new token's log-probability and the k best; ``prompt_logprobs=k``: the same for
         the prompt's tokens (``PromptLogprobs`` on each sequence's first event); ``adapter``: the served LoRA
         adapter it decodes with (None: the base model)."""
@@ -178,10 +183,41 @@ class Engine:
         if adapter is not None and adapter not in self.adapters:
             served = ", ".join(repr(name) for name in self.adapters) or "none"
             raise GenerationError(f"adapter {adapter!r} is not served (adapters: {served})")
-        config = serving_defaults(self.model, config).for_prompt(1 if self.model.encodes_prompt else len(prompt_ids))
-        request = self._make_request(list(prompt_ids), config, n, logprobs, prompt_logprobs, on_event, adapter)
+        config = serving_defaults(self.model, config)
+        decoder_prompt = len(config.decoder_prompt_ids) or 1 if self.model.encodes_prompt else len(prompt_ids)
+        prompt = prompt_ids if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
+        request = self._make_request(prompt, config.for_prompt(decoder_prompt), n, logprobs, prompt_logprobs, on_event,
+                                     adapter)
         self.scheduler.enqueue(request)
         return request
+
+    def transcribe(self, samples: torch.Tensor, config: GenerationConfig | None = None, *, language: str | None = None,
+                   logprobs: int | None = None, on_event: Callable[[TokenEvent], None] | None = None) -> list[Request]:
+        """Queue a speech model's transcription of a recording, ``samples`` (N,) at its ``log_mel_settings``' rate:
+        one request per window of its features, as ``tformer transcribe`` decodes them (the decoder prompted for
+        ``language`` where the model is Whisper's, each window's transcript as long as its positions allow); their
+        texts, in order, joined with spaces, are the transcript. ``config``'s sampling and beams are each window's,
+        ``logprobs`` as ``submit``'s."""
+        model = self.model
+        if self.scheduler is None or model.config.architecture != "speech":
+            raise GenerationError(f"architecture={model.config.architecture!r} transcribes no audio: serve a speech "
+                                  "model (a speech_recognition run, or a Whisper folder)")
+        samples = torch.as_tensor(samples, dtype=torch.float32)
+        if samples.dim() != 1 or not samples.numel():
+            raise GenerationError(f"the recording must be samples (N >= 1,), got {tuple(samples.shape)}")
+        prompt = transcription_prompt(self.tokenizer, model.config.vocab_size, language)
+        config = (config or GenerationConfig()).replace(decoder_prompt_ids=prompt,
+                                                        max_new_tokens=transcript_budget(model, prompt))
+        features = recording_features(samples, model.log_mel_settings)[None].to(self.device)  # (1, M, W x F)
+        requests: list[Request] = []
+        try:
+            for window in audio_windows(features, model.config.input_frames):
+                requests.append(self.submit(window[0], config, logprobs=logprobs, on_event=on_event))
+        except GenerationError:
+            for request in requests:
+                self.cancel(request.id)
+            raise
+        return requests
 
     def embed(self, sequences: Sequence[Sequence[int]],
               on_done: Callable[[Embeddings], None] | None = None) -> EmbeddingRequest:
@@ -293,13 +329,12 @@ class Engine:
         if not starting:
             return self._no_sources
         requests = list({request.id: request for request, _ in starting}.values())  # a request's beams: one source
-        longest = max(len(request.source_ids) for request in requests)
-        sources = torch.zeros(len(requests), longest, dtype=torch.long)
-        mask = torch.zeros(len(requests), longest, dtype=torch.long)
-        for row, request in enumerate(requests):
-            sources[row, : len(request.source_ids)] = torch.tensor(request.source_ids)
-            mask[row, : len(request.source_ids)] = 1
-        step_inputs = self.model.prepare_generation(sources.to(self.device), mask.to(self.device)).step_inputs
+        if self.model.prompt_is_tokens:
+            step_inputs = self.model.prepare_generation(*_padded_sources([request.source for request in requests],
+                                                                         self.device)).step_inputs
+        else:  # a speech model's windows of features, each (M, F) of the same window
+            step_inputs = self.model.prepare_generation(torch.stack([request.source for request in requests]))\
+                .step_inputs
         row_of = {request.id: row for row, request in enumerate(requests)}
         rows = torch.tensor([row_of[request.id] for request, _ in starting], device=self.device)
         step_inputs = {name: tensor.index_select(0, rows) for name, tensor in step_inputs.items()}
@@ -335,19 +370,20 @@ class Engine:
     def _make_request(self, prompt_ids: list[int], config: GenerationConfig, n: int, logprobs: int | None,
                       prompt_logprobs: int | None, on_event, adapter: str | None = None) -> Request:
         model = self.model
-        if not prompt_ids:
-            raise GenerationError("the prompt has no tokens")
         vocab = model.config.vocab_size
-        bad = [token for token in prompt_ids if not isinstance(token, int) or not 0 <= token < vocab]
-        if bad:
-            raise GenerationError(f"token id {bad[0]!r} in the prompt is outside the vocabulary [0, {vocab})")
+        if not isinstance(prompt_ids, torch.Tensor):
+            if not prompt_ids:
+                raise GenerationError("the prompt has no tokens")
+            bad = [token for token in prompt_ids if not isinstance(token, int) or not 0 <= token < vocab]
+            if bad:
+                raise GenerationError(f"token id {bad[0]!r} in the prompt is outside the vocabulary [0, {vocab})")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise GenerationError(f"n={n!r} must be an integer >= 1")
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= vocab):
                 raise GenerationError(f"{name}={value!r} must be an integer in [0, {vocab}]")
         refuse_unhonoured(config)
-        source_ids, prompt_ids = self._decoder_prompt(prompt_ids, prompt_logprobs)
+        source, prompt_ids = self._decoder_prompt(prompt_ids, config, prompt_logprobs)
         if config.max_new_tokens < 1 and prompt_logprobs is None:
             raise GenerationError(f"max_new_tokens={config.max_new_tokens} must be >= 1 on the server (0 only scores "
                                   "a prompt: with prompt_logprobs)")
@@ -379,7 +415,7 @@ class Engine:
             search = BeamSearch(run, 1, config.num_beams, config.length_penalty, config.early_stopping, retire=False)
         return Request(next(self._ids), prompt_ids, config, n, chooser, frozenset(config.end_ids(model.config)),
                        on_event, logprobs, blocks, self.device, self.tokenizer, prompt_logprobs, keys,
-                       -1 if adapter is None else self.adapters.index(adapter), source_ids, search)
+                       -1 if adapter is None else self.adapters.index(adapter), source, search)
 
     def _check_beam_search(self, n: int, logprobs: int | None) -> None:
         """A GenerationError naming what a beam search request cannot have."""
@@ -392,26 +428,36 @@ class Engine:
             raise GenerationError("num_beams > 1: a beam taking over another's tokens would need its running sums "
                                   "(attention_kernel='performer'), which the engine does not copy")
 
-    def _decoder_prompt(self, prompt_ids: list[int], prompt_logprobs: int | None) -> tuple[list[int] | None, list[int]]:
+    def _decoder_prompt(self, prompt: list[int] | torch.Tensor, config: GenerationConfig,
+                        prompt_logprobs: int | None) -> tuple[list[int] | torch.Tensor | None, list[int]]:
         """The source and the decoder's prompt of a request: for a decoder, none and the prompt; for an
-        encoder-decoder, the prompt (checked against the encoder's positions) and the decoder's start token."""
+        encoder-decoder, the prompt (token ids within the encoder's positions, or a speech model's features) and the
+        decoder's first tokens (``config.decoder_prompt_ids``, else its start token)."""
         model = self.model
         if not model.encodes_prompt:
-            return None, prompt_ids
+            if isinstance(prompt, torch.Tensor):
+                raise GenerationError("a decoder's prompt is token ids, not a tensor of features")
+            return None, prompt
         if prompt_logprobs is not None:
             raise GenerationError("prompt_logprobs score a decoder's prompt; an encoder-decoder's prompt is the source "
                                   "it reads, which it does not predict")
-        limit = model.position_limit
-        if limit is not None and len(prompt_ids) > limit:
-            raise GenerationError(f"the source ({len(prompt_ids)} tokens) exceeds the model's {limit} positions")
-        return prompt_ids, model.decoder_start(1, self.device)[0].tolist()
+        if isinstance(prompt, torch.Tensor) != (not model.prompt_is_tokens):
+            wanted = "token ids" if model.prompt_is_tokens else "log-mel features (transcribe a recording)"
+            raise GenerationError(f"architecture={model.config.architecture!r} reads {wanted} as its source")
+        if isinstance(prompt, torch.Tensor):
+            problem = model.check_generation_input(prompt[None], None)
+            if problem is not None:
+                raise GenerationError(problem)
+        else:
+            limit = model.position_limit
+            if limit is not None and len(prompt) > limit:
+                raise GenerationError(f"the source ({len(prompt)} tokens) exceeds the model's {limit} positions")
+        return prompt, model.decoder_start(1, self.device, config.decoder_prompt_ids)[0].tolist()
 
 
 def serving_problem(model: nn.Module) -> str | None:
     """Why the engine cannot decode ``model``, or None: it steps the model's own decoder blocks (the ``step``
     hook) over a paged layout, which must know every switch of its config (fail closed), from token prompts."""
-    if model.encodes_prompt and not model.prompt_is_tokens:
-        return "its prompt is not token ids (a speech model's features): the server reads text and token ids"
     problem = model.step_problem()
     scaling = model.config.rope_scaling
     if problem is None and scaling is not None and ROPE_SCALINGS[scaling["rope_type"]].length_dependent:
@@ -419,6 +465,17 @@ def serving_problem(model: nn.Module) -> str | None:
         problem = (f"rope_scaling rope_type={kind!r} turns each position by the longest position of its batch, so "
                    "requests batched together would change each other's output")
     return problem
+
+
+def _padded_sources(sources: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sources right-padded into one batch (B, S) and its mask (1 = token)."""
+    longest = max(len(source) for source in sources)
+    batch = torch.zeros(len(sources), longest, dtype=torch.long)
+    mask = torch.zeros(len(sources), longest, dtype=torch.long)
+    for row, source in enumerate(sources):
+        batch[row, : len(source)] = torch.tensor(source)
+        mask[row, : len(source)] = 1
+    return batch.to(device), mask.to(device)
 
 
 def _each_spec(specs: list[LayerCacheSpec]) -> list[CacheSpec]:

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tformer.generation.settings import GenerationConfig
 from tformer.generation.sources import source_end_id
 from tformer.serving.limits import DEFAULT_STALL_SECONDS, HEARTBEAT_SECONDS
@@ -44,6 +46,15 @@ ENGINE_MODULE = "tformer.serving.engine"
 EventSink = Callable[[TokenEvent], None]  # receives one request's events, on the server's event loop
 StepEvents = list[tuple[int, TokenEvent]]  # one step's events: (request id, the event without its request)
 IDLE_WAIT_SECONDS = 0.1  # how long the engine's thread sleeps on an idle engine before it looks at stopping
+
+
+@dataclass(frozen=True)
+class AudioFacts:
+    """What a served speech model reads: recordings at ``sample_rate`` Hz, transcribed in windows of
+    ``window_samples`` samples."""
+
+    sample_rate: int
+    window_samples: int
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class EngineFacts:
     adapters: tuple[str, ...] = ()  # the LoRA adapters served besides the base (Engine.adapters)
     encodes_prompt: bool = False  # an encoder-decoder: a prompt is the source it translates
     source_end_id: int | None = None  # the token ending an encoder-decoder's source (``sources.source_end_id``)
+    audio: AudioFacts | None = None  # a speech model's input: it transcribes recordings (None: it reads text)
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
@@ -78,9 +90,13 @@ class EngineFacts:
         end_ids = module.serving_defaults(engine.model, None).end_ids(engine.model.config)
         model, tokenizer = engine.model, engine.tokenizer
         end_id = source_end_id(tokenizer, model.config) if model.encodes_prompt and tokenizer is not None else None
+        audio = None
+        if not model.prompt_is_tokens:
+            settings = model.log_mel_settings
+            audio = AudioFacts(settings.sample_rate, settings.window_samples)
         return cls(engine.pool.num_blocks, engine.pool.block_size, model.position_limit, engine.queue_timeout,
                    tuple(end_ids), engine.paged_attention_note, module.file_defaults(model), True, embedding,
-                   adapters=engine.adapters, encodes_prompt=model.encodes_prompt, source_end_id=end_id)
+                   adapters=engine.adapters, encodes_prompt=model.encodes_prompt, source_end_id=end_id, audio=audio)
 
 
 @dataclass(frozen=True)
@@ -178,6 +194,13 @@ class EngineClient(ABC):
         each of its events, the last of each sequence with its finish reason."""
 
     @abstractmethod
+    async def transcribe(self, samples: np.ndarray, config: GenerationConfig, language: str | None,
+                         logprobs: int | None, sink_for: Callable[[int], EventSink]) -> list[int]:
+        """Queue a speech model's transcription of ``samples`` (float32 (N,) at ``facts.audio``'s rate;
+        ``Engine.transcribe``'s options): the id of each window's request, in order, window ``k``'s events going to
+        ``sink_for(k)``. Refusals and failures as ``submit``'s."""
+
+    @abstractmethod
     async def embed(self, sequences: list[list[int]]) -> Embeddings:
         """The vectors of token-id ``sequences`` (``Engine.embed``), once the engine has embedded them; a
         GenerationError when it refuses them, EngineFailure when it has stopped. Cancelling the wait cancels
@@ -255,6 +278,16 @@ class ThreadEngineClient(EngineClient):
                                      on_event=self._collect, adapter=adapter)
         self._follow(request.id, sink, n)  # before any of its events: they reach the loop after this returns
         return request.id
+
+    async def transcribe(self, samples: np.ndarray, config: GenerationConfig, language: str | None,
+                         logprobs: int | None, sink_for: Callable[[int], EventSink]) -> list[int]:
+        if self.error is not None:
+            raise EngineFailure(self.error)
+        requests = self.engine.transcribe(samples, config, language=language, logprobs=logprobs,
+                                          on_event=self._collect)
+        for window, request in enumerate(requests):
+            self._follow(request.id, sink_for(window), 1)
+        return [request.id for request in requests]
 
     async def embed(self, sequences: list[list[int]]) -> Embeddings:
         if self.error is not None:

@@ -4,11 +4,11 @@ of taking turns under one interpreter lock.
 
 The engine process, started with multiprocessing's "spawn", builds the engine itself (``build`` loads the
 model from its checkpoint: a model never crosses the pipe) and loops: read the commands waiting on its
-pipe, step while there is work, and after each step send one ``Update`` holding every event of the step,
-the answers to the submits read before it and a snapshot of the engine's counters. Commands are small
-messages the other way: ``Submit``, ``Embed``, ``Cancel``, ``CancelAll``, ``StopAdmitting``, ``Close``. An update goes
-out at least every HEARTBEAT_SECONDS, with nothing new in it if need be: the HTTP process's sign of life
-(``EngineClient.stall``).
+pipe, step while there is work, and after each step send one ``Update`` holding every event of the step, the
+answers to the submits read before it and a snapshot of the engine's counters. Commands are small messages the
+other way (but a recording to transcribe): ``Submit``, ``Transcribe``, ``Embed``, ``Cancel``, ``CancelAll``,
+``StopAdmitting``, ``Close``. An update goes out at least every HEARTBEAT_SECONDS, with nothing new in it if
+need be: the HTTP process's sign of life (``EngineClient.stall``).
 
 The HTTP process owns shutdown: the engine process ignores SIGINT and SIGTERM, drains and exits at
 ``Close``, and exits when its pipe ends (the HTTP process died), so it never outlives the server. A model
@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tformer.errors import TformerError
 from tformer.generation.settings import GenerationConfig, GenerationError
@@ -73,6 +75,15 @@ class Submit:
     logprobs: int | None
     prompt_logprobs: int | None
     adapter: str | None = None  # the served LoRA adapter (None: the base model)
+
+
+@dataclass(frozen=True)
+class Transcribe:
+    ticket: int  # pairs the engine's answer (each window's request id) with this request
+    samples: np.ndarray  # float32 (N,) at the model's rate
+    config: GenerationConfig
+    language: str | None
+    logprobs: int | None
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,8 @@ class Update:
 
     snapshot: EngineSnapshot
     events: StepEvents = field(default_factory=list)
-    answers: dict[int, int | str | SubmitFailed] = field(default_factory=dict)  # ticket -> request id, or why not
+    # ticket -> the request's id (a transcription's: each window's), or why not
+    answers: dict[int, int | list[int] | str | SubmitFailed] = field(default_factory=dict)
     embeddings: dict[int, Embeddings] = field(default_factory=dict)  # ticket -> an embeddings request's answer
     error: str | None = None  # the model failed: the engine process ends after this update
 
@@ -197,6 +209,8 @@ class _EngineHost:
             match command:
                 case Submit():
                     self.submit(command)
+                case Transcribe():
+                    self.transcribe(command)
                 case Embed():
                     self.embed(command)
                 case Cancel(request_id=request_id):
@@ -213,31 +227,31 @@ class _EngineHost:
                 return True
 
     def submit(self, command: Submit) -> None:
+        self.answer(command.ticket, lambda: self.engine.submit(
+            command.prompt_ids, command.config, n=command.n, logprobs=command.logprobs,
+            prompt_logprobs=command.prompt_logprobs, on_event=self.collect, adapter=command.adapter).id)
+
+    def transcribe(self, command: Transcribe) -> None:
+        self.answer(command.ticket, lambda: [request.id for request in self.engine.transcribe(
+            command.samples, command.config, language=command.language, logprobs=command.logprobs,
+            on_event=self.collect)])
+
+    def answer(self, ticket: int, queue: Callable[[], int | list[int]]) -> None:
+        """Answer ``ticket`` with what ``queue`` returns (the ids of the requests it queued), or with why not: the
+        engine's refusal, or a bug's type (its traceback here, a 500 for this request; the engine goes on)."""
         try:
-            request = self.engine.submit(command.prompt_ids, command.config, n=command.n, logprobs=command.logprobs,
-                                         prompt_logprobs=command.prompt_logprobs, on_event=self.collect,
-                                         adapter=command.adapter)
+            self.update.answers[ticket] = queue()
         except GenerationError as error:
-            self.update.answers[command.ticket] = str(error)
-        except Exception as error:  # a bug: its traceback here, a 500 for this request, the engine goes on
+            self.update.answers[ticket] = str(error)
+        except Exception as error:
             traceback.print_exc(file=sys.stderr)
-            self.update.answers[command.ticket] = SubmitFailed(type(error).__name__)
-        else:
-            self.update.answers[command.ticket] = request.id
+            self.update.answers[ticket] = SubmitFailed(type(error).__name__)
 
     def embed(self, command: Embed) -> None:
         def done(embeddings: Embeddings) -> None:
             self.update.embeddings[command.ticket] = embeddings
 
-        try:
-            request = self.engine.embed(command.sequences, done)
-        except GenerationError as error:
-            self.update.answers[command.ticket] = str(error)
-        except Exception as error:  # a bug: as a submit's
-            traceback.print_exc(file=sys.stderr)
-            self.update.answers[command.ticket] = SubmitFailed(type(error).__name__)
-        else:
-            self.update.answers[command.ticket] = request.id
+        self.answer(command.ticket, lambda: self.engine.embed(command.sequences, done).id)
 
     def collect(self, event: TokenEvent) -> None:
         self.update.events.append(detached(event))
@@ -273,7 +287,8 @@ class ProcessEngineClient(EngineClient):
     def __init__(self, build: Callable[[], Engine], tokenizer,
                  stall_timeout: float | None = DEFAULT_STALL_SECONDS) -> None:
         self._tickets = itertools.count()
-        self._pending: dict[int, tuple[asyncio.Future, EventSink, int]] = {}  # ticket -> its submitter
+        # ticket -> its submitter: its future, its sink (a transcription's: each window's) and sequences a request
+        self._pending: dict[int, tuple[asyncio.Future, EventSink | Callable[[int], EventSink], int]] = {}
         self._embedding: dict[int, asyncio.Future] = {}  # ticket -> an embeddings request's waiter
         self._embedding_ids: dict[int, int] = {}  # ticket -> its request's id, once the engine has answered
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -323,6 +338,16 @@ class ProcessEngineClient(EngineClient):
         future = asyncio.get_running_loop().create_future()
         self._pending[ticket] = (future, sink, n)
         self._commands.put(Submit(ticket, list(prompt_ids), config, n, logprobs, prompt_logprobs, adapter))
+        return await future
+
+    async def transcribe(self, samples: np.ndarray, config: GenerationConfig, language: str | None,
+                         logprobs: int | None, sink_for: Callable[[int], EventSink]) -> list[int]:
+        if self.error is not None or self._ended.is_set():
+            raise EngineFailure(self.error or "the engine has stopped")
+        ticket = next(self._tickets)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[ticket] = (future, sink_for, 1)
+        self._commands.put(Transcribe(ticket, samples, config, language, logprobs))
         return await future
 
     async def embed(self, sequences: list[list[int]]) -> Embeddings:
@@ -404,7 +429,12 @@ class ProcessEngineClient(EngineClient):
                     future.set_exception(GenerationError(answer) if isinstance(answer, str)
                                          else EngineBug(answer.error_type))
             elif future.cancelled():  # its submitter is gone: nobody reads its events
-                self._commands.put(Cancel(answer))
+                for request_id in answer if isinstance(answer, list) else [answer]:
+                    self._commands.put(Cancel(request_id))
+            elif isinstance(answer, list):  # a transcription's windows
+                for window, request_id in enumerate(answer):
+                    self._follow(request_id, sink(window), n)
+                future.set_result(answer)
             else:
                 self._follow(answer, sink, n)
                 future.set_result(answer)

@@ -419,6 +419,11 @@ def parse_body(raw: bytes, schema: type[BaseModel]) -> Any:
         raise APIError(400, "the body nests arrays or objects too deeply to parse") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, not {type(data).__name__}")
+    return validate_request(data, schema)
+
+
+def validate_request(data: dict[str, Any], schema: type[BaseModel]) -> Any:
+    """A request's fields as ``schema`` (errors as ``parse_body``'s), its unsupported values refused."""
     try:
         request = schema.model_validate(data)
     except ValidationError as error:

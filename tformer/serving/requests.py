@@ -51,12 +51,13 @@ class Request:
     def __init__(self, request_id: int, prompt_ids: list[int], config: GenerationConfig, n: int, chooser: TokenChooser,
                  end_ids: frozenset[int], on_event: Callable[[TokenEvent], None] | None, logprobs: int | None,
                  blocks_needed: int, device: torch.device, tokenizer=None, prompt_logprobs: int | None = None,
-                 block_keys: list[bytes] | None = None, adapter: int = -1, source_ids: list[int] | None = None,
-                 search: BeamSearch | None = None) -> None:
+                 block_keys: list[bytes] | None = None, adapter: int = -1,
+                 source: list[int] | torch.Tensor | None = None, search: BeamSearch | None = None) -> None:
         self.id = request_id
         self.search = search  # beam search: its sequences are the beams, and only the best is handed out, at the end
         self.answers = 1 if search is not None else n  # the sequences whose events leave the engine (the first ones)
-        self.source_ids = source_ids  # an encoder-decoder's source (its prompt_ids: the decoder's start tokens)
+        # an encoder-decoder's source, token ids or a speech model's features (M, F) (its prompt_ids: the decoder's)
+        self.source = source
         self.adapter = adapter  # the served LoRA adapter's index (-1: the base model)
         self.prompt_ids = prompt_ids
         self.config = config

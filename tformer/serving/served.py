@@ -97,6 +97,12 @@ class ServedModel:
             raise APIError(400, f"model {self.model_name!r}: {self.engine.facts.embeds_only} (POST /v1/embeddings)",
                            "model", "embeddings_only")
 
+    def check_reads_text(self, field: str) -> None:
+        """A 400 naming the route a speech model serves, when a route gives the model text."""
+        if self.engine.facts.audio is not None:
+            raise APIError(400, f"model {self.model_name!r} is a speech model: it transcribes recordings "
+                                "(POST /v1/audio/transcriptions), not text", field, "not_a_text_model")
+
     def prompt_ids(self, prompts: list[str | list[int]], n: int, field: str = "prompt") -> list[list[int]]:
         """Each prompt's ids (``field``: the request field that holds them, for messages); a 400 past
         ``max_prompts`` before any is tokenized, and as soon as the prompts so far pass ``max_request_tokens``."""
@@ -105,6 +111,7 @@ class ServedModel:
                                 "(the server's --max-prompts)", field)
         every: list[list[int]] = []
         facts = self.engine.facts
+        self.check_reads_text(field)
         for index, prompt in enumerate(prompts):
             if not isinstance(prompt, str):
                 ids = list(prompt)
@@ -176,6 +183,7 @@ class ServedModel:
         the template's own ``tools`` where it reads them, else ``tool_calls.DEFAULT_TOOL_PROMPT``), on a worker
         thread (a slow template, bounded by its time limit, holds no other request); a 400 without a template or
         when it fails."""
+        self.check_reads_text("messages")
         if self.engine.facts.encodes_prompt:
             raise APIError(400, f"model {self.model_name!r} is an encoder-decoder: it writes what its source says, in "
                                 "another language or task, not a chat's next turn; send the source to "

@@ -5,8 +5,8 @@ process of its own, or on a thread of this one). The pieces, one concern each:
   checks they share; ``submission.Submission``, the one path from a route's prompts to the engine's events,
   streamed as server-sent events or gathered into one response; a client that goes away, mid-stream or while
   waiting for a whole answer, has its request cancelled at once (the engine stops at its next step).
-- ``routes``: completions, chat completions, embeddings, tokenize / detokenize / tokenizer_info, models, health,
-  metrics.
+- ``routes``: completions, chat completions, embeddings, audio transcriptions, tokenize / detokenize /
+  tokenizer_info, models, health, metrics.
 - ``inflight.InFlight``: the requests in flight, the waits on the engine (a stalled engine,
   ``EngineClient.stall``, fails the requests waiting on it with 503 and makes /health answer 503 until it shows
   life again) and the drain a stop starts.
@@ -40,6 +40,7 @@ from tformer.serving.routes.completions import completions
 from tformer.serving.routes.embeddings import embeddings
 from tformer.serving.routes.status import health, metrics, models
 from tformer.serving.routes.tokens import detokenize, tokenize, tokenizer_info
+from tformer.serving.routes.transcriptions import transcriptions
 from tformer.serving.served import ServedModel
 
 __all__ = ["Backstop", "OpenAIServer", "run", "uvicorn_server"]
@@ -51,6 +52,7 @@ ROUTES: dict[str, tuple[str, RouteHandler, bool]] = {
     "/v1/completions": ("POST", completions, False),
     "/v1/chat/completions": ("POST", chat_completions, False),
     "/v1/embeddings": ("POST", embeddings, False),
+    "/v1/audio/transcriptions": ("POST", transcriptions, False),
     "/v1/models": ("GET", models, False),
     "/tokenize": ("POST", tokenize, False),
     "/detokenize": ("POST", detokenize, False),

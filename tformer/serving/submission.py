@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from functools import partial
 
+import numpy as np
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
@@ -65,6 +66,26 @@ class Submission:
             return
         self.close()
         raise self._answer_to(refusal) from None
+
+    async def transcribe(self, samples: np.ndarray, config: GenerationConfig, language: str | None,
+                         logprobs: int | None = None) -> None:
+        """Submit a recording's transcription (``EngineClient.transcribe``): a request per window of the audio,
+        window ``k``'s events handed out as choice ``k``; a refusal answered as ``submit``'s."""
+        self.flight.submissions.add(self)
+        self._watch = asyncio.create_task(self._watch_connection())
+        try:
+            self.request_ids = await self.flight.from_engine(self.engine.transcribe(
+                samples, config, language, logprobs, lambda window: partial(self._receive, window)))
+        except APIError:
+            self.close()
+            raise
+        except (GenerationError, EngineFailure, EngineBug) as refusal:
+            self.close()
+            raise self._answer_to(refusal) from None
+        self.prompts = [[] for _ in self.request_ids]
+        self.unfinished = len(self.request_ids)
+        if self.client_gone:
+            self.cancel()
 
     def _answer_to(self, refusal: BaseException) -> BaseException:
         """The error a refused submit answers with."""

@@ -50,6 +50,13 @@ def test_the_step_is_timed_on_a_real_model_within_its_context(max_seq_len):
     assert 0 < seconds < math.inf  # a time, not a failure (how long depends on the machine and its load)
 
 
+@pytest.mark.parametrize("preset", ["transformer-multi30k", "whisper-digits"])
+def test_the_step_of_an_encoder_decoder_and_a_speech_model_is_timed_from_its_own_inputs(preset):
+    # tformer serve times a step when --threads is not given: a translator's and a speech model's too
+    model = tformer.build_model(preset, vocab_size=40, d_model=32, num_heads=4, num_layers=1, d_ff=64).eval()
+    assert 0 < decode_step_seconds(model, rounds=1) < math.inf
+
+
 @pytest.mark.slow  # a server process
 def test_serve_without_threads_says_what_its_engine_took(tmp_path):
     tokenizer = CharTokenizer.train("to be or not to be\n")

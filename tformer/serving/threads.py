@@ -20,6 +20,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from tformer.generation.session import open_session
+
 HTTP_SECONDS_PER_TOKEN = 1e-4  # the HTTP process's CPU time per streamed token (see above)
 # From this share of a core on, the HTTP process wakes often enough to stall an engine on every core: gpt-mini's
 # 16-sequence step here makes about 3,300 tokens/s (0.33 of a core), GPT-2's about 190 (0.02).
@@ -48,19 +50,24 @@ def engine_threads(model: nn.Module, measure: Callable[[], float] | None = None)
 @torch.no_grad()
 def decode_step_seconds(model: nn.Module, rounds: int = 3) -> float:
     """The fastest of ``rounds`` timings of a one-token decoding step of ``BATCH`` sequences at ``CONTEXT``
-    positions, or as many as the model's context leaves (random token ids: a step's cost does not depend on them)."""
+    positions, or as many as the model's context leaves, through the generation protocol (a decoder's prompt of
+    random token ids, an encoder-decoder's source of them, a speech model's window of silent features: a step's cost
+    does not depend on them)."""
     total = min(CONTEXT + STEPS, model.config.max_seq_len)
     steps = min(STEPS, total - 1)
     if steps < 1:
         raise ValueError(f"a context of {model.config.max_seq_len} position(s) leaves no decoding step to time")
     generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.config.vocab_size, (BATCH, total - steps), generator=generator).to(model.device)
+    if model.prompt_is_tokens:
+        prompt = torch.randint(0, model.config.vocab_size, (BATCH, total - steps), generator=generator)
+    else:  # (B, M, F): a window of the speech model's features
+        prompt = torch.zeros(BATCH, model.config.num_mel_bins, model.config.input_frames)
     best = float("inf")
     for _ in range(rounds):
-        cache = model.new_cache(BATCH, total)
-        logits = model(prompt, cache=cache).logits[:, -1:]
+        session, state = open_session(model, prompt.to(model.device), None, steps)
+        logits = session.extend(state.input_ids, last_only=True)
         started = time.perf_counter()
         for _ in range(steps):
-            logits = model(logits.argmax(-1), cache=cache).logits
+            logits = session.extend(logits.argmax(-1), last_only=True)
         best = min(best, (time.perf_counter() - started) / steps)
     return best

@@ -168,9 +168,8 @@ def test_train_then_evaluate_prints_and_records_wer_and_cer(tmp_path, capsys):
 
 def test_transcribe_takes_the_option_groups_quantize(saved, capsys):
     """--quantize came to transcribe with the shared option group: the transcript is the quantized model's."""
-    from tformer.generation.transcription import transcript_budget
     from tformer.data.log_mel import recording_features
-    from tformer.generation.transcription import transcribe_ids
+    from tformer.generation.transcription import transcribe_ids, transcript_budget
 
     folder, short, _ = saved
     assert main(["transcribe", str(folder), str(short), "--quantize", "int8", "--json"]) == 0
@@ -185,9 +184,8 @@ def test_transcribe_takes_the_option_groups_quantize(saved, capsys):
 
 def test_transcribe_runs_the_speech_model_in_the_dtype_asked_for(saved, capsys):
     """--dtype bf16: the features (float32 log-mels) go through the bfloat16 model; the transcript is its own."""
-    from tformer.generation.transcription import transcript_budget
     from tformer.data.log_mel import recording_features
-    from tformer.generation.transcription import transcribe_ids
+    from tformer.generation.transcription import transcribe_ids, transcript_budget
 
     folder, short, _ = saved
     assert main(["transcribe", str(folder), str(short), "--dtype", "bf16", "--json"]) == 0

@@ -33,16 +33,17 @@ def test_a_mixed_batch_equals_each_rows_adapter_alone(backend, stacked):
     x = torch.randn(1, len(per_token), 64)
     with adapter_rows.use(per_token):
         out = multi(x)
+    # a few float32 ulps: the stacked products add the low-rank terms in another order than one adapter alone
     for row, adapter in enumerate(per_token.tolist()):
         want = (base if adapter < 0 else alone[adapter])(x[:, row:row + 1])
-        torch.testing.assert_close(out[:, row:row + 1], want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(out[:, row:row + 1], want, rtol=1e-6, atol=1e-6)
     keep = torch.tensor([1, 5, 9])  # the head reads only the rows a step keeps
     kept = x[:, keep]
     with adapter_rows.use(per_token, keep):
         out = multi(kept)
     for row, adapter in enumerate(per_token[keep].tolist()):
         want = (base if adapter < 0 else alone[adapter])(kept[:, row:row + 1])
-        torch.testing.assert_close(out[:, row:row + 1], want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(out[:, row:row + 1], want, rtol=1e-6, atol=1e-6)
     assert torch.equal(multi(x), base(x))  # outside a step: the base's
 
 

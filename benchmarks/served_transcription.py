@@ -1,0 +1,141 @@
+"""Served transcription beside transcription one recording at a time: ``tformer serve`` answering N concurrent
+clients (``/v1/audio/transcriptions``, each request one WAV upload) against what ``tformer transcribe`` does for
+each file (its features, then ``transcribe_ids`` window after window, batch of one) called on one recording after
+another in this process, on FSDD connected-digit utterances, greedy and with 4 beams.
+
+Model: a trained speech run (``--run``; e.g. the FSDD recipe, ``configs/fsdd-digits.toml``, whose data
+``benchmarks/speech_fsdd.py --out data/fsdd-digits`` writes). Both sides use ``--threads`` threads; the server's
+text is checked against the one-at-a-time text. Figures: recordings per second over the whole list (wall time),
+and served / one-at-a-time.
+
+    python benchmarks/served_transcription.py --run runs/fsdd-digits --data data/fsdd-digits/test.tsv \\
+        --utterances 64 --clients 8 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx2
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tformer  # noqa: E402
+from tformer.data.audio import load_audio  # noqa: E402
+from tformer.data.log_mel import recording_features  # noqa: E402
+from tformer.generation.transcription import transcribe_ids, transcript_budget, transcription_prompt  # noqa: E402
+from tformer.nn import compiled  # noqa: E402
+
+
+def manifest_paths(manifest: Path, count: int) -> list[Path]:
+    """The first ``count`` recordings a speech manifest (columns audio, text, ...) lists."""
+    with manifest.open(encoding="utf-8", newline="") as source:
+        rows = list(csv.DictReader(source, delimiter="\t"))
+    return [manifest.parent / row["audio"] for row in rows[:count]]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def one_at_a_time(model, paths: list[Path], beams: int) -> tuple[float, list[str]]:
+    """``tformer transcribe``'s work for each file in turn (reading it included); the wall time and the texts."""
+    prompt = transcription_prompt(model.tokenizer, model.config.vocab_size, None)
+    budget = transcript_budget(model, prompt)
+    texts = []
+    started = time.perf_counter()
+    for path in paths:
+        samples = torch.from_numpy(load_audio(path, model.log_mel_settings.sample_rate))
+        features = recording_features(samples, model.log_mel_settings)[None]
+        with torch.inference_mode():
+            ids = transcribe_ids(model, features, budget, decoder_prompt_ids=prompt, num_beams=beams)[0]
+        texts.append(" ".join(model.tokenizer.decode(ids, skip_special_tokens=True).split()))
+    return time.perf_counter() - started, texts
+
+
+def served(url: str, paths: list[Path], beams: int, clients: int) -> tuple[float, list[str]]:
+    """The recordings uploaded by ``clients`` threads over one pooled HTTP client, each thread a request at a time;
+    the wall time and the texts in order."""
+    uploads = [(path.name, path.read_bytes()) for path in paths]
+    connections = httpx2.Limits(max_connections=clients, max_keepalive_connections=clients)
+    with httpx2.Client(base_url=url, timeout=600, limits=connections) as client:
+        def ask(upload: tuple[str, bytes]) -> str:
+            answer = client.post("/v1/audio/transcriptions", files={"file": (*upload, "audio/wav")},
+                                 data={"model": "m", "num_beams": str(beams)})
+            answer.raise_for_status()
+            return answer.json()["text"]
+
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            texts = list(pool.map(ask, uploads))
+        return time.perf_counter() - started, texts
+
+
+def start_server(folder: Path, port: int, threads: int, running: int, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tformer", "serve", str(folder), "--port", str(port), "--model-name", "m",
+               "--threads", str(threads), "--max-running", str(running), "--max-body-bytes", str(64 << 20)]
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"tformer serve exited {process.returncode}; see {log}")
+        try:
+            if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return process
+        except httpx2.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"tformer serve was not ready after 300 s; see {log}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="a trained speech run or model folder")
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "fsdd-digits" / "test.tsv",
+                        help="a speech manifest (default: data/fsdd-digits/test.tsv)")
+    parser.add_argument("--utterances", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    paths = manifest_paths(args.data, args.utterances)
+    beams = [int(width) for width in args.beams.split(",")]
+    model = tformer.load(args.run).eval()
+    seconds = sum(len(load_audio(path, 16000)) for path in paths) / 16000
+    print(f"model {args.run}; {len(paths)} recordings of {args.data} ({seconds:.1f} s of audio); {args.clients} "
+          f"clients; {args.threads} threads", flush=True)
+    compiled.ready(model.device)
+    with tempfile.TemporaryDirectory() as scratch:
+        port = free_port()
+        server = start_server(args.run, port, args.threads, args.clients * max(beams), Path(scratch) / "serve.log")
+        try:
+            served(f"http://127.0.0.1:{port}", paths[:4], 1, 4)  # warm-up: compiled kernels, first steps
+            one_at_a_time(model, paths[:2], 1)
+            print("beams  one at a time (rec/s)  served (rec/s)  served / one at a time  texts equal")
+            for width in beams:
+                alone_seconds, alone_texts = one_at_a_time(model, paths, width)
+                served_seconds, served_texts = served(f"http://127.0.0.1:{port}", paths, width, args.clients)
+                equal = sum(a == b for a, b in zip(alone_texts, served_texts, strict=True))
+                print(f"{width:>5}  {len(paths) / alone_seconds:>22.2f}  {len(paths) / served_seconds:>14.2f}  "
+                      f"{alone_seconds / served_seconds:>21.2f}x  {equal}/{len(paths)}", flush=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,9 +4,10 @@ each file (its features, then ``transcribe_ids`` window after window, batch of o
 another in this process, on FSDD connected-digit utterances, greedy and with 4 beams.
 
 Model: a trained speech run (``--run``; e.g. the FSDD recipe, ``configs/fsdd-digits.toml``, whose data
-``benchmarks/speech_fsdd.py --out data/fsdd-digits`` writes). Both sides use ``--threads`` threads; the server's
-text is checked against the one-at-a-time text. Figures: recordings per second over the whole list (wall time),
-and served / one-at-a-time.
+``benchmarks/speech_fsdd.py --out data/fsdd-digits`` writes). The one-at-a-time side uses ``--threads`` threads, the
+server's engine ``--serve-threads`` (default: the same; its HTTP process runs beside them); the server's text is
+checked against the one-at-a-time text. Figures: recordings per second over the whole list (wall time), and served /
+one-at-a-time.
 
     python benchmarks/served_transcription.py --run runs/fsdd-digits --data data/fsdd-digits/test.tsv \\
         --utterances 64 --clients 8 --threads 2
@@ -108,20 +109,24 @@ def main() -> None:
                         help="a speech manifest (default: data/fsdd-digits/test.tsv)")
     parser.add_argument("--utterances", type=int, default=64)
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="threads of the one-at-a-time side (default: 2)")
+    parser.add_argument("--serve-threads", type=int, help="the server's engine threads (default: --threads; the "
+                                                          "HTTP process, which reads and resamples the uploads, runs "
+                                                          "beside them)")
     parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
     args = parser.parse_args()
+    serve_threads = args.serve_threads or args.threads
     torch.set_num_threads(args.threads)
     paths = manifest_paths(args.data, args.utterances)
     beams = [int(width) for width in args.beams.split(",")]
     model = tformer.load(args.run).eval()
     seconds = sum(len(load_audio(path, 16000)) for path in paths) / 16000
     print(f"model {args.run}; {len(paths)} recordings of {args.data} ({seconds:.1f} s of audio); {args.clients} "
-          f"clients; {args.threads} threads", flush=True)
+          f"clients; {args.threads} threads one at a time, the server's engine {serve_threads}", flush=True)
     compiled.ready(model.device)
     with tempfile.TemporaryDirectory() as scratch:
         port = free_port()
-        server = start_server(args.run, port, args.threads, args.clients * max(beams), Path(scratch) / "serve.log")
+        server = start_server(args.run, port, serve_threads, args.clients * max(beams), Path(scratch) / "serve.log")
         try:
             served(f"http://127.0.0.1:{port}", paths[:4], 1, 4)  # warm-up: compiled kernels, first steps
             one_at_a_time(model, paths[:2], 1)

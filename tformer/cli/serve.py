@@ -1,6 +1,6 @@
-"""``tformer serve RUN``: an OpenAI-compatible HTTP server (completions, chat completions, streaming)
-over a decoder checkpoint, with continuous batching over a paged key/value cache; ``--adapter NAME=DIR`` serves
-LoRA adapters over it, a request's ``model`` choosing one."""
+"""``tformer serve RUN``: an OpenAI-compatible HTTP server (completions, chat completions, streaming, audio
+transcriptions) over a decoder, encoder-decoder or speech checkpoint, with continuous batching over a paged key/value
+cache; ``--adapter NAME=DIR`` serves LoRA adapters over it, a request's ``model`` choosing one."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def register(subparsers) -> None:
         "serve", help="serve a decoder checkpoint over HTTP with the OpenAI API (continuous batching, streaming)",
         description="Serve a decoder checkpoint folder (tformer or Hugging Face format, with a tokenizer) with the "
                     "OpenAI API: POST /v1/completions and /v1/chat/completions (when the tokenizer ships a chat "
-                    "template; an encoder-decoder's completions translate the prompt), POST /v1/embeddings (an "
+                    "template; an encoder-decoder's completions translate the prompt), POST "
+                    "/v1/audio/transcriptions (a speech model's transcript of a WAV upload), POST /v1/embeddings (an "
                     "encoder's folder serves it alone; --pooling), GET "
                     "/v1/models, /health and /metrics (Prometheus); POST /tokenize and /detokenize, GET "
                     "/tokenizer_info. Completions with echo and logprobs score prompts (lm-evaluation-harness's "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -351,22 +352,15 @@ class Constrained(LogitsRule):
         if history is None or consecutive:  # fail closed: the grammar state needs each row's own tokens
             raise GenerationError("a constraint needs each row's tokens so far, which this decoding path does not "
                                   "give; decode without a draft model and with num_beams=1")
-        rows, vocab = scores.shape
+        rows = scores.shape[0]
         new_tokens = history[:, history.shape[1] - generated:].tolist() if generated else [[] for _ in range(rows)]
-        masks = []
-        for tokens in new_tokens:
-            state = self._state_after(tuple(tokens))
-            masks.append(None if state is None else state.compute_bitmask())
-        if all(mask is None for mask in masks):
-            return scores
-        width = (vocab + 31) // 32 * 4  # the engine's bitmask: one bit a token, in 32-bit words
-        packed = torch.tensor([bytearray(b"\xff" * width if mask is None else mask) for mask in masks],
-                              dtype=torch.uint8).to(scores.device)  # (R, width)
-        bits = torch.arange(8, dtype=torch.uint8, device=scores.device)
-        allowed = ((packed[:, :, None] >> bits) & 1).bool().flatten(1)[:, :vocab]  # (R, V) little-endian bits
-        masked = scores.masked_fill(~allowed, NEVER)
-        keeps_some = (masked > NEVER).any(-1, keepdim=True)  # (R, 1)
-        return torch.where(keeps_some, masked, scores)
+        return apply_grammar_masks(scores, [self.mask_after(tuple(tokens)) for tokens in new_tokens])
+
+    def mask_after(self, tokens: tuple[int, ...]) -> bytes | None:
+        """The grammar engine's bitmask of the tokens that may follow a row's new ``tokens`` (one bit a token of its
+        vocabulary, little-endian, in 32-bit words); None once the row has broken the grammar."""
+        state = self._state_after(tokens)
+        return None if state is None else state.compute_bitmask()
 
     def _state_after(self, tokens: tuple[int, ...]):
         """The matcher of a row whose new tokens are ``tokens``: the one kept for them, else the one kept for all
@@ -381,6 +375,21 @@ class Constrained(LogitsRule):
                     break
         self.states[tokens] = state
         return None if state.is_error() else state
+
+
+def apply_grammar_masks(scores: Tensor, masks: list[bytes | None]) -> Tensor:
+    """Scores (R, V) with each row's tokens outside its grammar bitmask (``Constrained.mask_after``) set to NEVER; a
+    row without a mask (None), or whose mask allows none of the tokens its scores still allow, left as it is."""
+    if all(mask is None for mask in masks):
+        return scores
+    rows, vocab = scores.shape
+    width = len(next(mask for mask in masks if mask is not None))  # the grammar's vocabulary may be padded past V
+    packed = np.frombuffer(b"".join(b"\xff" * width if mask is None else mask for mask in masks),
+                           dtype=np.uint8).reshape(rows, width)
+    allowed = torch.from_numpy(np.unpackbits(packed, axis=1, count=vocab, bitorder="little").view(np.bool_))
+    masked = scores.masked_fill(~allowed.to(scores.device), NEVER)  # (R, V)
+    keeps_some = (masked > NEVER).any(-1, keepdim=True)  # (R, 1)
+    return masked if bool(keeps_some.all()) else torch.where(keeps_some, masked, scores)
 
 
 # The rules in the order they apply (Hugging Face's: processors, then the sampling warpers).

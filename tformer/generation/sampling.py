@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tformer.generation.rules import RULES, LogitsRule, filter_top_k, filter_top_p
+from tformer.generation.rules import RULES, Constrained, LogitsRule, filter_top_k, filter_top_p
 from tformer.generation.settings import GenerationConfig
 
 __all__ = ["TokenChooser", "filter_top_k", "filter_top_p"]
@@ -49,6 +49,15 @@ class TokenChooser:
             if rule.alters(generated):
                 return True
         return False
+
+    def constraint_only(self, generated: int) -> Constrained | None:
+        """The constraint rule, when it is the only rule that changes a greedy choice of the token after
+        ``generated`` new ones: that token is then the argmax of the logits under its mask
+        (``rules.apply_grammar_masks``), which the serving engine applies to many requests' rows at once."""
+        if self.do_sample:
+            return None
+        active = [rule for rule in self.rules if rule.alters(generated)]
+        return active[0] if len(active) == 1 and isinstance(active[0], Constrained) else None
 
     def scores(self, logits: Tensor, generated: int, consecutive: bool = False,
                history: Tensor | None = None) -> Tensor:

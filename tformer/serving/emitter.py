@@ -11,6 +11,7 @@ import time
 import torch
 from torch import Tensor
 
+from tformer.generation.rules import apply_grammar_masks
 from tformer.serving.requests import Request, RunningSequence
 from tformer.serving.scheduler import Scheduler
 from tformer.serving.wire import EngineStats, PromptLogprobs, TokenEvent
@@ -64,6 +65,7 @@ class Emitter:
         if plain:
             plain_rows = torch.tensor([rows[id(running[index][1])] for index in plain], device=logits.device)
             tokens = dict(zip(plain, logits.index_select(0, plain_rows).argmax(-1).tolist(), strict=True))
+        tokens.update(self._constrained_argmax(running, logits, rows, {*plain, *scoring_only}))
         for request, beams in searches.values():
             self._advance(request, sorted(beams, key=lambda beam: beam.index), logits, rows)
         for index, (request, sequence) in enumerate(running):
@@ -80,6 +82,24 @@ class Emitter:
                 scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids), history=history)
                 tokens[index] = int(chooser.choose(scores, sequence.generator))
             self._accept(request, sequence, tokens[index], logits[row] if request.logprobs is not None else None)
+
+    def _constrained_argmax(self, running: list[tuple[Request, RunningSequence]], logits: Tensor,
+                            rows: dict[int, int], chosen: set[int]) -> dict[int, int]:
+        """The greedy tokens of the running sequences (by index, ``chosen`` aside) whose only rule this step is a
+        constraint (``TokenChooser.constraint_only``): each one's grammar mask, then one masked argmax over their
+        rows; what its chooser would pick, at a fraction of the cost of one chooser call a sequence."""
+        rules = {}
+        for index, (request, sequence) in enumerate(running):
+            if index not in chosen and request.search is None:
+                rule = request.chooser.constraint_only(len(sequence.output_ids))
+                if rule is not None:
+                    rules[index] = rule
+        if not rules:
+            return {}
+        masks = [rule.mask_after(tuple(running[index][1].output_ids)) for index, rule in rules.items()]
+        picked = torch.tensor([rows[id(running[index][1])] for index in rules], device=logits.device)
+        scores = apply_grammar_masks(logits.index_select(0, picked).float(), masks)
+        return dict(zip(rules, scores.argmax(-1).tolist(), strict=True))
 
     def _advance(self, request: Request, beams: list[RunningSequence], logits: Tensor, rows: dict[int, int]) -> None:
         """One step of ``request``'s beam search from its beams' rows of ``logits``: each beam takes over its parent's

@@ -7,7 +7,8 @@ Model: a trained speech run (``--run``; e.g. the FSDD recipe, ``configs/fsdd-dig
 ``benchmarks/speech_fsdd.py --out data/fsdd-digits`` writes). The one-at-a-time side uses ``--threads`` threads, the
 server's engine ``--serve-threads`` (default: the same; its HTTP process runs beside them); the server's text is
 checked against the one-at-a-time text. Figures: recordings per second over the whole list (wall time), and served /
-one-at-a-time.
+one-at-a-time; with ``--engine-alone``, the same for the engine without HTTP (``Engine.transcribe`` in this process,
+``--clients`` recordings in flight).
 
     python benchmarks/served_transcription.py --run runs/fsdd-digits --data data/fsdd-digits/test.tsv \\
         --utterances 64 --clients 8 --threads 2
@@ -34,8 +35,10 @@ sys.path.insert(0, str(ROOT))
 import tformer  # noqa: E402
 from tformer.data.audio import load_audio  # noqa: E402
 from tformer.data.log_mel import recording_features  # noqa: E402
+from tformer.generation import GenerationConfig  # noqa: E402
 from tformer.generation.transcription import transcribe_ids, transcript_budget, transcription_prompt  # noqa: E402
 from tformer.nn import compiled  # noqa: E402
+from tformer.serving import Engine  # noqa: E402
 
 
 def manifest_paths(manifest: Path, count: int) -> list[Path]:
@@ -84,6 +87,27 @@ def served(url: str, paths: list[Path], beams: int, clients: int) -> tuple[float
         return time.perf_counter() - started, texts
 
 
+def engine_alone(model, paths: list[Path], beams: int, in_flight: int) -> tuple[float, list[str]]:
+    """The engine without HTTP, in this process: ``Engine.transcribe`` keeping ``in_flight`` recordings decoding,
+    a new one submitted as soon as one ends; the wall time (reading the files included) and the texts in order."""
+    engine = Engine(model, model.tokenizer, max_running=in_flight * beams)
+    config = GenerationConfig(num_beams=beams)
+    started = time.perf_counter()
+    submitted: list[list] = []
+    waiting = list(paths)
+    while waiting or engine.has_work():
+        while waiting and sum(not all(request.finished for request in requests) for requests in submitted) < in_flight:
+            samples = torch.from_numpy(load_audio(waiting.pop(0), model.log_mel_settings.sample_rate))
+            submitted.append(engine.transcribe(samples, config))
+        engine.step()
+    took = time.perf_counter() - started
+    texts = []
+    for requests in submitted:
+        ids = [token for request in requests for token in request.outputs()[0] if token not in request.end_ids]
+        texts.append(" ".join(model.tokenizer.decode(ids, skip_special_tokens=True).split()))
+    return took, texts
+
+
 def start_server(folder: Path, port: int, threads: int, running: int, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "tformer", "serve", str(folder), "--port", str(port), "--model-name", "m",
                "--threads", str(threads), "--max-running", str(running), "--max-body-bytes", str(64 << 20)]
@@ -114,6 +138,8 @@ def main() -> None:
                                                           "HTTP process, which reads and resamples the uploads, runs "
                                                           "beside them)")
     parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
+    parser.add_argument("--engine-alone", action="store_true",
+                        help="also time the engine without HTTP, in this process (what the server adds to it)")
     args = parser.parse_args()
     serve_threads = args.serve_threads or args.threads
     torch.set_num_threads(args.threads)
@@ -137,6 +163,14 @@ def main() -> None:
                 equal = sum(a == b for a, b in zip(alone_texts, served_texts, strict=True))
                 print(f"{width:>5}  {len(paths) / alone_seconds:>22.2f}  {len(paths) / served_seconds:>14.2f}  "
                       f"{alone_seconds / served_seconds:>21.2f}x  {equal}/{len(paths)}", flush=True)
+            if args.engine_alone:
+                print(f"the engine alone (no HTTP, {args.clients} recordings in flight, {args.threads} threads)")
+                for width in beams:
+                    alone_seconds, alone_texts = one_at_a_time(model, paths, width)
+                    engine_seconds, engine_texts = engine_alone(model, paths, width, args.clients)
+                    equal = sum(a == b for a, b in zip(alone_texts, engine_texts, strict=True))
+                    print(f"{width:>5}  {len(paths) / alone_seconds:>22.2f}  {len(paths) / engine_seconds:>14.2f}  "
+                          f"{alone_seconds / engine_seconds:>21.2f}x  {equal}/{len(paths)}", flush=True)
         finally:
             server.terminate()
             server.wait(timeout=60)

@@ -175,7 +175,8 @@ NOT_MEASURED: dict[str, list[str]] = {
         "at least 10% faster",
     ],
     "docs/serving.md": [
-        "(7.5 s for the FSDD recipe, 30 s for Whisper)",
+        "(7.5 s for the FSDD recipe, 30 s for Whisper)", "Below the issue's 1.5x aim.",
+        "reads a whole window of 7.5 s for every recording",
         "x keys and values: 38 MB",
         "set to 5 ms, 0.5 ms and 0.1 ms",
         "Llama 3.1+", "(4 MiB)", "within 2 s of template code", "at the latest 5 s past the timeout (3 s past",

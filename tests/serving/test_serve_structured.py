@@ -18,6 +18,7 @@ import tformer
 from tformer.cli.serve import build_engine
 from tformer.generation import GenerationConfig
 from tformer.generation.constraints import Constraint
+from tformer.generation.rules import Constrained
 from tformer.hub import load_tokenizer
 from tformer.serving import Engine
 from tformer.serving.engine_client import ThreadEngineClient
@@ -230,7 +231,7 @@ def test_the_engine_in_its_own_process_answers_as_on_a_thread(server, process_se
                                                    extra_body={"guided_regex": "(a"})
 
 
-def test_the_engine_batches_rows_with_different_constraints_each_as_generate_alone(model):
+def test_the_engine_batches_rows_with_different_constraints_each_as_generate_alone(model, monkeypatch):
     configs = [GenerationConfig(max_new_tokens=120, constraint=Constraint.json_schema(SCHEMAS[0])),
                GenerationConfig(max_new_tokens=20),
                GenerationConfig(max_new_tokens=20, constraint=Constraint.regex(r"[xyz]{3,8}")),
@@ -239,8 +240,14 @@ def test_the_engine_batches_rows_with_different_constraints_each_as_generate_alo
     prompts = [model.tokenizer.encode(text) for text in ("first one", "b", "third prompt", "dd", "fifth")]
     engine = Engine(model, model.tokenizer, cache_tokens=4096, block_size=8)
     requests = [engine.submit(prompt, config) for prompt, config in zip(prompts, configs, strict=True)]
+    rows_through_the_chooser = []
+    rule_call = Constrained.__call__
+    monkeypatch.setattr(Constrained, "__call__", lambda rule, scores, *rest: rows_through_the_chooser.append(
+        len(scores)) or rule_call(rule, scores, *rest))
     engine.run_until_idle()
     assert engine.stats.steps < sum(config.max_new_tokens for config in configs)  # they shared steps
+    # the greedy constrained rows were masked together: only the sampled request's went through its chooser
+    assert len(rows_through_the_chooser) == len(requests[3].outputs()[0])
     for request, prompt, config in zip(requests, prompts, configs, strict=True):
         alone = tformer.generate(model, torch.tensor([prompt]), generation_config=config)[0, len(prompt):].tolist()
         if END in alone:

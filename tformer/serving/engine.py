@@ -149,6 +149,8 @@ class Engine:
         # The model as decoding runs it, for the engine's life: the caller's is left as it is.
         self.model = model = model.decoding_view()
         self.device = next(model.parameters()).device
+        self.position_limit = model.position_limit  # read once: it walks the model's modules
+        self._transcript_budgets: dict[tuple[int, ...], int] = {}  # a speech model's decoder prompt -> its budget
         specs = model.cache_specs()
         keeps_states = any(not spec.paged for spec in _each_spec(specs))
         self.prefix_caching = _prefix_caching(prefix_caching, specs)
@@ -206,8 +208,10 @@ class Engine:
         if samples.dim() != 1 or not samples.numel():
             raise GenerationError(f"the recording must be samples (N >= 1,), got {tuple(samples.shape)}")
         prompt = transcription_prompt(self.tokenizer, model.config.vocab_size, language)
+        if prompt not in self._transcript_budgets:
+            self._transcript_budgets[prompt] = transcript_budget(model, prompt)
         config = (config or GenerationConfig()).replace(decoder_prompt_ids=prompt,
-                                                        max_new_tokens=transcript_budget(model, prompt))
+                                                        max_new_tokens=self._transcript_budgets[prompt])
         features = recording_features(samples, model.log_mel_settings)[None].to(self.device)  # (1, M, W x F)
         requests: list[Request] = []
         try:
@@ -392,7 +396,7 @@ class Engine:
             self._check_beam_search(n, logprobs)
             n = config.num_beams  # the request's sequences are its beams
         length = len(prompt_ids) + config.max_new_tokens
-        limit = model.position_limit
+        limit = self.position_limit
         if limit is not None and length > limit:
             raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({config.max_new_tokens}) "
                                   f"exceeds the model's context of {limit} positions")
@@ -449,7 +453,7 @@ class Engine:
             if problem is not None:
                 raise GenerationError(problem)
         else:
-            limit = model.position_limit
+            limit = self.position_limit
             if limit is not None and len(prompt) > limit:
                 raise GenerationError(f"the source ({len(prompt)} tokens) exceeds the model's {limit} positions")
         return prompt, model.decoder_start(1, self.device, config.decoder_prompt_ids)[0].tolist()

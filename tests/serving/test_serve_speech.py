@@ -17,7 +17,7 @@ from tformer.cli import main
 from tformer.data.audio import load_audio
 from tformer.data.log_mel import recording_features
 from tformer.generation import GenerationConfig, GenerationError
-from tformer.generation.transcription import transcribe_ids
+from tformer.generation.transcription import transcribe_ids, transcript_budget
 from tformer.serving import Engine
 from tformer.tokenizers import CharTokenizer
 from tformer.training.tasks.speech_recognition import SPEECH_SPECIAL_TOKENS
@@ -47,7 +47,8 @@ def recordings(seed=0):
 def as_transcribe_decodes(model, samples, **options):
     """What ``tformer transcribe`` decodes: the recording's features, window after window."""
     features = recording_features(torch.from_numpy(samples), model.log_mel_settings)[None]
-    return transcribe_ids(model, features, model.config.max_seq_len - 1, **options)[0]
+    budget = transcript_budget(model, tuple(options.get("decoder_prompt_ids", ())))
+    return transcribe_ids(model, features, budget, **options)[0]
 
 
 @pytest.mark.parametrize("beams", [1, 3])
@@ -89,6 +90,30 @@ def test_what_a_speech_engine_cannot_do_is_refused_by_name():
         text_engine.transcribe(torch.zeros(800))
     with pytest.raises(GenerationError, match=r"architecture='encoder_decoder' reads token ids as its source"):
         text_engine.submit(torch.zeros(4, 10))
+
+
+def test_a_whisper_tokenizer_prompts_each_window_as_tformer_transcribe_does():
+    """An English-only Whisper tokenizer (<|startoftranscript|>, <|notimestamps|>): every window's decoder starts
+    from that prompt, as ``tformer transcribe`` starts it, and a language is refused."""
+    from tformer.generation.transcription import transcription_prompt
+
+    specials = ["<|endoftext|>", "<unk>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+    tokenizer = CharTokenizer.train([" ".join(WORDS)], special_tokens=specials)
+    model = tiny_model(tokenizer.vocab_size, initializer_range=0.5, eos_token_id=0, pad_token_id=0, bos_token_id=0,
+                       decoder_start_token_id=2).eval()
+    model.tokenizer = tokenizer
+    prompt = transcription_prompt(tokenizer, model.config.vocab_size, None)
+    assert prompt == (tokenizer.token_to_id("<|startoftranscript|>"), tokenizer.token_to_id("<|notimestamps|>"))
+    engine = Engine(model, tokenizer, cache_tokens=512, block_size=4)
+    waves = recordings()[:3]
+    submitted = [engine.transcribe(torch.from_numpy(samples)) for samples in waves]
+    engine.run_until_idle()
+    assert all(request.prompt_ids == list(prompt) for requests in submitted for request in requests)
+    served = [[token for request in requests for token in request.outputs()[0] if token not in request.end_ids]
+              for requests in submitted]
+    assert served == [as_transcribe_decodes(model, samples, decoder_prompt_ids=prompt) for samples in waves]
+    with pytest.raises(GenerationError, match="an English-only Whisper model takes no language"):
+        engine.transcribe(torch.from_numpy(waves[0]), language="en")
 
 
 # ---- over HTTP ----------------------------------------------------------------------------------------------------

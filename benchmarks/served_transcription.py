@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,18 +38,15 @@ from tformer.generation.transcription import transcribe_ids, transcript_budget, 
 from tformer.nn import compiled  # noqa: E402
 from tformer.serving import Engine  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from served_translation import free_port, start_server  # noqa: E402
+
 
 def manifest_paths(manifest: Path, count: int) -> list[Path]:
     """The first ``count`` recordings a speech manifest (columns audio, text, ...) lists."""
     with manifest.open(encoding="utf-8", newline="") as source:
         rows = list(csv.DictReader(source, delimiter="\t"))
     return [manifest.parent / row["audio"] for row in rows[:count]]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def one_at_a_time(model, paths: list[Path], beams: int) -> tuple[float, list[str]]:
@@ -108,24 +103,6 @@ def engine_alone(model, paths: list[Path], beams: int, in_flight: int) -> tuple[
     return took, texts
 
 
-def start_server(folder: Path, port: int, threads: int, running: int, log: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tformer", "serve", str(folder), "--port", str(port), "--model-name", "m",
-               "--threads", str(threads), "--max-running", str(running), "--max-body-bytes", str(64 << 20)]
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"tformer serve exited {process.returncode}; see {log}")
-        try:
-            if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return process
-        except httpx2.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise SystemExit(f"tformer serve was not ready after 300 s; see {log}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a trained speech run or model folder")
@@ -152,7 +129,8 @@ def main() -> None:
     compiled.ready(model.device)
     with tempfile.TemporaryDirectory() as scratch:
         port = free_port()
-        server = start_server(args.run, port, serve_threads, args.clients * max(beams), Path(scratch) / "serve.log")
+        server = start_server(args.run, port, serve_threads, args.clients * max(beams), Path(scratch) / "serve.log",
+                              ("--max-body-bytes", str(64 << 20)))
         try:
             served(f"http://127.0.0.1:{port}", paths[:4], 1, 4)  # warm-up: compiled kernels, first steps
             one_at_a_time(model, paths[:2], 1)

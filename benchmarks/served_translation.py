@@ -86,9 +86,11 @@ def served(url: str, sentences: list[str], beams: int, new_tokens: int, clients:
         return time.perf_counter() - started, texts
 
 
-def start_server(folder: Path, port: int, threads: int, running: int, log: Path) -> subprocess.Popen:
+def start_server(folder: Path, port: int, threads: int, running: int, log: Path,
+                 options: tuple[str, ...] = ("--cache-tokens", "65536")) -> subprocess.Popen:
+    """``tformer serve FOLDER`` (model name "m") with ``options``, once its /health answers."""
     command = [sys.executable, "-m", "tformer", "serve", str(folder), "--port", str(port), "--model-name", "m",
-               "--threads", str(threads), "--max-running", str(running), "--cache-tokens", "65536"]
+               "--threads", str(threads), "--max-running", str(running), *options]
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -139,9 +139,9 @@ def _module_graph() -> dict[str, set[str]]:
 # The package's parts from the ground floor up: a module imports only from its own part or from parts below it.
 # The config and the registries it validates against (families, choices) are the floor; nn/ the layers;
 # models/ the families built from them; commands on top.
-LAYERS = ("errors", "files", "memory", "profiling", "pooling", "families", "choices", "config", "tokenizers", "nn",
-          "quantization", "cpu_threads", "data", "evaluation", "checkpoint", "hub_cache", "interop", "adapters",
-          "models", "generation", "serving", "hub", "viz", "training", "cli", "__main__")
+LAYERS = ("errors", "lazy_exports", "files", "memory", "profiling", "pooling", "families", "choices", "config",
+          "tokenizers", "nn", "quantization", "cpu_threads", "data", "evaluation", "checkpoint", "hub_cache", "interop",
+          "adapters", "models", "generation", "serving", "hub", "viz", "training", "cli", "__main__")
 
 
 def _part(module: str) -> str:

@@ -82,6 +82,8 @@ def test_what_a_speech_engine_cannot_do_is_refused_by_name():
         engine.transcribe(torch.zeros(800), language="en")
     with pytest.raises(GenerationError, match="input_features"):  # a window longer than the model's
         engine.submit(torch.zeros(model.config.num_mel_bins, model.config.input_frames + 2))
+    with pytest.raises(GenerationError, match="features must be floating point, not torch.int64"):
+        engine.submit(torch.zeros(model.config.num_mel_bins, 10, dtype=torch.long))
     assert not engine.has_work()
     translator = tformer.build_model("transformer-multi30k", vocab_size=40, d_model=32, num_heads=4, num_layers=1,
                                      d_ff=64, max_seq_len=32).eval()

@@ -14,7 +14,7 @@ The names load on first use (PEP 562): a module that needs one reader (the HTTP 
 
 from __future__ import annotations
 
-import importlib
+from tformer.lazy_exports import lazy_exports
 
 # name -> the module that defines it
 EXPORTS = {
@@ -52,15 +52,4 @@ __all__ = ["FASHION_MNIST_LABELS", "ClassificationData", "ClassificationExample"
            "read_speech", "read_speech_folder", "read_speech_manifest", "read_squad", "read_token_file",
            "read_token_header", "token_dtype", "tokenize_files"]
 
-
-def __getattr__(name: str) -> object:
-    """Import the module of an exported name the first time it is asked for."""
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -6,8 +6,9 @@ imports without torch: the engine and the model run in a process of their own.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from tformer.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from tformer.serving.engine import Engine
@@ -20,15 +21,4 @@ EXPORTS = {"Engine": "tformer.serving.engine", "Request": "tformer.serving.reque
 
 __all__ = ["Engine", "Request", "TokenEvent"]
 
-
-def __getattr__(name: str) -> object:
-    """Import the module of an exported name the first time it is asked for."""
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -449,9 +449,12 @@ class Engine:
             wanted = "token ids" if model.prompt_is_tokens else "log-mel features (transcribe a recording)"
             raise GenerationError(f"architecture={model.config.architecture!r} reads {wanted} as its source")
         if isinstance(prompt, torch.Tensor):
+            if not prompt.is_floating_point():
+                raise GenerationError(f"log-mel features must be floating point, not {prompt.dtype}")
             problem = model.check_generation_input(prompt[None], None)
             if problem is not None:
                 raise GenerationError(problem)
+            prompt = prompt.to(self.device)
         else:
             limit = self.position_limit
             if limit is not None and len(prompt) > limit:

@@ -404,10 +404,39 @@ MUTATIONS = (
     ),
     Mutation(
         "constraint-mask-ignored", "tformer/generation/rules.py",
-        "        masked = scores.masked_fill(~allowed, NEVER)",
-        "        masked = scores",
+        "    masked = scores.masked_fill(~allowed.to(scores.device), NEVER)  # (R, V)",
+        "    masked = scores",
         ("tests/generation/test_constraints.py",),
         "a constrained request decodes freely: the grammar's mask is computed and never applied",
+    ),
+    Mutation(
+        "batched-constraint-unmasked", "tformer/serving/emitter.py",
+        "        scores = apply_grammar_masks(logits.index_select(0, picked).float(), masks)",
+        "        scores = logits.index_select(0, picked).float()",
+        ("tests/serving/test_serve_structured.py::"
+         "test_the_engine_batches_rows_with_different_constraints_each_as_generate_alone",),
+        "the engine's greedy constrained rows, masked together, take the plain argmax: their text leaves the grammar",
+    ),
+    Mutation(
+        "engine-transcribes-the-first-window", "tformer/serving/engine.py",
+        "            for window in audio_windows(features, model.config.input_frames):",
+        "            for window in audio_windows(features, model.config.input_frames)[:1]:",
+        ("tests/serving/test_serve_speech.py", "-k", "alone"),
+        "a recording longer than the model's window is transcribed from its first window only",
+    ),
+    Mutation(
+        "speech-decoder-loses-its-prompt", "tformer/serving/engine.py",
+        "        return prompt, model.decoder_start(1, self.device, config.decoder_prompt_ids)[0].tolist()",
+        "        return prompt, model.decoder_start(1, self.device)[0].tolist()",
+        ("tests/serving/test_serve_speech.py", "-k", "whisper"),
+        "a served Whisper window starts from the start token, not <|startoftranscript|> and the task tokens",
+    ),
+    Mutation(
+        "transcript-windows-joined-backwards", "tformer/serving/routes/transcriptions.py",
+        "    text = _text(served, [token for window in windows for token in window.token_ids])",
+        "    text = _text(served, [token for window in reversed(windows) for token in window.token_ids])",
+        ("tests/serving/test_serve_speech.py", "-k", "verbose"),
+        "a served transcript joins its windows in the wrong order",
     ),
     Mutation(
         "clock-schedule-never-decays", "tformer/training/schedules.py",

@@ -118,7 +118,9 @@ def test_the_adapter_files_carry_the_head_and_give_the_same_model_back(tmp_path,
     assert sum(t.numel() for t in tensors.values()) >= adapter_parameters(model)
     loaded = load_adapter(classifier(pooling), tmp_path).eval()
     assert set(trained_modules(loaded)) == {"classifier", "pooler.dense"}
-    torch.testing.assert_close(loaded(ids()).logits, model(ids()).logits, rtol=0, atol=1e-6)
+    # float32 rounding apart: the fused q/k/v projection's adapter comes back as PEFT's three (query, key, value),
+    # whose products sum in another order (1.4e-6 on a logit of 0.13 on an AMD EPYC host with AVX-512 BF16)
+    torch.testing.assert_close(loaded(ids()).logits, model(ids()).logits, rtol=1e-5, atol=1e-6)
     unload_adapter(loaded, merge=False)  # the base as it was, its head too
     assert torch.equal(loaded(ids()).logits, base(ids()).logits) and trained_modules(loaded) == ()
     merged = unload_adapter(model, merge=True)  # merged: the trained head stays, frozen

@@ -118,6 +118,27 @@ def test_a_whisper_tokenizer_prompts_each_window_as_tformer_transcribe_does():
         engine.transcribe(torch.from_numpy(waves[0]), language="en")
 
 
+def test_a_hugging_face_whisper_folder_is_served_as_it_transcribes(tmp_path):
+    """The speech model saved as a Hugging Face Whisper folder, with a generation_config.json holding Whisper's own
+    fields (languages, tasks, the no-timestamps token, max_length): the engine starts on it (no default refused) and
+    each recording's windows decode as the tformer folder's transcript."""
+    model = speech_model()
+    model.save(tmp_path / "whisper", format="hf")
+    (tmp_path / "whisper" / "generation_config.json").write_text(json.dumps({
+        "decoder_start_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "max_length": 16,
+        "begin_suppress_tokens": [2], "suppress_tokens": [], "no_timestamps_token_id": 3, "is_multilingual": False,
+        "lang_to_id": {}, "task_to_id": {"transcribe": 4}}))
+    served = tformer.load(tmp_path / "whisper").eval()
+    engine = Engine(served, served.tokenizer, cache_tokens=1024, block_size=4)
+    waves = recordings()[:4]
+    submitted = [engine.transcribe(torch.from_numpy(samples)) for samples in waves]
+    engine.run_until_idle()
+    got = [[token for request in requests for token in request.outputs()[0] if token not in request.end_ids]
+           for requests in submitted]
+    assert got == [as_transcribe_decodes(served, samples) for samples in waves]
+    assert got == [as_transcribe_decodes(model, samples) for samples in waves]
+
+
 # ---- over HTTP ----------------------------------------------------------------------------------------------------
 
 openai = pytest.importorskip("openai")

@@ -207,8 +207,8 @@ MUTATIONS = (
     ),
     Mutation(
         "state-row-given-twice", "tformer/serving/scheduler.py",
-        "            self.free_states.append(sequence.state_slot)\n            sequence.state_slot = -1",
-        "            self.free_states.append(sequence.state_slot)\n            self.free_states.append(0)",
+        "                self.free_states.append(row)",
+        "                self.free_states.extend((row, 0))",
         ("tests/serving/test_cache_specs.py",),
         "a finished sequence's running-state row is handed out twice: two sequences overwrite each other's sums",
     ),
@@ -416,6 +416,21 @@ MUTATIONS = (
         ("tests/serving/test_serve_structured.py::"
          "test_the_engine_batches_rows_with_different_constraints_each_as_generate_alone",),
         "the engine's greedy constrained rows, masked together, take the plain argmax: their text leaves the grammar",
+    ),
+    Mutation(
+        "beams-store-their-source-each", "tformer/serving/engine.py",
+        "                                   shares_rows=model.encodes_prompt and not self._keeps_sums)",
+        "                                   shares_rows=False)",
+        ("tests/serving/test_serve_encoder_decoder.py", "-k", "beam_searches_beside"),
+        "every beam of a request keeps its own copy of the encoder's keys: a row each, projected once each",
+    ),
+    Mutation(
+        "shared-row-freed-by-its-first-holder", "tformer/serving/scheduler.py",
+        "            if not any(other.state_slot == row for _, other in self.running):  # its last holder",
+        "            if True:",
+        ("tests/serving/test_serve_encoder_decoder.py", "tests/serving/test_cache_specs.py"),
+        "a request's shared row of encoder keys goes back to the pool when its first sequence ends: a new source "
+        "overwrites it under the others",
     ),
     Mutation(
         "engine-transcribes-the-first-window", "tformer/serving/engine.py",

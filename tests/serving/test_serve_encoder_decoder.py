@@ -102,7 +102,15 @@ def test_beam_searches_beside_greedy_requests_equal_generates(reverser, beams):
     texts = [source + [END] for source in sources([5, 9, 2, 12, 7, 4, 6], seed=3)]
     configs = [beam, greedy, endless, beam, greedy, endless, beam]
     requests = [engine.submit(source, config) for source, config in zip(texts, configs, strict=True)]
+    engine.step()
+    # a request's beams read one row of the encoder's keys, stored once: a row per running request
+    running = {request.id: request for request, _ in engine.scheduler.running}
+    assert any(request.config.num_beams > 1 for request in running.values())
+    assert all(len({beam.state_slot for beam in request.sequences}) == 1 for request in running.values())
+    assert len(engine.scheduler.free_states) == 16 - len(running)
+    assert sum(keys is not None for keys in engine.caches[0].cross_attention.keys) == len(running)
     engine.run_until_idle()
+    assert sorted(engine.scheduler.free_states) == list(range(16))  # every row back, once
     for source, config, request in zip(texts, configs, requests, strict=True):
         assert request.outputs()[0] == alone(reverser, source, config)
         ends = "stop" if config.eos_token_id is None else "length"  # the model's end token, or none to end at

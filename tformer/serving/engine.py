@@ -163,8 +163,11 @@ class Engine:
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None
         # A layer keeps running sums (Performer's): a row no beam can take over, which beam search needs.
         self._keeps_sums = any(isinstance(spec, RunningSums) for spec in _each_spec(specs))
+        # An encoder-decoder's sequences of one request share its source's row of encoder keys, unless a layer keeps
+        # running sums (each sequence's own).
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
-                                   queue_timeout=queue_timeout, keeps_states=keeps_states)
+                                   queue_timeout=queue_timeout, keeps_states=keeps_states,
+                                   shares_rows=model.encodes_prompt and not self._keeps_sums)
         self.emitter = Emitter(self.scheduler, self.stats)
 
     # ---- from any thread --------------------------------------------------------------------------
@@ -327,8 +330,9 @@ class Engine:
 
     def _encode_sources(self, admitted: set[int], layout: PagedLayout) -> dict:
         """An encoder-decoder's step inputs: the encoder's output for the sequences starting in this step (right-
-        padded, one row each, in running order), whose rows of the cross-attention caches ``layout.source_slots``
-        names; without such sequences, the same inputs with no rows."""
+        padded, one row for each of their rows of the cross-attention caches, which ``layout.source_slots`` names:
+        a request's sequences share one where the scheduler shares rows); without such sequences, the same inputs
+        with no rows."""
         starting = [(request, sequence) for request, sequence in self.scheduler.running if id(sequence) in admitted]
         if not starting:
             return self._no_sources
@@ -340,9 +344,10 @@ class Engine:
             step_inputs = self.model.prepare_generation(torch.stack([request.source for request in requests]))\
                 .step_inputs
         row_of = {request.id: row for row, request in enumerate(requests)}
-        rows = torch.tensor([row_of[request.id] for request, _ in starting], device=self.device)
+        source_of = {sequence.state_slot: row_of[request.id] for request, sequence in starting}  # in running order
+        rows = torch.tensor(list(source_of.values()), device=self.device)
         step_inputs = {name: tensor.index_select(0, rows) for name, tensor in step_inputs.items()}
-        layout.source_slots = [sequence.state_slot for _, sequence in starting]
+        layout.source_slots = list(source_of)
         if self._no_sources is None:
             self._no_sources = {name: tensor[:0] for name, tensor in step_inputs.items()}
         return step_inputs

@@ -38,10 +38,13 @@ class Scheduler:
     """The engine's queue, running batch and cache blocks (see the module's docstring)."""
 
     def __init__(self, pool: BlockPool, stats: EngineStats, *, max_running: int, max_step_tokens: int,
-                 queue_timeout: float | None, keeps_states: bool = False) -> None:
+                 queue_timeout: float | None, keeps_states: bool = False, shares_rows: bool = False) -> None:
         self.pool = pool
-        # A row of every running-state layer (Performer's sums) per running sequence; None: the model keeps none.
+        # A row of every running-state layer (Performer's sums, an encoder's keys) per running sequence; None: the
+        # model keeps none. ``shares_rows``: a request's sequences share one row (what it holds is its source's:
+        # beams and samples of one source read the same encoder keys), freed with the last of them.
         self.free_states = list(range(max_running - 1, -1, -1)) if keeps_states else None
+        self.shares_rows = shares_rows
         self.stats = stats
         self.max_running = max_running
         self.max_step_tokens = max_step_tokens
@@ -148,10 +151,19 @@ class Scheduler:
                     joining = request.sequences
                 for sequence in joining:
                     if self.free_states is not None:  # running sequences never outnumber max_running rows
-                        sequence.state_slot = self.free_states.pop()
+                        sequence.state_slot = self._row_for(request)
                     self.running.append((request, sequence))
                     admitted.add(id(sequence))
         return admitted, forking
+
+    def _row_for(self, request: Request) -> int:
+        """A joining sequence's row of the running-state layers: its request's, where the rows are shared and a
+        sibling holds one already, else a free one."""
+        if self.shares_rows:
+            held = next((sequence.state_slot for sequence in request.sequences if sequence.state_slot >= 0), -1)
+            if held >= 0:
+                return held
+        return self.free_states.pop()
 
     def _reserve(self, request: Request, budget: int, batch_busy: bool) -> int | None:
         """Promise ``request``'s blocks and give each of its joining sequences its table, returning the tokens
@@ -238,7 +250,8 @@ class Scheduler:
         if sequence.table is not None:
             sequence.table.release()
         if self.free_states is not None and sequence.state_slot >= 0:
-            self.free_states.append(sequence.state_slot)
-            sequence.state_slot = -1
+            row, sequence.state_slot = sequence.state_slot, -1
+            if not any(other.state_slot == row for _, other in self.running):  # its last holder
+                self.free_states.append(row)
         self.running = [(request, other) for request, other in self.running if other is not sequence]
         self.pending.pop(id(sequence), None)

@@ -212,9 +212,9 @@ class PagedCache:
 
 class PagedCrossCache:
     """One cross-attention layer's keys and values of the encoder's output, one row per running sequence (its
-    ``state_slot``), as a cache backend of a paged step: the step's new sources are projected by the layer and
-    stored by their rows (``PagedLayout.source_slots``); the one-token sequences then attend together over their
-    sources padded to the longest, each prefill alone over its own."""
+    ``state_slot``; the sequences of one source may share one), as a cache backend of a paged step: the step's new
+    sources are projected by the layer and stored by their rows (``PagedLayout.source_slots``); the one-token
+    sequences then attend together over their sources padded to the longest, each prefill alone over its own."""
 
     rewindable = False
     filled = False  # every step brings the sources of the sequences it starts (maybe none): the layer projects them

@@ -103,6 +103,15 @@ def engine_alone(model, paths: list[Path], beams: int, in_flight: int) -> tuple[
     return took, texts
 
 
+def print_row(width: int, alone: tuple[float, list[str]], batched: tuple[float, list[str]]) -> None:
+    """One line of the table: each side's recordings a second, their ratio, how many texts are equal."""
+    (alone_seconds, alone_texts), (batched_seconds, batched_texts) = alone, batched
+    count = len(alone_texts)
+    equal = sum(a == b for a, b in zip(alone_texts, batched_texts, strict=True))
+    print(f"{width:>5}  {count / alone_seconds:>22.2f}  {count / batched_seconds:>14.2f}  "
+          f"{alone_seconds / batched_seconds:>21.2f}x  {equal}/{count}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a trained speech run or model folder")
@@ -137,18 +146,13 @@ def main() -> None:
             print("beams  one at a time (rec/s)  served (rec/s)  served / one at a time  texts equal")
             for width in beams:
                 alone_seconds, alone_texts = one_at_a_time(model, paths, width)
-                served_seconds, served_texts = served(f"http://127.0.0.1:{port}", paths, width, args.clients)
-                equal = sum(a == b for a, b in zip(alone_texts, served_texts, strict=True))
-                print(f"{width:>5}  {len(paths) / alone_seconds:>22.2f}  {len(paths) / served_seconds:>14.2f}  "
-                      f"{alone_seconds / served_seconds:>21.2f}x  {equal}/{len(paths)}", flush=True)
+                print_row(width, one_at_a_time(model, paths, width),
+                          served(f"http://127.0.0.1:{port}", paths, width, args.clients))
             if args.engine_alone:
                 print(f"the engine alone (no HTTP, {args.clients} recordings in flight, {args.threads} threads)")
                 for width in beams:
-                    alone_seconds, alone_texts = one_at_a_time(model, paths, width)
-                    engine_seconds, engine_texts = engine_alone(model, paths, width, args.clients)
-                    equal = sum(a == b for a, b in zip(alone_texts, engine_texts, strict=True))
-                    print(f"{width:>5}  {len(paths) / alone_seconds:>22.2f}  {len(paths) / engine_seconds:>14.2f}  "
-                          f"{alone_seconds / engine_seconds:>21.2f}x  {equal}/{len(paths)}", flush=True)
+                    print_row(width, one_at_a_time(model, paths, width),
+                              engine_alone(model, paths, width, args.clients))
         finally:
             server.terminate()
             server.wait(timeout=60)

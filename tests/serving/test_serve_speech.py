@@ -265,8 +265,9 @@ def test_a_text_model_refuses_transcriptions(tmp_path):
 
 def test_a_recording_at_another_rate_is_resampled_as_transcribe_reads_it(tmp_path):
     """The route reads an upload as ``tformer transcribe`` reads a file: the same samples at the model's rate."""
-    from tformer.data.audio import resample, wav_from_bytes
+    from tformer.serving.engine_client import AudioFacts
+    from tformer.serving.routes.transcriptions import _samples
 
     path = write_tone(tmp_path / "tone.wav", 0.4, 440, rate=8000)
-    upload = wav_from_bytes(path.read_bytes(), "tone.wav")
-    assert np.array_equal(resample(upload.samples, upload.sample_rate, 16000), load_audio(path, 16000))
+    read = _samples(path.read_bytes(), "tone.wav", AudioFacts(sample_rate=16000, window_samples=8000))
+    assert read.dtype == np.float32 and np.array_equal(read, load_audio(path, 16000))

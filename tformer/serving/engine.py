@@ -469,7 +469,7 @@ class Engine:
 
 def serving_problem(model: nn.Module) -> str | None:
     """Why the engine cannot decode ``model``, or None: it steps the model's own decoder blocks (the ``step``
-    hook) over a paged layout, which must know every switch of its config (fail closed), from token prompts."""
+    hook) over a paged layout, which must know every switch of its config (fail closed)."""
     problem = model.step_problem()
     scaling = model.config.rope_scaling
     if problem is None and scaling is not None and ROPE_SCALINGS[scaling["rope_type"]].length_dependent:

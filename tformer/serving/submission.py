@@ -45,9 +45,8 @@ class Submission:
                      prompt_logprobs: int | None = None, adapter: str | None = None) -> None:
         """Submit every prompt at once (decoded with the LoRA ``adapter``; None: the base model); on any refusal,
         cancel the others and answer the first (in prompt order) before anything has been sent."""
-        self.flight.submissions.add(self)
+        self._begin()
         self.prompts, self.n = prompts, n
-        self._watch = asyncio.create_task(self._watch_connection())
         try:
             outcomes = await self.flight.from_engine(asyncio.gather(
                 *(self.engine.submit(prompt, config, n, logprobs, prompt_logprobs, partial(self._receive, index),
@@ -71,8 +70,7 @@ class Submission:
                          logprobs: int | None = None) -> None:
         """Submit a recording's transcription (``EngineClient.transcribe``): a request per window of the audio,
         window ``k``'s events handed out as choice ``k``; a refusal answered as ``submit``'s."""
-        self.flight.submissions.add(self)
-        self._watch = asyncio.create_task(self._watch_connection())
+        self._begin()
         try:
             self.request_ids = await self.flight.from_engine(self.engine.transcribe(
                 samples, config, language, logprobs, lambda window: partial(self._receive, window)))
@@ -82,10 +80,14 @@ class Submission:
         except (GenerationError, EngineFailure, EngineBug) as refusal:
             self.close()
             raise self._answer_to(refusal) from None
-        self.prompts = [[] for _ in self.request_ids]
         self.unfinished = len(self.request_ids)
-        if self.client_gone:
+        if self.client_gone:  # as submit's
             self.cancel()
+
+    def _begin(self) -> None:
+        """In flight from now on (a stop waits for it), its client's connection watched."""
+        self.flight.submissions.add(self)
+        self._watch = asyncio.create_task(self._watch_connection())
 
     def _answer_to(self, refusal: BaseException) -> BaseException:
         """The error a refused submit answers with."""

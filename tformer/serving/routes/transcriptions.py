@@ -68,18 +68,22 @@ class TranscriptionRequest(BaseModel):
 async def transcriptions(served: ServedModel, http_request: HTTPRequest) -> Response:
     audio_facts = served.engine.facts.audio
     form = await _form(served, http_request)
-    upload = form.get("file")
-    body: TranscriptionRequest = validate_request(_fields(form), TranscriptionRequest)
+    try:  # the upload's spooled file goes with the form
+        body: TranscriptionRequest = validate_request(_fields(form), TranscriptionRequest)
+        upload = form.get("file")
+        data = await upload.read() if isinstance(upload, UploadFile) else None
+    finally:
+        await form.close()
     if served.check_model(body.model) is not None:
         raise APIError(400, f"model {body.model!r} is a LoRA adapter; transcriptions are the base model's: model "
                             f"{served.model_name!r}", "model")
     if audio_facts is None:
         raise APIError(400, f"model {served.model_name!r} reads text, not audio: transcriptions need a speech model "
                             "(POST /v1/completions for this one)", "model", "not_a_speech_model")
-    if not isinstance(upload, UploadFile):
+    if data is None:
         raise APIError(400, "file is required: the recording, uploaded as a file part (multipart/form-data)", "file")
     served.check_admitting()
-    samples = _samples(await upload.read(), upload.filename or "file", audio_facts)
+    samples = _samples(data, upload.filename or "file", audio_facts)
     submission = Submission(served.flight, http_request)
     scored = body.response_format == "verbose_json" and body.num_beams == 1  # each segment's avg_logprob
     await submission.transcribe(samples, body.generation_config(), body.language, 0 if scored else None)

@@ -454,6 +454,42 @@ MUTATIONS = (
         "a served transcript joins its windows in the wrong order",
     ),
     Mutation(
+        "head-loss-ignores-the-gradient-from-above", "tformer/nn/losses.py",
+        "        scaled = [None if each is None else each * grad.to(each.dtype) for each in kept]",
+        "        scaled = list(kept)",
+        ("tests/nn/test_head_loss.py",),
+        "the piecewise loss's kept gradients are returned as they are: a loss scaled, averaged over accumulated "
+        "micro-batches or by an fp16 scaler trains at the wrong size",
+    ),
+    Mutation(
+        "head-loss-keeps-the-last-piece-of-the-heads-gradient", "tformer/nn/losses.py",
+        "trained_grads[index] = grad if trained_grads[index] is None else trained_grads[index].add_(grad)",
+        "trained_grads[index] = grad",
+        ("tests/nn/test_head_loss.py",),
+        "a trained head's weight gradient holds its last piece of positions only",
+    ),
+    Mutation(
+        "quantized-head-dequantized-every-piece", "tformer/nn/weights/quantized.py",
+        "        return reused_weights.weight(self, dtype, lambda: self.dequantized_weight().to(dtype))",
+        "        return self.dequantized_weight().to(dtype)",
+        ("tests/nn/test_head_loss.py",),
+        "a quantized head rebuilds its float weight for every piece of the loss (QLoRA's step 25% slower)",
+    ),
+    Mutation(
+        "lm-task-holds-the-logits", "tformer/training/tasks/lm.py",
+        "labels=batch[\"labels\"], label_smoothing=smoothing, return_logits=False).loss",
+        "labels=batch[\"labels\"], label_smoothing=smoothing).loss",
+        ("tests/training/test_one_loss.py", "-k", "holding"),
+        "the lm task trains through the whole (B, T, V) logits, the largest activations of its step",
+    ),
+    Mutation(
+        "sft-task-holds-the-logits", "tformer/training/tasks/sft.py",
+        "        return model(**model_inputs(batch), label_smoothing=smoothing, return_logits=False).loss",
+        "        return model(**model_inputs(batch), label_smoothing=smoothing).loss",
+        ("tests/training/test_one_loss.py", "-k", "holding"),
+        "the sft task trains through the whole (B, T, V) logits",
+    ),
+    Mutation(
         "clock-schedule-never-decays", "tformer/training/schedules.py",
         "    return min(ramp, _decayed(min(1.0, max(0.0, budget_fraction)), schedule, lr, min_lr))",
         "    return ramp",

@@ -16,7 +16,7 @@ from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
 from tformer.nn.inputs import check_token_ids
-from tformer.nn.losses import next_token_loss
+from tformer.nn.losses import head_loss, next_token_loss, next_token_targets
 from tformer.nn.stack import TransformerStack
 
 DECODER_PRESETS = {
@@ -88,20 +88,34 @@ class DecoderLM(Model):
         cache: list[LayerCache] | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        return_logits: bool = True,
+        label_smoothing: float = 0.0,
     ) -> ModelOutput:
         """input_ids: (B, T). ``attention_mask`` (B, past + T), 1 = attend, covers cached positions
         too. ``labels`` (B, T) are aligned with the inputs (shifted inside), or (B, T + 1): the inputs and the
-        token after them, which the last position then predicts (the lm task's crops); -100 is ignored."""
+        token after them, which the last position then predicts (the lm task's crops); -100 is ignored.
+        ``return_logits`` False (with labels): the loss only, computed a few positions at a time
+        (``losses.head_loss``: no (B, T, V) logits held, the memory of training's largest activations), the
+        output's ``logits`` None. ``label_smoothing``: the loss's (training tasks pass theirs)."""
         check_token_ids(input_ids, self.config.vocab_size)
         stack = self.stack(
             self.embedding(input_ids), attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
-        logits = soft_cap(self.lm_head(stack.hidden), self.config.final_logit_softcap)  # (B, T, V)
-        loss = None if labels is None else next_token_loss(logits, labels)
+        if labels is not None and not return_logits:  # the loss alone, the logits never held whole
+            targets = next_token_targets(labels, stack.hidden.shape[1])  # (B, T)
+            loss = head_loss(self._logits, self.lm_head.parameters(), stack.hidden, targets, self.config.vocab_size,
+                             label_smoothing)
+            return ModelOutput(logits=None, loss=loss, attentions=stack.attentions,
+                               hidden_states=stack.hidden_states, cache=cache)
+        logits = self._logits(stack.hidden)  # (B, T, V)
+        loss = None if labels is None else next_token_loss(logits, labels, label_smoothing)
         return ModelOutput(
             logits=logits, loss=loss, attentions=stack.attentions, hidden_states=stack.hidden_states, cache=cache,
         )
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return soft_cap(self.lm_head(hidden), self.config.final_logit_softcap)
 
     # ---- generation hooks (the Session protocol: tformer/generation/session.py) --------------------
     # new_cache, forward(..., cache=...) and position_limit are hooks too.

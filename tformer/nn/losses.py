@@ -9,7 +9,7 @@ rows); ``sum / count`` of the summed loss is the mean. All compute in float32 wh
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import torch
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tformer.nn.inputs import warn_if_no_targets
+from tformer.nn.weights.backend import reused_weights
 
 IGNORE_INDEX = -100
 Reduction = Literal["mean", "sum", "none"]
@@ -65,6 +66,80 @@ def next_token_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0
     Shifting the labels, not the logits, avoids copying the (B, T, V) logits.
     """
     return token_cross_entropy(logits, next_token_targets(labels, logits.shape[1]), label_smoothing, reduction)
+
+
+HEAD_LOSS_CHUNK_FLOATS = 2**23  # logits ``head_loss`` holds at once: 32 MiB of float32, or
+HEAD_LOSS_MIN_ROWS = 256  # positions, if more: fewer rows multiply slower (GPT-2's head: 166 rows 1.5x, measured here)
+# A trained head's logits are held whole up to this many (1 GiB of float32): its weight's gradient, summed over
+# pieces, makes them slower (GPT-2's head over 1,024 positions: 5-20%, measured here), but past it memory counts more
+HEAD_LOSS_WHOLE_FLOATS = 2**28
+
+
+def head_loss(head: Callable[[Tensor], Tensor], parameters: Iterable[Tensor], hidden: Tensor, targets: Tensor,
+              vocab_size: int, label_smoothing: float = 0.0, reduction: Reduction = "mean") -> Tensor:
+    """``token_cross_entropy(head(hidden), targets)`` without the logits (N, V) held whole: ``head`` (the model's
+    output projection, its soft cap included) runs on a few positions of hidden (..., D) at a time, and where a
+    gradient is wanted each piece's gradients (the positions' and those of the trained ``parameters`` the head
+    reads) are taken at once, so no piece's logits outlive it. The memory of the logits, their
+    log-probabilities and their gradient (three (N, V) tensors, the largest activations of a language model's
+    training step) becomes a piece's; the work is the same products. A head that trains is run whole up to
+    ``HEAD_LOSS_WHOLE_FLOATS`` logits (faster there). ``"mean"`` or ``"sum"``; the gradient can be taken once
+    (no ``retain_graph``)."""
+    if reduction == "none":
+        raise ValueError("head_loss gives a mean or a sum (reduction='none' needs the logits: token_cross_entropy)")
+    _check_reduction(reduction)
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)  # (N, D), (N,)
+    rows = max(HEAD_LOSS_MIN_ROWS, HEAD_LOSS_CHUNK_FLOATS // vocab_size)
+    trained = [parameter for parameter in parameters if parameter.requires_grad]
+    gradients = torch.is_grad_enabled() and (hidden.requires_grad or bool(trained))
+    with reused_weights:  # a quantized head's float weight made once for every piece, not once a piece
+        if gradients and trained and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:
+            total = token_cross_entropy(head(hidden), targets, label_smoothing, "sum")  # whole: see above
+        elif gradients:
+            total = _PiecewiseHeadLoss.apply(hidden, targets, head, rows, label_smoothing, *trained)
+        else:
+            total = sum(token_cross_entropy(head(hidden[start:start + rows]), targets[start:start + rows],
+                                            label_smoothing, "sum") for start in range(0, len(targets), rows))
+    if reduction == "sum":
+        return total
+    warn_if_no_targets(targets, IGNORE_INDEX)
+    return total / (targets != IGNORE_INDEX).sum()
+
+
+class _PiecewiseHeadLoss(torch.autograd.Function):
+    """``head_loss``'s summed loss with its gradients taken piece by piece in the forward pass and kept (the
+    hidden states' (N, D) and the trained head parameters'), the backward pass scaling them: the pieces' logits
+    are gone by then."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, targets: Tensor, head: Callable[[Tensor], Tensor], rows: int,
+                label_smoothing: float, *trained: Tensor) -> Tensor:
+        total = hidden.new_zeros((), dtype=torch.float32)
+        hidden_grad = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        trained_grads: list[Tensor | None] = [None] * len(trained)
+        for start in range(0, len(targets), rows):
+            with torch.enable_grad():
+                piece = hidden[start:start + rows].detach().requires_grad_(hidden_grad is not None)
+                loss = token_cross_entropy(head(piece), targets[start:start + rows], label_smoothing, "sum")
+                wanted = [piece] * (hidden_grad is not None) + list(trained)
+                grads = list(torch.autograd.grad(loss, wanted, allow_unused=True))
+            total += loss.detach()
+            if hidden_grad is not None:
+                hidden_grad[start:start + rows] = grads.pop(0)
+            for index, grad in enumerate(grads):
+                if grad is not None:
+                    trained_grads[index] = grad if trained_grads[index] is None else trained_grads[index].add_(grad)
+        ctx.hidden_grad, ctx.trained_grads = hidden_grad, trained_grads
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        if ctx.trained_grads is None:
+            raise RuntimeError("head_loss's gradient was taken once already; it cannot be taken again (retain_graph)")
+        kept = (ctx.hidden_grad, *ctx.trained_grads)
+        ctx.hidden_grad = ctx.trained_grads = None  # freed with this pass, not with the graph
+        scaled = [None if each is None else each * grad.to(each.dtype) for each in kept]
+        return scaled[0], None, None, None, None, *scaled[1:]
 
 
 def _per_example(loss: Callable[..., Tensor], predictions: Tensor, targets: Tensor, reduction: str) -> Tensor:

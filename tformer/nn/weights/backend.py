@@ -4,8 +4,9 @@ model's code does not change) and multiplies by the same weights its own way."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
-from torch import nn
+from torch import Tensor, nn
 
 
 class _DecodingStep(threading.local):
@@ -28,6 +29,36 @@ class _DecodingStep(threading.local):
 
 
 decoding_step = _DecodingStep()
+
+
+class _ReusedWeights(threading.local):
+    """Whether this thread is inside a stretch of products over unchanging weights: ``with reused_weights:``
+    (``losses.head_loss`` runs the output head on piece after piece of positions). Backends that rebuild a float
+    weight on every call (the quantized ones) build it once there and keep it until the outermost block ends."""
+
+    depth = 0
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[nn.Module, object], Tensor] = {}
+
+    def weight(self, layer: nn.Module, key: object, make: Callable[[], Tensor]) -> Tensor:
+        """``make()``, kept under (layer, key) for the rest of the block; outside a block, made afresh."""
+        if self.depth == 0:
+            return make()
+        if (layer, key) not in self.kept:
+            self.kept[layer, key] = make()
+        return self.kept[layer, key]
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.kept.clear()
+
+
+reused_weights = _ReusedWeights()
 
 
 class LinearBackend(nn.Linear):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.nn import compiled
+from tformer.nn.weights.backend import reused_weights
 from tformer.nn.weights.quantized import QuantizedLinear
 
 
@@ -71,7 +72,8 @@ class Int8Linear(QuantizedLinear):
 
     def _product(self, rows: Tensor) -> Tensor:
         # The integers are exact in bfloat16 and float32 alike; the row scales apply to the outputs.
-        return F.linear(rows, self.qweight.to(rows.dtype)) * self.scales.to(rows.dtype)
+        integers = reused_weights.weight(self, rows.dtype, lambda: self.qweight.to(rows.dtype))
+        return F.linear(rows, integers) * self.scales.to(rows.dtype)
 
 
 class W8A8Linear(Int8Linear):

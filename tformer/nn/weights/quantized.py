@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.nn import compiled
-from tformer.nn.weights.backend import LinearBackend
+from tformer.nn.weights.backend import LinearBackend, reused_weights
 
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 # From this many rows a layer multiplies by a matrix product over its integers rather than by the fused
@@ -114,7 +114,11 @@ class QuantizedLinear(LinearBackend):
 
     def _product(self, rows: Tensor) -> Tensor:
         """rows (N, in) -> (N, out) in rows' dtype, by a matrix product over the integers as floats."""
-        return F.linear(rows, self.dequantized_weight().to(rows.dtype))
+        return F.linear(rows, self.float_weight(rows.dtype))
+
+    def float_weight(self, dtype: torch.dtype) -> Tensor:
+        """The dequantized weight (out, in) in ``dtype``: made for the call, or kept within ``reused_weights``."""
+        return reused_weights.weight(self, dtype, lambda: self.dequantized_weight().to(dtype))
 
     def _prepare(self, dtype: torch.dtype) -> None:
         """Make what the kernel reads in ``dtype`` (scales cast once, not at every call)."""
@@ -189,8 +193,7 @@ class _ThroughQuantized(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        weight = ctx.layer.dequantized_weight()  # (out, in) float32, for this product only
-        return grad.mm(weight.to(grad.dtype)), None
+        return grad.mm(ctx.layer.float_weight(grad.dtype)), None  # (out, in): for this product only
 
 
 def _forget_prepared(module: QuantizedLinear, incompatible_keys) -> None:

@@ -15,7 +15,10 @@ The four steps (forward, loss, backward, optimizer step, gradients set to None):
   lora      tformer, rank 8, alpha 16 over c_attn, c_proj and c_fc (attention and feed-forward)
   qlora     as lora over tformer's int4 base (group size --group-size; the tied token table int8 beside it)
   hf-peft   GPT2LMHeadModel + peft LoraConfig(r=8, lora_alpha=16, target_modules=[c_attn, c_proj, c_fc])
-Every step uses the same optimizer: torch.optim.AdamW (fused), lr 1e-4, over the parameters that train.
+Every step uses the same optimizer: torch.optim.AdamW (fused), lr 1e-4, over the parameters that train. tformer's
+steps take the loss as its lm and sft tasks train on it, without the logits (``model(ids, labels=ids,
+return_logits=False)``: ``losses.head_loss``, a frozen head's logits a few positions at a time, a trained head's whole
+at this size); hf-peft's is GPT2LMHeadModel's loss over the whole logits, as Hugging Face's Trainer takes it.
 
 Time: one process holds all four, and runs them interleaved round by round (``timing.interleaved``: machine noise
 hits them alike), each after one warm-up step; the medians of the rounds are reported, with each step's ratio to
@@ -116,7 +119,7 @@ def build(kind: str, folder: Path, group_size: int):
             set_activation_checkpointing(model)
 
         def loss(ids: torch.Tensor) -> torch.Tensor:
-            return model(ids, labels=ids).loss
+            return model(ids, labels=ids, return_logits=False).loss
     model.train()
     trained = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=LR, fused=True)

@@ -199,7 +199,11 @@ NOT_MEASURED: dict[str, list[str]] = {
     "docs/tokenizers.md": ["(Unicode 14.0 on Python 3.11)"],
     "docs/core.md": ["(Llama 3.1-3.3)", "(default 0.01; 0: none)", "by its -0.5 power", "over 2 s of CPU time"],
     "docs/cli.md": ["with PyTorch 2.13"],
-    "docs/adapters.md": ["the paper's section 4.3"],
+    "docs/adapters.md": [
+        "the paper's section 4.3",
+        "0.43x; with checkpointing",   # derived: 1,092 / 2,526 MiB, the logged peaks beside it
+        "range 1.11-1.54x",            # derived: hf-peft / lora of each logged round
+    ],
     "docs/finetuning.md": [
         "1.86% of benchmarks/recipes.py's bert-mini",  # the recipe's trainable share, counted (its comment)
         "0.90% with BERT's 30,522",                    # the same with BERT's vocabulary
@@ -215,6 +219,8 @@ NOT_MEASURED: dict[str, list[str]] = {
     "docs/training.md": [
         "| 0.1, false |", "| 0.9, 0.99, 1e-8 |", "| 1.0 |", "| 0.0 |", "| 0, 0.0 |", "| 0.1 |", "| 0.15 |", "| 3.0 |",
         "| 8, 16, 0.0, false |",
+        "32 MiB of logits or 256 positions",  # head_loss's piece size, settings
+        "2^28 floats (1 GiB)",                # HEAD_LOSS_WHOLE_FLOATS, a setting
     ],
 }
 

@@ -470,10 +470,18 @@ MUTATIONS = (
     ),
     Mutation(
         "quantized-head-dequantized-every-piece", "tformer/nn/weights/quantized.py",
-        "        return reused_weights.weight(self, dtype, lambda: self.dequantized_weight().to(dtype))",
+        "        return reused_weights.weight(self, (\"weight\", dtype), lambda: self.dequantized_weight().to(dtype))",
         "        return self.dequantized_weight().to(dtype)",
         ("tests/nn/test_head_loss.py",),
         "a quantized head rebuilds its float weight for every piece of the loss (QLoRA's step 25% slower)",
+    ),
+    Mutation(
+        "int8-integers-kept-as-its-weight", "tformer/nn/weights/int8.py",
+        "reused_weights.weight(self, (\"integers\", rows.dtype), lambda",
+        "reused_weights.weight(self, (\"weight\", rows.dtype), lambda",
+        ("tests/nn/test_head_loss.py", "-k", "apart"),
+        "an int8 layer's integers as floats, kept for its product, are read back as its dequantized weight (the "
+        "scales lost) by the input gradient within the same block",
     ),
     Mutation(
         "lm-task-holds-the-logits", "tformer/training/tasks/lm.py",

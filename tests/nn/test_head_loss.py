@@ -145,3 +145,22 @@ def test_a_quantized_head_is_dequantized_once_for_all_the_pieces(small_pieces, m
     model(ids, labels=ids, return_logits=False).loss.backward()  # 24 positions: 5 pieces through the head
     assert made.count(True) == 1  # the head's input gradient, every piece's from one float weight
     assert not reused_weights.kept  # and let go once the loss is taken
+
+
+def test_the_decoder_refuses_to_return_neither_logits_nor_a_loss():
+    model = build_model("gpt-nano")
+    with pytest.raises(ValueError, match="needs labels"):
+        model(torch.zeros(1, 4, dtype=torch.long), return_logits=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int8_layer_keeps_its_integers_and_its_weight_apart_within_reused_weights(dtype):
+    torch.manual_seed(0)
+    layer = Int8Linear.from_linear(torch.nn.Linear(16, 8))
+    rows = torch.randn(4, 16).to(dtype)
+    with reused_weights:
+        product = layer._product(rows)  # the integers as floats, kept
+        weight = layer.float_weight(dtype)  # the dequantized weight: not the integers kept above
+    torch.testing.assert_close(weight, layer.dequantized_weight().to(dtype))
+    torch.testing.assert_close(product, F.linear(rows, weight), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                               atol=1e-2 if dtype == torch.bfloat16 else 1e-6)

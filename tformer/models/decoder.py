@@ -98,11 +98,13 @@ class DecoderLM(Model):
         (``losses.head_loss``: no (B, T, V) logits held, the memory of training's largest activations), the
         output's ``logits`` None. ``label_smoothing``: the loss's (training tasks pass theirs)."""
         check_token_ids(input_ids, self.config.vocab_size)
+        if labels is None and not return_logits:
+            raise ValueError("return_logits=False gives the loss alone: it needs labels")
         stack = self.stack(
             self.embedding(input_ids), attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
-        if labels is not None and not return_logits:  # the loss alone, the logits never held whole
+        if not return_logits:  # the loss alone, the logits never held whole
             targets = next_token_targets(labels, stack.hidden.shape[1])  # (B, T)
             loss = head_loss(self._logits, self.lm_head.parameters(), stack.hidden, targets, self.config.vocab_size,
                              label_smoothing)

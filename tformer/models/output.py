@@ -9,10 +9,11 @@ from torch import Tensor
 
 @dataclass
 class ModelOutput:
-    """``logits`` always; ``loss`` when labels were given; per-layer ``attentions``
-    (B, H, Tq, Tk) and ``hidden_states`` (B, T, D) when asked for; ``cache`` when decoding."""
+    """``logits`` (None from a decoder asked for its loss alone: ``return_logits=False``); ``loss`` when labels
+    were given; per-layer ``attentions`` (B, H, Tq, Tk) and ``hidden_states`` (B, T, D) when asked for; ``cache``
+    when decoding."""
 
-    logits: Tensor
+    logits: Tensor | None
     loss: Tensor | None = None
     attentions: list[Tensor] | None = None
     hidden_states: list[Tensor] | None = None

@@ -69,9 +69,10 @@ def next_token_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0
 
 
 HEAD_LOSS_CHUNK_FLOATS = 2**23  # logits ``head_loss`` holds at once: 32 MiB of float32, or
-HEAD_LOSS_MIN_ROWS = 256  # positions, if more: fewer rows multiply slower (GPT-2's head: 166 rows 1.5x, measured here)
+HEAD_LOSS_MIN_ROWS = 256  # positions, if more: fewer multiply slower (benchmarks/head_loss.py)
 # A trained head's logits are held whole up to this many (1 GiB of float32): its weight's gradient, summed over
-# pieces, makes them slower (GPT-2's head over 1,024 positions: 5-20%, measured here), but past it memory counts more
+# pieces, makes them slower (GPT-2's head over 1,024 positions in pieces of 256: 1.16x, a frozen one's 1.05x:
+# benchmarks/head_loss.py), but past it memory counts more
 HEAD_LOSS_WHOLE_FLOATS = 2**28
 
 

@@ -72,7 +72,7 @@ class Int8Linear(QuantizedLinear):
 
     def _product(self, rows: Tensor) -> Tensor:
         # The integers are exact in bfloat16 and float32 alike; the row scales apply to the outputs.
-        integers = reused_weights.weight(self, rows.dtype, lambda: self.qweight.to(rows.dtype))
+        integers = reused_weights.weight(self, ("integers", rows.dtype), lambda: self.qweight.to(rows.dtype))
         return F.linear(rows, integers) * self.scales.to(rows.dtype)
 
 

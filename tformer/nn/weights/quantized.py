@@ -118,7 +118,7 @@ class QuantizedLinear(LinearBackend):
 
     def float_weight(self, dtype: torch.dtype) -> Tensor:
         """The dequantized weight (out, in) in ``dtype``: made for the call, or kept within ``reused_weights``."""
-        return reused_weights.weight(self, dtype, lambda: self.dequantized_weight().to(dtype))
+        return reused_weights.weight(self, ("weight", dtype), lambda: self.dequantized_weight().to(dtype))
 
     def _prepare(self, dtype: torch.dtype) -> None:
         """Make what the kernel reads in ``dtype`` (scales cast once, not at every call)."""

@@ -90,8 +90,11 @@ class Int4Linear(QuantizedLinear):
         return module
 
     def dequantized_weight(self) -> Tensor:
-        groups = unpack_nibbles(self.qweight).float().reshape(self.out_features, -1, self.group_size)
-        return ((groups - 8) * self.scales[..., None] + self.zeros[..., None]).reshape(self.out_features, -1)
+        # In place on one float tensor: a large head's weight would otherwise be made four times over at once
+        integers = torch.stack([self.qweight & 0x0F, self.qweight >> 4], dim=-1)  # (out, in / 2, 2) uint8
+        groups = integers.to(torch.float32).view(self.out_features, -1, self.group_size)
+        groups.sub_(8).mul_(self.scales[..., None]).add_(self.zeros[..., None])
+        return groups.view(self.out_features, -1)
 
     def _prepare(self, dtype: torch.dtype) -> None:
         # The kernel takes outputs in multiples of 16: pad with rows that are exactly 0 (q = 8, zero 0).

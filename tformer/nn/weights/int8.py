@@ -26,7 +26,7 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 def dequantize_int8(integers: Tensor, scales: Tensor) -> Tensor:
     """``quantize_int8`` undone: int8 (out, in) and scales (out,) -> float32 (out, in)."""
-    return integers.float() * scales[:, None]
+    return integers.float().mul_(scales[:, None])  # in place: one float tensor, not two
 
 
 class Int8Linear(QuantizedLinear):

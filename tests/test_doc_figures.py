@@ -201,7 +201,9 @@ NOT_MEASURED: dict[str, list[str]] = {
     "docs/cli.md": ["with PyTorch 2.13"],
     "docs/adapters.md": [
         "the paper's section 4.3",
-        "0.43x; with checkpointing",   # derived: 1,092 / 2,526 MiB, the logged peaks beside it
+        "2,526 MiB, 0.35x",            # derived: 896 / 2,526 MiB, the logged peaks beside it
+        "(336 MiB less resident",      # derived: 785 - 448 MiB, logged
+        "231 MB by their",             # derived: the head's sizes, 50,257 x 768 x (2 + 4) bytes
         "range 1.11-1.54x",            # derived: hf-peft / lora of each logged round
     ],
     "docs/finetuning.md": [

@@ -484,6 +484,20 @@ MUTATIONS = (
         "scales lost) by the input gradient within the same block",
     ),
     Mutation(
+        "int4-dequantized-a-step-off", "tformer/nn/weights/int4.py",
+        "        groups.sub_(8).mul_(self.scales[..., None]).add_(self.zeros[..., None])",
+        "        groups.sub_(7).mul_(self.scales[..., None]).add_(self.zeros[..., None])",
+        ("tests/nn/test_quantization.py", "tests/nn/test_head_loss.py"),
+        "an int4 layer's float weight (its input gradient under QLoRA, to_linear, off the CPU) a step off its kernel's",
+    ),
+    Mutation(
+        "decoder-loss-without-logits-drops-label-smoothing", "tformer/models/decoder.py",
+        "                             label_smoothing)",
+        "                             0.0)",
+        ("tests/nn/test_head_loss.py",),
+        "a decoder asked for its loss alone trains without the task's label smoothing",
+    ),
+    Mutation(
         "lm-task-holds-the-logits", "tformer/training/tasks/lm.py",
         "labels=batch[\"labels\"], label_smoothing=smoothing, return_logits=False).loss",
         "labels=batch[\"labels\"], label_smoothing=smoothing).loss",

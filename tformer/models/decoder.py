@@ -94,8 +94,8 @@ class DecoderLM(Model):
         """input_ids: (B, T). ``attention_mask`` (B, past + T), 1 = attend, covers cached positions
         too. ``labels`` (B, T) are aligned with the inputs (shifted inside), or (B, T + 1): the inputs and the
         token after them, which the last position then predicts (the lm task's crops); -100 is ignored.
-        ``return_logits`` False (with labels): the loss only, computed a few positions at a time
-        (``losses.head_loss``: no (B, T, V) logits held, the memory of training's largest activations), the
+        ``return_logits`` False (with labels): the loss only, by ``losses.head_loss`` (a frozen head, or logits
+        past 1 GiB, run a few positions at a time: no (B, T, V) logits held, training's largest activations), the
         output's ``logits`` None. ``label_smoothing``: the loss's (training tasks pass theirs)."""
         check_token_ids(input_ids, self.config.vocab_size)
         if labels is None and not return_logits:

@@ -193,7 +193,7 @@ class _ThroughQuantized(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return grad.mm(ctx.layer.float_weight(grad.dtype)), None  # (out, in): for this product only
+        return grad.mm(ctx.layer.float_weight(grad.dtype)), None  # (out, in): made for it, or kept (reused_weights)
 
 
 def _forget_prepared(module: QuantizedLinear, incompatible_keys) -> None:

@@ -96,8 +96,8 @@ class LanguageModelling(Task):
         return crop_batch(inputs, targets)
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """Next-token cross-entropy (the model's loss, its logits never held whole), with ``label_smoothing``
-        while training."""
+        """Next-token cross-entropy (the model's loss, asked for without its logits: ``losses.head_loss``), with
+        ``label_smoothing`` while training."""
         smoothing = self.config.label_smoothing if model.training else 0.0
         return model(batch["input_ids"], labels=batch["labels"], label_smoothing=smoothing, return_logits=False).loss
 

@@ -224,8 +224,8 @@ class SupervisedFineTuning(ExampleTask):
         return f"{self.config.batch_size} x up to {self.seq_len}"
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """The next-token loss over the trained tokens (with ``label_smoothing`` while training), the logits never
-        held whole."""
+        """The next-token loss over the trained tokens (with ``label_smoothing`` while training), asked for without
+        the logits (``losses.head_loss``)."""
         smoothing = self.config.label_smoothing if model.training else 0.0
         return model(**model_inputs(batch), label_smoothing=smoothing, return_logits=False).loss
 

@@ -498,20 +498,6 @@ MUTATIONS = (
         "a decoder asked for its loss alone trains without the task's label smoothing",
     ),
     Mutation(
-        "lm-task-holds-the-logits", "tformer/training/tasks/lm.py",
-        "labels=batch[\"labels\"], label_smoothing=smoothing, return_logits=False).loss",
-        "labels=batch[\"labels\"], label_smoothing=smoothing).loss",
-        ("tests/training/test_one_loss.py", "-k", "holding"),
-        "the lm task trains through the whole (B, T, V) logits, the largest activations of its step",
-    ),
-    Mutation(
-        "sft-task-holds-the-logits", "tformer/training/tasks/sft.py",
-        "        return model(**model_inputs(batch), label_smoothing=smoothing, return_logits=False).loss",
-        "        return model(**model_inputs(batch), label_smoothing=smoothing).loss",
-        ("tests/training/test_one_loss.py", "-k", "holding"),
-        "the sft task trains through the whole (B, T, V) logits",
-    ),
-    Mutation(
         "clock-schedule-never-decays", "tformer/training/schedules.py",
         "    return min(ramp, _decayed(min(1.0, max(0.0, budget_fraction)), schedule, lr, min_lr))",
         "    return ramp",

@@ -96,7 +96,7 @@ class DecoderLM(Model):
         token after them, which the last position then predicts (the lm task's crops); -100 is ignored.
         ``return_logits`` False (with labels): the loss only, by ``losses.head_loss`` (a frozen head, or logits
         past 1 GiB, run a few positions at a time: no (B, T, V) logits held, training's largest activations), the
-        output's ``logits`` None. ``label_smoothing``: the loss's (training tasks pass theirs)."""
+        output's ``logits`` None. ``label_smoothing``: the loss's."""
         check_token_ids(input_ids, self.config.vocab_size)
         if labels is None and not return_logits:
             raise ValueError("return_logits=False gives the loss alone: it needs labels")

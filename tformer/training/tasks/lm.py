@@ -96,10 +96,10 @@ class LanguageModelling(Task):
         return crop_batch(inputs, targets)
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """Next-token cross-entropy (the model's loss, asked for without its logits: ``losses.head_loss``), with
-        ``label_smoothing`` while training."""
+        """Next-token cross-entropy (the model's loss), with ``label_smoothing`` while training."""
+        logits = model(batch["input_ids"]).logits  # (B, T, V)
         smoothing = self.config.label_smoothing if model.training else 0.0
-        return model(batch["input_ids"], labels=batch["labels"], label_smoothing=smoothing, return_logits=False).loss
+        return next_token_loss(logits, batch["labels"], smoothing)
 
     def eval_batches(self) -> Iterator[Batch]:
         """``eval_batches`` batches of windows spread evenly over the evaluation tokens (the same

@@ -224,10 +224,10 @@ class SupervisedFineTuning(ExampleTask):
         return f"{self.config.batch_size} x up to {self.seq_len}"
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """The next-token loss over the trained tokens (with ``label_smoothing`` while training), asked for without
-        the logits (``losses.head_loss``)."""
+        """The next-token loss over the trained tokens (with ``label_smoothing`` while training)."""
+        logits = model(**model_inputs(batch, "labels")).logits  # (B, T, V)
         smoothing = self.config.label_smoothing if model.training else 0.0
-        return model(**model_inputs(batch), label_smoothing=smoothing, return_logits=False).loss
+        return next_token_loss(logits, batch["labels"], smoothing)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         """The summed loss, correct predictions and count of the trained tokens (rows weighted: a filler row

@@ -37,10 +37,10 @@ def pack_nibbles(integers: Tensor) -> Tensor:
     return values[:, 0::2] | (values[:, 1::2] << 4)
 
 
-def unpack_nibbles(packed: Tensor) -> Tensor:
-    """``pack_nibbles`` undone: (out, in / 2) uint8 -> (out, in) int32."""
+def unpack_nibbles(packed: Tensor, dtype: torch.dtype = torch.int32) -> Tensor:
+    """``pack_nibbles`` undone: (out, in / 2) uint8 -> (out, in) in ``dtype``."""
     low, high = packed & 0x0F, packed >> 4
-    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1).to(torch.int32)
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1).to(dtype)
 
 
 def int4_problem(in_features: int, out_features: int, group_size: int) -> str | None:
@@ -91,8 +91,7 @@ class Int4Linear(QuantizedLinear):
 
     def dequantized_weight(self) -> Tensor:
         # In place on one float tensor: a large head's weight would otherwise be made four times over at once
-        integers = torch.stack([self.qweight & 0x0F, self.qweight >> 4], dim=-1)  # (out, in / 2, 2) uint8
-        groups = integers.to(torch.float32).view(self.out_features, -1, self.group_size)
+        groups = unpack_nibbles(self.qweight, torch.float32).view(self.out_features, -1, self.group_size)
         groups.sub_(8).mul_(self.scales[..., None]).add_(self.zeros[..., None])
         return groups.view(self.out_features, -1)
 

@@ -17,8 +17,8 @@ The four steps (forward, loss, backward, optimizer step, gradients set to None):
   hf-peft   GPT2LMHeadModel + peft LoraConfig(r=8, lora_alpha=16, target_modules=[c_attn, c_proj, c_fc])
 Every step uses the same optimizer: torch.optim.AdamW (fused), lr 1e-4, over the parameters that train. tformer's
 steps take the loss without the logits (``model(ids, labels=ids, return_logits=False)``: ``losses.head_loss``, a
-frozen head's logits a few positions at a time, a trained head's whole at this size; the lm and sft tasks do not take
-this path yet); hf-peft's is GPT2LMHeadModel's loss over the whole logits, as Hugging Face's Trainer takes it.
+frozen head's logits a few positions at a time, a trained head's whole at this size; the lm and sft tasks take their
+loss the same way); hf-peft's is GPT2LMHeadModel's loss over the whole logits, as Hugging Face's Trainer takes it.
 
 Time: one process holds all four, and runs them interleaved round by round (``timing.interleaved``: machine noise
 hits them alike), each after one warm-up step; the medians of the rounds are reported, with each step's ratio to

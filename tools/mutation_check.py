@@ -498,6 +498,20 @@ MUTATIONS = (
         "a decoder asked for its loss alone trains without the task's label smoothing",
     ),
     Mutation(
+        "lm-task-loss-holds-the-logits", "tformer/training/tasks/lm.py",
+        "labels=batch[\"labels\"], return_logits=False, label_smoothing=smoothing).loss",
+        "labels=batch[\"labels\"], label_smoothing=smoothing).loss",
+        ("tests/training/test_training_engine.py",),
+        "the lm task's training step holds the (B, T, V) logits its loss can do without",
+    ),
+    Mutation(
+        "sft-task-loss-drops-label-smoothing", "tformer/training/tasks/sft.py",
+        "                     label_smoothing=smoothing).loss",
+        "                     label_smoothing=0.0).loss",
+        ("tests/data/test_chat_data.py",),
+        "the sft task trains without its recipe's label smoothing",
+    ),
+    Mutation(
         "clock-schedule-never-decays", "tformer/training/schedules.py",
         "    return min(ramp, _decayed(min(1.0, max(0.0, budget_fraction)), schedule, lr, min_lr))",
         "    return ramp",

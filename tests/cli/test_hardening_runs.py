@@ -186,21 +186,21 @@ def test_a_nan_stop_leaves_a_state_that_a_lower_learning_rate_resumes(recipe, tm
 def test_a_nan_stop_names_the_newest_finite_checkpoint_and_resume_states_the_new_rate(recipe, tmp_path, capsys,
                                                                                        monkeypatch):
     run = tmp_path / "run"
-    real, calls = lm_task.next_token_loss, [0]
+    real, calls = lm_task.LanguageModelling.loss, [0]
 
     def nan_on_the_fifth(*args, **kwargs):  # one loss per step: the 5th step's is NaN
         calls[0] += 1
         loss = real(*args, **kwargs)
         return loss * float("nan") if calls[0] == 5 else loss
 
-    monkeypatch.setattr(lm_task, "next_token_loss", nan_on_the_fifth)
+    monkeypatch.setattr(lm_task.LanguageModelling, "loss", nan_on_the_fifth)
     assert train(recipe, run, "--set", "training.max_steps=8", "--set", "training.checkpoint_every=2",
                  "--set", "training.eval_every=100") == 2
     # The state after step 4 trained to a NaN: its checkpoint is set aside; step 2's trained on (to step 3, 4).
     assert (f"loss became nan at step 5: training stopped; the newest finite checkpoint is "
             f"{run / 'checkpoints' / 'step-00000002'}, where --resume auto continues") in error_line(capsys)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000004.nonfinite"]
-    monkeypatch.setattr(lm_task, "next_token_loss", real)
+    monkeypatch.setattr(lm_task.LanguageModelling, "loss", real)
     assert train(recipe, run, "--set", "training.max_steps=8", "--set", "training.lr=5e-4", "--resume", "auto") == 0
     printed = capsys.readouterr().out
     assert "resumed from step 2" in printed and "settings changed on resume: training.lr 0.001 -> 0.0005" in printed
@@ -305,7 +305,7 @@ def test_a_run_refused_before_training_leaves_no_folder(recipe, tmp_path, capsys
 
 
 def test_sigterm_during_training_saves_then_raises_and_the_command_exits_143(recipe, tmp_path, capsys, monkeypatch):
-    real, calls = lm_task.next_token_loss, [0]
+    real, calls = lm_task.LanguageModelling.loss, [0]
 
     def terminate_on_the_second(*args, **kwargs):
         calls[0] += 1
@@ -313,7 +313,7 @@ def test_sigterm_during_training_saves_then_raises_and_the_command_exits_143(rec
             os.kill(os.getpid(), signal.SIGTERM)  # lands in step 2; step 3 carries the request (to every process)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm_task, "next_token_loss", terminate_on_the_second)
+    monkeypatch.setattr(lm_task.LanguageModelling, "loss", terminate_on_the_second)
     run = tmp_path / "run"
     assert train(recipe, run, "--set", "training.max_steps=100") == 143
     saved = run / "checkpoints" / "step-00000003"

@@ -3,6 +3,7 @@ answers marked token by token, one-line refusals, and packing that keeps each ex
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from tformer.nn.losses import IGNORE_INDEX, next_token_loss, next_token_targets
 from tformer.tokenizers import BPETokenizer
 from tformer.tokenizers.byte_level import BYTE_TO_CHAR
 from tformer.tokenizers.chat_template import ChatTemplate
-from tformer.training.tasks.sft import example_labels, example_rows, fit_examples, pack
+from tformer.training.tasks.sft import SupervisedFineTuning, example_labels, example_rows, fit_examples, pack
 
 START, END = "<|im_start|>", "<|im_end|>"  # ids 256 and 257
 CHATML = ("{% for m in messages %}" + START + "{{ m.role }}\n{{ m.content }}" + END + "\n{% endfor %}"
@@ -145,6 +146,19 @@ def test_a_packed_batch_gives_each_example_its_loss_alone(positional):
             trained = next(t for i, t in examples if i == ids)
             alone = next_token_loss(model(torch.tensor([ids])).logits, torch.tensor([example_labels(ids, trained)]))
             assert torch.allclose(loss, alone, atol=1e-5, rtol=0)
+
+
+def test_the_sft_training_loss_is_the_packed_rows_loss_without_their_logits():
+    model = tformer.build_model("gpt-nano", vocab_size=50, dropout=0.0).train()
+    batch = example_rows(random_examples(12, 50), 32, packing=True, pad_id=0).select(torch.arange(2))
+    task = SimpleNamespace(config=SimpleNamespace(label_smoothing=0.1))  # what the task's loss reads of itself
+    with torch.no_grad():
+        logits = model(batch["input_ids"], position_ids=batch["position_ids"]).logits
+    held = []
+    model.register_forward_hook(lambda module, args, output: held.append(output.logits))
+    loss = SupervisedFineTuning.loss(task, model, batch)
+    torch.testing.assert_close(loss, next_token_loss(logits, batch["labels"], 0.1), rtol=1e-5, atol=0)
+    assert held == [None]  # the loss alone (losses.head_loss): no (B, T, V) logits kept for the backward
 
 
 def test_no_token_attends_across_a_boundary():

@@ -70,7 +70,11 @@ def test_label_smoothing_is_applied_to_training_not_to_evaluation():
     with torch.no_grad():
         logits = trainer.model(inputs).logits.flatten(0, 1)
     smoothed = F.cross_entropy(logits, targets.flatten(), label_smoothing=0.3).item()
+    held = []
+    hook = trainer.model.register_forward_hook(lambda module, args, output: held.append(output.logits))
     assert trainer.train_step().loss == pytest.approx(smoothed, rel=1e-5)
+    hook.remove()
+    assert held == [None]  # the step took the loss alone (losses.head_loss): no (B, T, V) logits kept
     # Evaluation of these (trained) weights: plain cross-entropy over the evaluation windows.
     windows = [spaced_windows(TOKENS[:500], 4, 16, index, 2) for index in range(2)]
 
@@ -194,13 +198,14 @@ class InjectNaN:
 
     def __init__(self, monkeypatch, calls):
         self.calls, self.count = set(calls), 0
-        self.real = lm_task.next_token_loss
-        monkeypatch.setattr(lm_task, "next_token_loss", self)
+        real = lm_task.LanguageModelling.loss
 
-    def __call__(self, logits, labels, label_smoothing=0.0):
-        self.count += 1
-        loss = self.real(logits, labels, label_smoothing)
-        return loss * float("nan") if self.count in self.calls else loss
+        def loss(task, model, batch):
+            self.count += 1
+            value = real(task, model, batch)
+            return value * float("nan") if self.count in self.calls else value
+
+        monkeypatch.setattr(lm_task.LanguageModelling, "loss", loss)
 
 
 def test_a_nan_loss_stops_the_run_naming_the_newest_finite_checkpoint(tmp_path, monkeypatch):

@@ -75,7 +75,7 @@ import tformer.training.state as state
 import tformer.training.tasks.lm as lm
 
 if point == "forward":
-    lm.next_token_loss = on_call(lm.next_token_loss)
+    lm.LanguageModelling.loss = on_call(lm.LanguageModelling.loss)
 elif point == "optimizer":
     checkpoints.save_file = on_call(checkpoints.save_file)
 elif point == "retention":

@@ -93,14 +93,15 @@ def head_loss(head: Callable[[Tensor], Tensor], parameters: Iterable[Tensor], hi
     rows = max(HEAD_LOSS_MIN_ROWS, HEAD_LOSS_CHUNK_FLOATS // vocab_size)
     trained = [parameter for parameter in parameters if parameter.requires_grad]
     gradients = torch.is_grad_enabled() and (hidden.requires_grad or bool(trained))
-    with reused_weights:  # a quantized head's float weight made once for every piece, not once a piece
-        if gradients and trained and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:
-            total = token_cross_entropy(head(hidden), targets, label_smoothing, "sum")  # whole: see above
-        elif gradients:
-            total = _PiecewiseHeadLoss.apply(hidden, targets, head, rows, label_smoothing, *trained)
-        else:
-            total = sum(token_cross_entropy(head(hidden[start:start + rows]), targets[start:start + rows],
-                                            label_smoothing, "sum") for start in range(0, len(targets), rows))
+    if gradients and trained and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:
+        total = token_cross_entropy(head(hidden), targets, label_smoothing, "sum")  # whole: see above
+    else:
+        with reused_weights:  # a quantized head's float weight made once for every piece, not once a piece
+            if gradients:
+                total = _PiecewiseHeadLoss.apply(hidden, targets, head, rows, label_smoothing, *trained)
+            else:
+                total = sum(token_cross_entropy(head(hidden[start:start + rows]), targets[start:start + rows],
+                                                label_smoothing, "sum") for start in range(0, len(targets), rows))
     if reduction == "sum":
         return total
     warn_if_no_targets(targets, IGNORE_INDEX)

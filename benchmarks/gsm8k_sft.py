@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pretraining_helps import build_corpus  # noqa: E402
+from run_costs import peak_memory_mib, records, seconds_per_step  # noqa: E402
 
 import tformer  # noqa: E402
 from tformer.adapters import adapter_parameters, load_adapter  # noqa: E402
@@ -100,20 +101,6 @@ def finetune(variant: str, seed: int, base: Path, runs: Path, threads: int, step
                 *VARIANTS[variant], *cut(steps)]
     run_command(train_command("gsm8k-sft.toml", out, settings), runs / variant / f"seed-{seed}.log")
     return out
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
-
-
-def seconds_per_step(run: Path, log: Path) -> float:
-    """The median step's seconds: tokens per step (the log's training line) over each step's tokens per second."""
-    found = re.findall(r"^training +\d+ steps of ([\d,]+) tokens", log.read_text(encoding="utf-8"), re.MULTILINE)
-    if not found:
-        raise SystemExit(f"{log}: no 'training ... steps of N tokens' line")
-    tokens = int(found[-1].replace(",", ""))
-    rates = [record["tokens_per_s"] for record in records(run) if record.get("tokens_per_s")]
-    return statistics.median(tokens / rate for rate in rates)
 
 
 def fine_tuned_model(variant: str, run: Path, base: Path):
@@ -252,9 +239,8 @@ def main() -> None:
             model = fine_tuned_model(variant, run, base)
             trained = model.num_parameters() if variant == "full" else adapter_parameters(model)
             losses = [record["eval_loss"] for record in records(run) if "eval_loss" in record]
-            peaks = [record["peak_memory_mib"] for record in records(run) if "peak_memory_mib" in record]
             result = {"variant": variant, "seed": seed, "eval_loss": losses[-1], "trained": trained, "total": total,
-                      "peak_memory_mib": max(peaks),
+                      "peak_memory_mib": peak_memory_mib(run),
                       "seconds_per_step": seconds_per_step(run, args.runs / variant / f"seed-{seed}.log"),
                       **answer_scores(model, base, run / "gsm8k-answers.jsonl", problems, args.max_new_tokens)}
             print(f"{variant} seed {seed}: held-out loss {result['eval_loss']:.4f}, "

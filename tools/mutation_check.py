@@ -491,13 +491,6 @@ MUTATIONS = (
         "an int4 layer's float weight (its input gradient under QLoRA, to_linear, off the CPU) a step off its kernel's",
     ),
     Mutation(
-        "decoder-loss-without-logits-drops-label-smoothing", "tformer/models/decoder.py",
-        "                             label_smoothing)",
-        "                             0.0)",
-        ("tests/nn/test_head_loss.py",),
-        "a decoder asked for its loss alone trains without the task's label smoothing",
-    ),
-    Mutation(
         "lm-task-loss-holds-the-logits", "tformer/training/tasks/lm.py",
         "labels=batch[\"labels\"], return_logits=False, label_smoothing=smoothing).loss",
         "labels=batch[\"labels\"], label_smoothing=smoothing).loss",
@@ -510,6 +503,20 @@ MUTATIONS = (
         "                     label_smoothing=0.0).loss",
         ("tests/data/test_chat_data.py",),
         "the sft task trains without its recipe's label smoothing",
+    ),
+    Mutation(
+        "task-loss-holds-the-logits-of-a-model-that-needs-none", "tformer/training/tasks/base.py",
+        "        if self.loss_alone:",
+        "        if False:",
+        ("tests/training/test_tasks_translation.py",),
+        "translation, text-to-text and span-corruption steps hold the (B, T, V) logits their loss can do without",
+    ),
+    Mutation(
+        "head-outputs-drop-label-smoothing", "tformer/models/base.py",
+        "model.config.vocab_size,\n                               label_smoothing)",
+        "model.config.vocab_size,\n                               0.0)",
+        ("tests/nn/test_head_loss.py",),
+        "a model asked for its loss alone trains without the task's label smoothing",
     ),
     Mutation(
         "clock-schedule-never-decays", "tformer/training/schedules.py",

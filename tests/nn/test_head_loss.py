@@ -1,5 +1,6 @@
 """``losses.head_loss``: the next-token loss a few positions at a time, never the (N, V) logits whole, equal in value
-and gradients to PyTorch's cross-entropy over the whole logits; and the decoder's ``return_logits=False`` on it."""
+and gradients to PyTorch's cross-entropy over the whole logits; and the decoder's and the encoder-decoder's
+``return_logits=False`` on it."""
 
 from __future__ import annotations
 
@@ -131,6 +132,37 @@ def test_the_decoders_loss_without_logits_equals_its_loss_from_the_logits(small_
     assert grads.keys() == expected.keys() and grads  # the tied table's gradient too (full)
     for name in expected:
         torch.testing.assert_close(grads[name], expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_the_encoder_decoders_loss_without_logits_equals_its_loss_from_the_logits(small_pieces, kind):
+    torch.manual_seed(0)
+    model = build_model("transformer-multi30k", vocab_size=VOCAB, d_model=16, num_layers=1, num_heads=2, d_ff=32,
+                        max_seq_len=32, lm_head_bias=True, scale_decoder_output=True)
+    if kind == "lora":
+        add_lora(model, rank=4, alpha=8, targets=["attention", "feedforward"])
+    model.train()
+    generator = torch.Generator().manual_seed(5)
+    source, labels = torch.randint(3, VOCAB, (2, 9), generator=generator), torch.randint(3, VOCAB, (2, 12),
+                                                                                         generator=generator)
+    labels[1, 8:] = -100  # a shorter target, padded
+
+    def gradients(return_logits):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        output = model(source, labels=labels, label_smoothing=0.1, return_logits=return_logits)
+        output.loss.backward()
+        return output, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    with_logits, expected = gradients(True)
+    without, grads = gradients(False)
+    assert without.logits is None and with_logits.logits.shape == (2, 12, VOCAB)
+    torch.testing.assert_close(without.loss, with_logits.loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == expected.keys() and grads
+    for name in expected:
+        torch.testing.assert_close(grads[name], expected[name], rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="needs labels"):
+        model(source, decoder_input_ids=labels.clamp(min=0), return_logits=False)
 
 
 def test_a_quantized_head_is_dequantized_once_for_all_the_pieces(small_pieces, monkeypatch):

@@ -16,6 +16,7 @@ from tformer.cli import main
 from tformer.data.files import DataFileError
 from tformer.data.parallel import read_parallel
 from tformer.generation.translation import translate
+from tformer.nn.losses import token_cross_entropy
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
 from tformer.training.recipe import RecipeError, recipe_from_dict
@@ -93,6 +94,22 @@ def test_the_joint_bpe_reads_both_languages_and_rows_end_with_the_end_token(tmp_
         assert rows.fields["ids"][pair, length:].eq(0).all()
     # both languages' words are single tokens of the one vocabulary
     assert len(tokenizer.encode(" hund")) == 1 and len(tokenizer.encode(" dog")) == 1
+
+
+def test_the_training_loss_is_the_models_own_without_its_logits(tmp_path):
+    task, model = prepared(folder=tmp_path)
+    task.prepare(TrainingConfig(batch_size=8, seq_len=32, seed=1337, label_smoothing=0.1), ProcessContext(0, 1), model)
+    batch = task.train_batch(0)
+    model.train()
+    held = []
+    hook = model.register_forward_hook(lambda module, args, output: held.append(output.logits))
+    torch.manual_seed(1)  # the same dropout masks both ways
+    loss = task.loss(model, batch)
+    hook.remove()
+    torch.manual_seed(1)
+    logits = model(**{name: values for name, values in batch.items() if name != "labels"}).logits
+    torch.testing.assert_close(loss, token_cross_entropy(logits, batch["labels"], 0.1), rtol=1e-5, atol=0)
+    assert held == [None]  # the loss alone (losses.head_loss): no (B, T, V) logits kept for the backward
 
 
 def test_token_budget_batches_cover_every_pair_once_an_epoch(tmp_path):

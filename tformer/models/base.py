@@ -20,7 +20,7 @@ from tformer.models.generation_protocol import GenerationProtocol
 from tformer.models.output import GenerationState
 from tformer.nn.decoding_view import decoding_view
 from tformer.nn.experts import feedforward_parameters
-from tformer.nn.losses import IGNORE_INDEX
+from tformer.nn.losses import IGNORE_INDEX, head_loss, token_cross_entropy
 from tformer.nn.stack import LAYOUT_FIELDS, TransformerStack
 from tformer.nn.weights import decoding_step, decoding_weights
 from tformer.quantization import dequantized
@@ -40,6 +40,9 @@ class Model(nn.Module, GenerationProtocol):
     # "tokenizer" (tokenizer.json), an "image_processor" (preprocessor_config.json).
     attachments: tuple[str, ...] = ("tokenizer",)
     reads_tokens: bool = True  # it reads or writes token ids of a vocabulary (a tokenizer sets vocab_size)
+    # Its forward takes ``return_logits=False`` (with labels) and ``label_smoothing``: the loss alone, the
+    # logits of its token head never held whole (``head_outputs``); the training tasks' loss asks for that.
+    loss_alone: bool = False
     inputs: str = "tokens"  # what its (encoder's) input is: "tokens", "images" or "audio"
 
     def __init__(self, config: ModelConfig) -> None:
@@ -152,6 +155,21 @@ class Model(nn.Module, GenerationProtocol):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
+
+
+def head_outputs(model: Model, hidden: torch.Tensor, targets: torch.Tensor | None, return_logits: bool,
+                 label_smoothing: float) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The logits of a model's token head (``model._logits``, over its ``lm_head``) for its last hidden states
+    (B, T, D), and their cross-entropy against ``targets`` (B, T) (None: no loss). ``return_logits`` False: the
+    loss alone, by ``losses.head_loss`` (a frozen head, or logits past 1 GiB, run a few positions at a time),
+    the logits None; it needs targets."""
+    if not return_logits:
+        if targets is None:
+            raise ValueError("return_logits=False gives the loss alone: it needs labels")
+        return None, head_loss(model._logits, model.lm_head.parameters(), hidden, targets, model.config.vocab_size,
+                               label_smoothing)
+    logits = model._logits(hidden)  # (B, T, V)
+    return logits, None if targets is None else token_cross_entropy(logits, targets, label_smoothing)
 
 
 def shift_right(labels: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import GENERATION_DEFAULT_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
-from tformer.models.base import Model
+from tformer.models.base import Model, head_outputs
 from tformer.models.output import GenerationState, ModelOutput
 from tformer.models.registry import register
 from tformer.nn.attention import StepLayout
@@ -16,7 +16,7 @@ from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
 from tformer.nn.inputs import check_token_ids
-from tformer.nn.losses import head_loss, next_token_loss, next_token_targets
+from tformer.nn.losses import next_token_targets
 from tformer.nn.stack import TransformerStack
 
 DECODER_PRESETS = {
@@ -57,6 +57,7 @@ class DecoderLM(Model):
     by ``final_logit_softcap`` when set, Gemma 2)."""
 
     generates = True
+    loss_alone = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -94,24 +95,15 @@ class DecoderLM(Model):
         """input_ids: (B, T). ``attention_mask`` (B, past + T), 1 = attend, covers cached positions
         too. ``labels`` (B, T) are aligned with the inputs (shifted inside), or (B, T + 1): the inputs and the
         token after them, which the last position then predicts (the lm task's crops); -100 is ignored.
-        ``return_logits`` False (with labels): the loss only, by ``losses.head_loss`` (a frozen head, or logits
-        past 1 GiB, run a few positions at a time: no (B, T, V) logits held, training's largest activations), the
-        output's ``logits`` None. ``label_smoothing``: the loss's."""
+        ``return_logits`` False (with labels): the loss only (``head_outputs``: no (B, T, V) logits held,
+        training's largest activations), the output's ``logits`` None. ``label_smoothing``: the loss's."""
         check_token_ids(input_ids, self.config.vocab_size)
-        if labels is None and not return_logits:
-            raise ValueError("return_logits=False gives the loss alone: it needs labels")
         stack = self.stack(
             self.embedding(input_ids), attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
-        if not return_logits:  # the loss alone, the logits never held whole
-            targets = next_token_targets(labels, stack.hidden.shape[1])  # (B, T)
-            loss = head_loss(self._logits, self.lm_head.parameters(), stack.hidden, targets, self.config.vocab_size,
-                             label_smoothing)
-            return ModelOutput(logits=None, loss=loss, attentions=stack.attentions,
-                               hidden_states=stack.hidden_states, cache=cache)
-        logits = self._logits(stack.hidden)  # (B, T, V)
-        loss = None if labels is None else next_token_loss(logits, labels, label_smoothing)
+        targets = None if labels is None else next_token_targets(labels, stack.hidden.shape[1])  # (B, T)
+        logits, loss = head_outputs(self, stack.hidden, targets, return_logits, label_smoothing)
         return ModelOutput(
             logits=logits, loss=loss, attentions=stack.attentions, hidden_states=stack.hidden_states, cache=cache,
         )

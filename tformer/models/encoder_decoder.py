@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import GENERATION_DEFAULT_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
-from tformer.models.base import Seq2SeqModel
+from tformer.models.base import Seq2SeqModel, head_outputs
 from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
 from tformer.nn.attention import StepLayout
@@ -29,7 +29,6 @@ from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
 from tformer.nn.inputs import check_token_ids
-from tformer.nn.losses import token_cross_entropy
 from tformer.nn.stack import TransformerStack
 
 # lm_head_bias: a per-token bias on the output logits (Marian's final_logits_bias); scale_decoder_output: T5's
@@ -62,6 +61,8 @@ ENCODER_DECODER_PRESETS = {
 class EncoderDecoderLM(Seq2SeqModel):
     """Token embedding (shared) -> encoder stack over the source; token embedding -> decoder stack
     (causal, cross-attending) over the target -> LM head tied to the embedding."""
+
+    loss_alone = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -119,10 +120,14 @@ class EncoderDecoderLM(Seq2SeqModel):
         encoder_attention_mask: Tensor | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        return_logits: bool = True,
+        label_smoothing: float = 0.0,
     ) -> Seq2SeqOutput:
         """Training and scoring: ``input_ids`` the source (B, S) with ``attention_mask``; the target as
         ``decoder_input_ids`` (B, T), or as ``labels`` (B, T) that the decoder reads shifted right behind
-        the start token (-100 in labels is ignored by the loss and read as padding).
+        the start token (-100 in labels is ignored by the loss and read as padding). ``return_logits`` False
+        (with labels): the loss only (``head_outputs``: no (B, T, V) logits held), ``logits`` None;
+        ``label_smoothing``: the loss's.
 
         A generation step (the Session protocol): given ``encoder_output`` (B, S, D) and
         ``encoder_attention_mask``, ``input_ids`` are the decoder's tokens after the cached ones and
@@ -138,8 +143,7 @@ class EncoderDecoderLM(Seq2SeqModel):
             encoder_attentions = encoded.attentions
         decoded = self.decode(decoder_input_ids, encoder_output, encoder_attention_mask, decoder_attention_mask, cache,
                               output_attentions, output_hidden_states)
-        logits = self._logits(decoded.hidden)  # (B, T, V)
-        loss = None if labels is None else token_cross_entropy(logits, labels)
+        logits, loss = head_outputs(self, decoded.hidden, labels, return_logits, label_smoothing)
         return Seq2SeqOutput(
             logits=logits, loss=loss, attentions=decoded.attentions, hidden_states=decoded.hidden_states,
             cache=cache, encoder_output=encoder_output, cross_attentions=decoded.cross_attentions,

@@ -9,7 +9,7 @@ from torch import Tensor
 
 @dataclass
 class ModelOutput:
-    """``logits`` (None from a decoder asked for its loss alone: ``return_logits=False``); ``loss`` when labels
+    """``logits`` (None from a model asked for its loss alone: ``return_logits=False``); ``loss`` when labels
     were given; per-layer ``attentions`` (B, H, Tq, Tk) and ``hidden_states`` (B, T, D) when asked for; ``cache``
     when decoding."""
 
@@ -58,7 +58,8 @@ class VisionOutput(ModelOutput):
 
 @dataclass
 class Seq2SeqOutput(ModelOutput):
-    """``logits`` (B, T, V) of the decoder's tokens; ``loss`` against ``labels``; the encoder's output
+    """``logits`` (B, T, V) of the decoder's tokens (None with ``return_logits=False``); ``loss`` against
+    ``labels``; the encoder's output
     (B, S, D) and, when asked for, the decoder's per-layer cross-attention weights (B, H, T, S); a speech
     model with a CTC head gives its ``ctc_logits`` (B, S, V) over the encoder's positions."""
 

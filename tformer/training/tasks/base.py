@@ -58,6 +58,7 @@ class Task:
     name = "task"
     unit = "examples"  # what the throughput counts: examples/s (tokens/s for a language model)
     metrics: tuple[str, ...] = ("eval_loss",)  # what ``finalise`` reports
+    loss_alone = False  # the prepared model gives its loss without its logits (``Model.loss_alone``): ``loss`` asks
     higher_is_better: frozenset[str] = frozenset()  # those of ``metrics`` that improve upwards (the rest: downwards)
     metric_places: ClassVar[dict[str, int]] = {}  # decimals a metric prints with besides the defaults (format_metric)
     # What a recipe may say to the task (a task that cannot be named in a recipe leaves them):
@@ -99,6 +100,7 @@ class Task:
         the model (a TrainingError naming what does not)."""
         self.config = config
         self.context = context
+        self.loss_alone = getattr(model, "loss_alone", False)
 
     @property
     def units_per_row(self) -> int:
@@ -127,9 +129,13 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} gives no training batches (define train_batch)")
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """The batch's mean loss (a scalar), under autocast. ``model`` is the module to call
-        (DDP-wrapped or compiled); ``model.training`` tells training from evaluation."""
+        """The batch's mean loss (a scalar), under autocast: the model's, with ``label_smoothing`` while training.
+        ``model`` is the module to call (DDP-wrapped or compiled); ``model.training`` tells training from
+        evaluation. A model that gives its loss alone (``Model.loss_alone``) is asked for it: its logits are never
+        held whole."""
         smoothing = self.config.label_smoothing if model.training else 0.0
+        if self.loss_alone:
+            return model(**batch, return_logits=False, label_smoothing=smoothing).loss
         if not smoothing:
             return model(**batch).loss
         inputs = {name: tensor for name, tensor in batch.items() if name != "labels"}

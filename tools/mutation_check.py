@@ -491,25 +491,19 @@ MUTATIONS = (
         "an int4 layer's float weight (its input gradient under QLoRA, to_linear, off the CPU) a step off its kernel's",
     ),
     Mutation(
-        "lm-task-loss-holds-the-logits", "tformer/training/tasks/lm.py",
-        "labels=batch[\"labels\"], return_logits=False, label_smoothing=smoothing).loss",
-        "labels=batch[\"labels\"], label_smoothing=smoothing).loss",
-        ("tests/training/test_training_engine.py",),
-        "the lm task's training step holds the (B, T, V) logits its loss can do without",
-    ),
-    Mutation(
-        "sft-task-loss-drops-label-smoothing", "tformer/training/tasks/sft.py",
-        "                     label_smoothing=smoothing).loss",
-        "                     label_smoothing=0.0).loss",
+        "task-loss-drops-label-smoothing", "tformer/training/tasks/base.py",
+        "return_logits=False, label_smoothing=smoothing).loss",
+        "return_logits=False).loss",
         ("tests/data/test_chat_data.py",),
-        "the sft task trains without its recipe's label smoothing",
+        "the lm, sft and sequence-to-sequence tasks train without their recipe's label smoothing",
     ),
     Mutation(
         "task-loss-holds-the-logits-of-a-model-that-needs-none", "tformer/training/tasks/base.py",
         "        if self.loss_alone:",
         "        if False:",
-        ("tests/training/test_tasks_translation.py",),
-        "translation, text-to-text and span-corruption steps hold the (B, T, V) logits their loss can do without",
+        ("tests/training/test_tasks_translation.py", "tests/training/test_training_engine.py"),
+        "lm, sft, translation, text-to-text and span-corruption steps hold the (B, T, V) logits their loss can do "
+        "without",
     ),
     Mutation(
         "head-outputs-drop-label-smoothing", "tformer/models/base.py",

@@ -151,7 +151,8 @@ def test_a_packed_batch_gives_each_example_its_loss_alone(positional):
 def test_the_sft_training_loss_is_the_packed_rows_loss_without_their_logits():
     model = tformer.build_model("gpt-nano", vocab_size=50, dropout=0.0).train()
     batch = example_rows(random_examples(12, 50), 32, packing=True, pad_id=0).select(torch.arange(2))
-    task = SimpleNamespace(config=SimpleNamespace(label_smoothing=0.1))  # what the task's loss reads of itself
+    task = SimpleNamespace(config=SimpleNamespace(label_smoothing=0.1),  # what the task's loss reads of itself,
+                           loss_alone=model.loss_alone)                  # as prepare sets them
     with torch.no_grad():
         logits = model(batch["input_ids"], position_ids=batch["position_ids"]).logits
     held = []

@@ -15,10 +15,12 @@ import torch
 from speech_corpus import tiny_model, write_corpus
 
 import tformer
+from tformer.data.chat import ChatData, ChatEncoder, ChatExample
 from tformer.data.images import ImageData
 from tformer.data.parallel import read_parallel
 from tformer.data.sources import DataConfig
 from tformer.data.span_corruption import sentinel_ids
+from tformer.nn import losses
 from tformer.nn.losses import (
     IGNORE_INDEX,
     next_token_loss,
@@ -26,7 +28,9 @@ from tformer.nn.losses import (
     span_loss,
     token_cross_entropy,
 )
-from tformer.tokenizers import WordPieceTokenizer
+from tformer.tokenizers import BPETokenizer, WordPieceTokenizer
+from tformer.tokenizers.byte_level import BYTE_TO_CHAR
+from tformer.tokenizers.chat_template import ChatTemplate
 from tformer.training.config import TrainingConfig
 from tformer.training.distributed import ProcessContext
 from tformer.training.tasks.classification import SequenceClassification
@@ -34,6 +38,7 @@ from tformer.training.tasks.examples import EVAL_WEIGHTS
 from tformer.training.tasks.image_classification import ImageClassification
 from tformer.training.tasks.lm import LanguageModelling
 from tformer.training.tasks.mlm import MaskedLanguageModelling
+from tformer.training.tasks.sft import SupervisedFineTuning
 from tformer.training.tasks.span_corruption import SpanCorruption
 from tformer.training.tasks.span_qa import SpanQuestionAnswering
 from tformer.training.tasks.speech_recognition import SpeechRecognition
@@ -280,3 +285,39 @@ def test_language_model_labels_are_aligned_with_the_inputs_or_hold_the_next_toke
     torch.testing.assert_close(next_token_loss(logits, aligned), token_cross_entropy(logits[:, :3], crop[:, 1:4]))
     with pytest.raises(ValueError, match="labels hold 6 positions for 4 inputs"):
         next_token_loss(logits, torch.zeros(2, 6, dtype=torch.long))
+
+
+def sft_task(tmp_path):
+    """The sft task over ChatML conversations of byte tokens, packed into rows of 64."""
+    tokenizer = BPETokenizer({char: byte for byte, char in enumerate(BYTE_TO_CHAR)}, [])
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    template = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    examples = [ChatExample(f"chat.jsonl:{line}", messages=({"role": "user", "content": " ".join(sentences(1, line))},
+                                                            {"role": "assistant", "content": WORDS[line]}))
+                for line in range(12)]
+    task = SupervisedFineTuning(ChatData("chat.jsonl", examples), None, ChatEncoder(tokenizer, template),
+                                seq_len=64)
+    torch.manual_seed(0)
+    model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, max_seq_len=64, dropout=0.0)
+    return prepared(task, model, seq_len=64)
+
+
+@pytest.mark.parametrize("build", [lm_task, sft_task], ids=["lm", "sft"])
+def test_decoder_tasks_train_without_holding_the_logits_whole(tmp_path, monkeypatch, build):
+    """The lm and sft tasks train on the decoder's loss without logits (``return_logits=False``): its head sees a
+    piece of the batch's positions at a time, and the loss is the one from the whole logits."""
+    task, model = build(tmp_path)
+    batch = task.train_batch(0)
+    positions = batch["input_ids"].numel()
+    monkeypatch.setattr(losses, "HEAD_LOSS_MIN_ROWS", 1)
+    monkeypatch.setattr(losses, "HEAD_LOSS_CHUNK_FLOATS", 8 * model.config.vocab_size)
+    model.lm_head.requires_grad_(False)  # as under adapters: a frozen head runs in pieces
+    most_rows = []
+    model.lm_head.register_forward_hook(lambda module, args, out: most_rows.append(args[0].reshape(
+        -1, args[0].shape[-1]).shape[0]))
+    model.train()
+    trained = task.loss(model, batch)
+    trained.backward()
+    assert max(most_rows) == 8 < positions
+    with torch.no_grad():
+        assert abs(trained.item() - model_loss(model, batch).item()) <= TOLERANCE

@@ -223,13 +223,6 @@ class SupervisedFineTuning(ExampleTask):
     def describe_batch(self) -> str:
         return f"{self.config.batch_size} x up to {self.seq_len}"
 
-    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        """The next-token loss over the trained tokens (with ``label_smoothing`` while training): the model's loss
-        alone (``return_logits=False``: its head's logits never held whole, ``losses.head_loss``)."""
-        smoothing = self.config.label_smoothing if model.training else 0.0
-        return model(**model_inputs(batch, "labels"), labels=batch["labels"], return_logits=False,
-                     label_smoothing=smoothing).loss
-
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         """The summed loss, correct predictions and count of the trained tokens (rows weighted: a filler row
         that evens out processes counts 0)."""

@@ -53,6 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speculative_pair import DEFAULT_DATA, SEQ_LEN, load_or_train_pair, read_text  # noqa: E402
+from timing import memory_read_bandwidth  # noqa: E402
 
 import tformer  # noqa: E402
 from tformer.nn.weights import PrepackedLinear  # noqa: E402
@@ -134,7 +135,7 @@ def matvec_floor(model) -> None:
     read once per token, nothing else. Its speed is the ceiling of any batch-1 decoder here."""
     model = model.decoding_view()  # the weight backend decoding reads (prepacked on the CPU)
     projections = [module.packed() for module in model.modules() if isinstance(module, PrepackedLinear)]
-    inputs = [torch.randn(1, p.weight_in_out.shape[0]) for p in projections]
+    inputs = [torch.randn(1, p.weight.shape[1]) for p in projections]
     with torch.inference_mode():
         for _ in range(NEW_TOKENS):
             for projection, x in zip(projections, inputs, strict=True):
@@ -340,11 +341,14 @@ def open_families(shapes: str, repeats: int, new_tokens: int) -> None:
           f"{transformers.__version__}; medians of {repeats} rounds, each running every engine once, in rotating "
           "order ==")
     for shape in shapes:
+        # fp32 decoding is bound by memory bandwidth, which moves with the neighbours' load: said before and after
+        print(f"(memory: a float32 sum over 1 GiB reads {memory_read_bandwidth():.1f} GB/s)")
         row = compare_open_family(shape, repeats, new_tokens)
         print(f"{row['title']} ({row['parameters'] / 1e6:.0f}M parameters); fp32 tokens equal to HF's: "
               f"{'yes' if row['identical'] else 'NO'}")
         for name, speed in row["speed"].items():
             print(f"  {name:<14} {speed:>8.2f} tok/s {speed / row['speed']['HF fp32']:>6.2f}x HF fp32", flush=True)
+    print(f"(memory: a float32 sum over 1 GiB reads {memory_read_bandwidth():.1f} GB/s)")
 
 
 def main() -> None:

@@ -36,3 +36,17 @@ def interleaved(work: dict[Hashable, Callable[[], object]], rounds: int, steps: 
 def _duration(seconds: float) -> str:
     """Milliseconds under 10 s, else seconds."""
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def memory_read_bandwidth() -> float:
+    """GB/s of a float32 sum over 1 GiB, the best of five: what a decoding step, which reads every weight once,
+    cannot beat. On a shared host it moves with the neighbours' load (32-53 GB/s on the 2-core AMD EPYC one)."""
+    import torch
+
+    values = torch.ones(1 << 28)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        values.sum()
+        best = min(best, time.perf_counter() - started)
+    return values.numel() * 4 / best / 1e9

@@ -785,11 +785,25 @@ MUTATIONS = (
         "(grouped-query attention)",
     ),
     Mutation(
-        "int8-compiled-scales-by-the-blocks-first-row", "tformer/nn/kernels/int8_matvec.cpp",
-        "out[r * outputs + o + k] = sums[r][k] * scales[o + k];",
-        "out[r * outputs + o + k] = sums[r][k] * scales[o];",
+        "int8-compiled-scales-by-the-blocks-first-row", "tformer/nn/kernels/matvec.cpp",
+        "const float scale = scales ? scales[row] : 1.0f,",
+        "const float scale = scales ? scales[o] : 1.0f,",
         ("tests/nn/test_quantization.py", "-k", "compiled"),
         "the compiled int8 kernel scales four output rows by the first one's scale",
+    ),
+    Mutation(
+        "float-matvec-reads-neighbouring-rows-for-strided-ones", "tformer/nn/kernels/matvec.cpp",
+        "for (int k = 0; k < OUTS; ++k) rows[k] = weight + (o + k * walk.stride) * inputs;",
+        "for (int k = 0; k < OUTS; ++k) rows[k] = weight + (o + k) * inputs;",
+        ("tests/generation/test_generation_cache.py", "-k", "row_count"),
+        "the compiled float32 kernel multiplies the rows next to a block's first instead of those a share apart",
+    ),
+    Mutation(
+        "float-matvec-drops-the-bias", "tformer/nn/kernels/matvec.cpp",
+        "return multiply<float, 2>(x, weight, nullptr, has_bias ? bias.data_ptr<float>() : nullptr, true);",
+        "return multiply<float, 2>(x, weight, nullptr, nullptr, true);",
+        ("tests/generation/test_generation_cache.py", "-k", "row_count"),
+        "the compiled float32 kernel forgets the layer's bias (Qwen2's and GPT-2's projections have one)",
     ),
     Mutation(
         "dense-decode-ignores-the-mask", "tformer/nn/kernels/dense_decode.cpp",

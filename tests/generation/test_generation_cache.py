@@ -10,6 +10,7 @@ import torch
 import tformer
 from tformer import ModelConfig, build_model
 from tformer.generation import ModelSession, StackSession
+from tformer.nn import compiled
 from tformer.nn.weights import PrepackedLinear, use_weights, weights_in_use
 from tformer.nn.weights import prepacked as prepacked_backend
 from tformer.nn.weights.backend import decoding_step
@@ -58,7 +59,7 @@ def test_cached_logits_equal_full_forward_at_every_step(variant, padded, session
 @pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama", "sinusoidal-post-norm"])
 def test_projections_split_across_threads_stay_exact(variant, monkeypatch):
     threads = torch.get_num_threads()
-    monkeypatch.setattr(prepacked_backend, "splitting_pays", lambda threads: threads > 1)  # as if measured so
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: ("split", "whole"))  # as if measured so
     torch.set_num_threads(2)  # the prepacked backend then cuts each projection in two (one slice per thread)
     try:
         model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).decoding_view()  # big
@@ -78,25 +79,56 @@ def test_projections_split_across_threads_stay_exact(variant, monkeypatch):
     assert model.stack.blocks[0].attention.qkv_proj.packed().parts == 1  # rebuilt for the new thread count
 
 
+@pytest.mark.parametrize("way", ["split", "compiled", "whole"])
 @pytest.mark.parametrize("size_out", [768, 601], ids=["outputs-split", "inputs-split"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_a_large_projection_equals_nn_linear_at_every_row_count(size_out, bias, monkeypatch):
+def test_a_large_projection_equals_nn_linear_at_every_row_count(way, size_out, bias, monkeypatch):
+    if way == "compiled" and compiled.load_or_none() is None:
+        pytest.skip("the compiled kernels do not build here")
     threads = torch.get_num_threads()
-    monkeypatch.setattr(prepacked_backend, "splitting_pays", lambda threads: threads > 1)  # as if measured so
-    torch.set_num_threads(2)  # two blocks: of outputs when they divide (768), of inputs when they do not (601)
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: (way, "whole"))  # as if measured so
+    torch.set_num_threads(2)  # split: two blocks, of outputs when they divide (768), of inputs when they do not (601)
     try:
         linear = torch.nn.Linear(256, size_out, bias=bias)  # over 512 KB: split across threads
         prepacked = PrepackedLinear.from_linear(linear)
         with torch.no_grad(), decoding_step:
             packed = prepacked.packed()
-            assert packed.parts == 2 and (packed.row_parts is not None) == (size_out % 2 == 0)
-            for rows in (1, 3, 7, 8, 16, 64, 65, 100):  # split, W @ x.T, the (in, out) copy
+            assert (packed.kernels is not None) == (way == "compiled")
+            assert packed.parts == (2 if way == "split" else 1)
+            assert (packed.row_parts is not None) == (way == "split" and size_out % 2 == 0)
+            for rows in (1, 3, 7):  # a few rows
+                x = torch.randn(rows, 256)
+                torch.testing.assert_close(prepacked(x), linear(x), rtol=1e-5, atol=1e-5)
+            # Only the whole way (and splitting the inputs) reads the (in, out) copy: the others make none
+            assert (packed._in_out is not None) == (way == "whole" or (way == "split" and size_out % 2 == 1))
+            for rows in (1, 3, 7, 8, 16, 64, 65, 100):  # a few rows as ``way``, W @ x.T, the (in, out) copy
                 x = torch.randn(rows, 256)
                 torch.testing.assert_close(prepacked(x), linear(x), rtol=1e-5, atol=1e-5)
             x = torch.randn(2, 3, 256)  # (B, T, in) as a head gets it
             torch.testing.assert_close(prepacked(x), linear(x), rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_few_row_ways_are_ranked_by_their_measured_times(monkeypatch):
+    measured = {"compiled": 3.0, "split": 1.0, "whole": 2.0}
+    monkeypatch.setattr(prepacked_backend, "fastest_of_rounds", lambda calls: {way: measured[way] for way in calls})
+    monkeypatch.setattr(prepacked_backend, "_FEW_ROW_WAYS", {})
+    builds = compiled.load_or_none() is not None
+    assert prepacked_backend.few_row_ways(2) == ("split", "whole") + ("compiled",) * builds
+    assert prepacked_backend.few_row_ways(1) == ("whole",) + ("compiled",) * builds  # one thread: nothing to split
+
+
+def test_a_layer_takes_the_first_way_its_weight_allows(monkeypatch):
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: ("compiled", "whole"))
+    for dtype in (torch.float32, torch.bfloat16):  # the kernel multiplies float32 weights only
+        linear = torch.nn.Linear(64, 96).to(dtype)
+        prepacked = PrepackedLinear.from_linear(linear)
+        with torch.no_grad(), decoding_step:
+            packed = prepacked.packed()
+            assert (packed.kernels is not None) == (dtype == torch.float32 and compiled.load_or_none() is not None)
+            x = torch.randn(3, 64, dtype=dtype)
+            torch.testing.assert_close(prepacked(x), linear(x))
 
 
 @torch.inference_mode()
@@ -204,7 +236,8 @@ def test_training_multiplies_by_the_parameters_themselves():
     assert all(parameter.grad is not None for parameter in model.parameters())
 
 
-def test_a_fused_optimiser_step_never_leaves_a_stale_layout():
+def test_a_fused_optimiser_step_never_leaves_a_stale_layout(monkeypatch):
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: ("whole",))  # reads the (in, out) copy
     model = build_model("gpt-nano").eval()
     prompt = torch.randint(0, 64, (1, 4))
     tformer.generate(model, prompt, 4)  # the layout is made

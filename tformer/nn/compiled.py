@@ -1,10 +1,10 @@
 """The compiled CPU kernels (``nn/kernels/*.cpp``): the in-place paged decode attention
 (``paged_decode.cpp``, see ``nn/attention/paged_kernel.py``), one-query decode attention over a dense cache
 (``dense_decode.cpp``, see ``nn/attention/sdpa.py``), Performer's one-pass decoding step
-(``performer_decode.cpp``, see ``nn/favor.py``), int8 weights times a few rows of activations
-(``int8_matvec.cpp``) and the rounding and rescaling around w8a8's integer product (``int8_dynamic.cpp``; both
-see ``nn/weights/int8.py``), where tensor operations would pass over memory several times or spend a step on
-operator calls.
+(``performer_decode.cpp``, see ``nn/favor.py``), float32 and int8 weights times a few rows of activations
+(``matvec.cpp``, see ``nn/weights/prepacked.py`` and ``int8.py``) and the rounding and rescaling around
+w8a8's integer product (``int8_dynamic.cpp``, see ``int8.py``), where tensor operations would pass over
+memory several times or spend a step on operator calls.
 
 They are built together on first use with ``torch.utils.cpp_extension`` (the machine's C++ compiler and
 ninja) into a folder under ``TORCH_EXTENSIONS_DIR`` (by default ~/.cache/torch_extensions) named by a hash of
@@ -44,9 +44,10 @@ try:
 except ImportError:  # Windows: PyTorch's own lock file only
     fcntl = None
 
-SOURCES = ("paged_decode.cpp", "dense_decode.cpp", "performer_decode.cpp", "int8_matvec.cpp", "int8_dynamic.cpp")
+SOURCES = ("paged_decode.cpp", "dense_decode.cpp", "performer_decode.cpp", "matvec.cpp", "int8_dynamic.cpp")
 HEADER = "kernel_math.h"  # what they share, included by each (its text is part of the build's name)
-FUNCTIONS = ["paged_decode", "dense_decode", "performer_decode", "int8_matvec", "int8_round_rows", "int8_scale_sums"]
+FUNCTIONS = ["paged_decode", "dense_decode", "performer_decode", "int8_matvec", "float_matvec", "int8_round_rows",
+             "int8_scale_sums"]
 KERNELS = Path(__file__).resolve().with_name("kernels")
 NONE = torch.empty(0)  # an optional tensor argument left out (no mask, no bias): the kernels take no None
 LOCK = "tformer.lock"  # tformer's advisory lock, beside PyTorch's "lock" file in the build folder

@@ -4,6 +4,7 @@ model's code does not change) and multiplies by the same weights its own way."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from torch import Tensor, nn
@@ -91,3 +92,22 @@ class LinearBackend(nn.Linear):
         self.weight = linear.weight
         self.register_parameter("bias", linear.bias)
         self.__dict__["_source"] = linear  # not a submodule: its parameters are these
+
+
+def fastest_of_rounds(calls: dict, rounds: int = 5, repeats: int = 10) -> dict:
+    """Each call's fastest time over ``rounds`` rounds of ``repeats`` calls, the calls taking turns within a
+    round (after one call each): on a busy host another process slows some rounds, and the fastest round of
+    each, measured side by side, compares the ways as they run on a quiet one. A call three times slower than
+    the fastest after the first round is out of the race (its time stays that round's)."""
+    for call in calls.values():
+        call()
+    best = dict.fromkeys(calls, float("inf"))
+    for round_index in range(rounds):
+        for key, call in calls.items():
+            if round_index and best[key] > 3 * min(best.values()):
+                continue
+            started = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            best[key] = min(best[key], time.perf_counter() - started)
+    return best

@@ -23,7 +23,6 @@ CPU, the same integers and scales are multiplied as a dequantized float weight.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.nn import compiled
-from tformer.nn.weights.backend import LinearBackend, reused_weights
+from tformer.nn.weights.backend import LinearBackend, fastest_of_rounds, reused_weights
 
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 # From this many rows a layer multiplies by a matrix product over its integers rather than by the fused
@@ -225,7 +224,7 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
               "many": [torch.randn(64, 768, generator=generator)]}
 
     def timed(regime: str, ways: list[tuple[str, torch.dtype | None]]) -> dict:
-        return _fastest_of_rounds({(way, dtype): lambda way=way, dtype=dtype: [
+        return fastest_of_rounds({(way, dtype): lambda way=way, dtype=dtype: [
             layers[dtype or torch.float32]._multiply(way, dtype, x) for x in inputs[regime]] for way, dtype in ways})
 
     dynamic = [("dynamic", None)] * ("dynamic" in backend.ways)
@@ -245,25 +244,6 @@ def _measure(backend: type[QuantizedLinear]) -> Plan:
     finally:
         torch.set_num_threads(threads)
     return Plan(few_way, few_dtype, many_way, many_dtype)
-
-
-def _fastest_of_rounds(calls: dict, rounds: int = 5, repeats: int = 10) -> dict:
-    """Each call's fastest time over ``rounds`` rounds of ``repeats`` calls, the calls taking turns within a
-    round (after one call each): on a busy host another process slows some rounds, and the fastest round of
-    each, measured side by side, compares the ways as they run on a quiet one. A call three times slower than
-    the fastest after the first round is out of the race (its time stays that round's)."""
-    for call in calls.values():
-        call()
-    best = dict.fromkeys(calls, float("inf"))
-    for round_index in range(rounds):
-        for key, call in calls.items():
-            if round_index and best[key] > 3 * min(best.values()):
-                continue
-            started = time.perf_counter()
-            for _ in range(repeats):
-                call()
-            best[key] = min(best[key], time.perf_counter() - started)
-    return best
 
 
 def _way_text(way: str, dtype: torch.dtype | None) -> str:

@@ -1,0 +1,96 @@
+"""How fast one row meets every weight of a model: the bytes per second of the ways the prepacked backend races
+for a few rows (``tformer/nn/weights/prepacked.py``: its compiled kernel, the batched product over blocks of
+output rows) and of ``F.linear`` (what Hugging Face runs), over a random model's weights.
+
+    python benchmarks/matvec_bandwidth.py                  # Llama-3.2-1B's shapes
+    python benchmarks/matvec_bandwidth.py --shape qwen     # Qwen2.5-0.5B's
+
+A decoding step at batch 1 reads every weight once, so its time is the model's bytes over this figure. Each round
+multiplies one row by every weight in the model's order (fused q/k/v, attention output, fused gate/up, down, per
+layer, then the tied output head), one way after another in an order that rotates from round to round; the median
+round of each way is reported, as GB/s (weights' bytes / seconds), and then each way's on the feed-forward's down
+projection (width x feed-forward width) alone, the shape where the ways differ most. The host's memory
+bandwidth is measured first (a float32 sum over 1 GiB): a decoding step cannot read faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import memory_read_bandwidth  # noqa: E402
+
+from tformer.nn import compiled  # noqa: E402
+
+# (width, layers, q/k/v rows, feed-forward width, vocabulary) of each shape
+SHAPES = {"llama": (2048, 16, 2048 + 2 * 512, 8192, 128256), "qwen": (896, 24, 896 + 2 * 128, 4864, 151936)}
+
+
+def model_weights(shape: str, generator: torch.Generator) -> list[torch.Tensor]:
+    """The (out, in) float32 weights a decoding step reads, in order."""
+    width, layers, qkv, feedforward, vocabulary = SHAPES[shape]
+    per_layer = [(qkv, width), (width, width), (2 * feedforward, width), (width, feedforward)]
+    return [torch.randn(shape, generator=generator) for _ in range(layers) for shape in per_layer] + [
+        torch.randn(vocabulary, width, generator=generator)]
+
+
+def ways(weights: list[torch.Tensor], threads: int) -> dict:
+    """Each way, as a call that multiplies one row by every weight."""
+    rows = [torch.randn(1, weight.shape[1]) for weight in weights]
+    kernels = compiled.load()
+    parts = [weight.view(threads, weight.shape[0] // threads, weight.shape[1]) for weight in weights]
+    columns = [row.t().expand(threads, -1, -1) for row in rows]
+    pairs, blocks = list(zip(rows, weights, strict=True)), list(zip(parts, columns, strict=True))
+    return {
+        "compiled": lambda: [kernels.float_matvec(row, weight, compiled.NONE) for row, weight in pairs],
+        "split": lambda: [torch.bmm(part, column) for part, column in blocks],
+        "F.linear": lambda: [F.linear(row, weight) for row, weight in pairs],
+    }
+
+
+def measure(calls: dict, rounds: int) -> dict[str, float]:
+    """Each call's median seconds over ``rounds`` rounds, the order rotating from round to round."""
+    names, seconds = list(calls), {name: [] for name in calls}
+    for name in names:
+        calls[name]()  # warm up
+    for round_index in range(rounds):
+        for name in names[round_index % len(names):] + names[: round_index % len(names)]:
+            started = time.perf_counter()
+            calls[name]()
+            seconds[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} CPU threads, load average at start {os.getloadavg()[0]:.1f}")
+    print(f"memory: a float32 sum over 1 GiB reads {memory_read_bandwidth():.1f} GB/s")
+    weights = model_weights(args.shape, torch.Generator().manual_seed(0))
+    gigabytes = sum(weight.numel() for weight in weights) * 4 / 1e9
+    print(f"{args.shape} shape: {len(weights)} weights, {gigabytes:.2f} GB; medians of {args.rounds} rounds")
+    with torch.no_grad():
+        seconds = measure(ways(weights, threads), args.rounds)
+        print("every weight: " + "  ".join(f"{way} {gigabytes / value:.1f} GB/s ({value * 1e3:.0f} ms)"
+                                             for way, value in seconds.items()))
+        down = weights[3]  # (width, feed-forward width)
+        down_seconds = measure(ways([down] * 8, threads), args.rounds)
+        print(f"down projection {tuple(down.shape)}: " + "  ".join(
+            f"{way} {down.numel() * 4 * 8 / value / 1e9:.1f} GB/s" for way, value in down_seconds.items())
+            + "  (the same weight 8 times a round: partly in cache)")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

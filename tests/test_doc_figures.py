@@ -172,8 +172,9 @@ NOT_MEASURED: dict[str, list[str]] = {
         "a 3x ratio to Hugging Face",
         "| None, 1.0, None, None, None, None |", "| `repetition_penalty` | 1.0 |", "| 1, 1.0, False, 1 |",
         "`top_p` 1.0 are no cut", "(Qwen2.5-Instruct's 1.05)",
-        "a projection of 512 KB or more",
         "at least 10% faster",
+        "(about 6.8 tok/s) needs about 43 GB/s",  # derived: 4.94 GB a step over twice Hugging Face's time
+        "(30-45 GB/s between runs here, 53 GB/s in an earlier session)",  # the logs' memory lines, summarised
     ],
     "docs/serving.md": [
         "(7.5 s for the FSDD recipe, 30 s for Whisper)", "Below the issue's 1.5x aim.",
@@ -385,7 +386,7 @@ UNLOGGED: dict[str, list[str]] = {
         "about 45, 27 and 3-6 minutes on a quiet machine",
         "by up to 10x",
         # "How it is fast": per-call timings of /tmp scripts and microbenchmarks, not kept
-        "(about 1.4x faster steps on the 14M GPT-2 shape", "reads about 1.6x faster",
+        "which MKL reads about 1.6x faster",
         "0.60 against 1.30 ms at 10 cached positions, 3.24 against 4.53 ms at 59; 16 sequences x 12 heads at 300: 1.14 "
         "against 2.29 ms", "(12 heads over 1,000 positions: 0.135 ms there, 0.151 here)",
         "(27% of the rows a step on a random Multi30k-shaped model, 65% on the trained one)",

@@ -3,6 +3,7 @@ that sits above model classes, interop and checkpoint files (none of them import
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from tformer.models import Model, model_class
 from tformer.models.embeddings import embed as embed_with
 from tformer.models.registry import model_bytes
 from tformer.nn.heads import replace_head
+from tformer.nn.uninitialised import without_initialisation
 from tformer.quantization import QuantizationError, QuantizationScheme, cast_model, prepare_quantized, scheme_for
 from tformer.quantization import quantize as quantize_model
 
@@ -143,7 +145,8 @@ def _read_hf_folder(folder: Path, raw: dict, head_options: tuple | None, regular
     saved_labels = config.label_names
     if head_options is not None:
         config = _with_head(config, *head_options, family.head_layout)
-    model = _build(config.replace(**regularisation), folder)
+    # Without a new head the load writes every weight (or fails): nothing to initialise
+    model = _build(config.replace(**regularisation), folder, initialised=head_options is not None)
     changes = load_hf_weights(model, family, folder, new_head=head_options is not None)
     model.tokenizer = attached_tokenizer(folder)
     attach_generation_defaults(model, folder)
@@ -158,7 +161,7 @@ def _read_tformer_folder(folder: Path, raw: dict, head_options: tuple | None, re
     saved_labels = config.label_names
     if head_options is not None:
         config = _with_head(config, *head_options, lambda _: {})
-    model = _build(config.replace(**regularisation), folder)
+    model = _build(config.replace(**regularisation), folder, initialised=head_options is not None)  # as above
     if saved_scheme is not None:
         prepare_quantized(model, saved_scheme)
     changes = load_weights(model, folder, new_head=head_options is not None)
@@ -225,14 +228,16 @@ def load_tokenizer(path: str | Path, revision: str | None = None, local_only: bo
     return attached_tokenizer(folder) if is_hf_config(read_config(folder)) else load_attached_tokenizer(folder)
 
 
-def _build(config: ModelConfig, source: Path) -> Model:
+def _build(config: ModelConfig, source: Path, initialised: bool = True) -> Model:
     """The model of ``config``, once its memory has been found to fit: loading holds it and the
-    weights read from the file, about twice its size."""
+    weights read from the file, about twice its size. With ``initialised`` False its weights are left as
+    allocated (``nn.uninitialised``): for a load that writes every one or fails."""
     label = source if source.is_file() else source / CONFIG_NAME
     require_memory(2 * model_bytes(config), "cpu", f"{label}: loading its model "
                    f"(vocab_size={config.vocab_size}, d_model={config.d_model}, num_layers={config.num_layers})",
                    CheckpointError)
-    return model_class(config)(config)
+    with contextlib.nullcontext() if initialised else without_initialisation():
+        return model_class(config)(config)
 
 
 def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type, pooling, layout) -> ModelConfig:

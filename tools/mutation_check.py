@@ -806,6 +806,27 @@ MUTATIONS = (
         "the compiled float32 kernel forgets the layer's bias (Qwen2's and GPT-2's projections have one)",
     ),
     Mutation(
+        "initialisers-never-skipped", "tformer/nn/uninitialised.py",
+        "        if _skipping.depth:\n",
+        "        if False:\n",
+        ("tests/nn/test_uninitialised.py",),
+        "a load initialises every weight it is about to overwrite (13.7 of a Llama-3.2-1B folder's 22.5 s)",
+    ),
+    Mutation(
+        "new-head-left-uninitialised", "tformer/hub.py",
+        "folder, initialised=head_options is not None)  # as above\n",
+        "folder, initialised=False)  # as above\n",
+        ("tests/nn/test_uninitialised.py",),
+        "a tformer folder loaded with a new head keeps that head as uninitialised memory",
+    ),
+    Mutation(
+        "finite-check-misses-negative-infinity", "tformer/checkpoint.py",
+        "    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))\n",
+        "    return bool(torch.isfinite(high))\n",
+        ("tests/models/test_checkpoint.py", "-k", "nan_or_infinity"),
+        "a weight holding -inf loads without the warning that its outputs will not be finite",
+    ),
+    Mutation(
         "dense-decode-ignores-the-mask", "tformer/nn/kernels/dense_decode.cpp",
         "score = added <= hidden ? -std::numeric_limits<acc_t>::infinity() : score + added;",
         "score = score;",

@@ -231,3 +231,15 @@ def test_a_tokenizer_in_the_files_of_gpt2_or_bert_is_attached_as_in_a_hugging_fa
     assert type(model.tokenizer) is type(tokenizer)
     assert model.tokenizer.encode(text) == tokenizer.encode(text)
     assert load_tokenizer(tmp_path / "model").encode(text) == tokenizer.encode(text)  # what serve reads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_any_nan_or_infinity_in_a_weight_is_found(dtype):
+    from tformer.checkpoint import _all_finite
+
+    assert _all_finite(torch.randn(64, 33).to(dtype)) and _all_finite(torch.empty(0, 8, dtype=dtype))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for position in (0, 1000, 64 * 33 - 1):  # the first value, one inside, the last
+            weight = torch.randn(64, 33).to(dtype)
+            weight.view(-1)[position] = bad
+            assert not _all_finite(weight), (bad, position)

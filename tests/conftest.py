@@ -58,3 +58,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compiled_kernels():
+    """Build (or load) the compiled CPU kernels before the first test: every decoding step may use them (the
+    prepacked backend races its kernel once per process), and the build's line on stderr, or another worker's
+    "waiting for" line, must not land in a test that reads its command's stderr."""
+    from tformer.nn import compiled
+
+    compiled.ready()
+    yield

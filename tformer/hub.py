@@ -176,7 +176,7 @@ def _read_gguf_file(path: Path, raw: dict, head_options: tuple | None, regularis
         raise CheckpointError(f"{path}: a GGUF file holds a decoder; head, num_labels, label_names, problem_type and "
                               "pooling choose an encoder's or a vision model's head")
     checkpoint = _gguf_checkpoint(path)
-    model = _build(checkpoint.config.replace(**regularisation), path)
+    model = _build(checkpoint.config.replace(**regularisation), path, initialised=False)  # every weight the file's
     return gguf_files.load_gguf_weights(model, checkpoint), (), None
 
 

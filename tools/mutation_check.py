@@ -727,8 +727,8 @@ MUTATIONS = (
     ),
     Mutation(
         "fine-tuning-load-keeps-the-folders-dropout", "tformer/hub.py",
-        "    model = _build(config.replace(**regularisation), folder)\n    if saved_scheme",
-        "    model = _build(config, folder)\n    if saved_scheme",
+        "_build(config.replace(**regularisation), folder, initialised=head_options is not None)  # as above\n",
+        "_build(config, folder, initialised=head_options is not None)  # as above\n",
         ("tests/models/test_encoder.py::test_a_load_may_change_the_dropout_rates_and_nothing_else_of_the_backbone",),
         "tformer.load(dropout=0.1) silently fine-tunes without dropout",
     ),
@@ -804,6 +804,20 @@ MUTATIONS = (
         "return multiply<float, 2>(x, weight, nullptr, nullptr, true);",
         ("tests/generation/test_generation_cache.py", "-k", "row_count"),
         "the compiled float32 kernel forgets the layer's bias (Qwen2's and GPT-2's projections have one)",
+    ),
+    Mutation(
+        "few-row-ways-ranked-slowest-first", "tformer/nn/weights/prepacked.py",
+        "    return tuple(sorted(seconds, key=seconds.__getitem__))\n",
+        "    return tuple(sorted(seconds, key=seconds.__getitem__, reverse=True))\n",
+        ("tests/generation/test_generation_cache.py", "-k", "ranked"),
+        "decoding multiplies a few rows the slowest way the race measured",
+    ),
+    Mutation(
+        "compiled-way-takes-any-dtype", "tformer/nn/weights/prepacked.py",
+        "        return (weight.device.type == \"cpu\" and weight.dtype == torch.float32 and weight.is_contiguous()\n",
+        "        return (weight.device.type == \"cpu\" and weight.is_contiguous()\n",
+        ("tests/generation/test_generation_cache.py", "-k", "first_way"),
+        "a bfloat16 model's decoding step hands its weights to the float32 kernel (an error, not a product)",
     ),
     Mutation(
         "initialisers-never-skipped", "tformer/nn/uninitialised.py",

@@ -121,8 +121,8 @@ def test_the_few_row_ways_are_ranked_by_their_measured_times(monkeypatch):
 
 def test_a_layer_takes_the_first_way_its_weight_allows(monkeypatch):
     monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: ("compiled", "whole"))
-    for dtype in (torch.float32, torch.bfloat16):  # the kernel multiplies float32 weights only
-        linear = torch.nn.Linear(64, 96).to(dtype)
+    for dtype, bias in [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)]:  # float32 only
+        linear = torch.nn.Linear(64, 96, bias=bias).to(dtype)
         prepacked = PrepackedLinear.from_linear(linear)
         with torch.no_grad(), decoding_step:
             packed = prepacked.packed()

@@ -43,17 +43,18 @@ def model_weights(shape: str, generator: torch.Generator) -> list[torch.Tensor]:
 
 
 def ways(weights: list[torch.Tensor], threads: int) -> dict:
-    """Each way, as a call that multiplies one row by every weight."""
+    """Each way, as a call that multiplies one row by every weight ("split" where every weight's rows divide among the
+    threads)."""
     rows = [torch.randn(1, weight.shape[1]) for weight in weights]
     kernels = compiled.load()
-    parts = [weight.view(threads, weight.shape[0] // threads, weight.shape[1]) for weight in weights]
-    columns = [row.t().expand(threads, -1, -1) for row in rows]
-    pairs, blocks = list(zip(rows, weights, strict=True)), list(zip(parts, columns, strict=True))
-    return {
-        "compiled": lambda: [kernels.float_matvec(row, weight, compiled.NONE) for row, weight in pairs],
-        "split": lambda: [torch.bmm(part, column) for part, column in blocks],
-        "F.linear": lambda: [F.linear(row, weight) for row, weight in pairs],
-    }
+    pairs = list(zip(rows, weights, strict=True))
+    calls = {"compiled": lambda: [kernels.float_matvec(row, weight, compiled.NONE) for row, weight in pairs]}
+    if all(weight.shape[0] % threads == 0 for weight in weights):  # one block of output rows per thread
+        blocks = [(weight.view(threads, weight.shape[0] // threads, weight.shape[1]), row.t().expand(threads, -1, -1))
+                  for row, weight in pairs]
+        calls["split"] = lambda: [torch.bmm(part, column) for part, column in blocks]
+    calls["F.linear"] = lambda: [F.linear(row, weight) for row, weight in pairs]
+    return calls
 
 
 def measure(calls: dict, rounds: int) -> dict[str, float]:

@@ -40,7 +40,7 @@ def _duration(seconds: float) -> str:
 
 def memory_read_bandwidth() -> float:
     """GB/s of a float32 sum over 1 GiB, the best of five: what a decoding step, which reads every weight once,
-    cannot beat. On a shared host it moves with the neighbours' load (32-53 GB/s on the 2-core AMD EPYC one)."""
+    cannot beat. On a shared host it moves with the neighbours' load (30-53 GB/s on the 2-core AMD EPYC one)."""
     import torch
 
     values = torch.ones(1 << 28)

@@ -307,7 +307,8 @@ def _warn_if_not_finite(state: dict[str, torch.Tensor], source: str) -> None:
 
 def _all_finite(tensor: torch.Tensor) -> bool:
     """Whether every value of a floating-point tensor is finite: a NaN or an infinity reaches its minimum or
-    maximum, one pass with no mask the size of the tensor (26x faster than ``isfinite().all()`` on a 1 GB weight)."""
+    maximum, one pass with no mask the size of the tensor (0.03 s against ``isfinite().all()``'s 0.79 s on a 1 GB
+    weight, a one-off timing on the AMD EPYC host)."""
     if tensor.numel() == 0:
         return True
     low, high = torch.aminmax(tensor)

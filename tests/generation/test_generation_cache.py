@@ -101,7 +101,7 @@ def test_a_large_projection_equals_nn_linear_at_every_row_count(way, size_out, b
                 torch.testing.assert_close(prepacked(x), linear(x), rtol=1e-5, atol=1e-5)
             # Only the whole way (and splitting the inputs) reads the (in, out) copy: the others make none
             assert (packed._in_out is not None) == (way == "whole" or (way == "split" and size_out % 2 == 1))
-            for rows in (1, 3, 7, 8, 16, 64, 65, 100):  # a few rows as ``way``, W @ x.T, the (in, out) copy
+            for rows in (8, 16, 64, 65, 100):  # W @ x.T, the (in, out) copy
                 x = torch.randn(rows, 256)
                 torch.testing.assert_close(prepacked(x), linear(x), rtol=1e-5, atol=1e-5)
             x = torch.randn(2, 3, 256)  # (B, T, in) as a head gets it

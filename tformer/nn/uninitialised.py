@@ -2,10 +2,12 @@
 
 A model's constructor fills each weight (PyTorch's layers by ``torch.nn.init``, then ``Model.init_weights``): work
 a load throws away, and the most of its time: 13.7 of 22.5 s for a Llama-3.2-1B-shaped folder (4.9 GB of float32)
-on the 2-core AMD EPYC host. Inside ``without_initialisation()`` the functions of ``torch.nn.init`` leave their
-tensor as it is, in this thread only (another thread building a model meanwhile initialises it as always), so the
-weights hold whatever memory they were given until the load overwrites them. Callers use it only where a load that
-does not write every weight fails (``hub._build``: no new head, every tensor checked present before any is copied).
+on the 2-core AMD EPYC host (a cProfile of ``tformer.load``, a /tmp script not kept; the whole load's times are in
+benchmarks/logs/load_speed-epyc-2026-11-29.log: 22.55 s before, 3.48 s after). Inside ``without_initialisation()``
+the functions of ``torch.nn.init`` leave their tensor as it is, in this thread only (another thread building a
+model meanwhile initialises it as always), so the weights hold whatever memory they were given until the load
+overwrites them. Callers use it only where a load that does not write every weight fails (``hub._build``: no new
+head, every tensor checked present before any is copied).
 """
 
 from __future__ import annotations

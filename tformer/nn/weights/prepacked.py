@@ -149,7 +149,7 @@ class PackedWeight:
         # (out, in), contiguous: the same weights for many rows at once (the parameter itself, no copy)
         self.weight_out_in = weight if large and weight.is_contiguous() else None
         self.bias_column = None if bias is None else bias[:, None]
-        way = next(way for way in few_row_ways(self.threads) if _allows(way, weight, bias, large))
+        way = next(way for way in few_row_ways(self.threads) if _allows(way, weight, bias, large, self.threads))
         self.kernels = compiled.load_or_none() if way == "compiled" else None
         self.parts = self.threads if way == "split" else 1
         self.row_parts = self.bias_rows = None  # (parts, out / parts, in) and (parts, out / parts, 1): no copies
@@ -176,9 +176,9 @@ class PackedWeight:
             torch.equal(now, then) for now, then in zip(_sample(weight, bias, self.SAMPLES), self.sample, strict=True))
 
 
-def _allows(way: str, weight: Tensor, bias: Tensor | None, large: bool) -> bool:
+def _allows(way: str, weight: Tensor, bias: Tensor | None, large: bool, threads: int) -> bool:
     """Whether a few rows can be multiplied by ``weight`` (out, in) and ``bias`` the way ``way`` does."""
-    threads, (size_out, size_in) = torch.get_num_threads(), weight.shape
+    size_out, size_in = weight.shape
     if way == "compiled":
         return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
                 and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())))
@@ -192,7 +192,8 @@ def few_row_ways(threads: int) -> tuple[str, ...]:
     """The ways to multiply one to seven rows on this host, fastest first: "compiled" (where tformer's kernels
     build), "split" (two threads or more) and "whole" (see the module's docstring). Measured, not assumed, once per
     process and thread count, side by side on a 2048 x 512 weight (``fastest_of_rounds``): on the AMD EPYC host
-    the compiled kernel was about 2x the batched product and the batched product 1.4x the whole one; on an Intel
+    the compiled kernel was about 2x the batched product there (a /tmp microbenchmark, not kept) and the batched
+    product 1.4x the whole one; on an Intel
     Xeon (AVX-512) with MKL the batched product was 2.4-3.4x slower than the whole one (benchmarks/generate_speed.py
     --part open: tformer float32 at 0.55-0.61x Hugging Face on Qwen2.5-0.5B and Llama-3.2-1B shapes with the cut)."""
     if threads not in _FEW_ROW_WAYS:

@@ -33,7 +33,7 @@ from tformer.interop.lora_targets import (
     trained_modules,
 )
 from tformer.interop.peft_adapter import peft_trained_modules, read_peft_adapter, write_peft_adapter
-from tformer.nn.weights.lora import AdapterError, LoraLinear, LoraUpdate
+from tformer.nn.weights.lora import AdapterError, LoraEmbedding, LoraLinear, LoraUpdate
 from tformer.nn.weights.multi_lora import MultiLoraLinear
 
 DEFAULT_TARGETS = ("attention", "feedforward")
@@ -119,6 +119,10 @@ def load_adapters(model: nn.Module, folders: Mapping[str, str | Path]) -> nn.Mod
         if dora:  # a DoRA row rescales the base's output too: not an update added to the rows that take it
             raise AdapterError(f"adapter {name!r} ({folder}) is a DoRA adapter (use_dora); served adapters are LoRA "
                                "only: merge it into its base (tformer merge) and serve that model")
+        tables = [path for path, layer in layers.items() if isinstance(layer, LoraEmbedding)]
+        if tables:  # a table's update is a lookup, not a product the rows' adapters can share
+            raise AdapterError(f"adapter {name!r} ({folder}) adapts the token table {tables[0]}; served adapters "
+                               "adapt linear layers only: merge it into its base (tformer merge) and serve that model")
         updates.append({path: LoraUpdate.of(layer) for path, layer in layers.items()})
     for path in dict.fromkeys(path for adapter in updates for path in adapter):
         parent_name, _, child_name = path.rpartition(".")

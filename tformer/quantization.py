@@ -104,6 +104,10 @@ def quantize(model: nn.Module, method: str | QuantizationScheme, group_size: int
     if getattr(model, "quantization", None) is not None:
         raise QuantizationError(f"this model is quantized already ({model.quantization.describe()}); quantize "
                                 "its float checkpoint instead")
+    adapted = [name for name, _, table in _token_tables(model) if not isinstance(table, nn.Embedding)]
+    if scheme.embeddings and adapted:
+        raise QuantizationError(f"{adapted[0]} carries a LoRA adapter over its float rows, which quantizing the table "
+                                "would drop: merge the adapter first, or keep the tables float (embeddings=False)")
     kept = []
     for name, parent, child_name, linear in _linear_layers(model):
         if not scheme.head and is_head_layer(model, name):

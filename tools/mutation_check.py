@@ -918,6 +918,62 @@ MUTATIONS = (
         ("tests/nn/test_attention_kernels.py", "-k", "rolling"),
         "a sliding window's cache takes back tokens past the point where it still holds the window",
     ),
+    Mutation(
+        "table-adapter-transposed", "tformer/nn/weights/lora.py",
+        "        low = F.embedding(ids, self.lora_A[0].t(), padding_idx=self.base.padding_idx)  # (..., rank)",
+        "        low = F.embedding(ids % self.rank, self.lora_A[0], padding_idx=None)[..., :self.rank]",
+        ("tests/nn/test_lora_tables.py", "-k", "one_hot"),
+        "a token table's update reads A's rows by id instead of its columns (not the one-hot product PEFT computes)",
+    ),
+    Mutation(
+        "table-merge-untransposed", "tformer/nn/weights/lora.py",
+        "        return [((0, self.in_features), self.block_updates()[0].t())]",
+        "        return [((0, self.in_features), self.block_updates()[0].reshape(self.in_features, -1))]",
+        ("tests/nn/test_lora_tables.py", "-k", "merged"),
+        "merging a table's adapter adds its (D, V) update into the (V, D) table as reshaped, not turned",
+    ),
+    Mutation(
+        "table-adapter-starts-nonzero", "tformer/nn/weights/lora.py",
+        "            self.lora_A[0].zero_()\n",
+        "            nn.init.normal_(self.lora_A[0])\n",
+        ("tests/nn/test_lora_tables.py", "-k", "starts_as_its_base"),
+        "a token table's adapter starts moving the table (A drawn, not zero): the adapted model is not its base",
+    ),
+    Mutation(
+        "table-files-named-as-linear", "tformer/interop/peft_adapter.py",
+        "        suffix_a, suffix_b = TABLE_SUFFIXES if isinstance(layer, LoraEmbedding) else SUFFIXES",
+        "        suffix_a, suffix_b = SUFFIXES",
+        ("tests/nn/test_lora_tables.py", "-k", "saves_as_peft"),
+        "a token table's adapter saved as lora_A.weight / lora_B.weight, which PEFT reads as a linear layer's",
+    ),
+    Mutation(
+        "saved-base-table-unchecked", "tformer/interop/peft_adapter.py",
+        "        if saved.shape != table.shape or not torch.equal(saved.to(table.dtype), table.detach().cpu()):",
+        "        if saved.shape != table.shape:",
+        ("tests/nn/test_lora_tables.py", "-k", "saved_base_table"),
+        "PEFT's saved base table is taken without comparing it to the model's: an adapter for another vocabulary loads",
+    ),
+    Mutation(
+        "tied-table-adapted", "tformer/interop/lora_targets.py",
+        "    if f\"{path}.weight\" in getattr(model, \"tied_parameters\", dict)().values():",
+        "    if False:",
+        ("tests/nn/test_lora_tables.py", "-k", "cannot_be"),
+        "an adapter goes over a table tied to the output head, whose copy then reads the base's rows until merged",
+    ),
+    Mutation(
+        "quantize-drops-table-adapter", "tformer/quantization.py",
+        "    if scheme.embeddings and adapted:",
+        "    if False:",
+        ("tests/nn/test_lora_tables.py", "-k", "quantiz"),
+        "quantizing a model whose table carries an adapter replaces the table and drops the adapter with it",
+    ),
+    Mutation(
+        "head-task-type-without-head", "tformer/interop/peft_adapter.py",
+        "    head_type = HEAD_TASK_TYPES.get(model.config.head) if trains_whole else None",
+        "    head_type = HEAD_TASK_TYPES.get(model.config.head)",
+        ("tests/interop/test_interop_peft.py", "-k", "token_tables"),
+        "a classifier's adapter that leaves its head alone is written as SEQ_CLS, which PEFT cannot load headless",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -70,11 +70,12 @@ def hf_model(case: str, folder) -> torch.nn.Module:
     return model.eval()
 
 
-def randomise_lora_b(model: torch.nn.Module) -> None:
-    generator = torch.Generator().manual_seed(4)
+def randomise_lora_b(model: torch.nn.Module, part: str = "lora_B", seed: int = 4) -> None:
+    """Draw the adapter matrices whose names hold ``part`` at random (a zero lora_B would hide a wrong map)."""
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if "lora_B" in name:
+            if part in name:
                 parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
 
 
@@ -186,3 +187,32 @@ def test_peft_loads_a_tformer_adapter_with_its_head_trained_whole_with_tformer_l
     assert_equal_and_adapted(ours, theirs, base, "tformer -> peft, BERT classifier trained whole")
     again = load_adapter(tformer.load(tmp_path / "base"), tmp_path / "adapter").eval()  # and back into tformer
     assert (outputs(again, inputs()) - outputs(ours, inputs())).abs().max() < TOLERANCE
+
+
+# ---- token tables (PEFT's lora_embedding_A and lora_embedding_B) --------------------------------------------------
+
+
+def draw_every_adapter_matrix(model: torch.nn.Module) -> None:
+    """A table's A starts at zero on both sides: drawn too, so that a mis-read table shows."""
+    randomise_lora_b(model, part="lora_", seed=6)
+
+
+@pytest.mark.parametrize("case, theirs, ours", [
+    ("llama", ["embed_tokens"], ["embedding.token"]),
+    ("bert-classifier", ["word_embeddings", "query"], ["embedding.token", "attention"]),  # an untied BERT table
+])
+def test_a_token_tables_adapter_crosses_both_ways_with_equal_logits(tmp_path, case, theirs, ours):
+    def build():
+        return bert_classifier(tmp_path / "base") if case == "bert-classifier" else hf_model(case, tmp_path / "base")
+
+    base = build()
+    peft_model = get_peft_model(build(), LoraConfig(r=4, lora_alpha=8, target_modules=theirs))
+    draw_every_adapter_matrix(peft_model)
+    peft_model.eval().save_pretrained(tmp_path / "from-peft")  # with the base table beside (save_embedding_layers)
+    loaded = load_adapter(tformer.load(tmp_path / "base"), tmp_path / "from-peft").eval()
+    assert_equal_and_adapted(loaded, peft_model, base, f"peft -> tformer, {case} table {theirs}")
+    model = add_lora(tformer.load(tmp_path / "base"), rank=4, alpha=8, targets=ours, train_modules=[])
+    draw_every_adapter_matrix(model)
+    save_adapter(model.eval(), tmp_path / "from-tformer")
+    read = PeftModel.from_pretrained(build(), tmp_path / "from-tformer").eval()
+    assert_equal_and_adapted(model, read, base, f"tformer -> peft, {case} table {ours}")

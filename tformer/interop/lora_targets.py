@@ -1,6 +1,7 @@
-"""Which linear layers of a model LoRA adapters go over, named as tformer or the model's Hugging Face family names
-them (``tformer.adapters`` explains the rules; ``interop/peft_adapter.py`` reads and writes PEFT's files with
-them): each linear layer with its Hugging Face module(s) and their output rows, and the targets' resolution.
+"""Which layers of a model LoRA adapters go over (linear layers, and token tables when named), named as tformer or
+the model's Hugging Face family names them (``tformer.adapters`` explains the rules; ``interop/peft_adapter.py``
+reads and writes PEFT's files with them): each layer with its Hugging Face module(s) and their output rows, and
+the targets' resolution.
 
 Beside the adapters, some modules may train whole (PEFT's ``modules_to_save``): a task head a fine-tune makes
 afresh (the classifier, and the pooler it reads) must learn in full while the backbone stays frozen. The model
@@ -23,7 +24,7 @@ from tformer.interop.weight_map import module_parts
 from tformer.nn.heads import HEADS
 from tformer.nn.weights.backend import LinearBackend
 from tformer.nn.weights.dora import DoraLinear
-from tformer.nn.weights.lora import AdapterError, LoraLinear
+from tformer.nn.weights.lora import AdapterError, LoraEmbedding, LoraLinear
 from tformer.quantization import is_head_layer
 
 GROUPS = ("attention", "feedforward", "head", "all-linear")
@@ -34,28 +35,57 @@ TRAINED_MODULES = "_adapter_trained_modules"  # the model's attribute: path -> i
 
 
 @dataclass(frozen=True)
-class LinearTarget:
-    """A linear layer adapters can go over: its tformer path, and its Hugging Face module(s) with the output
-    rows of each (several for a fused matrix; none when the model has no HF family or the map lacks it)."""
+class AdapterTarget:
+    """A layer adapters can go over (a linear layer or a token table): its tformer path, and its Hugging Face
+    module(s) with the output rows of each (several for a fused matrix; none when the model has no HF family or
+    the map lacks it)."""
 
     path: str
-    layer: nn.Linear
+    layer: nn.Linear | nn.Embedding
     hf_names: tuple[str, ...] = ()
     hf_rows: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def is_table(self) -> bool:
+        return isinstance(self.layer, nn.Embedding)
+
+    @property
+    def inputs(self) -> int:
+        """The update's inputs: a linear layer's features, a table's rows (its ids, one-hot)."""
+        return self.layer.num_embeddings if self.is_table else self.layer.in_features
+
+    @property
+    def outputs(self) -> int:
+        return self.layer.embedding_dim if self.is_table else self.layer.out_features
 
 
 def install_lora(model: nn.Module, path: str, rank: int, alpha: float, blocks: Sequence[tuple[int, int]] | None,
                  dropout: float, rslora: bool, dora: bool = False) -> LoraLinear:
     """Put a ``LoraLinear`` (a ``DoraLinear`` with ``dora``) over the linear layer at ``path`` (rows ``blocks``,
-    None: all); errors name it."""
+    None: all), or a ``LoraEmbedding`` over the token table there; errors name it."""
     parent_name, _, child_name = path.rpartition(".")
     parent = model.get_submodule(parent_name)
+    base = getattr(parent, child_name)
     try:
-        layer = (DoraLinear if dora else LoraLinear)(getattr(parent, child_name), rank, alpha, blocks, dropout, rslora)
+        if isinstance(base, nn.Embedding):
+            _check_table(model, path, dora)
+            layer = LoraEmbedding(base, rank, alpha, blocks, dropout, rslora)
+        else:
+            layer = (DoraLinear if dora else LoraLinear)(base, rank, alpha, blocks, dropout, rslora)
     except AdapterError as error:
         raise AdapterError(f"{path}: {error}") from None
     setattr(parent, child_name, layer)
     return layer
+
+
+def _check_table(model: nn.Module, path: str, dora: bool) -> None:
+    """Refuse what a table's adapter cannot be: DoRA, or the table of a tied output head (unmerged, the head
+    would read the base's rows; merged, the adapted ones)."""
+    if dora:
+        raise AdapterError("DoRA adapts linear layers; a token table takes a LoRA adapter")
+    if f"{path}.weight" in getattr(model, "tied_parameters", dict)().values():
+        raise AdapterError("this table is the output head's weight too (tie_embeddings): an adapter over it would "
+                           "leave the head's copy unadapted until merged; adapt other layers")
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoraLinear]:
@@ -63,9 +93,9 @@ def lora_layers(model: nn.Module) -> dict[str, LoraLinear]:
     return {name: module for name, module in model.named_modules() if isinstance(module, LoraLinear)}
 
 
-def linear_targets(model: nn.Module) -> list[LinearTarget]:
-    """Every linear layer of ``model`` (on any weight backend) with its Hugging Face module(s) where the model's
-    config has a family that maps it."""
+def adapter_targets(model: nn.Module) -> list[AdapterTarget]:
+    """Every linear layer (on any weight backend) and float token table of ``model`` with its Hugging Face
+    module(s) where the model's config has a family that maps it."""
     family = hf_family(model)
     modules = None if family is None else family.module_map(model.config)
     found, bases = [], set()
@@ -73,9 +103,10 @@ def linear_targets(model: nn.Module) -> list[LinearTarget]:
         if isinstance(layer, LoraLinear):  # an adapted layer: its base, under the adapter's path
             bases.add(id(layer.base))
             layer = layer.base
-        elif not isinstance(layer, nn.Linear) or id(layer) in bases:
+        elif not isinstance(layer, (nn.Linear, nn.Embedding)) or id(layer) in bases:
             continue
-        found.append(LinearTarget(path, layer, *_hf_parts(modules, model, path, layer.out_features)))
+        rows = layer.embedding_dim if isinstance(layer, nn.Embedding) else layer.out_features
+        found.append(AdapterTarget(path, layer, *_hf_parts(modules, model, path, rows)))
     return found
 
 
@@ -103,9 +134,9 @@ def _hf_parts(modules, model: nn.Module, path: str, rows: int) -> tuple[tuple[st
 def resolve_targets(model: nn.Module, targets: Sequence[str] | str) -> dict[str, list[tuple[int, int]] | None]:
     """Path -> the output row blocks to adapt (None: the whole layer) of every layer ``targets`` names; a
     target that names no layer is refused with the names that exist."""
-    layers = linear_targets(model)
+    layers = adapter_targets(model)
     if not layers:
-        raise AdapterError("this model has no linear layers to adapt")
+        raise AdapterError("this model has no linear layers or token tables to adapt")
     prefix = getattr(hf_family(model), "base_prefix", "")
     if isinstance(targets, str) and targets in GROUPS:  # PEFT's target_modules="all-linear", and the other groups
         targets = [targets]
@@ -123,7 +154,8 @@ def resolve_targets(model: nn.Module, targets: Sequence[str] | str) -> dict[str,
     hits = {target: [match(layer) for layer in layers] for target, match in matchers.items()}
     for target, found in hits.items():
         if all(hit is False for hit in found):
-            raise AdapterError(f"adapter target {target!r} matches no linear layer; {_what_exists(model, layers)}")
+            raise AdapterError(f"adapter target {target!r} matches no linear layer or token table; "
+                               f"{_what_exists(model, layers)}")
     chosen: dict[str, list[tuple[int, int]] | None] = {}
     for index, layer in enumerate(layers):
         found = [hit[index] for hit in hits.values() if hit[index] is not False]
@@ -136,7 +168,7 @@ def resolve_targets(model: nn.Module, targets: Sequence[str] | str) -> dict[str,
 def _layer_matcher(name_matches, prefix: str):
     """A layer -> None when its tformer path matches (the whole layer), the row blocks of its HF parts whose
     names match (with or without the family's base prefix), or False."""
-    def match(layer: LinearTarget):
+    def match(layer: AdapterTarget):
         if name_matches(layer.path):
             return None
         blocks = [rows for name, rows in zip(layer.hf_names, layer.hf_rows, strict=True)
@@ -148,8 +180,10 @@ def _layer_matcher(name_matches, prefix: str):
 
 
 def _group_matcher(group: str, model: nn.Module):
-    """A layer -> None when it is in ``group``, else False."""
-    def match(layer: LinearTarget):
+    """A layer -> None when it is in ``group``, else False (a token table is in none: it is adapted by name)."""
+    def match(layer: AdapterTarget):
+        if layer.is_table:
+            return False
         path = f".{layer.path}."
         head = is_head_layer(model, layer.path) and not layer.path.startswith("pooler")
         inside = {"attention": ".attention." in path or ".cross_attention." in path,
@@ -158,12 +192,12 @@ def _group_matcher(group: str, model: nn.Module):
     return match
 
 
-def _what_exists(model: nn.Module, layers: list[LinearTarget]) -> str:
+def _what_exists(model: nn.Module, layers: list[AdapterTarget]) -> str:
     """The names a target may use: tformer's paths (layer index as {i}), the family's HF module names, groups."""
     ours = dict.fromkeys(re.sub(r"\bblocks\.\d+\.", "blocks.{i}.", layer.path) for layer in layers)
     theirs = dict.fromkeys(name.rpartition(".")[2] for layer in layers for name in layer.hf_names)
     family = hf_family(model)
-    text = f"tformer's linear layers: {', '.join(ours)}"
+    text = f"tformer's linear layers and tables: {', '.join(ours)}"
     if theirs:
         text += f"; Hugging Face ({family.model_type}) names: {', '.join(theirs)}"
     return text + f"; groups: {', '.join(GROUPS)}"
@@ -199,7 +233,7 @@ def resolve_trained_modules(model: nn.Module, names: Sequence[str] | None,
         raise AdapterError(f"modules trained whole={names!r} must be a list of module names")
     family = hf_family(model)
     prefix = getattr(family, "base_prefix", "")
-    hf_names = {target.path: target.hf_names for target in linear_targets(model)}
+    hf_names = {target.path: target.hf_names for target in adapter_targets(model)}
     chosen = []
     for name in names:
         found = [path for path, module in model.named_modules() if path and module is not None and (

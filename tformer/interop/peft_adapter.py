@@ -1,7 +1,8 @@
 """LoRA adapters in Hugging Face PEFT's format, both ways: a folder of ``adapter_config.json`` (peft_type LORA,
 r, lora_alpha, lora_dropout, use_rslora, target_modules, ...) and ``adapter_model.safetensors`` holding
 ``base_model.model.<HF module>.lora_A.weight`` (rank, in) and ``.lora_B.weight`` (out, rank) per adapted module,
-named as the family's Hugging Face class names its modules.
+named as the family's Hugging Face class names its modules; an adapted token table holds ``.lora_embedding_A``
+(rank, V) and ``.lora_embedding_B`` (D, rank) instead, as PEFT writes them.
 
 The module names go through the family's module map (``interop/weight_map.py``), the same one the weights do.
 Where tformer fuses matrices that Hugging Face keeps apart (Llama's and BERT's q/k/v in ``qkv_proj``, a gated
@@ -41,22 +42,25 @@ from torch import Tensor, nn
 from tformer.checkpoint import read_safetensors, write_checkpoint_folder
 from tformer.errors import listed
 from tformer.interop.lora_targets import (
-    LinearTarget,
+    AdapterTarget,
+    adapter_targets,
     hf_family,
     install_lora,
-    linear_targets,
     lora_layers,
     train_whole,
     trained_modules,
 )
 from tformer.interop.weight_map import module_parts
-from tformer.nn.weights.lora import AdapterError, LoraLinear
+from tformer.nn.weights.lora import AdapterError, LoraEmbedding, LoraLinear
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 TFORMER_CLASS = "tformer"  # auto_mapping's base_model_class of an adapter under tformer's own module paths
 SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+TABLE_SUFFIXES = (".lora_embedding_A", ".lora_embedding_B")  # an adapted token table's, as PEFT names them
+ADAPTER_SUFFIXES = SUFFIXES + TABLE_SUFFIXES
+BASE_TABLE = ".base_layer.weight"  # the base table PEFT saves beside a token table's adapter (save_embedding_layers)
 MAGNITUDE = ".lora_magnitude_vector"  # a DoRA module's magnitude (rows,), as PEFT's state dict names it
 TASK_TYPES = {"decoder": "CAUSAL_LM", "encoder_decoder": "SEQ_2_SEQ_LM", "speech": "SEQ_2_SEQ_LM"}
 # PEFT's task type of an encoder's fine-tuning head (each trains its head whole by default, as tformer's does)
@@ -88,19 +92,20 @@ def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_pa
                            f"({sorted(settings)}): PEFT's adapter_config.json holds one setting for all")
     (rank, alpha, rslora, dropout, kind), = settings
     family = _family_or_refuse(model)
-    targets = {target.path: target for target in linear_targets(model)}
+    targets = {target.path: target for target in adapter_targets(model)}
     tensors: dict[str, Tensor] = {}
     for layer_path, layer in layers.items():
+        suffix_a, suffix_b = TABLE_SUFFIXES if isinstance(layer, LoraEmbedding) else SUFFIXES
         for name, index, (low, high) in _peft_modules(layer_path, layer, targets[layer_path], family is not None):
             module = _their_name(family, model, name)
-            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = layer.lora_A[index].detach().cpu().clone()
-            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = \
+            tensors[f"{PEFT_PREFIX}{module}{suffix_a}"] = layer.lora_A[index].detach().cpu().clone()
+            tensors[f"{PEFT_PREFIX}{module}{suffix_b}"] = \
                 layer.lora_B[index][low:high].detach().cpu().contiguous().clone()
             if kind == "dora":  # PEFT's DoRA magnitude of the module's rows, (rows,)
                 tensors[f"{PEFT_PREFIX}{module}{MAGNITUDE}"] = \
                     layer.lora_magnitude[index][low:high].detach().cpu().contiguous().clone()
-    adapted = [name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight") for name in tensors if
-               name.endswith(".lora_A.weight")]
+    adapted = [name.removeprefix(PEFT_PREFIX).removesuffix(suffix) for name in tensors
+               for suffix in (SUFFIXES[0], TABLE_SUFFIXES[0]) if name.endswith(suffix)]
     every = [_their_name(family, model, name) for target in targets.values()
              for name in (target.hf_names if family is not None else (target.path,))]
     saved: list[str] = []
@@ -112,7 +117,7 @@ def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_pa
         "peft_type": "LORA", "r": rank, "lora_alpha": int(alpha) if alpha.is_integer() else alpha,
         "lora_dropout": dropout, "use_rslora": rslora,
         "target_modules": _target_modules(adapted, every), "base_model_name_or_path": base_model_name_or_path,
-        "bias": "none", "task_type": _task_type(model) if family is not None else None,
+        "bias": "none", "task_type": _task_type(model, bool(saved)) if family is not None else None,
         "fan_in_fan_out": bool(family is not None and family.model_type == "gpt2"), "inference_mode": True,
         "init_lora_weights": True, "modules_to_save": saved or None, "rank_pattern": {}, "alpha_pattern": {},
         "use_dora": kind == "dora", "auto_mapping": _auto_mapping(family, model),
@@ -125,7 +130,7 @@ def write_peft_adapter(model: nn.Module, path: str | Path, base_model_name_or_pa
     return write_checkpoint_folder(path, write)
 
 
-def _peft_modules(path: str, layer: LoraLinear, target: LinearTarget, by_hf_names: bool):
+def _peft_modules(path: str, layer: LoraLinear, target: AdapterTarget, by_hf_names: bool):
     """(module name, block index, its rows within the block (low, high)) of each module PEFT holds for ``layer``:
     per HF part of each block (its lora_A is the block's, its lora_B and magnitude the block's rows low:high)."""
     for index, (start, stop) in enumerate(layer.blocks):
@@ -144,9 +149,11 @@ def _peft_modules(path: str, layer: LoraLinear, target: LinearTarget, by_hf_name
             yield name, index, (begin - start, end - start)
 
 
-def _task_type(model: nn.Module) -> str | None:
-    """PEFT's task_type of the model: its head's (an encoder's classifier), else its architecture's."""
-    return HEAD_TASK_TYPES.get(model.config.head) or TASK_TYPES.get(model.config.architecture)
+def _task_type(model: nn.Module, trains_whole: bool) -> str | None:
+    """PEFT's task_type of the model: its head's (an encoder's classifier) where the adapter trains modules whole
+    (PEFT's SEQ_CLS, TOKEN_CLS and QUESTION_ANS expect the head's tensors in the file), else its architecture's."""
+    head_type = HEAD_TASK_TYPES.get(model.config.head) if trains_whole else None
+    return head_type or TASK_TYPES.get(model.config.architecture)
 
 
 def _whole_module_tensors(model: nn.Module, family, path: str) -> dict[str, Tensor]:
@@ -218,26 +225,31 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
     _check_base_class(config, family, model, folder)
     tensors = _read_tensors(folder)
     magnitudes = _dora_magnitudes(tensors, config["use_dora"], folder)  # taken out of ``tensors``
-    whole = _whole_module_state(model, family, config, tensors, folder)
-    by_module = _adapted_modules({name: t for name, t in tensors.items() if name.endswith(SUFFIXES)}, folder)
     targets = {(_their_name(family, model, name) if family is not None else name): (target, rows)
-               for target in linear_targets(model)
+               for target in adapter_targets(model)
                for name, rows in (zip(target.hf_names, target.hf_rows, strict=True) if family is not None
-                                  else [(target.path, (0, target.layer.out_features))])}
+                                  else [(target.path, (0, target.outputs))])}
+    _check_saved_tables(tensors, targets, family, folder)  # taken out of ``tensors`` too
+    whole = _whole_module_state(model, family, config, tensors, folder)
+    by_module = _adapted_modules({name: t for name, t in tensors.items() if name.endswith(ADAPTER_SUFFIXES)}, folder)
     unknown = [name for name in by_module if _lookup(targets, family, name) is None]
     if unknown:
         kind = f"this {family.model_type} model" if family is not None else "this model"
         raise AdapterError(f"{folder / ADAPTER_WEIGHTS} adapts {listed(unknown, 3)}, which {kind} has no linear layer "
-                           f"of (it has {listed(list(targets), 3)}): an adapter for another base")
+                           f"or token table of (it has {listed(list(targets), 3)}): an adapter for another base")
     rank = config["r"]
     plans: dict[str, list[tuple[tuple[int, int], Tensor, Tensor, Tensor | None]]] = {}
-    for name, (a, b) in by_module.items():
+    for name, (a, b, table) in by_module.items():
         target, (start, stop) = _lookup(targets, family, name)
+        if table != target.is_table:
+            held, needed = ("a token table's", "a linear layer") if table else ("a linear layer's", "a token table")
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {name} holds {held} adapter, and this model's {name} is "
+                               f"{needed}: an adapter for another base")
         magnitude = magnitudes.pop(name, None)
         if config["use_dora"] and magnitude is None:
             raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {name} has no {MAGNITUDE.lstrip('.')} (use_dora is "
                                "true: every adapted module holds one)")
-        _check_shapes(folder, name, a, b, rank, target.layer.in_features, stop - start, magnitude)
+        _check_shapes(folder, name, a, b, rank, target.inputs, stop - start, magnitude, table)
         plans.setdefault(target.path, []).append(((start, stop), a, b, magnitude))
     if magnitudes:
         raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {listed(list(magnitudes), 3)} hold DoRA magnitudes "
@@ -264,6 +276,23 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
             parameters[name].copy_(value)
 
 
+def _check_saved_tables(tensors: dict[str, Tensor], targets: dict, family, folder: Path) -> None:
+    """Take the base tables PEFT saves beside a table's adapter (``<table>.base_layer.weight``, for a vocabulary
+    that may have grown) out of ``tensors``: each must be this model's table as it is, else the adapter is for
+    another base."""
+    for name in [name for name in tensors if name.startswith(PEFT_PREFIX) and name.endswith(BASE_TABLE)]:
+        module = name.removeprefix(PEFT_PREFIX).removesuffix(BASE_TABLE)
+        saved, found = tensors.pop(name), _lookup(targets, family, module)
+        if found is None or not found[0].is_table:
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {name}, the base weight of a token table this model "
+                               "does not have: an adapter for another base")
+        table = found[0].layer.weight
+        if saved.shape != table.shape or not torch.equal(saved.to(table.dtype), table.detach().cpu()):
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {module}'s table {tuple(saved.shape)}, which differs "
+                               f"from this model's {tuple(table.shape)} (PEFT saves a table whose vocabulary changed): "
+                               "load it onto the base it was trained on")
+
+
 def peft_trained_modules(folder: Path) -> list[str]:
     """The modules an adapter folder trains whole (its adapter_config.json's modules_to_save that its tensors
     hold); [] when none."""
@@ -272,7 +301,7 @@ def peft_trained_modules(folder: Path) -> list[str]:
     if not names:
         return []
     held = [name.removeprefix(PEFT_PREFIX) for name in _read_tensors(folder)
-            if not name.endswith((*SUFFIXES, MAGNITUDE))]
+            if not name.endswith((*ADAPTER_SUFFIXES, MAGNITUDE, BASE_TABLE))]
     return [entry for entry in names if any(_covers(entry, name) for name in held)]
 
 
@@ -282,14 +311,14 @@ def _whole_module_state(model: nn.Module, family, config: dict[str, Any], tensor
     modules_to_save), checked against the model: each covered by a modules_to_save name, each a parameter of the
     model in its shape, every part of a fused matrix there."""
     others = {name.removeprefix(PEFT_PREFIX): tensor for name, tensor in tensors.items()
-              if name.startswith(PEFT_PREFIX) and not name.endswith(SUFFIXES)}
+              if name.startswith(PEFT_PREFIX) and not name.endswith(ADAPTER_SUFFIXES)}
     stray = [name for name in tensors if not name.startswith(PEFT_PREFIX)]
     names = config.get("modules_to_save") or []
     stray += [PEFT_PREFIX + name for name in others if not any(_covers(entry, name) for entry in names)]
     if stray:
         raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {listed(stray, 3)}: tformer reads LoRA's lora_A and "
-                           "lora_B weights and the tensors of modules_to_save only (no DoRA magnitudes or embedding "
-                           "adapters)")
+                           "lora_B weights (lora_embedding_A and lora_embedding_B of a token table), DoRA's magnitudes "
+                           "and the tensors of modules_to_save only")
     if not others:
         return {}
     ours = _our_parameter_names(model, family)
@@ -403,15 +432,19 @@ def _read_tensors(folder: Path) -> dict[str, Tensor]:
         raise AdapterError(f"{path}: not a readable safetensors file ({error})") from None
 
 
-def _adapted_modules(tensors: dict[str, Tensor], folder: Path) -> dict[str, tuple[Tensor, Tensor]]:
-    """Module name (without PEFT's prefix) -> (lora_A, lora_B) of the file's LoRA tensors."""
-    modules = dict.fromkeys(name.removeprefix(PEFT_PREFIX).rsplit(".", 2)[0] for name in tensors)
+def _adapted_modules(tensors: dict[str, Tensor], folder: Path) -> dict[str, tuple[Tensor, Tensor, bool]]:
+    """Module name (without PEFT's prefix) -> (lora_A, lora_B, whether they are a token table's) of the file's
+    LoRA tensors."""
+    modules = {}
+    for name in tensors:
+        suffix = next(suffix for suffix in ADAPTER_SUFFIXES if name.endswith(suffix))
+        modules.setdefault(name.removeprefix(PEFT_PREFIX).removesuffix(suffix), suffix in TABLE_SUFFIXES)
     found = {}
-    for module in modules:
-        pair = [tensors.get(f"{PEFT_PREFIX}{module}{suffix}") for suffix in SUFFIXES]
+    for module, table in modules.items():
+        pair = [tensors.get(f"{PEFT_PREFIX}{module}{suffix}") for suffix in (TABLE_SUFFIXES if table else SUFFIXES)]
         if any(tensor is None for tensor in pair):
-            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {module} has lora_A or lora_B but not both")
-        found[module] = (pair[0], pair[1])
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS}: {module} has one of its two LoRA matrices, not both")
+        found[module] = (pair[0], pair[1], table)
     if not found:
         raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds no adapter tensors")
     return found
@@ -429,8 +462,9 @@ def _dora_magnitudes(tensors: dict[str, Tensor], use_dora: bool, folder: Path) -
 
 
 def _check_shapes(folder: Path, name: str, a: Tensor, b: Tensor, rank: int, inputs: int, outputs: int,
-                  magnitude: Tensor | None = None) -> None:
-    expected_shapes = [("lora_A.weight", a, (rank, inputs)), ("lora_B.weight", b, (outputs, rank))]
+                  magnitude: Tensor | None = None, table: bool = False) -> None:
+    kinds = [suffix.lstrip(".") for suffix in (TABLE_SUFFIXES if table else SUFFIXES)]
+    expected_shapes = [(kinds[0], a, (rank, inputs)), (kinds[1], b, (outputs, rank))]
     if magnitude is not None:
         expected_shapes.append((MAGNITUDE.lstrip("."), magnitude, (outputs,)))
     for kind, tensor, expected in expected_shapes:

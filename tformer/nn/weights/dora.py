@@ -87,7 +87,7 @@ class DoraLinear(LoraLinear):
         with torch.no_grad():
             for (start, stop), update, m, norm in zip(self.blocks, self.block_updates(), self.lora_magnitude, norms,
                                                       strict=True):
-                replaced.append(weight[start:stop].clone())
+                replaced.append(((start, stop), weight[start:stop].clone()))
                 rows = (weight[start:stop].float() + update) * (m.float() / norm).unsqueeze(1)
                 weight[start:stop] = rows.to(weight.dtype)
         self._replaced_rows = replaced

@@ -144,7 +144,7 @@ class LoraLinear(LoraUpdate):
         self._make_update(base.in_features, base.out_features, rank, alpha, blocks, dropout, rslora,
                           adapter_dtype(base), base_device(base))
         base.requires_grad_(False)
-        self._replaced_rows: list[Tensor] | None = None  # the weight rows a merge overwrote (None: not merged)
+        self._replaced_rows: list[tuple[tuple[int, int], Tensor]] | None = None  # a merge's overwritten rows
 
     @property
     def merged(self) -> bool:
@@ -163,8 +163,8 @@ class LoraLinear(LoraUpdate):
         weight = self.float_weight()
         replaced = []
         with torch.no_grad():
-            for (start, stop), update in zip(self.blocks, self.block_updates(), strict=True):
-                replaced.append(weight[start:stop].clone())
+            for (start, stop), update in self.weight_updates():
+                replaced.append(((start, stop), weight[start:stop].clone()))
                 weight[start:stop] = (weight[start:stop].float() + update).to(weight.dtype)
         self._replaced_rows = replaced
 
@@ -174,9 +174,13 @@ class LoraLinear(LoraUpdate):
             return
         weight = self.float_weight()
         with torch.no_grad():
-            for (start, stop), rows in zip(self.blocks, self._replaced_rows, strict=True):
+            for (start, stop), rows in self._replaced_rows:
                 weight[start:stop] = rows
         self._replaced_rows = None
+
+    def weight_updates(self) -> list[tuple[tuple[int, int], Tensor]]:
+        """((start, stop), the update of the base weight's rows start:stop in float32) of each block."""
+        return list(zip(self.blocks, self.block_updates(), strict=True))
 
     def float_weight(self) -> Tensor:
         """The base's float weight (out, in), which a merge changes; a quantized base has none and refuses."""
@@ -188,6 +192,53 @@ class LoraLinear(LoraUpdate):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", merged" if self.merged else "")
+
+
+class LoraEmbedding(LoraLinear):
+    """``base`` (a float token table (V, D), frozen) plus a low-rank update of its rows: ids (...) -> (..., D)
+    like the base. The update is a LoRA product over the ids' one-hot rows, looked up rather than multiplied:
+    ``lora_A[0]`` (rank, V) and ``lora_B[0]`` (D, rank), PEFT's ``lora_embedding_A`` and ``lora_embedding_B``,
+    started as PEFT starts them (A at zero, B standard normal), so the adapted table starts equal to its base. As
+    in PEFT, a lookup takes no dropout."""
+
+    def __init__(self, base: nn.Embedding, rank: int, alpha: float, blocks: Sequence[tuple[int, int]] | None = None,
+                 dropout: float = 0.0, rslora: bool = False) -> None:
+        nn.Module.__init__(self)
+        if not isinstance(base, nn.Embedding) or not base.weight.is_floating_point():
+            raise AdapterError(f"a LoRA adapter goes over a float token table here, not {type(base).__name__}")
+        if blocks is not None and list(blocks) != [(0, base.embedding_dim)]:
+            raise AdapterError(f"an adapter over a token table adapts all of it, not rows {list(blocks)}")
+        self.base = base
+        self._make_update(base.num_embeddings, base.embedding_dim, rank, alpha, None, dropout, rslora,
+                          base.weight.dtype, base.weight.device)
+        with torch.no_grad():
+            self.lora_A[0].zero_()
+            nn.init.normal_(self.lora_B[0])
+        base.requires_grad_(False)
+        self._replaced_rows = None
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.base.num_embeddings
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.base.embedding_dim
+
+    def update(self, ids: Tensor) -> Tensor:
+        return self.product(ids)
+
+    def product(self, ids: Tensor) -> Tensor:
+        """``scale * (B @ A).T[ids]``: (...) ids -> (..., D)."""
+        low = F.embedding(ids, self.lora_A[0].t(), padding_idx=self.base.padding_idx)  # (..., rank)
+        return F.linear(low, self.lora_B[0]) * self.scale
+
+    def weight_updates(self) -> list[tuple[tuple[int, int], Tensor]]:
+        """The update of every row of the table (V, D), in float32."""
+        return [((0, self.in_features), self.block_updates()[0].t())]
+
+    def extra_repr(self) -> str:
+        return f"token table {self.in_features} x {self.out_features}, " + super().extra_repr()
 
 
 def adapter_dtype(base: nn.Linear) -> torch.dtype:

@@ -1,7 +1,8 @@
 """LoRA adapters on a model: ``add_lora`` puts a ``LoraLinear`` (``nn/weights/lora.py``) over each targeted
-linear layer and freezes everything else; ``save_adapter`` / ``load_adapter`` write and read Hugging Face
-PEFT's format (``interop/peft_adapter.py``); ``merge_adapter`` / ``unmerge_adapter`` fold the update into the
-float weights and take it out again bit for bit; ``unload_adapter`` gives the plain model back.
+linear layer (a ``LoraEmbedding`` over a token table named as a target) and freezes everything else;
+``save_adapter`` / ``load_adapter`` write and read Hugging Face PEFT's format (``interop/peft_adapter.py``);
+``merge_adapter`` / ``unmerge_adapter`` fold the update into the float weights and take it out again bit for
+bit; ``unload_adapter`` gives the plain model back.
 
 Targets name linear layers the way PEFT's ``target_modules`` does: a name matches a module whose path is it or
 ends with "." + it, a single string is a regular expression the whole path must match. A name may be

@@ -15,7 +15,8 @@ The base stays what it was (a quantized base keeps its integers; only its input 
 weight rows, keeping the rows it overwrote, so ``unmerge`` restores the base bit for bit; a quantized base
 has no float weight to merge into and refuses.
 
-The update alone is a ``LoraUpdate`` (the one LoRA product); ``LoraLinear`` is one over its base, and
+The update alone is a ``LoraUpdate`` (the one LoRA product); ``LoraLinear`` is one over its base,
+``LoraEmbedding`` one over a token table (the product over the ids' one-hot rows, looked up), and
 ``multi_lora.MultiLoraLinear`` holds several over one base, each row taking one (serving many adapters).
 """
 

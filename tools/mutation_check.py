@@ -961,6 +961,13 @@ MUTATIONS = (
         "an adapter goes over a table tied to the output head, whose copy then reads the base's rows until merged",
     ),
     Mutation(
+        "quantized-table-target-unexplained", "tformer/interop/lora_targets.py",
+        "            _refuse_quantized_table(model, target)\n",
+        "",
+        ("tests/nn/test_lora_tables.py", "-k", "quantized_first"),
+        "a target naming an int8 token table (QLoRA's base quantized first) is answered as a name that matches nothing",
+    ),
+    Mutation(
         "quantize-drops-table-adapter", "tformer/quantization.py",
         "    if scheme.embeddings and adapted:",
         "    if False:",

@@ -128,3 +128,12 @@ def test_quantizing_a_model_whose_table_carries_an_adapter_is_refused_unless_the
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())  # nothing changed
     quantize(model, "int8", embeddings=False)
     assert isinstance(model.embedding.token, LoraEmbedding)
+
+
+def test_an_adapter_over_a_table_quantized_first_is_refused_naming_the_int8_table():
+    model = quantize(llama(), "int4", group_size=32)  # QLoRA's order: the base quantized, then the adapters
+    with pytest.raises(AdapterError, match=r"'embed_tokens' is a quantized token table \(embedding.token, int8\)"):
+        add_lora(model, rank=4, alpha=8, targets=["q_proj", "embed_tokens"])
+    assert not lora_layers(model)  # nothing put on
+    quantized = quantize(llama(), "int4", group_size=32, embeddings=False)
+    assert isinstance(add_lora(quantized, rank=4, alpha=8, targets=["embedding.token"]).embedding.token, LoraEmbedding)

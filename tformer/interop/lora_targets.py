@@ -25,6 +25,7 @@ from tformer.nn.heads import HEADS
 from tformer.nn.weights.backend import LinearBackend
 from tformer.nn.weights.dora import DoraLinear
 from tformer.nn.weights.lora import AdapterError, LoraEmbedding, LoraLinear
+from tformer.nn.weights.table import QuantizedTable
 from tformer.quantization import is_head_layer
 
 GROUPS = ("attention", "feedforward", "head", "all-linear")
@@ -154,6 +155,7 @@ def resolve_targets(model: nn.Module, targets: Sequence[str] | str) -> dict[str,
     hits = {target: [match(layer) for layer in layers] for target, match in matchers.items()}
     for target, found in hits.items():
         if all(hit is False for hit in found):
+            _refuse_quantized_table(model, target)
             raise AdapterError(f"adapter target {target!r} matches no linear layer or token table; "
                                f"{_what_exists(model, layers)}")
     chosen: dict[str, list[tuple[int, int]] | None] = {}
@@ -190,6 +192,22 @@ def _group_matcher(group: str, model: nn.Module):
                   "feedforward": ".feedforward." in path, "head": head, "all-linear": not head}[group]
         return None if inside else False
     return match
+
+
+def _refuse_quantized_table(model: nn.Module, target: str) -> None:
+    """Refuse a target that names (as tformer or the HF family names it) a token table held in int8: an adapter
+    over a table adds to its float rows."""
+    family = hf_family(model)
+    modules = None if family is None else family.module_map(model.config)
+    prefix = getattr(family, "base_prefix", "")
+    for path, module in model.named_modules():
+        if not isinstance(module, QuantizedTable):
+            continue
+        names = (path, *_hf_parts(modules, model, path, module.embedding_dim)[0])
+        if any(name in (target, prefix + target) or name.endswith("." + target) for name in names):
+            raise AdapterError(f"adapter target {target!r} is a quantized token table ({path}, int8): an adapter over "
+                               "a table needs the float table; quantize with the embeddings left float "
+                               "(embeddings=False) or leave the table out of the targets")
 
 
 def _what_exists(model: nn.Module, layers: list[AdapterTarget]) -> str:

@@ -968,6 +968,13 @@ MUTATIONS = (
         "a target naming an int8 token table (QLoRA's base quantized first) is answered as a name that matches nothing",
     ),
     Mutation(
+        "saved-head-base-refused", "tformer/interop/peft_adapter.py",
+        "        if found is None:\n",
+        "        if found is None or not found[0].is_table:\n",
+        ("tests/interop/test_interop_peft.py", "-k", "tied-head"),
+        "PEFT's adapter over GPT-2's tied lm_head (its base weight saved beside it) is refused as for another base",
+    ),
+    Mutation(
         "quantize-drops-table-adapter", "tformer/quantization.py",
         "    if scheme.embeddings and adapted:",
         "    if False:",

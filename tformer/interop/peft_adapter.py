@@ -60,7 +60,7 @@ TFORMER_CLASS = "tformer"  # auto_mapping's base_model_class of an adapter under
 SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 TABLE_SUFFIXES = (".lora_embedding_A", ".lora_embedding_B")  # an adapted token table's, as PEFT names them
 ADAPTER_SUFFIXES = SUFFIXES + TABLE_SUFFIXES
-BASE_TABLE = ".base_layer.weight"  # the base table PEFT saves beside a token table's adapter (save_embedding_layers)
+BASE_WEIGHT = ".base_layer.weight"  # the base PEFT saves beside a table's or head's adapter (save_embedding_layers)
 MAGNITUDE = ".lora_magnitude_vector"  # a DoRA module's magnitude (rows,), as PEFT's state dict names it
 TASK_TYPES = {"decoder": "CAUSAL_LM", "encoder_decoder": "SEQ_2_SEQ_LM", "speech": "SEQ_2_SEQ_LM"}
 # PEFT's task type of an encoder's fine-tuning head (each trains its head whole by default, as tformer's does)
@@ -277,20 +277,23 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
 
 
 def _check_saved_tables(tensors: dict[str, Tensor], targets: dict, family, folder: Path) -> None:
-    """Take the base tables PEFT saves beside a table's adapter (``<table>.base_layer.weight``, for a vocabulary
-    that may have grown) out of ``tensors``: each must be this model's table as it is, else the adapter is for
-    another base."""
-    for name in [name for name in tensors if name.startswith(PEFT_PREFIX) and name.endswith(BASE_TABLE)]:
-        module = name.removeprefix(PEFT_PREFIX).removesuffix(BASE_TABLE)
+    """Take the base weights PEFT saves beside an adapter over a token table or an output head
+    (``<module>.base_layer.weight``, save_embedding_layers: for a vocabulary that may have grown) out of
+    ``tensors``: each must be this model's float weight as it is, else the adapter is for another base."""
+    for name in [name for name in tensors if name.startswith(PEFT_PREFIX) and name.endswith(BASE_WEIGHT)]:
+        module = name.removeprefix(PEFT_PREFIX).removesuffix(BASE_WEIGHT)
         saved, found = tensors.pop(name), _lookup(targets, family, module)
-        if found is None or not found[0].is_table:
-            raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {name}, the base weight of a token table this model "
+        if found is None:
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {name}, the base weight of a layer this model "
                                "does not have: an adapter for another base")
-        table = found[0].layer.weight
-        if saved.shape != table.shape or not torch.equal(saved.to(table.dtype), table.detach().cpu()):
-            raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {module}'s table {tuple(saved.shape)}, which differs "
-                               f"from this model's {tuple(table.shape)} (PEFT saves a table whose vocabulary changed): "
-                               "load it onto the base it was trained on")
+        weight = getattr(found[0].layer, "weight", None)
+        if not isinstance(weight, Tensor) or not weight.is_floating_point():
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {module}'s base weight, which this model holds "
+                               "quantized: load the adapter onto the float model, then quantize")
+        if saved.shape != weight.shape or not torch.equal(saved.to(weight.dtype), weight.detach().cpu()):
+            raise AdapterError(f"{folder / ADAPTER_WEIGHTS} holds {module}'s weight {tuple(saved.shape)}, which "
+                               f"differs from this model's {tuple(weight.shape)} (PEFT saves a table or head whose "
+                               "vocabulary changed): load it onto the base it was trained on")
 
 
 def peft_trained_modules(folder: Path) -> list[str]:
@@ -301,7 +304,7 @@ def peft_trained_modules(folder: Path) -> list[str]:
     if not names:
         return []
     held = [name.removeprefix(PEFT_PREFIX) for name in _read_tensors(folder)
-            if not name.endswith((*ADAPTER_SUFFIXES, MAGNITUDE, BASE_TABLE))]
+            if not name.endswith((*ADAPTER_SUFFIXES, MAGNITUDE, BASE_WEIGHT))]
     return [entry for entry in names if any(_covers(entry, name) for name in held)]
 
 

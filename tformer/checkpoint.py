@@ -128,7 +128,7 @@ def save_checkpoint(model, path: str | Path) -> Path:
     """Save ``model`` (a tformer Model: ``config``, ``state_dict``, ``tied_parameters``, optional
     ``tokenizer`` and ``image_processor``) as a checkpoint folder in tformer's format."""
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
-             if name not in model.tied_parameters()}
+             if name not in model.tied_state_names()}
     tokenizer = getattr(model, "tokenizer", None)
     image_processor = getattr(model, "image_processor", None)
     quantization = getattr(model, "quantization", None)
@@ -243,7 +243,7 @@ def load_state(model, state: dict[str, torch.Tensor], source: str, new_head: boo
         return name.split(".", 1)[0] in head_modules
 
     expected = {name: tensor.shape for name, tensor in model.state_dict().items()
-                if name not in model.tied_parameters()}
+                if name not in model.tied_state_names()}
     found = {name: tensor.shape for name, tensor in state.items()}
     scheme = getattr(model, "quantization", None)
     problem = scheme and scheme_disagreement(model, scheme, state)

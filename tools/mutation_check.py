@@ -975,6 +975,13 @@ MUTATIONS = (
         "PEFT's adapter over GPT-2's tied lm_head (its base weight saved beside it) is refused as for another base",
     ),
     Mutation(
+        "tied-head-under-adapter-saved-twice", "tformer/models/base.py",
+        "        sources = {id(parameters[source]): source for source in tied.values() if source in parameters}",
+        "        sources = {}",
+        ("tests/training/test_sft_adapters.py", "-k", "tied_head"),
+        "a checkpoint of a run whose adapter sits over the tied head holds the table twice (safetensors refuses it)",
+    ),
+    Mutation(
         "quantize-drops-table-adapter", "tformer/quantization.py",
         "    if scheme.embeddings and adapted:",
         "    if False:",

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import tformer
 from tformer.adapters import add_lora, load_adapter
@@ -139,3 +140,20 @@ def test_a_chat_without_an_answer_is_refused_before_anything_is_written(chat_run
     error = capsys.readouterr().err
     assert "chat.jsonl:25: a conversation without an assistant turn" in error and len(error.splitlines()) == 1
     assert not out.exists()
+
+
+def test_an_adapter_over_the_tied_head_checkpoints_and_resumes_to_the_uninterrupted_adapter(chat_run):
+    """Under its adapter the head tied to the table is ``lm_head.base.weight``: a checkpoint saves it once (as the
+    table) and resuming ties it again, the continuation equal to the run that was never stopped."""
+    def train(out, *settings, resume=()):
+        command = ["train", str(chat_run / "r.toml"), "--out", str(out), "--no-progress", *resume, "--set",
+                   'adapter.targets=["all-linear", "lm_head"]', "--set", "training.schedule=constant",
+                   "--set", "training.checkpoint_every=2", "--set", "training.activation_checkpointing=false"]
+        assert main(command + [item for setting in settings for item in ("--set", setting)]) == 0
+        return load_file(out / "adapter_model.safetensors")
+
+    whole = train(chat_run / "whole")
+    train(chat_run / "halves", "training.max_steps=2")
+    resumed = train(chat_run / "halves", "training.max_steps=4", resume=("--resume", "auto"))
+    assert any(".lm_head.lora_B" in name for name in whole) and whole.keys() == resumed.keys()
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)

@@ -86,6 +86,16 @@ class Model(nn.Module, GenerationProtocol):
         """Parameter names that are views of another parameter: {alias: source}. Saved once."""
         return {}
 
+    def tied_state_names(self) -> set[str]:
+        """The state names left out when saving (tied again on load): the aliases of ``tied_parameters``, and any
+        other name their source parameter is reachable by (an adapter over a tied head holds it as
+        ``lm_head.base.weight``)."""
+        tied = self.tied_parameters()
+        parameters = dict(self.named_parameters())
+        sources = {id(parameters[source]): source for source in tied.values() if source in parameters}
+        return set(tied) | {name for name, parameter in self.named_parameters(remove_duplicate=False)
+                            if sources.get(id(parameter), name) != name}
+
     def init_weights(self) -> None:
         """GPT-2 style: normal(0, initializer_range) weights, zero biases, unit norms; the
         projections that write into the residual stream scaled by 1/sqrt(2 * num_layers) unless

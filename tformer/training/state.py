@@ -64,7 +64,7 @@ class RunState:
         )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        tied = self.model.tied_parameters()
+        tied = self.model.tied_state_names()
         model_state = {name: tensor.detach().contiguous().cpu()
                        for name, tensor in get_model_state_dict(self.model, options=options).items()
                        if name not in tied}
@@ -307,7 +307,7 @@ class RunState:
             raise TrainingError(f"--resume {spec}: no intact checkpoint in {self.out_dir}: " + "; ".join(damaged))
         if damaged:
             notes = [f"{reason}; resuming from the newest intact checkpoint, {folder}" for reason in damaged]
-        expected = {n for n in self.model.state_dict() if n not in self.model.tied_parameters()}
+        expected = {n for n in self.model.state_dict() if n not in self.model.tied_state_names()}
         if set(model_state) != expected:
             raise TrainingError(f"{folder}: the weights do not match the model "
                                 f"(missing: {sorted(expected - set(model_state))[:5]}, "

@@ -30,6 +30,7 @@ from tformer.tokenizers import train as train_tokenizer  # noqa: E402
 
 VOCAB_SIZE = 16384  # English and German: twice pretraining_helps.py's English-only 8,192
 OUT = ROOT / "data" / "t5-corpus"
+OUTPUTS = ("corpus.txt", "tokenizer.json", "sources.json")  # sources.json last: its presence marks a whole build
 
 
 def documents(path: Path) -> list[str]:
@@ -55,10 +56,34 @@ def build(out: Path, seed: int = 0) -> dict:
             "pad_token_id": tokenizer.pad_token_id}
 
 
+def refusal(out: Path) -> str | None:
+    """Why OUT may not be written, or None: it is new, empty, or this script's previous build (its three files,
+    sources.json among them with the keys this script writes, and nothing else)."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"--out {out} is a file, not a folder"
+    names = {path.name for path in out.iterdir()}
+    if not names:
+        return None
+    try:
+        ours = names <= set(OUTPUTS) and set(json.loads((out / "sources.json").read_text(encoding="utf-8"))) == {
+            "sources", "documents", "vocab_size", "pad_token_id"}
+    except (OSError, ValueError, TypeError):
+        ours = False
+    if ours:
+        return None
+    return (f"--out {out} holds files this script did not write ({', '.join(sorted(names))}); it writes only into "
+            "a new or empty folder or over its own previous build")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=lambda text: Path(text).resolve(), default=OUT)
     args = parser.parse_args()
+    problem = refusal(args.out)
+    if problem is not None:
+        parser.error(problem)
     figures = build(args.out)
     (args.out / "sources.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(figures, indent=2))

@@ -102,12 +102,20 @@ class LoraUpdate(nn.Module):
     def update(self, x: Tensor) -> Tensor:
         """``scale * dropout(x) @ A_j.T @ B_j.T`` on each block's rows, zero elsewhere: (..., in) -> (..., out),
         in the adapter's dtype."""
-        return self.product(self.dropout(x))
+        return self.product(self.update_input(x))
+
+    def update_input(self, x: Tensor) -> Tensor:
+        """What the update multiplies: the input, dropped out in training."""
+        return self.dropout(x)
+
+    def low(self, x: Tensor) -> Tensor:
+        """``x @ A_j.T`` of every block: (..., in) -> (..., blocks * rank), in the adapter's dtype."""
+        a = self.lora_A[0] if len(self.lora_A) == 1 else torch.cat(list(self.lora_A))  # (blocks * rank, in)
+        return F.linear(x.to(a.dtype), a)
 
     def product(self, x: Tensor) -> Tensor:
         """``scale * x @ A_j.T @ B_j.T`` on each block's rows, zero elsewhere (``update`` without its dropout)."""
-        a = self.lora_A[0] if len(self.lora_A) == 1 else torch.cat(list(self.lora_A))  # (blocks * rank, in)
-        low = F.linear(x.to(a.dtype), a)  # (..., blocks * rank)
+        low = self.low(x)  # (..., blocks * rank)
         if self.whole:
             return F.linear(low, self.lora_B[0]) * self.scale
         pieces, position = [], 0
@@ -155,6 +163,13 @@ class LoraLinear(LoraUpdate):
         out = self.base(x)
         if self._replaced_rows is not None:  # merged: the base's weight holds the update
             return out
+        if self.whole and out.dtype == self.lora_B[0].dtype:
+            # out + scale * low @ B.T in one multiply-add: no (..., out) product, scaled copy or sum made beside out
+            low = self.low(self.update_input(x))  # (..., rank)
+            # B.T made contiguous (rank, out): its gradient is then low.T @ grad, a wide product, not the
+            # skinny (out, N) @ (N, rank) the transposed view gets (as slow as the base's product for a head)
+            return torch.addmm(out.reshape(-1, out.shape[-1]), low.reshape(-1, self.rank),
+                               self.lora_B[0].t().contiguous(), alpha=self.scale).view(out.shape)
         return out + self.update(x).to(out.dtype)
 
     def merge(self) -> None:
@@ -226,13 +241,13 @@ class LoraEmbedding(LoraLinear):
     def embedding_dim(self) -> int:
         return self.base.embedding_dim
 
-    def update(self, ids: Tensor) -> Tensor:
-        return self.product(ids)
+    def update_input(self, ids: Tensor) -> Tensor:
+        return ids  # no dropout on a lookup
 
-    def product(self, ids: Tensor) -> Tensor:
-        """``scale * (B @ A).T[ids]``: (...) ids -> (..., D)."""
-        low = F.embedding(ids, self.lora_A[0].t(), padding_idx=self.base.padding_idx)  # (..., rank)
-        return F.linear(low, self.lora_B[0]) * self.scale
+    def low(self, ids: Tensor) -> Tensor:
+        """``A.T[ids]``, the ids' one-hot rows times ``A.T``: (...) ids -> (..., rank); the update is
+        ``scale * (B @ A).T[ids]``."""
+        return F.embedding(ids, self.lora_A[0].t(), padding_idx=self.base.padding_idx)
 
     def weight_updates(self) -> list[tuple[tuple[int, int], Tensor]]:
         """The update of every row of the table (V, D), in float32."""

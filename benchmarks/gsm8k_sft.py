@@ -6,6 +6,8 @@ fine-tuning (the base) and after, exact-match accuracy on that number, the param
 peak memory (metrics.jsonl's peak_memory_mib: RSS on the CPU) and its seconds per step.
 
     python benchmarks/gsm8k_sft.py --seeds 3                      # pretrain once, then 3 x 3 runs (hours)
+    python benchmarks/gsm8k_sft.py pretrain                       # the base only (30 minutes)
+    python benchmarks/gsm8k_sft.py costs                          # each method's step cost alone (minutes)
     python benchmarks/gsm8k_sft.py --seeds 1 --variants full lora
     python benchmarks/gsm8k_sft.py --seeds 1 --max-steps 3 --generate 4 --max-new-tokens 8 \
         --pretrain-steps 3 --runs /tmp/gsm8k-smoke                # the pipeline only (minutes)
@@ -22,7 +24,10 @@ over the run's steps of its tokens per step (its log's "training" line) over tha
 (metrics.jsonl, one record a step).
 
 Prints a Markdown table (and writes RUNS/gsm8k-sft.json), and the ratio of LoRA's and QLoRA's held-out loss
-to full fine-tuning's, seed by seed.
+to full fine-tuning's, seed by seed. A sweep's seconds per step are those of its runs, which share the host with
+whatever else runs; `costs` measures each method alone: a run of --cost-steps steps each (RUNS/costs/<variant>,
+made afresh), one after another, without evaluation or checkpoints, and prints their parameters, peak memory and
+median seconds per step side by side (run it on an otherwise idle host).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pretraining_helps import build_corpus  # noqa: E402
-from run_costs import peak_memory_mib, records, seconds_per_step  # noqa: E402
+from run_costs import peak_memory_mib, records, seconds_per_step, trained_parameters  # noqa: E402
 
 import tformer  # noqa: E402
 from tformer.adapters import adapter_parameters, load_adapter  # noqa: E402
@@ -101,6 +106,21 @@ def finetune(variant: str, seed: int, base: Path, runs: Path, threads: int, step
                 *VARIANTS[variant], *cut(steps)]
     run_command(train_command("gsm8k-sft.toml", out, settings), runs / variant / f"seed-{seed}.log")
     return out
+
+
+def costs(variants: list[str], base: Path, runs: Path, threads: int, steps: int) -> None:
+    """Each variant's cost alone: STEPS steps (no evaluation, no checkpoint), one variant after another."""
+    quiet = [f"training.max_steps={steps}", "training.eval_every=1000000", "training.eval_batches=1",
+             "training.checkpoint_every=1000000", "training.warmup_steps=0"]
+    print(f"| method | trained parameters | peak memory MiB | s / step (median of {steps}) |\n|---|---:|---:|---:|")
+    for variant in variants:
+        out, log = runs / "costs" / variant, runs / "costs" / f"{variant}.log"
+        log.unlink(missing_ok=True)
+        command = train_command("gsm8k-sft.toml", out, [f"model.init_from={base}", "training.seed=1",
+                                                        f"training.threads={threads}", *VARIANTS[variant], *quiet])
+        run_command([part for part in command if part not in ("--resume", "auto")] + ["--overwrite"], log)
+        print(f"| {variant} | {trained_parameters(out):,} | {peak_memory_mib(out):,.0f} | "
+              f"{seconds_per_step(out, log):.3f} |", flush=True)
 
 
 def fine_tuned_model(variant: str, run: Path, base: Path):
@@ -207,6 +227,9 @@ def ratios(rows: list[dict]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", nargs="?", choices=("pretrain", "costs"),
+                        help="pretrain: the base only; costs: each method's step cost alone; left out: the sweep")
+    parser.add_argument("--cost-steps", type=int, default=12, help="steps of each costs run (default: 12)")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds 1..N (default: 3)")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "gsm8k-sft", help="where the runs go")
@@ -217,15 +240,20 @@ def main() -> None:
                         help="test problems to answer for the format share and exact match (0: all 1,319)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer generated")
     args = parser.parse_args()
-    if args.seeds < 1 or args.generate < 0 or args.max_new_tokens < 1:
-        parser.error("--seeds and --max-new-tokens must be at least 1, --generate at least 0")
+    if args.seeds < 1 or args.generate < 0 or args.max_new_tokens < 1 or args.cost_steps < 1:
+        parser.error("--seeds, --max-new-tokens and --cost-steps must be at least 1, --generate at least 0")
     for option, value in (("--max-steps", args.max_steps), ("--pretrain-steps", args.pretrain_steps)):
         if value is not None and value < 1:
             parser.error(f"{option} must be at least 1")
     torch.set_num_threads(args.threads)
     started = time.time()
-    problems = test_problems(args.generate)
     base = pretrain(args.runs, args.threads, args.pretrain_steps)
+    if args.step == "pretrain":
+        return
+    if args.step == "costs":
+        costs(args.variants, base, args.runs, args.threads, args.cost_steps)
+        return
+    problems = test_problems(args.generate)
     base_model = tformer.load(base)
     total = base_model.num_parameters()
     before = answer_scores(base_model, base, base / "gsm8k-answers.jsonl", problems, args.max_new_tokens)

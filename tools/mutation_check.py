@@ -982,6 +982,13 @@ MUTATIONS = (
         "a checkpoint of a run whose adapter sits over the tied head holds the table twice (safetensors refuses it)",
     ),
     Mutation(
+        "adapted-head-held-whole", "tformer/nn/losses.py",
+        "    if gradients and weight_trains and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:",
+        "    if gradients and trained and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:",
+        ("tests/nn/test_head_loss.py", "-k", "adapters_over_a_frozen_head"),
+        "an adapter over the head holds the (N, V) logits whole as full fine-tuning does, its memory with them",
+    ),
+    Mutation(
         "quantize-drops-table-adapter", "tformer/quantization.py",
         "    if scheme.embeddings and adapted:",
         "    if False:",

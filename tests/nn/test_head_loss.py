@@ -13,6 +13,7 @@ from tformer.adapters import add_lora
 from tformer.nn import losses
 from tformer.nn.weights import Int8Linear
 from tformer.nn.weights.backend import reused_weights
+from tformer.nn.weights.lora import LoraLinear
 from tformer.quantization import quantize
 
 VOCAB, WIDTH, POSITIONS = 37, 8, 23
@@ -196,3 +197,22 @@ def test_an_int8_layer_keeps_its_integers_and_its_weight_apart_within_reused_wei
     torch.testing.assert_close(weight, layer.dequantized_weight().to(dtype))
     torch.testing.assert_close(product, F.linear(rows, weight), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
                                atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+def test_adapters_over_a_frozen_head_train_in_pieces_with_the_whole_heads_loss_and_gradients(monkeypatch):
+    """Below the limit only a head whose weight trains runs whole: a LoRA adapter's gradients are small to sum."""
+    monkeypatch.setattr(losses, "HEAD_LOSS_CHUNK_FLOATS", 5 * VOCAB)
+    monkeypatch.setattr(losses, "HEAD_LOSS_MIN_ROWS", 1)
+    monkeypatch.setattr(losses, "HEAD_LOSS_WHOLE_FLOATS", POSITIONS * VOCAB)  # a trained head's weight: whole
+    torch.manual_seed(0)
+    head = LoraLinear(CountingHead(WIDTH, VOCAB), rank=2, alpha=4)
+    with torch.no_grad():
+        head.lora_B[0].normal_()  # B starts at zero, which would hide a wrong gradient of A
+    hidden, targets = inputs()
+    loss = losses.head_loss(head, head.parameters(), hidden.clone().requires_grad_(), targets, VOCAB)
+    grads = torch.autograd.grad(loss, [head.lora_A[0], head.lora_B[0]])
+    assert head.base.most_rows == 5
+    whole = F.cross_entropy(head(hidden), targets, ignore_index=-100)
+    torch.testing.assert_close(loss, whole, rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads, torch.autograd.grad(whole, [head.lora_A[0], head.lora_B[0]]), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)

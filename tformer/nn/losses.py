@@ -83,9 +83,9 @@ def head_loss(head: Callable[[Tensor], Tensor], parameters: Iterable[Tensor], hi
     gradient is wanted each piece's gradients (the positions' and those of the trained ``parameters`` the head
     reads) are taken at once, so no piece's logits outlive it. The memory of the logits, their
     log-probabilities and their gradient (three (N, V) tensors, the largest activations of a language model's
-    training step) becomes a piece's; the work is the same products. A head that trains is run whole up to
-    ``HEAD_LOSS_WHOLE_FLOATS`` logits (faster there). ``"mean"`` or ``"sum"``; the gradient can be taken once
-    (no ``retain_graph``)."""
+    training step) becomes a piece's; the work is the same products. A head whose weight trains is run whole up
+    to ``HEAD_LOSS_WHOLE_FLOATS`` logits (faster there); adapters over a frozen head train in pieces. ``"mean"``
+    or ``"sum"``; the gradient can be taken once (no ``retain_graph``)."""
     if reduction == "none":
         raise ValueError("head_loss gives a mean or a sum (reduction='none' needs the logits: token_cross_entropy)")
     _check_reduction(reduction)
@@ -93,7 +93,9 @@ def head_loss(head: Callable[[Tensor], Tensor], parameters: Iterable[Tensor], hi
     rows = max(HEAD_LOSS_MIN_ROWS, HEAD_LOSS_CHUNK_FLOATS // vocab_size)
     trained = [parameter for parameter in parameters if parameter.requires_grad]
     gradients = torch.is_grad_enabled() and (hidden.requires_grad or bool(trained))
-    if gradients and trained and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:
+    # the head's weight trains (not only low-rank adapters over it, whose gradients are small to sum)
+    weight_trains = any(parameter.numel() >= vocab_size * hidden.shape[-1] for parameter in trained)
+    if gradients and weight_trains and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:
         total = token_cross_entropy(head(hidden), targets, label_smoothing, "sum")  # whole: see above
     else:
         with reused_weights:  # a quantized head's float weight made once for every piece, not once a piece

@@ -920,8 +920,8 @@ MUTATIONS = (
     ),
     Mutation(
         "table-adapter-transposed", "tformer/nn/weights/lora.py",
-        "        low = F.embedding(ids, self.lora_A[0].t(), padding_idx=self.base.padding_idx)  # (..., rank)",
-        "        low = F.embedding(ids % self.rank, self.lora_A[0], padding_idx=None)[..., :self.rank]",
+        "        return F.embedding(ids, self.lora_A[0].t(), padding_idx=self.base.padding_idx)",
+        "        return F.embedding(ids % self.rank, self.lora_A[0], padding_idx=None)[..., :self.rank]",
         ("tests/nn/test_lora_tables.py", "-k", "one_hot"),
         "a token table's update reads A's rows by id instead of its columns (not the one-hot product PEFT computes)",
     ),
@@ -948,10 +948,10 @@ MUTATIONS = (
     ),
     Mutation(
         "saved-base-table-unchecked", "tformer/interop/peft_adapter.py",
-        "        if saved.shape != table.shape or not torch.equal(saved.to(table.dtype), table.detach().cpu()):",
-        "        if saved.shape != table.shape:",
+        "        if saved.shape != weight.shape or not torch.equal(saved.to(weight.dtype), weight.detach().cpu()):",
+        "        if saved.shape != weight.shape:",
         ("tests/nn/test_lora_tables.py", "-k", "saved_base_table"),
-        "PEFT's saved base table is taken without comparing it to the model's: an adapter for another vocabulary loads",
+        "PEFT's saved base weight is taken without comparing it to the model's: another vocabulary's adapter loads",
     ),
     Mutation(
         "tied-table-adapted", "tformer/interop/lora_targets.py",
@@ -987,6 +987,13 @@ MUTATIONS = (
         "    if gradients and trained and len(targets) * vocab_size <= HEAD_LOSS_WHOLE_FLOATS:",
         ("tests/nn/test_head_loss.py", "-k", "adapters_over_a_frozen_head"),
         "an adapter over the head holds the (N, V) logits whole as full fine-tuning does, its memory with them",
+    ),
+    Mutation(
+        "lora-fused-add-unscaled", "tformer/nn/weights/lora.py",
+        "                               self.lora_B[0].t().contiguous(), alpha=self.scale).view(out.shape)",
+        "                               self.lora_B[0].t().contiguous(), alpha=1.0).view(out.shape)",
+        ("tests/nn/test_lora.py",),
+        "a whole layer's update is added unscaled by the fused multiply-add (alpha / rank dropped)",
     ),
     Mutation(
         "quantize-drops-table-adapter", "tformer/quantization.py",

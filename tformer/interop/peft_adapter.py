@@ -229,7 +229,7 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
                for target in adapter_targets(model)
                for name, rows in (zip(target.hf_names, target.hf_rows, strict=True) if family is not None
                                   else [(target.path, (0, target.outputs))])}
-    _check_saved_tables(tensors, targets, family, folder)  # taken out of ``tensors`` too
+    _check_saved_bases(tensors, targets, family, folder)  # taken out of ``tensors`` too
     whole = _whole_module_state(model, family, config, tensors, folder)
     by_module = _adapted_modules({name: t for name, t in tensors.items() if name.endswith(ADAPTER_SUFFIXES)}, folder)
     unknown = [name for name in by_module if _lookup(targets, family, name) is None]
@@ -276,7 +276,7 @@ def read_peft_adapter(model: nn.Module, folder: Path) -> None:
             parameters[name].copy_(value)
 
 
-def _check_saved_tables(tensors: dict[str, Tensor], targets: dict, family, folder: Path) -> None:
+def _check_saved_bases(tensors: dict[str, Tensor], targets: dict, family, folder: Path) -> None:
     """Take the base weights PEFT saves beside an adapter over a token table or an output head
     (``<module>.base_layer.weight``, save_embedding_layers: for a vocabulary that may have grown) out of
     ``tensors``: each must be this model's float weight as it is, else the adapter is for another base."""

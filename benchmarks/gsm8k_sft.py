@@ -72,9 +72,11 @@ def run_command(command: list[str], log: Path) -> None:
         raise SystemExit(f"{command[3]} exited {result.returncode}; see {log}")
 
 
-def train_command(config: str, out: Path, settings: list[str]) -> list[str]:
+def train_command(config: str, out: Path, settings: list[str],
+                  start: tuple[str, ...] = ("--resume", "auto")) -> list[str]:
+    """``tformer train CONFIG --out OUT`` with SETTINGS; START: continue a run there (default) or ``--overwrite``."""
     command = [sys.executable, "-m", "tformer", "train", str(ROOT / "configs" / config), "--out", str(out),
-               "--resume", "auto", "--no-progress"]
+               *start, "--no-progress"]
     for setting in settings:
         command += ["--set", setting]
     return command
@@ -116,9 +118,9 @@ def costs(variants: list[str], base: Path, runs: Path, threads: int, steps: int)
     for variant in variants:
         out, log = runs / "costs" / variant, runs / "costs" / f"{variant}.log"
         log.unlink(missing_ok=True)
-        command = train_command("gsm8k-sft.toml", out, [f"model.init_from={base}", "training.seed=1",
-                                                        f"training.threads={threads}", *VARIANTS[variant], *quiet])
-        run_command([part for part in command if part not in ("--resume", "auto")] + ["--overwrite"], log)
+        settings = [f"model.init_from={base}", "training.seed=1", f"training.threads={threads}",
+                    *VARIANTS[variant], *quiet]
+        run_command(train_command("gsm8k-sft.toml", out, settings, start=("--overwrite",)), log)
         print(f"| {variant} | {trained_parameters(out):,} | {peak_memory_mib(out):,.0f} | "
               f"{seconds_per_step(out, log):.3f} |", flush=True)
 

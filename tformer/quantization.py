@@ -243,7 +243,7 @@ def represented_parameters(model: nn.Module, exclude_embeddings: bool = False) -
     heads = {source.rpartition(".")[0]: alias.rpartition(".")[0] for alias, source in model.tied_parameters().items()}
     for name, _, table in _token_tables(model):
         size = table.num_embeddings * table.embedding_dim
-        shared = name in heads and isinstance(model.get_submodule(heads[name]), QuantizedLinear)
+        shared = name in heads and _quantized_head(model.get_submodule(heads[name]))
         if not isinstance(table, QuantizedTable):
             total -= size if shared else 0  # counted as a float table and as the quantized head it is tied to
         elif exclude_embeddings:
@@ -251,6 +251,11 @@ def represented_parameters(model: nn.Module, exclude_embeddings: bool = False) -
         elif not shared:
             total += size
     return total
+
+
+def _quantized_head(head: nn.Module) -> bool:
+    """Whether ``head`` is a quantized layer, or an adapter over one (QLoRA over a tied head)."""
+    return any(isinstance(module, QuantizedLinear) for module in head.modules())
 
 
 def _quantize_tables(model: nn.Module, own_table) -> None:

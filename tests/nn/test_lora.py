@@ -23,7 +23,7 @@ from tformer.adapters import (
 )
 from tformer.nn.weights import Int4Linear, Int8Linear, PrepackedLinear, QuantizedLinear, use_weights
 from tformer.nn.weights.lora import AdapterError, LoraLinear, lora_scale
-from tformer.quantization import dequantized, quantize
+from tformer.quantization import dequantized, quantize, represented_parameters
 
 
 def base_layer(backend: str, in_features: int = 64, out_features: int = 48) -> nn.Linear:
@@ -161,6 +161,18 @@ def test_qlora_keeps_an_int4_base_in_memory_and_trains_its_adapters():
     first = lora_layers(model)["stack.blocks.0.attention.qkv_proj"]
     assert first.lora_A[0].grad.abs().sum() > 0 and first.lora_B[0].grad.abs().sum() > 0
     assert all(isinstance(base, Int4Linear) for base in (layer.base for layer in lora_layers(model).values()))
+
+
+@pytest.mark.parametrize("scheme", [{"method": "int8"}, {"method": "int4", "group_size": 32}], ids=["int8", "int4"])
+def test_qlora_over_a_tied_head_counts_the_token_table_once(scheme):
+    """The model a training run describes (`adapter ... N of M parameters train`): the float model's parameters
+    and the adapters', whether the head tied to the table is float or quantized under its adapter."""
+    targets = ["attention", "feedforward", "head"]
+    lora = with_random_adapter(gpt(), targets=targets)
+    qlora = with_random_adapter(quantize(gpt(), **scheme), targets=targets)
+    assert isinstance(lora_layers(qlora)["lm_head"].base, QuantizedLinear)
+    expected = gpt().num_parameters() + adapter_parameters(lora)
+    assert represented_parameters(lora) == represented_parameters(qlora) == expected
 
 
 @pytest.mark.parametrize("backend", ["int8", "int4"])

@@ -38,9 +38,9 @@ from tformer.nn.weights.lora import AdapterError, LoraEmbedding, LoraLinear, Lor
 from tformer.nn.weights.multi_lora import MultiLoraLinear
 
 DEFAULT_TARGETS = ("attention", "feedforward")
-__all__ = ["DEFAULT_TARGETS", "AdapterError", "add_lora", "adapter_parameters", "default_trained_modules",
-           "load_adapter", "load_adapters", "lora_layers", "merge_adapter", "save_adapter", "served_adapters",
-           "trained_modules", "trained_with_adapter", "unload_adapter", "unmerge_adapter"]
+__all__ = ["DEFAULT_TARGETS", "AdapterError", "adapted_tables", "add_lora", "adapter_parameters",
+           "default_trained_modules", "load_adapter", "load_adapters", "lora_layers", "merge_adapter", "save_adapter",
+           "served_adapters", "trained_modules", "trained_with_adapter", "unload_adapter", "unmerge_adapter"]
 
 
 def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16, targets: Sequence[str] | str = DEFAULT_TARGETS,
@@ -61,6 +61,11 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16, targets: Sequen
         install_lora(model, path, rank, alpha, blocks, dropout, rslora, dora)
     train_whole(model, whole)
     return model
+
+
+def adapted_tables(model: nn.Module, targets: Sequence[str] | str = DEFAULT_TARGETS) -> list[str]:
+    """The token tables among the layers ``targets`` names on ``model`` (their paths): what QLoRA keeps float."""
+    return [path for path in resolve_targets(model, targets) if isinstance(model.get_submodule(path), nn.Embedding)]
 
 
 def trained_with_adapter(model: nn.Module) -> list[nn.Parameter]:

@@ -11,8 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 import tformer
-from tformer.adapters import load_adapter, trained_modules
+from tformer.adapters import load_adapter, lora_layers, trained_modules
 from tformer.cli import main
+from tformer.nn.weights import Int8Linear
+from tformer.quantization import quantize
 from tformer.tokenizers import WordPieceTokenizer
 from tformer.training.config import AdapterConfig, TrainingError
 from tformer.training.recipe import recipe_from_dict
@@ -32,20 +34,26 @@ def write_rows(path, rows: int, seed: int) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
+def classifier_recipe(folder, adapter: dict):
+    """A 3-step LoRA classification recipe over a bert-tiny masked-LM base saved in FOLDER/base."""
     torch.manual_seed(0)
     base = tformer.build_model("bert-tiny", vocab_size=len(VOCAB), head="masked_lm", max_seq_len=32)
     base.tokenizer = WordPieceTokenizer(VOCAB)
-    base.save(tmp_path / "base")
-    write_rows(tmp_path / "train.tsv", 24, 0)
-    write_rows(tmp_path / "dev.tsv", 9, 1)
+    base.save(folder / "base")
+    write_rows(folder / "train.tsv", 24, 0)
+    write_rows(folder / "dev.tsv", 9, 1)
     raw = {"model": {"init_from": "base", "head": "sequence_classification", "pooling": "mean", "dropout": 0.0},
            "data": {"train": "train.tsv", "eval": "dev.tsv"}, "task": {"name": "classification"},
            "training": {"max_steps": 3, "batch_size": 4, "seq_len": 32, "eval_every": 3, "threads": 1,
                         "warmup_steps": 0, "lr": 1e-2},
-           "adapter": {"rank": 2, "alpha": 4, "targets": ["attention", "feedforward"]}}
+           "adapter": {"rank": 2, "alpha": 4, **adapter}}
+    return base, recipe_from_dict(raw, base_dir=folder)
+
+
+def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
+    base, recipe = classifier_recipe(tmp_path, {"targets": ["attention", "feedforward"]})
     lines: list[str] = []
-    train_recipe(recipe_from_dict(raw, base_dir=tmp_path), tmp_path / "run", progress=False, echo=lines.append)
+    train_recipe(recipe, tmp_path / "run", progress=False, echo=lines.append)
 
     width, labels = base.config.d_model, 3
     layers, d_ff = base.config.num_layers, base.config.d_ff
@@ -80,6 +88,24 @@ def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
     ids = torch.randint(5, len(VOCAB), (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, model.eval()(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_qlora_keeps_a_token_table_it_adapts_float_and_trains_its_adapter(tmp_path):
+    """[adapter] quantize with a table among the targets (configs/sst2-lora.toml's): the linear layers are
+    quantized, the tables stay float, so the table's adapter goes on and trains."""
+    _, recipe = classifier_recipe(tmp_path, {"targets": ["attention", "feedforward", "embedding.token"],
+                                             "quantize": "int8"})
+    lines: list[str] = []
+    train_recipe(recipe, tmp_path / "run", progress=False, echo=lines.append)
+    assert "over an int8 base," in next(line for line in lines if line.startswith("adapter"))
+    tensors = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    table_update = [tensor for name, tensor in tensors.items() if "lora_embedding_A" in name]
+    assert len(table_update) == 1 and table_update[0].abs().sum() > 0  # A starts at zero: it trained
+    model = tformer.load(tmp_path / "base", head="sequence_classification", num_labels=3, pooling="mean")
+    quantize(model, "int8", head=False, embeddings=False)
+    load_adapter(model, tmp_path / "run")
+    assert isinstance(lora_layers(model)["stack.blocks.0.attention.qkv_proj"].base, Int8Linear)
+    assert type(lora_layers(model)["embedding.token"].base) is torch.nn.Embedding
 
 
 @pytest.mark.parametrize("value", ["classifier", [""], [3]])

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import torch
 
-from tformer.adapters import adapter_parameters, add_lora, default_trained_modules, trained_modules
+from tformer.adapters import (
+    adapted_tables,
+    adapter_parameters,
+    add_lora,
+    default_trained_modules,
+    trained_modules,
+)
 from tformer.files import write_text_atomically
 from tformer.hub import load, load_tokenizer
 from tformer.hub_cache import resolve_model
@@ -120,15 +126,17 @@ def with_adapter(model, recipe: Recipe, say: Callable[[str], None]) -> None:
     if recipe.training.distributed == "fsdp":
         raise TrainingError("[adapter] with training.distributed = \"fsdp\": not supported (the adapter is saved from "
                             "whole weights); use ddp")
+    targets = adapter.targets if isinstance(adapter.targets, str) else list(adapter.targets)
     try:
         if adapter.quantize is not None:
             if getattr(model, "quantization", None) is not None:
                 raise TrainingError(f"[adapter] quantize = {adapter.quantize!r}: the model is quantized already "
                                     f"({model.quantization.describe()}); leave quantize out")
-            # a new task head trained whole (the default) stays float: its weights must train
+            # a new task head trained whole (the default) stays float: its weights must train; so do the token
+            # tables when one takes an adapter (its update adds to float rows)
             new_head = adapter.train_modules is None and bool(default_trained_modules(model))
-            quantize(model, adapter.quantize, adapter.group_size, head=not new_head)
-        targets = adapter.targets if isinstance(adapter.targets, str) else list(adapter.targets)
+            quantize(model, adapter.quantize, adapter.group_size, head=not new_head,
+                     embeddings=not adapted_tables(model, targets))
         train_modules = None if adapter.train_modules is None else list(adapter.train_modules)
         add_lora(model, adapter.rank, adapter.alpha, targets, adapter.dropout, adapter.rslora, train_modules,
                  dora=adapter.kind == "dora")

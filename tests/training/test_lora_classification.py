@@ -90,11 +90,12 @@ def test_a_lora_classifier_trains_and_saves_its_new_head_whole(tmp_path):
         torch.testing.assert_close(merged(ids).logits, model.eval()(ids).logits, rtol=0, atol=1e-5)
 
 
-def test_qlora_keeps_a_token_table_it_adapts_float_and_trains_its_adapter(tmp_path):
-    """[adapter] quantize with a table among the targets (configs/sst2-lora.toml's): the linear layers are
-    quantized, the tables stay float, so the table's adapter goes on and trains."""
+def test_qlora_keeps_an_adapted_token_table_and_a_head_trained_whole_float(tmp_path):
+    """[adapter] quantize over configs/sst2-lora.toml's settings (a table among the targets, the classifier named
+    to train whole): the backbone's linear layers are quantized, the tables and the head stay float, so the
+    table's adapter goes on and trains and so does the classifier."""
     _, recipe = classifier_recipe(tmp_path, {"targets": ["attention", "feedforward", "embedding.token"],
-                                             "quantize": "int8"})
+                                             "train_modules": ["classifier"], "quantize": "int8"})
     lines: list[str] = []
     train_recipe(recipe, tmp_path / "run", progress=False, echo=lines.append)
     assert "over an int8 base," in next(line for line in lines if line.startswith("adapter"))
@@ -106,6 +107,7 @@ def test_qlora_keeps_a_token_table_it_adapts_float_and_trains_its_adapter(tmp_pa
     load_adapter(model, tmp_path / "run")
     assert isinstance(lora_layers(model)["stack.blocks.0.attention.qkv_proj"].base, Int8Linear)
     assert type(lora_layers(model)["embedding.token"].base) is torch.nn.Embedding
+    assert type(model.classifier) is torch.nn.Linear and "base_model.model.classifier.weight" in tensors
 
 
 @pytest.mark.parametrize("value", ["classifier", [""], [3]])

@@ -132,10 +132,10 @@ def with_adapter(model, recipe: Recipe, say: Callable[[str], None]) -> None:
             if getattr(model, "quantization", None) is not None:
                 raise TrainingError(f"[adapter] quantize = {adapter.quantize!r}: the model is quantized already "
                                     f"({model.quantization.describe()}); leave quantize out")
-            # a new task head trained whole (the default) stays float: its weights must train; so do the token
-            # tables when one takes an adapter (its update adds to float rows)
-            new_head = adapter.train_modules is None and bool(default_trained_modules(model))
-            quantize(model, adapter.quantize, adapter.group_size, head=not new_head,
+            # a head with modules trained whole (a new task head's, by default) stays float: their weights must
+            # train; so do the token tables when one takes an adapter (its update adds to float rows)
+            whole = default_trained_modules(model) if adapter.train_modules is None else adapter.train_modules
+            quantize(model, adapter.quantize, adapter.group_size, head=not whole,
                      embeddings=not adapted_tables(model, targets))
         train_modules = None if adapter.train_modules is None else list(adapter.train_modules)
         add_lora(model, adapter.rank, adapter.alpha, targets, adapter.dropout, adapter.rslora, train_modules,

@@ -1009,6 +1009,27 @@ MUTATIONS = (
         ("tests/interop/test_interop_peft.py", "-k", "token_tables"),
         "a classifier's adapter that leaves its head alone is written as SEQ_CLS, which PEFT cannot load headless",
     ),
+    Mutation(
+        "qlora-tied-head-table-counted-twice", "tformer/quantization.py",
+        "    return any(isinstance(module, QuantizedLinear) for module in head.modules())",
+        "    return isinstance(head, QuantizedLinear)",
+        ("tests/nn/test_lora.py", "-k", "tied_head_counts"),
+        "QLoRA over a tied head counts the token table twice in the run's 'N of M parameters train' line",
+    ),
+    Mutation(
+        "qlora-quantizes-an-adapted-table", "tformer/training/run.py",
+        "                     embeddings=not adapted_tables(model, targets))",
+        "                     embeddings=True)",
+        ("tests/training/test_lora_classification.py", "-k", "qlora"),
+        "a QLoRA recipe that adapts a token table is refused: the table was quantized before its adapter went on",
+    ),
+    Mutation(
+        "qlora-quantizes-a-named-trained-head", "tformer/training/run.py",
+        "if adapter.train_modules is None else adapter.train_modules\n",
+        "if adapter.train_modules is None else ()\n",
+        ("tests/training/test_lora_classification.py", "-k", "qlora"),
+        "a QLoRA recipe naming its classifier in train_modules is refused: the head was quantized, so it cannot train",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

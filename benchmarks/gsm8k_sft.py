@@ -56,7 +56,7 @@ from tformer.quantization import quantize  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 TEST = DATA / "gsm8k" / "test.jsonl"
-LORA = ("adapter.rank=8", "adapter.alpha=16", 'adapter.targets=["all-linear", "lm_head"]', "training.lr=2e-3")
+LORA = ("adapter.rank=32", "adapter.alpha=64", 'adapter.targets=["all-linear", "lm_head"]', "training.lr=2e-3")
 VARIANTS = {"full": (), "lora": LORA, "qlora": (*LORA, "adapter.quantize=int4")}  # configs/gsm8k-sft.toml's lines
 FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")  # GSM8K's final-answer line, at the very end of the answer
 

@@ -6,6 +6,7 @@ the model computes the same function in training and evaluation."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import random
@@ -33,6 +34,7 @@ from tformer.tokenizers.byte_level import BYTE_TO_CHAR
 from tformer.tokenizers.chat_template import ChatTemplate
 from tformer.training.config import TrainingConfig
 from tformer.training.distributed import ProcessContext
+from tformer.training.tasks import base as task_base
 from tformer.training.tasks.classification import SequenceClassification
 from tformer.training.tasks.examples import EVAL_WEIGHTS
 from tformer.training.tasks.image_classification import ImageClassification
@@ -44,6 +46,7 @@ from tformer.training.tasks.span_qa import SpanQuestionAnswering
 from tformer.training.tasks.speech_recognition import SpeechRecognition
 from tformer.training.tasks.token_classification import TokenClassification
 from tformer.training.tasks.translation import Translation, learn_joint_bpe
+from tformer.training.trainer import Trainer
 
 TOLERANCE = 1e-6  # float32 losses of about 1-6 from the same function: a few units in the last place
 SUMMED = 1e-6  # relative: evaluation adds per-token (per-row) float32 losses in float64, a mean reduces in float32
@@ -287,19 +290,39 @@ def test_language_model_labels_are_aligned_with_the_inputs_or_hold_the_next_toke
         next_token_loss(logits, torch.zeros(2, 6, dtype=torch.long))
 
 
-def sft_task(tmp_path):
-    """The sft task over ChatML conversations of byte tokens, packed into rows of 64."""
+def sft_task(tmp_path, evaluated: bool = False):
+    """The sft task over ChatML conversations of byte tokens, packed into rows of 64 (``evaluated``: the same
+    conversations its evaluation data too)."""
     tokenizer = BPETokenizer({char: byte for byte, char in enumerate(BYTE_TO_CHAR)}, [])
     tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     template = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
     examples = [ChatExample(f"chat.jsonl:{line}", messages=({"role": "user", "content": " ".join(sentences(1, line))},
                                                             {"role": "assistant", "content": WORDS[line]}))
                 for line in range(12)]
-    task = SupervisedFineTuning(ChatData("chat.jsonl", examples), None, ChatEncoder(tokenizer, template),
-                                seq_len=64)
+    data = ChatData("chat.jsonl", examples)
+    task = SupervisedFineTuning(data, data if evaluated else None, ChatEncoder(tokenizer, template), seq_len=64)
     torch.manual_seed(0)
     model = tformer.build_model("gpt-nano", vocab_size=tokenizer.vocab_size, max_seq_len=64, dropout=0.0)
     return prepared(task, model, seq_len=64)
+
+
+@pytest.mark.parametrize("build", [lm_task, functools.partial(sft_task, evaluated=True)], ids=["lm", "sft"])
+def test_decoder_tasks_evaluate_in_pieces_of_rows_whose_logits_fit_the_budget(tmp_path, monkeypatch, build):
+    """An evaluation batch whose logits (B, T, V) pass ``EVAL_LOGITS_BUDGET`` runs a few rows at a time (a GSM8K
+    LoRA run's peak memory doubled at its first evaluation, holding a whole batch's logits); the metrics are the
+    whole batch's."""
+    task, model = build(tmp_path)
+    trainer = Trainer(model, task.config, task, progress=False)
+    whole = trainer.evaluate_metrics()
+    row_positions = task.seq_len * model.config.vocab_size
+    monkeypatch.setattr(task_base, "EVAL_LOGITS_BUDGET", row_positions)  # one row a pass
+    rows = []
+    model.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    pieces = trainer.evaluate_metrics()
+    assert max(rows) == 1 < task.config.batch_size
+    assert pieces.keys() == whole.keys()
+    for name, value in whole.items():
+        assert pieces[name] == pytest.approx(value, rel=SUMMED), name
 
 
 @pytest.mark.parametrize("build", [lm_task, sft_task], ids=["lm", "sft"])

@@ -35,7 +35,7 @@ from tformer.training.reporting import Reporter
 from tformer.training.schedules import clock_learning_rate, learning_rate
 from tformer.training.signals import StopRequest, TrainingInterrupted
 from tformer.training.state import FRESH_COUNTERS, NonFiniteState, RunState, changed_settings, seed_random_generators
-from tformer.training.tasks.base import Batch, Task
+from tformer.training.tasks.base import Batch, Task, row_pieces
 from tformer.training.threads import ThreadTuner
 
 __all__ = ["Trainer", "TrainingConfig", "TrainingError", "TrainingInterrupted", "TrainingResult"]
@@ -299,12 +299,13 @@ class Trainer:
         batches = self.task.eval_batches()
         if progress and self.context.is_main:
             batches = tqdm(batches, desc="evaluating", unit="batch", leave=False)
+        rows = self.task.eval_rows_per_pass()
         for batch in batches:
-            batch = self.on_device(batch)
-            with self.autocast():
-                sums = self.task.eval_sums(module, batch)
-            for name, value in sums.items():
-                totals[name] = totals[name] + value if name in totals else value
+            for piece in row_pieces(self.on_device(batch), rows):
+                with self.autocast():
+                    sums = self.task.eval_sums(module, piece)
+                for name, value in sums.items():
+                    totals[name] = totals[name] + value if name in totals else value
         module.train()
         names = list(totals)
         device = self.context.device

@@ -26,6 +26,10 @@ from tformer.training.distributed import ProcessContext
 
 Batch = dict[str, Tensor]
 
+# Floats of logits one evaluation forward pass may hold (64 MiB): a task whose evaluation takes logits (B, T, V)
+# over a vocabulary runs a batch in pieces of rows that fit (``eval_rows_per_pass``)
+EVAL_LOGITS_BUDGET = 2**24
+
 
 @dataclass
 class TaskData:
@@ -148,6 +152,12 @@ class Task:
         yield as many (a sharded model gathers its weights in each forward pass)."""
         raise NotImplementedError(f"{type(self).__name__} has no evaluation data (define eval_batches)")
 
+    def eval_rows_per_pass(self) -> int | None:
+        """Rows of an evaluation batch one forward pass takes (None: the batch whole), from the run's settings
+        alone, so that every process runs as many passes (a sharded model gathers its weights in each). The
+        Trainer adds up ``eval_sums`` over the pieces: a task that gives rows sums over its rows."""
+        return None
+
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         """Sums over one evaluation batch (tensors stay on the device: no host sync); the
         Trainer adds them over batches and processes and hands the totals to ``finalise``."""
@@ -157,6 +167,22 @@ class Task:
     def finalise(self, totals: dict[str, float]) -> dict[str, float]:
         """The named metrics (``metrics``) from the sums over the whole evaluation set."""
         return {"eval_loss": totals["loss"] / totals["rows"]}
+
+
+def rows_within_logits_budget(seq_len: int, vocab_size: int) -> int:
+    """Rows of ``seq_len`` positions whose logits over ``vocab_size`` fit ``EVAL_LOGITS_BUDGET`` (at least one)."""
+    return max(1, EVAL_LOGITS_BUDGET // (seq_len * vocab_size))
+
+
+def row_pieces(batch: Batch, rows: int | None) -> Iterator[Batch]:
+    """The batch in pieces of ``rows`` rows (every value sliced along its first dimension); whole when ``rows`` is
+    None or covers it."""
+    total = len(next(iter(batch.values())))
+    if rows is None or total <= rows:
+        yield batch
+        return
+    for start in range(0, total, rows):
+        yield {name: value[start:start + rows] for name, value in batch.items()}
 
 
 def perplexity(loss: float) -> float:

@@ -15,9 +15,14 @@ from tformer.data.sources import DataConfig, load_language_model_data
 from tformer.nn.losses import next_token_loss, next_token_targets
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
-from tformer.training.tasks.base import Batch, Task, TaskData, perplexity
-
-EVAL_LOGITS_BUDGET = 2**24  # floats of logits per evaluation forward pass (64 MiB)
+from tformer.training.tasks.base import (
+    EVAL_LOGITS_BUDGET,
+    Batch,
+    Task,
+    TaskData,
+    perplexity,
+    rows_within_logits_budget,
+)
 
 
 class LanguageModelling(Task):
@@ -115,11 +120,14 @@ class LanguageModelling(Task):
                      for index in range(first, min(first + per_pass, num_batches))]
             yield crop_batch(torch.cat([c[0] for c in crops]), torch.cat([c[1] for c in crops]))
 
+    def eval_rows_per_pass(self) -> int:
+        return rows_within_logits_budget(self.seq_len, self.vocab_size)
+
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
-        """Loss x batches (each batch weighs the same), correct next tokens, and the counts;
-        the loss and the accuracy from one forward pass."""
+        """Loss x batches (each batch weighs the same; a piece of one its share), correct next tokens, and the
+        counts; the loss and the accuracy from one forward pass."""
         inputs = batch["input_ids"]
-        batches = inputs.shape[0] // self.config.batch_size
+        batches = inputs.shape[0] / self.config.batch_size
         counts = {"batches": batches, "tokens": inputs.numel()}
         if not self.next_token_objective:
             return {"loss": self.loss(model, batch).double() * batches, **counts}

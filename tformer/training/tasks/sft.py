@@ -27,7 +27,7 @@ from tformer.nn.attention import MultiHeadAttention
 from tformer.nn.losses import IGNORE_INDEX, next_token_loss, next_token_targets
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.distributed import ProcessContext
-from tformer.training.tasks.base import Batch, TaskData, perplexity
+from tformer.training.tasks.base import Batch, TaskData, perplexity, rows_within_logits_budget
 from tformer.training.tasks.examples import (
     EVAL_WEIGHTS,
     ExampleTask,
@@ -209,6 +209,7 @@ class SupervisedFineTuning(ExampleTask):
             raise TrainingError(f"training.seq_len={config.seq_len} differs from the {self.seq_len} the examples "
                                 "were cut and packed to")
         self.check_model_fits(model, self.tokenizer, self.seq_len)
+        self.vocab_size = model.config.vocab_size
         if self.packing:
             unable = [module.kernel.name for module in model.modules()
                       if isinstance(module, MultiHeadAttention) and not module.kernel.segments]
@@ -222,6 +223,9 @@ class SupervisedFineTuning(ExampleTask):
 
     def describe_batch(self) -> str:
         return f"{self.config.batch_size} x up to {self.seq_len}"
+
+    def eval_rows_per_pass(self) -> int:
+        return rows_within_logits_budget(self.seq_len, self.vocab_size)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, Tensor | float]:
         """The summed loss, correct predictions and count of the trained tokens (rows weighted: a filler row

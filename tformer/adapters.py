@@ -39,7 +39,8 @@ from tformer.nn.weights.multi_lora import MultiLoraLinear
 
 DEFAULT_TARGETS = ("attention", "feedforward")
 __all__ = ["DEFAULT_TARGETS", "AdapterError", "adapted_tables", "add_lora", "adapter_parameters",
-           "default_trained_modules", "load_adapter", "load_adapters", "lora_layers", "merge_adapter", "save_adapter",
+           "default_trained_modules", "load_adapter", "load_adapters", "lora_layers", "merge_adapter", "merge_refusal",
+           "save_adapter",
            "served_adapters", "trained_modules", "trained_with_adapter", "unload_adapter", "unmerge_adapter"]
 
 
@@ -148,15 +149,26 @@ def merge_adapter(model: nn.Module) -> nn.Module:
     """Add every adapter's update into its base weight (in place; ``unmerge_adapter`` undoes it exactly). A
     quantized base, or a head whose weight is the token table, is refused before anything changes."""
     layers = _layers_or_refuse(model)
-    tied = {alias.rpartition(".")[0] for alias in getattr(model, "tied_parameters", dict)()}
-    for path, layer in layers.items():
-        if path in tied:
-            raise AdapterError(f"{path}'s weight is the token table (tie_embeddings): merging would change the "
-                               "embeddings too; keep the adapter unmerged, or adapt other layers")
+    refusal = merge_refusal(model)
+    if refusal is not None:
+        raise AdapterError(refusal)
+    for layer in layers.values():
         layer.float_weight()  # refuses a quantized base
     for layer in layers.values():
         layer.merge()
     return model
+
+
+def merge_refusal(model: nn.Module) -> str | None:
+    """Why ``merge_adapter`` refuses the adapter over ``model`` whatever its base's precision (an adapted head whose
+    weight is the token table); None when it can merge (into a float base: a quantized one merges in its float
+    checkpoint)."""
+    tied = {alias.rpartition(".")[0] for alias in getattr(model, "tied_parameters", dict)()}
+    path = next((path for path in lora_layers(model) if path in tied), None)
+    if path is None:
+        return None
+    return (f"{path}'s weight is the token table (tie_embeddings): merging would change the embeddings too; keep "
+            "the adapter unmerged, or adapt other layers")
 
 
 def unmerge_adapter(model: nn.Module) -> nn.Module:

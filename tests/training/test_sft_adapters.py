@@ -111,6 +111,7 @@ def test_lora_through_tformer_train_generate_and_merge(chat_run, capsys):
     assert record["peak_memory_mib"] > 0 and "eval_loss" in record
     printed = capsys.readouterr().out
     assert "adapter    LoRA rank 4" in printed and "data       training: 19 examples in 10 rows" in printed
+    assert f"tformer merge {chat_run / 'base'} {out} --out MERGED" in printed
 
     assert main(["generate", str(chat_run / "base"), "--adapter", str(out), "--prompt", "1+2",
                  "--max-new-tokens", "3"]) == 0
@@ -122,6 +123,17 @@ def test_lora_through_tformer_train_generate_and_merge(chat_run, capsys):
         assert (adapted(ids).logits - merged(ids).logits).abs().max() < 1e-5
         assert (tformer.load(chat_run / "base")(ids).logits - merged(ids).logits).abs().max() > 1e-4  # it trained
     assert main(["merge", str(chat_run / "base"), str(out), "--out", str(chat_run / "merged")]) == 2  # not empty
+
+
+def test_a_tied_head_adapters_run_does_not_offer_the_merge_it_refuses(chat_run, capsys):
+    out = chat_run / "tied"
+    assert main(["train", str(chat_run / "r.toml"), "--out", str(out), "--no-progress", "--set",
+                 'adapter.targets=["all-linear", "lm_head"]']) == 0
+    printed = capsys.readouterr().out
+    assert "tformer merge" not in printed
+    assert "not mergeable: lm_head's weight is the token table (tie_embeddings)" in printed
+    assert main(["merge", str(chat_run / "base"), str(out), "--out", str(chat_run / "merged")]) == 2
+    assert "lm_head's weight is the token table" in capsys.readouterr().err
 
 
 def test_qlora_recipe_keeps_its_base_int4(chat_run):

@@ -73,8 +73,11 @@ def run(args: argparse.Namespace) -> int:
           f"{result.seconds:.1f} s, {result.throughput:,.0f} {result.unit}/s")
     if recipe.adapter is not None:
         base = recipe.init_from or "BASE"
+        merge = "" if result.merge_refused else f"tformer merge {base} {out} --out MERGED, "
         print(f"run folder {out}: the adapter in PEFT's format  (tformer generate {base} --adapter {out}, "
-              f"tformer merge {base} {out} --out MERGED, tformer plot {out})")
+              f"{merge}tformer plot {out})")
+        if result.merge_refused:
+            print(f"not mergeable: {result.merge_refused}")
     else:
         print(f"run folder {out}  (tformer.load('{out}'), tformer plot {out})")
     return 0

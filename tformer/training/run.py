@@ -15,6 +15,7 @@ from tformer.adapters import (
     adapter_parameters,
     add_lora,
     default_trained_modules,
+    merge_refusal,
     trained_modules,
 )
 from tformer.files import write_text_atomically
@@ -91,6 +92,8 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         trainer.state.on_main(lambda: write_recipe(out, recipe, trainer.state.run_token))
         try:
             result = trainer.train()
+            if recipe.adapter is not None:
+                result.merge_refused = merge_refusal(model)
         except TrainingInterrupted:
             distributed.barrier(context)
             raise

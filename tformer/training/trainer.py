@@ -64,6 +64,7 @@ class TrainingResult:
     best_step: int | None = None
     checkpoint: Path | None = None
     start_step: int = 0
+    merge_refused: str | None = None  # an adapter run's: why ``tformer merge`` refuses its adapter (None: it merges)
 
 
 @dataclass

@@ -104,7 +104,7 @@ def test_every_family_trains_on_the_gpu_as_on_the_cpu(family):
 
 
 KERNELS = {"sdpa": {}, "reference": {}, "chunked": {}, "sliding_window": dict(attention_window=8),
-           "performer": {}}
+           "performer": {}, "flex": {}}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks a CUDA machine runs for docs/gpu.md, in one go, each part under its own time limit:
 #   1. the machine (nvidia-smi, PyTorch, transformers)
-#   2. tests/test_cuda.py and the CUDA cases of tests/nn/test_one_forward.py (skipped on a machine without a GPU)
+#   2. tests/test_cuda.py and the CUDA cases of tests/nn/test_one_forward.py and test_flex_attention.py (skipped
+#      on a machine without a GPU)
 #   3. benchmarks/gpu_speed.py: tformer beside Hugging Face on the GPU
 #   4. the whole test suite there (pytest-xdist across the machine's cores, when it is installed)
 # Logs go to $LOGS (default: logs-gpu/). Wheels in .whl/ (packages the image lacks; tools/gpu_wheels.sh
@@ -25,7 +26,8 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 } 2>&1 | tee "$LOGS/machine.txt"
 
 echo "== CUDA tests"
-timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/nn/test_one_forward.py -k "cuda" \
+timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/nn/test_one_forward.py \
+    tests/nn/test_flex_attention.py -k "cuda" \
     2>&1 | tee "$LOGS/cuda_tests.txt" | tail -25
 
 echo "== benchmarks/gpu_speed.py"

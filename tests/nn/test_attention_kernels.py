@@ -388,8 +388,8 @@ def test_hugging_face_export_takes_exact_kernels_and_refuses_a_window(tmp_path, 
         assert family.mismatches(config.replace(attention_kernel=exact)) == []
     windowed = config.replace(attention_kernel="sliding_window", attention_window=8)
     assert family.mismatches(windowed)[-2:] == [
-        f"attention_kernel='sliding_window' (needs 'sdpa' or 'reference' or 'chunked': {model_type} computes "
-        "exact softmax attention)",
+        f"attention_kernel='sliding_window' (needs 'sdpa' or 'reference' or 'chunked' or 'flex': {model_type} "
+        "computes exact softmax attention)",
         f"attention_window=8 (needs 0: not a {model_type} setting)",
     ]
     if model_type == "gpt2":

@@ -1,5 +1,6 @@
 """Checks made before training starts, so a run does not fail hours in: the output folder can
-be written, and its disk can hold the checkpoints the run will write."""
+be written, its disk can hold the checkpoints the run will write, and the model's attention can be trained
+on the device."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
+
+from tformer.nn.attention.kernel import AttentionKernel
 from tformer.training.config import TrainingError
 
 MARGIN_BYTES = 16 * 2**20
@@ -42,3 +46,15 @@ def check_disk_space(out_dir: Path, num_parameters: int, free_bytes: int | None 
             f"output folder {out_dir}: {free / 2**20:,.0f} MiB free, but a checkpoint of this model needs "
             f"about {needed / 2**20:,.0f} MiB; free some space or choose another --out"
         )
+
+
+def check_kernels_train_on(device: torch.device, model: torch.nn.Module) -> None:
+    """On the CPU, a model whose attention kernel has no backward pass there (``trains_on_cpu``: FlexAttention's)
+    is refused, naming the kernel."""
+    if device.type != "cpu":
+        return
+    for module in model.modules():
+        kernel = getattr(module, "kernel", None)
+        if isinstance(kernel, AttentionKernel) and not kernel.trains_on_cpu:
+            raise TrainingError(f"attention_kernel={kernel.name!r} has no backward pass on the CPU: train with "
+                                "'sdpa' here (--set model.attention_kernel=sdpa), or on a GPU")

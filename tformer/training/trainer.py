@@ -28,7 +28,7 @@ from tformer.adapters import trained_with_adapter
 from tformer.memory import peak_memory
 from tformer.nn.experts import auxiliary_loss, mixtures
 from tformer.nn.stack import set_activation_checkpointing
-from tformer.training import checkpoints, distributed, run_folder
+from tformer.training import checkpoints, distributed, preflight, run_folder
 from tformer.training.config import TrainingConfig, TrainingError
 from tformer.training.optim import build_optimizer
 from tformer.training.reporting import Reporter
@@ -119,6 +119,7 @@ class Trainer:
                                 "different step (use max_steps under torchrun)")
         if config.precision == "fp16" and self.context.device.type != "cuda":
             raise TrainingError("training.precision='fp16' needs a CUDA device (loss scaling); on CPU use 'bf16'")
+        preflight.check_kernels_train_on(self.context.device, model)
         if config.precision == "bf16" and self.context.device.type == "cpu" and not native_bf16_matmul():
             warnings.warn("training.precision='bf16' on a CPU without native bf16 matrix units (AVX512-BF16 or "
                           "AMX): PyTorch's fallback multiplies bf16 matrices far slower than fp32 (10x or more); "

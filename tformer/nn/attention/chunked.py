@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tformer.nn.attention.flex import flex_attend, routes_to_flex
 from tformer.nn.attention.kernel import AttentionKernel
-from tformer.nn.attention.mask import AttentionMask, BlockBias, additive_mask, band, band_mask
-from tformer.nn.attention.reference import attention_reference, reference_with_mask
+from tformer.nn.attention.mask import AttentionMask, BlockBias, additive_mask, band
+from tformer.nn.attention.reference import attention_reference
 
 QUERY_BLOCK = KEY_BLOCK = 128  # the block sizes of the kernel (and of chunked_attention's defaults)
 
@@ -255,6 +256,7 @@ class ChunkedKernel(AttentionKernel):
     name = "chunked"
     softcap = True
     reads_pages = True
+    gpu_flex = True
     window: int | None = None  # a sliding window (W keys each side, or back when causal); None: none
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
@@ -262,12 +264,13 @@ class ChunkedKernel(AttentionKernel):
         q_len, k_len = q.shape[2], k.shape[2]
         # A window that reaches every key (no two positions further apart than W) excludes nothing.
         window = self.window if self.window is not None and k_len - 1 > self.window else None
-        if need_weights:
-            band_part = None
-            if window is not None:
-                band_part = additive_mask(band_mask(q_len, k_len, window, causal=mask.causal, device=q.device),
-                                          q.dtype)
-            return reference_with_mask(q, k, v, mask, extra=band_part, scale=self.scale, softcap=self.cap)
+        if need_weights:  # written out under the pass's whole mask; a row the band and padding leave blind: zeros
+            additive, empty = _whole_mask(mask, q_len, k_len, window, q.dtype, q.device)
+            out, weights = attention_reference(q, k, v, additive, dropout_p=dropout_p, scale=self.scale,
+                                               softcap=self.cap)
+            return (out, weights) if empty is None else (out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0))
+        if routes_to_flex(q, mask, self.cap, window):  # on a GPU: one fused kernel that skips the masked blocks
+            return flex_attend(q, k, v, mask, scale=self.scale, softcap=self.cap, window=window), None
         if not torch.is_grad_enabled() and q_len * k_len <= QUERY_BLOCK * KEY_BLOCK:
             return self._one_block(q, k, v, mask, window), None
         return chunked_attention(q, k, v, causal=mask.causal, key_padding_mask=mask.key_padding, bias=mask.bias,
@@ -277,11 +280,7 @@ class ChunkedKernel(AttentionKernel):
         """The whole pass as one block, through the fused kernel (written out when the scores are capped): its
         mask (causality, the window, padding, the position bias) built once per pass and shared by every layer;
         rows that see no key get 0."""
-        q_len, k_len = q.shape[2], k.shape[2]
-        key = ("one block", q_len, k_len, q.dtype, window)
-        if key not in mask._derived:
-            mask._derived[key] = _block_mask(mask, q_len, k_len, window, q.dtype, q.device)
-        additive, empty = mask._derived[key]
+        additive, empty = _whole_mask(mask, q.shape[2], k.shape[2], window, q.dtype, q.device)
         if self.cap is not None:
             out = attention_reference(q, k, v, additive, scale=self.scale, softcap=self.cap)[0]
         else:
@@ -290,10 +289,20 @@ class ChunkedKernel(AttentionKernel):
         return out if empty is None else out.masked_fill(empty, 0.0)
 
 
+def _whole_mask(mask: AttentionMask, q_len: int, k_len: int, window: int | None, dtype: torch.dtype,
+                device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+    """The additive mask (B|1, 1|H, Tq, Tk) of one block holding the whole pass (causality, the window, padding,
+    the position bias), and its rows that see no key (B|1, 1, Tq, 1) or None: built once per pass, shared by every
+    layer."""
+    key = ("one block", q_len, k_len, dtype, window)
+    if key not in mask._derived:
+        mask._derived[key] = _block_mask(mask, q_len, k_len, window, dtype, device)
+    return mask._derived[key]
+
+
 def _block_mask(mask: AttentionMask, q_len: int, k_len: int, window: int | None, dtype: torch.dtype,
                 device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-    """The additive mask (B|1, 1|H, Tq, Tk) of one block holding the whole pass, and its rows that see no key
-    (B|1, 1, Tq, 1) or None."""
+    """``_whole_mask``, built."""
     offset = k_len - q_len
     allowed = None
     if window is not None or (mask.causal and q_len > 1):

@@ -17,6 +17,10 @@ It declares what it honours, so configs and callers ask it instead of comparing 
   over every key it is given, so the serving engine may compute its decode steps with the in-place
   paged kernel (``paged_kernel.py``) instead of calling it on gathered contexts (an instance with a cap or
   another scale does not).
+- ``trains_on_cpu``: it has a backward pass on the CPU (FlexAttention has none there; the Trainer refuses such
+  a kernel on the CPU before the first step). ``gpu_flex``: on CUDA it sends the passes whose mask the fused sdpa
+  kernel cannot take natively (a position bias, packed examples, a cap, a window) through FlexAttention
+  (``flex.py``); the CPU path is unchanged.
 - ``fields``: the ModelConfig fields it reads (any other kernel refuses them away from their
   defaults), checked by ``config_problem``.
 - ``new_cache``: the cache backend a layer decodes with (``cache.py``); the backend says whether it can
@@ -47,6 +51,8 @@ class AttentionKernel:
     segments: ClassVar[bool] = False
     softcap: ClassVar[bool] = False
     custom_scale: ClassVar[bool] = True
+    trains_on_cpu: ClassVar[bool] = True
+    gpu_flex: ClassVar[bool] = False
     reads_pages: bool = False  # a class's default; an instance with a cap or another scale reads no pages
     fields: ClassVar[tuple[str, ...]] = ()
 

@@ -13,20 +13,24 @@ the W previous tokens); bidirectional, keys with |i - j| <= W (W on each side), 
 model's: the class token, then the patches row by row); a decoder's cache then keeps only the last W positions. The
 window must be at most the sequence length (``max_seq_len``; a vision model's: patches + 1). ``chunked``,
 ``sliding_window`` and ``performer`` have no attention dropout (``attention_dropout`` must be 0); the performer and
-window fields are refused away from their defaults with any other kernel.
+window fields are refused away from their defaults with any other kernel. ``flex`` computes the same exact
+attention through PyTorch's FlexAttention (``flex.py``: the mask and biases as index functions; fused on a GPU,
+unfused and forward only on the CPU).
 """
 
 from __future__ import annotations
 
 from tformer.choices import ATTENTION_KERNELS
 from tformer.nn.attention.chunked import ChunkedKernel
+from tformer.nn.attention.flex import FlexKernel
 from tformer.nn.attention.kernel import AttentionKernel
 from tformer.nn.attention.performer import PerformerKernel
 from tformer.nn.attention.reference import ReferenceKernel
 from tformer.nn.attention.sdpa import SdpaKernel
 from tformer.nn.attention.sliding_window import SlidingWindowKernel
 
-ATTENTION_KERNELS.register(SdpaKernel, ReferenceKernel, ChunkedKernel, PerformerKernel, SlidingWindowKernel)
+ATTENTION_KERNELS.register(SdpaKernel, ReferenceKernel, ChunkedKernel, PerformerKernel, SlidingWindowKernel,
+                           FlexKernel)
 KERNELS: dict[str, type[AttentionKernel]] = ATTENTION_KERNELS
 # The kernels that compute softmax attention itself (the same function as sdpa): Hugging Face export and the
 # parity tests take only these.

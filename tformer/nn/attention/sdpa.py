@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tformer.nn import compiled
+from tformer.nn.attention.flex import flex_attend, routes_to_flex
 from tformer.nn.attention.kernel import AttentionKernel
 from tformer.nn.attention.mask import AttentionMask, additive_mask, causal_mask, zero_empty_rows
 from tformer.nn.attention.reference import attention_reference, reference_with_mask
@@ -63,11 +64,14 @@ class SdpaKernel(AttentionKernel):
     segments = True
     dropout = True
     reads_pages = True
+    gpu_flex = True
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, dropout_p: float = 0.0,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if need_weights:
             return reference_with_mask(q, k, v, mask, dropout_p, scale=self.scale)
+        if dropout_p == 0.0 and routes_to_flex(q, mask):  # a bias or packed examples on a GPU: one fused kernel
+            return flex_attend(q, k, v, mask, scale=self.scale), None
         q_len, k_len = q.shape[2], k.shape[2]
         found = mask._derived.get((q_len, k_len, q.dtype))  # the dense form, once built, read directly
         dense, is_causal = mask.dense(q_len, k_len, q.dtype, q.device) if found is None else found

@@ -13,12 +13,14 @@ from tformer.checkpoint import CheckpointError
 from tformer.generation import GenerationError, StackSession, open_session
 from tformer.interop import family_for_model_type
 from tformer.nn.attention import (
+    AttentionMask,
     MultiHeadAttention,
     RollingKVCache,
     additive_mask,
     attention_reference,
     band_mask,
     chunked_attention,
+    kernel_class,
 )
 from tformer.nn.attention.sliding_window import REWIND_SLACK
 from tformer.nn.positions import ALiBi, RelativePositionBias
@@ -364,6 +366,18 @@ def test_sliding_window_weights_are_zero_outside_the_band():
     outside = ~band_mask(9, 9, 2, causal=True)
     assert torch.equal(weights[..., outside], torch.zeros_like(weights[..., outside]))
     assert torch.allclose(weights.sum(-1), torch.ones(1, 4, 9))
+
+
+def test_a_query_the_band_and_the_padding_leave_blind_gets_zero_weights_and_output():
+    """Bidirectional, W = 1: the last query sees keys 17 and 18, both padding; its one real key (16) is outside the
+    band, so it sees nothing: zeros, as every kernel gives such a row (it had uniform weights on the masked keys)."""
+    kernel = kernel_class("sliding_window")(DH, attention_window=1)
+    q, k, v = (tensor.detach().float() for tensor in inputs(1, 19))
+    padding = torch.zeros(B, 19, dtype=torch.bool)
+    padding[:, 16] = True
+    out, weights = kernel(q, k, v, AttentionMask(False, padding), need_weights=True)
+    assert torch.equal(weights, torch.zeros_like(weights)) and torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(kernel(q, k, v, AttentionMask(False, padding))[0], out)
 
 
 # ---- fail closed ---------------------------------------------------------------------------------

@@ -231,6 +231,7 @@ NOT_MEASURED: dict[str, list[str]] = {
         "| 0.1, false |", "| 0.9, 0.99, 1e-8 |", "| 1.0 |", "| 0.0 |", "| 0, 0.0 |", "| 0.1 |", "| 0.15 |", "| 3.0 |",
         "| 8, 16, 0.0, false |",
         "32 MiB of logits or 256 positions",  # head_loss's piece size, settings
+        "as many rows as hold 64 MiB of logits",  # the evaluation's piece size, a setting
         "2^28 floats (1 GiB)",                # HEAD_LOSS_WHOLE_FLOATS, a setting
     ],
 }

@@ -105,7 +105,7 @@ VISION = {"architecture": "vision", "image_size": 16, "patch_size": 4, "d_model"
          "performer_redraw_interval=10 is read only by attention_kernel='performer'"),
         # soft-capping needs the scores formed; another scale than head_dim**-0.5 a kernel that takes one
         ({"attention_softcap": 50.0}, "attention_softcap=50.0 is not supported by attention_kernel='sdpa' (needs "
-                                      "None; 'reference' and 'chunked' and 'sliding_window' have it)"),
+                                      "None; 'reference' and 'chunked' and 'sliding_window' and 'flex' have it)"),
         ({"attention_kernel": "performer", "attention_softcap": 50.0},
          "attention_softcap=50.0 is not supported by attention_kernel='performer'"),
         ({"attention_kernel": "performer", "query_pre_attn_scalar": 64},

@@ -1030,6 +1030,41 @@ MUTATIONS = (
         ("tests/training/test_lora_classification.py", "-k", "qlora"),
         "a QLoRA recipe naming its classifier in train_modules is refused: the head was quantized, so it cannot train",
     ),
+    Mutation(
+        "evaluation-holds-a-whole-batchs-logits", "tformer/training/trainer.py",
+        "        rows = self.task.eval_rows_per_pass()\n",
+        "        rows = None\n",
+        ("tests/training/test_one_loss.py", "-k", "pieces"),
+        "an evaluation batch of a large vocabulary holds its whole (B, T, V) logits (GSM8K LoRA: 2,400 MiB, not 1,088)",
+    ),
+    Mutation(
+        "load-copies-the-weights", "tformer/checkpoint.py",
+        "    model.load_state_dict(adopted, strict=False, assign=True)\n",
+        "    model.load_state_dict(adopted, strict=False)\n",
+        ("tests/models/test_checkpoint.py", "-k", "own_instead"),
+        "a load holds every weight twice (the file's tensors and the model's copies of them)",
+    ),
+    Mutation(
+        "load-unties-the-head", "tformer/checkpoint.py",
+        "        if source is None or len(names) == 1:\n",
+        "        if True:\n",
+        ("tests/models/test_checkpoint.py", "-k", "own_instead or identical_logits"),
+        "a loaded model's tied head keeps its uninitialised tensor while the token table is the file's",
+    ),
+    Mutation(
+        "flex-lets-packed-examples-see-each-other", "tformer/nn/attention/flex.py",
+        "            keep = keep & (segments[b, position] == segments[b, kv_idx])\n",
+        "            keep = keep\n",
+        ("tests/nn/test_flex_attention.py",),
+        "the flex kernel lets a packed example attend to the other examples of its row",
+    ),
+    Mutation(
+        "train-offers-a-merge-merge-refuses", "tformer/cli/train.py",
+        '        merge = "" if result.merge_refused else f"tformer merge {base} {out} --out MERGED, "\n',
+        '        merge = f"tformer merge {base} {out} --out MERGED, "\n',
+        ("tests/training/test_sft_adapters.py", "-k", "tied_head"),
+        "tformer train's closing hint offers tformer merge for an adapter over a tied head, which merge refuses",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

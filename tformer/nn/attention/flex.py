@@ -3,8 +3,8 @@ padding, packed examples, a sliding window) as a mask function of (batch, head, 
 position bias and soft cap as a score function, so that one fused kernel takes what ``sdpa`` can only take as a
 dense additive mask or not at all (ALiBi, relative buckets, windows, document masks, Gemma 2's capped scores).
 
-On a GPU FlexAttention compiles that kernel once per shape (``torch.compile``) and skips the key blocks the mask
-rules out; kernels that declare ``gpu_flex`` send such passes there (``routes_to_flex``). On the CPU PyTorch runs
+On a GPU FlexAttention compiles that kernel (``torch.compile``; after a second length, for any length) and skips
+the key blocks the mask rules out; kernels that declare ``gpu_flex`` send such passes there (``routes_to_flex``). On the CPU PyTorch runs
 FlexAttention unfused and forward only (it has no backward pass there): it gives the same outputs, which is what the
 CPU tests check, and training with it on the CPU is refused before the first step.
 """
@@ -120,7 +120,7 @@ def _flex_for(device: torch.device) -> Callable:
 
         return eager
     if device.type not in _compiled:
-        _compiled[device.type] = torch.compile(flex_attention, dynamic=False)
+        _compiled[device.type] = torch.compile(flex_attention)  # a second length makes it dynamic (no recompiles)
     return _compiled[device.type]
 
 
@@ -132,8 +132,10 @@ def needs_flex(mask: AttentionMask, softcap: float | None = None, window: int | 
 
 def routes_to_flex(q: Tensor, mask: AttentionMask, softcap: float | None = None,
                    window: int | None = None) -> bool:
-    """Whether a ``gpu_flex`` kernel sends this pass through FlexAttention: on CUDA, when ``needs_flex``."""
-    return q.device.type == "cuda" and flex_available() and needs_flex(mask, softcap, window)
+    """Whether a ``gpu_flex`` kernel sends this pass through FlexAttention: on CUDA, when ``needs_flex``, for more
+    than one query a sequence (a one-query decoding step reads its one dense row cheaply, and a block mask made
+    at every step would cost more than it saves)."""
+    return q.device.type == "cuda" and q.shape[2] > 1 and flex_available() and needs_flex(mask, softcap, window)
 
 
 class FlexKernel(AttentionKernel):

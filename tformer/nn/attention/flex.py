@@ -4,9 +4,9 @@ position bias and soft cap as a score function, so that one fused kernel takes w
 dense additive mask or not at all (ALiBi, relative buckets, windows, document masks, Gemma 2's capped scores).
 
 On a GPU FlexAttention compiles that kernel (``torch.compile``; after a second length, for any length) and skips
-the key blocks the mask rules out; kernels that declare ``gpu_flex`` send such passes there (``routes_to_flex``). On the CPU PyTorch runs
-FlexAttention unfused and forward only (it has no backward pass there): it gives the same outputs, which is what the
-CPU tests check, and training with it on the CPU is refused before the first step.
+the key blocks the mask rules out; kernels that declare ``gpu_flex`` send such passes there (``routes_to_flex``).
+On the CPU PyTorch runs FlexAttention unfused and forward only (it has no backward pass there): it gives the same
+outputs, which is what the CPU tests check, and training with it on the CPU is refused before the first step.
 """
 
 from __future__ import annotations

@@ -255,31 +255,8 @@ def load_state(model, state: dict[str, torch.Tensor], source: str, new_head: boo
     _warn_if_not_finite(state, source)
     if scheme:
         _warn_if_implausible_scales(state, source)
-    _adopt(model, {name: t for name, t in state.items() if name not in changes.dropped})
+    model.load_state_dict({name: t for name, t in state.items() if name not in changes.dropped}, strict=False)
     return changes
-
-
-def _adopt(model, state: dict[str, torch.Tensor]) -> None:
-    """Make ``state``'s tensors the model's own (``assign``), in the model's dtypes and contiguous, rather than
-    copying them into its tensors: a load then holds the weights once, not twice (a 946 MiB model peaked 1,906 MiB
-    above the process's start, copying). The names that shared one tensor before (a head tied to the token table)
-    share the adopted one after."""
-    current = model.state_dict(keep_vars=True)
-    adopted = {name: tensor.to(current[name].dtype).contiguous() for name, tensor in state.items()}
-    shared: dict[int, list[str]] = {}
-    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        shared.setdefault(id(tensor), []).append(name)
-    model.load_state_dict(adopted, strict=False, assign=True)
-    for names in shared.values():
-        source = next((name for name in names if name in adopted), None)
-        if source is None or len(names) == 1:
-            continue
-        owner, _, attribute = source.rpartition(".")
-        tensor = getattr(model.get_submodule(owner), attribute)
-        for alias in names:
-            if alias != source:
-                module, _, alias_attribute = alias.rpartition(".")
-                setattr(model.get_submodule(module), alias_attribute, tensor)
 
 
 @dataclass

@@ -1038,20 +1038,6 @@ MUTATIONS = (
         "an evaluation batch of a large vocabulary holds its whole (B, T, V) logits (GSM8K LoRA: 2,400 MiB, not 1,088)",
     ),
     Mutation(
-        "load-copies-the-weights", "tformer/checkpoint.py",
-        "    model.load_state_dict(adopted, strict=False, assign=True)\n",
-        "    model.load_state_dict(adopted, strict=False)\n",
-        ("tests/models/test_checkpoint.py", "-k", "own_instead"),
-        "a load holds every weight twice (the file's tensors and the model's copies of them)",
-    ),
-    Mutation(
-        "load-unties-the-head", "tformer/checkpoint.py",
-        "        if source is None or len(names) == 1:\n",
-        "        if True:\n",
-        ("tests/models/test_checkpoint.py", "-k", "own_instead or identical_logits"),
-        "a loaded model's tied head keeps its uninitialised tensor while the token table is the file's",
-    ),
-    Mutation(
         "flex-lets-packed-examples-see-each-other", "tformer/nn/attention/flex.py",
         "            keep = keep & (segments[b, position] == segments[b, kv_idx])\n",
         "            keep = keep\n",

@@ -180,7 +180,7 @@ def test_a_flex_decoder_gives_the_sdpa_logits_and_tokens(positional):
 def test_on_a_gpu_only_passes_sdpa_cannot_take_natively_route_to_flex():
     mask = AttentionMask(True, PADDING)
     cpu = torch.zeros(1, 1, 1, DH)
-    assert not flex.routes_to_flex(cpu, AttentionMask(True, PADDING, segments=SEGMENTS))  # never on the CPU
+    assert not flex.routes_to_flex(kernel_class("sdpa")(DH), cpu, AttentionMask(True, PADDING, segments=SEGMENTS))
     assert not flex.needs_flex(mask) and not flex.needs_flex(AttentionMask(True))
     assert flex.needs_flex(AttentionMask(True, segments=SEGMENTS))
     assert flex.needs_flex(mask, softcap=1.0) and flex.needs_flex(mask, window=4)
@@ -203,8 +203,8 @@ def test_the_routed_kernels_give_their_own_results_through_flex(monkeypatch, set
         expected = model(ids).logits
         calls = []
 
-        def route(q, mask, softcap=None, window=None):
-            calls.append(flex.needs_flex(mask, softcap, window))
+        def route(kernel, q, mask, softcap=None, window=None):
+            calls.append(kernel.gpu_flex and flex.needs_flex(mask, softcap, window))
             return calls[-1]
 
         monkeypatch.setattr(sdpa_module, "routes_to_flex", route)

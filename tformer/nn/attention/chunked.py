@@ -269,7 +269,7 @@ class ChunkedKernel(AttentionKernel):
             out, weights = attention_reference(q, k, v, additive, dropout_p=dropout_p, scale=self.scale,
                                                softcap=self.cap)
             return (out, weights) if empty is None else (out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0))
-        if routes_to_flex(q, mask, self.cap, window):  # on a GPU: one fused kernel that skips the masked blocks
+        if routes_to_flex(self, q, mask, self.cap, window):  # on a GPU: one fused kernel that skips the masked blocks
             return flex_attend(q, k, v, mask, scale=self.scale, softcap=self.cap, window=window), None
         if not torch.is_grad_enabled() and q_len * k_len <= QUERY_BLOCK * KEY_BLOCK:
             return self._one_block(q, k, v, mask, window), None

@@ -130,12 +130,13 @@ def needs_flex(mask: AttentionMask, softcap: float | None = None, window: int | 
     return mask.position_bias is not None or mask.segments is not None or softcap is not None or window is not None
 
 
-def routes_to_flex(q: Tensor, mask: AttentionMask, softcap: float | None = None,
+def routes_to_flex(kernel: AttentionKernel, q: Tensor, mask: AttentionMask, softcap: float | None = None,
                    window: int | None = None) -> bool:
-    """Whether a ``gpu_flex`` kernel sends this pass through FlexAttention: on CUDA, when ``needs_flex``, for more
-    than one query a sequence (a one-query decoding step reads its one dense row cheaply, and a block mask made
-    at every step would cost more than it saves)."""
-    return q.device.type == "cuda" and q.shape[2] > 1 and flex_available() and needs_flex(mask, softcap, window)
+    """Whether ``kernel`` sends this pass through FlexAttention: when it declares ``gpu_flex``, on CUDA, when
+    ``needs_flex``, for more than one query a sequence (a one-query decoding step reads its one dense row cheaply,
+    and a block mask made at every step would cost more than it saves)."""
+    return (kernel.gpu_flex and q.device.type == "cuda" and q.shape[2] > 1 and flex_available()
+            and needs_flex(mask, softcap, window))
 
 
 class FlexKernel(AttentionKernel):

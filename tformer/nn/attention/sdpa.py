@@ -70,7 +70,7 @@ class SdpaKernel(AttentionKernel):
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if need_weights:
             return reference_with_mask(q, k, v, mask, dropout_p, scale=self.scale)
-        if dropout_p == 0.0 and routes_to_flex(q, mask):  # a bias or packed examples on a GPU: one fused kernel
+        if dropout_p == 0.0 and routes_to_flex(self, q, mask):  # a bias or packed examples on a GPU: one fused kernel
             return flex_attend(q, k, v, mask, scale=self.scale), None
         q_len, k_len = q.shape[2], k.shape[2]
         found = mask._derived.get((q_len, k_len, q.dtype))  # the dense form, once built, read directly

@@ -11,7 +11,8 @@ Part 1 (greedy, batch 1, a 32-token prompt, 128 new tokens, fp32, CPU) runs, in 
 process, a randomly initialised Hugging Face ``GPT2LMHeadModel`` of each shape and the same
 weights loaded into tformer: (a) GPT-2's 124M shape, (b) 6 layers, width 384, 6 heads,
 vocabulary 8192. It prints new tokens/s for both, their ratio, tformer without its KV cache,
-the matrix-vector products alone (the ceiling), and whether the tokens are identical. Each of
+the matrix-vector products alone (the ceiling), whether the tokens are identical, and tformer with its static
+cache (``cache_implementation="static"``, which must give the same tokens) beside its default one. Each of
 ``--repeats`` rounds runs every one of these once, in an order that rotates from round to round,
 and the medians are reported, so all see the same machine load.
 
@@ -114,7 +115,8 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
     def run_ours(new=NEW_TOKENS, **options):
         return tformer.generate(ours, prompt, new, eos_token_id=[], **options)
 
-    measurements = {"hf": run_hf, "ours": run_ours, "floor": lambda: matvec_floor(ours)}
+    measurements = {"hf": run_hf, "ours": run_ours, "floor": lambda: matvec_floor(ours),
+                    "static": lambda: run_ours(cache_implementation="static")}
     if no_cache:
         measurements["uncached"] = lambda: run_ours(use_cache=False)
     run_hf(8), run_ours(8), run_ours(8, use_cache=False)  # warm up (lazy initialisation, the fast decoder's layout)
@@ -122,9 +124,10 @@ def compare_with_hugging_face(shape: str, repeats: int, no_cache: bool) -> dict:
     speed = {name: NEW_TOKENS / statistics.median(values) for name, values in wall.items()}
     if no_cache:
         assert torch.equal(tokens["uncached"], tokens["ours"]), "tformer without cache gave other tokens"
+    assert torch.equal(tokens["static"], tokens["ours"]), "tformer with a static cache gave other tokens"
     return dict(
         title=title, parameters=ours.num_parameters(), hf=speed["hf"], ours=speed["ours"],
-        uncached=speed.get("uncached"), floor=speed["floor"],
+        uncached=speed.get("uncached"), floor=speed["floor"], static=speed["static"],
         cpu_ratio=statistics.median(cpu["hf"]) / statistics.median(cpu["ours"]),
         identical=torch.equal(tokens["hf"], tokens["ours"]),
     )
@@ -384,17 +387,20 @@ def main() -> None:
               f"transformers {transformers.__version__}; medians of {args.repeats} rounds, each running every column "
               f"once, in rotating order ==")
         print(f"{'shape':<36} {'params':>8} {'HF tok/s':>9} {'tformer tok/s':>14} {'ratio':>6} {'CPU-time ratio':>15} "
-              f"{'tformer no-cache tok/s':>23} {'same tokens':>12} {'matvec-only tok/s':>18}")
+              f"{'tformer no-cache tok/s':>23} {'same tokens':>12} {'matvec-only tok/s':>18} "
+              f"{'static-cache tok/s':>19}")
         for shape in shapes:
             row = compare_with_hugging_face(shape, args.repeats, args.no_cache)
             uncached = "-" if row["uncached"] is None else f"{row['uncached']:.1f}"
             print(f"{row['title']:<36} {row['parameters'] / 1e6:>7.1f}M {row['hf']:>9.1f} {row['ours']:>14.1f} "
                   f"{row['ours'] / row['hf']:>5.2f}x {row['cpu_ratio']:>14.2f}x {uncached:>23} "
                   f"{'yes' if row['identical'] else 'NO':>12} "
-                  f"{row['floor']:>18.1f}", flush=True)
+                  f"{row['floor']:>18.1f} {row['static']:>10.1f} ({row['static'] / row['ours']:.2f}x)", flush=True)
         print("tok/s: new tokens per wall-clock second; CPU-time ratio: the same ratio in CPU seconds used by each.\n"
               "matvec-only: just the weight matrix-vector products of the same steps, nothing else; the "
-              "ceiling of batch-1 decoding on this machine")
+              "ceiling of batch-1 decoding on this machine\n"
+              "static-cache: tformer with cache_implementation='static' (its tokens checked equal to tformer's), "
+              "and its ratio to tformer's default (dynamic) cache")
     if args.part == "quantized":
         print(f"\n== quantized weights: greedy, batch 1, prompt {PROMPT_LENGTH}, {NEW_TOKENS} new tokens, CPU; "
               f"medians of {args.repeats} rounds, each running every engine once, in rotating order ==")

@@ -12,7 +12,8 @@ Every model is randomly initialised by Hugging Face, written with ``save_pretrai
              HF, tformer eager and compiled, and nanoGPT's model eager and compiled when benchmarks/nanogpt_model.py
              is there (nanoGPT's model.py, brought beside this file, not committed)
   decode     greedy batch 1, 32-token prompt, 128 new tokens: GPT-2 in fp32 and bf16 and a Llama-3.2-1B-shaped
-             model in bf16; HF eager, HF with its static cache (compiled by generate on a GPU) and tformer: new
+             model in bf16; HF eager, HF with its static cache (compiled by generate on a GPU), tformer and tformer
+             with its static cache (cache_implementation="static": captured as a CUDA graph on a GPU): new
              tokens/s, the ratios, identical tokens?, and each as a share of the copy ceiling (weight bytes x
              tokens/s over the measured copy rate)
   batch      64 prompts of 32 tokens, 128 new tokens each, bf16: HF generate on the batch, tformer.generate on
@@ -207,11 +208,13 @@ def decode_in(label: str, hf, ours, dtype: torch.dtype, rounds: int, new: int = 
         return run
 
     work = {"HF": run_hf(False), "HF static": run_hf(True),
-            "tformer": lambda: tformer.generate(ours, prompt, new, eos_token_id=[])}
+            "tformer": lambda: tformer.generate(ours, prompt, new, eos_token_id=[]),
+            "tformer static": lambda: tformer.generate(ours, prompt, new, eos_token_id=[],
+                                                       cache_implementation="static")}
     for function in work.values():  # the compiled and captured steps made before the clock runs
         function()
     seconds = median_seconds(work, rounds)
-    same = torch.equal(work["HF"](), work["tformer"]())
+    same = torch.equal(work["HF"](), work["tformer"]()) and torch.equal(work["HF"](), work["tformer static"]())
     weight_bytes = sum(t.numel() * t.element_size() for t in ours.state_dict().values() if t.is_floating_point())
     copy = CEILINGS.get("copy TB/s (read + write)")
     rates = {name: new / value for name, value in seconds.items()}
@@ -219,8 +222,8 @@ def decode_in(label: str, hf, ours, dtype: torch.dtype, rounds: int, new: int = 
         f"{name} {rate * weight_bytes / (copy * 1e12):.1%}" for name, rate in rates.items())
     print(f"  {label}, {str(dtype).removeprefix('torch.')}, {weight_bytes / 1e9:.3g} GB of weights: "
           + ", ".join(f"{name} {rate:,.0f} tokens/s" for name, rate in rates.items())
-          + f"; tformer / HF {rates['tformer'] / rates['HF']:.2f}x, tformer / HF static "
-          f"{rates['tformer'] / rates['HF static']:.2f}x, identical tokens (HF eager): {same}{shares}")
+          + f"; tformer / HF {rates['tformer'] / rates['HF']:.2f}x, tformer static / HF static "
+          f"{rates['tformer static'] / rates['HF static']:.2f}x, identical tokens (HF eager): {same}{shares}")
 
 
 def batch(rounds: int) -> None:

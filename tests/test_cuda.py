@@ -214,3 +214,35 @@ def test_the_command_line_generates_on_the_gpu(tmp_path):
     prompt = torch.tensor([tokenizer.encode("to be")])
     expected = tokenizer.decode(tformer.generate(model, prompt, 12, eos_token_id=[])[0, prompt.shape[1]:].tolist())
     assert done.stdout.rstrip("\n") == "to be" + expected
+
+
+@pytest.mark.parametrize("options", [dict(), dict(num_beams=3, num_return_sequences=2),
+                                     dict(temperature=0.9, top_k=20, seed=5)], ids=["greedy", "beam", "sampling"])
+def test_static_cache_decoding_captured_on_the_gpu_gives_the_dynamic_tokens(options):
+    """The one-token steps compiled and captured as CUDA graphs; a left-padded batch; a second call with a prompt of
+    another length re-uses the capture and gives what a dynamic cache gives."""
+    torch.manual_seed(0)
+    model = tformer.build_model("gpt-mini", num_layers=2, vocab_size=64, initializer_range=0.3).eval().cuda()
+    for length in (12, 17):
+        prompt, mask = ids(3, length, 64).cuda(), padded_mask(3, length).flip(1).cuda()  # left padding
+        dynamic = tformer.generate(model, prompt, 24, attention_mask=mask, eos_token_id=[], **options)
+        static = tformer.generate(model, prompt, 24, attention_mask=mask, eos_token_id=[],
+                                  cache_implementation="static", **options)
+        assert torch.equal(static, dynamic)
+
+
+def test_static_cache_captured_on_the_gpu_decodes_speculatively_and_an_encoder_decoder():
+    torch.manual_seed(0)
+    target = tformer.build_model("gpt-mini", num_layers=2, vocab_size=64, initializer_range=0.3).eval().cuda()
+    prompt = ids(1, 8, 64).cuda()
+    options = dict(eos_token_id=[], draft_model=target, num_draft_tokens=3)
+    assert torch.equal(tformer.generate(target, prompt, 20, cache_implementation="static", **options),
+                       tformer.generate(target, prompt, 20, **options))
+    translator = tformer.build_model("transformer-base", num_layers=2, d_model=64, num_heads=4, d_ff=128,
+                                     vocab_size=96).eval().cuda()
+    source, mask = ids(2, 12, 96).cuda(), padded_mask(2, 12).flip(1).cuda()
+    for beams in (1, 3):
+        assert torch.equal(
+            tformer.generate(translator, source, 10, attention_mask=mask, eos_token_id=[], num_beams=beams,
+                             cache_implementation="static"),
+            tformer.generate(translator, source, 10, attention_mask=mask, eos_token_id=[], num_beams=beams))

@@ -9,7 +9,7 @@ import torch
 
 import tformer
 from tformer import ModelConfig, build_model
-from tformer.generation import ModelSession, StackSession
+from tformer.generation import ModelSession, StackSession, StaticSession
 from tformer.nn import compiled
 from tformer.nn.weights import PrepackedLinear, use_weights, weights_in_use
 from tformer.nn.weights import prepacked as prepacked_backend
@@ -40,7 +40,8 @@ def left_padded_batch():
     return ids, mask
 
 
-@pytest.mark.parametrize("session_type", [StackSession, ModelSession], ids=["step-hook", "model-forward"])
+@pytest.mark.parametrize("session_type", [StackSession, ModelSession, StaticSession],
+                         ids=["step-hook", "model-forward", "static"])
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @torch.inference_mode()

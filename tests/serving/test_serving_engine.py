@@ -330,7 +330,7 @@ def test_every_option_the_engine_does_not_honour_is_refused_by_name():
 
     engine = Engine(small_model(), cache_tokens=64, block_size=8)
     unusual = {"pad_token_id": 3, "num_return_sequences": 2, "num_draft_tokens": 2, "output_scores": True,
-               "return_dict": True, "use_cache": False}
+               "return_dict": True, "use_cache": False, "cache_implementation": "static"}
     refused = {name for name, reason in GENERATION_FIELDS.items() if reason is not None}
     assert refused == set(unusual) and set(GENERATION_FIELDS) == {f.name for f in fields(GenerationConfig)}
     for name, value in unusual.items():

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         ModelSession,
         Session,
         StackSession,
+        StaticSession,
         open_session,
     )
     from tformer.generation.settings import GenerationConfig, GenerationError
@@ -30,7 +31,7 @@ EXPORTS = {
     "TokenStream": "generate", "generate": "generate", "stream_generate": "generate",
     "GenerationOutput": "output",
     "GenerationState": "session", "ModelSession": "session", "Session": "session", "StackSession": "session",
-    "open_session": "session",
+    "StaticSession": "session", "open_session": "session",
     "GenerationConfig": "settings", "GenerationError": "settings",
     "TextStreamer": "stream",
     "audio_windows": "transcription", "transcribe_ids": "transcription",
@@ -38,7 +39,7 @@ EXPORTS = {
 
 __all__ = [
     "GenerationConfig", "GenerationError", "GenerationOutput", "GenerationState", "ModelSession", "Session",
-    "StackSession", "TextStreamer", "TokenStream", "audio_windows", "generate",
+    "StackSession", "StaticSession", "TextStreamer", "TokenStream", "audio_windows", "generate",
     "open_session", "stream_generate", "transcribe_ids",
 ]
 

@@ -63,6 +63,8 @@ def generate(
     - ``streamer`` is called with each chunk of new tokens (B, n) as it is produced (then its
       ``end()`` if it has one); see also ``stream_generate``.
     - ``use_cache=False`` re-runs the whole sequence at every step (the slow reference).
+    - ``cache_implementation="static"``: decoding steps of fixed shapes over caches preallocated whole, compiled
+      and captured as a CUDA graph on a GPU (the same tokens as the default "dynamic").
     - An encoder–decoder model takes its source as ``input_ids``; the result holds its
       decoder's sequences (start tokens, then the new tokens).
     """
@@ -180,12 +182,14 @@ class _Generation:
         with self._eval_mode():
             self.session, state = open_session(model, input_ids, attention_mask, config.max_new_tokens,
                                                use_cache=config.use_cache, grow=grow,
-                                               decoder_prompt=config.decoder_prompt_ids)
+                                               decoder_prompt=config.decoder_prompt_ids,
+                                               cache_implementation=config.cache_implementation)
             self.draft_session: ModelSession | None = None
             if draft_model is not None:
                 self.draft_session, draft_state = open_session(draft_model, input_ids, attention_mask,
                                                                config.max_new_tokens, role="draft_model", grow=grow,
-                                                               decoder_prompt=config.decoder_prompt_ids)
+                                                               decoder_prompt=config.decoder_prompt_ids,
+                                                               cache_implementation=config.cache_implementation)
                 if not torch.equal(draft_state.input_ids, state.input_ids):
                     raise GenerationError("draft_model starts its decoder from other tokens than the model")
                 for role, session in (("model", self.session), ("draft_model", self.draft_session)):

@@ -15,10 +15,22 @@ step's positions and padding are slices of the session's tables, and nothing is 
 A step of ``StackSession`` may hand the model step inputs of fewer rows than ``input_ids`` has: ``g``
 rows a source, row ``r`` reading source ``r // g`` (beams sharing their source's encoder output and
 cross-attention keys).
+
+``StaticSession`` (``cache_implementation="static"``) is a ``StackSession`` whose one-token steps after the prompt
+keep the same shapes and read the same buffers, so that a compiled step is captured once and replayed. Its caches
+are ``StaticKVCache``: preallocated for the whole call (they never grow), read whole by each step, the keys not
+written yet hidden by the step's mask, which is made inside the step from the session's tables and the step's
+column (a (1,) tensor moved on in place, not a Python number a compiled step would be specialised on). On CUDA the
+step is compiled once per session shape and captured as a CUDA graph (``torch.compile``'s ``reduce-overhead`` mode,
+as gpt-fast and Hugging Face's static cache do): a step is one graph launch instead of hundreds of kernel launches.
+On the CPU it runs as it is: the CPU's step is bound by reading the weights, which the eager step does through its
+prepacked layouts and compiled kernels. A prompt, or drafts to verify, run as in ``StackSession`` over the same
+buffers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -52,13 +64,16 @@ GROWTH_CHUNK = 1024  # new tokens a growing session holds room for at first
 def open_session(
     model: GenerationProtocol, input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int, *,
     use_cache: bool = True, role: str = "model", grow: bool = False, decoder_prompt: tuple[int, ...] = (),
+    cache_implementation: str = "dynamic",
 ) -> tuple[ModelSession, GenerationState]:
     """Prepare the prompt (``prepare_generation``) and open a session for it and ``max_new_tokens`` more.
 
     A model whose steps the session can lay out (``step_problem()`` is None) gets a ``StackSession``; any
     other model (or ``use_cache=False``) a ``ModelSession``. With ``grow`` (a run that may end early)
     the session first holds room for ``GROWTH_CHUNK`` new tokens and doubles as needed. ``decoder_prompt``: an
-    encoder-decoder's first decoder tokens in place of its start token (``check_call`` refuses it elsewhere)."""
+    encoder-decoder's first decoder tokens in place of its start token (``check_call`` refuses it elsewhere).
+    ``cache_implementation="static"``: a ``StaticSession`` (preallocated whole, never growing), refused for a model
+    a ``StackSession`` cannot step."""
     if decoder_prompt:
         state = model.prepare_generation(input_ids, attention_mask, decoder_prompt=decoder_prompt)
     else:
@@ -72,7 +87,14 @@ def open_session(
         )
     max_len = prompt_length + max_new_tokens
     capacity = min(max_len, prompt_length + GROWTH_CHUNK) if grow else max_len
-    if use_cache and model.step_problem() is None:
+    problem = model.step_problem() if use_cache else "use_cache=False re-runs the whole sequence at every step"
+    if cache_implementation == "static":
+        if problem is not None:
+            raise GenerationError(f"cache_implementation='static' steps the model's blocks over a fixed layout, "
+                                  f"which this {role} cannot take: {problem}")
+        capacity = static_capacity(max_len, limit, state.input_ids.device)
+        session = StaticSession(model, batch, capacity, state.attention_mask, step_inputs=state.step_inputs)
+    elif problem is None:
         session = StackSession(model, batch, max_len, state.attention_mask, step_inputs=state.step_inputs,
                                capacity=capacity)
     else:
@@ -120,7 +142,7 @@ class ModelSession:
         self.length = 0
         self.step_inputs = dict(step_inputs or {})
         device = next(model.parameters()).device
-        self.cache = model.new_cache(batch_size, self.capacity) if use_cache else None
+        self.cache = self._new_cache(batch_size) if use_cache else None
         self.tokens = None if use_cache else torch.zeros(batch_size, self.capacity, dtype=torch.long, device=device)
         # The row layout: which columns are real tokens (the prompt's padding is not).
         self.padded = attention_mask is not None and not bool(attention_mask.bool().all())
@@ -128,6 +150,9 @@ class ModelSession:
         if self.padded:
             attend[:, : attention_mask.shape[1]] = attention_mask.bool()
         self.attend = attend  # (B, capacity) True = a real token
+
+    def _new_cache(self, batch_size: int):
+        return self.model.new_cache(batch_size, self.capacity)
 
     # ---- the protocol ------------------------------------------------------------------------------
 
@@ -280,3 +305,97 @@ class StackSession(ModelSession):
 
 
 LAST = slice(-1, None)  # a step that wants only the last position's logits
+
+
+def _capture(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``step`` compiled and captured as a CUDA graph (a graph break, where a part cannot be traced, leaves that
+    part eager and the result unchanged)."""
+    return torch.compile(step, mode="reduce-overhead", dynamic=False)
+
+
+# device type -> what one-token static steps are wrapped in, once per process (a device absent here runs them as they
+# are); the tests put a tracing-only compiler here for the CPU, to check that a step is one graph compiled once
+STEP_COMPILERS: dict[str, Callable[[Callable[..., Tensor]], Callable[..., Tensor]]] = {"cuda": _capture}
+_WRAPPED_STEPS: dict[tuple[str, Callable], Callable[..., Tensor]] = {}  # (device type, compiler) -> the wrapped step
+# A compiled session holds a multiple of this many positions, so that calls whose prompt and max_new_tokens differ
+# a little share one captured step (a longer cache costs a GPU step next to nothing: its keys are read in parallel)
+CAPTURED_LENGTH_MULTIPLE = 256
+
+
+def static_step(model: GenerationProtocol, cache: list, column: Tensor, input_ids: Tensor, attend: Tensor,
+                positions: Tensor, real_queries: bool, step_inputs: dict[str, Tensor]) -> Tensor:
+    """One token a row at ``column`` (1,) over static caches: the mask and the position from the session's tables
+    (B, capacity), then the model's step; logits (B, 1, V). What is compiled and captured."""
+    columns = torch.arange(attend.shape[1], device=attend.device)
+    key_padding = attend & (columns <= column)  # (B, capacity): the keys written so far and this step's
+    layout = model.step_layout(positions=positions.index_select(1, column), key_positions=positions,
+                               key_padding=key_padding, real_queries=real_queries)
+    return model.step(input_ids, layout, cache, **step_inputs)
+
+
+def wrapped_static_step(device: torch.device) -> Callable[..., Tensor] | None:
+    """``static_step`` as ``STEP_COMPILERS`` wraps it for ``device`` (made once, so that dynamo's cache of compiled
+    graphs serves every call), or None where it runs as it is."""
+    compiler = STEP_COMPILERS.get(device.type)
+    if compiler is None:
+        return None
+    key = (device.type, compiler)
+    if key not in _WRAPPED_STEPS:
+        _WRAPPED_STEPS[key] = compiler(static_step)
+    return _WRAPPED_STEPS[key]
+
+
+def static_capacity(max_len: int, position_limit: int | None, device: torch.device) -> int:
+    """The positions a static session holds: ``max_len``, or where its steps are compiled, ``max_len`` rounded up
+    to a multiple of ``CAPTURED_LENGTH_MULTIPLE`` within the model's position table."""
+    if device.type not in STEP_COMPILERS:
+        return max_len
+    rounded = -(-max_len // CAPTURED_LENGTH_MULTIPLE) * CAPTURED_LENGTH_MULTIPLE
+    return max(max_len, rounded if position_limit is None else min(rounded, position_limit))
+
+
+class StaticSession(StackSession):
+    """A ``StackSession`` whose one-token steps keep their shapes: see the module's docstring. ``capacity`` is
+    always ``max_len`` (a static cache never grows)."""
+
+    def __init__(
+        self,
+        model: GenerationProtocol,
+        batch_size: int,
+        max_len: int,
+        attention_mask: Tensor | None = None,
+        *,
+        step_inputs: dict[str, Tensor] | None = None,
+    ) -> None:
+        device = next(model.parameters()).device
+        self._compiled = wrapped_static_step(device)  # a captured step's output is overwritten by the next replay
+        self.write_index = torch.zeros(1, dtype=torch.long, device=device)  # the column of the step's token
+        super().__init__(model, batch_size, max_len, attention_mask, step_inputs=step_inputs)
+        self._whole = False  # whether the caches are read whole (one-token steps) or as StackSession reads them
+
+    def _new_cache(self, batch_size: int):
+        try:
+            return self.model.new_static_cache(batch_size, self.capacity, self.write_index, self._compiled is not None)
+        except ValueError as error:
+            raise GenerationError(str(error)) from None
+
+    def _step(self, input_ids: Tensor, past: int, end: int, last_only: bool) -> Tensor:
+        """A one-token step after the prompt through ``static_step``; anything else as ``StackSession``'s."""
+        whole = end - past == 1 and past > 0
+        if whole != self._whole:
+            for cache in self._caches():
+                cache.whole = whole
+            self._whole = whole
+        if not whole:
+            return super()._step(input_ids, past, end, last_only)
+        self.write_index.fill_(past)
+        arguments = (self.model, self.cache, self.write_index, input_ids, self.attend, self.positions,
+                     past >= self.real_from, self.step_inputs)
+        if self._compiled is None:
+            logits = static_step(*arguments)
+        else:
+            torch.compiler.cudagraph_mark_step_begin()
+            logits = self._compiled(*arguments).clone()
+        for cache in self._caches():
+            cache.length = end
+        return logits

@@ -24,6 +24,7 @@ from tformer.generation.errors import GenerationError  # defined there for const
 # The decoding paths that may be unable to apply an option (each refuses it by name, failing closed).
 SERVER, BEAM_SEARCH, SPECULATIVE = "the server", "beam search", "speculative decoding"
 DECLARATION = "tformer"  # the key of a field's metadata holding its ``Option``
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")  # GenerationConfig.cache_implementation's values
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,14 @@ class GenerationConfig:
     return_dict: bool = option(False, refused={SERVER: "the server answers in its own format"})
     # False re-runs the whole sequence each step (the slow reference).
     use_cache: bool = option(True, refused={SERVER: "the server always decodes over its cache"})
+    # "static": one-token steps of fixed shapes over caches preallocated for the whole call, compiled and captured as
+    # a CUDA graph on a GPU (Hugging Face's cache_implementation="static"; generation/session.py's StaticSession);
+    # "dynamic": caches read as far as they are filled. Not read from generation_config.json (a folder's "hybrid"
+    # or "static" names Hugging Face's cache classes).
+    cache_implementation: str = option(
+        "dynamic", flag=Flag("--cache-implementation", str, "dynamic (default) or static: fixed-shape decoding "
+                                                             "steps, captured as a CUDA graph on a GPU"),
+        refused={SERVER: "the server decodes over its own paged cache"})
     # Tokens never chosen, and tokens not chosen as the first new one (None: the model config's; () none).
     suppress_tokens: tuple[int, ...] | None = None
     begin_suppress_tokens: tuple[int, ...] | None = None
@@ -320,6 +329,12 @@ class GenerationConfig:
         for name in ("output_scores", "return_dict", "use_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise GenerationError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise GenerationError(f"cache_implementation={self.cache_implementation!r} must be one of "
+                                  f"{', '.join(map(repr, CACHE_IMPLEMENTATIONS))}")
+        if self.cache_implementation == "static" and not self.use_cache:
+            raise GenerationError("cache_implementation='static' needs use_cache=True (without a cache every step "
+                                  "re-runs the whole sequence)")
 
     def _check_logits_rules(self) -> None:
         """The options of the logits rules (``generation/rules.py``): sampling and penalties."""

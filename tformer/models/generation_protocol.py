@@ -36,6 +36,7 @@ from torch import Tensor
 
 from tformer.models.output import GenerationState
 from tformer.nn.attention import StepLayout
+from tformer.nn.attention.cache import static_caches
 from tformer.nn.attention.cache_spec import FullAttention, LayerCacheSpec
 from tformer.nn.positions import POSITIONAL_SCHEMES, positions_from_mask
 
@@ -95,6 +96,12 @@ class GenerationProtocol:
     def new_cache(self, batch_size: int, max_len: int) -> Any:
         """An empty cache for ``batch_size`` rows of up to ``max_len`` decoder positions."""
         raise NotImplementedError(f"{type(self).__name__} has no decoding cache")
+
+    def new_static_cache(self, batch_size: int, max_len: int, write_index: Tensor, captured: bool) -> Any:
+        """``new_cache``'s caches whose one-token steps keep their shapes (``cache_implementation="static"``): every
+        layer's keys and values a ``StaticKVCache`` writing at ``write_index`` (1,); ``captured``: its steps are
+        captured (a CUDA graph), so buffers keep their addresses from call to call. A ValueError says why not."""
+        return static_caches(self.new_cache(batch_size, max_len), write_index, captured)
 
     def step(self, input_ids: Tensor, layout: StepLayout, cache: Any, **step_inputs: Tensor) -> Tensor:
         """Logits (B, kept rows, V) of ``input_ids`` (B, T) after the cached tokens, laid out by the session."""

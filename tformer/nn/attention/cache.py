@@ -10,6 +10,7 @@ too. A kernel names the backend it decodes with (``AttentionKernel.new_cache``).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -106,6 +107,76 @@ class KVCache:
 
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
+
+
+class StaticKVCache(KVCache):
+    """A ``KVCache`` whose one-token steps keep the same shapes and addresses from step to step, so that a compiled
+    step can be captured once and replayed (``cache_implementation="static"``, ``generation/static_session.py``).
+
+    While ``whole`` is set, a step writes its keys at ``write_index`` (a (1,) tensor the session moves on in place)
+    and its kernel reads the whole buffer (B, Hkv, Tmax, Dh), the step's mask hiding the positions not written yet
+    (the buffer starts zeroed: a hidden position contributes an exact 0, never a NaN). Otherwise (a prompt, a draft
+    verified) it is the plain ``KVCache`` over the same buffers."""
+
+    def __init__(self, keys: Tensor, values: Tensor, write_index: Tensor, captured: bool = False) -> None:
+        self.keys, self.values = keys.zero_(), values.zero_()  # (B, Hkv, Tmax, Dh) each
+        self.length = 0
+        self.write_index = write_index  # (1,) int64: the column this step's key goes to
+        self.whole = False
+        self.captured = captured  # read by a captured step: its buffers' addresses are part of the capture
+        self._mark_static()
+
+    def _mark_static(self) -> None:
+        """Tell a captured step that these buffers keep their addresses (a CUDA graph may then write them in
+        place; it copies any other input in)."""
+        if self.captured:
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+
+    def reorder(self, batch_indices: Tensor) -> None:
+        resized = batch_indices.shape[0] != self.keys.shape[0]
+        super().reorder(batch_indices)
+        if resized:  # new buffers (beam search's first step)
+            self._mark_static()
+
+    def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if not self.whole:
+            return super().attend(kernel, q, k, v, mask, need_weights=need_weights)
+        self.keys.index_copy_(2, self.write_index, k)
+        self.values.index_copy_(2, self.write_index, v)
+        return kernel(q, self.keys, self.values, mask, need_weights=need_weights)
+
+    def grow(self, max_len: int) -> None:
+        if max_len > self.max_len:
+            raise ValueError(f"a static key/value cache holds {self.max_len} positions and never grows; "
+                             f"{max_len} were asked for")
+
+
+# (each layer's buffer shape, dtype, device) -> the key/value buffers of an ended set of captured static caches, for
+# the next set of that shape: a CUDA graph is captured over its buffers' addresses, and new buffers at every call
+# would make it record again (PyTorch stops capturing after cudagraph_unexpected_rerecord_limit records). One a shape.
+_FREE_BUFFERS: dict[tuple, list[tuple[Tensor, Tensor]]] = {}
+
+
+def static_caches(caches: list, write_index: Tensor, captured: bool) -> list:
+    """``caches`` (one ``LayerCache`` a layer, as a stack makes them) with every self-attention cache a
+    ``StaticKVCache`` writing at ``write_index`` (B, Hkv, Tmax, Dh buffers each); a ValueError naming a layer's cache
+    that cannot be one (a sliding window's, Performer's). ``captured``: read by a captured step, so the buffers of an
+    ended set of this shape are taken when there is one, and given back when this set is gone."""
+    for layer in caches:
+        if type(layer.self_attention) is not KVCache:
+            raise ValueError(f"cache_implementation='static' needs a full key/value cache in every layer, and a layer "
+                             f"keeps a {type(layer.self_attention).__name__} (a sliding window's or Performer's "
+                             "attention kernel); use cache_implementation='dynamic'")
+    buffers = [(layer.self_attention.keys, layer.self_attention.values) for layer in caches]
+    if captured:
+        shape = (tuple(keys.shape for keys, _ in buffers), buffers[0][0].dtype, buffers[0][0].device)
+        buffers = _FREE_BUFFERS.pop(shape, buffers)
+        weakref.finalize(write_index, _FREE_BUFFERS.setdefault, shape, buffers)  # the set lives as long as it
+    for layer, (keys, values) in zip(caches, buffers, strict=True):
+        layer.self_attention = StaticKVCache(keys, values, write_index, captured)
+    return caches
 
 
 class RollingKVCache(KVCache):

@@ -145,8 +145,8 @@ class AttentionMask:
                 seen = self.key_padding.cumsum(-1)[:, k_len - q_len:]  # (B, Tq) real keys up to each query
                 empty = (seen == 0)[:, None, :, None]
             else:
-                empty = ~self.key_padding.any(-1)
-                empty = empty[:, None, None, None] if bool(empty.any()) else None
+                empty = ~self.key_padding.any(-1)  # kept all-False in a compiled step rather than read (a sync)
+                empty = empty[:, None, None, None] if torch.compiler.is_compiling() or bool(empty.any()) else None
             self._derived[key] = empty
         return self._derived[key]
 

@@ -94,8 +94,11 @@ PAIRS_PER_THREAD = 16
 
 def _many_sequences_decoding(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether one query per sequence is better served by ``dense_decode``: float32 on the CPU, no gradient,
-    keys and values with unit head-size stride (a cache's filled part), enough sequences to share out."""
+    keys and values with unit head-size stride (a cache's filled part), enough sequences to share out; not in a
+    step being compiled (the compiled kernel is opaque to the tracer)."""
     if q.device.type != "cpu" or q.dtype != torch.float32 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return False
+    if torch.compiler.is_compiling():
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False

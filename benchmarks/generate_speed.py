@@ -57,7 +57,7 @@ from speculative_pair import DEFAULT_DATA, SEQ_LEN, load_or_train_pair, read_tex
 from timing import memory_read_bandwidth  # noqa: E402
 
 import tformer  # noqa: E402
-from tformer.nn.weights import PrepackedLinear  # noqa: E402
+from tformer.nn.weights import PrepackedLinear, decoding_step  # noqa: E402
 
 SHAPES = {
     "a": ("(a) GPT-2 124M: 12 x 768, V=50257", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257)),
@@ -137,12 +137,12 @@ def matvec_floor(model) -> None:
     """Only the matrix-vector products of NEW_TOKENS one-token steps, back to back: every weight
     read once per token, nothing else. Its speed is the ceiling of any batch-1 decoder here."""
     model = model.decoding_view()  # the weight backend decoding reads (prepacked on the CPU)
-    projections = [module.packed() for module in model.modules() if isinstance(module, PrepackedLinear)]
-    inputs = [torch.randn(1, p.weight.shape[1]) for p in projections]
-    with torch.inference_mode():
+    layers = [module for module in model.modules() if isinstance(module, PrepackedLinear)]
+    inputs = [torch.randn(1, layer.in_features) for layer in layers]
+    with torch.inference_mode(), decoding_step:  # inside a step, as decoding runs them: the prepacked products
         for _ in range(NEW_TOKENS):
-            for projection, x in zip(projections, inputs, strict=True):
-                projection(x)
+            for layer, x in zip(layers, inputs, strict=True):
+                layer(x)
 
 
 # ---- part 3: quantized weights ----------------------------------------------------------------

@@ -323,6 +323,25 @@ def test_a_compiled_training_step_traces_whole_and_matches_eager(monkeypatch):
     assert not counters["graph_break"]
 
 
+def test_precision_and_compile_default_to_each_devices_choice(monkeypatch):
+    """``auto``: bf16 and compiled steps on CUDA (fp32 where the card has no bf16), fp32 eager on the CPU; what a
+    recipe names is kept; anything else refused by name."""
+    default = TrainingConfig()
+    assert (default.precision_on("cpu"), default.compile_on("cpu")) == ("fp32", False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert (default.precision_on("cuda"), default.compile_on("cuda")) == ("bf16", True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert default.precision_on("cuda") == "fp32"
+    named = TrainingConfig(precision="bf16", compile=False)
+    assert (named.precision_on("cpu"), named.compile_on("cuda")) == ("bf16", False)
+    trainer = Trainer(tiny_model(), config(), LanguageModelling(TOKENS), progress=False)
+    assert trainer.precision == "fp32" and trainer.forward_module is trainer.wrapped
+    with pytest.raises(TrainingError, match='training.compile=\'yes\' must be true, false or "auto"'):
+        TrainingConfig(compile="yes")
+    with pytest.raises(TrainingError, match="training.precision='fp64' is not one of auto, fp32, bf16, fp16"):
+        TrainingConfig(precision="fp64")
+
+
 @pytest.mark.skipif(not os.environ.get("TFORMER_TEST_COMPILE"), reason="torch.compile takes ~40 s on a 2-core CPU; "
                     "set TFORMER_TEST_COMPILE=1 to run")
 def test_compiled_training_matches_eager_without_graph_breaks():

@@ -10,10 +10,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import torch
+
 from tformer.errors import TformerError
 from tformer.training.schedules import CLOCK_SCHEDULES, SCHEDULES
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DISTRIBUTED_MODES = ("ddp", "fsdp")
 DEVICES = ("auto", "cpu", "cuda")
 SEED_LIMIT = 2**64 - 1  # torch's generators take 64-bit seeds
@@ -68,8 +70,8 @@ class TrainingConfig:
     # reproducibility and speed
     seed: int = 1337
     deterministic: bool = False
-    precision: str = "fp32"
-    compile: bool = False
+    precision: str = "auto"  # auto: bf16 autocast on a CUDA device with bf16, fp32 elsewhere (precision_on)
+    compile: bool | str = "auto"  # auto: compiled on CUDA, not on the CPU (compile_on)
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass: less memory
     device: str = "auto"  # auto, cpu, cuda (the process's GPU) or cuda:N (one process on GPU N)
     threads: int = 0  # CPU threads; 0 = measured: PyTorch's default or 1, whichever is faster now
@@ -101,7 +103,9 @@ class TrainingConfig:
         if not isinstance(metric, str) or not metric.startswith("eval_"):
             raise TrainingError(f"training.early_stopping_metric={metric!r} must name an evaluation metric the task "
                                 "reports, e.g. eval_loss or eval_accuracy")
-        for name in ("deterministic", "compile", "save_best", "decay_embeddings", "activation_checkpointing"):
+        if self.compile != "auto" and not isinstance(self.compile, bool):
+            raise TrainingError(f"training.compile={self.compile!r} must be true, false or \"auto\"")
+        for name in ("deterministic", "save_best", "decay_embeddings", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise TrainingError(f"training.{name}={getattr(self, name)!r} must be true or false")
         _require_number("lr", self.lr, low=0.0, low_open=True)
@@ -132,6 +136,20 @@ class TrainingConfig:
             raise TrainingError("training.deterministic=true promises a run that repeats exactly; one sized by the "
                                 "clock (max_steps = 0) takes as many steps, at such rates, as this host's speed "
                                 "allows: give training.max_steps for it")
+
+    def precision_on(self, device_type: str) -> str:
+        """``precision`` on a device of ``device_type``: "auto" is bf16 autocast on a CUDA device that has bf16 (the
+        speed its matrix units are built for) and fp32 elsewhere (a CPU's bf16 pays only with native units, and
+        changes the results)."""
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+    def compile_on(self, device_type: str) -> bool:
+        """``compile`` on a device of ``device_type``: "auto" compiles on CUDA (GPT-2's step on an H200 in bf16:
+        25.4 ms compiled against 30.6 eager, issue 58) and not on the CPU, where compiling takes about 40 s for a tiny
+        model on 2 cores before the first step."""
+        return device_type == "cuda" if self.compile == "auto" else self.compile
 
     @property
     def early_stopping(self) -> bool:

@@ -79,7 +79,7 @@ def train_recipe(recipe: Recipe, out_dir: str | Path, resume: str | None = None,
         say(f"training   {length} of {trainer.units_per_step:,} {task.unit} "
             f"({task.describe_batch()} x {config.grad_accum_steps} accumulated x "
             f"{context.world_size} process{'es' if context.world_size > 1 else ''}) on {context.device}"
-            f"{_threads(trainer)}, {config.precision}")
+            f"{_threads(trainer)}, {trainer.precision}")
         fresh_start = False
         if resume is not None:
             step = trainer.resume(resume)

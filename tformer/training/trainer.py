@@ -117,10 +117,11 @@ class Trainer:
         if config.max_minutes and self.context.is_distributed:
             raise TrainingError("training.max_minutes needs a single process: each rank's clock would stop it at a "
                                 "different step (use max_steps under torchrun)")
-        if config.precision == "fp16" and self.context.device.type != "cuda":
+        self.precision = config.precision_on(self.context.device.type)  # "auto" resolved: what the steps run in
+        if self.precision == "fp16" and self.context.device.type != "cuda":
             raise TrainingError("training.precision='fp16' needs a CUDA device (loss scaling); on CPU use 'bf16'")
         preflight.check_kernels_train_on(self.context.device, model)
-        if config.precision == "bf16" and self.context.device.type == "cpu" and not native_bf16_matmul():
+        if self.precision == "bf16" and self.context.device.type == "cpu" and not native_bf16_matmul():
             warnings.warn("training.precision='bf16' on a CPU without native bf16 matrix units (AVX512-BF16 or "
                           "AMX): PyTorch's fallback multiplies bf16 matrices far slower than fp32 (10x or more); "
                           "'fp32' is faster here", stacklevel=2)
@@ -135,14 +136,15 @@ class Trainer:
             set_activation_checkpointing(self.model)
         self.wrapped = distributed.wrap_model(self.model, self.context, config.distributed)
         self.sharded = self.context.is_distributed and config.distributed == "fsdp"
-        self.forward_module = torch.compile(self.wrapped) if config.compile else self.wrapped
+        compiled = config.compile_on(self.context.device.type)
+        self.forward_module = torch.compile(self.wrapped) if compiled else self.wrapped
         self.optimizer = build_optimizer(
             self.model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps,
             decay_embeddings=config.decay_embeddings, fused=not self.sharded,
         )
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.mixtures = mixtures(self.model)  # its mixture-of-experts layers, whose load-balancing loss training adds
-        self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.thread_tuner = None
         if config.threads > 0:
             torch.set_num_threads(config.threads)
@@ -169,9 +171,9 @@ class Trainer:
 
     def autocast(self):
         """bf16 / fp16 autocast on the training device, or nothing for fp32."""
-        if self.config.precision == "fp32":
+        if self.precision == "fp32":
             return nullcontext()
-        dtype = torch.bfloat16 if self.config.precision == "bf16" else torch.float16
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(device_type=self.context.device.type, dtype=dtype)
 
     def learning_rate(self, step: int) -> float:

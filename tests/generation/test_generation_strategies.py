@@ -354,3 +354,27 @@ def test_every_probability_on_the_way_is_finite():
     out = tformer.generate(model, torch.randint(0, 8, (3, 2)), 6, temperature=0.05, top_p=0.3, output_scores=True,
                            seed=0)
     assert all(math.isfinite(float(s.max())) for s in out.scores)
+
+
+@pytest.mark.parametrize("every", [5, 7])
+def test_reading_the_ends_every_few_steps_gives_what_reading_every_step_gives(monkeypatch, every):
+    """A GPU reads whether every row has ended only every few steps (``END_CHECK_EVERY``): the steps made after the
+    last row ended are taken back, so the sequences and scores are those of a read at every step."""
+    from tformer.generation import autoregressive
+
+    torch.manual_seed(0)
+    model = nano(initializer_range=0.3)
+    ids = torch.tensor([[5, 9, 3, 2], [7, 1, 2, 8], [13, 4, 4, 6]])
+    free = tformer.generate(model, ids, 30, eos_token_id=[])[:, 4:]
+    # an end id every row makes, first at different steps, the last of them well before the limit
+    firsts = {token: [row.tolist().index(token) for row in free] for token in range(64)
+              if all(token in row.tolist() for row in free)}
+    end = min((token for token, steps in firsts.items() if len(set(steps)) > 1), key=lambda token: max(firsts[token]))
+    options = dict(eos_token_id=[end], output_scores=True, return_dict=True)
+    expected = tformer.generate(model, ids, 30, **options)
+    assert expected.sequences.shape[1] - 4 == max(firsts[end]) + 1 < 30
+    assert (max(firsts[end]) + 1) % every  # the run ends between two reads: steps are taken back
+    monkeypatch.setitem(autoregressive.END_CHECK_EVERY, "cpu", every)
+    got = tformer.generate(model, ids, 30, **options)
+    assert torch.equal(got.sequences, expected.sequences) and len(got.scores) == len(expected.scores)
+    assert all(torch.equal(a, b) for a, b in zip(got.scores, expected.scores, strict=True))

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from tformer.generation.autoregressive import autoregressive_decode
+from tformer.generation.autoregressive import END_CHECK_EVERY, autoregressive_decode
 from tformer.generation.beam import beam_search
 from tformer.generation.checks import check_call, check_model, check_prompt
 from tformer.generation.defaults import with_model_defaults
@@ -162,6 +162,7 @@ class _Generation:
         if draft_model is not None:  # the options speculative decoding cannot apply, as their fields declare
             refuse_unsupported(config, SPECULATIVE)
         self.config = config
+        self.streaming = streaming  # every token is read as it is made (no step is ever taken back)
         # The models as decoding runs them, for this call: the caller's are left as they are.
         model = model.decoding_view()
         draft_model = None if draft_model is None else draft_model.decoding_view()
@@ -264,7 +265,8 @@ class _Generation:
                 config.num_return_sequences,
             )
             return
-        yield from autoregressive_decode(session, run, logits)
+        end_check_every = 1 if self.streaming else END_CHECK_EVERY.get(run.sequences.device.type, 1)
+        yield from autoregressive_decode(session, run, logits, end_check_every)
 
     def output(self) -> GenerationOutput:
         run, speculative = self.run, self.draft_model is not None

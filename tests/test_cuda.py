@@ -246,3 +246,22 @@ def test_static_cache_captured_on_the_gpu_decodes_speculatively_and_an_encoder_d
             tformer.generate(translator, source, 10, attention_mask=mask, eos_token_id=[], num_beams=beams,
                              cache_implementation="static"),
             tformer.generate(translator, source, 10, attention_mask=mask, eos_token_id=[], num_beams=beams))
+
+
+def test_the_engine_on_the_gpu_captures_its_decode_steps_and_equals_generate():
+    """64 requests of mixed lengths: the decode-only steps through captured graphs (one per batch and context
+    bucket), the answers those of generate alone."""
+    torch.manual_seed(0)
+    model = tformer.build_model("gpt-mini", num_layers=2, vocab_size=64, initializer_range=0.3).cuda().eval()
+    engine = Engine(model, cache_tokens=64 * 64 + 512, block_size=16, max_running=64, prefix_caching=False)
+    assert engine.captured is not None
+    lengths = torch.randint(3, 20, (64,), generator=GENERATOR).tolist()
+    prompts = [ids(1, length, 64)[0].tolist() for length in lengths]
+    budgets = torch.randint(4, 40, (64,), generator=GENERATOR).tolist()
+    configs = [GenerationConfig(max_new_tokens=budget, eos_token_id=()) for budget in budgets]
+    requests = [engine.submit(prompt, config) for prompt, config in zip(prompts, configs, strict=True)]
+    engine.run_until_idle()
+    for prompt, budget, request in zip(prompts, budgets, requests, strict=True):
+        alone = tformer.generate(model, torch.tensor([prompt]).cuda(), budget, eos_token_id=[])
+        assert request.outputs()[0] == alone[0, len(prompt):].tolist()
+    assert engine.captured.steps >= 30

@@ -65,10 +65,11 @@ from tformer.nn.positions.rope_scaling import ROPE_SCALINGS
 from tformer.nn.weights.multi_lora import adapter_index, adapter_rows
 from tformer.pooling import Pooling
 from tformer.serving.block_pool import BlockPool, blocks_for, prefix_keys
+from tformer.serving.captured_decode import CapturedDecode
 from tformer.serving.embedder import Embedder, EmbeddingRequest
 from tformer.serving.emitter import Emitter
 from tformer.serving.requests import Request
-from tformer.serving.scheduler import Scheduler
+from tformer.serving.scheduler import Scheduler, StepBatch
 from tformer.serving.wire import Embeddings, EngineStats, TokenEvent
 
 # Every GenerationConfig field: None where the engine honours it as ``generate`` does, else why it refuses a value
@@ -169,6 +170,8 @@ class Engine:
                                    queue_timeout=queue_timeout, keeps_states=keeps_states,
                                    shares_rows=model.encodes_prompt and not self._keeps_sums)
         self.emitter = Emitter(self.scheduler, self.stats)
+        self.captured = CapturedDecode.make(model, self.caches, self.pool, self.device, in_place=self.in_place,
+                                            keeps_states=keeps_states, adapters=bool(self.adapters))
 
     # ---- from any thread --------------------------------------------------------------------------
 
@@ -313,13 +316,10 @@ class Engine:
         if not scheduler.running:
             return made
         batch = scheduler.batch(admitted)
-        layout = PagedLayout.build(batch.tables, batch.counts, self.device,
-                                   every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place,
-                                   state_slots=batch.state_slots if scheduler.free_states is not None else None)
-        step_inputs = self._encode_sources(admitted, layout) if self.model.encodes_prompt else {}
-        ids = torch.tensor([batch.input_ids], device=self.device)  # (1, N): every sequence's new tokens in turn
-        with self.model.stepping, self._adapter_rows(batch.adapters, batch.counts, layout.keep):
-            logits = self.model.step(ids, layout, self.caches, **step_inputs)[0]  # (K, V) the rows layout.keep names
+        if self.captured is not None and self.captured.takes(batch, admitted):
+            logits = self.captured.step(batch)  # (N, V): one token each, through a captured graph
+        else:
+            logits = self._step_eagerly(batch, admitted)
         self.stats.steps += 1
         if any(batch.scored):
             logits = emitter.score_prompts(logits, batch.counts, batch.scored)
@@ -327,6 +327,17 @@ class Engine:
         scheduler.fork(forking, batch.rows)
         emitter.sample(logits, batch.rows)
         return made + len(batch.rows)
+
+    def _step_eagerly(self, batch: StepBatch, admitted: set[int]) -> torch.Tensor:
+        """The step as it comes (prompts and one-token sequences mixed): logits (K, V), the rows its layout keeps."""
+        scheduler = self.scheduler
+        layout = PagedLayout.build(batch.tables, batch.counts, self.device,
+                                   every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place,
+                                   state_slots=batch.state_slots if scheduler.free_states is not None else None)
+        step_inputs = self._encode_sources(admitted, layout) if self.model.encodes_prompt else {}
+        ids = torch.tensor([batch.input_ids], device=self.device)  # (1, N): every sequence's new tokens in turn
+        with self.model.stepping, self._adapter_rows(batch.adapters, batch.counts, layout.keep):
+            return self.model.step(ids, layout, self.caches, **step_inputs)[0]  # (K, V) the rows layout.keep names
 
     def _encode_sources(self, admitted: set[int], layout: PagedLayout) -> dict:
         """An encoder-decoder's step inputs: the encoder's output for the sequences starting in this step (right-

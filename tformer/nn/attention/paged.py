@@ -110,18 +110,34 @@ class PagedLayout(StepLayout):
             layout._lay_out_decodes(decode_rows, decode_contexts, device)
         return layout
 
-    def _lay_out_decodes(self, rows: list[int], contexts: list[Tensor], device: torch.device) -> None:
-        """The one-token sequences' contexts as one left-padded batch: each query is the last position of
-        its row, so causality, a sliding window and position biases read the same as for one sequence."""
-        longest = max(len(context) for context in contexts)
+    @classmethod
+    def decoding(cls, tables: Sequence[SlotTable], device: torch.device, rows: int, length: int,
+                 filler_slot: int) -> PagedLayout:
+        """A step in which every sequence of ``tables`` adds one token (their slots appended), laid out at a fixed
+        shape, as a captured step is replayed: ``rows`` rows (those past the sequences read and write only
+        ``filler_slot``, a slot no sequence holds) over contexts of ``length`` slots (at least the longest)."""
+        contexts = [table.slots(0, table.length) for table in tables]
+        contexts += [torch.tensor([filler_slot])] * (rows - len(contexts))
+        layout = cls(None, real_queries=True)
+        layout._lay_out_decodes(list(range(rows)), contexts, device, length=length, filler_slot=filler_slot)
+        layout.positions = layout.decode_positions[:, -1][None]  # (1, rows): each new token is its context's last
+        layout.slots = layout.decode_context[:, -1]  # (rows,) where its key and value go
+        return layout
+
+    def _lay_out_decodes(self, rows: list[int], contexts: list[Tensor], device: torch.device,
+                         length: int | None = None, filler_slot: int = 0) -> None:
+        """The one-token sequences' contexts as one left-padded batch (to ``length`` slots, else the longest
+        context's, the padding ``filler_slot``): each query is the last position of its row, so causality, a
+        sliding window and position biases read the same as for one sequence."""
+        longest = max(len(context) for context in contexts) if length is None else length
         lengths = torch.tensor([len(context) for context in contexts])
-        padded = torch.zeros(len(contexts), longest, dtype=torch.long)
+        padded = torch.full((len(contexts), longest), filler_slot, dtype=torch.long)
         for index, context in enumerate(contexts):
             padded[index, longest - len(context):] = context
         self.decode_rows = torch.tensor(rows, device=device)
         self.decode_context = padded.to(device)
         self.decode_positions = (torch.arange(longest)[None, :] - (longest - lengths)[:, None]).to(device)
-        if bool((lengths < longest).any()):
+        if length is not None or bool((lengths < longest).any()):  # a fixed shape: padding whether or not needed
             self.decode_padding = self.decode_positions >= 0
 
     def attention_mask(self, causal: bool, position_bias: PositionBias | None) -> PagedMask:

@@ -145,12 +145,20 @@ def test_gpt2_on_the_gpu_matches_hugging_face_on_the_gpu(tmp_path):
 TOKENS = (torch.arange(3000) * 5) % 16  # a cycle: a model that learns predicts it
 
 
-def trainer(precision: str, device: str, steps: int = 12) -> Trainer:
+def trainer(precision: str, device: str, steps: int = 12, compile: bool | str = False) -> Trainer:
     torch.manual_seed(0)
     model = tformer.build_model("gpt-nano", vocab_size=16, max_seq_len=16)
     config = TrainingConfig(max_steps=steps, batch_size=4, seq_len=16, lr=1e-2, warmup_steps=2, eval_every=6,
-                            eval_batches=2, device=device, precision=precision)
+                            eval_batches=2, device=device, precision=precision, compile=compile)
     return Trainer(model, config, LanguageModelling(TOKENS, TOKENS[:500]), progress=False)
+
+
+def test_training_on_the_gpu_defaults_to_bf16_and_a_compiled_step():
+    on_gpu = trainer("auto", "cuda", steps=24, compile="auto")
+    assert on_gpu.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")
+    assert on_gpu.forward_module is not on_gpu.wrapped  # torch.compile's wrapper
+    result = on_gpu.train()
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

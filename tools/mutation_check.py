@@ -1051,6 +1051,41 @@ MUTATIONS = (
         ("tests/training/test_sft_adapters.py", "-k", "tied_head"),
         "tformer train's closing hint offers tformer merge for an adapter over a tied head, which merge refuses",
     ),
+    Mutation(
+        "static-step-hides-its-own-key", "tformer/generation/session.py",
+        "    key_padding = attend & (columns <= column)",
+        "    key_padding = attend & (columns < column)",
+        ("tests/generation/test_static_cache.py",),
+        "a static cache's one-token step masks the key it has just written: no token sees itself",
+    ),
+    Mutation(
+        "static-cache-keeps-garbage", "tformer/nn/attention/cache.py",
+        "        self.keys, self.values = keys.zero_(), values.zero_()  # (B, Hkv, Tmax, Dh) each",
+        "        self.keys, self.values = keys.fill_(float('nan')), values.fill_(float('nan'))",
+        ("tests/generation/test_static_cache.py",),
+        "a static cache's unwritten positions hold NaN (as torch.empty may): the masked columns poison every row",
+    ),
+    Mutation(
+        "ends-read-late-are-not-taken-back", "tformer/generation/autoregressive.py",
+        "    run.length -= steps\n",
+        "    run.length -= 0\n",
+        ("tests/generation/test_generation_strategies.py", "-k", "reading_the_ends"),
+        "steps run after every row had ended (the ends read every few steps on a GPU) stay in the output",
+    ),
+    Mutation(
+        "captured-decode-writes-the-wrong-slot", "tformer/nn/attention/paged.py",
+        "        layout.slots = layout.decode_context[:, -1]  # (rows,) where its key and value go",
+        "        layout.slots = layout.decode_context[:, -2]  # (rows,) where its key and value go",
+        ("tests/serving/test_captured_decode.py",),
+        "the engine's fixed-shape decode step writes each new key over the token before it",
+    ),
+    Mutation(
+        "training-auto-compiles-on-the-cpu", "tformer/training/config.py",
+        '        return device_type == "cuda" if self.compile == "auto" else self.compile',
+        '        return True if self.compile == "auto" else self.compile',
+        ("tests/training/test_training_engine.py", "-k", "default_to_each_devices_choice"),
+        "training.compile=auto compiles on the CPU too, where a compile costs about 40 s before the first step",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -67,6 +67,14 @@ def test_an_encoder_decoder_decodes_statically_as_dynamically(options):
     assert torch.equal(static, dynamic)
 
 
+@pytest.mark.parametrize("kernel", ["reference", "chunked", "flex"])
+def test_every_kernel_over_a_full_cache_decodes_statically_as_dynamically(kernel):
+    ids, mask = left_padded()
+    dynamic, static = both(decoder(attention_kernel=kernel, positional="alibi"), ids, 16, attention_mask=mask,
+                           eos_token_id=[])
+    assert torch.equal(static, dynamic)
+
+
 def test_layers_whose_cache_cannot_be_static_are_refused_by_name():
     model = decoder(attention_kernel="sliding_window", attention_window=4)
     with pytest.raises(GenerationError, match="cache_implementation='static' needs a full key/value cache in every "

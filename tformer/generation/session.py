@@ -308,9 +308,10 @@ LAST = slice(-1, None)  # a step that wants only the last position's logits
 
 
 def _capture(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``step`` compiled and captured as a CUDA graph (a graph break, where a part cannot be traced, leaves that
-    part eager and the result unchanged)."""
-    return torch.compile(step, mode="reduce-overhead", dynamic=False)
+    """``step`` compiled and captured as CUDA graphs, one recorded per shape met. A size that changes from call to
+    call is compiled once more as a symbol (PyTorch's automatic dynamic shapes), so that many shapes stay within
+    dynamo's recompile limit; a graph break, where a part cannot be traced, leaves that part eager."""
+    return torch.compile(step, mode="reduce-overhead")
 
 
 # device type -> what one-token static steps are wrapped in, once per process (a device absent here runs them as they

@@ -111,7 +111,8 @@ class KVCache:
 
 class StaticKVCache(KVCache):
     """A ``KVCache`` whose one-token steps keep the same shapes and addresses from step to step, so that a compiled
-    step can be captured once and replayed (``cache_implementation="static"``, ``generation/static_session.py``).
+    step can be captured once and replayed (``cache_implementation="static"``: ``StaticSession``, in
+    ``generation/session.py``).
 
     While ``whole`` is set, a step writes its keys at ``write_index`` (a (1,) tensor the session moves on in place)
     and its kernel reads the whole buffer (B, Hkv, Tmax, Dh), the step's mask hiding the positions not written yet

@@ -69,3 +69,29 @@ def _compiled_kernels():
 
     compiled.ready()
     yield
+
+
+@pytest.fixture
+def traced_on_the_cpu(monkeypatch):
+    """What a CUDA machine's captured decoding steps see, on the CPU: each step wrapped by a tracing-only compiler
+    that refuses any graph break (``fullgraph``; generation's ``STEP_COMPILERS``, which the serving engine reads too),
+    plain weights (a GPU's: the prepacked CPU kernels are opaque to the tracer), short length buckets; dynamo's caches
+    and counters reset."""
+    from torch._dynamo.utils import counters
+
+    from tformer.generation import session
+    from tformer.models import base
+    from tformer.nn.attention import cache
+    from tformer.serving import captured_decode
+
+    monkeypatch.setitem(session.STEP_COMPILERS, "cpu",
+                        lambda step: torch.compile(step, backend="eager", fullgraph=True, dynamic=False))
+    monkeypatch.setattr(session, "_WRAPPED_STEPS", {})
+    monkeypatch.setattr(cache, "_FREE_BUFFERS", {})
+    monkeypatch.setattr(session, "CAPTURED_LENGTH_MULTIPLE", 32)
+    monkeypatch.setattr(captured_decode, "LENGTH_MULTIPLE", 32)
+    monkeypatch.setattr(base, "decoding_weights", lambda device: "plain")
+    torch._dynamo.reset()
+    counters.clear()
+    yield counters
+    torch._dynamo.reset()

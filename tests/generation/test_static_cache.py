@@ -9,8 +9,6 @@ from torch._dynamo.utils import counters
 import tformer
 from tformer.generation import GenerationConfig, GenerationError, StaticSession, stream_generate
 from tformer.generation import session as sessions
-from tformer.models import base as model_base
-from tformer.nn.attention import cache as cache_module
 
 
 def decoder(**fields):
@@ -84,22 +82,6 @@ def test_layers_whose_cache_cannot_be_static_are_refused_by_name():
         GenerationConfig(cache_implementation="bogus")
     with pytest.raises(GenerationError, match="cache_implementation='static' needs use_cache=True"):
         GenerationConfig(cache_implementation="static", use_cache=False)
-
-
-@pytest.fixture
-def traced_on_the_cpu(monkeypatch):
-    """What a CUDA session sees, on the CPU: one-token steps wrapped by a tracing-only compiler that refuses any
-    graph break (``fullgraph``), plain weights (a GPU's), a short length multiple; the compile counters reset."""
-    monkeypatch.setitem(sessions.STEP_COMPILERS, "cpu",
-                        lambda step: torch.compile(step, backend="eager", fullgraph=True, dynamic=False))
-    monkeypatch.setattr(sessions, "_WRAPPED_STEPS", {})
-    monkeypatch.setattr(cache_module, "_FREE_BUFFERS", {})
-    monkeypatch.setattr(sessions, "CAPTURED_LENGTH_MULTIPLE", 32)
-    monkeypatch.setattr(model_base, "decoding_weights", lambda device: "plain")
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def test_a_compiled_step_is_one_graph_traced_once_for_prompts_of_other_lengths(traced_on_the_cpu):

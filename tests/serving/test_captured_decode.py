@@ -8,26 +8,9 @@ from torch._dynamo.utils import counters
 
 import tformer
 from tformer.generation import GenerationConfig
-from tformer.generation import session as sessions
-from tformer.models import base as model_base
 from tformer.nn.attention.paged import PagedLayout
-from tformer.serving import captured_decode
 from tformer.serving.block_pool import BlockPool, BlockTable
 from tformer.serving.engine import Engine
-
-
-@pytest.fixture
-def traced_on_the_cpu(monkeypatch):
-    """What an engine on CUDA sees, on the CPU: a tracing-only compiler refusing graph breaks, plain weights, short
-    context buckets; the compile counters reset."""
-    monkeypatch.setitem(sessions.STEP_COMPILERS, "cpu",
-                        lambda step: torch.compile(step, backend="eager", fullgraph=True, dynamic=False))
-    monkeypatch.setattr(captured_decode, "LENGTH_MULTIPLE", 32)
-    monkeypatch.setattr(model_base, "decoding_weights", lambda device: "plain")
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def requests(count, seed=3):

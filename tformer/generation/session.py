@@ -356,25 +356,15 @@ def static_capacity(max_len: int, position_limit: int | None, device: torch.devi
 
 
 class StaticSession(StackSession):
-    """A ``StackSession`` whose one-token steps keep their shapes: see the module's docstring. ``capacity`` is
-    always ``max_len`` (a static cache never grows)."""
+    """A ``StackSession`` whose one-token steps keep their shapes: see the module's docstring. It holds ``max_len``
+    positions from the start (a static cache never grows)."""
 
-    def __init__(
-        self,
-        model: GenerationProtocol,
-        batch_size: int,
-        max_len: int,
-        attention_mask: Tensor | None = None,
-        *,
-        step_inputs: dict[str, Tensor] | None = None,
-    ) -> None:
-        device = next(model.parameters()).device
-        self._compiled = wrapped_static_step(device)  # a captured step's output is overwritten by the next replay
-        self.write_index = torch.zeros(1, dtype=torch.long, device=device)  # the column of the step's token
-        super().__init__(model, batch_size, max_len, attention_mask, step_inputs=step_inputs)
-        self._whole = False  # whether the caches are read whole (one-token steps) or as StackSession reads them
+    _whole = False  # whether the caches are read whole (one-token steps) or as StackSession reads them
 
     def _new_cache(self, batch_size: int):
+        device = next(self.model.parameters()).device
+        self._compiled = wrapped_static_step(device)  # a captured step's output is overwritten by the next replay
+        self.write_index = torch.zeros(1, dtype=torch.long, device=device)  # the column of the step's token
         try:
             return self.model.new_static_cache(batch_size, self.capacity, self.write_index, self._compiled is not None)
         except ValueError as error:

@@ -199,11 +199,18 @@ class BlockTable:
         self.length = len(self.blocks) * size  # tokens stored
         self.reservation = reservation  # blocks promised and not yet allocated
         self._slots = torch.empty((len(self.blocks) + reservation) * size, dtype=torch.long)  # (capacity,) rows
+        self._slot_values = self._slots.numpy()  # the same memory, written a token at a time without torch's indexing
         if self.blocks:
             self._slots[: self.length] = (torch.tensor(self.blocks)[:, None] * size + torch.arange(size)).view(-1)
 
     def append_slots(self, count: int) -> Tensor:
         """Slots (count,) for the next ``count`` tokens, taking blocks from the promise as needed."""
+        start = self.length
+        self.append(count)
+        return self._slots[start:self.length]
+
+    def append(self, count: int) -> None:
+        """``append_slots`` without the slots returned (a step reads them from the table)."""
         start, end, size = self.length, self.length + count, self.pool.block_size
         if end > self._slots.numel():
             raise RuntimeError(f"sequence grew past its reservation ({len(self.blocks)} blocks)")
@@ -211,13 +218,18 @@ class BlockTable:
             self.blocks.append(self.pool.allocate())
             self.reservation -= 1
         if count == 1:
-            self._slots[start] = self.blocks[start // size] * size + start % size
+            self._slot_values[start] = self.blocks[start // size] * size + start % size
         else:
             positions = torch.arange(start, end)
             blocks = torch.tensor(self.blocks, dtype=torch.long)[positions // size]
             self._slots[start:end] = blocks * size + positions % size
         self.length = end
-        return self._slots[start:end]
+
+    def last_slot(self) -> int:
+        """The pool row of the last stored token."""
+        if not self.length:
+            raise IndexError("the table stores no token")
+        return int(self._slot_values[self.length - 1])
 
     def slots(self, start: int, end: int) -> Tensor:
         """Pool rows of positions ``start`` .. ``end - 1`` (stored tokens only)."""

@@ -153,7 +153,7 @@ class Emitter:
         if finish is not None:
             self.finish(request, sequence, finish, emit=False)
         send(event)
-        if request.finished:
+        if finish is not None and request.finished:  # only this sequence's end can have finished the request
             self.close(request)
 
     def finish(self, request: Request, sequence: RunningSequence, reason: str, emit: bool = True) -> None:

@@ -197,7 +197,7 @@ class Scheduler:
         for row, (request, sequence) in enumerate(self.running):
             prefill = id(sequence) in admitted
             tokens = request.prompt_ids[sequence.table.length:] if prefill else [self.pending[id(sequence)]]
-            sequence.table.append_slots(len(tokens))
+            sequence.table.append(len(tokens))
             batch.tables.append(sequence.table)
             batch.counts.append(len(tokens))
             batch.input_ids.extend(tokens)

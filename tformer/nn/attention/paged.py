@@ -36,6 +36,9 @@ class SlotTable(Protocol):
     def slots(self, start: int, end: int) -> Tensor:
         """Storage rows (end - start,) of positions ``start`` .. ``end - 1``."""
 
+    def last_slot(self) -> int:
+        """The storage row of its last stored token."""
+
 
 @dataclass
 class PagedPrefill:
@@ -81,33 +84,34 @@ class PagedLayout(StepLayout):
         every_row = every_row or [False] * len(tables)
         keeps_states = state_slots is not None
         state_slots = state_slots if keeps_states else [-1] * len(tables)
-        decode_states = []
+        decode_states, decode_lengths = [], []
         row = 0
         for table, count, whole, state in zip(tables, new_tokens, every_row, state_slots, strict=True):
             context = table.slots(0, table.length)  # (L,)
             positions.extend(range(table.length - count, table.length))
-            slots.append(context[-count:])
             if count == 1 and table.length > 1:
+                slots.append(table.last_slot())
                 decode_rows.append(row)
                 decode_contexts.append(context)
+                decode_lengths.append(table.length)
                 decode_states.append(state)
             else:
+                slots.extend(context[-count:].tolist())
                 prefills.append(PagedPrefill(slice(row, row + count), context.to(device),
                                              torch.arange(table.length, device=device)[None], state))
             kept_rows.extend(range(row, row + count) if whole else [row + count - 1])
             row += count
         layout = cls(torch.tensor([positions], device=device), real_queries=True,
-                     keep=torch.tensor(kept_rows, device=device), slots=torch.cat(slots).to(device),
+                     keep=torch.tensor(kept_rows, device=device), slots=torch.tensor(slots, device=device),
                      prefills=prefills)
         if decode_contexts and keeps_states:
             layout.decode_state_slots = torch.tensor(decode_states, device=device)
         if decode_contexts and in_place:
             layout.decode_rows = torch.tensor(decode_rows, device=device)
             layout.decode_context = torch.cat(decode_contexts).to(device)
-            lengths = torch.tensor([0] + [len(context) for context in decode_contexts])
-            layout.decode_offsets = lengths.cumsum(0).to(device)
+            layout.decode_offsets = torch.tensor([0] + decode_lengths).cumsum(0).to(device)
         elif decode_contexts:
-            layout._lay_out_decodes(decode_rows, decode_contexts, device)
+            layout._lay_out_decodes(decode_rows, decode_contexts, device, lengths=decode_lengths)
         return layout
 
     @classmethod
@@ -119,25 +123,29 @@ class PagedLayout(StepLayout):
         contexts = [table.slots(0, table.length) for table in tables]
         contexts += [torch.tensor([filler_slot])] * (rows - len(contexts))
         layout = cls(None, real_queries=True)
-        layout._lay_out_decodes(list(range(rows)), contexts, device, length=length, filler_slot=filler_slot)
+        lengths = [table.length for table in tables] + [1] * (rows - len(tables))
+        layout._lay_out_decodes(list(range(rows)), contexts, device, length=length, filler_slot=filler_slot,
+                                lengths=lengths)
         layout.positions = layout.decode_positions[:, -1][None]  # (1, rows): each new token is its context's last
         layout.slots = layout.decode_context[:, -1]  # (rows,) where its key and value go
         return layout
 
     def _lay_out_decodes(self, rows: list[int], contexts: list[Tensor], device: torch.device,
-                         length: int | None = None, filler_slot: int = 0) -> None:
+                         length: int | None = None, filler_slot: int = 0, lengths: list[int] | None = None) -> None:
         """The one-token sequences' contexts as one left-padded batch (to ``length`` slots, else the longest
         context's, the padding ``filler_slot``): each query is the last position of its row, so causality, a
-        sliding window and position biases read the same as for one sequence."""
-        longest = max(len(context) for context in contexts) if length is None else length
-        lengths = torch.tensor([len(context) for context in contexts])
+        sliding window and position biases read the same as for one sequence. ``lengths``: the contexts' (read
+        from them when not given)."""
+        sizes = [len(context) for context in contexts] if lengths is None else lengths
+        longest = max(sizes) if length is None else length
         padded = torch.full((len(contexts), longest), filler_slot, dtype=torch.long)
-        for index, context in enumerate(contexts):
-            padded[index, longest - len(context):] = context
+        for index, (context, size) in enumerate(zip(contexts, sizes, strict=True)):
+            padded[index, longest - size:] = context
+        lengths = torch.tensor(sizes)
         self.decode_rows = torch.tensor(rows, device=device)
         self.decode_context = padded.to(device)
         self.decode_positions = (torch.arange(longest)[None, :] - (longest - lengths)[:, None]).to(device)
-        if length is not None or bool((lengths < longest).any()):  # a fixed shape: padding whether or not needed
+        if length is not None or min(sizes) < longest:  # a fixed shape: padding whether or not needed
             self.decode_padding = self.decode_positions >= 0
 
     def attention_mask(self, causal: bool, position_bias: PositionBias | None) -> PagedMask:

@@ -1080,6 +1080,20 @@ MUTATIONS = (
         "the engine's fixed-shape decode step writes each new key over the token before it",
     ),
     Mutation(
+        "engine-writes-a-new-key-over-the-last", "tformer/serving/block_pool.py",
+        "        return int(self._slot_values[self.length - 1])",
+        "        return int(self._slot_values[max(self.length - 2, 0)])",
+        ("tests/serving/test_serving_engine.py", "-k", "equal_generate"),
+        "a decoding sequence's new key and value go to its previous token's slot, overwriting it",
+    ),
+    Mutation(
+        "block-table-slot-written-a-block-off", "tformer/serving/block_pool.py",
+        "            self._slot_values[start] = self.blocks[start // size] * size + start % size",
+        "            self._slot_values[start] = self.blocks[start // size - 1] * size + start % size",
+        ("tests/serving/test_serving_engine.py", "-k", "equal_generate"),
+        "a token past a block's end is given a slot in the block before its own",
+    ),
+    Mutation(
         "training-auto-compiles-on-the-cpu", "tformer/training/config.py",
         '        return device_type == "cuda" if self.compile == "auto" else self.compile',
         '        return True if self.compile == "auto" else self.compile',

@@ -351,8 +351,13 @@ def static_capacity(max_len: int, position_limit: int | None, device: torch.devi
     to a multiple of ``CAPTURED_LENGTH_MULTIPLE`` within the model's position table."""
     if device.type not in STEP_COMPILERS:
         return max_len
-    rounded = -(-max_len // CAPTURED_LENGTH_MULTIPLE) * CAPTURED_LENGTH_MULTIPLE
+    rounded = rounded_up(max_len, CAPTURED_LENGTH_MULTIPLE)
     return max(max_len, rounded if position_limit is None else min(rounded, position_limit))
+
+
+def rounded_up(value: int, multiple: int) -> int:
+    """The least multiple of ``multiple`` that is at least ``value``: a captured step's length bucket."""
+    return -(-value // multiple) * multiple
 
 
 class StaticSession(StackSession):

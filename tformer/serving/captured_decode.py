@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from tformer.generation.session import STEP_COMPILERS
+from tformer.generation.session import STEP_COMPILERS, rounded_up
 from tformer.nn.attention.paged import PagedLayout
 from tformer.serving.block_pool import BlockPool
 from tformer.serving.scheduler import StepBatch
@@ -61,8 +61,7 @@ class CapturedDecode:
         """Logits (N, V) of the step's N sequences, through the captured step of their shape."""
         count = len(batch.tables)
         rows = 1 << (count - 1).bit_length()  # the next power of two
-        longest = max(table.length for table in batch.tables)
-        length = -(-longest // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
+        length = rounded_up(max(table.length for table in batch.tables), LENGTH_MULTIPLE)
         layout = PagedLayout.decoding(batch.tables, self.device, rows, length, self.filler_slot)
         input_ids = torch.tensor([batch.input_ids + [0] * (rows - count)], device=self.device)  # (1, rows)
         torch.compiler.cudagraph_mark_step_begin()

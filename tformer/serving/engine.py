@@ -116,7 +116,7 @@ class Engine:
         self.adapters = served_adapters(model)  # the names a request may choose besides the base
         self.stats = EngineStats()
         self._ids = itertools.count()
-        self.pool = self.scheduler = self.emitter = None
+        self.pool = self.scheduler = self.emitter = self.captured = None
         if model.generates or pooling is None:
             self._start_decoding(model, cache_tokens, block_size, max_running, max_step_tokens, queue_timeout,
                                  paged_attention, prefix_caching)

@@ -111,7 +111,7 @@ class PagedLayout(StepLayout):
             layout.decode_context = torch.cat(decode_contexts).to(device)
             layout.decode_offsets = torch.tensor([0] + decode_lengths).cumsum(0).to(device)
         elif decode_contexts:
-            layout._lay_out_decodes(decode_rows, decode_contexts, device, lengths=decode_lengths)
+            layout._lay_out_decodes(decode_rows, decode_contexts, decode_lengths, device)
         return layout
 
     @classmethod
@@ -124,19 +124,16 @@ class PagedLayout(StepLayout):
         contexts += [torch.tensor([filler_slot])] * (rows - len(contexts))
         layout = cls(None, real_queries=True)
         lengths = [table.length for table in tables] + [1] * (rows - len(tables))
-        layout._lay_out_decodes(list(range(rows)), contexts, device, length=length, filler_slot=filler_slot,
-                                lengths=lengths)
+        layout._lay_out_decodes(list(range(rows)), contexts, lengths, device, length=length, filler_slot=filler_slot)
         layout.positions = layout.decode_positions[:, -1][None]  # (1, rows): each new token is its context's last
         layout.slots = layout.decode_context[:, -1]  # (rows,) where its key and value go
         return layout
 
-    def _lay_out_decodes(self, rows: list[int], contexts: list[Tensor], device: torch.device,
-                         length: int | None = None, filler_slot: int = 0, lengths: list[int] | None = None) -> None:
-        """The one-token sequences' contexts as one left-padded batch (to ``length`` slots, else the longest
-        context's, the padding ``filler_slot``): each query is the last position of its row, so causality, a
-        sliding window and position biases read the same as for one sequence. ``lengths``: the contexts' (read
-        from them when not given)."""
-        sizes = [len(context) for context in contexts] if lengths is None else lengths
+    def _lay_out_decodes(self, rows: list[int], contexts: list[Tensor], sizes: list[int], device: torch.device,
+                         length: int | None = None, filler_slot: int = 0) -> None:
+        """The one-token sequences' contexts (``sizes`` slots each) as one left-padded batch (to ``length`` slots,
+        else the longest context's, the padding ``filler_slot``): each query is the last position of its row, so
+        causality, a sliding window and position biases read the same as for one sequence."""
         longest = max(sizes) if length is None else length
         padded = torch.full((len(contexts), longest), filler_slot, dtype=torch.long)
         for index, (context, size) in enumerate(zip(contexts, sizes, strict=True)):

@@ -17,7 +17,8 @@ Every model is randomly initialised by Hugging Face, written with ``save_pretrai
              tokens/s, the ratios, identical tokens?, and each as a share of the copy ceiling (weight bytes x
              tokens/s over the measured copy rate)
   batch      64 prompts of 32 tokens, 128 new tokens each, bf16: HF generate on the batch, tformer.generate on
-             the batch, and tformer's serving Engine (continuous batching over its paged cache)
+             the batch, and tformer's serving Engine (continuous batching over its paged cache), as it comes (its
+             decode steps captured over the gather) and reading the pool in place (FlexAttention, uncaptured)
   encoder    bert-base sequence classification inference, batch 64 x 128, fp32 and bf16: examples/s
   attention  one GPT-2-width layer per tformer attention kernel (and ALiBi through sdpa: FlexAttention's path),
              forward + backward in bf16 at 1024 and 4096
@@ -236,8 +237,8 @@ def batch(rounds: int) -> None:
     prompts = torch.randint(0, ours.config.vocab_size, (count, 32), generator=torch.Generator().manual_seed(2))
     prompts = prompts.to(DEVICE)
     mask = torch.ones_like(prompts)
-    engine = Engine(ours, cache_tokens=count * (32 + new) + 1024, block_size=16, max_running=count,
-                    prefix_caching=False)
+    engines = {mode: Engine(ours, cache_tokens=count * (32 + new) + 1024, block_size=16, max_running=count,
+                            prefix_caching=False, paged_attention=mode) for mode in ("auto", "in-place")}
     config = GenerationConfig(max_new_tokens=new, eos_token_id=())
     as_lists = prompts.tolist()
 
@@ -248,7 +249,8 @@ def batch(rounds: int) -> None:
 
     work = {"HF generate": run_hf,
             "tformer generate": lambda: tformer.generate(ours, prompts, new, eos_token_id=[]),
-            "tformer Engine": lambda: engine.complete(as_lists, config)}
+            "tformer Engine": lambda: engines["auto"].complete(as_lists, config),
+            "tformer Engine in place": lambda: engines["in-place"].complete(as_lists, config)}
     for function in work.values():
         function()
     seconds = median_seconds(work, rounds)
@@ -256,7 +258,9 @@ def batch(rounds: int) -> None:
         print(f"  {name}: {count * new / value:,.0f} new tokens/s ({value:.2f} s)")
     print(f"  tformer generate / HF: {seconds['HF generate'] / seconds['tformer generate']:.2f}x, "
           f"Engine / HF: {seconds['HF generate'] / seconds['tformer Engine']:.2f}x, "
-          f"Engine / tformer generate: {seconds['tformer generate'] / seconds['tformer Engine']:.2f}x")
+          f"Engine / tformer generate: {seconds['tformer generate'] / seconds['tformer Engine']:.2f}x, "
+          f"Engine in place / Engine: {seconds['tformer Engine'] / seconds['tformer Engine in place']:.2f}x")
+    print(f"  {engines['auto'].paged_attention_note}; in place: {engines['in-place'].paged_attention_note}")
 
 
 def encoder(rounds: int) -> None:

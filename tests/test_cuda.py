@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 import tformer
 from tformer.data.lm import random_crops
-from tformer.errors import TformerError
 from tformer.generation import GenerationConfig
 from tformer.nn.weights.quantized import Plan, QuantizedLinear
 from tformer.quantization import quantize
@@ -194,13 +193,13 @@ def test_a_quantized_model_on_the_gpu_multiplies_its_integers_as_a_float_weight(
     assert_near(got, expected)
 
 
-def test_the_engine_serves_on_the_gpu_and_in_place_paged_attention_refuses_it():
+@pytest.mark.parametrize("mode", ["auto", "in-place"])
+def test_the_engine_serves_on_the_gpu_gathering_or_in_place(mode):
+    """auto gathers on the GPU (its decode-only steps captured); in-place reads the pool through FlexAttention."""
     torch.manual_seed(0)
     model = tformer.build_model("gpt-mini", num_layers=2, vocab_size=64).cuda().eval()
-    with pytest.raises(TformerError, match="cuda"):
-        Engine(model, cache_tokens=256, block_size=8, paged_attention="in-place")
-    engine = Engine(model, cache_tokens=256, block_size=8)
-    assert not engine.in_place and "cuda" in engine.paged_attention_note
+    engine = Engine(model, cache_tokens=256, block_size=8, paged_attention=mode)
+    assert engine.in_place == (None if mode == "auto" else "flex"), engine.paged_attention_note
     prompts = [ids(1, length, 64)[0].tolist() for length in (5, 9, 3)]
     config = GenerationConfig(max_new_tokens=8, eos_token_id=())
     requests = engine.complete(prompts, config)
@@ -256,13 +255,15 @@ def test_static_cache_captured_on_the_gpu_decodes_speculatively_and_an_encoder_d
             tformer.generate(translator, source, 10, attention_mask=mask, eos_token_id=[], num_beams=beams))
 
 
-def test_the_engine_on_the_gpu_captures_its_decode_steps_and_equals_generate():
+@pytest.mark.parametrize("mode", ["auto", "in-place"])
+def test_the_engine_on_the_gpu_captures_its_decode_steps_and_equals_generate(mode):
     """64 requests of mixed lengths: the decode-only steps through captured graphs (one per batch and context
-    bucket), the answers those of generate alone."""
+    bucket), or reading the pool in place through FlexAttention; the answers those of generate alone."""
     torch.manual_seed(0)
     model = tformer.build_model("gpt-mini", num_layers=2, vocab_size=64, initializer_range=0.3).cuda().eval()
-    engine = Engine(model, cache_tokens=64 * 64 + 512, block_size=16, max_running=64, prefix_caching=False)
-    assert engine.captured is not None
+    engine = Engine(model, cache_tokens=64 * 64 + 512, block_size=16, max_running=64, prefix_caching=False,
+                    paged_attention=mode)
+    assert (engine.captured is not None) == (mode == "auto") and (engine.in_place == "flex") == (mode == "in-place")
     lengths = torch.randint(3, 20, (64,), generator=GENERATOR).tolist()
     prompts = [ids(1, length, 64)[0].tolist() for length in lengths]
     budgets = torch.randint(4, 40, (64,), generator=GENERATOR).tolist()
@@ -272,4 +273,4 @@ def test_the_engine_on_the_gpu_captures_its_decode_steps_and_equals_generate():
     for prompt, budget, request in zip(prompts, budgets, requests, strict=True):
         alone = tformer.generate(model, torch.tensor([prompt]).cuda(), budget, eos_token_id=[])
         assert request.outputs()[0] == alone[0, len(prompt):].tolist()
-    assert engine.captured.steps >= 30
+    assert mode != "auto" or engine.captured.steps >= 30

@@ -777,6 +777,35 @@ MUTATIONS = (
         "the in-place paged kernel reads each sequence's keys at another sequence's offsets",
     ),
     Mutation(
+        "flex-paged-reads-a-row-past-the-block-s-tokens", "tformer/nn/attention/paged_kernel.py",
+        "return kv_idx % block_size < held[b, kv_idx // block_size]",
+        "return kv_idx % block_size <= held[b, kv_idx // block_size]",
+        ("tests/nn/test_paged_kernel.py", "-k", "flex"),
+        "FlexAttention's paged read takes one row more of each block than the sequence holds there",
+    ),
+    Mutation(
+        "flex-paged-mask-misses-a-tile", "tformer/nn/attention/paged_kernel.py",
+        "count = used.sum(-1, dtype=torch.int32)",
+        "count = used.sum(-1, dtype=torch.int32) - 1",
+        ("tests/nn/test_paged_kernel.py", "-k", "flex"),
+        "the block mask lists one tile fewer than a sequence's rows lie in, so a GPU's fused kernel skips keys",
+    ),
+    Mutation(
+        "flex-paged-mask-lists-tiles-unsorted", "tformer/nn/attention/paged_kernel.py",
+        "order = torch.argsort(1 - used, dim=-1, stable=True).to(torch.int32)",
+        "order = torch.arange(used.shape[1], dtype=torch.int32).expand(used.shape[0], -1)",
+        ("tests/nn/test_paged_kernel.py", "-k", "flex"),
+        "the block mask's first tiles are the pool's first, not the sequence's",
+    ),
+    Mutation(
+        "flex-paged-block-mask-shared-across-steps", "tformer/nn/attention/paged.py",
+        "                                           keys.shape[0])\n",
+        "                                           keys.shape[0])\n"
+        "        mask.block_mask = read_in_place.__dict__.setdefault('kept', mask.block_mask)\n",
+        ("tests/nn/test_paged_kernel.py", "-k", "flex"),
+        "a step reads the block mask another step made (stale contexts)",
+    ),
+    Mutation(
         "paged-in-place-reads-another-kv-head", "tformer/nn/kernels/paged_decode.cpp",
         "const scalar_t* key = row + ((first + h) / group) * head_dim;",
         "const scalar_t* key = row + ((first + h) % kv_heads) * head_dim;",

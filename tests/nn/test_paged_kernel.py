@@ -1,6 +1,6 @@
-"""The in-place paged decode kernel: softmax attention over each sequence's pool rows, read where they
-are, equal to PyTorch's own attention over the same keys gathered; which models it serves, and the
-engine decoding the same tokens with it as with the gather."""
+"""The in-place paged decode readers (the C++ kernel; FlexAttention, a GPU's, run unfused here): softmax
+attention over each sequence's pool rows, read where they are, equal to PyTorch's own attention over the same
+keys gathered; which models they serve, and the engine decoding the same tokens with them as with the gather."""
 
 import os
 
@@ -10,7 +10,16 @@ import torch.nn.functional as F
 
 import tformer
 from tformer.generation import GenerationConfig, GenerationError
-from tformer.nn.attention.paged_kernel import PagedKernelError, load, paged_decode, resolve
+from tformer.nn.attention.paged_kernel import (
+    READERS,
+    TILE,
+    PagedKernelError,
+    flex_paged_decode,
+    load,
+    paged_block_mask,
+    paged_decode,
+    resolve,
+)
 from tformer.serving import Engine
 
 try:
@@ -19,11 +28,12 @@ except PagedKernelError as error:  # a machine without a C++ compiler: the engin
     pytest.skip(f"the in-place kernel cannot be built here: {error}", allow_module_level=True)
 
 
-def pool_and_contexts(lengths, kv_heads, head_dim, dtype, block_size=4, seed=0):
-    """A pool with every sequence's tokens in blocks scattered through it, as the engine hands them out."""
+def pool_and_contexts(lengths, kv_heads, head_dim, dtype, block_size=4, seed=0, spare=3):
+    """A pool with every sequence's tokens in blocks scattered through it, as the engine hands them out, and
+    ``spare`` blocks nobody uses."""
     generator = torch.Generator().manual_seed(seed)
     blocks_needed = [-(-length // block_size) for length in lengths]
-    order = torch.randperm(sum(blocks_needed) + 3, generator=generator)  # 3 blocks nobody uses
+    order = torch.randperm(sum(blocks_needed) + spare, generator=generator)
     slots = len(order) * block_size
     keys = torch.randn(slots, kv_heads, head_dim, generator=generator).to(dtype)
     values = torch.randn(slots, kv_heads, head_dim, generator=generator).to(dtype)
@@ -76,6 +86,45 @@ def test_a_row_outside_the_pool_is_refused():
         paged_decode(torch.randn(1, 2, 8), keys, values, torch.tensor([0, 1, 2, 3]), torch.tensor([0, 3]))
 
 
+def shared_prefix_contexts(lengths, block_size, kv_heads, head_dim):
+    """A pool of 40 blocks (5 of FlexAttention's tiles at block size 16) with scattered sequences, and one more
+    that shares the first two full blocks of the longest and then writes its own: as prefix caching hands them."""
+    keys, values, contexts = pool_and_contexts(lengths, kv_heads, head_dim, torch.float32, block_size=block_size,
+                                               spare=40 - sum(-(-length // block_size) for length in lengths))
+    longest = max(contexts, key=len)
+    free = sorted(set(range(40)) - {int(slot) // block_size for rows in contexts for slot in rows})
+    own = (free[0] * block_size + torch.arange(5))  # 5 tokens of its own in a block nobody else holds
+    return keys, values, [*contexts, torch.cat([longest[:2 * block_size], own])]
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 4, 16), (6, 2, 24), (8, 1, 64)])
+def test_flex_reads_each_sequence_s_rows_where_they_are(heads, kv_heads, head_dim):
+    """FlexAttention over the whole pool under the step's block mask (a GPU's reader, unfused on the CPU) equals
+    attention over each sequence's keys gathered, a sequence sharing another's prefix blocks included."""
+    keys, values, contexts = shared_prefix_contexts([3, 70, 129, 17, 1], 16, kv_heads, head_dim)
+    queries = torch.randn(len(contexts), heads, head_dim, generator=torch.Generator().manual_seed(1)) * 2
+    offsets = torch.tensor([0] + [len(rows) for rows in contexts]).cumsum(0)
+    block_mask = paged_block_mask(torch.cat(contexts), offsets, 16, keys.shape[0])
+    got = flex_paged_decode(queries, keys, values, block_mask)
+    assert got.shape == queries.shape
+    torch.testing.assert_close(got.double(), gathered_reference(queries, keys, values, contexts),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_flex_mask_lists_exactly_the_tiles_a_sequence_reads():
+    """The block mask's sparse part (what a GPU's fused kernel skips by) names each sequence's tiles, no other."""
+    keys, _, contexts = shared_prefix_contexts([3, 70, 129, 17, 1], 16, 2, 8)
+    assert keys.shape[0] == 40 * 16 and keys.shape[0] > 4 * TILE
+    offsets = torch.tensor([0] + [len(rows) for rows in contexts]).cumsum(0)
+    block_mask = paged_block_mask(torch.cat(contexts), offsets, 16, keys.shape[0])
+    dense = block_mask.to_dense()[:, 0, 0]  # (B, tiles): 1 where the kernel visits the tile
+    for index, rows in enumerate(contexts):
+        expected = torch.zeros(dense.shape[1], dtype=dense.dtype)
+        expected[rows // TILE] = 1
+        assert torch.equal(dense[index], expected), index
+    assert 0 < dense.sum() < dense.numel()  # sparse: the test's pool spreads the sequences over the tiles
+
+
 def small_model(**overrides):
     settings = dict(vocab_size=53, max_seq_len=128, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2,
                     positional="rope", initializer_range=0.2)
@@ -99,6 +148,28 @@ def test_the_engine_decodes_the_same_tokens_in_place_as_by_gathering():
         alone = tformer.generate(model, torch.tensor([prompt]), generation_config=config)[0, len(prompt):]
         assert request.outputs()[0] == alone.tolist()
     assert in_place.pool.blocks_in_use == 0
+
+
+def test_the_engine_reads_the_pool_through_flex_attention_as_by_gathering(monkeypatch):
+    """The GPU's reader asked for by name (here on the CPU, unfused): the gather's tokens, with prompts that share
+    prefix blocks and steps that mix prefills with in-place decodes; ``auto`` gathers where FlexAttention reads."""
+    monkeypatch.setitem(READERS, "cpu", "flex")
+    model = small_model()
+    assert resolve("auto", model)[0] is None and "captured" in resolve("auto", model)[1]
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 53, (12,), generator=generator).tolist()
+    prompts = [prefix + torch.randint(0, 53, (length,), generator=generator).tolist() for length in (1, 9, 3)]
+    prompts += [torch.randint(0, 53, (length,), generator=generator).tolist() for length in (30, 2)]
+    config = GenerationConfig(max_new_tokens=20, eos_token_id=())
+    flex = Engine(model, cache_tokens=1024, block_size=4, max_running=6, max_step_tokens=20,
+                  paged_attention="in-place")
+    gather = Engine(model, cache_tokens=1024, block_size=4, max_running=6, max_step_tokens=20,
+                    paged_attention="gather")
+    assert flex.in_place == "flex" and "FlexAttention" in flex.paged_attention_note and flex.prefix_caching
+    assert [r.outputs() for r in flex.complete(prompts, config)] == [r.outputs() for r in
+                                                                      gather.complete(prompts, config)]
+    assert flex.complete(prompts[:1], config)[0].outputs() == gather.complete(prompts[:1], config)[0].outputs()
+    assert flex.stats.prefix_cache_hit_tokens > 0  # the second call's prompt read its prefix blocks from the cache
 
 
 @pytest.mark.parametrize("overrides, named", [

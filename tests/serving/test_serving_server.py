@@ -366,7 +366,7 @@ def test_serve_turns_prefix_caching_off_and_chooses_how_decode_steps_read_the_ca
     assert main([*thread, "--no-prefix-cache", "--paged-attention", "gather"]) == 0
     engines = [client.engine for client in clients]
     assert [engine.prefix_caching for engine in engines] == [True, False]
-    assert [engine.in_place for engine in engines] == [True, False]
+    assert [engine.in_place for engine in engines] == ["kernel", None]
     assert clients[1].facts.paged_attention == "paged attention: gather (asked for)"
 
 

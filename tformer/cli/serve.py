@@ -67,9 +67,9 @@ def register(subparsers) -> None:
                              "of a request each prefill the prompt (default: prefix caching on, but for an "
                              "encoder-decoder and a model with a Performer layer, whose caches share no prefix)")
     parser.add_argument("--paged-attention", choices=("auto", "in-place", "gather"), default="auto",
-                        help="how decode steps read the cache: in place with the compiled CPU kernel, or by gathering "
-                             "each sequence's blocks; auto (default) reads in place where the model and machine allow "
-                             "and says which it chose")
+                        help="how decode steps read the cache: in place (the compiled CPU kernel; FlexAttention on a "
+                             "CUDA GPU), or by gathering each sequence's blocks; auto (default) reads in place on the "
+                             "CPU where the model allows, gathers on a GPU (its steps captured), and says which")
     parser.add_argument("--queue-timeout", type=float, default=60.0,
                         help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,

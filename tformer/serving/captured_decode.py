@@ -44,7 +44,7 @@ class CapturedDecode:
             torch._dynamo.mark_static_address(cache.self_attention.values)
 
     @classmethod
-    def make(cls, model, caches: list, pool: BlockPool, device: torch.device, *, in_place: bool,
+    def make(cls, model, caches: list, pool: BlockPool, device: torch.device, *, in_place: str | None,
              keeps_states: bool, adapters: bool) -> CapturedDecode | None:
         """The engine's captured steps, or None where they do not apply (see the module's docstring)."""
         compiler = STEP_COMPILERS.get(device.type)

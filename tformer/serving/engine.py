@@ -93,7 +93,7 @@ class Engine:
     tokens; ``queue_timeout``:
     seconds a request may wait for room before it finishes with reason ``timeout`` (None: forever);
     ``paged_attention``: how decode steps read the pool, "auto", "in-place" or "gather"
-    (``nn.attention.paged_kernel``; ``paged_attention_note`` says which it chose and why);
+    (``nn.attention.paged_kernel``; ``in_place`` the reader it chose, ``paged_attention_note`` which and why);
     ``prefix_caching``: prompts reuse the cached blocks of a prefix computed before, and a request's ``n``
     sequences share its prompt's blocks (False: every sequence computes its whole prompt; None, the default: on
     unless a layer keeps a running state, Performer's, or an encoder's keys: no prefix of those can be shared);
@@ -330,10 +330,10 @@ class Engine:
 
     def _step_eagerly(self, batch: StepBatch, admitted: set[int]) -> torch.Tensor:
         """The step as it comes (prompts and one-token sequences mixed): logits (K, V), the rows its layout keeps."""
-        scheduler = self.scheduler
-        layout = PagedLayout.build(batch.tables, batch.counts, self.device,
-                                   every_row=batch.scored if any(batch.scored) else None, in_place=self.in_place,
-                                   state_slots=batch.state_slots if scheduler.free_states is not None else None)
+        states = batch.state_slots if self.scheduler.free_states is not None else None
+        layout = PagedLayout.build(batch.tables, batch.counts, self.device, in_place=self.in_place,
+                                   every_row=batch.scored if any(batch.scored) else None,
+                                   block_size=self.pool.block_size, state_slots=states)
         step_inputs = self._encode_sources(admitted, layout) if self.model.encodes_prompt else {}
         ids = torch.tensor([batch.input_ids], device=self.device)  # (1, N): every sequence's new tokens in turn
         with self.model.stepping, self._adapter_rows(batch.adapters, batch.counts, layout.keep):

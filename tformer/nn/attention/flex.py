@@ -105,11 +105,11 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, scale: 
                                                                      device=q.device)
         mask._derived[key] = block_mask, score_function(mask, softcap, q.dtype)
     block_mask, modified = mask._derived[key]
-    return _flex_for(q.device)(q, k, v, score_mod=modified, block_mask=block_mask, scale=scale,
+    return flex_for(q.device)(q, k, v, score_mod=modified, block_mask=block_mask, scale=scale,
                                enable_gqa=k.shape[1] != q.shape[1])
 
 
-def _flex_for(device: torch.device) -> Callable:
+def flex_for(device: torch.device) -> Callable:
     """FlexAttention as it runs on ``device``: compiled on a GPU (its point: one fused kernel), as PyTorch runs it
     eagerly on the CPU (unfused, the same function; its warning that it is unfused said here once)."""
     if device.type == "cpu":

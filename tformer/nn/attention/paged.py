@@ -1,17 +1,17 @@
-"""Attention over a paged key/value cache: the layout of a step that decodes many sequences at once, each
-sequence's keys and values in the slots of one shared storage that its block table hands out (the blocks,
-the tables and prefix caching are the serving engine's: ``tformer.serving.block_pool``).
+"""Attention over a paged key/value cache: the layout of a step that decodes many sequences at once, each sequence's
+keys and values in the slots of one shared storage that its block table hands out (the blocks, the tables and
+prefix caching are the serving engine's: ``tformer.serving.block_pool``).
 
-A paged step mixes sequences that decode one token with sequences whose prompt is prefilled: every
-new token is one row of the step (the model runs them as one batch of N rows), so projections and
-feed-forward layers are single matrix products over all of them; only attention is grouped
-(``PagedCache``): the one-token sequences attend together over their slots, gathered into one
-left-padded batch, and each prefill attends alone, causal over its context. The kernel is the
-model's own, whichever it is, under an ``AttentionMask`` per group. A layout built ``in_place`` instead
-lists the one-token sequences' slots back to back (no padding) for the in-place kernel
-(``paged_kernel.py``), which reads them where they are. A layer that keeps a running state per sequence
-instead of keys (Performer's ``RunningSums``) reads each sequence's ``state_slot`` of the step, and so does
-cross-attention (``PagedCrossCache``): each sequence's encoder keys, stored by its first step.
+A paged step mixes sequences that decode one token with sequences whose prompt is prefilled: every new token is one
+row of the step (the model runs them as one batch of N rows), so projections and feed-forward layers are single
+matrix products over all of them; only attention is grouped (``PagedCache``): the one-token sequences attend
+together over their slots, gathered into one left-padded batch, and each prefill attends alone, causal over its
+context. The kernel is the model's own, whichever it is, under an ``AttentionMask`` per group. A layout built
+``in_place`` instead lists the one-token sequences' slots back to back (no padding) for an in-place reader
+(``paged_kernel.py``: the C++ kernel, or FlexAttention on a GPU), which reads them where they are. A layer that
+keeps a running state per sequence instead of keys (Performer's ``RunningSums``) reads each sequence's
+``state_slot`` of the step, and so does cross-attention (``PagedCrossCache``): each sequence's encoder keys, stored
+by its first step.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch import Tensor
 
 from tformer.nn.attention.cache import Kernel
 from tformer.nn.attention.mask import AttentionMask, PositionBias, StepLayout
-from tformer.nn.attention.paged_kernel import paged_decode
+from tformer.nn.attention.paged_kernel import flex_paged_decode, paged_block_mask, paged_decode
 
 
 class SlotTable(Protocol):
@@ -67,19 +67,22 @@ class PagedLayout(StepLayout):
     decode_padding: Tensor | None = None  # (Bd, Lmax) True = a real key; None when every context is Lmax long
     decode_positions: Tensor | None = None  # (Bd, Lmax) key positions (negative on the padding)
     decode_offsets: Tensor | None = None  # in place: (Bd + 1,) where each sequence's slots start in decode_context (N,)
+    in_place: str | None = None  # the in-place reader ("kernel", "flex"; paged_kernel.READERS), None: a gather
+    block_size: int = 0  # in place through FlexAttention: the pool's block size, which its mask reads
     decode_state_slots: Tensor | None = None  # (Bd,) their rows of a running-state layer's storage
     source_slots: list[int] = field(default_factory=list)  # the rows whose sources the step's encoder output brings
     prefills: list[PagedPrefill] = field(default_factory=list)
 
     @classmethod
     def build(cls, tables: Sequence[SlotTable], new_tokens: list[int], device: torch.device,
-              every_row: list[bool] | None = None, in_place: bool = False,
+              every_row: list[bool] | None = None, in_place: str | None = None, block_size: int = 0,
               state_slots: Sequence[int] | None = None) -> PagedLayout:
         """The layout for sequences whose ``tables`` already hold room for their ``new_tokens`` (a count each);
         ``every_row``: the sequences whose every new row the step keeps (a prompt whose log-probabilities are
-        asked for), not only the last (None: none); ``in_place``: the one-token sequences' slots for the
-        in-place kernel, not a padded batch; ``state_slots``: each sequence's row of a running-state layer's
-        storage (None: the model has no such layer). A sequence's first step is a prefill, even of one token."""
+        asked for), not only the last (None: none); ``in_place``: the one-token sequences' slots for this
+        in-place reader, not a padded batch (``block_size``: the pool's, which FlexAttention's mask reads);
+        ``state_slots``: each sequence's row of a running-state layer's storage (None: the model has no such
+        layer). A sequence's first step is a prefill, even of one token."""
         positions, slots, kept_rows, decode_rows, decode_contexts, prefills = [], [], [], [], [], []
         every_row = every_row or [False] * len(tables)
         keeps_states = state_slots is not None
@@ -110,6 +113,7 @@ class PagedLayout(StepLayout):
             layout.decode_rows = torch.tensor(decode_rows, device=device)
             layout.decode_context = torch.cat(decode_contexts).to(device)
             layout.decode_offsets = torch.tensor([0] + decode_lengths).cumsum(0).to(device)
+            layout.in_place, layout.block_size = in_place, block_size
         elif decode_contexts:
             layout._lay_out_decodes(decode_rows, decode_contexts, decode_lengths, device)
         return layout
@@ -172,6 +176,7 @@ class PagedMask:
     def __init__(self, layout: PagedLayout, position_bias: PositionBias | None) -> None:
         self.layout = layout
         self.decode = None
+        self.block_mask = None  # in place through FlexAttention: the step's block mask, made by its first layer
         if layout.decode_offsets is not None and position_bias is not None:
             raise ValueError("the in-place paged kernel adds no position bias: gather for this model")
         if layout.decode_rows is not None and layout.decode_offsets is None:
@@ -203,13 +208,12 @@ class PagedCache:
         values.index_copy_(0, layout.slots, v[0].transpose(0, 1))
         rows = q[0].transpose(0, 1)  # (N, H, Dh)
         kv_heads, head_dim = keys.shape[1], keys.shape[2]
-        if layout.decode_offsets is not None:  # in place: the kernel reads the pool's rows where they are
+        if layout.decode_offsets is not None:  # in place: the reader takes the pool's rows where they are
             if not layout.prefills:
-                out = paged_decode(rows, keys, values, layout.decode_context, layout.decode_offsets)  # (N, H, Dh)
+                out = read_in_place(rows, keys, values, mask)  # (N, H, Dh)
                 return out.transpose(0, 1).unsqueeze(0), None
             out = torch.empty_like(rows)
-            out[layout.decode_rows] = paged_decode(rows[layout.decode_rows], keys, values, layout.decode_context,
-                                                   layout.decode_offsets)
+            out[layout.decode_rows] = read_in_place(rows[layout.decode_rows], keys, values, mask)
         elif layout.decode_rows is not None:
             batch, longest = layout.decode_context.shape
             flat = layout.decode_context.view(-1)  # index_select gathers rows faster than indexing by a 2-D tensor
@@ -229,6 +233,18 @@ class PagedCache:
             context_values = values.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)
             out[prefill.rows] = kernel(queries, context_keys, context_values, prefill_mask)[0][0].transpose(0, 1)
         return out.transpose(0, 1).unsqueeze(0), None
+
+
+def read_in_place(queries: Tensor, keys: Tensor, values: Tensor, mask: PagedMask) -> Tensor:
+    """The one-token sequences' attention, queries (Bd, H, Dh), over their slots of one layer's pool (slots, Hkv,
+    Dh) where they are, by the layout's in-place reader -> (Bd, H, Dh)."""
+    layout = mask.layout
+    if layout.in_place != "flex":
+        return paged_decode(queries, keys, values, layout.decode_context, layout.decode_offsets)
+    if mask.block_mask is None:
+        mask.block_mask = paged_block_mask(layout.decode_context, layout.decode_offsets, layout.block_size,
+                                           keys.shape[0])
+    return flex_paged_decode(queries, keys, values, mask.block_mask)
 
 
 class PagedCrossCache:

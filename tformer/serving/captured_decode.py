@@ -5,8 +5,8 @@ run through the model's step compiled once and replayed per shape, as vLLM captu
 GPU step of a small model is launch-bound: a graph is one launch where the eager step is hundreds.
 
 Where it applies: a device that ``generation.session.STEP_COMPILERS`` names (CUDA), a decoder reading its paged
-cache by gathering (the in-place kernel is the CPU's), no running-state layer and no adapters; and a step in which
-no sequence starts. Any other step runs as before.
+cache by gathering (an in-place read, the CPU's kernel or a GPU's FlexAttention, is not captured), no running-state
+layer and no adapters; and a step in which no sequence starts. Any other step runs as before.
 """
 
 from __future__ import annotations

@@ -249,6 +249,7 @@ UNLOGGED: dict[str, list[str]] = {
         "about 27 minutes",                    # 12,000 steps at the cited 941 examples/s of a 1,500-step run
         "-0.44, +0.05, +1.37 points; mean +0.33",  # differences of the cited log's per-seed test accuracies
         "some 45 minutes of the Xeon's 2 cores",  # 12,000 steps at the Xeon's 7,543-7,757 steps in 28 minutes
+        "some 1,100 examples/s on 2 cores",    # derived: 15,000 steps x 128 examples over 28 minutes
     ],
     "docs/quantization.md": [
         "about 10 MB",                         # what a load holds beside the weights, estimated from the sizes

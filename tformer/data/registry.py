@@ -62,6 +62,7 @@ WNUT17 = "leondz/emerging_entities_17", "e52a2d2a71ac1a051ca2d532eef28653c5c0260
 SQUAD = "rajpurkar/SQuAD-explorer", "240e165ab706d95bd4323653bb92421f446208cf"
 TORCHTEXT = "pytorch/text", "a5e610638ea47b4412a29cdb708ac5f2fabb1286"
 TORCHTEXT_ASSETS = "test/torchtext_unittest/asset/"
+GSM8K = "openai/grade-school-math", "3101c7d5072418e28b9008a6636bde82a006892c"
 OPENAI_GPT2 = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # tiktoken's gpt2 files, same hashes
 FSDD = "Jakobovski/free-spoken-digit-dataset", "26eb9aaf76e81b692f806f9140c2d2777410d7a1"
 FSDD_HASHES = Path(__file__).with_name("fsdd_recordings.sha256")  # sha256sum lines: HASH  recordings/NAME.wav
@@ -185,6 +186,12 @@ def _datasets() -> dict[str, Dataset]:
                      "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"),),
                 "github.com/pytorch/text (BERT's uncased WordPiece vocabulary)", "Apache-2.0 (Google BERT)"),
         Dataset("fsdd", _fsdd(), "github.com/Jakobovski/free-spoken-digit-dataset recordings/", "CC BY-SA 4.0"),
+        Dataset("gsm8k", (
+            DataFile("train.jsonl.gz", (github(*GSM8K, "grade_school_math/data/train.jsonl"),),
+                     "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465"),
+            DataFile("test.jsonl", (github(*GSM8K, "grade_school_math/data/test.jsonl"),),
+                     "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14")),
+                "github.com/openai/grade-school-math grade_school_math/data/", "MIT (OpenAI)"),
     ]
     return {dataset.name: dataset for dataset in datasets}
 

@@ -46,7 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pretraining_helps import build_corpus  # noqa: E402
+from pretraining_helps import build_corpus, data_file  # noqa: E402
 from run_costs import peak_memory_mib, records, seconds_per_step, trained_parameters  # noqa: E402
 
 import tformer  # noqa: E402
@@ -54,8 +54,6 @@ from tformer.adapters import adapter_parameters, load_adapter  # noqa: E402
 from tformer.data.chat import chat_template, read_chat  # noqa: E402
 from tformer.quantization import quantize  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
-TEST = DATA / "gsm8k" / "test.jsonl"
 LORA = ("adapter.rank=32", "adapter.alpha=64", 'adapter.targets=["all-linear", "lm_head"]', "training.lr=2e-3")
 VARIANTS = {"full": (), "lora": LORA, "qlora": (*LORA, "adapter.quantize=int4")}  # configs/gsm8k-sft.toml's lines
 FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")  # GSM8K's final-answer line, at the very end of the answer
@@ -183,8 +181,9 @@ def answer_scores(model, folder: Path, out: Path, problems: list[dict], max_new_
 
 
 def test_problems(count: int) -> list[dict]:
-    read_chat(TEST)  # the rows the sft task reads, checked (question/answer, text)
-    rows = [json.loads(line) for line in TEST.read_text(encoding="utf-8").splitlines() if line]
+    test = data_file("gsm8k/test.jsonl")
+    read_chat(test)  # the rows the sft task reads, checked (question/answer, text)
+    rows = [json.loads(line) for line in test.read_text(encoding="utf-8").splitlines() if line]
     return rows if count == 0 else rows[:count]
 
 

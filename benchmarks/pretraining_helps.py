@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tformer.cli import main as tformer_main  # noqa: E402
+from tformer.data.cache import resolve  # noqa: E402
 from tformer.data.classification import read_classification  # noqa: E402
 from tformer.data.conll import read_conll  # noqa: E402
 from tformer.data.lm import unigram_cross_entropy  # noqa: E402
@@ -53,7 +54,14 @@ from tformer.training.recipe import HEAD_KEYS, INIT_FROM_KEYS, load_recipe, reci
 from tformer.training.run import train_recipe  # noqa: E402
 from tformer.training.tasks.mlm import split_documents, text_documents  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+SHARED_DATA = ROOT.parent / "shared" / "data"  # beside the project, where it is
+
+
+def data_file(path: str) -> Path:
+    """A dataset's file, ``NAME/FILE``, from the data roots as a recipe finds it: ``TFORMER_DATA``, ../shared/data
+    beside the project, then ``tformer data fetch``'s cache."""
+    return resolve(f"dataset:{path}", SHARED_DATA)
+
 SQUAD_TRAIN_ARTICLES = 38
 
 
@@ -94,14 +102,14 @@ def build_corpus(out: Path, sst2_passes: int = 1) -> dict:
     held-out tail (its last 5% of lines) holds none of the repeated phrases. Three passes (with
     whole-word masking) left SST-2 dev accuracy lower, not higher: see docs/encoders.md."""
     sources: dict[str, list[list[str]]] = {}
-    shakespeare = "\n".join(read_lines(DATA / "tinyshakespeare" / "input.txt.gz"))
+    shakespeare = "\n".join(read_lines(data_file("tinyshakespeare/input.txt.gz")))
     sources["tinyshakespeare"] = [block.splitlines() for block in shakespeare.split("\n\n") if block.strip()]
-    sources["wikitext-2 valid+test"] = (wikitext_documents(DATA / "wikitext-2" / "valid.txt.gz")
-                                        + wikitext_documents(DATA / "wikitext-2" / "test.txt.gz"))
-    multi30k = chunks([line for line in read_lines(DATA / "multi30k" / "train.en.gz") if line], 50)
+    sources["wikitext-2 valid+test"] = (wikitext_documents(data_file("wikitext-2/valid.txt.gz"))
+                                        + wikitext_documents(data_file("wikitext-2/test.txt.gz")))
+    multi30k = chunks([line for line in read_lines(data_file("multi30k/train.en.gz")) if line], 50)
     if sst2_passes == 1:  # the corpus of the documented runs: Multi30k after WikiText
         sources["multi30k train.en"] = multi30k
-    squad_train, _ = read_squad(DATA / "squad-v1.1" / "dev-v1.1.json.gz").split_articles(SQUAD_TRAIN_ARTICLES)
+    squad_train, _ = read_squad(data_file("squad-v1.1/dev-v1.1.json.gz")).split_articles(SQUAD_TRAIN_ARTICLES)
     contexts: dict[int, list[str]] = {}
     for example in squad_train.examples:
         article = contexts.setdefault(example.article, [])
@@ -109,8 +117,8 @@ def build_corpus(out: Path, sst2_passes: int = 1) -> dict:
             article.append(example.context)
     sources[f"squad contexts (articles 1-{SQUAD_TRAIN_ARTICLES})"] = list(contexts.values())
     held_out = {example.text.strip().lower() for split in ("dev.tsv", "test.tsv") for example in
-                read_classification(DATA / "sst2" / "sentence-level" / split, columns=["label", "sentence"]).examples}
-    phrases = [example.text.strip() for example in read_classification(DATA / "sst2" / "train.tsv.gz").examples]
+                read_classification(data_file("sst2/sentence-level") / split, columns=["label", "sentence"]).examples}
+    phrases = [example.text.strip() for example in read_classification(data_file("sst2/train.tsv.gz")).examples]
     overlap = sum(phrase.lower() in held_out for phrase in phrases)
     kept = [phrase for phrase in phrases if phrase.lower() not in held_out]
     shuffler = random.Random(0)
@@ -119,7 +127,7 @@ def build_corpus(out: Path, sst2_passes: int = 1) -> dict:
         document for order in passes for document in chunks(order, 50)]
     if sst2_passes > 1:
         sources["multi30k train.en"] = multi30k
-    wnut = read_conll(DATA / "wnut17" / "wnut17train.conll")
+    wnut = read_conll(data_file("wnut17/wnut17train.conll"))
     sources["wnut-17 train"] = chunks([" ".join(sentence.tokens) for sentence in wnut.sentences], 50)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -213,16 +221,17 @@ FINE_TUNING = {
 }
 # task -> a second labelled split no recipe reads, evaluated beside the recipe's own (SST-2's 872 dev
 # sentences rank runs a point apart differently from its 1,821 test sentences)
-SECOND_SPLIT = {"sst2": DATA / "sst2" / "sentence-level" / "test.tsv"}
+SECOND_SPLIT = {"sst2": "sst2/sentence-level/test.tsv"}  # a dataset file (data_file)
 
 
 def evaluate_second_split(run_folder: Path, task: str) -> dict:
     """``tformer evaluate RUN --data SPLIT`` for the task's second split: its metrics as test_*."""
     if task not in SECOND_SPLIT:
         return {}
-    if tformer_main(["evaluate", str(run_folder), "--data", str(SECOND_SPLIT[task])]) != 0:
-        raise SystemExit(f"tformer evaluate {run_folder} --data {SECOND_SPLIT[task]} failed")
-    record = json.loads((run_folder / "evaluation" / f"{SECOND_SPLIT[task].stem}.json").read_text())
+    split = data_file(SECOND_SPLIT[task])
+    if tformer_main(["evaluate", str(run_folder), "--data", str(split)]) != 0:
+        raise SystemExit(f"tformer evaluate {run_folder} --data {split} failed")
+    record = json.loads((run_folder / "evaluation" / f"{split.stem}.json").read_text())
     return {name.replace("eval_", "test_", 1): value for name, value in record.items() if name.startswith("eval_")}
 
 

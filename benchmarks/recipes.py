@@ -48,12 +48,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretraining_helps import PRETRAIN_SETTINGS, from_scratch
+from pretraining_helps import PRETRAIN_SETTINGS, data_file, from_scratch
 
 from tformer.training.recipe import recipe_from_dict, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 CORPUS = "pretraining-corpus"  # RUNS/CORPUS: benchmarks/pretraining_helps.py's corpus.txt and tokenizer.json
 
 
@@ -281,7 +280,7 @@ def translation_bleu(run: Path) -> float:
     out = run / "evaluation-recipes"
     record_file = out / "test_2016_flickr.json"
     if not record_file.is_file():
-        corpus = DATA / "multi30k"
+        corpus = data_file("multi30k")
         subprocess.run([sys.executable, "-m", "tformer", "evaluate", str(run), "--source",
                         str(corpus / "test_2016_flickr.de.gz"), "--reference", str(corpus / "test_2016_flickr.en.gz"),
                         "--beam", "5", "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -296,7 +295,7 @@ def text_to_text_bleu(run: Path) -> float:
     record_file = out / "multi30k-test_2016_flickr.beam4.json"
     if not record_file.is_file():
         subprocess.run([sys.executable, "-m", "tformer", "evaluate", str(run), "--data",
-                        f"multi30k={DATA / 'multi30k' / 'test_2016_flickr'}", "--beam", "4", "--out", str(out)],
+                        f"multi30k={data_file('multi30k/test_2016_flickr')}", "--beam", "4", "--out", str(out)],
                        check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return float(json.loads(record_file.read_text())["eval_multi30k_bleu"])
 

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pretraining_helps import DATA, build_corpus, chunks, read_lines  # noqa: E402
+from pretraining_helps import build_corpus, chunks, data_file, read_lines  # noqa: E402
 
 from tformer.tokenizers import train as train_tokenizer  # noqa: E402
 
@@ -43,7 +43,7 @@ def build(out: Path, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as english:
         counts = build_corpus(Path(english))
         blocks = documents(Path(english) / "corpus.txt")
-    german = chunks([line for line in read_lines(DATA / "multi30k" / "train.de.gz") if line], 50)
+    german = chunks([line for line in read_lines(data_file("multi30k/train.de.gz")) if line], 50)
     counts["multi30k train.de"] = {"documents": len(german), "lines": sum(map(len, german)),
                                    "characters": sum(len(line) for document in german for line in document)}
     blocks += ["\n".join(document) for document in german]

@@ -1,7 +1,7 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Both create .venv and install
 # everything into it. PyTorch is installed first and pinned, so no CUDA build is pulled in on a
 # CPU machine; override TORCH for another build (e.g. TORCH="torch --index-url ...").
-# `make test` (CI) runs every test; `make test-fast` is the inner loop (about 50 s on 2 cores): the tests not
+# `make test` (CI) runs every test; `make test-fast` is the inner loop (under a minute on 2 cores): the tests not
 # marked slow (slow: starts a process, imports a reference library such as transformers, or measured over 0.1 s
 # of CPU time: tests/slow_by_cpu.txt, made by tools/cpu_times.py).
 VENV   ?= .venv

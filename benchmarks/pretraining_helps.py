@@ -13,7 +13,7 @@ evaluate: exact match and F1).
     python benchmarks/pretraining_helps.py all
     python benchmarks/pretraining_helps.py report      # the table of OUT/results.json
 
-OUT is runs/pretraining-helps. The pretraining text is every English text in ../shared/data that no
+OUT is runs/pretraining-helps. The pretraining text is every English dataset text (data_file) that no
 evaluation here reads: tinyshakespeare, WikiText-2 valid + test, Multi30k's English training
 captions, the contexts of the SQuAD articles that train (the first 38), the texts of GLUE SST-2's
 training phrases (none of which is a sentence of the sentence-level dev set: checked and printed) and

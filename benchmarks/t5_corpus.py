@@ -2,7 +2,7 @@
 
     python benchmarks/t5_corpus.py            # data/t5-corpus/corpus.txt, tokenizer.json, sources.json
 
-corpus.txt: benchmarks/pretraining_helps.py's corpus (every English text in ../shared/data that no
+corpus.txt: benchmarks/pretraining_helps.py's corpus (every English dataset text, data_file, that no
 evaluation reads: tinyshakespeare, WikiText-2 valid + test, Multi30k's English training captions, the
 contexts of SQuAD's first 38 articles, SST-2's training phrases but those equal to a dev or test sentence,
 WNUT-17's training sentences) and Multi30k's German training captions (T5's mixture translates German),

@@ -18,7 +18,9 @@ Every model is randomly initialised by Hugging Face, written with ``save_pretrai
              tokens/s over the measured copy rate)
   batch      64 prompts of 32 tokens, 128 new tokens each, bf16: HF generate on the batch, tformer.generate on
              the batch, and tformer's serving Engine (continuous batching over its paged cache), as it comes (its
-             decode steps captured over the gather) and reading the pool in place (FlexAttention, uncaptured)
+             decode steps captured over the gather, each launched before the last one's tokens are read), with
+             its steps not overlapped with their host work (``overlap=False``), and reading the pool in place
+             (FlexAttention, uncaptured)
   encoder    bert-base sequence classification inference, batch 64 x 128, fp32 and bf16: examples/s
   attention  one GPT-2-width layer per tformer attention kernel (and ALiBi through sdpa: FlexAttention's path),
              forward + backward in bf16 at 1024 and 4096
@@ -237,8 +239,9 @@ def batch(rounds: int) -> None:
     prompts = torch.randint(0, ours.config.vocab_size, (count, 32), generator=torch.Generator().manual_seed(2))
     prompts = prompts.to(DEVICE)
     mask = torch.ones_like(prompts)
-    engines = {mode: Engine(ours, cache_tokens=count * (32 + new) + 1024, block_size=16, max_running=count,
-                            prefix_caching=False, paged_attention=mode) for mode in ("auto", "in-place")}
+    engines = {(mode, overlap): Engine(ours, cache_tokens=count * (32 + new) + 1024, block_size=16,
+                                       max_running=count, prefix_caching=False, paged_attention=mode, overlap=overlap)
+               for mode, overlap in (("auto", None), ("auto", False), ("in-place", None))}
     config = GenerationConfig(max_new_tokens=new, eos_token_id=())
     as_lists = prompts.tolist()
 
@@ -249,8 +252,9 @@ def batch(rounds: int) -> None:
 
     work = {"HF generate": run_hf,
             "tformer generate": lambda: tformer.generate(ours, prompts, new, eos_token_id=[]),
-            "tformer Engine": lambda: engines["auto"].complete(as_lists, config),
-            "tformer Engine in place": lambda: engines["in-place"].complete(as_lists, config)}
+            "tformer Engine": lambda: engines["auto", None].complete(as_lists, config),
+            "tformer Engine not overlapped": lambda: engines["auto", False].complete(as_lists, config),
+            "tformer Engine in place": lambda: engines["in-place", None].complete(as_lists, config)}
     for function in work.values():
         function()
     seconds = median_seconds(work, rounds)
@@ -259,8 +263,11 @@ def batch(rounds: int) -> None:
     print(f"  tformer generate / HF: {seconds['HF generate'] / seconds['tformer generate']:.2f}x, "
           f"Engine / HF: {seconds['HF generate'] / seconds['tformer Engine']:.2f}x, "
           f"Engine / tformer generate: {seconds['tformer generate'] / seconds['tformer Engine']:.2f}x, "
-          f"Engine in place / Engine: {seconds['tformer Engine'] / seconds['tformer Engine in place']:.2f}x")
-    print(f"  {engines['auto'].paged_attention_note}; in place: {engines['in-place'].paged_attention_note}")
+          f"Engine in place / Engine: {seconds['tformer Engine'] / seconds['tformer Engine in place']:.2f}x, "
+          f"Engine / not overlapped: {seconds['tformer Engine not overlapped'] / seconds['tformer Engine']:.2f}x")
+    print(f"  {engines['auto', None].paged_attention_note}; in place: "
+          f"{engines['in-place', None].paged_attention_note}; steps overlapped with their host work: "
+          f"{engines['auto', None].overlapped is not None}")
 
 
 def encoder(rounds: int) -> None:

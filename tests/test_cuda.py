@@ -255,15 +255,17 @@ def test_static_cache_captured_on_the_gpu_decodes_speculatively_and_an_encoder_d
             tformer.generate(translator, source, 10, attention_mask=mask, eos_token_id=[], num_beams=beams))
 
 
-@pytest.mark.parametrize("mode", ["auto", "in-place"])
-def test_the_engine_on_the_gpu_captures_its_decode_steps_and_equals_generate(mode):
+@pytest.mark.parametrize("mode, overlap", [("auto", None), ("auto", False), ("in-place", None)])
+def test_the_engine_on_the_gpu_captures_its_decode_steps_and_equals_generate(mode, overlap):
     """64 requests of mixed lengths: the decode-only steps through captured graphs (one per batch and context
-    bucket), or reading the pool in place through FlexAttention; the answers those of generate alone."""
+    bucket), or reading the pool in place through FlexAttention; each launched before the host reads the last
+    one's tokens (overlapped steps, CUDA's default) or not; the answers those of generate alone."""
     torch.manual_seed(0)
     model = tformer.build_model("gpt-mini", num_layers=2, vocab_size=64, initializer_range=0.3).cuda().eval()
     engine = Engine(model, cache_tokens=64 * 64 + 512, block_size=16, max_running=64, prefix_caching=False,
-                    paged_attention=mode)
+                    paged_attention=mode, overlap=overlap)
     assert (engine.captured is not None) == (mode == "auto") and (engine.in_place == "flex") == (mode == "in-place")
+    assert (engine.overlapped is not None) == (overlap is None)
     lengths = torch.randint(3, 20, (64,), generator=GENERATOR).tolist()
     prompts = [ids(1, length, 64)[0].tolist() for length in lengths]
     budgets = torch.randint(4, 40, (64,), generator=GENERATOR).tolist()
@@ -274,3 +276,4 @@ def test_the_engine_on_the_gpu_captures_its_decode_steps_and_equals_generate(mod
         alone = tformer.generate(model, torch.tensor([prompt]).cuda(), budget, eos_token_id=[])
         assert request.outputs()[0] == alone[0, len(prompt):].tolist()
     assert mode != "auto" or engine.captured.steps >= 30
+    assert overlap is False or engine.overlapped.steps >= 30

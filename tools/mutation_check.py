@@ -777,6 +777,43 @@ MUTATIONS = (
         "the in-place paged kernel reads each sequence's keys at another sequence's offsets",
     ),
     Mutation(
+        "overlap-hands-out-a-token-after-the-end", "tformer/serving/overlapped_steps.py",
+        "            if sequence.finish_reason is None:\n",
+        "            if True:\n",
+        ("tests/serving/test_overlapped_steps.py",),
+        "the token of the step a sequence was given past its end (an end id, a stop string) is handed out too",
+    ),
+    Mutation(
+        "overlap-steps-past-the-length-limit", "tformer/serving/overlapped_steps.py",
+        "if len(sequence.output_ids) + (id(sequence) in ahead) < request.config.max_new_tokens]",
+        "if len(sequence.output_ids) < request.config.max_new_tokens]",
+        ("tests/serving/test_overlapped_steps.py",),
+        "a step launched ahead runs a sequence whose token in flight is its last: a slot past its reservation",
+    ),
+    Mutation(
+        "overlap-feeds-the-rows-in-the-old-order", "tformer/serving/overlapped_steps.py",
+        "    if order == list(range(len(previous.sequences))):",
+        "    if len(order) <= len(previous.sequences):",
+        ("tests/serving/test_overlapped_steps.py",),
+        "once a sequence leaves, the step launched ahead feeds each row the token of the row the step in flight "
+        "had there, another sequence's",
+    ),
+    Mutation(
+        "overlap-launches-ahead-of-a-sampled-request", "tformer/serving/overlapped_steps.py",
+        "                   and not request.chooser.alters(len(sequence.output_ids) + (id(sequence) in ahead))",
+        "                   and True",
+        ("tests/serving/test_overlapped_steps.py",),
+        "a step is launched ahead with the argmax for a sequence whose token is sampled or penalised",
+    ),
+    Mutation(
+        "overlap-admits-without-handing-out", "tformer/serving/engine.py",
+        "            made += overlapped.drain()  # every running sequence's last token on the host, for the step as it "
+        "comes\n",
+        "            pass\n",
+        ("tests/serving/test_overlapped_steps.py",),
+        "a step that admits a request runs while the last step's tokens are still unread: the others' input is stale",
+    ),
+    Mutation(
         "flex-paged-reads-a-row-past-the-block-s-tokens", "tformer/nn/attention/paged_kernel.py",
         "return kv_idx % block_size < held[b, kv_idx // block_size]",
         "return kv_idx % block_size <= held[b, kv_idx // block_size]",

@@ -57,13 +57,16 @@ class CapturedDecode:
         """Whether the step is decode-only: no sequence starts (nor has its prompt scored), each adds one token."""
         return not admitted and len(batch.input_ids) == len(batch.tables)
 
-    def step(self, batch: StepBatch) -> Tensor:
-        """Logits (N, V) of the step's N sequences, through the captured step of their shape."""
+    def step(self, batch: StepBatch, input_ids: Tensor | None = None) -> Tensor:
+        """Logits (N, V) of the step's N sequences, through the captured step of their shape; their tokens
+        ``input_ids`` (N,) on the device where given (a step launched from the last one's), else the batch's."""
         count = len(batch.tables)
         rows = 1 << (count - 1).bit_length()  # the next power of two
         length = rounded_up(max(table.length for table in batch.tables), LENGTH_MULTIPLE)
         layout = PagedLayout.decoding(batch.tables, self.device, rows, length, self.filler_slot)
-        input_ids = torch.tensor([batch.input_ids + [0] * (rows - count)], device=self.device)  # (1, rows)
+        if input_ids is None:
+            input_ids = torch.tensor(batch.input_ids, device=self.device)
+        input_ids = torch.cat([input_ids, input_ids.new_zeros(rows - count)])[None]  # (1, rows)
         torch.compiler.cudagraph_mark_step_begin()
         with self.model.stepping:
             logits = self.compiled(self.model, self.caches, input_ids, layout)

@@ -81,7 +81,7 @@ class Emitter:
                            if chooser.reads_history else None)  # a repetition penalty reads the tokens so far
                 scores = chooser.scores(logits[row : row + 1], len(sequence.output_ids), history=history)
                 tokens[index] = int(chooser.choose(scores, sequence.generator))
-            self._accept(request, sequence, tokens[index], logits[row] if request.logprobs is not None else None)
+            self.accept(request, sequence, tokens[index], logits[row] if request.logprobs is not None else None)
 
     def _constrained_argmax(self, running: list[tuple[Request, RunningSequence]], logits: Tensor,
                             rows: dict[int, int], chosen: set[int]) -> dict[int, int]:
@@ -120,7 +120,7 @@ class Emitter:
         best, _ = request.search.result(1)  # (1, prompt + generated)
         first = beams[0]
         for token in best[0, request.search.run.prompt_length:].tolist():
-            self._accept(request, first, token, None)
+            self.accept(request, first, token, None)
             if first.finish_reason is not None:
                 break
         if first.finish_reason is None:  # a hypothesis ended by a stop string its text had not shown yet
@@ -129,7 +129,7 @@ class Emitter:
             self.finish(request, beam, first.finish_reason, emit=False)
         self.close(request)
 
-    def _accept(self, request: Request, sequence: RunningSequence, token: int, logits: Tensor | None) -> None:
+    def accept(self, request: Request, sequence: RunningSequence, token: int, logits: Tensor | None) -> None:
         """Record ``token`` for ``sequence``: its text, its end (end id, stop string, length), its event."""
         if request.first_token_at is None:
             request.first_token_at = time.monotonic()

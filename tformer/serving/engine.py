@@ -28,6 +28,10 @@ score continuations with): its prefill then keeps the logits of every prompt row
 token's log-probability and the ``k`` best leave the engine, on the sequence's first event. With
 ``max_new_tokens=0`` it finishes after its prefill (reason "length") without sampling.
 
+On a GPU each decode step is launched from the last step's tokens before the host reads them, and the host hands
+out those tokens (text, ends, events) while the step runs (``overlapped_steps``; ``overlap``): a request's events are
+the same, one step later.
+
 LoRA adapters (``tformer.adapters.load_adapters`` over the model before the engine is made): a request names its
 adapter (``submit(..., adapter=NAME)``; None: the base model), and a step mixes adapters row by row. The engine
 sets each token row's adapter around the step (``adapter_rows``, ``nn/weights/multi_lora.py``), and a prompt's
@@ -54,20 +58,19 @@ from tformer.generation.run import DecodingRun
 from tformer.generation.sampling import TokenChooser
 from tformer.generation.settings import SERVER, GenerationConfig, GenerationError, refusals
 from tformer.generation.transcription import audio_windows, transcript_budget, transcription_prompt
-from tformer.memory import available_memory, format_bytes
 from tformer.models.embeddings import embedding_problem
-from tformer.nn.attention.cache_spec import CacheSpec, CrossAttention, LayerCacheSpec, RunningSums
-from tformer.nn.attention.paged import PagedCache, PagedCrossCache, PagedLayout
+from tformer.nn.attention.cache_spec import RunningSums
+from tformer.nn.attention.paged import PagedLayout
 from tformer.nn.attention.paged_kernel import PagedKernelError, resolve
-from tformer.nn.attention.performer import RunningSumSlots
-from tformer.nn.block import LayerCache
 from tformer.nn.positions.rope_scaling import ROPE_SCALINGS
 from tformer.nn.weights.multi_lora import adapter_index, adapter_rows
 from tformer.pooling import Pooling
-from tformer.serving.block_pool import BlockPool, blocks_for, prefix_keys
+from tformer.serving.block_pool import blocks_for, prefix_keys
 from tformer.serving.captured_decode import CapturedDecode
 from tformer.serving.embedder import Embedder, EmbeddingRequest
 from tformer.serving.emitter import Emitter
+from tformer.serving.engine_caches import allocate, each_spec, shares_prefixes
+from tformer.serving.overlapped_steps import OverlappedSteps
 from tformer.serving.requests import Request
 from tformer.serving.scheduler import Scheduler, StepBatch
 from tformer.serving.wire import Embeddings, EngineStats, TokenEvent
@@ -97,6 +100,8 @@ class Engine:
     ``prefix_caching``: prompts reuse the cached blocks of a prefix computed before, and a request's ``n``
     sequences share its prompt's blocks (False: every sequence computes its whole prompt; None, the default: on
     unless a layer keeps a running state, Performer's, or an encoder's keys: no prefix of those can be shared);
+    ``overlap``: launch each decode step from the device's tokens before the host reads the previous step's
+    (``overlapped_steps``; None, the default: where the device runs asynchronously, CUDA);
     ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings). The LoRA adapters
     ``load_adapters`` put over ``model`` are served by name (``adapters``).
     """
@@ -104,7 +109,7 @@ class Engine:
     def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
                  max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None,
                  paged_attention: str = "auto", prefix_caching: bool | None = None,
-                 pooling: Pooling | None = None) -> None:
+                 pooling: Pooling | None = None, overlap: bool | None = None) -> None:
         for name, value in (("cache_tokens", cache_tokens), ("block_size", block_size), ("max_running", max_running),
                             ("max_step_tokens", max_step_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -112,14 +117,18 @@ class Engine:
         if prefix_caching is not None and not isinstance(prefix_caching, bool):
             raise GenerationError(f"prefix_caching={prefix_caching!r} must be True, False or None (on where the "
                                   "model's caches allow it)")
+        if overlap is not None and not isinstance(overlap, bool):
+            raise GenerationError(f"overlap={overlap!r} must be True, False or None (on where the device is "
+                                  "asynchronous: CUDA)")
         self.tokenizer = tokenizer
         self.adapters = served_adapters(model)  # the names a request may choose besides the base
         self.stats = EngineStats()
         self._ids = itertools.count()
-        self.pool = self.scheduler = self.emitter = self.captured = None
+        self.pool = self.scheduler = self.emitter = self.captured = self.overlapped = None
         if model.generates or pooling is None:
             self._start_decoding(model, cache_tokens, block_size, max_running, max_step_tokens, queue_timeout,
                                  paged_attention, prefix_caching)
+            self.overlapped = OverlappedSteps.make(overlap, self.scheduler, self.emitter, self.device, self._run_step)
             self.work = self.scheduler.work
         else:  # embeddings only
             self.model, self.device, self.prefix_caching = model, model.device, False
@@ -153,17 +162,17 @@ class Engine:
         self.position_limit = model.position_limit  # read once: it walks the model's modules
         self._transcript_budgets: dict[tuple[int, ...], int] = {}  # a speech model's decoder prompt -> its budget
         specs = model.cache_specs()
-        keeps_states = any(not spec.paged for spec in _each_spec(specs))
-        self.prefix_caching = _prefix_caching(prefix_caching, specs)
+        keeps_states = any(not spec.paged for spec in each_spec(specs))
+        self.prefix_caching = shares_prefixes(prefix_caching, specs)
         self._no_sources: dict | None = None  # an encoder-decoder's step inputs when no sequence starts (no rows)
         try:
-            self.pool, self.caches = _allocate(specs, cache_tokens, block_size, max_running,
+            self.pool, self.caches = allocate(specs, cache_tokens, block_size, max_running,
                                                next(model.parameters()).dtype, self.device)
         except (RuntimeError, MemoryError) as error:  # the estimate passed, the allocation did not
             raise GenerationError(f"cache_tokens={cache_tokens}: the key/value cache could not be allocated on "
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None
         # A layer keeps running sums (Performer's): a row no beam can take over, which beam search needs.
-        self._keeps_sums = any(isinstance(spec, RunningSums) for spec in _each_spec(specs))
+        self._keeps_sums = any(isinstance(spec, RunningSums) for spec in each_spec(specs))
         # An encoder-decoder's sequences of one request share its source's row of encoder keys, unless a layer keeps
         # running sums (each sequence's own).
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
@@ -300,7 +309,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> int:
         """One scheduling step: a batch of embeddings; cancel, admit, run every sequence one token further. New
-        tokens made (and inputs embedded)."""
+        tokens made (and, where steps are overlapped, handed out) and inputs embedded: 0 when it could run nothing."""
         made = self.embedder.step() if self.embedder is not None else 0
         if self.scheduler is None:
             return made
@@ -313,13 +322,18 @@ class Engine:
         admitted, forking = scheduler.admit()
         for request in scheduler.take_expired():
             emitter.finish_unstarted(request, "timeout")
+        overlapped = self.overlapped
+        if overlapped is not None:
+            if overlapped.takes(admitted):
+                launched = overlapped.steps
+                made += overlapped.step()
+                self.stats.steps += overlapped.steps - launched
+                return made
+            made += overlapped.drain()  # every running sequence's last token on the host, for the step as it comes
         if not scheduler.running:
             return made
         batch = scheduler.batch(admitted)
-        if self.captured is not None and self.captured.takes(batch, admitted):
-            logits = self.captured.step(batch)  # (N, V): one token each, through a captured graph
-        else:
-            logits = self._step_eagerly(batch, admitted)
+        logits = self._run_step(batch, admitted=admitted)
         self.stats.steps += 1
         if any(batch.scored):
             logits = emitter.score_prompts(logits, batch.counts, batch.scored)
@@ -328,14 +342,23 @@ class Engine:
         emitter.sample(logits, batch.rows)
         return made + len(batch.rows)
 
-    def _step_eagerly(self, batch: StepBatch, admitted: set[int]) -> torch.Tensor:
+    def _run_step(self, batch: StepBatch, input_ids: torch.Tensor | None = None,
+                  admitted: set[int] = frozenset()) -> torch.Tensor:
+        """The model's step over ``batch`` (its tokens ``input_ids`` (N,) on the device where given, else the
+        batch's): logits (K, V), through a captured graph where the step is decode-only and captured steps apply."""
+        if self.captured is not None and self.captured.takes(batch, admitted):
+            return self.captured.step(batch, input_ids)  # (N, V): one token each
+        return self._step_eagerly(batch, admitted, input_ids)
+
+    def _step_eagerly(self, batch: StepBatch, admitted: set[int], input_ids: torch.Tensor | None) -> torch.Tensor:
         """The step as it comes (prompts and one-token sequences mixed): logits (K, V), the rows its layout keeps."""
         states = batch.state_slots if self.scheduler.free_states is not None else None
         layout = PagedLayout.build(batch.tables, batch.counts, self.device, in_place=self.in_place,
                                    every_row=batch.scored if any(batch.scored) else None,
                                    block_size=self.pool.block_size, state_slots=states)
         step_inputs = self._encode_sources(admitted, layout) if self.model.encodes_prompt else {}
-        ids = torch.tensor([batch.input_ids], device=self.device)  # (1, N): every sequence's new tokens in turn
+        # (1, N): every sequence's new tokens in turn
+        ids = torch.tensor([batch.input_ids], device=self.device) if input_ids is None else input_ids[None]
         with self.model.stepping, self._adapter_rows(batch.adapters, batch.counts, layout.keep):
             return self.model.step(ids, layout, self.caches, **step_inputs)[0]  # (K, V) the rows layout.keep names
 
@@ -499,67 +522,6 @@ def _padded_sources(sources: list[list[int]], device: torch.device) -> tuple[tor
         batch[row, : len(source)] = torch.tensor(source)
         mask[row, : len(source)] = 1
     return batch.to(device), mask.to(device)
-
-
-def _each_spec(specs: list[LayerCacheSpec]) -> list[CacheSpec]:
-    """Every cache the layers declare: each block's self-attention's, then its cross-attention's."""
-    return [spec for layer in specs for spec in (layer.self_attention, layer.cross_attention) if spec is not None]
-
-
-def _prefix_caching(asked: bool | None, specs: list[LayerCacheSpec]) -> bool:
-    """Whether prompts share cached prefixes: as ``asked``, None where every layer's cache is per token; a
-    running state (its sums cover the whole prefix, no block of it stands alone) or an encoder's keys (the
-    decoder's prefix means nothing without its source) refuse True."""
-    states = [spec for spec in _each_spec(specs) if not spec.paged]
-    if asked and states:
-        raise GenerationError(f"prefix_caching=True cannot be honoured: a layer keeps {type(states[0]).__name__} per "
-                              "sequence, not keys per token, so no prefix of it can be shared (False or None)")
-    return not states if asked is None else asked
-
-
-def _allocate(layers: list[LayerCacheSpec], cache_tokens: int, block_size: int, max_running: int,
-              dtype: torch.dtype, device: torch.device) -> tuple[BlockPool, list[LayerCache]]:
-    """The engine's caches from each layer's spec: a block pool holding the per-token layers (full attention, a
-    sliding window), a row per running sequence of each running-state layer and of each cross-attention (the
-    encoder's keys, as long as its source); checked against memory first (the sources' keys aside)."""
-    specs = [layer.self_attention for layer in layers]
-    paged = [spec for spec in specs if spec.paged]
-    unknown = [spec for spec in specs if not spec.paged and not isinstance(spec, RunningSums)]
-    unknown += [layer.cross_attention for layer in layers
-                if layer.cross_attention is not None and not isinstance(layer.cross_attention, CrossAttention)]
-    if unknown:
-        raise GenerationError(f"the server cannot keep a layer's {type(unknown[0]).__name__} cache")
-    shapes = sorted({(spec.num_kv_heads, spec.head_dim) for spec in paged})
-    if len(shapes) > 1:
-        raise GenerationError(f"the layers' key/value heads and head sizes differ ({shapes}): one block pool holds "
-                              "one shape")
-    heads, head_dim = shapes[0] if shapes else (1, 1)
-    num_blocks = blocks_for(cache_tokens, block_size)
-    _check_pool_fits(cache_tokens, num_blocks * block_size, sum(spec.bytes_per_token(dtype) for spec in specs),
-                     max_running * sum(spec.bytes_per_sequence(dtype) for spec in specs), device)
-    pool = BlockPool(num_blocks, block_size, len(paged), heads, head_dim, dtype, device)
-    caches, layer = [], 0
-    for spec, declared in zip(specs, layers, strict=True):
-        if spec.paged:
-            own = PagedCache(pool.keys[layer], pool.values[layer])
-            layer += 1
-        else:
-            own = RunningSumSlots(spec, max_running, dtype, device)
-        caches.append(LayerCache(own, None if declared.cross_attention is None else PagedCrossCache(max_running)))
-    return pool, caches
-
-
-def _check_pool_fits(cache_tokens: int, slots: int, per_token: int, states: int, device: torch.device) -> None:
-    """A GenerationError naming the memory ``cache_tokens`` would take (``slots`` tokens of ``per_token`` bytes, and
-    ``states`` bytes of running states) and the most tokens that fit, before it is allocated (an allocation that
-    large fails with a traceback, or the kernel ends the process)."""
-    available = available_memory(device)
-    if available is not None and slots * per_token + states > available:
-        room = max(0, available - states) // max(per_token, 1)
-        raise GenerationError(f"cache_tokens={cache_tokens} needs {format_bytes(slots * per_token + states)} of cache "
-                              f"({per_token} bytes a token, {format_bytes(states)} of running states); "
-                              f"{format_bytes(available)} is available on {device.type}: cache_tokens must be in "
-                              f"[1, {room}]")
 
 
 def serving_defaults(model: nn.Module, config: GenerationConfig | None) -> GenerationConfig:

@@ -190,13 +190,19 @@ class Scheduler:
         self.stats.prefix_cache_hit_tokens += len(found) * size
         return tokens
 
-    def batch(self, admitted: set[int]) -> StepBatch:
+    def batch(self, admitted: set[int],
+              ahead: list[tuple[Request, RunningSequence]] | None = None) -> StepBatch:
         """The step's tokens: a sequence admitted now its prompt (past the cached prefix its table starts with),
-        every other its last token; each table given the slots they fill."""
+        every other its last token; each table given the slots they fill. ``ahead``: a decode step over these
+        sequences launched before their last tokens reached the host (``overlapped_steps``): each one's token is -1
+        here, the caller has them on the device."""
         batch = StepBatch([], [], [], [], {}, [], [])
-        for row, (request, sequence) in enumerate(self.running):
+        for row, (request, sequence) in enumerate(self.running if ahead is None else ahead):
             prefill = id(sequence) in admitted
-            tokens = request.prompt_ids[sequence.table.length:] if prefill else [self.pending[id(sequence)]]
+            if ahead is not None:
+                tokens = [-1]
+            else:
+                tokens = request.prompt_ids[sequence.table.length:] if prefill else [self.pending[id(sequence)]]
             sequence.table.append(len(tokens))
             batch.tables.append(sequence.table)
             batch.counts.append(len(tokens))

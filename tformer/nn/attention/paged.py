@@ -100,19 +100,18 @@ class PagedLayout(StepLayout):
                 decode_states.append(state)
             else:
                 slots.extend(context[-count:].tolist())
-                prefills.append(PagedPrefill(slice(row, row + count), context.to(device),
+                prefills.append(PagedPrefill(slice(row, row + count), on_device(context, device),
                                              torch.arange(table.length, device=device)[None], state))
             kept_rows.extend(range(row, row + count) if whole else [row + count - 1])
             row += count
-        layout = cls(torch.tensor([positions], device=device), real_queries=True,
-                     keep=torch.tensor(kept_rows, device=device), slots=torch.tensor(slots, device=device),
-                     prefills=prefills)
+        layout = cls(on_device([positions], device), real_queries=True, keep=on_device(kept_rows, device),
+                     slots=on_device(slots, device), prefills=prefills)
         if decode_contexts and keeps_states:
-            layout.decode_state_slots = torch.tensor(decode_states, device=device)
+            layout.decode_state_slots = on_device(decode_states, device)
         if decode_contexts and in_place:
-            layout.decode_rows = torch.tensor(decode_rows, device=device)
-            layout.decode_context = torch.cat(decode_contexts).to(device)
-            layout.decode_offsets = torch.tensor([0] + decode_lengths).cumsum(0).to(device)
+            layout.decode_rows = on_device(decode_rows, device)
+            layout.decode_context = on_device(torch.cat(decode_contexts), device)
+            layout.decode_offsets = on_device(torch.tensor([0] + decode_lengths).cumsum(0), device)
             layout.in_place, layout.block_size = in_place, block_size
         elif decode_contexts:
             layout._lay_out_decodes(decode_rows, decode_contexts, decode_lengths, device)
@@ -143,9 +142,9 @@ class PagedLayout(StepLayout):
         for index, (context, size) in enumerate(zip(contexts, sizes, strict=True)):
             padded[index, longest - size:] = context
         lengths = torch.tensor(sizes)
-        self.decode_rows = torch.tensor(rows, device=device)
-        self.decode_context = padded.to(device)
-        self.decode_positions = (torch.arange(longest)[None, :] - (longest - lengths)[:, None]).to(device)
+        self.decode_rows = on_device(rows, device)
+        self.decode_context = on_device(padded, device)
+        self.decode_positions = on_device(torch.arange(longest)[None, :] - (longest - lengths)[:, None], device)
         if length is not None or min(sizes) < longest:  # a fixed shape: padding whether or not needed
             self.decode_padding = self.decode_positions >= 0
 
@@ -233,6 +232,16 @@ class PagedCache:
             context_values = values.index_select(0, prefill.context).transpose(0, 1).unsqueeze(0)
             out[prefill.rows] = kernel(queries, context_keys, context_values, prefill_mask)[0][0].transpose(0, 1)
         return out.transpose(0, 1).unsqueeze(0), None
+
+
+def on_device(values: Tensor | list, device: torch.device) -> Tensor:
+    """Host ``values`` (a tensor, or a list of integers) on ``device``. On a GPU the copy leaves from pinned memory
+    without waiting: a blocking copy waits for every kernel queued before it, and the serving engine lays out a step
+    while the step before runs (``serving/overlapped_steps.py``)."""
+    host = values if isinstance(values, Tensor) else torch.tensor(values)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def read_in_place(queries: Tensor, keys: Tensor, values: Tensor, mask: PagedMask) -> Tensor:

@@ -213,7 +213,7 @@ MUTATIONS = (
         "a finished sequence's running-state row is handed out twice: two sequences overwrite each other's sums",
     ),
     Mutation(
-        "pool-holds-every-layer", "tformer/serving/engine.py",
+        "pool-holds-every-layer", "tformer/serving/engine_caches.py",
         "    pool = BlockPool(num_blocks, block_size, len(paged), heads, head_dim, dtype, device)",
         "    pool = BlockPool(num_blocks, block_size, len(specs), heads, head_dim, dtype, device)",
         ("tests/serving/test_cache_specs.py",),
@@ -771,8 +771,8 @@ MUTATIONS = (
     ),
     Mutation(
         "paged-in-place-contexts-out-of-order", "tformer/nn/attention/paged.py",
-        "layout.decode_context = torch.cat(decode_contexts).to(device)",
-        "layout.decode_context = torch.cat(decode_contexts[::-1]).to(device)",
+        "layout.decode_context = on_device(torch.cat(decode_contexts), device)",
+        "layout.decode_context = on_device(torch.cat(decode_contexts[::-1]), device)",
         ("tests/nn/test_paged_kernel.py", "tests/serving/test_serving_engine.py", "-k", "sixteen or in_place"),
         "the in-place paged kernel reads each sequence's keys at another sequence's offsets",
     ),

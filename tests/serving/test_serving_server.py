@@ -363,10 +363,11 @@ def test_serve_turns_prefix_caching_off_and_chooses_how_decode_steps_read_the_ca
     monkeypatch.setattr("tformer.serving.server.run", lambda server, **options: clients.append(server.engine))
     thread = ["serve", str(checkpoint), "--port", "0", "--engine", "thread"]
     assert main(thread) == 0
-    assert main([*thread, "--no-prefix-cache", "--paged-attention", "gather"]) == 0
+    assert main([*thread, "--no-prefix-cache", "--paged-attention", "gather", "--overlap", "on"]) == 0
     engines = [client.engine for client in clients]
     assert [engine.prefix_caching for engine in engines] == [True, False]
     assert [engine.in_place for engine in engines] == ["kernel", None]
+    assert [engine.overlapped is not None for engine in engines] == [False, True]  # auto: off on the CPU
     assert clients[1].facts.paged_attention == "paged attention: gather (asked for)"
 
 

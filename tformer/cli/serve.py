@@ -70,6 +70,10 @@ def register(subparsers) -> None:
                         help="how decode steps read the cache: in place (the compiled CPU kernel; FlexAttention on a "
                              "CUDA GPU), or by gathering each sequence's blocks; auto (default) reads in place on the "
                              "CPU where the model allows, gathers on a GPU (its steps captured), and says which")
+    parser.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
+                        help="launch each decode step from the last step's tokens before the host reads them, and "
+                             "send their events while it runs; auto (default): on a CUDA GPU, off on the CPU (a CPU "
+                             "step runs on the host's thread: nothing to overlap)")
     parser.add_argument("--queue-timeout", type=float, default=60.0,
                         help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -156,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     options = {"cache_tokens": args.cache_tokens, "block_size": args.block_size, "max_running": args.max_running,
                "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout,
                "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention,
+               "overlap": {"auto": None, "on": True, "off": False}[args.overlap],
                "pooling": args.pooling, "normalize": args.normalize, "adapters": adapters}
     build = partial(build_engine, args.model_source, options=options)
     if args.engine == "thread":

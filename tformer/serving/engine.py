@@ -167,7 +167,7 @@ class Engine:
         self._no_sources: dict | None = None  # an encoder-decoder's step inputs when no sequence starts (no rows)
         try:
             self.pool, self.caches = allocate(specs, cache_tokens, block_size, max_running,
-                                               next(model.parameters()).dtype, self.device)
+                                              next(model.parameters()).dtype, self.device)
         except (RuntimeError, MemoryError) as error:  # the estimate passed, the allocation did not
             raise GenerationError(f"cache_tokens={cache_tokens}: the key/value cache could not be allocated on "
                                   f"{self.device.type} ({str(error).splitlines()[0]})") from None

@@ -46,7 +46,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pretraining_helps import build_corpus, data_file  # noqa: E402
+from data_roots import data_file  # noqa: E402
+from pretraining_helps import build_corpus  # noqa: E402
 from run_costs import peak_memory_mib, records, seconds_per_step, trained_parameters  # noqa: E402
 
 import tformer  # noqa: E402

@@ -23,13 +23,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_path  # noqa: E402
+
 import tformer  # noqa: E402
 from tformer.tokenizers import load as load_tokenizer  # noqa: E402
 from tformer.training.config import TrainingConfig  # noqa: E402
 from tformer.training.distributed import ProcessContext  # noqa: E402
 from tformer.training.tasks.mlm import MaskedLanguageModelling  # noqa: E402
 
-VOCAB = ROOT.parent / "shared" / "data" / "tokenizers" / "bert-base-uncased" / "vocab.txt"
+VOCAB = data_path("tokenizers/bert-base-uncased/vocab.txt")
 WORDS = "the cat sat on mat a dog ran to park and slept in sun".split()
 SEQ_LEN, BATCH = 64, 32
 
@@ -83,7 +85,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
     if not VOCAB.is_file():
-        raise SystemExit(f"{VOCAB}: BERT's vocabulary is not there (it lives in ../shared/data beside the repo)")
+        raise SystemExit(f"{VOCAB}: BERT's vocabulary is not there (`tformer data fetch tokenizers/bert-base-uncased`)")
     tokenizer = load_tokenizer(VOCAB)
     task = MaskedLanguageModelling(toy_documents(), None, tokenizer)
     shape = tformer.build_model("bert-tiny", head="masked_lm", max_seq_len=SEQ_LEN)

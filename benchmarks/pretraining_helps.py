@@ -42,8 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_file  # noqa: E402
+
 from tformer.cli import main as tformer_main  # noqa: E402
-from tformer.data.cache import resolve  # noqa: E402
 from tformer.data.classification import read_classification  # noqa: E402
 from tformer.data.conll import read_conll  # noqa: E402
 from tformer.data.lm import unigram_cross_entropy  # noqa: E402
@@ -53,14 +54,6 @@ from tformer.tokenizers import train as train_tokenizer  # noqa: E402
 from tformer.training.recipe import HEAD_KEYS, INIT_FROM_KEYS, load_recipe, recipe_from_dict  # noqa: E402
 from tformer.training.run import train_recipe  # noqa: E402
 from tformer.training.tasks.mlm import split_documents, text_documents  # noqa: E402
-
-SHARED_DATA = ROOT.parent / "shared" / "data"  # beside the project, where it is
-
-
-def data_file(path: str) -> Path:
-    """A dataset's file, ``NAME/FILE``, from the data roots as a recipe finds it: ``TFORMER_DATA``, ../shared/data
-    beside the project, then ``tformer data fetch``'s cache."""
-    return resolve(f"dataset:{path}", SHARED_DATA)
 
 SQUAD_TRAIN_ARTICLES = 38
 

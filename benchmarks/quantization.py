@@ -30,13 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_path  # noqa: E402
+
 import tformer  # noqa: E402
 from tformer.cli.evaluate import run_recipe  # noqa: E402
 from tformer.quantization import scheme_for  # noqa: E402
 from tformer.training.tasks import task_for_recipe  # noqa: E402
 from tformer.training.trainer import Trainer  # noqa: E402
 
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+MULTI30K = data_path("multi30k")
 MEMORY_PROBE = """
 import json, sys, warnings
 import torch

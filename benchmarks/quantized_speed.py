@@ -34,6 +34,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_path  # noqa: E402
+
 import tformer  # noqa: E402
 from benchmarks.compare_trees import translation_folder  # noqa: E402
 from benchmarks.encoder_speed import batch  # noqa: E402
@@ -41,7 +43,7 @@ from tformer.generation.translation import translate  # noqa: E402
 from tformer.nn.weights import QUANTIZED_BACKENDS  # noqa: E402
 from tformer.nn.weights.quantized import plan_for  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
+DATA = data_path("multi30k")
 METHODS = ("int8", "w8a8", "int4")
 
 

@@ -48,7 +48,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretraining_helps import PRETRAIN_SETTINGS, data_file, from_scratch
+from data_roots import data_file
+from pretraining_helps import PRETRAIN_SETTINGS, from_scratch
 
 from tformer.training.recipe import recipe_from_dict, toml_value
 

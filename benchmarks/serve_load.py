@@ -32,7 +32,7 @@ Prompts: ``transformers serve`` takes only text (a list of token ids is a 400) a
 itself, tformer serve gets the token ids: each prompt is a run of ids whose text encodes back to
 exactly those ids, and the prompt_tokens servers report are checked. Tokenizers, written into the
 folder as tokenizer.json: gpt-mini's 256 ids are the 256 bytes (GPT-2's byte alphabet, no merges);
-gpt2 uses GPT-2's files from ../shared/data/tokenizers/gpt2. Nothing is downloaded.
+gpt2 uses GPT-2's files, dataset tokenizers/gpt2 in the data roots (``data_roots.py``). Nothing is downloaded.
 
 Servers run one at a time (output in <work>/<model>-<system>.log), stopped with SIGTERM; one that
 fails to start or crashes is reported with its reason. ``transformers serve`` needs ``accelerate``
@@ -62,6 +62,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_path  # noqa: E402
+
 import tformer  # noqa: E402
 from benchmarks.timing import timed  # noqa: E402
 from tformer.config import resolve_config  # noqa: E402
@@ -76,7 +78,7 @@ SYSTEMS = {"tformer": "(a) tformer serve", "generate": "(b) tformer.generate, 1 
            "engine": "the engine alone, no HTTP", "static": "ceiling: generate, batches of 16",
            "hf": "(c) transformers serve", "hf-cb": "(c) transformers serve --cb"}
 STATIC_BATCH = 16
-GPT2_TOKENIZER = ROOT.parent / "shared" / "data" / "tokenizers" / "gpt2" / "encoder.json"
+GPT2_TOKENIZER = data_path("tokenizers/gpt2/encoder.json")
 WORDS = ("the of and to in is was for on that with as by at from his her it an are were which this be or "
          "had not but have one all they their time city river king house water light north music early "
          "small great people between during after under years first second world century known later").split()

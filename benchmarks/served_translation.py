@@ -30,12 +30,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_path  # noqa: E402
+
 import tformer  # noqa: E402
 from tformer.data.parallel import ParallelText  # noqa: E402
 from tformer.generation.translation import translate  # noqa: E402
 from tformer.training.tasks.translation import learn_joint_bpe  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
+DATA = data_path("multi30k")
 
 
 def lines(name: str, count: int | None = None) -> list[str]:

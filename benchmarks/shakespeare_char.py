@@ -48,13 +48,14 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import train_step_overhead as shape  # noqa: E402
+from data_roots import data_path  # noqa: E402
 
 import tformer  # noqa: E402
 from tformer.data.sources import load_language_model_data  # noqa: E402
 from tformer.training.recipe import load_recipe  # noqa: E402
 
 RECIPE = REPO / "configs" / "shakespeare-char.toml"
-DATA = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"
+DATA = data_path("tinyshakespeare/input.txt.gz")
 TARGETS = {"wall_s": 83.0, "val_loss": 1.89}
 
 
@@ -157,7 +158,7 @@ def main() -> None:
     if any(item.split("=", 1)[0].strip() == "training.threads" for item in args.overrides):
         parser.error("--set training.threads: use --threads, which every run gets")
     if not DATA.is_file():
-        raise SystemExit(f"{DATA} is absent: this benchmark needs ../shared/data/tinyshakespeare beside the project")
+        raise SystemExit(f"{DATA} is absent: this benchmark needs tinyshakespeare (tformer data fetch tinyshakespeare)")
     if args.nanogpt is not None and not (args.nanogpt / "model.py").is_file():
         print(f"--nanogpt {args.nanogpt}: no model.py there (not a nanoGPT checkout); skipping the nanoGPT row")
         args.nanogpt = None

@@ -6,7 +6,7 @@ draft by distillation from it (the Trainer on a language-modelling task whose lo
 
 writes ``OUT/target`` and ``OUT/draft`` (checkpoint folders with the character tokenizer);
 ``generate_speed.py`` trains them this way itself when they are missing. Nothing here
-downloads anything: the text is read from ``../shared/data/tinyshakespeare/input.txt.gz``.
+downloads anything: the text is tinyshakespeare's ``input.txt.gz``, from the data roots (``data_roots.py``).
 
 1. The target learns the text: next-character cross-entropy.
 2. The draft learns the same text from the target (distillation: the KL divergence from the
@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from data_roots import data_path
 
 import tformer
 from tformer.data.lm import split_tokens
@@ -44,7 +45,7 @@ from tformer.tokenizers import CharTokenizer
 from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer, TrainingConfig, TrainingInterrupted, TrainingResult
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt.gz"
+DEFAULT_DATA = data_path("tinyshakespeare/input.txt.gz")
 SEQ_LEN = 256  # training context; generation in the benchmark stays within it
 TARGET = dict(num_layers=6, d_model=256, num_heads=8)
 DRAFT = dict(num_layers=1, d_model=128, num_heads=4)
@@ -54,9 +55,10 @@ CHECKPOINT_EVERY = 100  # steps; what an interrupted or killed stage resumes fro
 
 
 def read_text(path: Path) -> str:
-    """The corpus as text; a clear error when it is absent (a fresh clone has no ../shared)."""
+    """The corpus as text; a clear error when it is absent (a fresh clone that has not fetched it)."""
     if not path.is_file():
-        raise SystemExit(f"{path}: not found; pass --data with tinyshakespeare's input.txt(.gz)")
+        raise SystemExit(f"{path}: not found; `tformer data fetch tinyshakespeare`, or pass --data with its "
+                         "input.txt(.gz)")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as handle:
         return handle.read()

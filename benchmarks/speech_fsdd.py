@@ -6,7 +6,7 @@ takes 0-4 and trains on takes 5-49; ``--held-out-speaker NAME`` tests on every t
 trains on the other five. The same ``--seed`` writes byte-identical files (tformer.data.fsdd has the rules).
 
     python benchmarks/speech_fsdd.py [--out runs/fsdd-digits] [--train 3000] [--test 300] [--seed 0]
-                                     [--held-out-speaker theo] [--source ../shared/data/fsdd/recordings]
+                                     [--held-out-speaker theo] [--source FSDD/recordings]
 
 It writes OUT/train/NNNNN.wav, OUT/test/NNNNN.wav, OUT/train.tsv and OUT/test.tsv (columns audio, text,
 speaker, recordings: a manifest tformer.data.speech reads) and OUT/fsdd_digits.json, and prints what each
@@ -26,10 +26,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from data_roots import data_path  # noqa: E402
+
 from tformer.data.fsdd import SPLITS, DigitSettings, build_digit_corpus  # noqa: E402
 from tformer.errors import TformerError  # noqa: E402
 
-DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "fsdd" / "recordings"
+DEFAULT_SOURCE = data_path("fsdd/recordings")
 
 
 def summary_table(corpus) -> str:
@@ -51,7 +53,7 @@ def summary_table(corpus) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE,
-                        help="FSDD's recordings folder (default: ../shared/data/fsdd/recordings beside the repo)")
+                        help="FSDD's recordings folder (default: the dataset fsdd's, from the data roots)")
     parser.add_argument("--out", type=Path, default=Path("runs/fsdd-digits"), help="output folder (runs/fsdd-digits)")
     defaults = DigitSettings()
     parser.add_argument("--train", type=int, default=defaults.train_utterances, help="training utterances (3000)")

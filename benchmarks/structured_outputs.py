@@ -5,7 +5,7 @@ decoding costs tformer serve in tokens/s at 16 concurrent clients.
     python benchmarks/structured_outputs.py --quick        # tiny sizes: checks that every part runs
 
 (a) Mask time: for each library (llguidance, which tformer uses; outlines-core; xgrammar) and vocabulary (a
-98-character one; GPT-2's 50,257 byte-level BPE tokens from ../shared/data/tokenizers/gpt2; a Llama-3-sized
+98-character one; GPT-2's 50,257 byte-level BPE tokens (dataset tokenizers/gpt2); a Llama-3-sized
 128,256 made offline from GPT-2's by adding concatenations of two GPT-2 tokens, seeded, as nothing is downloaded),
 the JSON documents of ``DOCUMENTS`` (valid under ``SCHEMA``) are fed token by token (GPT-2's tokenization for both
 BPE vocabularies), the engine computing the next token's mask (a bitmask over the vocabulary) before each token.
@@ -44,6 +44,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_path  # noqa: E402
+
 import tformer  # noqa: E402
 from benchmarks.serve_load import (  # noqa: E402
     PROMPT_LENGTHS,
@@ -57,7 +59,7 @@ from benchmarks.serve_load import (  # noqa: E402
 from tformer.generation.constraints import token_bytes_table  # noqa: E402
 from tformer.tokenizers import CharTokenizer  # noqa: E402
 
-GPT2_FILES = ROOT.parent / "shared" / "data" / "tokenizers" / "gpt2"
+GPT2_FILES = data_path("tokenizers/gpt2")
 LIBRARIES = ("llguidance", "outlines-core", "xgrammar")
 VOCABULARIES = ("char", "gpt2", "llama3-sized")
 LLAMA3_VOCAB = 128256

@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pretraining_helps import build_corpus, chunks, data_file, read_lines  # noqa: E402
+from data_roots import data_file  # noqa: E402
+from pretraining_helps import build_corpus, chunks, read_lines  # noqa: E402
 
 from tformer.tokenizers import train as train_tokenizer  # noqa: E402
 

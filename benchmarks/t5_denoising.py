@@ -33,16 +33,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_file  # noqa: E402
+
 import tformer  # noqa: E402
 from tformer.data.span_corruption import corrupt_spans, random_spans_noise_mask  # noqa: E402
 from tformer.generation import generate  # noqa: E402
 from tformer.training.recipe import load_recipe  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
-
 
 def held_out_sentences(count: int) -> list[str]:
-    with gzip.open(DATA / "multi30k" / "val.en.gz", "rt", encoding="utf-8") as file:
+    with gzip.open(data_file("multi30k/val.en.gz"), "rt", encoding="utf-8") as file:
         return [line.strip() for line in file if line.strip()][:count]
 
 

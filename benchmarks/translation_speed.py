@@ -28,6 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data_roots import data_path  # noqa: E402
+
 import tformer  # noqa: E402
 from benchmarks.timing import interleaved  # noqa: E402
 from tformer.data.parallel import read_parallel, text_lines  # noqa: E402
@@ -36,7 +38,7 @@ from tformer.training.config import TrainingConfig  # noqa: E402
 from tformer.training.distributed import ProcessContext  # noqa: E402
 from tformer.training.tasks.translation import Translation, learn_joint_bpe  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
+DATA = data_path("multi30k")
 SMOOTHING = 0.1
 
 

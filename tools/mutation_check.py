@@ -788,7 +788,7 @@ MUTATIONS = (
         "if len(sequence.output_ids) + (id(sequence) in ahead) < request.config.max_new_tokens]",
         "if len(sequence.output_ids) < request.config.max_new_tokens]",
         ("tests/serving/test_overlapped_steps.py",),
-        "a step launched ahead runs a sequence whose token in flight is its last: a slot past its reservation",
+        "a step launched ahead runs a sequence whose token in flight is its last: a forward pass for nothing",
     ),
     Mutation(
         "overlap-feeds-the-rows-in-the-old-order", "tformer/serving/overlapped_steps.py",
@@ -799,11 +799,25 @@ MUTATIONS = (
         "had there, another sequence's",
     ),
     Mutation(
-        "overlap-launches-ahead-of-a-sampled-request", "tformer/serving/overlapped_steps.py",
-        "                   and not request.chooser.alters(len(sequence.output_ids) + (id(sequence) in ahead))",
-        "                   and True",
+        "overlap-launches-ahead-of-a-penalty", "tformer/serving/overlapped_steps.py",
+        "                   and not request.chooser.reads_history for request, _ in self.scheduler.running)",
+        "                   for request, _ in self.scheduler.running)",
         ("tests/serving/test_overlapped_steps.py",),
-        "a step is launched ahead with the argmax for a sequence whose token is sampled or penalised",
+        "a step is launched ahead for a sequence whose rule reads its tokens so far (a penalty), one still in flight",
+    ),
+    Mutation(
+        "overlap-takes-the-argmax-of-a-sampled-request", "tformer/serving/overlapped_steps.py",
+        "        if chooser.alters(generated):\n",
+        "        if False:\n",
+        ("tests/serving/test_overlapped_steps.py",),
+        "a step launched ahead gives a sampled sequence the argmax, not its chooser's draw",
+    ),
+    Mutation(
+        "overlap-draws-a-token-early", "tformer/serving/overlapped_steps.py",
+        "        generated = len(sequence.output_ids) + (id(sequence) in ahead)\n",
+        "        generated = len(sequence.output_ids)\n",
+        ("tests/serving/test_overlapped_steps.py",),
+        "a sequence's rules apply as if its token in flight were not there (an end id held back a step too long)",
     ),
     Mutation(
         "overlap-admits-without-handing-out", "tformer/serving/engine.py",

@@ -72,13 +72,18 @@ def test_overlapped_steps_send_the_plain_loops_events_for_end_ids_stop_strings_a
         assert requests[index].finish_reasons() == ["stop", "stop"]
 
 
-def test_overlapped_steps_drain_for_requests_that_sample_and_equal_generate():
-    """Greedy requests beside seeded sampling, a repetition penalty and log-probabilities (steps that cannot
-    be launched ahead: the one in flight is handed out first): every answer is generate's alone."""
+def test_overlapped_steps_draw_sampled_tokens_and_drain_for_penalties_and_logprobs():
+    """Seeded sampling (temperature; top-k, top-p and an end id held back) and a forced last token decoded ahead
+    beside greedy requests, a repetition penalty and log-probabilities (which read the tokens in flight: the step in
+    flight is handed out first): every answer is generate's alone."""
     model = small_model()
     prompts, budgets = prompts_and_budgets(8, model.config.vocab_size, seed=2)
+    budgets = [max(budget, 12) for budget in budgets]
     configs = [GenerationConfig(max_new_tokens=budget, eos_token_id=()) for budget in budgets]
-    configs[2] = GenerationConfig(max_new_tokens=4, temperature=0.8, seed=5, eos_token_id=())
+    configs[2] = GenerationConfig(max_new_tokens=budgets[2], temperature=0.8, seed=5, eos_token_id=())
+    configs[3] = GenerationConfig(max_new_tokens=budgets[3], do_sample=True, top_k=5, top_p=0.9, seed=6,
+                                  min_new_tokens=4, eos_token_id=7)
+    configs[4] = GenerationConfig(max_new_tokens=budgets[4], forced_eos_token_id=9, eos_token_id=())  # greedy
     configs[5] = GenerationConfig(max_new_tokens=5, repetition_penalty=1.4, eos_token_id=())
     configs[6] = GenerationConfig(max_new_tokens=3, eos_token_id=())  # with log-probabilities
     engine = Engine(model, cache_tokens=2048, block_size=4, max_running=8, overlap=True)
@@ -86,10 +91,23 @@ def test_overlapped_steps_drain_for_requests_that_sample_and_equal_generate():
                 for index, (prompt, config) in enumerate(zip(prompts, configs, strict=True))]
     engine.run_until_idle()
     for prompt, config, request in zip(prompts, configs, requests, strict=True):
-        assert request.outputs()[0] == alone(model, prompt, config), config
-    longest = max(budget for index, budget in enumerate(budgets) if index not in (2, 5, 6))
-    assert 0 < engine.overlapped.steps <= longest - 5  # launched ahead once the others have ended
+        expected = alone(model, prompt, config)
+        if 7 in expected and config.eos_token_id == 7:  # generate pads after the end; the server stops
+            expected = expected[: expected.index(7) + 1]
+        assert request.outputs()[0] == expected, config
+    longest = max(len(request.outputs()[0]) for request in requests)
+    assert longest - 6 <= engine.overlapped.steps <= longest - 4  # ahead once the penalty's request has ended
     assert engine.pool.blocks_in_use == 0
+
+
+def test_no_step_runs_past_a_length_limit():
+    """A request of 10 tokens takes 10 forward passes (its prefill, then 9 steps), as in the plain loop: the step
+    after its last token, which would feed that token back, is never launched."""
+    model = small_model()
+    for overlap in (False, True):
+        engine = Engine(model, cache_tokens=256, block_size=4, overlap=overlap)
+        (request,) = engine.complete([[1, 2, 3]], GenerationConfig(max_new_tokens=10, eos_token_id=()))
+        assert len(request.outputs()[0]) == 10 and engine.stats.steps == 10
 
 
 def test_a_cancelled_request_ends_while_a_step_is_in_flight():

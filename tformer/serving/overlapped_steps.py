@@ -1,8 +1,8 @@
 """The engine's decode steps overlapped with their host work (issue 58): a step's tokens are chosen on the device (the
-argmax of its logits), the next step is launched from them before the host reads them, and the host's work on a
-step's tokens (their text, stop strings, ends, each request's event) is done while the next step runs, as vLLM's
-asynchronous scheduling and SGLang's overlap scheduler do. On a GPU the host then never waits for a step it could
-be preparing the next one beside.
+argmax of its logits, or a request's own draw), the next step is launched from them before the host reads them,
+and the host's work on a step's tokens (their text, stop strings, ends, each request's event) is done while the next
+step runs, as vLLM's asynchronous scheduling and SGLang's overlap scheduler do. On a GPU the host then never waits
+for a step it could be preparing the next one beside.
 
 A sequence's events are those of the plain loop, one step later. A sequence that ends at a token (its end id, a stop
 string) has been given one more step, whose token is dropped (its slot is in its own blocks, released with them; a
@@ -10,7 +10,9 @@ later step that reuses them runs after it on the device's stream); its length li
 past it. A request cancelled while a step is in flight ends without that step's token.
 
 Where it applies: a decode-only step (no sequence starts: a step that admits one first hands out what is in flight)
-whose every sequence takes the plain argmax (no sampling, rule, grammar, log-probabilities or beam search). On by
+whose every sequence's token is chosen from its logits alone: the argmax, or its chooser's rules and draw (sampling,
+an end id held back, suppressed tokens, a bias), which read only how many tokens it has, known ahead; not a penalty
+or a grammar, which read the tokens themselves, nor log-probabilities or beam search. On by
 default where the device runs asynchronously to the host (CUDA); on the CPU a step runs on the host's own thread,
 with nothing to overlap, and ``overlap=True`` runs the same code (how the tests check it equals the plain loop).
 """
@@ -59,14 +61,12 @@ class OverlappedSteps:
         return cls(scheduler, emitter, device, run_step) if wanted else None
 
     def takes(self, admitted: set[int]) -> bool:
-        """Whether this step can be launched ahead: no sequence starts, and every running one's next token is the
-        plain argmax of its logits."""
+        """Whether this step can be launched ahead: no sequence starts, and every running one's next token is
+        chosen from its logits alone (no rule of its chooser reads its tokens so far)."""
         if admitted or not self.scheduler.running:
             return False
-        ahead = self._unread()
         return all(request.search is None and request.logprobs is None and request.config.max_new_tokens > 0
-                   and not request.chooser.alters(len(sequence.output_ids) + (id(sequence) in ahead))
-                   for request, sequence in self.scheduler.running)
+                   and not request.chooser.reads_history for request, _ in self.scheduler.running)
 
     def step(self) -> int:
         """Launch the next step from the tokens in flight (or the host's last ones), then hand out the previous
@@ -100,7 +100,7 @@ class OverlappedSteps:
         else:
             input_ids = _rows_of(previous, chosen)
         batch = self.scheduler.batch(set(), ahead=chosen)
-        tokens = self.run_step(batch, input_ids).argmax(-1)  # (N,)
+        tokens = _choose(self.run_step(batch, input_ids), chosen, ahead)  # (N,)
         self.steps += 1
         if self.device.type != "cuda":
             return InFlightStep(chosen, tokens, tokens, None)
@@ -123,6 +123,22 @@ class OverlappedSteps:
                 self.emitter.accept(request, sequence, token, None)
                 made += 1
         return made
+
+
+def _choose(logits: Tensor, chosen: list[tuple[Request, RunningSequence]], ahead: set[int]) -> Tensor:
+    """Each sequence's token (N,) from its row of ``logits`` (N, V), on the device: one argmax over all rows, and
+    for a sequence whose chooser alters its choice (sampling, a rule) the chooser's own, as the emitter's would be,
+    after as many tokens as it has on the host and in flight (``ahead``: id() of those with one in flight)."""
+    tokens = logits.argmax(-1)  # (N,)
+    drawn = {}
+    for row, (request, sequence) in enumerate(chosen):
+        generated = len(sequence.output_ids) + (id(sequence) in ahead)
+        chooser = request.chooser
+        if chooser.alters(generated):
+            drawn[row] = chooser.choose(chooser.scores(logits[row : row + 1], generated), sequence.generator)
+    if not drawn:
+        return tokens
+    return torch.cat([drawn.get(row, tokens[row : row + 1]) for row in range(len(chosen))])
 
 
 def _rows_of(previous: InFlightStep, chosen: list[tuple[Request, RunningSequence]]) -> Tensor:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tformer.nn.attention.paged import on_device
 from tformer.serving.emitter import Emitter
 from tformer.serving.requests import Request, RunningSequence
 from tformer.serving.scheduler import Scheduler, StepBatch
@@ -95,8 +96,7 @@ class OverlappedSteps:
         if not chosen:
             return None
         if previous is None:
-            input_ids = torch.tensor([self.scheduler.pending[id(sequence)] for _, sequence in chosen],
-                                     device=self.device)
+            input_ids = on_device([self.scheduler.pending[id(sequence)] for _, sequence in chosen], self.device)
         else:
             input_ids = _rows_of(previous, chosen)
         batch = self.scheduler.batch(set(), ahead=chosen)
@@ -150,4 +150,4 @@ def _rows_of(previous: InFlightStep, chosen: list[tuple[Request, RunningSequence
         raise RuntimeError("a sequence to step was not in the step in flight: its last token is nowhere") from None
     if order == list(range(len(previous.sequences))):
         return previous.tokens
-    return previous.tokens.index_select(0, torch.tensor(order, device=previous.tokens.device))
+    return previous.tokens.index_select(0, on_device(order, previous.tokens.device))  # not waiting for the step

@@ -158,6 +158,8 @@ def test_the_engine_batches_waiting_requests_in_one_forward(bert):
     assert np.abs(got - alone(model, ids, pooling="mean")).max() < TOLERANCE
     with pytest.raises(tformer.generation.GenerationError, match="embeds only"):
         engine.submit(ids[0])
+    with pytest.raises(tformer.generation.GenerationError, match="overlap=True: this model writes no text"):
+        Engine(model, model.tokenizer, pooling=Pooling("mean"), overlap=True)  # no decode steps: refused
 
 
 def test_a_sentence_transformers_folder_is_served_with_its_pooling(tmp_path):

@@ -131,6 +131,9 @@ class Engine:
             self.overlapped = OverlappedSteps.make(overlap, self.scheduler, self.emitter, self.device, self._run_step)
             self.work = self.scheduler.work
         else:  # embeddings only
+            if overlap:
+                raise GenerationError("overlap=True: this model writes no text (it serves embeddings only), so it has "
+                                      "no decode steps to overlap (None or False)")
             self.model, self.device, self.prefix_caching = model, model.device, False
             self.in_place, self.paged_attention_note = False, "embeddings only: no key/value cache"
             self.work = threading.Condition(threading.Lock())

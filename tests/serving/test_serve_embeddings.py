@@ -160,6 +160,9 @@ def test_the_engine_batches_waiting_requests_in_one_forward(bert):
         engine.submit(ids[0])
     with pytest.raises(tformer.generation.GenerationError, match="overlap=True: this model writes no text"):
         Engine(model, model.tokenizer, pooling=Pooling("mean"), overlap=True)  # no decode steps: refused
+    for switch in ({"paged_attention": "gather"}, {"prefix_caching": True}):  # no key/value cache: refused
+        with pytest.raises(tformer.generation.GenerationError, match=f"{next(iter(switch))}=.*embeddings only"):
+            Engine(model, model.tokenizer, pooling=Pooling("mean"), **switch)
 
 
 def test_a_sentence_transformers_folder_is_served_with_its_pooling(tmp_path):

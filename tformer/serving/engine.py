@@ -83,6 +83,18 @@ GENERATION_FIELDS: dict[str, str | None] = refusals(SERVER)
 SERVED_MODEL_FIELDS = tuple(name for name in MODEL_FIELDS if name != "pad_token_id")  # ended sequences: unpadded
 
 
+
+def _refuse_decoding_switches(overlap: bool | None, paged_attention: str, prefix_caching: bool | None) -> None:
+    """An engine that serves embeddings only has no decode steps and no key/value cache: a switch for them set
+    to anything but its default is refused, not ignored (``overlap`` and ``prefix_caching`` are checked bools)."""
+    switches = (("overlap", overlap, "None or False"), ("prefix_caching", prefix_caching, "None or False"),
+                ("paged_attention", paged_attention if paged_attention != "auto" else None, "'auto'"))
+    for name, value, unset in switches:
+        if value:
+            raise GenerationError(f"{name}={value!r}: this model writes no text (it serves embeddings only), so it "
+                                  f"has no decode steps or key/value cache for it ({unset})")
+
+
 class Engine:
     """Continuous batching over a paged key/value cache for one decoder or encoder-decoder model (whose prompt is
     the source: each sequence's encoder output is computed by the step that starts it, its cross-attention keys
@@ -131,9 +143,7 @@ class Engine:
             self.overlapped = OverlappedSteps.make(overlap, self.scheduler, self.emitter, self.device, self._run_step)
             self.work = self.scheduler.work
         else:  # embeddings only
-            if overlap:
-                raise GenerationError("overlap=True: this model writes no text (it serves embeddings only), so it has "
-                                      "no decode steps to overlap (None or False)")
+            _refuse_decoding_switches(overlap, paged_attention, prefix_caching)
             self.model, self.device, self.prefix_caching = model, model.device, False
             self.in_place, self.paged_attention_note = False, "embeddings only: no key/value cache"
             self.work = threading.Condition(threading.Lock())

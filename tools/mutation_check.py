@@ -820,6 +820,13 @@ MUTATIONS = (
         "a sequence's rules apply as if its token in flight were not there (an end id held back a step too long)",
     ),
     Mutation(
+        "embeddings-engine-ignores-cache-switches", "tformer/serving/engine.py",
+        '        if value:\n            raise GenerationError(f"{name}={value!r}: this model writes no text',
+        '        if False:\n            raise GenerationError(f"{name}={value!r}: this model writes no text',
+        ("tests/serving/test_serve_embeddings.py", "-k", "batches_waiting"),
+        "an engine serving embeddings only takes overlap, paged_attention and prefix_caching and ignores them",
+    ),
+    Mutation(
         "overlap-admits-without-handing-out", "tformer/serving/engine.py",
         "            made += overlapped.drain()  # every running sequence's last token on the host, for the step as it "
         "comes\n",

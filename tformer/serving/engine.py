@@ -83,16 +83,15 @@ GENERATION_FIELDS: dict[str, str | None] = refusals(SERVER)
 SERVED_MODEL_FIELDS = tuple(name for name in MODEL_FIELDS if name != "pad_token_id")  # ended sequences: unpadded
 
 
-
 def _refuse_decoding_switches(overlap: bool | None, paged_attention: str, prefix_caching: bool | None) -> None:
     """An engine that serves embeddings only has no decode steps and no key/value cache: a switch for them set
-    to anything but its default is refused, not ignored (``overlap`` and ``prefix_caching`` are checked bools)."""
-    switches = (("overlap", overlap, "None or False"), ("prefix_caching", prefix_caching, "None or False"),
-                ("paged_attention", paged_attention if paged_attention != "auto" else None, "'auto'"))
-    for name, value, unset in switches:
-        if value:
-            raise GenerationError(f"{name}={value!r}: this model writes no text (it serves embeddings only), so it "
-                                  f"has no decode steps or key/value cache for it ({unset})")
+    to anything but its default is refused, not ignored."""
+    switches = (("overlap", overlap, (None, False)), ("prefix_caching", prefix_caching, (None, False)),
+                ("paged_attention", paged_attention, ("auto",)))
+    for name, value, defaults in switches:
+        if value not in defaults:
+            raise GenerationError(f"{name}={value!r}: this model writes no text (it serves embeddings only), so it has "
+                                  f"no decode steps or key/value cache for it ({' or '.join(map(repr, defaults))})")
 
 
 class Engine:

@@ -5,9 +5,11 @@ a span counts as restored when its tokens are exactly the dropped ones. Two unig
 each span's length: the corpus's most frequent token in every position (the best a unigram model can guess),
 and the expected share when sampling each token from the corpus's unigram frequencies. Beside them, the
 cross-entropy of the dropped tokens when the model reads the true targets, against the unigram frequencies'
-on the same tokens: how far the model has left the word-frequency plateau. And where the decoder looks: after
-it writes sentinel k it must find sentinel k in the input to know what follows it; per layer, the attention
-(the most of any head) that its cross-attention puts on the input's sentinel k, against a uniform spread.
+on the same tokens: how far the model has left the word-frequency plateau, and the same cross-entropy when the
+encoder reads the next sentence's inputs instead: how much the model reads its inputs at all. And where
+the decoder looks: after it writes sentinel k it must find sentinel k in the input to know what follows it; per
+layer, the attention (the most of any head) that its cross-attention puts on the input's sentinel k, against a
+uniform spread.
 
     python benchmarks/t5_denoising.py runs/recipes/t5-span-pretrain/seed-1
     python benchmarks/t5_denoising.py RUN --sentences 20 --show 5
@@ -145,11 +147,15 @@ def main() -> int:
     most_frequent, _ = frequencies.most_common(1)[0]
     log_unigram = {token: math.log(count / total) for token, count in frequencies.items()}
     restored = spans = mode_restored = cli_agrees = span_tokens = 0
-    expected_sampled = model_nats = unigram_nats = 0.0
-    for index, sentence in enumerate(held_out_sentences(args.sentences)):
+    expected_sampled = model_nats = unigram_nats = other_inputs_nats = 0.0
+    sentences = held_out_sentences(args.sentences)
+    for index, sentence in enumerate(sentences):
         inputs, dropped = corrupted(tokenizer, sentence, index, sentinels)
         model_span_nats, unigram_span_nats = span_token_nats(model, inputs, dropped, sentinels, log_unigram)
         model_nats, unigram_nats = model_nats + model_span_nats, unigram_nats + unigram_span_nats
+        neighbour = (index + 1) % len(sentences)
+        other_inputs, _ = corrupted(tokenizer, sentences[neighbour], neighbour, sentinels)
+        other_inputs_nats += span_token_nats(model, other_inputs, dropped, sentinels, log_unigram)[0]
         span_tokens += sum(map(len, dropped))
         budget = sum(len(span) + 1 for span in dropped) + 5
         output = generate(model, torch.tensor([inputs]), max_new_tokens=budget)[0, 1:].tolist()
@@ -175,8 +181,9 @@ def main() -> int:
                "unigram_sampled_expected_share": expected_sampled / spans,
                "most_frequent_token": tokenizer.decode([most_frequent]),
                "span_token_nats_model": model_nats / span_tokens, "span_token_nats_unigram": unigram_nats / span_tokens,
+               "span_token_nats_model_other_inputs": other_inputs_nats / span_tokens,
                "command_line_agrees": f"{cli_agrees} of {min(args.show, args.sentences)}",
-               "sentinel_attention": sentinel_attention(model, tokenizer, held_out_sentences(args.sentences),
+               "sentinel_attention": sentinel_attention(model, tokenizer, sentences,
                                                         sentinels)}
     print(json.dumps(figures, indent=2))
     return 0

@@ -149,12 +149,11 @@ def main() -> int:
     restored = spans = mode_restored = cli_agrees = span_tokens = 0
     expected_sampled = model_nats = unigram_nats = other_inputs_nats = 0.0
     sentences = held_out_sentences(args.sentences)
-    for index, sentence in enumerate(sentences):
-        inputs, dropped = corrupted(tokenizer, sentence, index, sentinels)
+    corruptions = [corrupted(tokenizer, sentence, index, sentinels) for index, sentence in enumerate(sentences)]
+    for index, (sentence, (inputs, dropped)) in enumerate(zip(sentences, corruptions, strict=True)):
         model_span_nats, unigram_span_nats = span_token_nats(model, inputs, dropped, sentinels, log_unigram)
         model_nats, unigram_nats = model_nats + model_span_nats, unigram_nats + unigram_span_nats
-        neighbour = (index + 1) % len(sentences)
-        other_inputs, _ = corrupted(tokenizer, sentences[neighbour], neighbour, sentinels)
+        other_inputs = corruptions[(index + 1) % len(sentences)][0]
         other_inputs_nats += span_token_nats(model, other_inputs, dropped, sentinels, log_unigram)[0]
         span_tokens += sum(map(len, dropped))
         budget = sum(len(span) + 1 for span in dropped) + 5
@@ -183,8 +182,7 @@ def main() -> int:
                "span_token_nats_model": model_nats / span_tokens, "span_token_nats_unigram": unigram_nats / span_tokens,
                "span_token_nats_model_other_inputs": other_inputs_nats / span_tokens,
                "command_line_agrees": f"{cli_agrees} of {min(args.show, args.sentences)}",
-               "sentinel_attention": sentinel_attention(model, tokenizer, sentences,
-                                                        sentinels)}
+               "sentinel_attention": sentinel_attention(model, tokenizer, sentences, sentinels)}
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -8,7 +8,7 @@ import torch
 
 import tformer
 from tformer.data.lm import random_crops, split_tokens, unigram_cross_entropy
-from tformer.training.optim import parameter_groups
+from tformer.training.optim import build_optimizer, parameter_groups
 from tformer.training.schedules import learning_rate
 from tformer.training.tasks import LanguageModelling
 from tformer.training.trainer import Trainer, TrainingConfig, TrainingError
@@ -38,6 +38,47 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
     assert id(model.embedding.token.weight) not in decayed
     assert id(model.stack.blocks[0].attention_norm.weight) not in decayed
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def _adam_step_changes(model, scale: float) -> dict[str, torch.Tensor]:
+    """Each parameter's change after one AdamW step of ``build_optimizer`` on a fixed batch."""
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False, position_bias_lr_scale=scale)
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    ids = torch.arange(32).remainder(8).view(2, 16)
+    torch.nn.functional.cross_entropy(model(ids).logits.flatten(0, 1), ids.roll(-1, 1).flatten()).backward()
+    optimizer.step()
+    return {name: parameter.detach() - before[name] for name, parameter in model.named_parameters()}
+
+
+def test_the_position_bias_lr_scale_moves_only_the_relative_bias_faster():
+    """Adam's first step moves a parameter by about lr whatever its gradient: ten times the rate is ten times the
+    step for the bias tables (where the gradient is well above eps), and the same step for everything else."""
+    changes = []
+    for scale in (1.0, 10.0):
+        torch.manual_seed(0)
+        changes.append(_adam_step_changes(tformer.build_model("gpt-nano", vocab_size=8, positional="relative"), scale))
+    plain, scaled = changes
+    table = "stack.positional.bias.embedding.weight"
+    moved = plain[table].abs() > 1e-5
+    assert moved.sum() > 0
+    torch.testing.assert_close(scaled[table][moved], 10 * plain[table][moved], rtol=1e-3, atol=0)
+    for name in plain:
+        if name != table:
+            torch.testing.assert_close(scaled[name], plain[name], rtol=0, atol=0)
+
+
+def test_the_schedule_keeps_the_position_bias_lr_scale_and_a_model_without_the_bias_refuses_it():
+    tokens = LanguageModelling(torch.arange(8).repeat(40))
+    model = tformer.build_model("gpt-nano", vocab_size=8, positional="relative")
+    config = TrainingConfig(max_steps=3, batch_size=2, seq_len=8, warmup_steps=2, position_bias_lr_scale=10.0)
+    trainer = Trainer(model, config, tokens, progress=False)
+    trainer.train()
+    rates = [group["lr"] for group in trainer.optimizer.param_groups]
+    assert rates[2] == pytest.approx(10 * rates[0]) and rates[0] == rates[1] > 0
+    with pytest.raises(TrainingError, match="position_bias_lr_scale=10.0 scales a learned relative position bias"):
+        Trainer(tformer.build_model("gpt-nano", vocab_size=8, positional="rope"), config, tokens, progress=False)
+    with pytest.raises(TrainingError, match="position_bias_lr_scale"):
+        TrainingConfig(position_bias_lr_scale=0.0)
 
 
 def test_batches_are_a_function_of_seed_and_step():

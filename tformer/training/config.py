@@ -51,6 +51,9 @@ class TrainingConfig:
     schedule: str = "cosine"
     weight_decay: float = 0.1
     decay_embeddings: bool = False  # nanoGPT decays embedding tables too; the default does not
+    # T5's relative position bias trains at lr times this: under Adam a bucket's scalar moves about lr a step, too
+    # slowly at transformer learning rates to make attention positional within a short budget (docs/t5.md)
+    position_bias_lr_scale: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.99
     eps: float = 1e-8
@@ -111,6 +114,7 @@ class TrainingConfig:
         _require_number("lr", self.lr, low=0.0, low_open=True)
         _require_number("min_lr", self.min_lr, low=0.0)
         _require_number("weight_decay", self.weight_decay, low=0.0)
+        _require_number("position_bias_lr_scale", self.position_bias_lr_scale, low=0.0, low_open=True)
         _require_number("beta1", self.beta1, low=0.0, high=1.0)
         _require_number("beta2", self.beta2, low=0.0, high=1.0)
         _require_number("eps", self.eps, low=0.0, low_open=True)

@@ -141,7 +141,7 @@ class Trainer:
         self.optimizer = build_optimizer(
             self.model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps,
             decay_embeddings=config.decay_embeddings, fused=not self.sharded,
-        )
+            position_bias_lr_scale=config.position_bias_lr_scale)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.mixtures = mixtures(self.model)  # its mixture-of-experts layers, whose load-balancing loss training adds
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
@@ -207,7 +207,7 @@ class Trainer:
         lr = self.learning_rate(self.step)
         if lr != self._lr_in_optimizer:
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             self._lr_in_optimizer = lr
         if not self.model.training:
             self.forward_module.train()

@@ -6,7 +6,9 @@ each span's length: the corpus's most frequent token in every position (the best
 and the expected share when sampling each token from the corpus's unigram frequencies. Beside them, the
 cross-entropy of the dropped tokens when the model reads the true targets, against the unigram frequencies'
 on the same tokens: how far the model has left the word-frequency plateau, and the same cross-entropy when the
-encoder reads the next sentence's inputs instead: how much the model reads its inputs at all. And where
+encoder reads the next sentence's inputs instead: how much the model reads its inputs at all; the same on rows
+like the ones it trained on (the recipe's own held-out rows, four batches of the task's evaluation); whether
+the encoder keeps its positions apart (from the embedded inputs to its output). And where
 the decoder looks: after it writes sentinel k it must find sentinel k in the input to know what follows it; per
 layer, the attention (the most of any head) that its cross-attention puts on the input's sentinel k, against a
 uniform spread.
@@ -40,7 +42,10 @@ from data_roots import data_file  # noqa: E402
 import tformer  # noqa: E402
 from tformer.data.span_corruption import corrupt_spans, random_spans_noise_mask  # noqa: E402
 from tformer.generation import generate  # noqa: E402
+from tformer.training.config import TrainingConfig  # noqa: E402
+from tformer.training.distributed import ProcessContext  # noqa: E402
 from tformer.training.recipe import load_recipe  # noqa: E402
+from tformer.training.tasks.span_corruption import SpanCorruption  # noqa: E402
 
 
 def held_out_sentences(count: int) -> list[str]:
@@ -124,6 +129,52 @@ def sentinel_attention(model, tokenizer, sentences: list[str], sentinels: list[i
     return {**shares, "uniform": round(sum(uniform) / len(uniform), 3), "sentinels": len(found.get(0, []))}
 
 
+@torch.no_grad()
+def training_rows_nats(model, run: Path, log_unigram: dict[int, float], batches: int = 4) -> dict[str, float]:
+    """Cross-entropy per dropped token (sentinels and the end token left out) on the recipe's held-out rows, as
+    its training evaluation corrupts them, when the encoder reads each row's inputs and the next row's, beside
+    the unigram frequencies' (unseen: one count)."""
+    recipe = load_recipe(run / "recipe.toml")
+    task, _ = SpanCorruption.from_recipe(recipe.data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
+                                         noise_density=recipe.task.noise_density,
+                                         mean_noise_span_length=recipe.task.mean_noise_span_length)
+    task.prepare(TrainingConfig(batch_size=recipe.training.batch_size, seq_len=recipe.training.seq_len,
+                                eval_batches=batches), ProcessContext(), model)
+    free = torch.tensor([*task.sentinels, model.config.eos_token_id])
+    sums, tokens = {"true_inputs": 0.0, "next_row_inputs": 0.0, "unigram": 0.0}, 0
+    floor = min(log_unigram.values())
+    for batch in task.eval_batches():
+        labels = batch["labels"]
+        dropped = ~torch.isin(labels, free)
+        for name, inputs in (("true_inputs", batch["input_ids"]), ("next_row_inputs", batch["input_ids"].roll(-1, 0))):
+            logits = model(input_ids=inputs, decoder_input_ids=batch["decoder_input_ids"]).logits
+            nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
+            sums[name] += float(nats.view_as(labels)[dropped].sum())
+        sums["unigram"] -= sum(log_unigram.get(token, floor) for token in labels[dropped].tolist())
+        tokens += int(dropped.sum())
+    return {name: round(total / tokens, 4) for name, total in sums.items()} | {"dropped_tokens": tokens}
+
+
+@torch.no_grad()
+def encoder_spread(model, tokenizer, sentences: list[str], sentinels: list[int]) -> dict[str, list[float]]:
+    """Whether the encoder's positions stay apart: for the embedded inputs, what each block passes to the next, and
+    the encoder's output after its final norm (rows of four sentences), the RMS of the hidden states and the share
+    of their variance that differs between positions (one minus the share of the row's mean vector; near 0 when
+    every position holds the same vector)."""
+    rms: dict[int, list[float]] = {}
+    spread: dict[int, list[float]] = {}
+    for index in range(0, len(sentences) - 3, 4):
+        inputs, _ = corrupted(tokenizer, " ".join(sentences[index : index + 4]), index, sentinels)
+        states = model.encoder(model.embedding(torch.tensor([inputs])), output_hidden_states=True).hidden_states
+        for layer, hidden in enumerate(states):
+            hidden = hidden[0].float()
+            total = hidden.pow(2).mean()
+            rms.setdefault(layer, []).append(float(total.sqrt()))
+            spread.setdefault(layer, []).append(float((hidden - hidden.mean(0)).pow(2).mean() / total))
+    return {"rms": [round(sum(v) / len(v), 3) for v in rms.values()],
+            "position_share": [round(sum(v) / len(v), 4) for v in spread.values()]}
+
+
 def command_line_output(run: Path, prompt: str, max_new_tokens: int) -> str:
     result = subprocess.run([sys.executable, "-m", "tformer", "generate", str(run), "--prompt", prompt,
                              "--max-new-tokens", str(max_new_tokens), "--temperature", "0"],
@@ -182,6 +233,8 @@ def main() -> int:
                "span_token_nats_model": model_nats / span_tokens, "span_token_nats_unigram": unigram_nats / span_tokens,
                "span_token_nats_model_other_inputs": other_inputs_nats / span_tokens,
                "command_line_agrees": f"{cli_agrees} of {min(args.show, args.sentences)}",
+               "training_rows_dropped_token_nats": training_rows_nats(model, args.run, log_unigram),
+               "encoder_inputs_then_blocks": encoder_spread(model, tokenizer, sentences, sentinels),
                "sentinel_attention": sentinel_attention(model, tokenizer, sentences, sentinels)}
     print(json.dumps(figures, indent=2))
     return 0

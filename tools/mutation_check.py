@@ -1187,6 +1187,20 @@ MUTATIONS = (
         ("tests/training/test_training_engine.py", "-k", "default_to_each_devices_choice"),
         "training.compile=auto compiles on the CPU too, where a compile costs about 40 s before the first step",
     ),
+    Mutation(
+        "schedule-drops-the-position-bias-lr-scale", "tformer/training/trainer.py",
+        '                group["lr"] = lr * group.get("lr_scale", 1.0)',
+        '                group["lr"] = lr',
+        ("tests/training/test_training.py", "-k", "position_bias_lr_scale"),
+        "the schedule sets every group to its rate, so training.position_bias_lr_scale holds for the first step only",
+    ),
+    Mutation(
+        "position-bias-tables-stay-in-the-plain-group", "tformer/training/optim.py",
+        "    scaled = position_bias_tables(model) if position_bias_lr_scale != 1.0 else []",
+        "    scaled = []",
+        ("tests/training/test_training.py", "-k", "position_bias_lr_scale"),
+        "the relative position bias trains at the plain rate (or the option is refused) whatever the scale",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -23,7 +23,7 @@ def parameter_groups(model: nn.Module, weight_decay: float, decay_embeddings: bo
     scaled = position_bias_tables(model) if position_bias_lr_scale != 1.0 else []
     if position_bias_lr_scale != 1.0 and not scaled:
         raise TrainingError(f"training.position_bias_lr_scale={position_bias_lr_scale} scales a learned relative "
-                           "position bias (model.positional = \"relative\"); this model has none")
+                           "position bias (model.positional = \"relative\"); this model has no trainable one")
     scaled_ids = {id(parameter) for parameter in scaled}
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     adapter_ids = {id(p) for m in model.modules() if isinstance(m, LoraLinear) for p in (*m.lora_A, *m.lora_B)}

@@ -42,6 +42,7 @@ from data_roots import data_file  # noqa: E402
 import tformer  # noqa: E402
 from tformer.data.span_corruption import corrupt_spans, random_spans_noise_mask  # noqa: E402
 from tformer.generation import generate  # noqa: E402
+from tformer.nn.losses import token_cross_entropy  # noqa: E402
 from tformer.training.config import TrainingConfig  # noqa: E402
 from tformer.training.distributed import ProcessContext  # noqa: E402
 from tformer.training.recipe import load_recipe  # noqa: E402
@@ -148,8 +149,7 @@ def training_rows_nats(model, run: Path, log_unigram: dict[int, float], batches:
         dropped = ~torch.isin(labels, free)
         for name, inputs in (("true_inputs", batch["input_ids"]), ("next_row_inputs", batch["input_ids"].roll(-1, 0))):
             logits = model(input_ids=inputs, decoder_input_ids=batch["decoder_input_ids"]).logits
-            nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
-            sums[name] += float(nats.view_as(labels)[dropped].sum())
+            sums[name] += float(token_cross_entropy(logits, labels, reduction="none")[dropped].sum())
         sums["unigram"] -= sum(log_unigram.get(token, floor) for token in labels[dropped].tolist())
         tokens += int(dropped.sum())
     return {name: round(total / tokens, 4) for name, total in sums.items()} | {"dropped_tokens": tokens}

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from tformer.config import ModelConfig  # noqa: E402
 from tformer.data.span_corruption import corrupt_spans, random_spans_noise_mask  # noqa: E402
 from tformer.models.registry import build_model  # noqa: E402
+from tformer.nn.losses import token_cross_entropy  # noqa: E402
 from tformer.training.optim import build_optimizer  # noqa: E402
 
 SYMBOLS, SENTINELS, ROW_LENGTH = 200, 20, 64
@@ -93,7 +94,7 @@ def train_variant(name: str, seed: int, steps: int, report_every: int) -> list[f
     for step in range(1, steps + 1):
         batch = corrupted_batch(chain_rows(32, successor, data), data)
         logits = model(input_ids=batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+        loss = token_cross_entropy(logits, batch["labels"])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

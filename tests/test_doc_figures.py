@@ -110,6 +110,8 @@ NOT_MEASURED: dict[str, list[str]] = {
         "d_model^-0.5 min(s^-0.5, s warmup^-1.5)",
         "scaled by d_model^-0.5",
         "transformers 5.23's",
+        "normal(0, fan_in^-0.5)", "tables normal(0, d_model^-0.5)",  # T5's initialisation, settings
+        "(within 10%)",  # a test's tolerance
     ],
     "docs/images.md": [
         "(MNIST: 0.1307, 0.3081)",              # the well-known normalisation the task measures

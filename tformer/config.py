@@ -15,6 +15,9 @@ from tformer.errors import TformerError
 from tformer.families import FAMILIES, declared_fields, ensure_declared, families_reading, preset_fields
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")  # rmsnorm_plus_one: scaled by 1 + weight (Gemma)
+# How a new model's weights are drawn: "normal" (GPT-2's: normal(0, initializer_range), the projections into
+# the residual stream scaled down with depth), "t5" (T5's: fan-in scaled, unit-variance token table; encoder-decoders)
+INITIALIZERS = ("normal", "t5")
 # pre: x + f(norm(x)); post: norm(x + f(x)); sandwich: x + norm'(f(norm(x))), a norm on each side of every
 # sublayer (Gemma 2's input/post-attention and pre/post-feed-forward norms)
 NORM_POSITIONS = ("pre", "post", "sandwich")
@@ -141,6 +144,7 @@ class ModelConfig:
     suppress_tokens: tuple[int, ...] = ()  # generation's default: never chosen
     begin_suppress_tokens: tuple[int, ...] = ()  # generation's default: not chosen as the first new token
     initializer_range: float = 0.02
+    initializer: str = "normal"  # INITIALIZERS; "t5" scales T5's standard deviations by initializer_range / 0.02
     num_encoder_layers: int | None = None
     decoder_start_token_id: int | None = None
     forced_eos_token_id: int | None = None  # generation's default: the last token a length limit allows is this
@@ -213,6 +217,7 @@ class ModelConfig:
             ("positional", tuple(POSITIONAL_SCHEMES)),
             ("sinusoidal_layout", SINUSOIDAL_LAYOUTS),
             ("attention_kernel", tuple(ATTENTION_KERNELS)),
+            ("initializer", INITIALIZERS),
         ):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:

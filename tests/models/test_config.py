@@ -25,6 +25,9 @@ def test_gpt2_preset_has_124m_parameters():
         ({"eos_token_id": 10**6}, "eos_token_id=1000000 must be a token id"),
         ({"type_vocab_size": 2},
          "type_vocab_size=2 is a field of the encoder family; architecture='decoder' does not use it"),
+        ({"architecture": "encoder_decoder", "initializer": "xavier"}, "initializer='xavier' is not one of normal, t5"),
+        ({"initializer": "t5"},
+         "initializer='t5' is a field of the encoder_decoder family; architecture='decoder' does not use it"),
     ],
 )
 def test_bad_config_names_the_field(fields, message):

@@ -103,7 +103,7 @@ class T5Family(Family):
     requirements = {"num_kv_heads": lambda config: config.num_heads}
     pinned = {"is_encoder_decoder": True}
     token_defaults = {"pad_token_id": 0, "eos_token_id": 1}
-    fields_in_overrides = frozenset({"initializer_range"})  # initializer_factor
+    fields_in_overrides = frozenset({"initializer_range", "initializer"})  # initializer_factor; T5's draws
 
     def values_from_hf(self, raw: Mapping[str, Any], tokens: dict[str, Any]) -> dict[str, Any]:
         values = super().values_from_hf(raw, tokens)
@@ -113,6 +113,7 @@ class T5Family(Family):
             values["scale_decoder_output"] = values["tie_embeddings"]
         # T5 scales every initial standard deviation by initializer_factor (tformer's are 0.02 * it).
         values["initializer_range"] = hf_field(raw, "initializer_factor", 1.0) * 0.02
+        values["initializer"] = "t5"  # a model built from this config draws its weights as T5's do
         return values
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:

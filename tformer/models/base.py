@@ -26,6 +26,11 @@ from tformer.nn.weights import decoding_step, decoding_weights
 from tformer.quantization import dequantized
 
 
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer (LayerNorm, torch's or tformer's RMSNorm): its weight starts at one."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm"
+
+
 class Model(nn.Module, GenerationProtocol):
     """Base class of tformer models. Subclasses build their layers from ``config``; a family that writes
     tokens offers the generation protocol (``generation_protocol.py``), whose defaults every model has."""
@@ -110,7 +115,7 @@ class Model(nn.Module, GenerationProtocol):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, std)
-            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm":
+            elif is_norm(module):
                 if getattr(module, "weight", None) is not None:
                     nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:

@@ -11,16 +11,16 @@ of ``num_layers`` blocks that cross-attend to its output; one token table for so
 its length limit with this token, as Hugging Face's ``ForcedEOSTokenLogitsProcessor`` does;
 ``lm_head_bias`` adds a learned per-token bias to the logits (Marian's ``final_logits_bias``);
 ``scale_decoder_output`` multiplies the decoder's last hidden states by d_model^-0.5 before the
-output layer (T5 with a tied output).
+output layer (T5 with a tied output); ``initializer = "t5"`` draws a new model's weights as T5 does.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from tformer.config import GENERATION_DEFAULT_FIELDS, TOKEN_FIELDS, TOKEN_POSITION_FIELDS, ModelConfig
-from tformer.models.base import Seq2SeqModel, head_outputs
+from tformer.models.base import Seq2SeqModel, head_outputs, is_norm
 from tformer.models.output import Seq2SeqOutput
 from tformer.models.registry import register
 from tformer.nn.attention import StepLayout
@@ -29,12 +29,14 @@ from tformer.nn.block import LayerCache
 from tformer.nn.embeddings import TokenEmbedding
 from tformer.nn.heads import LMHead
 from tformer.nn.inputs import check_token_ids
+from tformer.nn.positions.biases import RelativePositionBias
 from tformer.nn.stack import TransformerStack
 
 # lm_head_bias: a per-token bias on the output logits (Marian's final_logits_bias); scale_decoder_output: T5's
 # decoder states x d_model^-0.5 before the output; num_encoder_layers: the encoder's depth (num_layers: the
 # decoder's).
-ENCODER_DECODER_FIELDS = ("lm_head_bias", "scale_decoder_output", "num_encoder_layers", "decoder_start_token_id")
+ENCODER_DECODER_FIELDS = ("lm_head_bias", "scale_decoder_output", "num_encoder_layers", "decoder_start_token_id",
+                          "initializer")
 
 
 ENCODER_DECODER_PRESETS = {
@@ -73,6 +75,28 @@ class EncoderDecoderLM(Seq2SeqModel):
         self.init_weights()
         if config.tie_embeddings:
             self.lm_head.weight = self.embedding.token.weight
+
+    def init_weights(self) -> None:
+        """The base's draws, or with ``initializer = "t5"`` T5's (Hugging Face's ``T5PreTrainedModel``), each
+        standard deviation times initializer_range / 0.02: linear layers normal(0, fan_in^-0.5) (the query's
+        (d_model * d_kv)^-0.5 once tformer's 1/sqrt(d_kv) score scale is undone), the token table and an untied
+        output normal(0, 1), the relative position bias tables normal(0, d_model^-0.5), norm weights the factor
+        itself; biases zero."""
+        super().init_weights()
+        if self.config.initializer != "t5":
+            return
+        factor = self.config.initializer_range / 0.02
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                fan_in_std = 1.0 if isinstance(module, LMHead) else module.in_features ** -0.5
+                nn.init.normal_(module.weight, 0.0, factor * fan_in_std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, factor)
+            elif is_norm(module) and getattr(module, "weight", None) is not None:
+                nn.init.constant_(module.weight, factor)
+        for module in self.modules():  # after the pass above, which drew their tables as token tables
+            if isinstance(module, RelativePositionBias):
+                nn.init.normal_(module.embedding.weight, 0.0, factor * self.config.d_model ** -0.5)
 
     @classmethod
     def estimated_parameters(cls, config: ModelConfig) -> int:

@@ -41,7 +41,7 @@ LAYOUT_FIELDS = frozenset({
     "tie_embeddings", "scale_embeddings", "embedding_norm", "num_encoder_layers", "lm_head_bias",
     "scale_decoder_output",
     # not read when decoding: training only (dropout, initialisation) or metadata (ids, labels, the other families)
-    "dropout", "attention_dropout", "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
+    "dropout", "attention_dropout", "initializer_range", "initializer", "pad_token_id", "bos_token_id", "eos_token_id",
     "decoder_start_token_id", "forced_eos_token_id", "extra", "type_vocab_size", "head", "num_labels", "problem_type",
     "label_names", "position_offset", "pooler_input_dropout", "image_size", "patch_size", "num_channels", "pooling",
     "rnn_cell", "rnn_attention", "rnn_hidden_size", "input_feeding", "teacher_forcing_ratio",

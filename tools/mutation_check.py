@@ -1201,6 +1201,27 @@ MUTATIONS = (
         ("tests/training/test_training.py", "-k", "position_bias_lr_scale"),
         "the relative position bias trains at the plain rate (or the option is refused) whatever the scale",
     ),
+    Mutation(
+        "t5-initializer-forgets-the-relative-bias-tables", "tformer/models/encoder_decoder.py",
+        "                nn.init.normal_(module.embedding.weight, 0.0, factor * self.config.d_model ** -0.5)",
+        "                pass",
+        ("tests/interop/test_interop_t5.py", "-k", "draws"),
+        "a T5-initialised model keeps its relative bias tables drawn as token tables (normal(0, factor))",
+    ),
+    Mutation(
+        "t5-initializer-draws-the-output-by-fan-in", "tformer/models/encoder_decoder.py",
+        "                fan_in_std = 1.0 if isinstance(module, LMHead) else module.in_features ** -0.5",
+        "                fan_in_std = module.in_features ** -0.5",
+        ("tests/interop/test_interop_t5.py", "-k", "draws"),
+        "T5 v1.1's untied output drawn at fan_in^-0.5 instead of T5's normal(0, 1)",
+    ),
+    Mutation(
+        "t5-separate-token-tables-load-silently", "tformer/interop/t5.py",
+        "            if shared is not None and alias in hf_state and not torch.equal(hf_state[alias], shared):",
+        "            if False:",
+        ("tests/interop/test_interop_t5.py", "-k", "separate"),
+        "a T5 folder whose encoder or decoder table differs from shared loads with shared's, silently",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

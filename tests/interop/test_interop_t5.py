@@ -27,10 +27,24 @@ def models(request, tmp_path_factory):
         relative_attention_num_buckets=8, relative_attention_max_distance=20, pad_token_id=PAD, eos_token_id=EOS,
         decoder_start_token_id=PAD, **VARIANTS[request.param],
     )
-    hf = transformers.T5ForConditionalGeneration(config).eval()
+    hf = untied_as_v11_checkpoints(config, VARIANTS[request.param]["tie_word_embeddings"])
     folder = tmp_path_factory.mktemp("hf-t5")
     hf.save_pretrained(folder)
     return hf, tformer.load(folder)
+
+
+def untied_as_v11_checkpoints(config, tie_word_embeddings: bool):
+    """The model of ``config``, its output untied from the token table as in T5 v1.1's checkpoints. transformers 5
+    reads the keyword tie_word_embeddings as scale_decoder_outputs and ties anyway, so the attribute is set after;
+    untied, it also draws the encoder's and decoder's embed_tokens apart from ``shared``, which T5's checkpoints
+    hold as one table: they are made one again."""
+    config.tie_word_embeddings = tie_word_embeddings
+    hf = transformers.T5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        hf.encoder.embed_tokens.weight.copy_(hf.shared.weight)
+        hf.decoder.embed_tokens.weight.copy_(hf.shared.weight)
+    assert (hf.lm_head.weight.data_ptr() == hf.shared.weight.data_ptr()) == tie_word_embeddings
+    return hf
 
 
 def sources():
@@ -39,6 +53,15 @@ def sources():
     ids[1, 21] = EOS
     ids[1, 22:] = PAD  # the second source is 22 tokens, right-padded as T5's tokenizer pads
     return ids, (ids != PAD).long()
+
+
+def test_a_folder_with_separate_encoder_and_decoder_tables_is_refused(tmp_path):
+    config = transformers.T5Config(vocab_size=60, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
+    config.tie_word_embeddings = False  # transformers 5 then draws three tables
+    transformers.T5ForConditionalGeneration(config).save_pretrained(tmp_path)
+    with pytest.raises(tformer.checkpoint.CheckpointError,
+                       match=r"encoder\.embed_tokens\.weight differs from shared\.weight: tformer's T5 has one token"):
+        tformer.load(tmp_path)
 
 
 def test_logits_equal_hugging_face(models):
@@ -89,3 +112,7 @@ def test_a_new_model_draws_its_weights_as_hugging_faces_t5(variant, tmp_path):
     assert compared >= 20
     for stack in ("encoder", "decoder"):  # the relative bias tables (32 x 4): normal(0, 2 * d_model^-0.5)
         assert ours[f"{stack}.positional.bias.embedding.weight"].std().item() == pytest.approx(0.25, rel=0.25)
+    # transformers 5.24 ties T5's output to the token table whatever tie_word_embeddings says; an untied one is
+    # drawn as T5PreTrainedModel draws lm_head: normal(0, factor)
+    untied = tformer.build_model(theirs.config.replace(tie_embeddings=False, scale_decoder_output=False))
+    assert untied.lm_head.weight.std().item() == pytest.approx(2.0, rel=0.1)

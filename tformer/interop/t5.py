@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from tformer.checkpoint import CheckpointError
 from tformer.config import ModelConfig
 from tformer.interop.family import Family, hf_field
 from tformer.interop.weight_map import ModuleMap
@@ -120,6 +122,11 @@ class T5Family(Family):
         return {**super().config_to_hf(config), "initializer_factor": config.initializer_range / 0.02}
 
     def normalized_state(self, hf_state: Mapping[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+        shared = hf_state.get("shared.weight")
+        for alias in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):  # ignored_names drops them
+            if shared is not None and alias in hf_state and not torch.equal(hf_state[alias], shared):
+                raise CheckpointError(f"{alias} differs from shared.weight: tformer's T5 has one token table for "
+                                      "the encoder and the decoder, as T5's checkpoints do")
         state = super().normalized_state(hf_state, config)
         return {name: t * config.head_dim ** 0.5 if name.endswith(QUERY_SUFFIXES) else t for name, t in state.items()}
 

@@ -130,21 +130,25 @@ def sentinel_attention(model, tokenizer, sentences: list[str], sentinels: list[i
     return {**shares, "uniform": round(sum(uniform) / len(uniform), 3), "sentinels": len(found.get(0, []))}
 
 
-@torch.no_grad()
-def training_rows_nats(model, run: Path, log_unigram: dict[int, float], batches: int = 4) -> dict[str, float]:
-    """Cross-entropy per dropped token (sentinels and the end token left out) on the recipe's held-out rows, as
-    its training evaluation corrupts them, when the encoder reads each row's inputs and the next row's, beside
-    the unigram frequencies' (unseen: one count)."""
+def training_rows(model, run: Path, batches: int = 4) -> tuple[list[dict], list[int]]:
+    """The recipe's held-out rows, corrupted as its training evaluation corrupts them, and its sentinels."""
     recipe = load_recipe(run / "recipe.toml")
     task, _ = SpanCorruption.from_recipe(recipe.data, seq_len=recipe.training.seq_len, tokenizer=model.tokenizer,
                                          noise_density=recipe.task.noise_density,
                                          mean_noise_span_length=recipe.task.mean_noise_span_length)
     task.prepare(TrainingConfig(batch_size=recipe.training.batch_size, seq_len=recipe.training.seq_len,
                                 eval_batches=batches), ProcessContext(), model)
-    free = torch.tensor([*task.sentinels, model.config.eos_token_id])
+    return list(task.eval_batches()), list(task.sentinels)
+
+
+@torch.no_grad()
+def training_rows_nats(model, rows: list[dict], sentinels: list[int], log_unigram: dict[int, float]) -> dict:
+    """Cross-entropy per dropped token (sentinels and the end token left out) on the held-out training rows when
+    the encoder reads each row's inputs and the next row's, beside the unigram frequencies' (unseen: one count)."""
+    free = torch.tensor([*sentinels, model.config.eos_token_id])
     sums, tokens = {"true_inputs": 0.0, "next_row_inputs": 0.0, "unigram": 0.0}, 0
     floor = min(log_unigram.values())
-    for batch in task.eval_batches():
+    for batch in rows:
         labels = batch["labels"]
         dropped = ~torch.isin(labels, free)
         for name, inputs in (("true_inputs", batch["input_ids"]), ("next_row_inputs", batch["input_ids"].roll(-1, 0))):
@@ -153,6 +157,27 @@ def training_rows_nats(model, run: Path, log_unigram: dict[int, float], batches:
         sums["unigram"] -= sum(log_unigram.get(token, floor) for token in labels[dropped].tolist())
         tokens += int(dropped.sum())
     return {name: round(total / tokens, 4) for name, total in sums.items()} | {"dropped_tokens": tokens}
+
+
+@torch.no_grad()
+def training_rows_restored(model, rows: list[dict], sentinels: list[int], most_frequent: int) -> dict:
+    """Greedy decoding of the held-out training rows (long rows, several spans each: what the model trained on):
+    the share of spans it restores exactly, beside the unigram mode's (the most frequent token, the span's length
+    known)."""
+    end_id = model.config.eos_token_id
+    restored = mode_restored = spans = 0
+    for batch in rows:
+        labels = batch["labels"]
+        outputs = generate(model, batch["input_ids"], max_new_tokens=labels.shape[1] + 5)[:, 1:].tolist()
+        for output, target in zip(outputs, labels.tolist(), strict=True):
+            dropped = spans_of([token for token in target if token >= 0], sentinels, end_id)
+            predicted = spans_of(output, sentinels, end_id)
+            for number, span in enumerate(dropped):
+                spans += 1
+                restored += number < len(predicted) and predicted[number] == span
+                mode_restored += all(token == most_frequent for token in span)
+    return {"spans": spans, "restored_share": round(restored / spans, 4),
+            "unigram_mode_share": round(mode_restored / spans, 4)}
 
 
 @torch.no_grad()
@@ -226,6 +251,7 @@ def main() -> int:
             print(f"sentence  {sentence}\ninputs    {prompt}\nwritten   {written}\n"
                   f"dropped   {[tokenizer.decode(span) for span in dropped]}\n"
                   f"tformer generate printed: {via_cli!r}\n")
+    rows, row_sentinels = training_rows(model, args.run)
     figures = {"run": str(args.run), "sentences": args.sentences, "spans": spans,
                "restored_share": restored / spans, "unigram_mode_share": mode_restored / spans,
                "unigram_sampled_expected_share": expected_sampled / spans,
@@ -233,7 +259,8 @@ def main() -> int:
                "span_token_nats_model": model_nats / span_tokens, "span_token_nats_unigram": unigram_nats / span_tokens,
                "span_token_nats_model_other_inputs": other_inputs_nats / span_tokens,
                "command_line_agrees": f"{cli_agrees} of {min(args.show, args.sentences)}",
-               "training_rows_dropped_token_nats": training_rows_nats(model, args.run, log_unigram),
+               "training_rows_dropped_token_nats": training_rows_nats(model, rows, row_sentinels, log_unigram),
+               "training_rows_spans": training_rows_restored(model, rows, row_sentinels, most_frequent),
                "encoder_inputs_then_blocks": encoder_spread(model, tokenizer, sentences, sentinels),
                "sentinel_attention": sentinel_attention(model, tokenizer, sentences, sentinels)}
     print(json.dumps(figures, indent=2))

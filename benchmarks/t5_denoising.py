@@ -7,7 +7,8 @@ and the expected share when sampling each token from the corpus's unigram freque
 cross-entropy of the dropped tokens when the model reads the true targets, against the unigram frequencies'
 on the same tokens: how far the model has left the word-frequency plateau, and the same cross-entropy when the
 encoder reads the next sentence's inputs instead: how much the model reads its inputs at all; the same on rows
-like the ones it trained on (the recipe's own held-out rows, four batches of the task's evaluation); whether
+like the ones it trained on (the recipe's own held-out rows, four batches of the task's evaluation), and the
+share of those rows' spans greedy decoding restores, beside the unigram mode's; whether
 the encoder keeps its positions apart (from the embedded inputs to its output). And where
 the decoder looks: after it writes sentinel k it must find sentinel k in the input to know what follows it; per
 layer, the attention (the most of any head) that its cross-attention puts on the input's sentinel k, against a

@@ -73,6 +73,13 @@ def spans_of(ids: list[int], sentinels: list[int], end_id: int) -> list[list[int
     return spans
 
 
+def span_matches(dropped: list[list[int]], predicted: list[list[int]], most_frequent: int) -> tuple[int, int]:
+    """Of the dropped spans: how many the predicted ones (in sentinel order) restore exactly, and how many the
+    unigram mode restores (spans of the most frequent token alone, the span's length known)."""
+    restored = sum(number < len(predicted) and predicted[number] == span for number, span in enumerate(dropped))
+    return restored, sum(all(token == most_frequent for token in span) for span in dropped)
+
+
 def corrupted(tokenizer, sentence: str, index: int, sentinels: list[int]) -> tuple[list[int], list[list[int]]]:
     """The inputs of one sentence under T5's noise (seeded by its index) and the spans it dropped."""
     ids = torch.tensor([tokenizer.encode(sentence, add_special_tokens=False)])
@@ -172,11 +179,8 @@ def training_rows_restored(model, rows: list[dict], sentinels: list[int], most_f
         outputs = generate(model, batch["input_ids"], max_new_tokens=labels.shape[1] + 5)[:, 1:].tolist()
         for output, target in zip(outputs, labels.tolist(), strict=True):
             dropped = spans_of([token for token in target if token >= 0], sentinels, end_id)
-            predicted = spans_of(output, sentinels, end_id)
-            for number, span in enumerate(dropped):
-                spans += 1
-                restored += number < len(predicted) and predicted[number] == span
-                mode_restored += all(token == most_frequent for token in span)
+            found, mode_found = span_matches(dropped, spans_of(output, sentinels, end_id), most_frequent)
+            spans, restored, mode_restored = spans + len(dropped), restored + found, mode_restored + mode_found
     return {"spans": spans, "restored_share": round(restored / spans, 4),
             "unigram_mode_share": round(mode_restored / spans, 4)}
 
@@ -235,11 +239,9 @@ def main() -> int:
         span_tokens += sum(map(len, dropped))
         budget = sum(len(span) + 1 for span in dropped) + 5
         output = generate(model, torch.tensor([inputs]), max_new_tokens=budget)[0, 1:].tolist()
-        predicted = spans_of(output, sentinels, tokenizer.eos_token_id)
-        for number, span in enumerate(dropped):
-            spans += 1
-            restored += number < len(predicted) and predicted[number] == span
-            mode_restored += all(token == most_frequent for token in span)
+        found, mode_found = span_matches(dropped, spans_of(output, sentinels, tokenizer.eos_token_id), most_frequent)
+        spans, restored, mode_restored = spans + len(dropped), restored + found, mode_restored + mode_found
+        for span in dropped:
             probability = 1.0
             for token in span:
                 probability *= frequencies[token] / total

@@ -27,7 +27,7 @@ from tformer.quantization import dequantized
 
 
 def is_norm(module: nn.Module) -> bool:
-    """A normalisation layer (LayerNorm, torch's or tformer's RMSNorm): its weight starts at one."""
+    """A normalisation layer: LayerNorm, or torch's or tformer's RMSNorm."""
     return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm"
 
 

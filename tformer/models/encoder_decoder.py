@@ -34,7 +34,7 @@ from tformer.nn.stack import TransformerStack
 
 # lm_head_bias: a per-token bias on the output logits (Marian's final_logits_bias); scale_decoder_output: T5's
 # decoder states x d_model^-0.5 before the output; num_encoder_layers: the encoder's depth (num_layers: the
-# decoder's).
+# decoder's); initializer: "t5" draws a new model as T5 does (init_weights).
 ENCODER_DECODER_FIELDS = ("lm_head_bias", "scale_decoder_output", "num_encoder_layers", "decoder_start_token_id",
                           "initializer")
 

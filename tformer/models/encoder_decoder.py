@@ -79,9 +79,9 @@ class EncoderDecoderLM(Seq2SeqModel):
     def init_weights(self) -> None:
         """The base's draws, or with ``initializer = "t5"`` T5's (Hugging Face's ``T5PreTrainedModel``), each
         standard deviation times initializer_range / 0.02: linear layers normal(0, fan_in^-0.5) (the query's
-        (d_model * d_kv)^-0.5 once tformer's 1/sqrt(d_kv) score scale is undone), the token table and an untied
-        output normal(0, 1), the relative position bias tables normal(0, d_model^-0.5), norm weights the factor
-        itself; biases zero."""
+        (d_model * d_kv)^-0.5 once tformer's 1/sqrt(d_kv) score scale is undone), the token table (and a learned
+        position table, which T5 lacks) and an untied output normal(0, 1), the relative position bias tables
+        normal(0, d_model^-0.5), norm weights the factor itself; biases zero."""
         super().init_weights()
         if self.config.initializer != "t5":
             return

@@ -215,6 +215,21 @@ def test_features_of_any_length_have_a_frame_every_hop():
     assert pad_or_trim(torch.ones(2), 4).tolist() == [1, 1, 0, 0]
 
 
+@pytest.mark.parametrize("audio_samples", [1, 4_000, 43_210, 48_000 - 360, 48_000 - 200, 48_000])
+def test_features_of_padded_audio_skip_the_silence_and_stay_the_same(audio_samples):
+    # A recording padded with zeros to its window: the frames that read only padding are filled, not transformed,
+    # and every feature is what the whole window's STFT gives, bit for bit (the edges: the last frames whose
+    # reflected end reads the padding, a recording that fills the window).
+    settings = LogMelSettings(window_samples=48_000)
+    audio = torch.zeros(2, 48_000)
+    audio[:, :audio_samples] = torch.randn(2, audio_samples, generator=torch.Generator().manual_seed(audio_samples))
+    whole = log_mel_spectrogram(audio, settings)
+    assert torch.equal(log_mel_spectrogram(audio, settings, audio_samples=audio_samples), whole)
+    samples = audio[0, :audio_samples]
+    expected = normalize_windows(whole[:1], [audio_samples], settings)[0]
+    assert torch.equal(recording_features(samples, settings), expected)
+
+
 # ---- per-recording normalisation (a speech model's feature_normalization) ----------------------------------------
 
 

@@ -128,23 +128,39 @@ def pad_to_windows(audio: Tensor, window: int) -> Tensor:
     return torch.nn.functional.pad(audio, (0, windows * window - audio.shape[-1]))
 
 
-def log_mel_spectrogram(audio: Tensor, settings: LogMelSettings = LogMelSettings()) -> Tensor:
+def log_mel_spectrogram(audio: Tensor, settings: LogMelSettings = LogMelSettings(), *,
+                        audio_samples: int | None = None) -> Tensor:
     """Features (B, num_mel_bins, N // hop_length) of audio (B, N) (or (N,): then (num_mel_bins, frames)) at
-    ``settings.sample_rate``; the caller pads or windows the audio (``pad_or_trim``) to the model's input."""
+    ``settings.sample_rate``; the caller pads or windows the audio (``pad_or_trim``) to the model's input.
+    ``audio_samples``: where the zero padding begins (in every row); the frames wholly in it, whose power is
+    exactly 0, are filled in rather than transformed (the same features, without the STFT of the silence)."""
     single = audio.dim() == 1
     batch = audio.unsqueeze(0) if single else audio
     batch = batch.float()
+    frames = batch.shape[-1] // settings.hop_length
+    heard = frames if audio_samples is None else min(frames, heard_frames(audio_samples, settings))
     window = torch.hann_window(settings.n_fft, periodic=True, device=batch.device)
-    spectrum = torch.stft(batch, settings.n_fft, settings.hop_length, window=window, center=True,
-                          pad_mode="reflect", return_complex=True)  # (B, F, frames + 1)
-    power = spectrum[..., :-1].abs() ** 2  # the last frame (centred past the end) is dropped, as Whisper does
+    # Frame t reads samples [t * hop - n_fft / 2, t * hop + n_fft / 2): the first `heard` frames read the same
+    # samples from the audio cut here as from the whole of it.
+    audible = batch if heard == frames else batch[..., : heard * settings.hop_length + settings.n_fft]
+    spectrum = torch.stft(audible, settings.n_fft, settings.hop_length, window=window, center=True,
+                          pad_mode="reflect", return_complex=True)  # (B, F, at least heard + 1 frames)
+    power = spectrum[..., :heard].abs() ** 2  # the last frame (centred past the end) is dropped, as Whisper does
     filters = torch.from_numpy(mel_filter_bank(settings.num_mel_bins, settings.n_fft, settings.sample_rate))
-    mel = filters.to(device=batch.device, dtype=torch.float32).T @ power  # (B, M, frames)
+    mel = filters.to(device=batch.device, dtype=torch.float32).T @ power  # (B, M, heard)
+    if heard < frames:  # the silent frames' power, and so their mel energies, are 0
+        mel = torch.nn.functional.pad(mel, (0, frames - heard))  # (B, M, frames)
     log_mel = mel.clamp(min=LOG_FLOOR).log10()
     peak = log_mel.amax(dim=(1, 2), keepdim=True)
     log_mel = torch.maximum(log_mel, peak - DYNAMIC_RANGE)
     features = (log_mel + 4.0) / 4.0
     return features[0] if single else features
+
+
+def heard_frames(audio_samples: int, settings: LogMelSettings) -> int:
+    """How many frames from the start read at least one of the first ``audio_samples`` samples (frame t is
+    centred on sample t * hop_length)."""
+    return -(-(audio_samples + settings.n_fft // 2) // settings.hop_length)
 
 
 def normalize_windows(features: Tensor, samples: Sequence[int], settings: LogMelSettings) -> Tensor:
@@ -181,5 +197,6 @@ def normalize_windows(features: Tensor, samples: Sequence[int], settings: LogMel
 def recording_features(samples: Tensor, settings: LogMelSettings) -> Tensor:
     """What a model of ``settings`` reads for one recording (N,) at ``settings.sample_rate``: the audio padded
     with silence to whole windows, its log-mel features (M, W x F), each window normalised as the settings say."""
-    features = log_mel_spectrogram(pad_to_windows(samples, settings.window_samples), settings)[None]  # (1, M, W x F)
+    features = log_mel_spectrogram(pad_to_windows(samples, settings.window_samples), settings,
+                                   audio_samples=samples.shape[-1])[None]  # (1, M, W x F)
     return normalize_windows(features, [samples.shape[-1]], settings)[0]

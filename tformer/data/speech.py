@@ -138,7 +138,7 @@ def window_features(data: SpeechData, settings: LogMelSettings, *, dtype: torch.
                                        "recording is never cut")
             audio[row, : len(samples)] = samples  # (numpy: on a busy machine a torch op a row costs a thread wait)
             lengths.append(len(samples))
-        features = log_mel_spectrogram(torch.from_numpy(audio), settings)  # (B, M, F)
+        features = log_mel_spectrogram(torch.from_numpy(audio), settings, audio_samples=max(lengths))  # (B, M, F)
         features = normalize_windows(features, lengths, settings)
         same_as_last = (features == features[:, :, -1:]).all(dim=1)  # (B, F): a column equal to the last one
         trailing = same_as_last.flip(-1).int().cumprod(dim=-1).sum(dim=-1)  # (B,) columns equal to the last, at the end

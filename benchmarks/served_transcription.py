@@ -12,7 +12,7 @@ dtype's. Figures: recordings per second over the whole list (wall time), medians
 sides in turn, which one first alternating), and served / one-at-a-time (the ratio of the medians, then each
 round's); with several dtypes, the fastest served rate over the fastest one-at-a-time rate, each at its best
 dtype. With ``--engine-alone``, the same for the engine without HTTP (``Engine.transcribe`` in this process,
-``--clients`` recordings in flight).
+``--clients`` recordings in flight). ``--gather-sources``: the server's (``tformer serve --gather-sources``).
 
     python benchmarks/served_transcription.py --run runs/fsdd-digits --data data/fsdd-digits/test.tsv \\
         --utterances 300 --clients 8 --threads 2 --dtypes fp32,bf16
@@ -88,10 +88,11 @@ def served(url: str, paths: list[Path], beams: int, clients: int) -> tuple[float
         return time.perf_counter() - started, texts
 
 
-def engine_alone(model, paths: list[Path], beams: int, in_flight: int) -> tuple[float, list[str]]:
+def engine_alone(model, paths: list[Path], beams: int, in_flight: int,
+                 gather_sources: int = 1) -> tuple[float, list[str]]:
     """The engine without HTTP, in this process: ``Engine.transcribe`` keeping ``in_flight`` recordings decoding,
     a new one submitted as soon as one ends; the wall time (reading the files included) and the texts in order."""
-    engine = Engine(model, model.tokenizer, max_running=in_flight * beams)
+    engine = Engine(model, model.tokenizer, max_running=in_flight * beams, gather_sources=gather_sources)
     config = GenerationConfig(num_beams=beams)
     started = time.perf_counter()
     submitted: list[list] = []
@@ -154,7 +155,8 @@ def measure_dtype(args, dtype: str, paths: list[Path], beams: list[int], serve_t
     with tempfile.TemporaryDirectory() as scratch:
         port = free_port()
         server = start_server(args.run, port, serve_threads, args.clients * max(beams), Path(scratch) / "serve.log",
-                              ("--max-body-bytes", str(64 << 20), "--dtype", dtype))
+                              ("--max-body-bytes", str(64 << 20), "--dtype", dtype,
+                               "--gather-sources", str(args.gather_sources)))
         url = f"http://127.0.0.1:{port}"
         try:
             served(url, paths[:4], 1, 4)  # warm-up: compiled kernels, first steps
@@ -169,7 +171,8 @@ def measure_dtype(args, dtype: str, paths: list[Path], beams: list[int], serve_t
                 print(f"the engine alone (no HTTP, {args.clients} recordings in flight, {args.threads} threads)")
                 for width in beams:
                     alone, batched = in_turns(args.rounds, lambda width=width: one_at_a_time(model, paths, width),
-                                              lambda width=width: engine_alone(model, paths, width, args.clients))
+                                              lambda width=width: engine_alone(model, paths, width, args.clients,
+                                                                               args.gather_sources))
                     median_row(width, alone, batched, reference.get(width))
         finally:
             server.terminate()
@@ -191,6 +194,8 @@ def main() -> None:
     parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
     parser.add_argument("--dtypes", default="fp32", help="the model's dtypes, both sides alike, each measured in "
                                                          "turn: fp32, bf16, fp16 (default: fp32)")
+    parser.add_argument("--gather-sources", type=int, default=1,
+                        help="the server's (and the engine alone's) --gather-sources (default: 1, tformer serve's)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each measurement; medians (default: 3)")
     parser.add_argument("--engine-alone", action="store_true",
                         help="also time the engine without HTTP, in this process (what the server adds to it)")
@@ -204,8 +209,8 @@ def main() -> None:
     beams = [int(width) for width in args.beams.split(",")]
     seconds = sum(len(load_audio(path, 16000)) for path in paths) / 16000
     print(f"model {args.run}; {len(paths)} recordings of {args.data} ({seconds:.1f} s of audio); {args.clients} "
-          f"clients; {args.threads} threads one at a time, the server's engine {serve_threads}; medians of "
-          f"{args.rounds} rounds", flush=True)
+          f"clients; {args.threads} threads one at a time, the server's engine {serve_threads}, gathering "
+          f"{args.gather_sources} source(s); medians of {args.rounds} rounds", flush=True)
     reference: dict[int, list[str]] = {}
     rates = {dtype: measure_dtype(args, dtype, paths, beams, serve_threads, reference) for dtype in dtypes}
     if len(dtypes) > 1:

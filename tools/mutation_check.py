@@ -1222,6 +1222,27 @@ MUTATIONS = (
         ("tests/interop/test_interop_t5.py", "-k", "separate"),
         "a T5 folder whose encoder or decoder table differs from shared loads with shared's, silently",
     ),
+    Mutation(
+        "gathering-holds-requests-forever", "tformer/serving/scheduler.py",
+        "                or self.held_steps >= self.gather_sources):",
+        "                ):",
+        ("tests/serving/test_serve_speech.py", "-k", "gathered"),
+        "a request waits behind the decoding ones for others to join it, however many steps it takes",
+    ),
+    Mutation(
+        "gathering-ignores-the-switch", "tformer/serving/scheduler.py",
+        "        if self._gathering():\n",
+        "        if False:\n",
+        ("tests/serving/test_serve_speech.py", "-k", "gathered"),
+        "gather_sources is taken and ignored: every request starts at the first step it can",
+    ),
+    Mutation(
+        "features-skip-heard-frames", "tformer/data/log_mel.py",
+        "    return -(-(audio_samples + settings.n_fft // 2) // settings.hop_length)",
+        "    return (audio_samples + settings.n_fft // 2) // settings.hop_length",
+        ("tests/data/test_audio.py", "-k", "padded_audio"),
+        "a recording's last frames, which still read its audio, are filled in as silence",
+    ),
 )
 
 HIDDEN_TRANSFORMERS = '''"""Written by tools/mutation_check.py --without-transformers: no transformers here."""

@@ -307,6 +307,15 @@ def test_threads_sets_the_threads_a_command_computes_with(work, capsys, monkeypa
     refused_leaving(work, capsys, ["generate", "m", "--prompt", "to be", "--threads", "0"], "--threads 0 must be >= 1")
 
 
+def test_gathering_sources_is_refused_where_there_is_no_encoder_to_batch(work, capsys):
+    """--gather-sources holds requests back so that an encoder's sources start together: a decoder has none, and is
+    refused rather than served as if it were honoured."""
+    serve = ["serve", "m", "--port", "0", "--engine", "thread"]
+    refused_leaving(work, capsys, [*serve, "--gather-sources", "0"], "--gather-sources 0 must be >= 1")
+    refused_leaving(work, capsys, [*serve, "--gather-sources", "4"],
+                    "gather_sources=4 batches an encoder-decoder's sources (its encoder's work); this model has none")
+
+
 @pytest.mark.parametrize("command", [["generate", "m", "--prompt", "to be"], ["serve", "m", "--port", "0"]],
                          ids=["generate", "serve"])
 def test_threads_beyond_the_cpus_this_process_may_use_are_refused(work, capsys, command):

@@ -71,6 +71,41 @@ def test_concurrent_recordings_transcribe_as_each_alone(beams):
     assert engine.pool.blocks_in_use == 0 and sorted(engine.scheduler.free_states) == list(range(8))
 
 
+def started(engine, requests) -> bool:
+    """Whether every one of ``requests`` (a recording's windows) runs: admitted, prefilled or decoding."""
+    running = {request.id for request, _ in engine.scheduler.running}
+    return all(request.id in running for request in requests)
+
+
+def test_gathered_windows_wait_a_few_steps_for_each_other_and_transcribe_as_each_alone():
+    # gather_sources=3: while windows decode, new ones wait until three wait or three steps have passed, then start
+    # in one step (their features encoded as one batch); every transcript stays what tformer transcribe writes.
+    model = speech_model()
+    engine = Engine(model, model.tokenizer, cache_tokens=1024, block_size=4, max_running=8, gather_sources=3)
+    waves = recordings()
+    submitted = [engine.transcribe(torch.from_numpy(waves[1]))]  # three windows; nothing runs: they start at once
+    engine.step()
+    assert started(engine, submitted[0])
+    submitted.append(engine.transcribe(torch.from_numpy(waves[0])))  # one window, alone behind them
+    waited = 0
+    while not started(engine, submitted[-1]):
+        engine.step()
+        waited += 1
+    assert waited == 4  # held three steps (the others still decoding), started by the fourth
+    submitted += [engine.transcribe(torch.from_numpy(waves[index])) for index in (3, 5)]
+    engine.step()
+    assert not started(engine, submitted[-1]) and not started(engine, submitted[-2])  # two of three: held
+    submitted.append(engine.transcribe(torch.from_numpy(waves[7])))
+    engine.step()
+    assert all(started(engine, requests) for requests in submitted[-3:])  # the third joined: all three start
+    engine.run_until_idle()
+    served = [[token for request in requests for token in request.outputs()[0] if token not in request.end_ids]
+              for requests in submitted]
+    assert served == [as_transcribe_decodes(model, waves[index]) for index in (1, 0, 3, 5, 7)]
+    with pytest.raises(GenerationError, match="gather_sources=0 must be an integer >= 1"):
+        Engine(model, model.tokenizer, cache_tokens=256, gather_sources=0)
+
+
 def test_what_a_speech_engine_cannot_do_is_refused_by_name():
     model = speech_model()
     engine = Engine(model, model.tokenizer, cache_tokens=256)

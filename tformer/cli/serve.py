@@ -74,6 +74,10 @@ def register(subparsers) -> None:
                         help="launch each decode step from the last step's tokens before the host reads them, and "
                              "send their events while it runs; auto (default): on a CUDA GPU, off on the CPU (a CPU "
                              "step runs on the host's thread: nothing to overlap)")
+    parser.add_argument("--gather-sources", type=int, default=1, metavar="N",
+                        help="an encoder-decoder or speech model: while sequences decode, new requests wait up to N "
+                             "steps for N of them to start together, their sources encoded as one batch (cheaper a "
+                             "source than one at a time: docs/serving.md); default 1: each starts as soon as it can")
     parser.add_argument("--queue-timeout", type=float, default=60.0,
                         help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     for option, value in (("--cache-tokens", args.cache_tokens), ("--block-size", args.block_size),
                           ("--max-running", args.max_running), ("--max-step-tokens", args.max_step_tokens),
                           ("--max-body-bytes", args.max_body_bytes), ("--max-prompts", args.max_prompts),
-                          ("--max-request-tokens", args.max_request_tokens)):
+                          ("--max-request-tokens", args.max_request_tokens), ("--gather-sources", args.gather_sources)):
         if value is not None and value < 1:
             raise UsageError(f"{option} {value} must be >= 1")
     for option, value in (("--queue-timeout", args.queue_timeout), ("--shutdown-timeout", args.shutdown_timeout),
@@ -161,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
                "max_step_tokens": args.max_step_tokens, "queue_timeout": args.queue_timeout,
                "prefix_caching": args.prefix_cache, "paged_attention": args.paged_attention,
                "overlap": {"auto": None, "on": True, "off": False}[args.overlap],
-               "pooling": args.pooling, "normalize": args.normalize, "adapters": adapters}
+               "gather_sources": args.gather_sources, "pooling": args.pooling, "normalize": args.normalize,
+               "adapters": adapters}
     build = partial(build_engine, args.model_source, options=options)
     if args.engine == "thread":
         engine = ThreadEngineClient(build(), stall_timeout=args.engine_timeout)

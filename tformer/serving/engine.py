@@ -113,18 +113,23 @@ class Engine:
     unless a layer keeps a running state, Performer's, or an encoder's keys: no prefix of those can be shared);
     ``overlap``: launch each decode step from the device's tokens before the host reads the previous step's
     (``overlapped_steps``; None, the default: where the device runs asynchronously, CUDA);
-    ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings). The LoRA adapters
-    ``load_adapters`` put over ``model`` are served by name (``adapters``).
+    ``pooling``: how ``embed`` pools (``tformer.pooling.Pooling``; None: no embeddings);
+    ``gather_sources``: an encoder-decoder's new requests, while sequences run, wait up to this many steps for as
+    many to start together, their sources encoded in one batch (1, the default: each starts at the first step it
+    can). The LoRA adapters ``load_adapters`` put over ``model`` are served by name (``adapters``).
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, cache_tokens: int = 16384, block_size: int = 16,
                  max_running: int = 64, max_step_tokens: int = 4096, queue_timeout: float | None = None,
                  paged_attention: str = "auto", prefix_caching: bool | None = None,
-                 pooling: Pooling | None = None, overlap: bool | None = None) -> None:
+                 pooling: Pooling | None = None, overlap: bool | None = None, gather_sources: int = 1) -> None:
         for name, value in (("cache_tokens", cache_tokens), ("block_size", block_size), ("max_running", max_running),
-                            ("max_step_tokens", max_step_tokens)):
+                            ("max_step_tokens", max_step_tokens), ("gather_sources", gather_sources)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name}={value!r} must be an integer >= 1")
+        if gather_sources > 1 and not (model.generates and getattr(model, "encodes_prompt", False)):
+            raise GenerationError(f"gather_sources={gather_sources} batches an encoder-decoder's sources (its "
+                                  "encoder's work); this model has none to gather: 1 (requests admitted as they come)")
         if prefix_caching is not None and not isinstance(prefix_caching, bool):
             raise GenerationError(f"prefix_caching={prefix_caching!r} must be True, False or None (on where the "
                                   "model's caches allow it)")
@@ -138,7 +143,7 @@ class Engine:
         self.pool = self.scheduler = self.emitter = self.captured = self.overlapped = None
         if model.generates or pooling is None:
             self._start_decoding(model, cache_tokens, block_size, max_running, max_step_tokens, queue_timeout,
-                                 paged_attention, prefix_caching)
+                                 paged_attention, prefix_caching, gather_sources)
             self.overlapped = OverlappedSteps.make(overlap, self.scheduler, self.emitter, self.device, self._run_step)
             self.work = self.scheduler.work
         else:  # embeddings only
@@ -157,7 +162,7 @@ class Engine:
 
     def _start_decoding(self, model: nn.Module, cache_tokens: int, block_size: int, max_running: int,
                         max_step_tokens: int, queue_timeout: float | None, paged_attention: str,
-                        prefix_caching: bool | None) -> None:
+                        prefix_caching: bool | None, gather_sources: int = 1) -> None:
         """The decoding half: the model's decoding view, the paged pool, the scheduler and the emitter."""
         check_model(model)
         reason = serving_problem(model)
@@ -189,7 +194,8 @@ class Engine:
         # running sums (each sequence's own).
         self.scheduler = Scheduler(self.pool, self.stats, max_running=max_running, max_step_tokens=max_step_tokens,
                                    queue_timeout=queue_timeout, keeps_states=keeps_states,
-                                   shares_rows=model.encodes_prompt and not self._keeps_sums)
+                                   shares_rows=model.encodes_prompt and not self._keeps_sums,
+                                   gather_sources=gather_sources)
         self.emitter = Emitter(self.scheduler, self.stats)
         self.captured = CapturedDecode.make(model, self.caches, self.pool, self.device, in_place=self.in_place,
                                             keeps_states=keeps_states, adapters=bool(self.adapters))

@@ -38,8 +38,13 @@ class Scheduler:
     """The engine's queue, running batch and cache blocks (see the module's docstring)."""
 
     def __init__(self, pool: BlockPool, stats: EngineStats, *, max_running: int, max_step_tokens: int,
-                 queue_timeout: float | None, keeps_states: bool = False, shares_rows: bool = False) -> None:
+                 queue_timeout: float | None, keeps_states: bool = False, shares_rows: bool = False,
+                 gather_sources: int = 1) -> None:
         self.pool = pool
+        # An encoder-decoder's waiting requests held back while sequences run, until this many wait (or as many as
+        # the batch has room for), for at most this many steps: their sources then start, and are encoded, together.
+        self.gather_sources = gather_sources
+        self.held_steps = 0  # steps the waiting requests have been held back so far
         # A row of every running-state layer (Performer's sums, an encoder's keys) per running sequence; None: the
         # model keeps none. ``shares_rows``: a request's sequences share one row (what it holds is its source's:
         # beams and samples of one source read the same encoder keys), freed with the last of them.
@@ -129,6 +134,8 @@ class Scheduler:
         prefills, the others to be forked from it after the step (``fork``)."""
         admitted: set[int] = set()
         forking: list[Request] = []
+        if self._gathering():
+            return admitted, forking
         budget = self.max_step_tokens - len(self.running)
         running = len(self.running)  # sequences in the batch once the ones admitted so far are forked
         with self.work:
@@ -155,6 +162,18 @@ class Scheduler:
                     self.running.append((request, sequence))
                     admitted.add(id(sequence))
         return admitted, forking
+
+    def _gathering(self) -> bool:
+        """Whether this step admits no one, the waiting requests held back for more to join them (``gather_sources``):
+        sequences are running, fewer requests wait than it asks (or than the batch has room for), and they have
+        been held fewer steps than it says. A request never waits more than ``gather_sources`` steps for others."""
+        room = self.max_running - len(self.running)
+        if (not self.running or not self.waiting or len(self.waiting) >= min(self.gather_sources, room)
+                or self.held_steps >= self.gather_sources):
+            self.held_steps = 0
+            return False
+        self.held_steps += 1
+        return True
 
     def _row_for(self, request: Request) -> int:
         """A joining sequence's row of the running-state layers: its request's, where the rows are shared and a

@@ -8,11 +8,12 @@ Model: a trained speech run (``--run``; e.g. the FSDD recipe, ``configs/fsdd-dig
 ``benchmarks/speech_fsdd.py --out data/fsdd-digits`` writes). The one-at-a-time side uses ``--threads`` threads, the
 server's engine ``--serve-threads`` (default: the same; its HTTP process runs beside them); the server's text is
 checked against the one-at-a-time text of its dtype, and each dtype's one-at-a-time text against the first
-dtype's. Figures: recordings per second over the whole list (wall time), medians of ``--rounds`` rounds (the two
-sides in turn, which one first alternating), and served / one-at-a-time (the ratio of the medians, then each
-round's); with several dtypes, the fastest served rate over the fastest one-at-a-time rate, each at its best
-dtype. With ``--engine-alone``, the same for the engine without HTTP (``Engine.transcribe`` in this process,
-``--clients`` recordings in flight). ``--gather-sources``: the server's (``tformer serve --gather-sources``).
+dtype's. Each round runs every measurement once (each dtype one at a time and served, one server a dtype), in an
+order that rotates from round to round, so that the host's drift falls on all of them alike. Figures: recordings
+per second over the whole list (wall time), medians of ``--rounds`` rounds, and served / one-at-a-time (the ratio of
+the medians, then each round's); with several dtypes, the fastest served dtype over the fastest one-at-a-time
+dtype, round by round. With ``--engine-alone``, the same for the engine without HTTP (``Engine.transcribe`` in this
+process, ``--clients`` recordings in flight). ``--gather-sources``: the server's (``tformer serve --gather-sources``).
 
     python benchmarks/served_transcription.py --run runs/fsdd-digits --data data/fsdd-digits/test.tsv \\
         --utterances 300 --clients 8 --threads 2 --dtypes fp32,bf16
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
@@ -110,74 +113,63 @@ def engine_alone(model, paths: list[Path], beams: int, in_flight: int,
     return took, texts
 
 
-def median_row(width: int, alone: list[tuple[float, list[str]]], batched: list[tuple[float, list[str]]],
-               reference: list[str] | None) -> tuple[float, float]:
-    """One line of the table: each side's median recordings a second, their ratio and each round's, how many
-    served texts equal the one-at-a-time texts (every round), and how many one-at-a-time texts equal the
-    ``reference`` dtype's. Returns the two medians."""
-    count = len(alone[0][1])
-    alone_rate = statistics.median(count / seconds for seconds, _ in alone)
-    served_rate = statistics.median(count / seconds for seconds, _ in batched)
-    rounds = " ".join(f"{alone_seconds / batched_seconds:.2f}" for (alone_seconds, _), (batched_seconds, _)
-                      in zip(alone, batched, strict=True))
-    equal = min(sum(a == b for a, b in zip(alone_texts, batched_texts, strict=True))
-                for (_, alone_texts), (_, batched_texts) in zip(alone, batched, strict=True))
-    first = "-" if reference is None else f"{sum(a == b for a, b in zip(alone[0][1], reference, strict=True))}/{count}"
-    print(f"{width:>5}  {alone_rate:>22.2f}  {served_rate:>14.2f}  {served_rate / alone_rate:>21.2f}x  "
-          f"{rounds:>18}  {equal}/{count:<10} {first}", flush=True)
-    return alone_rate, served_rate
-
-
-HEADER = ("beams  one at a time (rec/s)  served (rec/s)  served / one at a time  each round's ratio  texts equal  "
-          "one-at-a-time texts equal to the first dtype's")
-
-
-def in_turns(rounds: int, first, second) -> tuple[list, list]:
-    """``first()`` and ``second()`` ``rounds`` times each, which one goes first alternating."""
-    firsts, seconds = [], []
+def rotating(rounds: int, work: dict[tuple[str, str], Callable[[], tuple[float, list[str]]]]) -> dict:
+    """Every call of ``work`` once a round, ``rounds`` rounds, the order rotating by one each round: each key's
+    results, one a round."""
+    keys = list(work)
+    results: dict[tuple[str, str], list[tuple[float, list[str]]]] = {key: [] for key in keys}
     for index in range(rounds):
-        if index % 2 == 0:
-            firsts.append(first())
-            seconds.append(second())
-        else:
-            seconds.append(second())
-            firsts.append(first())
-    return firsts, seconds
+        for key in keys[index % len(keys):] + keys[: index % len(keys)]:
+            results[key].append(work[key]())
+    return results
 
 
-def measure_dtype(args, dtype: str, paths: list[Path], beams: list[int], serve_threads: int,
-                  reference: dict[int, list[str]]) -> dict[int, tuple[float, float]]:
-    """Both sides in one dtype, every beam width: the median rates by width (one at a time, served). The first
-    dtype's one-at-a-time texts become ``reference``."""
-    model = tformer.load(args.run, dtype=getattr(torch, DTYPES[dtype])).eval()
-    compiled.ready(model.device)
-    rates = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        port = free_port()
-        server = start_server(args.run, port, serve_threads, args.clients * max(beams), Path(scratch) / "serve.log",
-                              ("--max-body-bytes", str(64 << 20), "--dtype", dtype,
-                               "--gather-sources", str(args.gather_sources)))
-        url = f"http://127.0.0.1:{port}"
-        try:
-            served(url, paths[:4], 1, 4)  # warm-up: compiled kernels, first steps
-            one_at_a_time(model, paths[:2], 1)
-            print(f"\n{dtype}\n{HEADER}", flush=True)
-            for width in beams:
-                alone, batched = in_turns(args.rounds, lambda width=width: one_at_a_time(model, paths, width),
-                                          lambda width=width: served(url, paths, width, args.clients))
-                rates[width] = median_row(width, alone, batched, reference.get(width))
-                reference.setdefault(width, alone[0][1])
-            if args.engine_alone:
-                print(f"the engine alone (no HTTP, {args.clients} recordings in flight, {args.threads} threads)")
-                for width in beams:
-                    alone, batched = in_turns(args.rounds, lambda width=width: one_at_a_time(model, paths, width),
-                                              lambda width=width: engine_alone(model, paths, width, args.clients,
-                                                                               args.gather_sources))
-                    median_row(width, alone, batched, reference.get(width))
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-    return rates
+def rate(results: list[tuple[float, list[str]]]) -> float:
+    """The median recordings a second of one side's rounds."""
+    return statistics.median(len(texts) / seconds for seconds, texts in results)
+
+
+def print_row(dtype: str, way: str, alone: list, batched: list, reference: list[str] | None) -> None:
+    """One line: the one-at-a-time and batched medians, their ratio and each round's, how many batched texts equal
+    the one-at-a-time texts (the fewest over the rounds), and how many one-at-a-time texts equal ``reference``'s."""
+    count = len(alone[0][1])
+    rounds = " ".join(f"{a / b:.2f}" for (a, _), (b, _) in zip(alone, batched, strict=True))
+    equal = min(sum(x == y for x, y in zip(a, b, strict=True)) for (_, a), (_, b) in zip(alone, batched, strict=True))
+    first = "-" if reference is None else f"{sum(x == y for x, y in zip(alone[0][1], reference, strict=True))}/{count}"
+    print(f"{dtype:<5}  {way:<12}  {rate(alone):>21.2f}  {rate(batched):>15.2f}  {rate(batched) / rate(alone):>5.2f}x  "
+          f"{rounds:>18}  {equal:>7}/{count}  {first}", flush=True)
+
+
+def measure_width(args, width: int, models: dict, urls: dict[str, str], paths: list[Path]) -> None:
+    """Every dtype's one-at-a-time, served (and engine-alone) rates at ``width`` beams, in rotating rounds; the
+    rows, then the fastest served dtype against the fastest one-at-a-time dtype, round by round."""
+    work = {}
+    for dtype, model in models.items():
+        work[dtype, "one at a time"] = lambda model=model: one_at_a_time(model, paths, width)
+        work[dtype, "served"] = lambda url=urls[dtype]: served(url, paths, width, args.clients)
+        if args.engine_alone:
+            work[dtype, "engine alone"] = lambda model=model: engine_alone(model, paths, width, args.clients,
+                                                                             args.gather_sources)
+    results = rotating(args.rounds, work)
+    print(f"\nbeams {width}\n{HEADER}")
+    first = next(iter(models))
+    for dtype in models:
+        reference = None if dtype == first else results[first, "one at a time"][0][1]
+        for way in ("served", "engine alone")[: 1 + args.engine_alone]:
+            print_row(dtype, way, results[dtype, "one at a time"], results[dtype, way], reference)
+    if len(models) > 1:
+        alone = max(models, key=lambda dtype: rate(results[dtype, "one at a time"]))
+        batched = max(models, key=lambda dtype: rate(results[dtype, "served"]))
+        ratios = " ".join(f"{a / b:.2f}" for (a, _), (b, _) in zip(results[alone, "one at a time"],
+                                                                    results[batched, "served"], strict=True))
+        print(f"each side at its fastest dtype: served {rate(results[batched, 'served']):.2f} rec/s ({batched}) / one "
+              f"at a time {rate(results[alone, 'one at a time']):.2f} rec/s ({alone}) = "
+              f"{rate(results[batched, 'served']) / rate(results[alone, 'one at a time']):.2f}x; each round's "
+              f"{ratios}", flush=True)
+
+
+HEADER = ("dtype  way           one at a time (rec/s)  batched (rec/s)  ratio  each round's ratio  texts equal  "
+          "one-at-a-time texts equal to the first dtype's")
 
 
 def main() -> None:
@@ -192,8 +184,8 @@ def main() -> None:
                                                           "HTTP process, which reads and resamples the uploads, runs "
                                                           "beside them)")
     parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
-    parser.add_argument("--dtypes", default="fp32", help="the model's dtypes, both sides alike, each measured in "
-                                                         "turn: fp32, bf16, fp16 (default: fp32)")
+    parser.add_argument("--dtypes", default="fp32", help="the model's dtypes, both sides alike, measured in the same "
+                                                         "rounds: fp32, bf16, fp16 (default: fp32)")
     parser.add_argument("--gather-sources", type=int, default=1,
                         help="the server's (and the engine alone's) --gather-sources (default: 1, tformer serve's)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each measurement; medians (default: 3)")
@@ -211,17 +203,28 @@ def main() -> None:
     print(f"model {args.run}; {len(paths)} recordings of {args.data} ({seconds:.1f} s of audio); {args.clients} "
           f"clients; {args.threads} threads one at a time, the server's engine {serve_threads}, gathering "
           f"{args.gather_sources} source(s); medians of {args.rounds} rounds", flush=True)
-    reference: dict[int, list[str]] = {}
-    rates = {dtype: measure_dtype(args, dtype, paths, beams, serve_threads, reference) for dtype in dtypes}
-    if len(dtypes) > 1:
-        print("\neach side at its fastest dtype")
+    models = {dtype: tformer.load(args.run, dtype=getattr(torch, DTYPES[dtype])).eval() for dtype in dtypes}
+    compiled.ready(next(iter(models.values())).device)
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as servers:
+        urls = {}
+        for dtype in dtypes:  # one server a dtype, all up at once: an idle one only waits on its pipe
+            port = free_port()
+            server = start_server(args.run, port, serve_threads, args.clients * max(beams),
+                                  Path(scratch) / f"serve-{dtype}.log",
+                                  ("--max-body-bytes", str(64 << 20), "--dtype", dtype,
+                                   "--gather-sources", str(args.gather_sources)))
+            servers.callback(stop, server)
+            urls[dtype] = f"http://127.0.0.1:{port}"
+            served(urls[dtype], paths[:4], 1, 4)  # warm-up: compiled kernels, first steps
+            one_at_a_time(models[dtype], paths[:2], 1)
         for width in beams:
-            alone_dtype = max(dtypes, key=lambda dtype: rates[dtype][width][0])
-            served_dtype = max(dtypes, key=lambda dtype: rates[dtype][width][1])
-            alone_rate, served_rate = rates[alone_dtype][width][0], rates[served_dtype][width][1]
-            print(f"beams {width}: served {served_rate:.2f} rec/s ({served_dtype}) / one at a time {alone_rate:.2f} "
-                  f"rec/s ({alone_dtype}) = {served_rate / alone_rate:.2f}x", flush=True)
+            measure_width(args, width, models, urls, paths)
 
+
+def stop(server) -> None:
+    """End a server started by ``start_server``."""
+    server.terminate()
+    server.wait(timeout=60)
 
 if __name__ == "__main__":
     main()

@@ -419,8 +419,8 @@ MUTATIONS = (
     ),
     Mutation(
         "beams-store-their-source-each", "tformer/serving/engine.py",
-        "                                   shares_rows=model.encodes_prompt and not self._keeps_sums)",
-        "                                   shares_rows=False)",
+        "                                   shares_rows=model.encodes_prompt and not self._keeps_sums,",
+        "                                   shares_rows=False,",
         ("tests/serving/test_serve_encoder_decoder.py", "-k", "beam_searches_beside"),
         "every beam of a request keeps its own copy of the encoder's keys: a row each, projected once each",
     ),

@@ -166,9 +166,11 @@ class Scheduler:
     def _gathering(self) -> bool:
         """Whether this step admits no one, the waiting requests held back for more to join them (``gather_sources``):
         sequences are running, fewer requests wait than it asks (or than the batch has room for), and they have
-        been held fewer steps than it says. A request never waits more than ``gather_sources`` steps for others."""
+        been held fewer steps in a row than it says."""
         room = self.max_running - len(self.running)
-        if (not self.running or not self.waiting or len(self.waiting) >= min(self.gather_sources, room)
+        with self.work:
+            waiting = len(self.waiting)
+        if (not self.running or not waiting or waiting >= min(self.gather_sources, room)
                 or self.held_steps >= self.gather_sources):
             self.held_steps = 0
             return False

@@ -179,7 +179,8 @@ NOT_MEASURED: dict[str, list[str]] = {
         "(30-48 GB/s between runs here, 53 GB/s in an earlier session)",  # the logs' memory lines, summarised
     ],
     "docs/serving.md": [
-        "(7.5 s for the FSDD recipe, 30 s for Whisper)", "Below the issue's 1.5x aim against the faster one-at-a-time dtype.",
+        "(7.5 s for the FSDD recipe, 30 s for Whisper)",
+        "Below the issue's 1.5x aim against the faster one-at-a-time dtype.",
         "reads a whole window of 7.5 s for every recording",
         "x keys and values: 38 MB",
         "set to 5 ms, 0.5 ms and 0.1 ms",

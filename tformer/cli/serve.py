@@ -56,30 +56,7 @@ def register(subparsers) -> None:
                         help="require 'Authorization: Bearer KEY' (default: $TFORMER_API_KEY; none: no key)")
     parser.add_argument("--chat-template", metavar="FILE",
                         help="a Jinja chat template, for a tokenizer that ships none (or to replace its own)")
-    parser.add_argument("--cache-tokens", type=int, default=16384,
-                        help="the key/value cache's size in tokens, shared by all requests (default: 16384)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per cache block (default: 16)")
-    parser.add_argument("--max-running", type=int, default=64, help="sequences decoding at once (default: 64)")
-    parser.add_argument("--max-step-tokens", type=int, default=4096,
-                        help="prompt and decode tokens per step; longer prompts wait a step (default: 4096)")
-    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False, default=None,
-                        help="compute every prompt whole: no reuse of a prefix's cached blocks, and the n sequences "
-                             "of a request each prefill the prompt (default: prefix caching on, but for an "
-                             "encoder-decoder and a model with a Performer layer, whose caches share no prefix)")
-    parser.add_argument("--paged-attention", choices=("auto", "in-place", "gather"), default="auto",
-                        help="how decode steps read the cache: in place (the compiled CPU kernel; FlexAttention on a "
-                             "CUDA GPU), or by gathering each sequence's blocks; auto (default) reads in place on the "
-                             "CPU where the model allows, gathers on a GPU (its steps captured), and says which")
-    parser.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
-                        help="launch each decode step from the last step's tokens before the host reads them, and "
-                             "send their events while it runs; auto (default): on a CUDA GPU, off on the CPU (a CPU "
-                             "step runs on the host's thread: nothing to overlap)")
-    parser.add_argument("--gather-sources", type=int, default=1, metavar="N",
-                        help="an encoder-decoder or speech model: while sequences decode, new requests wait up to N "
-                             "steps for N of them to start together, their sources encoded as one batch (cheaper a "
-                             "source than one at a time: docs/serving.md); default 1: each starts as soon as it can")
-    parser.add_argument("--queue-timeout", type=float, default=60.0,
-                        help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
+    _add_engine_options(parser)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds requests in flight get to finish after SIGTERM; the server exits at most a "
                              "few seconds later, whatever hangs (default: 30)")
@@ -110,6 +87,34 @@ def register(subparsers) -> None:
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                         help="the HTTP server's log level (default: warning)")
     parser.set_defaults(run=run)
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine's options: its cache, batch and step limits, how it reads the cache and admits requests."""
+    parser.add_argument("--cache-tokens", type=int, default=16384,
+                        help="the key/value cache's size in tokens, shared by all requests (default: 16384)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per cache block (default: 16)")
+    parser.add_argument("--max-running", type=int, default=64, help="sequences decoding at once (default: 64)")
+    parser.add_argument("--max-step-tokens", type=int, default=4096,
+                        help="prompt and decode tokens per step; longer prompts wait a step (default: 4096)")
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_const", const=False, default=None,
+                        help="compute every prompt whole: no reuse of a prefix's cached blocks, and the n sequences "
+                             "of a request each prefill the prompt (default: prefix caching on, but for an "
+                             "encoder-decoder and a model with a Performer layer, whose caches share no prefix)")
+    parser.add_argument("--paged-attention", choices=("auto", "in-place", "gather"), default="auto",
+                        help="how decode steps read the cache: in place (the compiled CPU kernel; FlexAttention on a "
+                             "CUDA GPU), or by gathering each sequence's blocks; auto (default) reads in place on the "
+                             "CPU where the model allows, gathers on a GPU (its steps captured), and says which")
+    parser.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
+                        help="launch each decode step from the last step's tokens before the host reads them, and "
+                             "send their events while it runs; auto (default): on a CUDA GPU, off on the CPU (a CPU "
+                             "step runs on the host's thread: nothing to overlap)")
+    parser.add_argument("--gather-sources", type=int, default=1, metavar="N",
+                        help="an encoder-decoder or speech model: while sequences decode, new requests wait up to N "
+                             "steps for N of them to start together, their sources encoded as one batch (cheaper a "
+                             "source than one at a time: docs/serving.md); default 1: each starts as soon as it can")
+    parser.add_argument("--queue-timeout", type=float, default=60.0,
+                        help="seconds a request may wait for cache room before a 429 (default: 60; 0: at once)")
 
 
 def run(args: argparse.Namespace) -> int:

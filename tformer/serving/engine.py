@@ -127,7 +127,7 @@ class Engine:
                             ("max_step_tokens", max_step_tokens), ("gather_sources", gather_sources)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GenerationError(f"{name}={value!r} must be an integer >= 1")
-        if gather_sources > 1 and not (model.generates and getattr(model, "encodes_prompt", False)):
+        if gather_sources > 1 and not (model.generates and model.encodes_prompt):
             raise GenerationError(f"gather_sources={gather_sources} batches an encoder-decoder's sources (its "
                                   "encoder's work); this model has none to gather: 1 (requests admitted as they come)")
         if prefix_caching is not None and not isinstance(prefix_caching, bool):

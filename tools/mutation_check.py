@@ -1237,6 +1237,20 @@ MUTATIONS = (
         "gather_sources is taken and ignored: every request starts at the first step it can",
     ),
     Mutation(
+        "cross-rows-read-in-running-order", "tformer/nn/attention/paged.py",
+        "        placed[places] = queries\n",
+        "        placed[: len(listed)] = queries\n",
+        ("tests/serving/test_serve_encoder_decoder.py", "tests/serving/test_serve_speech.py", "-k", "alone"),
+        "the one-token sequences' queries meet the sources of the first rows of the range, not their own rows'",
+    ),
+    Mutation(
+        "cross-shared-rows-read-in-place", "tformer/nn/attention/paged.py",
+        "        if len(set(listed)) < len(listed):  # rows shared (beams): each sequence its row, gathered\n",
+        "        if False:\n",
+        ("tests/serving/test_serve_translation.py", "tests/serving/test_serve_speech.py", "-k", "beam"),
+        "beams that share their source's row are placed in it together: one beam's query takes another's place",
+    ),
+    Mutation(
         "features-skip-heard-frames", "tformer/data/log_mel.py",
         "    return -(-(audio_samples + settings.n_fft // 2) // settings.hop_length)",
         "    return (audio_samples + settings.n_fft // 2) // settings.hop_length",

@@ -108,7 +108,7 @@ def test_beam_searches_beside_greedy_requests_equal_generates(reverser, beams):
     assert any(request.config.num_beams > 1 for request in running.values())
     assert all(len({beam.state_slot for beam in request.sequences}) == 1 for request in running.values())
     assert len(engine.scheduler.free_states) == 16 - len(running)
-    assert sum(keys is not None for keys in engine.caches[0].cross_attention.keys) == len(running)
+    assert sum(length > 0 for length in engine.caches[0].cross_attention.lengths) == len(running)
     engine.run_until_idle()
     assert sorted(engine.scheduler.free_states) == list(range(16))  # every row back, once
     for source, config, request in zip(texts, configs, requests, strict=True):

@@ -274,6 +274,9 @@ class PagedCrossCache:
         self.keys: Tensor | None = None  # (rows so far, Hkv, S, Dh): each row's source, then zeros or an older one's
         self.values: Tensor | None = None
         self.lengths = [0] * rows  # each row's source length
+        # Rows shared by beams, gathered for the last step: (their rows, keys, values, mask), kept while the same
+        # rows decode and no source is stored.
+        self._gathered: tuple[tuple[int, ...], Tensor, Tensor, AttentionMask] | None = None
 
     def attend(self, kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, mask: PagedCrossMask,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -308,6 +311,7 @@ class PagedCrossCache:
         self.keys[slot, :, :length] = keys
         self.values[slot, :, :length] = values
         self.lengths[slot] = length
+        self._gathered = None
 
     @staticmethod
     def _grown(old: Tensor | None, like: Tensor, rows: int, longest: int) -> Tensor:
@@ -323,10 +327,12 @@ class PagedCrossCache:
         listed = slots.tolist()
         longest = max(self.lengths[slot] for slot in listed)
         if len(set(listed)) < len(listed):  # rows shared (beams): each sequence its row, gathered
-            lengths = [self.lengths[slot] for slot in listed]
-            keys = self.keys.index_select(0, slots)[:, :, :longest]
-            values = self.values.index_select(0, slots)[:, :, :longest]
-            return kernel(queries, keys, values, self._padding(lengths, longest, queries.device))[0].squeeze(2)
+            if self._gathered is None or self._gathered[0] != tuple(listed):
+                lengths = [self.lengths[slot] for slot in listed]
+                self._gathered = (tuple(listed), self.keys.index_select(0, slots)[:, :, :longest],
+                                  self.values.index_select(0, slots)[:, :, :longest],
+                                  self._padding(lengths, longest, queries.device))
+            return kernel(queries, *self._gathered[1:])[0].squeeze(2)
         low, high = min(listed), max(listed) + 1
         placed = queries.new_zeros(high - low, *queries.shape[1:])  # (rows in the range, H, 1, Dh)
         places = slots - low

@@ -221,8 +221,8 @@ MUTATIONS = (
     ),
     Mutation(
         "cross-attention-reads-another-source", "tformer/nn/attention/paged.py",
-        "            keys, values, padding = self._decoding_sources(tuple(layout.decode_state_slots.tolist()))",
-        "            keys, values, padding = self._decoding_sources(tuple(layout.decode_state_slots.flip(0).tolist()))",
+        "            out[layout.decode_rows] = self._decode(kernel, queries, layout.decode_state_slots)",
+        "            out[layout.decode_rows] = self._decode(kernel, queries, layout.decode_state_slots.flip(0))",
         ("tests/serving/test_serve_encoder_decoder.py",),
         "a decoding sequence of an encoder-decoder attends over another sequence's source",
     ),
@@ -248,12 +248,11 @@ MUTATIONS = (
         "a beam's copy lands in slots it does not own (the shared prompt's, another beam's)",
     ),
     Mutation(
-        "stale-padded-sources", "tformer/nn/attention/paged.py",
-        "            self.keys[slot], self.values[slot] = k[index, :, :length], v[index, :, :length]\n"
-        "            self._decoding = None",
-        "            self.keys[slot], self.values[slot] = k[index, :, :length], v[index, :, :length]",
+        "stale-source-lengths", "tformer/nn/attention/paged.py",
+        "        self.lengths[slot] = length\n",
+        "",
         ("tests/serving/test_serve_encoder_decoder.py",),
-        "the decoding rows' padded sources are reused after a row took a new sequence's source",
+        "a row taken over by a new source keeps the old one's length: the new sequence reads past its source or short",
     ),
     Mutation(
         "every-beam-reports-its-end", "tformer/serving/emitter.py",

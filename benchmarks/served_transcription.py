@@ -99,11 +99,14 @@ def engine_alone(model, paths: list[Path], beams: int, in_flight: int,
     config = GenerationConfig(num_beams=beams)
     started = time.perf_counter()
     submitted: list[list] = []
+    unfinished: list[list] = []  # the recordings in flight: each one's window requests
     waiting = list(paths)
     while waiting or engine.has_work():
-        while waiting and sum(not all(request.finished for request in requests) for requests in submitted) < in_flight:
+        unfinished = [requests for requests in unfinished if not all(request.finished for request in requests)]
+        while waiting and len(unfinished) < in_flight:
             samples = torch.from_numpy(load_audio(waiting.pop(0), model.log_mel_settings.sample_rate))
             submitted.append(engine.transcribe(samples, config))
+            unfinished.append(submitted[-1])
         engine.step()
     took = time.perf_counter() - started
     texts = []

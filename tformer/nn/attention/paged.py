@@ -329,8 +329,8 @@ class PagedCrossCache:
         if len(set(listed)) < len(listed):  # rows shared (beams): each sequence its row, gathered
             if self._gathered is None or self._gathered[0] != tuple(listed):
                 lengths = [self.lengths[slot] for slot in listed]
-                self._gathered = (tuple(listed), self.keys.index_select(0, slots)[:, :, :longest],
-                                  self.values.index_select(0, slots)[:, :, :longest],
+                self._gathered = (tuple(listed), self.keys[:, :, :longest].index_select(0, slots),
+                                  self.values[:, :, :longest].index_select(0, slots),
                                   self._padding(lengths, longest, queries.device))
             return kernel(queries, *self._gathered[1:])[0].squeeze(2)
         low, high = min(listed), max(listed) + 1

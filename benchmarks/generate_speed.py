@@ -258,9 +258,10 @@ OPEN_SHAPES = {
 }
 
 
-def compare_open_family(shape: str, repeats: int, new_tokens: int) -> dict:
+def compare_open_family(shape: str, repeats: int, new_tokens: int, bf16: bool = False) -> dict:
     """Tokens/s of Hugging Face fp32 ``generate``, tformer fp32 and (dense shapes) tformer int8 on one random model of
-    an open family, and whether tformer fp32 gave Hugging Face's tokens."""
+    an open family, and with ``bf16`` both libraries' bfloat16 (the same weights cast); whether tformer fp32 gave
+    Hugging Face's tokens."""
     import transformers
 
     from tformer.quantization import quantize
@@ -272,19 +273,24 @@ def compare_open_family(shape: str, repeats: int, new_tokens: int) -> dict:
     hf.generation_config.eos_token_id = None  # exactly new_tokens new tokens for every engine
     prompt = torch.randint(3, config.vocab_size, (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(prompt)
-    models = {}
+    models, peers = {}, {"HF fp32": hf}
     with tempfile.TemporaryDirectory() as folder:
         hf.save_pretrained(folder)
         models["tformer fp32"] = tformer.load(folder).eval()  # the same weights, through tformer.interop
         if with_int8:
             models["tformer int8"] = quantize(tformer.load(folder).eval(), "int8")
+        if bf16:
+            peers["HF bf16"] = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+            peers["HF bf16"].generation_config.eos_token_id = None
+            models["tformer bf16"] = tformer.load(folder, dtype=torch.bfloat16).eval()
 
-    def run_hf(new=new_tokens):
+    def run_hf(new=new_tokens, model=hf):
         with torch.inference_mode():
-            return hf.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+            return model.generate(prompt, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
 
-    engines = {"HF fp32": run_hf, **{name: (lambda new=new_tokens, model=model: tformer.generate(
-        model, prompt, new, eos_token_id=[])) for name, model in models.items()}}
+    engines = {**{name: (lambda new=new_tokens, model=model: run_hf(new, model)) for name, model in peers.items()},
+               **{name: (lambda new=new_tokens, model=model: tformer.generate(model, prompt, new, eos_token_id=[]))
+                  for name, model in models.items()}}
     for run in engines.values():
         run(new=4)  # warm up (lazy initialisation, packed layouts, the kernels' plans)
     wall, _, tokens = alternated(engines, repeats)
@@ -337,7 +343,7 @@ def speculative(pair: Path, data: Path, repeats: int, new_tokens: int, draft_cou
     print(f"sample (prompt + greedy continuation): {sample!r}")
 
 
-def open_families(shapes: str, repeats: int, new_tokens: int) -> None:
+def open_families(shapes: str, repeats: int, new_tokens: int, bf16: bool = False) -> None:
     import transformers
 
     print(f"\n== open families: greedy, batch 1, prompt {PROMPT_LENGTH}, {new_tokens} new tokens, CPU; transformers "
@@ -346,11 +352,14 @@ def open_families(shapes: str, repeats: int, new_tokens: int) -> None:
     for shape in shapes:
         # fp32 decoding is bound by memory bandwidth, which moves with the neighbours' load: said before and after
         print(f"(memory: a float32 sum over 1 GiB reads {memory_read_bandwidth():.1f} GB/s)")
-        row = compare_open_family(shape, repeats, new_tokens)
+        row = compare_open_family(shape, repeats, new_tokens, bf16)
         print(f"{row['title']} ({row['parameters'] / 1e6:.0f}M parameters); fp32 tokens equal to HF's: "
               f"{'yes' if row['identical'] else 'NO'}")
         for name, speed in row["speed"].items():
             print(f"  {name:<14} {speed:>8.2f} tok/s {speed / row['speed']['HF fp32']:>6.2f}x HF fp32", flush=True)
+        if "HF bf16" in row["speed"]:
+            print(f"  tformer bf16 / HF bf16: {row['speed']['tformer bf16'] / row['speed']['HF bf16']:.2f}x; "
+                  f"tformer bf16 / tformer fp32: {row['speed']['tformer bf16'] / row['speed']['tformer fp32']:.2f}x")
     print(f"(memory: a float32 sum over 1 GiB reads {memory_read_bandwidth():.1f} GB/s)")
 
 
@@ -361,6 +370,8 @@ def main() -> None:
                              "open: Qwen2.5 / Llama 3.2 / Mixtral shapes beside HF")
     parser.add_argument("--shapes", help="which shapes to compare (default: ab; --part open: q, l, m, default qlm)")
     parser.add_argument("--open-tokens", type=int, default=32, help="--part open: new tokens per run (default: 32)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="--part open: also both libraries in bfloat16 (the same weights cast)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the median counts")
     parser.add_argument("--no-cache", action=argparse.BooleanOptionalAction, default=True,
                         help="also time tformer without its KV cache (default: yes)")
@@ -417,7 +428,7 @@ def main() -> None:
         print("tok/s: new tokens per wall-clock second (the prompt's processing included); same tokens: new tokens "
               "equal to tformer fp32's before the first difference")
     if args.part == "open":
-        open_families(shapes, args.repeats, args.open_tokens)
+        open_families(shapes, args.repeats, args.open_tokens, args.bf16)
     if args.part in ("all", "speculative"):
         speculative(args.pair, args.data, args.repeats, args.speculative_tokens,
                     [int(k) for k in args.draft_tokens.split(",")])

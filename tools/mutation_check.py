@@ -886,10 +886,31 @@ MUTATIONS = (
     ),
     Mutation(
         "float-matvec-drops-the-bias", "tformer/nn/kernels/matvec.cpp",
-        "return multiply<float, 2>(x, weight, nullptr, has_bias ? bias.data_ptr<float>() : nullptr, true);",
-        "return multiply<float, 2>(x, weight, nullptr, nullptr, true);",
-        ("tests/generation/test_generation_cache.py", "-k", "row_count"),
-        "the compiled float32 kernel forgets the layer's bias (Qwen2's and GPT-2's projections have one)",
+        "const float* shifts = has_bias ? bias.data_ptr<float>() : nullptr;",
+        "const float* shifts = nullptr;",
+        ("tests/generation/test_generation_cache.py", "-k", "row_count or bfloat16_layer"),
+        "the compiled float32 and bfloat16 kernel forgets the layer's bias (Qwen2's and GPT-2's projections have one)",
+    ),
+    Mutation(
+        "bfloat16-weights-read-as-their-low-half", "tformer/nn/kernels/matvec.cpp",
+        "return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));",
+        "return _mm512_castsi512_ps(_mm512_cvtepu16_epi32(halves));",
+        ("tests/generation/test_generation_cache.py", "-k", "bfloat16_layer"),
+        "the compiled kernel reads a bfloat16 weight's bits as a float32's low half (tiny nonsense values)",
+    ),
+    Mutation(
+        "bfloat16-bias-handed-over-in-its-own-type", "tformer/nn/weights/prepacked.py",
+        "self.bias_or_none = compiled.NONE if bias is None else bias.float()",
+        "self.bias_or_none = compiled.NONE if bias is None else bias",
+        ("tests/generation/test_generation_cache.py", "-k", "bfloat16_layer"),
+        "a bfloat16 layer hands the kernel its bfloat16 bias, which it refuses (float32 sums take a float32 bias)",
+    ),
+    Mutation(
+        "bfloat16-layers-in-cache-leave-the-kernel-at-8-rows", "tformer/nn/weights/prepacked.py",
+        "BFLOAT16_KERNEL_MAX_ROWS + 1 if small_bfloat16 else TRANSPOSED_MIN_ROWS)",
+        "TRANSPOSED_MIN_ROWS)",
+        ("tests/generation/test_generation_cache.py", "-k", "bfloat16_layer"),
+        "a bfloat16 weight in cache goes back to PyTorch's product at 8 rows (30-55 us a call: a served step's)",
     ),
     Mutation(
         "few-row-ways-ranked-slowest-first", "tformer/nn/weights/prepacked.py",
@@ -900,10 +921,11 @@ MUTATIONS = (
     ),
     Mutation(
         "compiled-way-takes-any-dtype", "tformer/nn/weights/prepacked.py",
-        "        return (weight.device.type == \"cpu\" and weight.dtype == torch.float32 and weight.is_contiguous()\n",
+        "        return (weight.device.type == \"cpu\" and weight.dtype in COMPILED_TYPES and weight.is_contiguous()\n",
         "        return (weight.device.type == \"cpu\" and weight.is_contiguous()\n",
         ("tests/generation/test_generation_cache.py", "-k", "first_way"),
-        "a bfloat16 model's decoding step hands its weights to the float32 kernel (an error, not a product)",
+        "a float16 model's decoding step hands its weights to the kernel, which takes float32 and bfloat16 only (an "
+        "error, not a product)",
     ),
     Mutation(
         "initialisers-never-skipped", "tformer/nn/uninitialised.py",

@@ -60,7 +60,7 @@ def test_cached_logits_equal_full_forward_at_every_step(variant, padded, session
 @pytest.mark.parametrize("variant", ["mha-learned", "gqa-rope-llama", "sinusoidal-post-norm"])
 def test_projections_split_across_threads_stay_exact(variant, monkeypatch):
     threads = torch.get_num_threads()
-    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: ("split", "whole"))  # as if measured so
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads, dtype: ("split", "whole"))  # as measured
     torch.set_num_threads(2)  # the prepacked backend then cuts each projection in two (one slice per thread)
     try:
         model = build_model(BASE.replace(d_model=256, vocab_size=600), **VARIANTS[variant]).decoding_view()  # big
@@ -87,7 +87,7 @@ def test_a_large_projection_equals_nn_linear_at_every_row_count(way, size_out, b
     if way == "compiled" and compiled.load_or_none() is None:
         pytest.skip("the compiled kernels do not build here")
     threads = torch.get_num_threads()
-    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: (way, "whole"))  # as if measured so
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads, dtype: (way, "whole"))  # as if measured so
     torch.set_num_threads(2)  # split: two blocks, of outputs when they divide (768), of inputs when they do not (601)
     try:
         linear = torch.nn.Linear(256, size_out, bias=bias)  # over 512 KB: split across threads
@@ -118,18 +118,50 @@ def test_the_few_row_ways_are_ranked_by_their_measured_times(monkeypatch):
     builds = compiled.load_or_none() is not None
     assert prepacked_backend.few_row_ways(2) == ("split", "whole") + ("compiled",) * builds
     assert prepacked_backend.few_row_ways(1) == ("whole",) + ("compiled",) * builds  # one thread: nothing to split
+    assert prepacked_backend.few_row_ways(2, torch.bfloat16) == ("split", "whole") + ("compiled",) * builds
+    assert prepacked_backend.few_row_ways(2, torch.float16) == ("split", "whole")  # no kernel for the type to race
 
 
 def test_a_layer_takes_the_first_way_its_weight_allows(monkeypatch):
-    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: ("compiled", "whole"))
-    for dtype, bias in [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)]:  # float32 only
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads, dtype: ("compiled", "whole"))
+    cases = [(torch.float32, True), (torch.bfloat16, True), (torch.float16, True), (torch.float16, False)]
+    for dtype, bias in cases:  # the kernel takes float32 and bfloat16
         linear = torch.nn.Linear(64, 96, bias=bias).to(dtype)
         prepacked = PrepackedLinear.from_linear(linear)
         with torch.no_grad(), decoding_step:
             packed = prepacked.packed()
-            assert (packed.kernels is not None) == (dtype == torch.float32 and compiled.load_or_none() is not None)
+            takes = dtype in (torch.float32, torch.bfloat16) and compiled.load_or_none() is not None
+            assert (packed.kernels is not None) == takes
             x = torch.randn(3, 64, dtype=dtype)
             torch.testing.assert_close(prepacked(x), linear(x))
+
+
+@pytest.mark.parametrize("size_out", [96, 2048], ids=["in-cache", "large"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_a_bfloat16_layer_in_the_compiled_kernel_sums_in_float32_and_rounds_once(size_out, bias, monkeypatch):
+    """bfloat16 decoding reads its weights through tformer's kernel (PyTorch's bfloat16 product costs a few times
+    as much at decoding sizes): each output the float32 sum of the exact products plus the bias, rounded to
+    bfloat16 once, as PyTorch's product gives it, to one rounding step (the order of the float32 additions)."""
+    if compiled.load_or_none() is None:
+        pytest.skip("the compiled kernels do not build here")
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads, dtype: ("compiled", "whole"))
+    linear = torch.nn.Linear(256, size_out, bias=bias).to(torch.bfloat16)
+    prepacked = PrepackedLinear.from_linear(linear)
+    weight = linear.weight.float()
+    shift = linear.bias.float() if bias else None
+    with torch.no_grad(), decoding_step:
+        packed = prepacked.packed()
+        kernel_rows = 17 if size_out == 96 else 8  # a weight in cache meets up to 16 rows in the kernel
+        assert packed.kernel_rows == kernel_rows
+        for rows in (1, 3, 4, 7, 8, 16, 17, 40):
+            x = torch.randn(rows, 256).to(torch.bfloat16)
+            exact = torch.nn.functional.linear(x.float(), weight, shift)  # every product of two bfloat16s is exact
+            got = prepacked(x)
+            assert got.dtype == torch.bfloat16
+            # one bfloat16 step (2^-8 of a value's binade, relative): the last bit may round the other way
+            torch.testing.assert_close(got.float(), exact.bfloat16().float(), rtol=2 ** -7, atol=1e-6)
+            if rows < kernel_rows:  # the kernel's own rounding: the float32 sums rounded to nearest, ties to even
+                assert (got.float() - exact).abs().le(exact.abs() * 2 ** -8 + 1e-6).all()
 
 
 @torch.inference_mode()
@@ -238,7 +270,7 @@ def test_training_multiplies_by_the_parameters_themselves():
 
 
 def test_a_fused_optimiser_step_never_leaves_a_stale_layout(monkeypatch):
-    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads: ("whole",))  # reads the (in, out) copy
+    monkeypatch.setattr(prepacked_backend, "few_row_ways", lambda threads, dtype: ("whole",))  # the (in, out) copy
     model = build_model("gpt-nano").eval()
     prompt = torch.randint(0, 64, (1, 4))
     tformer.generate(model, prompt, 4)  # the layout is made

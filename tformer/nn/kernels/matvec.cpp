@@ -1,8 +1,9 @@
-// Weights times a few rows of activations, the time of a decoding step: out (N, out) = x (N, in) float32 times
-// the weight (out, in), float32 (tformer/nn/weights/prepacked.py) or int8 with one scale per output row
-// (tformer/nn/weights/int8.py, the "compiled" way). One row (or a beam's few) meets every weight once, so the time
-// is the weight's bytes read: each weight row is read once per four input rows (two without AVX-512), int8
-// converted to floats in registers.
+// Weights times a few rows of activations, the time of a decoding step: out (N, out) = x (N, in) times the weight
+// (out, in), float32 or bfloat16 (tformer/nn/weights/prepacked.py; the activations in the weight's type) or int8
+// with one scale per output row (tformer/nn/weights/int8.py, the "compiled" way; float32 activations). One row (or
+// a beam's few) meets every weight once, so the time is the weight's bytes read: each weight row is read once per
+// four input rows (two without AVX-512), bfloat16 and int8 converted to floats in registers, every sum in float32
+// (bfloat16 outputs rounded once, at the end, as PyTorch's bfloat16 product rounds them).
 //
 // Which weight rows a thread reads together differs by weight type. Int8 rows are read four neighbours at a time,
 // the next four prefetched a cache line an iteration while these are multiplied: the hardware's own prefetcher,
@@ -27,11 +28,19 @@ inline __m512 load16(const float* weight) { return _mm512_loadu_ps(weight); }
 inline __m512 load16(const int8_t* weight) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(weight))));
 }
+inline __m512 load16(const at::BFloat16* weight) {  // a bfloat16 is a float32's upper half
+  const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weight));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+}
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 inline __m256 load8(const float* weight) { return _mm256_loadu_ps(weight); }
 inline __m256 load8(const int8_t* weight) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(weight))));
+}
+inline __m256 load8(const at::BFloat16* weight) {
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(weight));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
 #endif
 
@@ -146,31 +155,35 @@ torch::Tensor multiply(const torch::Tensor& x, const torch::Tensor& weight, cons
   return out;
 }
 
-void check_rows(const char* name, const torch::Tensor& x, const torch::Tensor& weight) {
+void check_rows(const char* name, const torch::Tensor& x, const torch::Tensor& weight, at::ScalarType x_type) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(1) == x.size(1), name,
               ": x (N, in) and weight (out, in)");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && weight.is_contiguous(), name,
-              ": float32 x, contiguous tensors only");
+  TORCH_CHECK(x.scalar_type() == x_type && x.is_contiguous() && weight.is_contiguous(), name,
+              ": x in ", x_type, ", contiguous tensors only");
 }
 
 }  // namespace
 
 // x (N, in) float32, weight (out, in) int8, scales (out,) float32 -> (N, out) float32.
 torch::Tensor int8_matvec(torch::Tensor x, torch::Tensor weight, torch::Tensor scales) {
-  check_rows("int8_matvec", x, weight);
+  check_rows("int8_matvec", x, weight, at::kFloat);
   TORCH_CHECK(weight.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat && scales.dim() == 1 &&
               scales.is_contiguous() && scales.size(0) == weight.size(0),
               "int8_matvec: int8 weight (out, in), float32 scales (out,)");
   return multiply<int8_t, 4>(x, weight, scales.data_ptr<float>(), nullptr, false);
 }
 
-// x (N, in) float32, weight (out, in) float32, bias (out,) float32 or empty (none) -> (N, out) float32.
+// x (N, in) and weight (out, in) both float32 or both bfloat16, bias (out,) float32 or empty (none) -> (N, out) in
+// the weight's type.
 torch::Tensor float_matvec(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
-  check_rows("float_matvec", x, weight);
-  TORCH_CHECK(weight.scalar_type() == at::kFloat, "float_matvec: float32 weight");
+  const at::ScalarType type = weight.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kBFloat16, "float_matvec: float32 or bfloat16 weight");
+  check_rows("float_matvec", x, weight, type);
   const bool has_bias = bias.numel() > 0;
   TORCH_CHECK(!has_bias || (bias.scalar_type() == at::kFloat && bias.dim() == 1 && bias.is_contiguous() &&
                             bias.size(0) == weight.size(0)),
               "float_matvec: float32 bias (out,) or none");
-  return multiply<float, 2>(x, weight, nullptr, has_bias ? bias.data_ptr<float>() : nullptr, true);
+  const float* shifts = has_bias ? bias.data_ptr<float>() : nullptr;
+  if (type == at::kFloat) return multiply<float, 2>(x, weight, nullptr, shifts, true);
+  return multiply<at::BFloat16, 2>(x.to(at::kFloat), weight, nullptr, shifts, true).to(at::kBFloat16);
 }

@@ -3,13 +3,14 @@ them fastest at decoding sizes.
 
 Why: a decoding step multiplies a few rows by every weight, so its time is the weights' bytes over the memory's
 bandwidth, and how far a product gets toward that bandwidth depends on how it walks the weight. For one to seven
-rows a layer takes the fastest of three ways, raced once per process and thread count (``few_row_ways``):
-- "compiled": tformer's own kernel (``nn/kernels/matvec.cpp``, float32 weights, where the compiled kernels
-  build): each thread reads its share of the (out, in) weight as two long streams, the bias added in the same
-  pass. Over a Llama-3.2-1B-shaped model's weights it and the batched product below both read about as fast as
-  the memory lets (32.4 and 31.3 GB/s against a float32 sum's 32.4), and on the feed-forward's 2048 x 8192 down
-  projection it reads 1.4x the batched product's bytes per second (benchmarks/matvec_bandwidth.py on the AMD EPYC
-  host, two threads);
+rows a layer takes the fastest of three ways, raced once per process, thread count and weight type
+(``few_row_ways``):
+- "compiled": tformer's own kernel (``nn/kernels/matvec.cpp``, float32 or bfloat16 weights, where the compiled
+  kernels build): each thread reads its share of the (out, in) weight as two long streams, the bias added in the
+  same pass, every sum in float32. Over a Llama-3.2-1B-shaped model's weights it and the batched product below
+  both read about as fast as the memory lets (32.4 and 31.3 GB/s against a float32 sum's 32.4), and on the
+  feed-forward's 2048 x 8192 down projection it reads 1.4x the batched product's bytes per second
+  (benchmarks/matvec_bandwidth.py on the AMD EPYC host, two threads);
 - "split": a weight of 512 KB or more cut along its outputs into one block of rows per thread, multiplied as one
   batched product over nn.Linear's own (out, in) weight, no copy (an output size the thread count does not divide
   is cut along its inputs, the partial products summed); on some CPUs MKL runs a matrix-vector product on one
@@ -18,7 +19,8 @@ rows a layer takes the fastest of three ways, raced once per process and thread 
   faster than the (out, in) layout (what an Intel Xeon with MKL chose over "split", 2.4-3.4x faster there).
 From 8 to 64 rows a large weight is multiplied as W @ x.T from the (out, in) weight, which MKL does faster for a
 wide-by-skinny product (1.1-1.5x at 16 rows on GPT-2's shapes); more rows (beam search over a batch) read the
-(in, out) copy in one product.
+(in, out) copy in one product. A bfloat16 weight that stays in cache meets up to 16 rows in the compiled kernel
+(``BFLOAT16_KERNEL_MAX_ROWS``: the library's bfloat16 product has a fixed cost a few times the kernel's).
 
 The (in, out) copy costs one more layer's worth of memory; it is made only for a layer that reads it (the
 "whole" way, a split along the inputs, 65 rows or more), on its first such call. Everything is read only inside a
@@ -47,8 +49,17 @@ SPLIT_MIN_ELEMENTS = 1 << 17
 # transposed copy costs more than the product gains (2.4x slower at 320 rows for an 8,000-token output
 # layer of width 256, measured here: beam search's batches).
 TRANSPOSED_MIN_ROWS, TRANSPOSED_MAX_ROWS = 8, 64
-# The ways to multiply one to seven rows, fastest first on this host, by thread count (``few_row_ways``).
-_FEW_ROW_WAYS: dict[int, tuple[str, ...]] = {}
+# The weight types tformer's compiled kernel multiplies (the activations in the same type).
+COMPILED_TYPES = (torch.float32, torch.bfloat16)
+# A bfloat16 product costs PyTorch's matrix library 30-55 us a call at any size that stays in cache (float32
+# 4-15 us), so a weight under SPLIT_MIN_ELEMENTS meets up to this many rows in the compiled kernel, which reads it
+# once per four rows: 15-36 us at 8 rows of 128 x 128 to 512 x 128 weights, 23-63 at 16, against 50-61 (a /tmp
+# microbenchmark on the Intel Xeon with AMX, two threads; beyond 16 rows the library wins, as it does at 8 rows
+# and more in float32 and on larger weights).
+BFLOAT16_KERNEL_MAX_ROWS = 16
+# The ways to multiply one to seven rows, fastest first on this host, by thread count and weight type
+# (``few_row_ways``).
+_FEW_ROW_WAYS: dict[tuple[int, torch.dtype], tuple[str, ...]] = {}
 
 
 class PrepackedLinear(LinearBackend):
@@ -75,7 +86,7 @@ class PrepackedLinear(LinearBackend):
         # projection, a few hundred times a step.
         rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])  # (N, in): the stack passes rows already
         count, bias = rows.shape[0], packed.bias
-        if count < TRANSPOSED_MIN_ROWS and packed.kernels is not None:  # tformer's kernel, the bias in its pass
+        if count < packed.kernel_rows:  # tformer's kernel, the bias in its pass
             out = packed.kernels.float_matvec(rows.contiguous(), packed.weight, packed.bias_or_none)
         elif count < TRANSPOSED_MIN_ROWS and packed.row_parts is not None:  # a few rows: every thread its outputs
             columns = rows.t().expand(packed.parts, -1, -1)  # (parts, in, N)
@@ -127,9 +138,10 @@ class PrepackedLinear(LinearBackend):
 class PackedWeight:
     """How ``PrepackedLinear.forward`` multiplies inputs (..., in) by a weight (out, in) and bias -> (..., out).
     One to seven rows take the first of this host's ``few_row_ways`` the weight allows: ``kernels`` (tformer's
-    compiled kernel, float32 on the CPU), ``row_parts`` (the weight's output rows cut into one block per thread,
-    one batched product) or, when the output size does not divide, the input dimension cut into ``parts`` slices
-    of the (in, out) copy whose partial products are summed, else the (in, out) copy whole (``in_out``);
+    compiled kernel, float32 or bfloat16 on the CPU), ``row_parts`` (the weight's output rows cut into one block
+    per thread, one batched product) or, when the output size does not divide, the input dimension cut into
+    ``parts`` slices of the (in, out) copy whose partial products are summed, else the (in, out) copy whole
+    (``in_out``);
     ``weight_out_in`` (the parameter itself) serves 8 to 64 rows, ``in_out`` more."""
 
     SAMPLES = 32  # values of the weight (spread over it) and of the bias that ``holds`` compares
@@ -143,14 +155,20 @@ class PackedWeight:
         size_out, size_in = weight.shape
         self.size_out = size_out
         self.weight, self.bias = weight, bias  # detached: the same storage and version counters as the parameters
-        self.bias_or_none = compiled.NONE if bias is None else bias
+        # The compiled kernel's bias: float32 (a bfloat16 layer's is added to its float32 sums, then rounded once)
+        self.bias_or_none = compiled.NONE if bias is None else bias.float()
         self._in_out: Tensor | None = None  # (in, out) contiguous: made on first use (``in_out``)
         large = weight.numel() >= SPLIT_MIN_ELEMENTS
         # (out, in), contiguous: the same weights for many rows at once (the parameter itself, no copy)
         self.weight_out_in = weight if large and weight.is_contiguous() else None
         self.bias_column = None if bias is None else bias[:, None]
-        way = next(way for way in few_row_ways(self.threads) if _allows(way, weight, bias, large, self.threads))
+        way = next(way for way in few_row_ways(self.threads, weight.dtype)
+                   if _allows(way, weight, bias, large, self.threads))
         self.kernels = compiled.load_or_none() if way == "compiled" else None
+        # how many rows the compiled kernel takes: fewer than this
+        small_bfloat16 = weight.dtype == torch.bfloat16 and not large
+        self.kernel_rows = 0 if self.kernels is None else (
+            BFLOAT16_KERNEL_MAX_ROWS + 1 if small_bfloat16 else TRANSPOSED_MIN_ROWS)
         self.parts = self.threads if way == "split" else 1
         self.row_parts = self.bias_rows = None  # (parts, out / parts, in) and (parts, out / parts, 1): no copies
         if self.parts > 1 and size_out % self.parts == 0:
@@ -180,38 +198,40 @@ def _allows(way: str, weight: Tensor, bias: Tensor | None, large: bool, threads:
     """Whether a few rows can be multiplied by ``weight`` (out, in) and ``bias`` the way ``way`` does."""
     size_out, size_in = weight.shape
     if way == "compiled":
-        return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
-                and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())))
+        return (weight.device.type == "cpu" and weight.dtype in COMPILED_TYPES and weight.is_contiguous()
+                and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous())))
     if way == "split":
         return (weight.device.type == "cpu" and large and weight.is_contiguous()
                 and (size_out % threads == 0 or size_in % threads == 0))
     return True
 
 
-def few_row_ways(threads: int) -> tuple[str, ...]:
-    """The ways to multiply one to seven rows on this host, fastest first: "compiled" (where tformer's kernels
-    build), "split" (two threads or more) and "whole" (see the module's docstring). Measured, not assumed, once per
-    process and thread count, side by side on a 2048 x 512 weight (``fastest_of_rounds``): on the AMD EPYC host
+def few_row_ways(threads: int, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+    """The ways to multiply one to seven rows by a ``dtype`` weight on this host, fastest first: "compiled" (where
+    tformer's kernels build and take the type), "split" (two threads or more) and "whole" (see the module's
+    docstring). Measured, not assumed, once per process, thread count and weight type, side by side on a 2048 x 512
+    weight (``fastest_of_rounds``): on the AMD EPYC host
     the compiled kernel was about 2x the batched product there (a /tmp microbenchmark, not kept) and the batched
     product 1.4x the whole one; on an Intel
     Xeon (AVX-512) with MKL the batched product was 2.4-3.4x slower than the whole one (benchmarks/generate_speed.py
     --part open: tformer float32 at 0.55-0.61x Hugging Face on Qwen2.5-0.5B and Llama-3.2-1B shapes with the cut)."""
-    if threads not in _FEW_ROW_WAYS:
-        _FEW_ROW_WAYS[threads] = _race(threads)
-    return _FEW_ROW_WAYS[threads]
+    if (threads, dtype) not in _FEW_ROW_WAYS:
+        _FEW_ROW_WAYS[threads, dtype] = _race(threads, dtype)
+    return _FEW_ROW_WAYS[threads, dtype]
 
 
-def _race(threads: int) -> tuple[str, ...]:
+def _race(threads: int, dtype: torch.dtype) -> tuple[str, ...]:
     generator = torch.Generator().manual_seed(0)  # its own: a measurement leaves the global random state as it was
     size_out = 2048 // threads * threads  # blocks of equal size, one per thread
-    weight, row = torch.randn(size_out, 512, generator=generator), torch.randn(1, 512, generator=generator)
+    weight = torch.randn(size_out, 512, generator=generator).to(dtype)
+    row = torch.randn(1, 512, generator=generator).to(dtype)
     in_out, parts = weight.t().contiguous(), weight.view(threads, size_out // threads, 512)
     columns = row.t().expand(threads, -1, -1)
     calls = {"whole": lambda: torch.mm(row, in_out)}
     if threads > 1:
         calls["split"] = lambda: torch.bmm(parts, columns)
     kernels = compiled.load_or_none()
-    if kernels is not None:
+    if kernels is not None and dtype in COMPILED_TYPES:
         calls["compiled"] = lambda: kernels.float_matvec(row, weight, compiled.NONE)
     with torch.no_grad():
         seconds = fastest_of_rounds(calls)

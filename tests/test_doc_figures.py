@@ -180,7 +180,7 @@ NOT_MEASURED: dict[str, list[str]] = {
     ],
     "docs/serving.md": [
         "(7.5 s for the FSDD recipe, 30 s for Whisper)",
-        "At the issue's 1.5x aim in the medians, not in every round, and only served in bfloat16.",
+        "At the issue's 1.5x aim in one run's medians, not in every round or run.",
         "reads a whole window of 7.5 s for every recording",
         "x keys and values: 38 MB",
         "set to 5 ms, 0.5 ms and 0.1 ms",

@@ -51,11 +51,11 @@ SPLIT_MIN_ELEMENTS = 1 << 17
 TRANSPOSED_MIN_ROWS, TRANSPOSED_MAX_ROWS = 8, 64
 # The weight types tformer's compiled kernel multiplies (the activations in the same type).
 COMPILED_TYPES = (torch.float32, torch.bfloat16)
-# A bfloat16 product costs PyTorch's matrix library 30-55 us a call at any size that stays in cache (float32
-# 4-15 us), so a weight under SPLIT_MIN_ELEMENTS meets up to this many rows in the compiled kernel, which reads it
-# once per four rows: 15-36 us at 8 rows of 128 x 128 to 512 x 128 weights, 23-63 at 16, against 50-61 (a /tmp
-# microbenchmark on the Intel Xeon with AMX, two threads; beyond 16 rows the library wins, as it does at 8 rows
-# and more in float32 and on larger weights).
+# A bfloat16 product costs PyTorch's matrix library 39-65 us a call at sizes that stay in cache (float32 17-34),
+# so a weight under SPLIT_MIN_ELEMENTS meets up to this many rows in the compiled kernel, which reads it once per
+# four rows: 19-40 us at 8 rows of 128 x 128 to 512 x 128 weights (benchmarks/matvec_bandwidth.py --small on the
+# Intel Xeon with AMX, two threads); 23-63 us at 16 rows against 50-61, and the library ahead beyond (a /tmp
+# microbenchmark there), as it is from 8 rows on in float32 and on larger weights.
 BFLOAT16_KERNEL_MAX_ROWS = 16
 # The ways to multiply one to seven rows, fastest first on this host, by thread count and weight type
 # (``few_row_ways``).

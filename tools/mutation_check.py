@@ -476,16 +476,31 @@ MUTATIONS = (
     ),
     Mutation(
         "int8-integers-kept-as-its-weight", "tformer/nn/weights/int8.py",
-        "reused_weights.weight(self, (\"integers\", rows.dtype), lambda",
-        "reused_weights.weight(self, (\"weight\", rows.dtype), lambda",
+        "sums = self._by_blocks(rows, (\"integers\", dtype),",
+        "sums = self._by_blocks(rows, (\"weight\", dtype),",
         ("tests/nn/test_head_loss.py", "-k", "apart"),
         "an int8 layer's integers as floats, kept for its product, are read back as its dequantized weight (the "
         "scales lost) by the input gradient within the same block",
     ),
     Mutation(
+        "int4-block-dequantized-with-the-first-rows-scales", "tformer/nn/weights/int4.py",
+        ".mul_(self.scales[first:last, :, None]).add_(self.zeros[first:last, :, None])",
+        ".mul_(self.scales[: last - first, :, None]).add_(self.zeros[: last - first, :, None])",
+        ("tests/nn/test_quantization.py", "-k", "block_of_output"),
+        "an int4 layer's product over many rows scales every block of its weight by the first block's scales",
+    ),
+    Mutation(
+        "quantized-product-leaves-the-last-block", "tformer/nn/weights/quantized.py",
+        "        for first in range(0, self.out_features, block):",
+        "        for first in range(0, self.out_features - block, block):",
+        ("tests/nn/test_quantization.py", "-k", "block_of_output"),
+        "a quantized layer's product over many rows (a prompt) never computes its last block of outputs (left as "
+        "allocated)",
+    ),
+    Mutation(
         "int4-dequantized-a-step-off", "tformer/nn/weights/int4.py",
-        "        groups.sub_(8).mul_(self.scales[..., None]).add_(self.zeros[..., None])",
-        "        groups.sub_(7).mul_(self.scales[..., None]).add_(self.zeros[..., None])",
+        "        groups.sub_(8).mul_(self.scales[first:last, :, None]).add_(self.zeros[first:last, :, None])",
+        "        groups.sub_(7).mul_(self.scales[first:last, :, None]).add_(self.zeros[first:last, :, None])",
         ("tests/nn/test_quantization.py", "tests/nn/test_head_loss.py"),
         "an int4 layer's float weight (its input gradient under QLoRA, to_linear, off the CPU) a step off its kernel's",
     ),

@@ -14,7 +14,16 @@ from torch import nn
 import tformer
 from tformer.checkpoint import CheckpointError
 from tformer.nn import compiled
-from tformer.nn.weights import Int4Linear, Int8Linear, QuantizedLinear, W8A8Linear, use_weights, weights_in_use
+from tformer.nn.weights import (
+    Int4Linear,
+    Int8Linear,
+    QuantizedLinear,
+    W8A8Linear,
+    quantized,
+    use_weights,
+    weights_in_use,
+)
+from tformer.nn.weights.backend import reused_weights
 from tformer.nn.weights.int4 import pack_nibbles, quantize_int4, unpack_nibbles
 from tformer.nn.weights.int8 import quantize_int8, round_rows
 from tformer.nn.weights.quantized import Plan
@@ -98,6 +107,25 @@ def test_kernels_and_products_equal_the_dequantized_reference(layer, compute, wa
     # bfloat16 keeps 8 bits of mantissa: the inputs and the product each lose up to 2**-9 relative
     assert relative_error(got, reference) <= (1e-5 if compute == torch.float32 else 1e-2)
     assert relative_error(layer(x.view(rows, 1, 256)).view(rows, 96), reference) <= 1e-2  # (B, T, D) inputs
+
+
+@pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("layer", layers(), ids=lambda layer: f"{layer.name}-{getattr(layer, 'group_size', '')}")
+def test_many_rows_meet_the_float_weight_a_block_of_output_rows_at_a_time(layer, compute, monkeypatch):
+    """The product over many rows (a prompt, a batch of beams) makes the float weight a block of output rows at a
+    time, each multiplied while it is in cache: 96 outputs in blocks of 40, 40 and 16 give what the whole
+    dequantized weight gives; within ``reused_weights`` (the output head's pieces) the whole weight is made once."""
+    monkeypatch.setattr(quantized, "PRODUCT_BLOCK_VALUES", 40 * 256)
+    layer._plan = Plan("kernel", compute, "product", compute)
+    x = torch.randn(quantized.MANY_ROWS + 8, 256)
+    reference = x @ layer.dequantized_weight().t() + layer.bias
+    with torch.no_grad():
+        got = layer(x)
+        with reused_weights:
+            kept = layer(x)
+            assert len(reused_weights.kept) == 1  # the whole float weight, kept for the stretch
+    for out in (got, kept):
+        assert relative_error(out, reference) <= (1e-5 if compute == torch.float32 else 1e-2)
 
 
 @pytest.mark.parametrize("in_features", [8, 24, 30, 40])

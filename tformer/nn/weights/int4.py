@@ -89,11 +89,11 @@ class Int4Linear(QuantizedLinear):
         module._packed = module._scales_and_zeros = None
         return module
 
-    def dequantized_weight(self) -> Tensor:
+    def dequantized_rows(self, first: int, last: int) -> Tensor:
         # In place on one float tensor: a large head's weight would otherwise be made four times over at once
-        groups = unpack_nibbles(self.qweight, torch.float32).view(self.out_features, -1, self.group_size)
-        groups.sub_(8).mul_(self.scales[..., None]).add_(self.zeros[..., None])
-        return groups.view(self.out_features, -1)
+        groups = unpack_nibbles(self.qweight[first:last], torch.float32).view(last - first, -1, self.group_size)
+        groups.sub_(8).mul_(self.scales[first:last, :, None]).add_(self.zeros[first:last, :, None])
+        return groups.view(last - first, -1)
 
     def _prepare(self, dtype: torch.dtype) -> None:
         # The kernel takes outputs in multiples of 16: pad with rows that are exactly 0 (q = 8, zero 0).

@@ -7,11 +7,9 @@ a weight is at most half a step (scale / 2)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.nn import compiled
-from tformer.nn.weights.backend import reused_weights
 from tformer.nn.weights.quantized import QuantizedLinear
 
 
@@ -53,8 +51,8 @@ class Int8Linear(QuantizedLinear):
         module._kernel_scales = None
         return module
 
-    def dequantized_weight(self) -> Tensor:
-        return dequantize_int8(self.qweight, self.scales)
+    def dequantized_rows(self, first: int, last: int) -> Tensor:
+        return dequantize_int8(self.qweight[first:last], self.scales[first:last])
 
     def _prepare(self, dtype: torch.dtype) -> None:
         self._kernel_scales = self.scales.to(dtype)
@@ -72,8 +70,9 @@ class Int8Linear(QuantizedLinear):
 
     def _product(self, rows: Tensor) -> Tensor:
         # The integers are exact in bfloat16 and float32 alike; the row scales apply to the outputs.
-        integers = reused_weights.weight(self, ("integers", rows.dtype), lambda: self.qweight.to(rows.dtype))
-        return F.linear(rows, integers) * self.scales.to(rows.dtype)
+        dtype = rows.dtype
+        sums = self._by_blocks(rows, ("integers", dtype), lambda first, last: self.qweight[first:last].to(dtype))
+        return sums * self.scales.to(dtype)
 
 
 class W8A8Linear(Int8Linear):

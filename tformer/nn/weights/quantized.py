@@ -38,6 +38,12 @@ COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 # kernel: at 16 rows the two tie on GPT-2's 2,304 x 768 projection, at 32 the product is 1.5x faster, at
 # 320 (beam search) 2.5x (bfloat16, AVX512-BF16 host, measured here).
 MANY_ROWS = 32
+# The matrix product over many rows makes the float weight a block of output rows of about this many values at a
+# time, multiplied while it is in cache: a whole float copy of a large layer costs more than the product itself
+# (its fresh pages written, then read again): int8's 16,384 x 2,048 layer at 32 rows took 40 ms whole and 12 ms by
+# blocks, a 128,256 x 2,048 head at 128 rows 404-414 and 209-219 ms (products in bfloat16, the Intel Xeon with
+# AMX, two threads; benchmarks/logs/quantized_product_blocks-ab-2026-12-01.log).
+PRODUCT_BLOCK_VALUES = 1 << 19
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ class QuantizedLinear(LinearBackend):
 
     def dequantized_weight(self) -> Tensor:
         """The weight (out, in) in float32 as the integers and scales give it."""
+        return self.dequantized_rows(0, self.out_features)
+
+    def dequantized_rows(self, first: int, last: int) -> Tensor:
+        """Output rows [first, last) of ``dequantized_weight``: (last - first, in) float32."""
         raise NotImplementedError
 
     def _kernel(self, rows: Tensor) -> Tensor:
@@ -113,7 +123,24 @@ class QuantizedLinear(LinearBackend):
 
     def _product(self, rows: Tensor) -> Tensor:
         """rows (N, in) -> (N, out) in rows' dtype, by a matrix product over the integers as floats."""
-        return F.linear(rows, self.float_weight(rows.dtype))
+        dtype = rows.dtype
+        return self._by_blocks(rows, ("weight", dtype),
+                               lambda first, last: self.dequantized_rows(first, last).to(dtype))
+
+    def _by_blocks(self, rows: Tensor, key: object, weight_rows) -> Tensor:
+        """rows (N, in) times the float weight whose output rows [first, last) ``weight_rows(first, last)`` makes,
+        (N, out): ``PRODUCT_BLOCK_VALUES`` of it at a time; within ``reused_weights``, the whole weight, kept under
+        ``key`` for the stretch."""
+        if reused_weights.depth:
+            return F.linear(rows, reused_weights.weight(self, key, lambda: weight_rows(0, self.out_features)))
+        block = max(1, PRODUCT_BLOCK_VALUES // self.in_features)
+        if block >= self.out_features:
+            return F.linear(rows, weight_rows(0, self.out_features))
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        for first in range(0, self.out_features, block):
+            last = min(first + block, self.out_features)
+            out[:, first:last] = F.linear(rows, weight_rows(first, last))
+        return out
 
     def float_weight(self, dtype: torch.dtype) -> Tensor:
         """The dequantized weight (out, in) in ``dtype``: made for the call, or kept within ``reused_weights``."""

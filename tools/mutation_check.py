@@ -483,6 +483,14 @@ MUTATIONS = (
         "scales lost) by the input gradient within the same block",
     ),
     Mutation(
+        "int8-compiled-hands-over-bfloat16-scales", "tformer/nn/weights/int8.py",
+        "scales = self.scales if self.scales.dtype == torch.float32 else self.scales.float()",
+        "scales = self.scales",
+        ("tests/nn/test_quantization.py", "-k", "cast_to_bfloat16"),
+        "an int8 model cast to bfloat16 hands the compiled kernel its bfloat16 scales, which it refuses "
+        "(--quantize int8 --dtype bf16 refused on hosts whose plan picks the compiled way)",
+    ),
+    Mutation(
         "int4-block-dequantized-with-the-first-rows-scales", "tformer/nn/weights/int4.py",
         ".mul_(self.scales[first:last, :, None]).add_(self.zeros[first:last, :, None])",
         ".mul_(self.scales[: last - first, :, None]).add_(self.zeros[: last - first, :, None])",

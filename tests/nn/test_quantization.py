@@ -140,6 +140,22 @@ def test_int8_widths_the_bfloat16_kernel_cannot_take_run_by_the_product(in_featu
     assert relative_error(got, x @ layer.dequantized_weight().t() + layer.bias) <= 1e-2
 
 
+def test_the_compiled_way_runs_a_model_cast_to_bfloat16():
+    """``--quantize int8 --dtype bf16``: the cast rounds the scales to bfloat16; the compiled kernel reads them as
+    float32 and answers in the activations' type."""
+    if compiled.load_or_none() is None:
+        pytest.skip("the compiled kernels do not build here")
+    layer = Int8Linear.from_linear(linear()).to(torch.bfloat16)
+    assert layer.scales.dtype == torch.bfloat16
+    layer._plan = Plan("compiled", torch.float32, "product", torch.float32)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    with torch.no_grad():
+        got = layer(x)
+    assert got.dtype == torch.bfloat16
+    reference = x.float() @ layer.dequantized_weight().t() + layer.bias.float()
+    assert relative_error(got.float(), reference) <= 1e-2  # the output's bfloat16 rounding
+
+
 @pytest.mark.parametrize("in_features", [256, 45, 8, 3])  # 16 at a time; 16, 8 and one at a time; 8; one
 @pytest.mark.parametrize("rows", [1, 2, 3, 5])
 def test_the_compiled_way_equals_the_dequantized_reference(in_features, rows):

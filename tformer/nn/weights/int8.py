@@ -66,7 +66,9 @@ class Int8Linear(QuantizedLinear):
         return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self._kernel_scales)
 
     def _compiled(self, rows: Tensor) -> Tensor:
-        return compiled.load().int8_matvec(rows.float().contiguous(), self.qweight, self.scales)
+        # The kernel sums in float32 and takes float32 scales: a model cast to bfloat16 holds its scales rounded so
+        scales = self.scales if self.scales.dtype == torch.float32 else self.scales.float()
+        return compiled.load().int8_matvec(rows.float().contiguous(), self.qweight, scales)
 
     def _product(self, rows: Tensor) -> Tensor:
         # The integers are exact in bfloat16 and float32 alike; the row scales apply to the outputs.

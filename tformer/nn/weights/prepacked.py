@@ -6,11 +6,11 @@ bandwidth, and how far a product gets toward that bandwidth depends on how it wa
 rows a layer takes the fastest of three ways, raced once per process, thread count and weight type
 (``few_row_ways``):
 - "compiled": tformer's own kernel (``nn/kernels/matvec.cpp``, float32 or bfloat16 weights, where the compiled
-  kernels build): each thread reads its share of the (out, in) weight as two long streams, the bias added in the
-  same pass, every sum in float32. Over a Llama-3.2-1B-shaped model's weights it and the batched product below
-  both read about as fast as the memory lets (32.4 and 31.3 GB/s against a float32 sum's 32.4), and on the
-  feed-forward's 2048 x 8192 down projection it reads 1.4x the batched product's bytes per second
-  (benchmarks/matvec_bandwidth.py on the AMD EPYC host, two threads);
+  kernels build): each thread reads its share of the (out, in) weight as two long streams (bfloat16: four), the
+  bias added in the same pass, every sum in float32. Over a Llama-3.2-1B-shaped model's weights it and the
+  batched product below both read about as fast as the memory lets (32.4 and 31.3 GB/s against a float32 sum's
+  32.4), and on the feed-forward's 2048 x 8192 down projection it reads 1.4x the batched product's bytes per
+  second (benchmarks/matvec_bandwidth.py on the AMD EPYC host, two threads);
 - "split": a weight of 512 KB or more cut along its outputs into one block of rows per thread, multiplied as one
   batched product over nn.Linear's own (out, in) weight, no copy (an output size the thread count does not divide
   is cut along its inputs, the partial products summed); on some CPUs MKL runs a matrix-vector product on one

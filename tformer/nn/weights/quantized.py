@@ -23,6 +23,7 @@ CPU, the same integers and scales are multiplied as a dequantized float weight.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -127,7 +128,7 @@ class QuantizedLinear(LinearBackend):
         return self._by_blocks(rows, ("weight", dtype),
                                lambda first, last: self.dequantized_rows(first, last).to(dtype))
 
-    def _by_blocks(self, rows: Tensor, key: object, weight_rows) -> Tensor:
+    def _by_blocks(self, rows: Tensor, key: object, weight_rows: Callable[[int, int], Tensor]) -> Tensor:
         """rows (N, in) times the float weight whose output rows [first, last) ``weight_rows(first, last)`` makes,
         (N, out): ``PRODUCT_BLOCK_VALUES`` of it at a time; within ``reused_weights``, the whole weight, kept under
         ``key`` for the stretch."""

@@ -82,9 +82,11 @@ def load(
     ``dropout`` and ``attention_dropout`` replace the folder's rates (any family: they shape no weight),
     e.g. to fine-tune with dropout a model pretrained without it.
 
-    ``dtype`` (``torch.bfloat16``, ``torch.float16``, ...) casts the floating-point parameters and buffers once the
-    model has loaded (float32 otherwise, whatever the stored dtype); a quantized model whose layers cannot run in it
-    on this host is refused (CheckpointError).
+    ``dtype`` (``torch.bfloat16``, ``torch.float16``, ...): the floating-point parameters and buffers in that type
+    (float32 otherwise, whatever the stored dtype). A float model is built in it and the weights read into it (the
+    values a cast after a float32 load gives, in half float32's memory for bfloat16); a model quantized as it loads,
+    or a quantized folder, is cast once it has loaded, and refused (CheckpointError) when its quantized layers cannot
+    run in the type on this host.
 
     A folder written from a quantized model loads quantized (its config.json records the scheme).
     ``quantize`` ("int8", "w8a8", "int4" or a ``QuantizationScheme``) quantizes a float checkpoint as it loads
@@ -100,9 +102,14 @@ def load(
     saved_scheme = None if gguf_file else _saved_scheme(folder, raw)
     wanted = scheme_for(quantize) if isinstance(quantize, str) else quantize
     _check_requantize(folder, saved_scheme, wanted, new_head)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise CheckpointError(f"dtype={dtype!r} must be a floating-point torch.dtype (torch.bfloat16, ...)")
+    # A float model is built in the type asked for, so the weights are read into it (half float32's memory for
+    # bfloat16); one to be quantized as it loads is quantized from its float32 weights, then cast
+    build_dtype = dtype if wanted is None and saved_scheme is None else None
     read_folder = _read_gguf_file if gguf_file else _read_hf_folder if is_hf_config(raw) else _read_tformer_folder
     model, saved_labels, changes = read_folder(folder, raw, head_options if new_head else None, regularisation,
-                                               saved_scheme)
+                                               saved_scheme, build_dtype)
     if "image_processor" in model_class(model.config).attachments:
         model.image_processor = load_attached_image_processor(folder, model.config)
     relabelled = _reset_relabelled_classifier(model, saved_labels)
@@ -113,8 +120,6 @@ def load(
         quantize_model(model, wanted)
     model = model.to(device).eval()
     if dtype is not None:
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise CheckpointError(f"dtype={dtype!r} must be a floating-point torch.dtype (torch.bfloat16, ...)")
         try:
             cast_model(model, dtype)
         except QuantizationError as error:
@@ -137,7 +142,8 @@ def _check_requantize(folder: Path, saved: QuantizationScheme | None, wanted: Qu
 
 
 def _read_hf_folder(folder: Path, raw: dict, head_options: tuple | None, regularisation: dict,
-                    saved_scheme: QuantizationScheme | None) -> tuple[Model, Sequence[str], Any]:
+                    saved_scheme: QuantizationScheme | None,
+                    dtype: torch.dtype | None) -> tuple[Model, Sequence[str], Any]:
     """The model of a Hugging Face folder (with a new head when ``head_options`` are given), the labels its
     config named, and the weights' changes (new and dropped tensors); its tokenizer and generation defaults
     attached."""
@@ -146,7 +152,7 @@ def _read_hf_folder(folder: Path, raw: dict, head_options: tuple | None, regular
     if head_options is not None:
         config = _with_head(config, *head_options, family.head_layout)
     # Without a new head the load writes every weight (or fails): nothing to initialise
-    model = _build(config.replace(**regularisation), folder, initialised=head_options is not None)
+    model = _build(config.replace(**regularisation), folder, initialised=head_options is not None, dtype=dtype)
     changes = load_hf_weights(model, family, folder, new_head=head_options is not None)
     model.tokenizer = attached_tokenizer(folder)
     attach_generation_defaults(model, folder)
@@ -154,14 +160,16 @@ def _read_hf_folder(folder: Path, raw: dict, head_options: tuple | None, regular
 
 
 def _read_tformer_folder(folder: Path, raw: dict, head_options: tuple | None, regularisation: dict,
-                         saved_scheme: QuantizationScheme | None) -> tuple[Model, Sequence[str], Any]:
+                         saved_scheme: QuantizationScheme | None,
+                         dtype: torch.dtype | None) -> tuple[Model, Sequence[str], Any]:
     """The model of a tformer folder (quantized as it was saved; with a new head when ``head_options`` are
     given), the labels its config named, and the weights' changes; its tokenizer attached."""
     config = config_from_checkpoint(raw)
     saved_labels = config.label_names
     if head_options is not None:
         config = _with_head(config, *head_options, lambda _: {})
-    model = _build(config.replace(**regularisation), folder, initialised=head_options is not None)  # as above
+    model = _build(config.replace(**regularisation), folder, initialised=head_options is not None,  # as above
+                   dtype=dtype)
     if saved_scheme is not None:
         prepare_quantized(model, saved_scheme)
     changes = load_weights(model, folder, new_head=head_options is not None)
@@ -170,13 +178,14 @@ def _read_tformer_folder(folder: Path, raw: dict, head_options: tuple | None, re
 
 
 def _read_gguf_file(path: Path, raw: dict, head_options: tuple | None, regularisation: dict,
-                    saved_scheme: None) -> tuple[Model, Sequence[str], Any]:
+                    saved_scheme: None, dtype: torch.dtype | None) -> tuple[Model, Sequence[str], Any]:
     """The float model of a GGUF file, every weight dequantized, with its tokenizer (no labels, nothing changed)."""
     if head_options is not None:
         raise CheckpointError(f"{path}: a GGUF file holds a decoder; head, num_labels, label_names, problem_type and "
                               "pooling choose an encoder's or a vision model's head")
     checkpoint = _gguf_checkpoint(path)
-    model = _build(checkpoint.config.replace(**regularisation), path, initialised=False)  # every weight the file's
+    model = _build(checkpoint.config.replace(**regularisation), path, initialised=False,  # every weight the file's
+                   dtype=dtype)
     return gguf_files.load_gguf_weights(model, checkpoint), (), None
 
 
@@ -228,16 +237,19 @@ def load_tokenizer(path: str | Path, revision: str | None = None, local_only: bo
     return attached_tokenizer(folder) if is_hf_config(read_config(folder)) else load_attached_tokenizer(folder)
 
 
-def _build(config: ModelConfig, source: Path, initialised: bool = True) -> Model:
-    """The model of ``config``, once its memory has been found to fit: loading holds it and the
-    weights read from the file, about twice its size. With ``initialised`` False its weights are left as
-    allocated (``nn.uninitialised``): for a load that writes every one or fails."""
+def _build(config: ModelConfig, source: Path, initialised: bool = True, dtype: torch.dtype | None = None) -> Model:
+    """The model of ``config`` (its floating-point parameters and buffers in ``dtype`` where given, else float32),
+    once its memory has been found to fit: loading holds it and the weights read from the file (counted as
+    float32). With ``initialised`` False its weights are left as allocated (``nn.uninitialised``): for a load that
+    writes every one or fails."""
     label = source if source.is_file() else source / CONFIG_NAME
-    require_memory(2 * model_bytes(config), "cpu", f"{label}: loading its model "
+    element_size = 4 if dtype is None else torch.empty(0, dtype=dtype).element_size()
+    require_memory(model_bytes(config, element_size) + model_bytes(config), "cpu", f"{label}: loading its model "
                    f"(vocab_size={config.vocab_size}, d_model={config.d_model}, num_layers={config.num_layers})",
                    CheckpointError)
     with contextlib.nullcontext() if initialised else without_initialisation():
-        return model_class(config)(config)
+        model = model_class(config)(config)
+    return model if dtype is None else model.to(dtype)
 
 
 def _with_head(config: ModelConfig, head, num_labels, label_names, problem_type, pooling, layout) -> ModelConfig:

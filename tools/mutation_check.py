@@ -491,6 +491,20 @@ MUTATIONS = (
         "(--quantize int8 --dtype bf16 refused on hosts whose plan picks the compiled way)",
     ),
     Mutation(
+        "load-quantizes-weights-already-cast", "tformer/hub.py",
+        "    build_dtype = dtype if wanted is None and saved_scheme is None else None",
+        "    build_dtype = dtype",
+        ("tests/models/test_checkpoint.py", "-k", "quantized_as_it_loads"),
+        "tformer.load(quantize=, dtype=) quantizes weights already rounded to the type (other integers and scales)",
+    ),
+    Mutation(
+        "load-in-a-type-casts-after-the-load", "tformer/hub.py",
+        "    return model if dtype is None else model.to(dtype)",
+        "    return model",
+        ("tests/models/test_checkpoint.py", "-k", "another_type"),
+        "tformer.load(dtype=) builds the model in float32 again (twice the memory of a bfloat16 model on the way)",
+    ),
+    Mutation(
         "int4-block-dequantized-with-the-first-rows-scales", "tformer/nn/weights/int4.py",
         ".mul_(self.scales[first:last, :, None]).add_(self.zeros[first:last, :, None])",
         ".mul_(self.scales[: last - first, :, None]).add_(self.zeros[: last - first, :, None])",

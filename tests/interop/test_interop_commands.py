@@ -199,6 +199,9 @@ def test_half_precision_loads_and_generates(family, capsys, dtype):
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     model = tformer.load(folder, dtype=torch_dtype)
     assert {parameter.dtype for parameter in model.parameters()} == {torch_dtype}
+    # built in the type and the weights read into it: every tensor what a cast after a float32 load gives
+    cast_after = tformer.load(folder).to(torch_dtype).state_dict()
+    assert all(torch.equal(tensor, cast_after[name]) for name, tensor in model.state_dict().items())
     text = _generated(capsys, folder, "--dtype", dtype)
     ids = torch.tensor([model.tokenizer.encode(PROMPT)])
     assert text == PROMPT + model.tokenizer.decode(tformer.generate(model, ids, NEW)[0, ids.shape[1]:].tolist())

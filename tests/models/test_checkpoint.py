@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tformer
-from tformer.checkpoint import CheckpointError, atomic_directory
+import tformer.hub as hub
+from tformer.checkpoint import CheckpointError, atomic_directory, load_weights
 from tformer.tokenizers import CharTokenizer
 
 
@@ -26,6 +27,40 @@ def test_save_then_load_gives_identical_logits(tmp_path, preset_overrides):
     assert loaded.tokenizer.encode("hello") == model.tokenizer.encode("hello")
     if model.config.tie_embeddings:
         assert loaded.lm_head.weight is loaded.embedding.token.weight
+
+
+@pytest.mark.parametrize("preset", ["gpt-nano", "bert-tiny", "whisper-digits", "vit-mnist"])
+def test_a_load_in_another_type_reads_the_weights_into_a_model_built_in_it(tmp_path, preset, monkeypatch):
+    """``tformer.load(..., dtype=)`` builds a float model in that type and reads the weights into it (half the
+    memory of a float32 model for bfloat16): every tensor what a cast after a float32 load gives, tied weights
+    still one tensor."""
+    tformer.build_model(preset).save(tmp_path / "ckpt")
+    read_into = []
+
+    def recording_load_weights(model, folder, **options):
+        read_into.append({parameter.dtype for parameter in model.parameters()})
+        return load_weights(model, folder, **options)
+
+    monkeypatch.setattr(hub, "load_weights", recording_load_weights)
+    model = tformer.load(tmp_path / "ckpt", dtype=torch.bfloat16)
+    assert read_into == [{torch.bfloat16}]  # the weights were read into the bfloat16 model
+    cast_after = tformer.load(tmp_path / "ckpt").to(torch.bfloat16).state_dict()
+    assert all(torch.equal(tensor, cast_after[name]) for name, tensor in model.state_dict().items())
+    assert {tensor.dtype for tensor in model.state_dict().values() if tensor.is_floating_point()} == {torch.bfloat16}
+    if getattr(model.config, "tie_embeddings", False) and hasattr(model, "lm_head"):
+        assert model.lm_head.weight is model.embedding.token.weight
+
+
+def test_a_model_quantized_as_it_loads_is_quantized_from_float32_then_cast(tmp_path):
+    """The integers and scales come from the float32 weights (not from weights already rounded to bfloat16)."""
+    from tformer.quantization import cast_model, quantize
+
+    tformer.build_model("gpt-nano").save(tmp_path / "ckpt")
+    model = tformer.load(tmp_path / "ckpt", quantize="int8", dtype=torch.bfloat16)
+    reference = quantize(tformer.load(tmp_path / "ckpt"), "int8")
+    cast_model(reference, torch.bfloat16)
+    expected = reference.state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in model.state_dict().items())
 
 
 def test_failed_write_leaves_the_old_checkpoint(tmp_path):

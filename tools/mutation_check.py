@@ -763,8 +763,8 @@ MUTATIONS = (
     ),
     Mutation(
         "fine-tuning-load-keeps-the-folders-dropout", "tformer/hub.py",
-        "_build(config.replace(**regularisation), folder, initialised=head_options is not None)  # as above\n",
-        "_build(config, folder, initialised=head_options is not None)  # as above\n",
+        "_build(config.replace(**regularisation), folder, initialised=head_options is not None,  # as above\n",
+        "_build(config, folder, initialised=head_options is not None,  # as above\n",
         ("tests/models/test_encoder.py::test_a_load_may_change_the_dropout_rates_and_nothing_else_of_the_backbone",),
         "tformer.load(dropout=0.1) silently fine-tunes without dropout",
     ),
@@ -973,8 +973,8 @@ MUTATIONS = (
     ),
     Mutation(
         "new-head-left-uninitialised", "tformer/hub.py",
-        "folder, initialised=head_options is not None)  # as above\n",
-        "folder, initialised=False)  # as above\n",
+        "folder, initialised=head_options is not None,  # as above\n",
+        "folder, initialised=False,  # as above\n",
         ("tests/nn/test_uninitialised.py",),
         "a tformer folder loaded with a new head keeps that head as uninitialised memory",
     ),

@@ -4,7 +4,7 @@ output rows) and of ``F.linear`` (what Hugging Face runs), over a random model's
 
     python benchmarks/matvec_bandwidth.py                  # Llama-3.2-1B's shapes
     python benchmarks/matvec_bandwidth.py --shape qwen     # Qwen2.5-0.5B's
-    python benchmarks/matvec_bandwidth.py --dtype bf16 --small   # bfloat16 weights; and small weights' call costs
+    python benchmarks/matvec_bandwidth.py --shape qwen --dtype bf16 --small   # bfloat16; small weights' call costs
 
 A decoding step at batch 1 reads every weight once, so its time is the model's bytes over this figure. Each round
 multiplies one row by every weight in the model's order (fused q/k/v, attention output, fused gate/up, down, per

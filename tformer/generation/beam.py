@@ -12,6 +12,7 @@ as Hugging Face's, per ``early_stopping``), when every candidate has ended, or a
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields
 
 import torch
@@ -78,15 +79,47 @@ class BeamSearch:
         self.beams = _Beams.start(run.sequences[:, : run.prompt_length], num_beams, self.max_length, run.pad_id,
                                   device)
         self.length = run.prompt_length
+        stop = run.stop
+        # What a step of this search shares with another's when both are advanced as one batch (with the length).
+        self.settings = (num_beams, self.keep, self.length_penalty, early_stopping, run.prompt_length,
+                         run.max_new_tokens, None if stop.eos_ids is None else tuple(stop.eos_ids.tolist()),
+                         stop.stop_strings, id(stop.tokenizer) if stop.stop_strings else None, str(device))
 
     def advance(self, logits: Tensor) -> BeamStep | None:
         """One step from the rows' logits (A * nb, V): the rows of the next step, or None when the search is over."""
-        run, beams, length = self.run, self.beams, self.length
-        generated = length + 1 - run.prompt_length  # tokens each candidate holds after this step
-        log_probs = run.chooser.scores(torch.log_softmax(logits.float(), dim=-1), length - run.prompt_length)
+        length = self.length
+        active, device = self.beams.prompts.shape[0], logits.device
+        beam_parents, over, ended = self._choose(self._log_probs(logits), [length] * active)
+        if bool(over.all()) or bool(ended.all()):
+            return None
+        rows = (beam_parents + torch.arange(active, device=device)[:, None] * self.num_beams).flatten()
+        same_source = True  # each beam continues a beam of its own prompt
+        if self.retire and bool(over.any()):
+            same_source = False
+            beams = self.beams
+            self.results.store(beams.prompts[over], beams.finished[over], beams.finished_scores[over],
+                               beams.finished_lengths[over])
+            staying = (~over).nonzero().squeeze(1)
+            rows = rows.view(active, self.num_beams)[staying].flatten()
+            self.beams = beams.select(staying)
+        self.length = length + 1
+        return BeamStep(rows, self.beams.running[:, :, length].reshape(-1), same_source)
+
+    def _log_probs(self, logits: Tensor) -> Tensor:
+        """The rows' log-probabilities (A * nb, V) through the run's rules, kept when the run keeps scores."""
+        run = self.run
+        log_probs = run.chooser.scores(torch.log_softmax(logits.float(), dim=-1), self.length - run.prompt_length)
         if run.scores is not None:
             run.scores.append(log_probs)
-        candidates = _Candidates.expand(beams, log_probs, self.keep, length, run)
+        return log_probs
+
+    def _choose(self, log_probs: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """The step's choice from the rows' log-probabilities, each prompt's beams holding ``lengths[a]`` tokens: the
+        beams run on and the finished set takes in the candidates that ended. Returns each new beam's parent
+        (A, nb), whether each prompt's search is over (A,), and whether every candidate of each prompt ended (A,)."""
+        run, beams = self.run, self.beams
+        generated = [length + 1 - run.prompt_length for length in lengths]  # tokens each candidate holds after it
+        candidates = _Candidates.expand(beams, log_probs, self.keep, lengths, run)
         beam_parents = beams.run_on(candidates)
         beams.finish(candidates, self.in_top_beams, generated, self.length_penalty, self.early_stopping)
         beams.can_improve = beams.can_improve & _may_improve(
@@ -98,20 +131,7 @@ class BeamSearch:
         over = ~beams.can_improve[:, 0]
         if self.early_stopping is True:
             over = over | beams.is_finished.all(-1)
-        if bool(over.all()) or bool(candidates.ends.all()):
-            return None
-        active, device = beams.prompts.shape[0], logits.device
-        rows = (beam_parents + torch.arange(active, device=device)[:, None] * self.num_beams).flatten()
-        same_source = True  # each beam continues a beam of its own prompt
-        if self.retire and bool(over.any()):
-            same_source = False
-            self.results.store(beams.prompts[over], beams.finished[over], beams.finished_scores[over],
-                               beams.finished_lengths[over])
-            staying = (~over).nonzero().squeeze(1)
-            rows = rows.view(active, self.num_beams)[staying].flatten()
-            self.beams = beams.select(staying)
-        self.length = length + 1
-        return BeamStep(rows, self.beams.running[:, :, length].reshape(-1), same_source)
+        return beam_parents, over, candidates.ends.all(-1)
 
     def result(self, num_return_sequences: int = 1) -> tuple[Tensor, Tensor]:
         """The best ``num_return_sequences`` finished sequences per prompt (B * R, T + new), best first, and their
@@ -122,6 +142,62 @@ class BeamSearch:
         sequences = results.sequences[:, :num_return_sequences].reshape(batch * num_return_sequences, self.max_length)
         generated = int(results.lengths[:, :num_return_sequences].max())
         return sequences[:, : self.run.prompt_length + generated], results.scores[:, :num_return_sequences].flatten()
+
+
+def advance_searches(searches: list[BeamSearch], logits: Tensor) -> list[BeamStep | None]:
+    """One step of each of several one-prompt searches (a serving engine's requests) from their rows of ``logits``
+    (the searches' beams in order, nb rows each), as ``advance`` gives it. Searches with the same settings at the
+    length (or none, a search whose stop strings are read in its text) take their step as one batch: a step's many
+    small tensor operations are paid once for all of them, not once a search; each search's choice is the one it
+    would make alone."""
+    steps: list[BeamStep | None] = [None] * len(searches)
+    groups: dict[tuple, list[int]] = {}
+    first_rows = [0]
+    for index, search in enumerate(searches):
+        first_rows.append(first_rows[-1] + search.num_beams)
+        shares = search.beams.prompts.numel() == 1 and search.run.scores is None
+        # Stop strings are read in text as long as the beams': a step shared only by searches of one length.
+        key = (search.settings, search.length if search.run.stop.stop_strings else None)
+        groups.setdefault(key if shares else ("alone", index), []).append(index)
+    for members in groups.values():
+        if len(members) == 1:
+            index = members[0]
+            steps[index] = searches[index].advance(logits[first_rows[index] : first_rows[index + 1]])
+            continue
+        rows = [row for index in members for row in range(first_rows[index], first_rows[index + 1])]
+        group_logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
+        for index, step in zip(members, _advance_together([searches[i] for i in members], group_logits),
+                               strict=True):
+            steps[index] = step
+    return steps
+
+
+def _advance_together(searches: list[BeamSearch], logits: Tensor) -> list[BeamStep | None]:
+    """``advance`` for one-prompt searches of the same settings, as one search over their prompts."""
+    first, num_beams = searches[0], searches[0].num_beams
+    together = copy.copy(first)
+    together.beams = _Beams(*(torch.cat([getattr(search.beams, field.name) for search in searches])
+                              for field in fields(_Beams)))
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (G * nb, V)
+    for position, search in enumerate(searches):
+        if search.run.chooser.rules:  # no rules: the chooser's scores are the log-probabilities as they are
+            rows = slice(position * num_beams, (position + 1) * num_beams)
+            log_probs[rows] = search.run.chooser.scores(log_probs[rows], search.length - search.run.prompt_length)
+    lengths = [search.length for search in searches]
+    beam_parents, over, ended = together._choose(log_probs, lengths)
+    columns = torch.tensor(lengths, device=logits.device)[:, None, None].expand(-1, num_beams, 1)
+    tokens = together.beams.running.gather(2, columns).squeeze(2)  # (G, nb) each beam's new token
+    parts = [field_values.split(1) for field_values in (getattr(together.beams, field.name)
+                                                         for field in fields(_Beams))]
+    steps: list[BeamStep | None] = []
+    for position, (search, done) in enumerate(zip(searches, (over | ended).tolist(), strict=True)):
+        search.beams = _Beams(*(values[position] for values in parts))
+        if done:
+            steps.append(None)
+            continue
+        search.length += 1
+        steps.append(BeamStep(beam_parents[position], tokens[position], True))
+    return steps
 
 
 @dataclass
@@ -166,13 +242,14 @@ class _Beams:
         self.running_scores = _gather(running_candidate_scores, chosen)
         return _gather(candidates.parents, chosen)
 
-    def finish(self, candidates: _Candidates, in_top_beams: Tensor, generated: int, length_penalty: float,
+    def finish(self, candidates: _Candidates, in_top_beams: Tensor, generated: list[int], length_penalty: float,
                early_stopping: bool | str) -> None:
         """Let the candidates that just ended among the top num_beams enter the finished set (the best
-        num_beams of old and new stay), scored ``sum log p / generated ** length_penalty``."""
-        num_beams = self.running.shape[1]
+        num_beams of old and new stay), scored ``sum log p / generated ** length_penalty`` (``generated``: each
+        prompt's candidates' new tokens)."""
+        num_beams, device = self.running.shape[1], self.running.device
         just_finished = candidates.ends & in_top_beams
-        scores = candidates.scores / (generated**length_penalty)
+        scores = candidates.scores / _penalties(generated, length_penalty, device)
         scores += (self.is_finished.all(-1, keepdim=True) & (early_stopping is True)).float() * EXCLUDED
         scores += (~self.can_improve).float() * EXCLUDED
         scores += (~just_finished).float() * EXCLUDED
@@ -180,9 +257,8 @@ class _Beams:
         best = torch.topk(merged_scores, num_beams).indices
         self.finished = _gather(torch.cat([self.finished, candidates.sequences], dim=1), best)
         self.finished_scores = _gather(merged_scores, best)
-        self.finished_lengths = _gather(
-            torch.cat([self.finished_lengths, torch.full_like(candidates.tokens, generated)], dim=1), best
-        )
+        new_lengths = torch.tensor(generated, device=device)[:, None].expand_as(candidates.tokens)  # (A, K)
+        self.finished_lengths = _gather(torch.cat([self.finished_lengths, new_lengths], dim=1), best)
         self.is_finished = _gather(torch.cat([self.is_finished, just_finished], dim=1), best)
 
     def select(self, staying: Tensor) -> _Beams:
@@ -201,19 +277,20 @@ class _Candidates:
     ends: Tensor  # (A, K) whether it ends there (an end id, a stop string, the length limit)
 
     @classmethod
-    def expand(cls, beams: _Beams, log_probs: Tensor, keep: int, length: int, run: DecodingRun) -> _Candidates:
-        """The ``keep`` best of every running beam's continuations by ``log_probs`` (A * nb, V), written at
-        position ``length``."""
+    def expand(cls, beams: _Beams, log_probs: Tensor, keep: int, lengths: list[int], run: DecodingRun) -> _Candidates:
+        """The ``keep`` best of every running beam's continuations by ``log_probs`` (A * nb, V), each written at its
+        prompt's position ``lengths[a]``."""
         active, num_beams, max_length = beams.running.shape
         vocab = log_probs.shape[-1]
         totals = (log_probs.view(active, num_beams, vocab) + beams.running_scores[:, :, None]).view(active, -1)
         top_scores, top_indices = torch.topk(totals, keep)  # (A, K)
         parents, tokens = top_indices // vocab, top_indices % vocab
         sequences = _gather(beams.running, parents)
-        sequences[:, :, length] = tokens
-        ends = run.stop.hits_anywhere(sequences.view(active * keep, max_length), length + 1).view(active, keep)
-        if length + 1 >= max_length:
-            ends = torch.ones_like(ends)
+        columns = torch.tensor(lengths, device=tokens.device)  # (A,)
+        sequences.scatter_(2, columns[:, None, None].expand(-1, keep, 1), tokens[:, :, None])
+        row_lengths = [length + 1 for length in lengths for _ in range(keep)]
+        ends = run.stop.hits_anywhere(sequences.view(active * keep, max_length), tokens.flatten(), row_lengths)
+        ends = ends.view(active, keep) | (columns + 1 >= max_length)[:, None]  # the length limit ends every one
         return cls(sequences, top_scores, parents, tokens, ends)
 
 
@@ -231,6 +308,12 @@ class _Results:
         self.lengths[prompts] = lengths
 
 
+def _penalties(generated: list[int], length_penalty: float, device: torch.device) -> Tensor:
+    """(A, 1) each prompt's ``generated ** length_penalty``, rounded once to float32 from Python's double: the
+    divisor a Python number would be (Hugging Face divides by one), so the scores are the same to the bit."""
+    return torch.tensor([[count**length_penalty] for count in generated], dtype=torch.float32, device=device)
+
+
 def _gather(tensor: Tensor, indices: Tensor) -> Tensor:
     """Pick along dim 1 of (B, N, ...) with (B, M) indices -> (B, M, ...)."""
     while indices.dim() < tensor.dim():
@@ -242,17 +325,18 @@ def _may_improve(
     running_scores: Tensor,
     finished_scores: Tensor,
     is_finished: Tensor,
-    generated: int,
+    generated: list[int],
     max_new_tokens: int,
     length_penalty: float,
     early_stopping: bool | str,
 ) -> Tensor:
     """(B, 1): whether the best running beam could still beat the worst finished hypothesis.
 
-    Its best reachable score is estimated at the current length, or with ``early_stopping="never"``
-    and a positive length penalty at the longest allowed length. Unfilled slots always can.
+    Its best reachable score is estimated at each prompt's current length (``generated``), or with
+    ``early_stopping="never"`` and a positive length penalty at the longest allowed length. Unfilled slots always can.
     """
-    best_length = max_new_tokens if early_stopping == "never" and length_penalty > 0.0 else generated
-    best_running = running_scores[:, :1] / (best_length**length_penalty)
+    best_lengths = ([max_new_tokens] * len(generated) if early_stopping == "never" and length_penalty > 0.0
+                    else generated)
+    best_running = running_scores[:, :1] / _penalties(best_lengths, length_penalty, running_scores.device)
     worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, EXCLUDED)
     return (best_running > worst_finished).any(dim=-1, keepdim=True)

@@ -50,15 +50,14 @@ class StopRule:
                     hit[row] = True
         return hit
 
-    def hits_anywhere(self, sequences: Tensor, length: int) -> Tensor:
-        """``hits`` for rows with no history (beam search's candidates, each from any beam): every row's
-        generated text is read whole."""
-        new_tokens = sequences[:, length - 1]
+    def hits_anywhere(self, sequences: Tensor, new_tokens: Tensor, lengths: list[int]) -> Tensor:
+        """``hits`` for rows with no history (beam search's candidates, each from any beam), row r holding
+        ``lengths[r]`` tokens, the last of them ``new_tokens[r]``: every row's generated text is read whole."""
         hit = self._end_ids(new_tokens)
         if self.stop_strings:
             for row in (~hit).nonzero().flatten().tolist():
                 detokenizer = IncrementalDetokenizer(self.tokenizer, self.stop_strings)
-                detokenizer.add(sequences[row, self.prompt_length:length].tolist())
+                detokenizer.add(sequences[row, self.prompt_length:lengths[row]].tolist())
                 hit[row] = detokenizer.stopped
         return hit
 

@@ -11,6 +11,7 @@ import time
 import torch
 from torch import Tensor
 
+from tformer.generation.beam import advance_searches
 from tformer.generation.rules import apply_grammar_masks
 from tformer.serving.requests import Request, RunningSequence
 from tformer.serving.scheduler import Scheduler
@@ -66,8 +67,8 @@ class Emitter:
             plain_rows = torch.tensor([rows[id(running[index][1])] for index in plain], device=logits.device)
             tokens = dict(zip(plain, logits.index_select(0, plain_rows).argmax(-1).tolist(), strict=True))
         tokens.update(self._constrained_argmax(running, logits, rows, {*plain, *scoring_only}))
-        for request, beams in searches.values():
-            self._advance(request, sorted(beams, key=lambda beam: beam.index), logits, rows)
+        self._advance_searches([(request, sorted(beams, key=lambda beam: beam.index))
+                                for request, beams in searches.values()], logits, rows)
         for index, (request, sequence) in enumerate(running):
             if index in scoring_only:
                 self.finish(request, sequence, "length")
@@ -101,18 +102,24 @@ class Emitter:
         scores = apply_grammar_masks(logits.index_select(0, picked).float(), masks)
         return dict(zip(rules, scores.argmax(-1).tolist(), strict=True))
 
-    def _advance(self, request: Request, beams: list[RunningSequence], logits: Tensor, rows: dict[int, int]) -> None:
-        """One step of ``request``'s beam search from its beams' rows of ``logits``: each beam takes over its parent's
-        tokens and adds its own, or, the search over, the best hypothesis is handed out as the first sequence's."""
-        search = request.search
-        step = search.advance(logits.index_select(0, torch.tensor([rows[id(beam)] for beam in beams],
-                                                                   device=logits.device)))
-        if step is None:
-            self._hand_out_best(request, beams)
+    def _advance_searches(self, searches: list[tuple[Request, list[RunningSequence]]], logits: Tensor,
+                          rows: dict[int, int]) -> None:
+        """One step of each request's beam search from its beams' rows of ``logits`` (the searches that can share a
+        step take it together): each beam takes over its parent's tokens and adds its own, or, the search over, the
+        best hypothesis is handed out as the first sequence's."""
+        if not searches:
             return
-        self.scheduler.reorder_beams(beams, step.parents.tolist())
-        for beam, token in zip(beams, step.tokens.tolist(), strict=True):
-            self.scheduler.pending[id(beam)] = token
+        beam_rows = torch.tensor([rows[id(beam)] for _, beams in searches for beam in beams], device=logits.device)
+        steps = advance_searches([request.search for request, _ in searches], logits.index_select(0, beam_rows))
+        moves = []
+        for (request, beams), step in zip(searches, steps, strict=True):
+            if step is None:
+                self._hand_out_best(request, beams)
+                continue
+            moves.append((beams, step.parents.tolist()))
+            for beam, token in zip(beams, step.tokens.tolist(), strict=True):
+                self.scheduler.pending[id(beam)] = token
+        self.scheduler.reorder_beams(moves)
 
     def _hand_out_best(self, request: Request, beams: list[RunningSequence]) -> None:
         """The search is over: its best hypothesis's tokens become the first beam's, with their events; the other

@@ -262,12 +262,18 @@ class Scheduler:
                     rows[id(sibling)] = rows[id(sequence)]
         self.running = running
 
-    def reorder_beams(self, beams: list[RunningSequence], parents: list[int]) -> None:
-        """Beam ``i`` continues beam ``parents[i]``: it takes that beam's keys and values (all beams hold as many
-        tokens; the prompt blocks they share are the same slots, and the others are each beam's own)."""
-        length = beams[0].table.length
-        sources = torch.cat([beams[parent].table.slots(0, length) for parent in parents])
-        targets = torch.cat([beam.table.slots(0, length) for beam in beams])
+    def reorder_beams(self, searches: list[tuple[list[RunningSequence], list[int]]]) -> None:
+        """For each search's beams and parents: beam ``i`` continues beam ``parents[i]``, taking that beam's keys and
+        values (a search's beams hold as many tokens; the prompt blocks they share are the same slots, the others
+        each beam's own), every search's in one copy."""
+        sources, targets = [], []
+        for beams, parents in searches:
+            length = beams[0].table.length
+            sources += [beams[parent].table.slots(0, length) for parent in parents]
+            targets += [beam.table.slots(0, length) for beam in beams]
+        if not sources:
+            return
+        sources, targets = torch.cat(sources), torch.cat(targets)
         moved = sources != targets
         if bool(moved.any()):
             self.pool.copy_slots(sources[moved], targets[moved])

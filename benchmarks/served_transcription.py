@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
@@ -49,6 +48,7 @@ from tformer.serving import Engine  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from served_translation import free_port, start_server  # noqa: E402
+from timing import rotating  # noqa: E402
 
 
 def manifest_paths(manifest: Path, count: int) -> list[Path]:
@@ -114,17 +114,6 @@ def engine_alone(model, paths: list[Path], beams: int, in_flight: int,
         ids = [token for request in requests for token in request.outputs()[0] if token not in request.end_ids]
         texts.append(" ".join(model.tokenizer.decode(ids, skip_special_tokens=True).split()))
     return took, texts
-
-
-def rotating(rounds: int, work: dict[tuple[str, str], Callable[[], tuple[float, list[str]]]]) -> dict:
-    """Every call of ``work`` once a round, ``rounds`` rounds, the order rotating by one each round: each key's
-    results, one a round."""
-    keys = list(work)
-    results: dict[tuple[str, str], list[tuple[float, list[str]]]] = {key: [] for key in keys}
-    for index in range(rounds):
-        for key in keys[index % len(keys):] + keys[: index % len(keys)]:
-            results[key].append(work[key]())
-    return results
 
 
 def rate(results: list[tuple[float, list[str]]]) -> float:

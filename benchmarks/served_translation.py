@@ -6,10 +6,12 @@ Model: a trained run when given (``--run runs/multi30k-de-en-transformer``), els
 (3 + 3 layers, width 256) with random weights (seed 0) and a joint BPE of 8,000 tokens learned on the first 5,000
 training pairs: its translations then seldom meet the end token and run to ``--max-new-tokens``, the same work on
 both sides. Both sides use ``--threads`` threads; the server's text is checked against the one-at-a-time text
-(``skip_special_tokens``, as ``translate`` prints). Figures: sentences per second over the whole list (wall time),
-and served / one-at-a-time.
+(``skip_special_tokens``, as ``translate`` prints). Each round runs every measurement once (each width one at a
+time and served), in an order that rotates from round to round, so that the host's drift falls on all of them
+alike. Figures: sentences per second over the whole list (wall time), medians of ``--rounds`` rounds, and served /
+one-at-a-time (the ratio of the medians, then each round's).
 
-    python benchmarks/served_translation.py --sentences 64 --clients 16 --max-new-tokens 24 --threads 2
+    python benchmarks/served_translation.py --sentences 128 --clients 16 --max-new-tokens 24 --threads 2 --rounds 3
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import concurrent.futures
 import gzip
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from data_roots import data_path  # noqa: E402
+from timing import rotating  # noqa: E402
 
 import tformer  # noqa: E402
 from tformer.data.parallel import ParallelText  # noqa: E402
@@ -116,6 +120,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each measurement; medians (default: 3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sentences = lines("test_2016_flickr.de.gz", args.sentences)
@@ -125,20 +130,31 @@ def main() -> None:
         model = tformer.load(folder).eval()
         print(f"model {folder if args.run else 'transformer-multi30k, random weights (seed 0)'}; "
               f"{len(sentences)} sentences of test_2016_flickr.de; {args.clients} clients; "
-              f"at most {args.max_new_tokens} new tokens; {args.threads} threads", flush=True)
+              f"at most {args.max_new_tokens} new tokens; {args.threads} threads; medians of {args.rounds} rounds",
+              flush=True)
         port = free_port()
+        url = f"http://127.0.0.1:{port}"
         server = start_server(folder, port, args.threads, args.clients * max(beams), Path(scratch) / "serve.log")
         try:
-            served(f"http://127.0.0.1:{port}", sentences[:4], 1, 4, 4)  # warm-up: compiled kernels, first steps
+            served(url, sentences[:4], 1, 4, 4)  # warm-up: compiled kernels, first steps
             one_at_a_time(model, sentences[:2], 1, 4)
-            print("beams  one at a time (sent/s)  served (sent/s)  served / one at a time  texts equal")
+            work = {}
             for width in beams:
-                alone_seconds, alone_texts = one_at_a_time(model, sentences, width, args.max_new_tokens)
-                served_seconds, served_texts = served(f"http://127.0.0.1:{port}", sentences, width,
-                                                      args.max_new_tokens, args.clients)
-                equal = sum(a == b for a, b in zip(alone_texts, served_texts, strict=True))
-                print(f"{width:>5}  {len(sentences) / alone_seconds:>23.2f}  {len(sentences) / served_seconds:>15.2f}  "
-                      f"{alone_seconds / served_seconds:>21.2f}x  {equal}/{len(sentences)}", flush=True)
+                work["alone", width] = lambda width=width: one_at_a_time(model, sentences, width, args.max_new_tokens)
+                work["served", width] = lambda width=width: served(url, sentences, width, args.max_new_tokens,
+                                                                   args.clients)
+            results = rotating(args.rounds, work)
+            print("beams  one at a time (sent/s)  served (sent/s)  served / one at a time  each round's ratio  "
+                  "texts equal")
+            for width in beams:
+                alone, batched = results["alone", width], results["served", width]
+                alone_rate, served_rate = (statistics.median(len(sentences) / seconds for seconds, _ in side)
+                                           for side in (alone, batched))
+                each = " ".join(f"{a / b:.2f}" for (a, _), (b, _) in zip(alone, batched, strict=True))
+                equal = min(sum(x == y for x, y in zip(a, b, strict=True))
+                            for (_, a), (_, b) in zip(alone, batched, strict=True))
+                print(f"{width:>5}  {alone_rate:>23.2f}  {served_rate:>15.2f}  {served_rate / alone_rate:>21.2f}x  "
+                      f"{each:>18}  {equal}/{len(sentences)}", flush=True)
         finally:
             server.terminate()
             server.wait(timeout=60)

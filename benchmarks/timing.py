@@ -33,6 +33,17 @@ def interleaved(work: dict[Hashable, Callable[[], object]], rounds: int, steps: 
     return times
 
 
+def rotating(rounds: int, work: dict[Hashable, Callable[[], object]]) -> dict[Hashable, list]:
+    """Every call of ``work`` once a round, ``rounds`` rounds, the order rotating by one each round (so that the
+    host's drift falls on every measurement alike): each key's results, one a round."""
+    keys = list(work)
+    results: dict[Hashable, list] = {key: [] for key in keys}
+    for index in range(rounds):
+        for key in keys[index % len(keys):] + keys[: index % len(keys)]:
+            results[key].append(work[key]())
+    return results
+
+
 def _duration(seconds: float) -> str:
     """Milliseconds under 10 s, else seconds."""
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import tformer
 import tformer.cli.model_source as model_source
+from tformer.checkpoint import CheckpointError
 from tformer.cli import main
 from tformer.cli.model_source import ModelSource, load_model
 from tformer.nn.weights import Int8Linear
@@ -164,3 +165,17 @@ def test_a_dtype_this_pytorch_cannot_compute_in_on_the_device_is_refused(folder,
     assert capsys.readouterr().err == (
         f"tformer generate: error: --dtype fp16: PyTorch {torch.__version__} cannot compute in float16 on cpu "
         "(\"addmm_impl_cpu_\" not implemented for 'Half'); leave out --dtype, or give another\n")
+
+
+def test_a_model_that_fits_only_in_the_dtype_loads_in_it(folder, monkeypatch):
+    """--dtype builds the model in the type: no float32 copy, so a model whose float32 load would not fit does."""
+    import tformer.memory as memory
+    from tformer.models.registry import model_bytes
+
+    config = tformer.load(folder).config
+    # float32: its model and the weights read (2x); bfloat16: half a model more than the weights (1.5x)
+    monkeypatch.setattr(memory, "available_memory", lambda device: int(1.75 * model_bytes(config)))
+    model = load_model(ModelSource(str(folder), dtype=torch.bfloat16)).model
+    assert floating_dtypes(model) == {torch.bfloat16}
+    with pytest.raises(CheckpointError, match="needs about"):  # float32: refused in one line
+        load_model(ModelSource(str(folder)))

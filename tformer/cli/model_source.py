@@ -38,11 +38,11 @@ def add_device_option(parser: argparse.ArgumentParser, help: str | None = None) 
 
 
 def add_dtype_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
-    """``--dtype``: the floating-point type the model's parameters are cast to once it has loaded."""
+    """``--dtype``: the floating-point type of the model's parameters (built in it, or cast to it once loaded)."""
     parser.add_argument("--dtype", choices=tuple(DTYPES),
-                        help=help or "cast the model's floating-point weights to float32, bfloat16 or float16 once "
-                                     "it has loaded (default: as it loads, float32); a quantized model's layers must "
-                                     "take that type on this host, or it is refused")
+                        help=help or "the model's floating-point weights in float32, bfloat16 or float16 (default: "
+                                     "float32): a float model is built in the type, without a float32 copy; a "
+                                     "quantized model's layers must take that type on this host, or it is refused")
 
 
 def add_quantize_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
@@ -129,7 +129,7 @@ class ModelSource:
     device: Any = "cpu"  # a torch.device (``resolve_device``)
     quantize: Any = None  # a QuantizationScheme, or None
     threads: int | None = None
-    dtype: Any = None  # the torch.dtype the model's floating-point parameters are cast to, or None (as it loads)
+    dtype: Any = None  # the torch.dtype of the model's floating-point parameters, or None (as it loads)
     choose_threads: str | None = None  # the command whose ``load_model`` chooses the CPU threads (no --threads)
     adapter: str | None = None  # a LoRA adapter folder put over the model as it loads, or None
 
@@ -328,20 +328,23 @@ def load_model(source: ModelSource) -> LoadedModel:
     if source.path is None:
         raise UsageError("no model given")
     head = adapter_head(source.adapter)
+    # A float model is built in --dtype and its weights read into it (no float32 copy on the way); a quantized one
+    # or one an adapter goes onto is cast once complete, where a layer that cannot take the type is refused by name.
+    built_in = source.dtype if source.adapter is None and source.quantize is None else None
 
     def load():
         with warnings.catch_warnings():
             if head:  # the new head's weights come with the adapter: "newly initialised" would mislead
                 warnings.filterwarnings("ignore", message=r".*loaded with head=")
             return tformer.load(source.path, device=source.device, quantize=source.quantize,
-                                revision=source.revision, local_only=source.local_only, **head)
+                                revision=source.revision, local_only=source.local_only, dtype=built_in, **head)
 
     model, problem = with_tokenizer_problem(load)
     if source.adapter is not None:
         from tformer.adapters import load_adapter
 
         load_adapter(model, source.adapter).eval()  # an AdapterError (one line) when it is another base's
-    if source.dtype is not None:
+    if source.dtype is not None and built_in is None:
         cast_model(model, source.dtype, source.path)
     if source.choose_threads is not None:
         choose_model_threads(model, source.choose_threads)

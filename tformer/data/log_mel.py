@@ -146,10 +146,11 @@ def log_mel_spectrogram(audio: Tensor, settings: LogMelSettings = LogMelSettings
     spectrum = torch.stft(audible, settings.n_fft, settings.hop_length, window=window, center=True,
                           pad_mode="reflect", return_complex=True)  # (B, F, at least heard + 1 frames)
     power = spectrum[..., :heard].abs() ** 2  # the last frame (centred past the end) is dropped, as Whisper does
+    if heard < frames:  # the silent frames' power is 0; the product below runs over every frame, as the whole
+        # window's does: a matrix product's rounding may depend on its width (MKL's narrow products on an AMD EPYC)
+        power = torch.nn.functional.pad(power, (0, frames - heard))  # (B, F, frames)
     filters = torch.from_numpy(mel_filter_bank(settings.num_mel_bins, settings.n_fft, settings.sample_rate))
-    mel = filters.to(device=batch.device, dtype=torch.float32).T @ power  # (B, M, heard)
-    if heard < frames:  # the silent frames' power, and so their mel energies, are 0
-        mel = torch.nn.functional.pad(mel, (0, frames - heard))  # (B, M, frames)
+    mel = filters.to(device=batch.device, dtype=torch.float32).T @ power  # (B, M, frames)
     log_mel = mel.clamp(min=LOG_FLOOR).log10()
     peak = log_mel.amax(dim=(1, 2), keepdim=True)
     log_mel = torch.maximum(log_mel, peak - DYNAMIC_RANGE)

@@ -9,7 +9,8 @@ both sides. Both sides use ``--threads`` threads; the server's text is checked a
 (``skip_special_tokens``, as ``translate`` prints). Each round runs every measurement once (each width one at a
 time and served), in an order that rotates from round to round, so that the host's drift falls on all of them
 alike. Figures: sentences per second over the whole list (wall time), medians of ``--rounds`` rounds, and served /
-one-at-a-time (the ratio of the medians, then each round's).
+one-at-a-time (the ratio of the medians, then each round's). With ``--engine-alone``, the same for the engine without
+HTTP (``Engine.submit`` in this process, ``--clients`` sentences in flight, a new one as soon as one ends).
 
     python benchmarks/served_translation.py --sentences 128 --clients 16 --max-new-tokens 24 --threads 2 --rounds 3
 """
@@ -38,7 +39,10 @@ from timing import rotating  # noqa: E402
 
 import tformer  # noqa: E402
 from tformer.data.parallel import ParallelText  # noqa: E402
+from tformer.generation import GenerationConfig  # noqa: E402
+from tformer.generation.sources import encode_sources, source_end_id  # noqa: E402
 from tformer.generation.translation import translate  # noqa: E402
+from tformer.serving import Engine  # noqa: E402
 from tformer.training.tasks.translation import learn_joint_bpe  # noqa: E402
 
 DATA = data_path("multi30k")
@@ -92,6 +96,35 @@ def served(url: str, sentences: list[str], beams: int, new_tokens: int, clients:
         return time.perf_counter() - started, texts
 
 
+def engine_alone(model, sentences: list[str], beams: int, new_tokens: int, in_flight: int) -> tuple[float, list[str]]:
+    """The engine without HTTP, in this process: ``in_flight`` sentences decoding (each read as the server reads a
+    source), a new one submitted as soon as one ends; the wall time and the texts in order."""
+    engine = Engine(model, model.tokenizer, cache_tokens=65536, max_running=in_flight * beams)
+    config = GenerationConfig(max_new_tokens=new_tokens, num_beams=beams, skip_special_tokens=True)
+    end_id = source_end_id(model.tokenizer, model.config)
+    started = time.perf_counter()
+    requests, running, waiting = [], [], list(sentences)
+    while waiting or engine.has_work():
+        running = [request for request in running if not request.finished]
+        while waiting and len(running) < in_flight:
+            (ids,) = encode_sources(model.tokenizer, [waiting.pop(0)], end_id)
+            requests.append(engine.submit(ids, config))
+            running.append(requests[-1])
+        engine.step()
+    return time.perf_counter() - started, [request.texts()[0].strip() for request in requests]
+
+
+def print_row(width: int, way: str, alone: list, batched: list) -> None:
+    """One line: the one-at-a-time and batched medians (sentences a second), their ratio and each round's, and how
+    many batched texts equal the one-at-a-time texts (the fewest over the rounds)."""
+    count = len(alone[0][1])
+    alone_rate, batched_rate = (statistics.median(count / seconds for seconds, _ in side) for side in (alone, batched))
+    each = " ".join(f"{a / b:.2f}" for (a, _), (b, _) in zip(alone, batched, strict=True))
+    equal = min(sum(x == y for x, y in zip(a, b, strict=True)) for (_, a), (_, b) in zip(alone, batched, strict=True))
+    print(f"{width:>5}  {way:<12}  {alone_rate:>22.2f}  {batched_rate:>16.2f}  {batched_rate / alone_rate:>4.2f}x  "
+          f"{each:>18}  {equal:>7}/{count}", flush=True)
+
+
 def start_server(folder: Path, port: int, threads: int, running: int, log: Path,
                  options: tuple[str, ...] = ("--cache-tokens", "65536")) -> subprocess.Popen:
     """``tformer serve FOLDER`` (model name "m") with ``options``, once its /health answers."""
@@ -121,6 +154,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beams", default="1,4", help="beam widths to measure (default: 1,4)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each measurement; medians (default: 3)")
+    parser.add_argument("--engine-alone", action="store_true", help="measure the engine without HTTP too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sentences = lines("test_2016_flickr.de.gz", args.sentences)
@@ -143,18 +177,15 @@ def main() -> None:
                 work["alone", width] = lambda width=width: one_at_a_time(model, sentences, width, args.max_new_tokens)
                 work["served", width] = lambda width=width: served(url, sentences, width, args.max_new_tokens,
                                                                    args.clients)
+                if args.engine_alone:
+                    work["engine alone", width] = lambda width=width: engine_alone(
+                        model, sentences, width, args.max_new_tokens, args.clients)
             results = rotating(args.rounds, work)
-            print("beams  one at a time (sent/s)  served (sent/s)  served / one at a time  each round's ratio  "
+            print("beams  way           one at a time (sent/s)  batched (sent/s)  ratio  each round's ratio  "
                   "texts equal")
             for width in beams:
-                alone, batched = results["alone", width], results["served", width]
-                alone_rate, served_rate = (statistics.median(len(sentences) / seconds for seconds, _ in side)
-                                           for side in (alone, batched))
-                each = " ".join(f"{a / b:.2f}" for (a, _), (b, _) in zip(alone, batched, strict=True))
-                equal = min(sum(x == y for x, y in zip(a, b, strict=True))
-                            for (_, a), (_, b) in zip(alone, batched, strict=True))
-                print(f"{width:>5}  {alone_rate:>23.2f}  {served_rate:>15.2f}  {served_rate / alone_rate:>21.2f}x  "
-                      f"{each:>18}  {equal}/{len(sentences)}", flush=True)
+                for way in ("served", "engine alone") if args.engine_alone else ("served",):
+                    print_row(width, way, results["alone", width], results[way, width])
         finally:
             server.terminate()
             server.wait(timeout=60)

@@ -80,7 +80,7 @@ class BeamSearch:
                                   device)
         self.length = run.prompt_length
         stop = run.stop
-        # What a step of this search shares with another's when both are advanced as one batch (with the length).
+        # What a search must share with another for both to take a step as one batch (``advance_searches``).
         self.settings = (num_beams, self.keep, self.length_penalty, early_stopping, run.prompt_length,
                          run.max_new_tokens, None if stop.eos_ids is None else tuple(stop.eos_ids.tolist()),
                          stop.stop_strings, id(stop.tokenizer) if stop.stop_strings else None, str(device))
@@ -146,17 +146,16 @@ class BeamSearch:
 
 def advance_searches(searches: list[BeamSearch], logits: Tensor) -> list[BeamStep | None]:
     """One step of each of several one-prompt searches (a serving engine's requests) from their rows of ``logits``
-    (the searches' beams in order, nb rows each), as ``advance`` gives it. Searches with the same settings at the
-    length (or none, a search whose stop strings are read in its text) take their step as one batch: a step's many
-    small tensor operations are paid once for all of them, not once a search; each search's choice is the one it
-    would make alone."""
+    (the searches' beams in order, nb rows each), as ``advance`` gives it. Searches with the same settings take
+    their step as one batch, whatever their lengths (searches with stop strings only at one length: their text is
+    read as long as the beams'): a step's many small tensor operations are paid once for all of them, not once a
+    search; each search's choice is the one it would make alone."""
     steps: list[BeamStep | None] = [None] * len(searches)
     groups: dict[tuple, list[int]] = {}
     first_rows = [0]
     for index, search in enumerate(searches):
         first_rows.append(first_rows[-1] + search.num_beams)
         shares = search.beams.prompts.numel() == 1 and search.run.scores is None
-        # Stop strings are read in text as long as the beams': a step shared only by searches of one length.
         key = (search.settings, search.length if search.run.stop.stop_strings else None)
         groups.setdefault(key if shares else ("alone", index), []).append(index)
     for members in groups.values():
